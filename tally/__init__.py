@@ -1,0 +1,19 @@
+"""Tally: an LLM inference engine that counts before it optimises."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    # Lazy so that `tally plan` and `tally bench` never import torch.
+    if name == "LLM":
+        from tally.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from tally.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(name)

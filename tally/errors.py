@@ -1,0 +1,62 @@
+"""One error family. Each error speaks to the person who must act; HTTP status mapping lives in
+exactly one place (tally/server/errors.py) and reads `http_status` from here."""
+from __future__ import annotations
+
+
+class TallyError(Exception):
+    """Base of every error Tally raises on purpose."""
+
+    http_status = 500
+    error_type = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class InvalidRequestError(TallyError, ValueError):
+    """A request (prompt or sampling parameters) cannot be served as given."""
+
+    http_status = 400
+    error_type = "invalid_request_error"
+
+
+class ConfigError(TallyError, ValueError):
+    """Engine or CLI configuration is inconsistent."""
+
+    http_status = 500
+    error_type = "config_error"
+
+
+class ModelLoadError(TallyError, ValueError):
+    """A checkpoint is missing, corrupt, truncated, or of an unsupported architecture."""
+
+    http_status = 500
+    error_type = "model_load_error"
+
+
+class ModelNotFoundError(TallyError):
+    http_status = 404
+    error_type = "not_found_error"
+
+
+class QueueFullError(TallyError):
+    """Admission control: the waiting queue is full. `retry_after_s` goes into Retry-After."""
+
+    http_status = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTimeoutError(TallyError):
+    http_status = 504
+    error_type = "timeout_error"
+
+
+class EngineDeadError(TallyError):
+    http_status = 503
+    error_type = "engine_dead"

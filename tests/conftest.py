@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import ARCH_CONFIGS, make_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory):
+    """Returns a function arch -> checkpoint dir; each arch is built once per session."""
+    cache: dict[str, Path] = {}
+
+    def build(arch: str = "llama") -> Path:
+        if arch not in cache:
+            cache[arch] = make_checkpoint(tmp_path_factory.mktemp(f"tiny-{arch}"), arch)
+        return cache[arch]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_factory) -> Path:
+    return tiny_model_factory("llama")
+
+
+@pytest.fixture(params=sorted(ARCH_CONFIGS))
+def tiny_any_arch(request, tiny_model_factory) -> Path:
+    return tiny_model_factory(request.param)

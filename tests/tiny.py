@@ -1,0 +1,107 @@
+"""Tiny Hugging Face checkpoints built on the fly (config.json + safetensors + tokenizer.json),
+one per supported architecture, so every test has a real checkpoint without any download."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+# A little English and code so BPE learns real merges; multi-byte characters for UTF-8 tests.
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
+    "Paris is the capital of France. Berlin is the capital of Germany.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 1000 3.14159",
+    "Unicode: café naïve 日本語 中文 emoji 🙂🚀 ñandú Ωμέγα",
+    "In a paged KV cache, blocks of tokens are shared between requests with a common prefix.",
+    '{"name": "Tally", "version": 1, "tags": ["fast", "honest"]}',
+]
+
+ARCH_CONFIGS = {
+    "llama": dict(architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False),
+    "llama_tied_mqa": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=True,
+        num_key_value_heads=1,
+    ),
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", tie_word_embeddings=True),
+    "mistral": dict(
+        architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=12,
+        tie_word_embeddings=False,
+    ),
+    "qwen3": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", tie_word_embeddings=True, head_dim=16,
+    ),
+}
+
+
+def make_tokenizer(out_dir: Path, vocab_size: int = 400) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "add_bos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 256,
+    }))
+
+
+def make_checkpoint(out_dir: Path, arch: str = "llama", seed: int = 0, **overrides) -> Path:
+    """Write a random fp32 checkpoint of `arch` (a key of ARCH_CONFIGS) to out_dir."""
+    import transformers
+
+    out_dir = Path(out_dir)
+    make_tokenizer(out_dir)
+    vocab_size = len(json.loads((out_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    cfg = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        bos_token_id=None,
+        eos_token_id=2,  # <|im_end|>
+        pad_token_id=0,
+        torch_dtype="float32",
+    )
+    cfg.update(ARCH_CONFIGS[arch])
+    cfg.update(overrides)
+    config_cls = transformers.AutoConfig.for_model(cfg.pop("model_type")).__class__
+    config = config_cls(**cfg)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # larger random weights so logits are not all near-ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.15)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
