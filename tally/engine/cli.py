@@ -1,0 +1,63 @@
+"""`tally generate`: one prompt, text streamed to the terminal as it is produced."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from tally.engine.args import add_engine_args, config_from_args
+from tally.errors import TallyError
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="tally generate", description=__doc__)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--sample-seed", type=int, default=None, help="seed of this request's sampling")
+    p.add_argument("--stop", action="append", default=None)
+    p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    p.add_argument("--verbose", "-v", action="store_true", help="log the ledger and timings")
+    add_engine_args(p)
+    ns = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(message)s")
+    from tally.engine.engine import Engine
+    from tally.sampling_params import SamplingParams
+
+    try:
+        engine = Engine(config_from_args(ns))
+        params = SamplingParams(
+            temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, min_p=ns.min_p,
+            repetition_penalty=ns.repetition_penalty, seed=ns.sample_seed, max_tokens=ns.max_tokens, stop=ns.stop)
+        tok = engine.tokenizer
+        if ns.raw or not getattr(tok, "chat_template", None):
+            prompt: str | dict = ns.prompt
+        else:
+            text = tok.apply_chat_template([{"role": "user", "content": ns.prompt}], add_generation_prompt=True,
+                                           tokenize=False)
+            prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+        engine.add_request("cli", prompt, params)
+    except TallyError as exc:
+        print(f"tally generate: {exc.message}", file=sys.stderr)
+        return 2
+    shown, t0, first, n_tokens = 0, time.perf_counter(), None, 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            comp = out.outputs[0]
+            if first is None and comp.token_ids:
+                first = time.perf_counter()
+            n_tokens = len(comp.token_ids)
+            sys.stdout.write(comp.text[shown:])
+            sys.stdout.flush()
+            shown = len(comp.text)
+    sys.stdout.write("\n")
+    if ns.verbose and first is not None:
+        end = time.perf_counter()
+        tpot = (end - first) / max(1, n_tokens - 1)
+        print(f"[{n_tokens} tokens, TTFT {first - t0:.3f} s, TPOT {tpot * 1000:.1f} ms]", file=sys.stderr)
+    return 0

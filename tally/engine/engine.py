@@ -1,0 +1,198 @@
+"""The engine's step loop: schedule → run → sample → update → emit.
+
+`add_request` validates and queues; `step` runs one forward pass over everything scheduled and
+returns the outputs of every request that moved; `abort_request` frees a request at once."""
+from __future__ import annotations
+
+import logging
+import time
+import torch
+
+from tally.engine.config import EngineConfig
+from tally.engine.detokenizer import IncrementalDetokenizer
+from tally.engine.group import RequestGroup
+from tally.engine.model_setup import LoadedModel, load_model
+from tally.engine.runner import ModelRunner, StepResult
+from tally.engine.sequence import Sequence
+from tally.engine.stop import StopChecker
+from tally.errors import InvalidRequestError
+from tally.kv.manager import KVCacheManager
+from tally.outputs import Logprob, RequestMetrics, RequestOutput
+from tally.sampling_params import SamplingParams
+from tally.scheduler.request import Request, RequestStatus
+from tally.scheduler.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger("tally.engine")
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        m: LoadedModel = load_model(config)
+        self.loaded = m
+        self.tokenizer = m.tokenizer
+        self.model_name = config.served_model_name or m.name
+        self.max_model_len = m.max_model_len
+        self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_num_partial_prefills=config.max_num_partial_prefills,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+            scheduling=config.scheduling,
+        ), self.kv)
+        self.runner = ModelRunner(m.model, self.kv, m.kv_caches)
+        self.groups: dict[str, RequestGroup] = {}
+        self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
+        self._aborted: list[RequestGroup] = []
+        log.info("ledger:\n%s", m.ledger.format())
+
+    # -- requests ------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
+                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.groups:
+            raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
+        text, ids = self._tokenize(prompt)
+        self._validate(ids, params)
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
+        now = time.monotonic() if arrival_time is None else arrival_time
+        eos = () if params.ignore_eos else self.loaded.stop_token_ids
+        seqs, parent = [], None
+        for i in range(params.n):
+            rid = request_id if params.n == 1 else f"{request_id}#{i}"
+            gen = None
+            if params.seed is not None:
+                gen = torch.Generator().manual_seed(params.seed + i)
+            req = Request(rid, ids, max_tokens, now, sampling_params=params, cache_salt=cache_salt,
+                          eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
+                          parent=parent)
+            parent = parent or req
+            seq = Sequence(
+                request=req, index=i,
+                detokenizer=IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens,
+                                                   params.spaces_between_special_tokens),
+                stop=StopChecker(params.stop, params.include_stop_str_in_output) if params.stop else None,
+                holdback_chars=max((len(s) for s in params.stop), default=1) - 1 if params.stop else 0,
+                logprobs=[] if params.logprobs is not None else None,
+            )
+            seqs.append(seq)
+        group = RequestGroup(request_id, text, ids, seqs, RequestMetrics(arrival_time=now),
+                             prompt_logprobs_k=params.prompt_logprobs)
+        self.groups[request_id] = group
+        for seq in seqs:
+            self._seq_of[seq.request.request_id] = (seq, group)
+        for seq in seqs:
+            self.scheduler.add(seq.request)
+
+    def _tokenize(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt.get("prompt", "")
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt) if prompt else []
+        return None, list(prompt)
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise InvalidRequestError("prompt is empty; send at least one token", param="prompt")
+        vocab = self.loaded.config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
+                                      param="prompt")
+        n, limit = len(ids), self.max_model_len
+        if n >= limit:
+            raise InvalidRequestError(
+                f"prompt has {n:,} tokens but max_model_len is {limit:,}; shorten the prompt or start "
+                f"the engine with --max-model-len ≥ {n + 1}", param="prompt")
+        if params.max_tokens is not None and n + params.max_tokens > limit:
+            raise InvalidRequestError(
+                f"prompt ({n:,} tokens) + max_tokens ({params.max_tokens:,}) exceeds max_model_len "
+                f"({limit:,}); lower max_tokens to ≤ {limit - n:,}", param="max_tokens")
+
+    def abort_request(self, request_id: str) -> None:
+        group = self.groups.get(request_id)
+        if group is None:
+            return
+        for seq in group.sequences:
+            if seq.finish_reason is None:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq.request, RequestStatus.FINISHED_ABORTED)
+        self._aborted.append(group)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
+
+    # -- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
+        self._aborted.clear()
+        if out.scheduled:
+            result = self.runner.execute(out)
+            self.scheduler.finish_step(out)
+            now = time.monotonic()
+            for s in out.scheduled:
+                group = self._seq_of[s.request.request_id][1]
+                if group.metrics.first_scheduled_time is None:
+                    group.metrics.first_scheduled_time = s.request.first_scheduled_time or now
+            for rid, plp in result.prompt_logprobs.items():
+                self._seq_of[rid][1].add_prompt_logprobs(plp, self._decode_one)
+            self._apply_samples(result, now, moved)
+        outputs = [g.output() for g in moved.values()]
+        for g in moved.values():
+            if g.finished:
+                g.metrics.finished_time = time.monotonic()
+                self._forget(g)
+        return outputs
+
+    def _apply_samples(self, result: StepResult, now: float, moved: dict[str, RequestGroup]) -> None:
+        so = result.sampler_output
+        if so is None:
+            return
+        token_ids = so.token_ids.tolist()
+        logprobs = so.logprobs.tolist()
+        ranks = so.ranks.tolist() if so.ranks is not None else [None] * len(token_ids)
+        tops = None
+        if so.top_logprobs is not None:
+            tops = (so.top_logprobs[0].tolist(), so.top_logprobs[1].tolist())
+        for i, req in enumerate(result.sampled):
+            seq, group = self._seq_of[req.request_id]
+            top = None
+            if seq.logprobs is not None:
+                top = {token_ids[i]: Logprob(logprobs[i], ranks[i], self._decode_one(token_ids[i]))}
+                k = req.sampling_params.logprobs
+                if tops is not None and k:
+                    for rank, (tid, lp) in enumerate(zip(tops[0][i][:k], tops[1][i][:k]), 1):
+                        top.setdefault(tid, Logprob(lp, rank, self._decode_one(tid)))
+            if group.metrics.first_token_time is None:
+                group.metrics.first_token_time = now
+            group.metrics.last_token_time = now
+            if seq.append(token_ids[i], logprobs[i], top, self.max_model_len):
+                self.scheduler.finish(req, seq.status)
+            moved[group.request_id] = group
+
+    def _decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    def _forget(self, group: RequestGroup) -> None:
+        self.groups.pop(group.request_id, None)
+        for seq in group.sequences:
+            self._seq_of.pop(seq.request.request_id, None)
+
+    # -- introspection -------------------------------------------------------------------------
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def run_until_done(self) -> dict[str, RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for o in self.step():
+                if o.finished:
+                    final[o.request_id] = o
+        return final

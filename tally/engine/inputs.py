@@ -1,0 +1,56 @@
+"""SchedulerOutput → the flat tensors of one forward pass (token ids, positions, slot mapping,
+block tables), built with a loop over requests, never over tokens."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tally.attention.metadata import AttentionMetadata
+from tally.kv.manager import KVCacheManager
+from tally.scheduler.scheduler import SchedulerOutput
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    sample_rows: list[int]  # index into scheduled of the requests that sample a token this step
+    sample_token_index: torch.Tensor  # [len(sample_rows)] flat index of their last token
+
+
+def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
+    bs = kv.block_size
+    ids: list[int] = []
+    starts, lens, ctx, tables = [], [], [], []
+    sample_rows, sample_index = [], []
+    qsl = [0]
+    num_decode = 0
+    for row, s in enumerate(out.scheduled):
+        req, n = s.request, s.num_new_tokens
+        c = req.num_computed_tokens
+        ids.extend(req.token_ids[c:c + n])
+        starts.append(c)
+        lens.append(n)
+        ctx.append(c + n)
+        qsl.append(qsl[-1] + n)
+        tables.append(kv.block_table(req.request_id))
+        num_decode += n == 1
+        if c + n == req.num_tokens:
+            sample_rows.append(row)
+            sample_index.append(qsl[-1] - 1)
+    total = qsl[-1]
+    lens_t = torch.tensor(lens)
+    offsets = torch.arange(total) - torch.repeat_interleave(torch.tensor(qsl[:-1]), lens_t)
+    positions = torch.repeat_interleave(torch.tensor(starts), lens_t) + offsets
+    width = max(len(t) for t in tables)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(tables)), lens_t)
+    slots = block_tables[rows, positions // bs] * bs + positions % bs
+    meta = AttentionMetadata(
+        query_start_loc=qsl, context_lens=ctx, block_tables=block_tables, slot_mapping=slots,
+        block_size=bs, num_decode_tokens=num_decode,
+    )
+    return StepInputs(torch.tensor(ids, dtype=torch.int64), positions, meta, sample_rows,
+                      torch.tensor(sample_index, dtype=torch.int64))

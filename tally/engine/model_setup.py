@@ -1,0 +1,115 @@
+"""Start-up: checkpoint → model → KV pool sized by the ledger → the ledger the engine logs."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tally.attention.backend import make_backend
+from tally.engine.config import EngineConfig
+from tally.engine.tokenizer import load_tokenizer, stop_token_ids
+from tally.errors import ConfigError
+from tally.ledger.kv import KVLayout
+from tally.ledger.report import EngineLedger
+from tally.models.builder import build_model
+from tally.models.config import ModelConfig
+from tally.models.llama import CausalLM
+from tally.models.loader import load_checkpoint
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    config: ModelConfig
+    tokenizer: Any
+    stop_token_ids: tuple[int, ...]
+    model: CausalLM
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    kv_layout: KVLayout
+    num_blocks: int
+    max_model_len: int
+    ledger: EngineLedger
+    load_time_s: float
+
+
+def available_memory_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable line")
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    t0 = time.perf_counter()
+    torch.manual_seed(config.seed)
+    ckpt = load_checkpoint(config.model)
+    cfg = ckpt.config
+    tokenizer = load_tokenizer(ckpt)
+    dtype = config.torch_dtype(cfg.torch_dtype, ckpt.format == "gguf")
+    max_model_len = config.max_model_len or cfg.max_position_embeddings
+    if max_model_len > cfg.max_position_embeddings:
+        raise ConfigError(
+            f"max_model_len {max_model_len:,} exceeds the model's context length "
+            f"{cfg.max_position_embeddings:,}; use --max-model-len ≤ {cfg.max_position_embeddings}")
+    attn = make_backend(
+        "reference" if config.attention_backend == "auto" else config.attention_backend,
+        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window,
+    )
+    model = build_model(cfg, dict(ckpt.tensors()), dtype=dtype, quantization=config.quantization,
+                        attn=attn, max_model_len=max_model_len)
+    weight_bytes = sum(t.numel() * t.element_size() for t in _unique_tensors(model))
+
+    kv_dtype_name = _DTYPE_NAMES[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
+    layout = KVLayout.for_model(cfg, kv_dtype=kv_dtype_name, block_size=config.block_size)
+    budget = config.kv_cache_memory
+    if budget is None:
+        budget = int(available_memory_bytes() * config.kv_cache_memory_fraction)
+    num_blocks = layout.num_blocks_for_budget(budget)
+    if num_blocks * config.block_size < max_model_len:
+        raise ConfigError(
+            f"the KV cache budget ({budget:,} bytes) holds {num_blocks * config.block_size:,} tokens, fewer than "
+            f"one request of max_model_len {max_model_len:,}; raise --kv-cache-memory to ≥ "
+            f"{layout.bytes_for_tokens(max_model_len):,} or lower --max-model-len")
+    kv_caches = _allocate_kv(cfg, layout, num_blocks, dtype)
+    ledger = EngineLedger(
+        model_name=config.served_model_name or ckpt.name,
+        weight_bytes=weight_bytes,
+        kv_blocks=num_blocks,
+        block_size=config.block_size,
+        kv_bytes_per_token=layout.bytes_per_token,
+        kv_pool_bytes=num_blocks * layout.bytes_per_block,
+        reserve_bytes=0,
+        max_model_len=max_model_len,
+        max_num_seqs=config.max_num_seqs,
+    )
+    return LoadedModel(
+        name=config.served_model_name or ckpt.name, config=cfg, tokenizer=tokenizer,
+        stop_token_ids=stop_token_ids(tokenizer, cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
+        num_blocks=num_blocks, max_model_len=max_model_len, ledger=ledger,
+        load_time_s=time.perf_counter() - t0,
+    )
+
+
+def _allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int,
+                 dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if layout.kv_dtype == "int8":
+        raise ConfigError("kv_cache_dtype int8 is not available yet; use auto")
+    cache_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layout.kv_dtype]
+    shape = (cfg.num_layers, 2, num_blocks, layout.block_size, cfg.num_kv_heads, cfg.head_dim)
+    pool = torch.zeros(shape, dtype=cache_dtype)
+    return [(pool[i, 0], pool[i, 1]) for i in range(cfg.num_layers)]
+
+
+def _unique_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    seen, out = set(), []
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            out.append(t)
+    return out

@@ -1,0 +1,75 @@
+"""ModelRunner: owns the model and its KV cache tensors; runs one scheduled step and samples."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tally.engine.inputs import build_step_inputs
+from tally.kv.manager import KVCacheManager
+from tally.layers.sampler import SamplerInput, SamplerOutput, sample
+from tally.models.llama import CausalLM
+from tally.scheduler.request import Request
+from tally.scheduler.scheduler import SchedulerOutput
+
+
+@dataclass
+class PromptLogprobs:
+    """For positions [start, start + len) of a prompt: logprob of the *next* prompt token."""
+
+    start: int
+    token_logprobs: torch.Tensor  # [n]
+    ranks: torch.Tensor  # [n]
+    top_ids: torch.Tensor | None  # [n, k]
+    top_logprobs: torch.Tensor | None  # [n, k]
+
+
+@dataclass
+class StepResult:
+    sampled: list[Request]  # in the order of sampler_output's rows
+    sampler_output: SamplerOutput | None
+    prompt_logprobs: dict[str, PromptLogprobs]
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, kv: KVCacheManager, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.model = model
+        self.kv = kv
+        self.kv_caches = kv_caches
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> StepResult:
+        inputs = build_step_inputs(out, self.kv)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        prompt_lp = self._prompt_logprobs(out, inputs.meta.query_start_loc, hidden)
+        if not inputs.sample_rows:
+            return StepResult([], None, prompt_lp)
+        logits = self.model.compute_logits(hidden[inputs.sample_token_index])
+        reqs = [out.scheduled[i].request for i in inputs.sample_rows]
+        sampler_input = SamplerInput(
+            params=[r.sampling_params for r in reqs],
+            generators=[r.generator for r in reqs],
+            output_token_ids=[r.output_token_ids for r in reqs],
+            prompt_token_ids=[r.prompt_token_ids for r in reqs],
+            eos_token_ids=[r.eos_token_ids for r in reqs],
+        )
+        return StepResult(reqs, sample(logits, sampler_input), prompt_lp)
+
+    def _prompt_logprobs(self, out: SchedulerOutput, qsl: list[int], hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
+        result = {}
+        for row, s in enumerate(out.scheduled):
+            req = s.request
+            k = req.sampling_params.prompt_logprobs
+            c = req.num_computed_tokens
+            if k is None or c >= req.num_prompt_tokens - 1:
+                continue
+            end = min(c + s.num_new_tokens, req.num_prompt_tokens - 1)  # positions with a next prompt token
+            logits = self.model.compute_logits(hidden[qsl[row]:qsl[row] + end - c])
+            logprobs = torch.log_softmax(logits, dim=-1)
+            targets = torch.tensor(req.token_ids[c + 1:end + 1])
+            chosen = logprobs.gather(1, targets[:, None]).squeeze(1)
+            ranks = (logprobs > chosen[:, None]).sum(1) + 1
+            top = logprobs.topk(k, dim=-1) if k > 0 else None
+            result[req.request_id] = PromptLogprobs(
+                c, chosen, ranks, None if top is None else top.indices, None if top is None else top.values)
+        return result

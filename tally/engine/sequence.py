@@ -1,0 +1,74 @@
+"""What the engine keeps per generated sequence beside the scheduler's Request: its text so far,
+stop-string state, logprobs, and how it finished."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tally.engine.detokenizer import IncrementalDetokenizer
+from tally.engine.stop import StopChecker
+from tally.outputs import CompletionOutput, Logprob
+from tally.scheduler.request import Request, RequestStatus
+
+
+@dataclass
+class Sequence:
+    request: Request
+    index: int  # which of the group's n samples
+    detokenizer: IncrementalDetokenizer
+    stop: StopChecker | None
+    holdback_chars: int  # while running, the tail that might still become a stop string is not shown
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float = 0.0
+    text: str = ""
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def append(self, token_id: int, logprob: float, top: dict[int, Logprob] | None,
+               max_model_len: int) -> bool:
+        """Add one sampled token; returns True when the sequence is finished by it."""
+        req, params = self.request, self.request.sampling_params
+        req.token_ids.append(token_id)
+        self.cumulative_logprob += logprob
+        if self.logprobs is not None and top is not None:
+            self.logprobs.append(top)
+        delta = self.detokenizer.push([token_id])
+        self.text = self.detokenizer.text
+        n_out = req.num_output_tokens
+        if n_out >= params.min_tokens:
+            if token_id in req.eos_token_ids:
+                return self._finish("stop", None)
+            if params.stop_token_ids and token_id in params.stop_token_ids:
+                return self._finish("stop", token_id)
+            if self.stop is not None:
+                stop_str, truncate_to = self.stop.check(self.text, len(delta))
+                if stop_str is not None:
+                    self.text = self.text[:truncate_to]
+                    return self._finish("stop", stop_str)
+        if n_out >= req.max_tokens or req.num_tokens >= max_model_len:
+            return self._finish("length", None)
+        return False
+
+    def _finish(self, reason: str, stop_reason: int | str | None) -> bool:
+        self.finish_reason, self.stop_reason = reason, stop_reason
+        return True
+
+    @property
+    def status(self) -> RequestStatus:
+        return {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH,
+                "abort": RequestStatus.FINISHED_ABORTED}[self.finish_reason]
+
+    def visible_text(self) -> str:
+        if self.finish_reason is not None or self.holdback_chars == 0:
+            return self.text
+        return self.text[:max(0, len(self.text) - self.holdback_chars)]
+
+    def output(self) -> CompletionOutput:
+        return CompletionOutput(
+            index=self.index,
+            text=self.visible_text(),
+            token_ids=self.request.output_token_ids,
+            cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
+            logprobs=self.logprobs,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )

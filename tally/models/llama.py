@@ -1,0 +1,89 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3) over a flat varlen batch and a paged KV cache.
+
+Differences between the family members are data in ModelConfig: QKV bias (Qwen2), per-head q/k
+RMSNorm (Qwen3), sliding window (Mistral), tied embeddings. Q, K and V are one fused projection and
+gate/up another, so a layer is five matmuls."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tally.attention.backend import AttentionBackend
+from tally.attention.metadata import AttentionMetadata
+from tally.layers.norm import RMSNorm
+from tally.layers.rotary import RotaryEmbedding
+from tally.models.config import ModelConfig
+
+# (names of the HF tensors fused, bias?) → one module
+ProjectionFactory = Callable[[list[str], bool], nn.Module]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, prefix: str, tensors: dict[str, torch.Tensor],
+                 make_proj: ProjectionFactory, attn: AttentionBackend) -> None:
+        super().__init__()
+        self.cfg = cfg
+        a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
+        self.qkv_proj = make_proj([f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"], cfg.attention_bias)
+        self.o_proj = make_proj([f"{a}.o_proj"], False)
+        self.gate_up_proj = make_proj([f"{m}.gate_proj", f"{m}.up_proj"], False)
+        self.down_proj = make_proj([f"{m}.down_proj"], False)
+        eps = cfg.rms_norm_eps
+        self.input_norm = RMSNorm(tensors.pop(f"{prefix}.input_layernorm.weight"), eps)
+        self.post_attn_norm = RMSNorm(tensors.pop(f"{prefix}.post_attention_layernorm.weight"), eps)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(tensors.pop(f"{a}.q_norm.weight"), eps)
+            self.k_norm = RMSNorm(tensors.pop(f"{a}.k_norm.weight"), eps)
+        self.attn = attn
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+        cfg = self.cfg
+        t = h.shape[0]
+        qkv = self.qkv_proj(self.input_norm(h))
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(t, cfg.num_heads, cfg.head_dim)
+        k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        o = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
+        h = h + self.o_proj(o.reshape(t, cfg.q_size))
+        gate, up = self.gate_up_proj(self.post_attn_norm(h)).chunk(2, dim=-1)
+        return h + self.down_proj(F.silu(gate) * up)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
+                 attn: AttentionBackend, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.dtype = dtype
+        embed = tensors.pop("model.embed_tokens.weight").to(dtype)
+        self.embed_tokens = nn.Parameter(embed, requires_grad=False)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, f"model.layers.{i}", tensors, make_proj, attn) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps)
+        head = tensors.pop("lm_head.weight", None)
+        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings or head is None else nn.Parameter(
+            head.to(dtype), requires_grad=False)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                      cfg.rope_scaling, dtype)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+        h = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv in zip(self.layers, kv_caches):
+            h = layer(h, positions, self.rotary, kv, meta)
+        return self.norm(h)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] → float32 logits [N, V]."""
+        return F.linear(hidden, self.lm_head).float()

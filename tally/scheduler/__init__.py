@@ -1,0 +1,1 @@
+"""Request queue, admission, token-budget scheduling and preemption."""

@@ -1,0 +1,64 @@
+"""One sequence being generated: its tokens, how many of them the KV cache holds, and its status."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int  # resolved by the engine: never past max_model_len
+    arrival_time: float
+    sampling_params: Any = None  # tally.sampling_params.SamplingParams; opaque to the scheduler
+    cache_salt: str | None = None  # part of every block hash: requests with different salts never share KV
+    eos_token_ids: tuple[int, ...] = ()  # empty when ignore_eos
+    generator: Any = None  # torch.Generator of a seeded request; opaque to the scheduler
+    skip_prefix_cache: bool = False  # prompt logprobs need every prompt position computed
+    parent: "Request | None" = None  # a sibling of n>1 waits for the parent's prefill, then shares its blocks
+    token_ids: list[int] = field(init=False)  # prompt then output: the "known" tokens
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    status: RequestStatus = RequestStatus.WAITING
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks, filled lazily
+    num_cached_tokens: int = -1  # prefix-cache hit at first admission (-1: not admitted yet)
+    num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+
+    def __post_init__(self) -> None:
+        self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed_tokens >= self.num_prompt_tokens - 1 and self.status == RequestStatus.RUNNING

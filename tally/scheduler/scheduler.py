@@ -1,0 +1,148 @@
+"""One rule, one token budget per step: each running request's computed tokens catch up to its
+known tokens (prompt + output). Prefill chunks and decode tokens share the step; the queue is
+admitted first-come-first-served while the KV pool has room; when it runs out, the newest running
+request is preempted by recompute."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from tally.kv.manager import KVCacheManager
+from tally.scheduler.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_num_partial_prefills: int = 1  # requests whose prefill is split across steps, at once
+    enable_chunked_prefill: bool = True
+    scheduling: str = "continuous"  # or "static": form a full batch, run it to completion (benchmarks only)
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)  # decodes (1 token) first
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._static_forming = True
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        cfg, out = self.config, SchedulerOutput()
+        budget = cfg.max_num_batched_tokens
+        partial = 0
+        static = cfg.scheduling == "static"
+        if static and not self.running:
+            self._static_forming = True
+        for req in list(self.running):
+            if req not in self.running:  # preempted earlier in this loop
+                continue
+            if static and self._static_forming and req.num_output_tokens > 0:
+                continue  # a static batch decodes only once it is complete
+            n = self._num_new_tokens(req.num_tokens - req.num_computed_tokens, budget, partial)
+            if n == 0:
+                continue
+            while not self.kv.allocate(req, n):
+                victim = self.running[-1]
+                budget += self._preempt(victim, out)
+                if victim is req:
+                    break
+            else:
+                partial += req.num_computed_tokens + n < req.num_tokens
+                budget -= n
+                out.scheduled.append(ScheduledRequest(req, n))
+        if not out.preempted and (not static or self._static_forming):
+            budget = self._admit(out, budget, partial)
+        if static and (len(self.running) >= cfg.max_num_seqs or not self.waiting):
+            self._static_forming = False
+        out.scheduled.sort(key=lambda s: s.num_new_tokens > 1)  # stable: decodes first
+        return out
+
+    def _num_new_tokens(self, n: int, budget: int, partial: int) -> int:
+        """How many of a request's n uncomputed tokens run this step."""
+        if n <= budget:
+            return n
+        if not self.config.enable_chunked_prefill:
+            return 0 if budget < self.config.max_num_batched_tokens or n <= budget else n
+        return 0 if partial >= self.config.max_num_partial_prefills else budget
+
+    def _admit(self, out: SchedulerOutput, budget: int, partial: int) -> int:
+        now = time.monotonic()
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            if req.parent is not None and not (req.parent.prefill_done or req.parent.status.finished):
+                break  # an n>1 sibling waits to share its parent's prompt blocks
+            cached = self.kv.find_cached_prefix(req)
+            num_cached = len(cached) * self.kv.block_size
+            remaining = req.num_tokens - req.num_computed_tokens - num_cached
+            n = self._num_new_tokens(remaining, budget, partial)
+            if n == 0 or not self.kv.allocate(req, n, cached):
+                break
+            self.waiting.popleft()
+            if req.num_cached_tokens < 0:  # first admission: preemption recomputes are not hits
+                req.num_cached_tokens = num_cached
+                req.first_scheduled_time = now
+                self.kv.record_first_admission(req, num_cached)
+            req.num_computed_tokens += num_cached
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            partial += n < remaining
+            budget -= n
+            out.scheduled.append(ScheduledRequest(req, n))
+        return budget
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> int:
+        """Free req's blocks and requeue it at the front; returns the budget it had taken."""
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+        out.preempted.append(req)
+        taken = sum(s.num_new_tokens for s in out.scheduled if s.request is req)
+        out.scheduled = [s for s in out.scheduled if s.request is not req]
+        return taken
+
+    def finish_step(self, out: SchedulerOutput) -> None:
+        """The forward pass ran: the scheduled tokens are computed now."""
+        for s in out.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+            self.kv.cache_computed_blocks(s.request)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """Stop a request (done, or aborted) and give its blocks back."""
+        if req.status.finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status = status
+        self.kv.free(req)

@@ -1,0 +1,45 @@
+"""Shared pieces of the engine tests: the transformers oracle and a block-leak check."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens and their logprobs from Hugging Face transformers, full recompute each step
+    (no KV cache, no batching: the plainest possible reference)."""
+    import transformers
+
+    model = _hf_model(model_dir)
+    ids = list(prompt_ids)
+    out, logprobs = [], []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            tok = int(logits.argmax())
+            out.append(tok)
+            logprobs.append(float(torch.log_softmax(logits, -1)[tok]))
+            ids.append(tok)
+    return out, logprobs
+
+
+_HF_CACHE: dict[str, object] = {}
+
+
+def _hf_model(model_dir: Path):
+    import transformers
+
+    key = str(model_dir)
+    if key not in _HF_CACHE:
+        _HF_CACHE[key] = transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    return _HF_CACHE[key]
+
+
+def assert_no_block_leak(llm) -> None:
+    engine = llm.engine
+    pool = engine.kv.pool
+    assert not engine.has_unfinished_requests()
+    assert pool.num_free_blocks == pool.num_blocks, "KV blocks leaked"
+    assert all(b.ref_count == 0 for b in pool.blocks)
