@@ -1,0 +1,32 @@
+"""Attention over a paged KV cache, behind one interface.
+
+The model calls `backend.forward(q, k, v, k_cache, v_cache, meta)` once per layer per step;
+`make_backend(name, ...)` in backend.py is the only place that chooses the implementation.
+
+Backends (CPU, plain PyTorch, math in float32):
+- "reference" (reference.py): gathers each prefill sequence's K/V and calls SDPA with an explicit
+  causal + sliding-window mask. Simple enough to trust; the oracle for everything else.
+- "tiled" (tiled.py): FlashAttention's online softmax for prefills, reading K/V tile by tile
+  straight from the paged cache, so memory stays O(tile) instead of O(Lq * Lk).
+Both share paged.py: the cache write, the batched decode path and the per-sequence driver.
+
+Cache layout: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_dim] per layer,
+the "NHD" paged layout vLLM and FlashInfer use, so GPU kernels can read it unchanged.
+
+Plugging in a GPU backend (Triton / FlashInfer):
+1. Add a module here with a class that has the `AttentionBackend.forward` signature. It may
+   subclass `PagedBackend` (paged.py) and override only `_prefill`, or replace `forward` whole
+   (a real kernel handles decodes and prefills of the batch in one launch).
+2. Metadata arrives as python lists for the CPU path; a GPU backend converts query_start_loc /
+   context_lens to device tensors once per step (e.g. in a `plan(meta)` it caches, as FlashInfer's
+   wrappers do) rather than once per layer.
+3. Add its name to BACKEND_NAMES and one branch to `make_backend`, importing the module lazily
+   inside that branch so CPU-only installs never import triton or flashinfer.
+4. Run tests/test_attention*.py with the new name: the dense oracle there is backend-agnostic.
+"""
+from __future__ import annotations
+
+from tally.attention.backend import BACKEND_NAMES, AttentionBackend, AttentionConfig, make_backend
+from tally.attention.metadata import AttentionMetadata
+
+__all__ = ["BACKEND_NAMES", "AttentionBackend", "AttentionConfig", "AttentionMetadata", "make_backend"]

@@ -1,0 +1,46 @@
+"""What one forward step tells attention about its batch: a flat varlen batch over a paged KV cache."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """A flat varlen batch of B sequences with T = sum(query_lens) new tokens this step.
+
+    The batch is ordered decodes first (query_len == 1), then prefills / prefill chunks /
+    multi-token verify rows; `num_decode_tokens` counts the decodes, which are also the first
+    `num_decode_tokens` sequences.
+    """
+
+    query_start_loc: list[int]
+    """len B+1, cumulative query lengths (python ints, CPU)."""
+    context_lens: list[int]
+    """len B: tokens in the cache for each sequence AFTER this step's writes (already computed +
+    this step's new tokens). Query token i of sequence b sits at absolute position
+    context_lens[b] - query_len_b + i."""
+    block_tables: torch.Tensor
+    """int64 [B, max_blocks_per_seq], padded with 0 beyond each sequence's blocks."""
+    slot_mapping: torch.Tensor
+    """int64 [T]: cache slot (block_id * block_size + offset) of each new token's K/V."""
+    block_size: int
+    num_decode_tokens: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.context_lens)
+
+    @property
+    def query_lens(self) -> list[int]:
+        starts = self.query_start_loc
+        return [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
+
+    @property
+    def max_context_len(self) -> int:
+        return max(self.context_lens, default=0)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.num_decode_tokens == self.num_seqs

@@ -1,0 +1,37 @@
+"""The reference backend: per prefill sequence, gather its K/V and call SDPA with an explicit mask."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tally.attention.paged import PagedBackend, gather_sequence_kv
+
+
+class ReferenceBackend(PagedBackend):
+    def _prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        block_table_row: torch.Tensor, context_len: int,
+    ) -> torch.Tensor:
+        cfg = self.config
+        first_query_pos = context_len - q.shape[0]
+        window = cfg.sliding_window
+        # Keys older than the first query's window are never seen (and may already be released).
+        first_key_pos = 0 if window is None else max(0, first_query_pos - window + 1)
+        k = gather_sequence_kv(k_cache, block_table_row, first_key_pos, context_len)
+        v = gather_sequence_kv(v_cache, block_table_row, first_key_pos, context_len)
+        plain_causal = first_query_pos == 0 and (window is None or window >= context_len)
+        mask = None
+        if not plain_causal:
+            query_pos = torch.arange(first_query_pos, context_len)[:, None]
+            key_pos = torch.arange(first_key_pos, context_len)[None, :]
+            mask = key_pos <= query_pos
+            if window is not None:
+                mask &= key_pos > query_pos - window
+        out = F.scaled_dot_product_attention(
+            q.to(cfg.compute_dtype).transpose(0, 1),
+            k.to(cfg.compute_dtype).transpose(0, 1),
+            v.to(cfg.compute_dtype).transpose(0, 1),
+            attn_mask=mask, is_causal=plain_causal, scale=cfg.scale,
+            enable_gqa=cfg.num_queries_per_kv > 1,
+        )
+        return out.transpose(0, 1)
