@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+from tally.kv.manager import KVCacheManager
+from tally.scheduler.request import Request, RequestStatus
+from tally.scheduler.scheduler import Scheduler, SchedulerConfig
+
+
+def _sched(num_blocks=64, block_size=4, **cfg) -> Scheduler:
+    return Scheduler(SchedulerConfig(**cfg), KVCacheManager(num_blocks, block_size, enable_prefix_caching=False))
+
+
+def _step(s: Scheduler, sample: bool = True):
+    out = s.schedule()
+    s.finish_step(out)
+    if sample:  # every request that caught up to its known tokens gets one new token
+        for sr in out.scheduled:
+            r = sr.request
+            if r.num_computed_tokens == r.num_tokens:
+                r.token_ids.append(7)
+    return out
+
+
+def test_one_token_budget_covers_prefill_chunks_and_decodes():
+    s = _sched(max_num_batched_tokens=10, max_num_partial_prefills=1)
+    a = Request("a", list(range(4)), 8, 0.0)
+    b = Request("b", list(range(30)), 8, 0.0)
+    s.add(a)
+    s.add(b)
+    out = _step(s)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 4), ("b", 6)]
+    out = _step(s)
+    # a decodes (1 token, first in the batch), b's prefill continues with the rest of the budget
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("a", 1), ("b", 9)]
+    assert out.num_batched_tokens <= 10
+
+
+def test_partial_prefill_cap_holds_back_a_second_long_prompt():
+    s = _sched(max_num_batched_tokens=8, max_num_partial_prefills=1)
+    s.add(Request("a", list(range(20)), 4, 0.0))
+    s.add(Request("b", list(range(20)), 4, 0.0))
+    out = _step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["a"]
+
+
+def test_admission_is_first_come_first_served_and_respects_max_num_seqs():
+    s = _sched(max_num_seqs=2)
+    for rid in "abc":
+        s.add(Request(rid, [1, 2], 4, 0.0))
+    out = _step(s)
+    assert [x.request.request_id for x in out.scheduled] == ["a", "b"]
+    assert [r.request_id for r in s.waiting] == ["c"]
+
+
+def test_newest_request_is_preempted_when_blocks_run_out_and_resumes_later():
+    s = _sched(num_blocks=3, block_size=4, max_num_batched_tokens=64)
+    a = Request("a", [1, 2, 3, 4], 8, 0.0)
+    b = Request("b", [5, 6, 7], 8, 0.0)
+    s.add(a)
+    s.add(b)
+    _step(s)  # a: 1 block (+1 once it grows), b: 1 block
+    _step(s)  # a needs its second block now: 3 blocks in use
+    out = _step(s)  # b needs a second block: none left, so b (the newest) is preempted
+    assert out.preempted == [b] and b.status == RequestStatus.PREEMPTED
+    assert b.num_computed_tokens == 0 and s.waiting[0] is b
+    s.finish(a, RequestStatus.FINISHED_LENGTH)
+    known = b.num_tokens
+    out = _step(s)
+    assert [x.request for x in out.scheduled] == [b]
+    assert out.scheduled[0].num_new_tokens == known  # recompute prompt and generated tokens
+
+
+def test_static_scheduling_waits_for_the_batch_and_admits_nobody_mid_flight():
+    s = _sched(max_num_seqs=2, scheduling="static")
+    s.add(Request("a", [1, 2], 3, 0.0))
+    s.add(Request("b", [1, 2, 3], 3, 0.0))
+    _step(s)
+    s.add(Request("late", [1], 3, 0.0))
+    out = _step(s)
+    assert "late" not in [x.request.request_id for x in out.scheduled]
