@@ -6,7 +6,7 @@ import torch
 
 from tally.attention import AttentionConfig, make_backend
 from tally.attention.tiled import TiledBackend
-from tally.errors import ConfigError
+from tally.errors import ConfigError, TallyError
 from test_attention_toy import PagedKV, dense_oracle, random_seq
 
 # "tiled_small" uses tiny tiles so short test sequences still cross many query and key tiles.
@@ -135,3 +135,11 @@ def test_make_backend_rejects_bad_configuration(kwargs, words):
     args = dict(name="reference", num_heads=4, num_kv_heads=2, head_dim=16, scale=0.25, sliding_window=None)
     with pytest.raises(ConfigError, match=words):
         make_backend(**{**args, **kwargs})
+
+
+def test_decode_rows_out_of_order_are_refused_not_misread():
+    gen = torch.Generator().manual_seed(9)
+    kv = PagedKV(2, 16, 4)
+    rows = [(random_seq(6, 4, 2, 16, gen), 0, 6), (random_seq(9, 4, 2, 16, gen), 8, 1)]
+    with pytest.raises(TallyError, match="order decode rows first"):
+        kv.step(build("reference", 4, 2, 16), rows, num_decodes=1)  # row 0 is a 6-token prefill

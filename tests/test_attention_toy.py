@@ -52,12 +52,14 @@ class PagedKV:
         self.k_cache.view(-1, *self.k_cache.shape[2:])[slots] = seq.k[:end].to(self.k_cache.dtype)
         self.v_cache.view(-1, *self.v_cache.shape[2:])[slots] = seq.v[:end].to(self.v_cache.dtype)
 
-    def step(self, backend, rows: list[tuple[Seq, int, int]], *, prewrite: bool = True) -> list[torch.Tensor]:
+    def step(self, backend, rows: list[tuple[Seq, int, int]], *, prewrite: bool = True,
+             num_decodes: int | None = None) -> list[torch.Tensor]:
         """Run one forward for rows of (seq, computed, new); returns each row's output [new, Hq, D].
-        Rows with new == 1 must come first (they are the decodes)."""
-        num_decodes = 0
-        while num_decodes < len(rows) and rows[num_decodes][2] == 1:
-            num_decodes += 1
+        The leading rows with new == 1 are the decodes unless num_decodes says otherwise."""
+        if num_decodes is None:
+            num_decodes = 0
+            while num_decodes < len(rows) and rows[num_decodes][2] == 1:
+                num_decodes += 1
         starts, slot_mapping, qs, ks, vs = [0], [], [], [], []
         for seq, computed, new in rows:
             if prewrite and computed:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from tally.attention.backend import AttentionConfig
 from tally.attention.metadata import AttentionMetadata
+from tally.errors import TallyError
 
 
 def write_kv_to_cache(
@@ -76,11 +77,16 @@ class PagedBackend:
         write_kv_to_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
         n_dec = meta.num_decode_tokens
+        starts = meta.query_start_loc
+        if starts[n_dec] != n_dec:
+            raise TallyError(
+                f"attention metadata says the first {n_dec} sequences are decodes (1 token each) but "
+                f"they hold {starts[n_dec]} tokens; the runner must order decode rows first"
+            )
         if n_dec:
             out[:n_dec] = decode_attention(
                 q[:n_dec], k_cache, v_cache, meta.block_tables, meta.context_lens[:n_dec], self.config,
             )
-        starts = meta.query_start_loc
         for b in range(n_dec, meta.num_seqs):
             start, end = starts[b], starts[b + 1]
             if start == end:
