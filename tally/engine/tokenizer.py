@@ -1,0 +1,48 @@
+"""The tokenizer of a checkpoint (HF tokenizer.json, or rebuilt from GGUF metadata by transformers),
+loaded strictly from local files, and the token ids that end generation."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from tally.errors import ModelLoadError
+from tally.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from tally.models.loader import Checkpoint
+
+# Special tokens chat templates close a turn with; the model emits them when it is done answering.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>")
+
+
+def load_tokenizer(ckpt: "Checkpoint") -> PreTrainedTokenizerFast:
+    """A fast tokenizer with the checkpoint's chat template; never touches the network."""
+    try:
+        if ckpt.format == "gguf":
+            # The tokenizers-backed class directly: AutoTokenizer would first parse the whole GGUF
+            # a second time (gguf.GGUFReader, ~6 s) only to learn the config class.
+            tok = PreTrainedTokenizerFast.from_pretrained(
+                str(ckpt.path.parent), gguf_file=ckpt.path.name, local_files_only=True
+            )
+        else:
+            tok = AutoTokenizer.from_pretrained(str(ckpt.path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load the tokenizer of {ckpt.path}: {exc}") from exc
+    if not isinstance(tok, PreTrainedTokenizerFast):
+        raise ModelLoadError(
+            f"{ckpt.path} has only a slow ({type(tok).__name__}) tokenizer; Tally needs a tokenizer.json"
+        )
+    return tok
+
+
+def stop_token_ids(tok: PreTrainedTokenizerFast, config: ModelConfig) -> tuple[int, ...]:
+    """config.eos_token_ids (the loader already merged generation_config.json's), the tokenizer's
+    eos, and the special token the chat template ends each turn with."""
+    ids = list(config.eos_token_ids)
+    if tok.eos_token_id is not None:
+        ids.append(tok.eos_token_id)
+    template = tok.chat_template if isinstance(tok.chat_template, str) else ""
+    vocab = tok.get_vocab()
+    ids += [vocab[token] for token in END_OF_TURN_TOKENS if token in template and token in vocab]
+    return tuple(dict.fromkeys(int(i) for i in ids))

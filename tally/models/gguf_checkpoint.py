@@ -1,0 +1,180 @@
+"""GGUF checkpoints (llama.cpp's format): metadata → ModelConfig, tensors renamed to HF names,
+dequantized with gguf.quants, and llama.cpp's Q/K row permutation undone."""
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize
+
+from tally.errors import ModelLoadError
+from tally.models.config import ModelConfig
+from tally.models.gguf_header import GGUFHeader, TensorInfo, read_header
+from tally.models.hf_checkpoint import check_tensor_shapes, expected_tensor_shapes
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+# convert_hf_to_gguf permutes q/k rows for these (rotary pairs interleaved, as llama.cpp wants).
+_PERMUTED_ARCHS = {"llama", "mistral"}
+_FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+_QUANTIZED_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+@dataclass(frozen=True)
+class GGUFRawTensor:
+    """One tensor's bytes as stored (q/k rows already un-permuted), for quantized layers to adopt."""
+
+    ggml_type: Q
+    shape: tuple[int, ...]  # HF order: [out, in] for linears
+    data: np.ndarray  # uint8, [*shape[:-1], bytes per row]; read-only view of the file unless re-ordered
+
+
+def hf_name(gguf_name: str) -> str:
+    """The HF name of a GGUF tensor; names we do not know come back unchanged (and fail the check)."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return gguf_name
+
+
+class GGUFTensorSource:
+    """Streams a GGUF file's tensors under HF names, dequantizing one tensor at a time."""
+
+    def __init__(self, path: Path, header: GGUFHeader, config: ModelConfig) -> None:
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._blob = np.frombuffer(self._map, dtype=np.uint8)
+        wanted = expected_tensor_shapes(config)
+        self._infos = {hf_name(t.name): t for t in header.tensors if hf_name(t.name) in wanted}
+        self._row_order = _unpermute_orders(config) if config.architecture in _PERMUTED_ARCHS else {}
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, info in self._infos.items():
+            raw = self.raw(name)
+            if raw.ggml_type in _FLOAT_TYPES:
+                # numpy has no bfloat16, so floats go through torch as bytes and are reinterpreted.
+                values = torch.from_numpy(raw.data.copy()).view(_FLOAT_TYPES[raw.ggml_type])
+            else:
+                values = torch.from_numpy(dequantize(raw.data, raw.ggml_type))
+            yield name, values.reshape(raw.shape)
+
+    def raw(self, name: str) -> GGUFRawTensor | None:
+        info = self._infos.get(name)
+        if info is None:
+            return None
+        # First HF axis: output rows of a linear, elements of a vector.
+        rows = self._blob[info.offset: info.offset + info.nbytes].reshape(info.shape[0], -1)
+        order = self._row_order.get(name.split(".")[-2])
+        if order is not None:  # whole rows move, so quantized blocks stay intact
+            rows = rows[order]
+        return GGUFRawTensor(info.ggml_type, info.shape, rows.reshape(*info.shape[:-1], -1))
+
+
+def _unpermute_orders(config: ModelConfig) -> dict[str, np.ndarray]:
+    """Row orders that undo `w.reshape(n_head, 2, d // n_head // 2, ...).swapaxes(1, 2)` for q and k."""
+    def order(rows: int, heads: int) -> np.ndarray:
+        return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
+    return {"q_proj": order(config.q_size, config.num_heads), "k_proj": order(config.kv_size, config.num_kv_heads)}
+
+
+def open_gguf(path: Path) -> tuple[ModelConfig, GGUFTensorSource]:
+    header = read_header(path)
+    config = gguf_config(header, path)
+    for info in header.tensors:
+        if info.ggml_type not in _FLOAT_TYPES and info.ggml_type not in _QUANTIZED_TYPES:
+            supported = ", ".join(t.name for t in [*_FLOAT_TYPES, *_QUANTIZED_TYPES])
+            raise ModelLoadError(
+                f"{path}: tensor {info.name} is stored as {info.ggml_type.name}, which Tally cannot "
+                f"dequantize; supported types: {supported}"
+            )
+    check_tensor_shapes({hf_name(t.name): t.shape for t in header.tensors}, config, str(path))
+    return config, GGUFTensorSource(path, header, config)
+
+
+def gguf_config(header: GGUFHeader, path: Path) -> ModelConfig:
+    """ModelConfig from `{arch}.*` and `tokenizer.ggml.*` metadata."""
+    meta, arch = header.metadata, header.architecture
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelLoadError(
+            f"{path} holds a {arch!r} model; Tally reads GGUF architectures {', '.join(SUPPORTED_ARCHS)}"
+        )
+
+    def key(name: str, default: object = ModelLoadError) -> object:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is ModelLoadError:
+            raise ModelLoadError(f"{path} lacks the metadata key {arch}.{name}; the file is incomplete")
+        return value
+
+    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
+    names = {t.name for t in header.tensors}
+    token_count = meta.get("tokenizer.ggml.tokens")
+    eos_ids = [meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
+    window = key("attention.sliding_window", None)
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(token_count if token_count is not None else key("vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(key("attention.head_count_kv", heads)),
+        head_dim=int(key("attention.key_length", hidden // heads)),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=_rope_scaling(meta, arch),
+        max_position_embeddings=int(key("context_length")),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        sliding_window=int(window) if window else None,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos_ids if e is not None)),
+        torch_dtype=_torch_dtype(header.tensors),
+    )
+
+
+def _rope_scaling(meta: dict, arch: str) -> dict | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    scaling = {"rope_type": kind, "factor": float(meta.get(f"{arch}.rope.scaling.factor", 1.0))}
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if original is not None:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+def _torch_dtype(tensors: list[TensorInfo]) -> str:
+    """float32 when anything is quantized (we dequantize to it); else the half type the weights use."""
+    types = {t.ggml_type for t in tensors}
+    if not types <= set(_FLOAT_TYPES):
+        return "float32"
+    return "bfloat16" if Q.BF16 in types else "float16" if Q.F16 in types else "float32"

@@ -1,0 +1,146 @@
+"""Reads a GGUF file's metadata and tensor table (not its tensor data).
+
+gguf.GGUFReader builds a numpy view per metadata item, which takes ~6 s on the 49k-token
+vocabulary of the built-in model; this walks the same bytes with struct in ~0.1 s and keeps
+string arrays (vocabulary, merges) as their length, since the tokenizer reads them itself."""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType as V
+
+from tally.errors import ModelLoadError
+
+_SCALARS = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
+            V.FLOAT32: "<f", V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d"}
+_DEFAULT_ALIGNMENT_BYTES = 32
+_FIRST_READ_BYTES = 4 << 20  # the built-in model's header (vocabulary + merges) is ~1.5 MB
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str  # GGUF name, e.g. "blk.0.attn_q.weight"
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, ...]  # torch order (GGUF lists dimensions fastest-first)
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class GGUFHeader:
+    metadata: dict[str, Any]  # string arrays are given as their length
+    tensors: list[TensorInfo]
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "?"))
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _Cursor:
+    def __init__(self, buf: memoryview) -> None:
+        self.buf, self.pos = buf, 0
+
+    def unpack(self, fmt: str) -> tuple:
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.buf):
+            raise _Truncated
+        values = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return values
+
+    def string(self) -> str:
+        (length,) = self.unpack("<Q")
+        end = self.pos + length
+        if end > len(self.buf):
+            raise _Truncated
+        text = bytes(self.buf[self.pos:end]).decode("utf-8", errors="replace")
+        self.pos = end
+        return text
+
+    def value(self, kind: int) -> Any:
+        if kind == V.STRING:
+            return self.string()
+        if kind != V.ARRAY:
+            return self.unpack(_SCALARS[V(kind)])[0]
+        item_kind, count = self.unpack("<IQ")
+        if item_kind == V.STRING:  # vocabularies: skip over, keep the count
+            for _ in range(count):
+                (length,) = self.unpack("<Q")
+                self.pos += length
+            if self.pos > len(self.buf):
+                raise _Truncated
+            return count
+        if item_kind == V.ARRAY:
+            return [self.value(V.ARRAY) for _ in range(count)]
+        fmt = _SCALARS[V(item_kind)]
+        width = struct.calcsize(fmt)
+        if self.pos + width * count > len(self.buf):
+            raise _Truncated
+        values = np.frombuffer(self.buf, dtype=np.dtype(fmt), count=count, offset=self.pos)
+        self.pos += width * count
+        return values.tolist()
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """Metadata and tensor table; checks the file is long enough to hold every tensor."""
+    file_bytes = path.stat().st_size
+    head_bytes = _FIRST_READ_BYTES
+    while True:  # the header's length is only known once it is parsed: read more until it fits
+        with open(path, "rb") as f:
+            cursor = _Cursor(memoryview(f.read(head_bytes)))
+        try:
+            return _parse(cursor, path, file_bytes)
+        except _Truncated:
+            if len(cursor.buf) < file_bytes:
+                head_bytes *= 4
+                continue
+            raise ModelLoadError(
+                f"{path} is truncated or corrupt: its header runs past the end of the file "
+                f"({file_bytes:,} bytes); re-download or re-convert it"
+            ) from None
+        except (ValueError, KeyError, struct.error) as exc:
+            raise ModelLoadError(f"{path} has a corrupt GGUF header ({exc}); re-download or re-convert it") from exc
+
+
+def _parse(cursor: _Cursor, path: Path, file_bytes: int) -> GGUFHeader:
+    magic = bytes(cursor.buf[:4])
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    cursor.pos = 4
+    version, tensor_count, kv_count = cursor.unpack("<IQQ")
+    if version not in (2, 3):
+        raise ModelLoadError(f"{path} is GGUF version {version}; Tally reads versions 2 and 3 (little-endian)")
+    metadata: dict[str, Any] = {}
+    for _ in range(kv_count):
+        key = cursor.string()
+        (kind,) = cursor.unpack("<I")
+        metadata[key] = cursor.value(kind)
+    table = []
+    for _ in range(tensor_count):
+        name = cursor.string()
+        (n_dims,) = cursor.unpack("<I")
+        dims = cursor.unpack(f"<{n_dims}Q")
+        type_id, offset = cursor.unpack("<IQ")
+        table.append((name, tuple(reversed(dims)), GGMLQuantizationType(type_id), offset))
+    alignment = int(metadata.get("general.alignment", _DEFAULT_ALIGNMENT_BYTES))
+    data_start = -(-cursor.pos // alignment) * alignment
+    tensors = []
+    for name, shape, ggml_type, offset in table:
+        block_elements, block_bytes = GGML_QUANT_SIZES[ggml_type]
+        info = TensorInfo(name, ggml_type, shape, data_start + offset, prod(shape) // block_elements * block_bytes)
+        if info.offset + info.nbytes > file_bytes:
+            raise ModelLoadError(
+                f"{path} is truncated: tensor {name} needs bytes up to {info.offset + info.nbytes:,} but the "
+                f"file has {file_bytes:,}; re-download or re-convert it"
+            )
+        tensors.append(info)
+    return GGUFHeader(metadata, tensors)

@@ -1,0 +1,45 @@
+"""The one entry point for weights: `load_checkpoint(model)` resolves the name, reads and checks
+the headers (config, tensor names and shapes, file lengths), and streams tensors on demand
+under HF names, whatever the file format."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tally.models.config import ModelConfig
+from tally.models.gguf_checkpoint import GGUFRawTensor, GGUFTensorSource, open_gguf
+from tally.models.hf_checkpoint import HFTensorSource, open_hf
+from tally.models.registry import resolve_model
+
+__all__ = ["Checkpoint", "GGUFRawTensor", "load_checkpoint"]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path  # the checkpoint directory (hf) or file (gguf)
+    name: str  # the model name the server reports
+    config: ModelConfig
+    format: str  # "hf" or "gguf"
+    _source: HFTensorSource | GGUFTensorSource = field(repr=False)
+
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) one at a time, in the file's dtype (quantized GGUF types → float32).
+        Tied checkpoints yield no lm_head.weight."""
+        return self._source.tensors()
+
+    def gguf_tensor(self, hf_name: str) -> GGUFRawTensor | None:
+        """The stored blocks of one tensor (GGUF only; q/k rows un-permuted), else None."""
+        if isinstance(self._source, GGUFTensorSource):
+            return self._source.raw(hf_name)
+        return None
+
+
+def load_checkpoint(model: str | None) -> Checkpoint:
+    """None or "smollm2-135m" → the built-in GGUF; a directory with config.json → HF; a .gguf file."""
+    location = resolve_model(model)
+    opener = open_hf if location.format == "hf" else open_gguf
+    config, source = opener(location.path)
+    return Checkpoint(location.path, location.name, config, location.format, source)
