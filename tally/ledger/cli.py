@@ -1,0 +1,126 @@
+"""`tally plan`: the memory and capacity plan for a model on a device, before anything is allocated."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tally.errors import TallyError
+from tally.ledger.compare import compare_variants, render_comparison
+from tally.ledger.kv import canonical_kv_dtype
+from tally.ledger.lengths import load_lengths, summarize
+from tally.ledger.model_source import resolve_model
+from tally.ledger.plan import PlanOptions, make_plan
+from tally.ledger.presets import Device, device_preset_names, find_device
+from tally.ledger.render import render_plan
+from tally.ledger.units import parse_bandwidth, parse_bytes, parse_flops
+from tally.ledger.weights import canonical_dtype
+
+EPILOG = """examples:
+  tally plan --model Llama-3.1-8B --device h100-80gb --max-model-len 8192 --concurrency 64
+  tally plan --model SmolLM2-135M --device cpu --weights int4 --kv-dtype int8
+  tally plan --model Qwen2.5-72B --device h100-80gb --tp 4 --lengths trace.csv --compare --json
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tally plan", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="checkpoint dir, .gguf file, config.json, or a preset name")
+    p.add_argument("--device", help=f"{', '.join(device_preset_names())}, or cpu (measures this machine)")
+    p.add_argument("--memory", help="device memory, e.g. 80GiB (overrides the preset)")
+    p.add_argument("--bandwidth", help="memory bandwidth, e.g. 3.35TB/s (overrides the preset)")
+    p.add_argument("--flops", help="dense bf16 FLOP/s, e.g. 989T (overrides the preset)")
+    p.add_argument("--dtype", default="bf16", help="compute dtype: bf16 | fp16 | fp32 (default bf16)")
+    p.add_argument("--weights", choices=("dense", "int8", "int4", "w8a8", "gguf"),
+                   help="weight format (default: dense at --dtype; a .gguf model: as stored)")
+    p.add_argument("--group-size", type=int, default=128, help="int4 group size (default 128)")
+    p.add_argument("--kv-dtype", help="KV cache dtype: bf16 | fp16 | fp32 | int8 | fp8 (default: --dtype)")
+    p.add_argument("--max-model-len", type=int, help="tokens per request (prompt + output) to plan for")
+    p.add_argument("--lengths", help="CSV/JSONL trace or `tally bench` result with prompt/output lengths")
+    p.add_argument("--percentile", type=float, default=99.0, help="share of --lengths the main pool serves")
+    p.add_argument("--concurrency", type=int, help="requests you want in flight")
+    p.add_argument("--reserve", default="0.12", help="runtime reserve: a fraction of memory (0.12) or a size (12GiB)")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallel devices")
+    p.add_argument("--pp", type=int, default=1, help="pipeline parallel stages")
+    p.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
+    p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per step (sizes TP/PP buffers)")
+    p.add_argument("--compare", action="store_true", help="show weight / KV / attention options side by side")
+    p.add_argument("--json", action="store_true", help="print JSON only")
+    return p
+
+
+def _device(args: argparse.Namespace) -> Device:
+    if args.device == "cpu":
+        from tally.ledger.hardware import probe_cpu
+
+        device = probe_cpu()
+    elif args.device:
+        device = find_device(args.device)
+    elif not (args.memory and args.bandwidth and args.flops):
+        raise TallyError("give --device (a preset or cpu), or all of --memory, --bandwidth and --flops")
+    else:
+        device = Device("custom", 0, 0.0, 0.0)
+    overrides = {}
+    if args.memory:
+        overrides["memory_bytes"] = parse_bytes(args.memory, what="--memory")
+    if args.bandwidth:
+        overrides["bandwidth_bytes_per_s"] = parse_bandwidth(args.bandwidth)
+    if args.flops:
+        overrides["flops_per_s"] = parse_flops(args.flops)
+    return Device(**{**device.__dict__, **overrides})
+
+
+def _options(args: argparse.Namespace) -> PlanOptions:
+    for name in ("tp", "pp", "block_size", "max_batched_tokens"):
+        if getattr(args, name) < 1:
+            raise TallyError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    reserve = float(args.reserve) if _is_number(args.reserve) else parse_bytes(args.reserve, what="--reserve")
+    return PlanOptions(
+        device=_device(args),
+        dtype=canonical_dtype(args.dtype),
+        weights=args.weights,
+        group_size=args.group_size,
+        kv_dtype=canonical_kv_dtype(args.kv_dtype) if args.kv_dtype else None,
+        block_size=args.block_size,
+        max_model_len=args.max_model_len,
+        concurrency=args.concurrency,
+        reserve=reserve,
+        tp=args.tp,
+        pp=args.pp,
+        max_batched_tokens=args.max_batched_tokens,
+        percentile=args.percentile,
+        lengths=summarize(load_lengths(args.lengths)) if args.lengths else None,
+    )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        source = resolve_model(args.model)
+        opts = _options(args)
+        if args.compare:
+            rows = compare_variants(source, opts)
+            if args.json:
+                print(json.dumps([{"option": label, **plan.to_dict()} for label, plan in rows], indent=2))
+            else:
+                print(render_comparison(rows))
+            return 0
+        plan = make_plan(source, opts)
+    except TallyError as exc:
+        print(f"tally plan: {exc.message}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan.to_dict(), indent=2) if args.json else render_plan(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

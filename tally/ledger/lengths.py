@@ -1,0 +1,122 @@
+"""Request lengths from a real workload: a CSV / JSONL trace (the Azure LLM trace, columns
+ContextTokens, GeneratedTokens) or a `tally bench` result file (records with prompt_tokens,
+output_tokens), summarised as percentiles of prompt, output and total length.
+
+Percentiles use the nearest-rank rule: P99 is a length that at least 99% of requests fit in, and it is
+always a length that really occurred, so a max_model_len set to it serves exactly that share.
+"""
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tally.errors import ConfigError
+
+PROMPT_FIELDS = ("contexttokens", "prompt_tokens", "prompt_len", "input_tokens", "input_len")
+OUTPUT_FIELDS = ("generatedtokens", "output_tokens", "completion_tokens", "output_len", "generated_tokens")
+PERCENTILES = (50.0, 90.0, 99.0, 99.5, 100.0)
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    num_requests: int
+    prompt_tokens: dict[str, int]  # "p50", "p90", "p99", "p99.5", "max" -> tokens
+    output_tokens: dict[str, int]
+    total_tokens: dict[str, int]
+    mean_total_tokens: float
+    totals_sorted: tuple[int, ...] = field(repr=False)  # every request's prompt + output, ascending
+    requests: tuple[tuple[int, int], ...] = field(repr=False)  # (prompt, output) per request
+
+    def total_at(self, percentile: float) -> int:
+        return nearest_rank(self.totals_sorted, percentile)
+
+    @property
+    def mean_decode_context_tokens(self) -> float:
+        """The context an average decode step attends to: the prompt plus half the output."""
+        return sum(p + o / 2 for p, o in self.requests) / self.num_requests
+
+    def share_longer_than(self, num_tokens: int) -> float:
+        return (self.num_requests - bisect.bisect_right(self.totals_sorted, num_tokens)) / self.num_requests
+
+    def slot_share_longer_than(self, num_tokens: int) -> float:
+        """Share of request-slots in flight taken by requests longer than `num_tokens`: a request holds
+        its slot for as long as it decodes, so each weighs by its output length (Little's law)."""
+        longer = sum(max(o, 1) for p, o in self.requests if p + o > num_tokens)
+        return longer / sum(max(o, 1) for _, o in self.requests)
+
+
+def nearest_rank(sorted_values: tuple[int, ...] | list[int], percentile: float) -> int:
+    rank = max(math.ceil(percentile / 100 * len(sorted_values)), 1)
+    return sorted_values[rank - 1]
+
+
+def _label(percentile: float) -> str:
+    return "max" if percentile == 100 else f"p{percentile:g}"
+
+
+def summarize(pairs: list[tuple[int, int]]) -> LengthStats:
+    if not pairs:
+        raise ConfigError("the lengths file holds no requests with both a prompt and an output length")
+    prompts = sorted(p for p, _ in pairs)
+    outputs = sorted(o for _, o in pairs)
+    totals = sorted(p + o for p, o in pairs)
+
+    def table(values: list[int]) -> dict[str, int]:
+        return {_label(q): nearest_rank(values, q) for q in PERCENTILES}
+
+    return LengthStats(len(pairs), table(prompts), table(outputs), table(totals),
+                       sum(totals) / len(totals), tuple(totals), tuple(pairs))
+
+
+def load_lengths(path: str | Path) -> list[tuple[int, int]]:
+    """(prompt tokens, output tokens) per request; rows lacking either are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no lengths file at {path}; give a CSV/JSONL trace or a `tally bench` result")
+    text = path.read_text()
+    stripped = text.lstrip()
+    if path.suffix.lower() == ".csv" or not stripped.startswith(("{", "[")):
+        records = list(csv.DictReader(text.splitlines()))
+    elif path.suffix.lower() == ".jsonl" or (stripped.startswith("{") and "\n{" in stripped):
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        records = _records_in(json.loads(text))
+    return _pairs(records, path)
+
+
+def _records_in(document: object) -> list[dict]:
+    """A JSON list of records, or the first list of records found in a result document."""
+    if isinstance(document, list):
+        return [r for r in document if isinstance(r, dict)]
+    if isinstance(document, dict):
+        for value in document.values():
+            found = _records_in(value) if isinstance(value, (list, dict)) else []
+            if any(_field(r, PROMPT_FIELDS) is not None for r in found):
+                return found
+    return []
+
+
+def _field(record: dict, names: tuple[str, ...]) -> int | None:
+    for key, value in record.items():
+        if str(key).strip().lower() in names and value not in (None, ""):
+            try:
+                return int(float(value))
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def _pairs(records: list[dict], path: Path) -> list[tuple[int, int]]:
+    pairs = []
+    for record in records:
+        prompt, output = _field(record, PROMPT_FIELDS), _field(record, OUTPUT_FIELDS)
+        if prompt is not None and output is not None:
+            pairs.append((prompt, output))
+    if not pairs:
+        raise ConfigError(f"{path}: found no prompt/output lengths; expected columns such as "
+                          "ContextTokens,GeneratedTokens or prompt_tokens,output_tokens")
+    return pairs

@@ -1,0 +1,54 @@
+"""What `--model` names: a checkpoint directory, a GGUF file, a bare config.json, or a preset."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tally.errors import ModelLoadError
+from tally.ledger.gguf_file import read_gguf
+from tally.ledger.presets import find_model_preset, model_preset_names
+from tally.ledger.weights import WeightTensor, model_tensors
+from tally.models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str
+    kind: str  # preset | config | checkpoint | gguf
+    config: ModelConfig
+    tensors: list[WeightTensor]
+    gguf_tensor_types: dict[str, int] = field(default_factory=dict)  # ggml type -> tensors, GGUF only
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.kind == "gguf"
+
+    def with_config(self, config: ModelConfig, name: str) -> "ModelSource":
+        """The same model reshaped (e.g. full multi-head attention for a comparison); priced by shape."""
+        return ModelSource(name, "preset", config, model_tensors(config))
+
+
+def resolve_model(spec: str) -> ModelSource:
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").is_file() and len(ggufs) == 1:
+            return _from_gguf(ggufs[0])
+        config = ModelConfig.from_json_file(path / "config.json")
+        return ModelSource(path.name, "checkpoint", config, model_tensors(config))
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return _from_gguf(path)
+        config = ModelConfig.from_json_file(path)
+        return ModelSource(path.parent.name or path.name, "config", config, model_tensors(config))
+    preset = find_model_preset(spec)
+    if preset is None:
+        raise ModelLoadError(f"--model {spec!r} is neither a checkpoint directory, a .gguf file, a config.json "
+                             f"nor a preset; presets: {', '.join(model_preset_names())}")
+    name, config = preset
+    return ModelSource(name, "preset", config, model_tensors(config))
+
+
+def _from_gguf(path: Path) -> ModelSource:
+    model = read_gguf(path)
+    return ModelSource(path.name, "gguf", model.config, model.tensors, model.tensor_types)

@@ -1,0 +1,69 @@
+"""Tensor and pipeline parallel split: what one device holds, and the buffers it spends on talking.
+
+TP shards every linear layer, the embedding and the head over `tp` ranks (K/V projections are
+replicated when there are fewer KV heads than ranks); norms are replicated. PP gives each stage a
+contiguous run of layers; the first stage holds the embedding, the last the final norm and the head
+(a copy of the embedding when tied). The plan is made for the fullest device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tally.ledger.units import MiB
+from tally.ledger.weights import WeightFormat, WeightTensor
+from tally.models.config import ModelConfig
+
+# NCCL keeps NCCL_BUFFSIZE (4 MiB) per channel and direction; budget 32 channels x 2 directions.
+NCCL_BYTES_PER_COMMUNICATOR = 4 * MiB * 32 * 2
+
+
+@dataclass(frozen=True)
+class DeviceSplit:
+    tp: int
+    pp: int
+    stage_weight_bytes: tuple[int, ...]  # per device in each pipeline stage
+    activation_buffer_bytes: int  # all-reduce staging (TP) and send/recv of hidden states (PP)
+    nccl_bytes: int
+
+    @property
+    def weight_bytes(self) -> int:
+        """Weights on the fullest device: what the memory plan must fit."""
+        return max(self.stage_weight_bytes)
+
+    @property
+    def comm_buffer_bytes(self) -> int:
+        return self.activation_buffer_bytes + self.nccl_bytes
+
+    @property
+    def num_devices(self) -> int:
+        return self.tp * self.pp
+
+
+def stage_of_layer(layer: int, num_layers: int, pp: int) -> int:
+    return layer * pp // num_layers
+
+
+def split_model(tensors: list[WeightTensor], fmt: WeightFormat, config: ModelConfig, *, tp: int, pp: int,
+                max_batched_tokens: int, activation_bytes: int) -> DeviceSplit:
+    stage_bytes = [0.0] * pp
+    kv_fraction = -(-config.num_kv_heads // tp) / config.num_kv_heads
+    for tensor in tensors:
+        fraction = 1.0 if tensor.tp_split is None else (kv_fraction if tensor.kv_projection else 1 / tp)
+        size = fmt.tensor_bytes(tensor) * fraction
+        for stage in _stages_holding(tensor, config, pp):
+            stage_bytes[stage] += size
+    hidden_bytes = max_batched_tokens * config.hidden_size * activation_bytes
+    # TP: an input and an output staging buffer for the all-reduce; PP: send and receive of the
+    # hidden state and the residual stream.
+    activation = (2 * hidden_bytes if tp > 1 else 0) + (4 * hidden_bytes if pp > 1 else 0)
+    nccl = NCCL_BYTES_PER_COMMUNICATOR * ((tp > 1) + (pp > 1))
+    return DeviceSplit(tp, pp, tuple(int(round(b)) for b in stage_bytes), activation, nccl)
+
+
+def _stages_holding(tensor: WeightTensor, config: ModelConfig, pp: int) -> tuple[int, ...]:
+    if tensor.layer is not None:
+        return (stage_of_layer(tensor.layer, config.num_layers, pp),)
+    if tensor.role == "embedding":
+        # A tied embedding is also the head, so the last stage keeps its own copy.
+        return (0, pp - 1) if config.tie_word_embeddings and pp > 1 else (0,)
+    return (pp - 1,)

@@ -1,0 +1,190 @@
+"""Assemble a capacity plan: model + format + device + workload -> bytes, fits, speeds, warnings."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from tally.ledger.capacity import (LongTailPlan, MemoryBudget, long_tail_plan, max_concurrency, memory_budget,
+                                   oversubscription_warning)
+from tally.ledger.kv import KVLayout
+from tally.ledger.lengths import LengthStats
+from tally.ledger.model_source import ModelSource
+from tally.ledger.parallel import DeviceSplit, split_model
+from tally.ledger.presets import Device
+from tally.ledger.roofline import DecodeEstimate, ModelCost, decode_step, prefill_seconds
+from tally.ledger.units import fmt_gib
+from tally.ledger.weights import DTYPE_BYTES, WeightFormat, canonical_dtype, matmul_params
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    device: Device
+    dtype: str = "bfloat16"  # compute dtype
+    weights: str | None = None  # dense | int8 | int4 | w8a8 | gguf; None: dense (a GGUF file: as stored)
+    group_size: int = 128
+    kv_dtype: str | None = None  # None: the compute dtype
+    block_size: int = 16
+    max_model_len: int | None = None  # None: the recommended length from --lengths, else the model's context
+    concurrency: int | None = None  # requests the team wants in flight; None: as many as fit
+    reserve: float = 0.12  # a fraction of device memory when below 1, else bytes
+    tp: int = 1
+    pp: int = 1
+    max_batched_tokens: int = 8192  # tokens per step: sizes the parallel communication buffers
+    percentile: float = 99.0  # share of requests the main pool serves when --lengths is given
+    lengths: LengthStats | None = None
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    name: str
+    source: str
+    architecture: str
+    num_params: int
+    matmul_params: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    tied_embeddings: bool
+    max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class WeightSummary:
+    format: str
+    total_bytes: int  # the whole model
+    per_device_bytes: int  # the fullest device
+    gguf_tensor_types: dict[str, int]
+
+
+@dataclass(frozen=True)
+class KVSummary:
+    dtype: str
+    block_size: int
+    bytes_per_token: int  # the whole model (all devices)
+    bytes_per_token_per_device: int
+    bytes_per_block_per_device: int
+    bytes_per_request_per_device: int  # at the planned length, in whole blocks
+
+
+@dataclass(frozen=True)
+class PrefillEstimate:
+    label: str
+    prompt_tokens: int
+    ttft_s: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelSummary
+    device: Device
+    weights: WeightSummary
+    kv: KVSummary
+    memory: MemoryBudget  # per device
+    split: DeviceSplit
+    planned_len: int
+    max_concurrency: int  # at the planned length
+    concurrency: int  # what the throughput figures assume
+    decode_one: DecodeEstimate
+    decode_at_concurrency: DecodeEstimate
+    prefill: list[PrefillEstimate]
+    lengths: LengthStats | None
+    long_tail: LongTailPlan | None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        out = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        out = {k: (asdict(v) if hasattr(v, "__dataclass_fields__") else v) for k, v in out.items()}
+        out["prefill"] = [asdict(p) for p in self.prefill]
+        out["split"]["weight_bytes"], out["split"]["comm_buffer_bytes"] = self.split.weight_bytes, self.split.comm_buffer_bytes
+        for key in ("decode_one", "decode_at_concurrency"):
+            out[key]["ms_per_token"] = getattr(self, key).ms_per_token
+        if self.lengths is not None:
+            s = self.lengths
+            out["lengths"] = {"num_requests": s.num_requests, "prompt_tokens": s.prompt_tokens,
+                              "output_tokens": s.output_tokens, "total_tokens": s.total_tokens,
+                              "mean_total_tokens": s.mean_total_tokens}
+        return out
+
+
+def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
+    config = source.config
+    fmt = WeightFormat(opts.weights or ("gguf" if source.is_gguf else "dense"), opts.dtype, opts.group_size)
+    kv_dtype = opts.kv_dtype or canonical_dtype(opts.dtype)
+    layout = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size, tp_size=opts.tp, pp_size=opts.pp)
+    whole_kv = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size)
+    split = split_model(source.tensors, fmt, config, tp=opts.tp, pp=opts.pp, max_batched_tokens=opts.max_batched_tokens,
+                        activation_bytes=DTYPE_BYTES[fmt.dtype])
+    device = opts.device
+    reserve_bytes = int(opts.reserve * device.memory_bytes) if opts.reserve < 1 else int(opts.reserve)
+    budget = memory_budget(layout, device_bytes=device.memory_bytes, weight_bytes=split.weight_bytes,
+                           reserve_bytes=reserve_bytes, comm_buffer_bytes=split.comm_buffer_bytes)
+    warnings: list[str] = []
+    long_tail = None
+    theoretical_len = opts.max_model_len or config.max_position_embeddings
+    if opts.lengths is not None:
+        long_tail = long_tail_plan(layout, budget.kv_blocks, opts.lengths, percentile=opts.percentile,
+                                   theoretical_max_len=theoretical_len, main_concurrency=opts.concurrency)
+    planned_len = opts.max_model_len or (long_tail.max_model_len if long_tail else config.max_position_embeddings)
+    fits = max_concurrency(layout, budget.kv_blocks, planned_len)
+    concurrency = opts.concurrency or max(fits, 1)
+    warnings += _warnings(source, opts, layout, budget, planned_len, fits, long_tail)
+
+    tensors = source.tensors
+    # Per device: TP splits the matmuls and the heads; a token still walks through every PP stage.
+    cost = ModelCost(
+        weight_bytes=split.weight_bytes * opts.pp,
+        matmul_params=matmul_params(tensors, config.tie_word_embeddings) // opts.tp,
+        attention_width=config.num_layers * -(-config.num_heads // opts.tp) * config.head_dim,
+        kv_bytes_per_token=KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size,
+                                              tp_size=opts.tp).bytes_per_token,
+    )
+    # Decode reads each request's whole context: the workload's average when known, else the planned length.
+    context = round(opts.lengths.mean_decode_context_tokens) if opts.lengths else planned_len
+    rates = dict(bandwidth_bytes_per_s=device.bandwidth_bytes_per_s, flops_per_s=device.flops_per_s)
+    prompts = ([("p50 prompt", opts.lengths.prompt_tokens["p50"]), ("p99 prompt", opts.lengths.prompt_tokens["p99"])]
+               if opts.lengths else [(f"{planned_len:,}-token prompt", planned_len)])
+    return Plan(
+        model=ModelSummary(source.name, source.kind, config.architecture, sum(t.numel for t in tensors),
+                           matmul_params(tensors, config.tie_word_embeddings), config.num_layers, config.num_heads,
+                           config.num_kv_heads, config.head_dim, config.hidden_size, config.vocab_size,
+                           config.tie_word_embeddings, config.max_position_embeddings),
+        device=device,
+        weights=WeightSummary(fmt.label, sum(fmt.tensor_bytes(t) for t in tensors), split.weight_bytes,
+                              dict(source.gguf_tensor_types)),
+        kv=KVSummary(layout.kv_dtype, layout.block_size, whole_kv.bytes_per_token, layout.bytes_per_token,
+                     layout.bytes_per_block, layout.bytes_for_tokens(planned_len)),
+        memory=budget,
+        split=split,
+        planned_len=planned_len,
+        max_concurrency=fits,
+        concurrency=concurrency,
+        decode_one=decode_step(cost, concurrency=1, context_tokens=context, **rates),
+        decode_at_concurrency=decode_step(cost, concurrency=concurrency, context_tokens=context, **rates),
+        prefill=[PrefillEstimate(label, n, prefill_seconds(cost, prompt_tokens=n, **rates)) for label, n in prompts],
+        lengths=opts.lengths,
+        long_tail=long_tail,
+        warnings=warnings,
+    )
+
+
+def _warnings(source: ModelSource, opts: PlanOptions, layout: KVLayout, budget: MemoryBudget, planned_len: int,
+              fits: int, long_tail: LongTailPlan | None) -> list[str]:
+    out = []
+    context = source.config.max_position_embeddings
+    if planned_len > context:
+        out.append(f"the planned length {planned_len:,} exceeds the model's context of {context:,} tokens")
+    if fits < 1:
+        out.append(f"weights ({fmt_gib(budget.weight_bytes)}) + reserve ({fmt_gib(budget.reserve_bytes)}) + buffers "
+                   f"leave {fmt_gib(max(budget.kv_pool_bytes, 0))} for KV, not enough for one {planned_len:,}-token "
+                   f"request ({fmt_gib(layout.bytes_for_tokens(planned_len))}); quantize the weights, shorten "
+                   "--max-model-len, or split the model with --tp / --pp")
+    elif opts.concurrency:
+        warning = oversubscription_warning(layout, budget, concurrency=opts.concurrency, max_len=planned_len)
+        if warning:
+            out.append(warning)
+    if long_tail and long_tail.tail_max_len > context:
+        out.append(f"the longest request in the trace ({long_tail.tail_max_len:,} tokens) exceeds the model's "
+                   f"context of {context:,}: the long-tail pool cannot serve it")
+    return out

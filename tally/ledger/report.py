@@ -1,0 +1,48 @@
+"""The engine's own ledger: what it really allocated at start-up, in the plan's units, for the
+start-up log and GET /ledger (the server adds the live fields: used and cached blocks)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from tally.ledger.units import fmt_gb, fmt_gib, fmt_small_bytes
+
+
+@dataclass(frozen=True)
+class EngineLedger:
+    model_name: str
+    weight_bytes: int
+    kv_blocks: int
+    block_size: int  # tokens per block
+    kv_bytes_per_token: int
+    kv_pool_bytes: int
+    reserve_bytes: int
+    max_model_len: int
+    max_num_seqs: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_blocks * self.block_size
+
+    @property
+    def max_concurrency_at_max_len(self) -> int:
+        """Requests of max_model_len tokens the pool holds at once, in whole blocks."""
+        blocks_per_request = -(-self.max_model_len // self.block_size)
+        return self.kv_blocks // max(blocks_per_request, 1)
+
+    def format(self) -> str:
+        lines = [
+            f"ledger: {self.model_name}: weights {fmt_gib(self.weight_bytes)} ({fmt_gb(self.weight_bytes)}), "
+            f"reserve {fmt_gib(self.reserve_bytes)}",
+            f"ledger: KV pool {fmt_gib(self.kv_pool_bytes)} = {self.kv_blocks:,} blocks x {self.block_size} tokens = "
+            f"{self.kv_tokens:,} tokens at {fmt_small_bytes(self.kv_bytes_per_token)} per token",
+            f"ledger: {self.max_concurrency_at_max_len:,} request(s) of max_model_len {self.max_model_len:,} fit at once "
+            f"(max_num_seqs {self.max_num_seqs:,})",
+        ]
+        if self.max_concurrency_at_max_len < self.max_num_seqs:
+            lines.append(f"ledger: max_num_seqs {self.max_num_seqs:,} x max_model_len {self.max_model_len:,} exceeds "
+                         "the KV pool: long requests will queue or be preempted")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "kv_tokens": self.kv_tokens,
+                "max_concurrency_at_max_len": self.max_concurrency_at_max_len}

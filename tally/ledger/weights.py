@@ -1,0 +1,124 @@
+"""Bytes of the weights: every tensor of the model, priced at the chosen format.
+
+Quantized formats apply to the linear layers of the decoder blocks; embeddings, the LM head, norms
+and biases stay in the compute dtype (as the quantizers in the field do: the embedding is a lookup and
+the head is the layer most sensitive to rounding). Scale overheads are counted, not waved away:
+int8  : int8 values + one bf16 scale per output row
+w8a8  : int8 values + one fp32 scale per output row (activation scales are per token, at run time)
+int4  : two values per byte + bf16 scale and bf16 zero per group of `group_size` inputs (asymmetric)
+gguf  : each tensor at its stored ggml type size (Q4_1 = 20 bytes per 32 values, Q6_K = 210 per 256)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tally.errors import ConfigError
+from tally.models.config import ModelConfig
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+QUANT_SCHEMES = ("int8", "w8a8", "int4", "gguf")
+_ROW_SCALE_BYTES = {"int8": 2, "w8a8": 4}
+_GROUP_PARAM_BYTES = 2 * 2  # bf16 scale + bf16 zero per int4 group
+
+
+def canonical_dtype(name: str) -> str:
+    key = _DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in DTYPE_BYTES:
+        raise ConfigError(f"unknown compute dtype {name!r}; choose bf16, fp16 or fp32")
+    return key
+
+
+@dataclass(frozen=True)
+class WeightTensor:
+    name: str
+    rows: int  # output features (vocab for embeddings); numel for 1-D tensors
+    cols: int  # input features; 1 for 1-D tensors
+    role: str  # linear | embedding | lm_head | norm | bias
+    layer: int | None = None  # decoder block index; None for embedding, head, final norm
+    tp_split: str | None = None  # "rows" or "cols" when tensor parallelism shards it
+    kv_projection: bool = False  # k/v projections: replicated when KV heads < TP ranks
+    stored_bytes: int | None = None  # as stored in a GGUF file
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    scheme: str = "dense"  # dense | int8 | w8a8 | int4 | gguf
+    dtype: str = "bfloat16"  # dense tensors and everything a quantized scheme leaves alone
+    group_size: int = 128  # int4 inputs per (scale, zero) pair
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        if self.scheme not in ("dense", *QUANT_SCHEMES):
+            raise ConfigError(f"unknown weight format {self.scheme!r}; choose one of {', '.join(QUANT_SCHEMES)}")
+        if self.group_size not in (32, 64, 128, 256):
+            raise ConfigError(f"int4 group size must be 32, 64, 128 or 256, got {self.group_size}")
+
+    @property
+    def label(self) -> str:
+        if self.scheme == "dense":
+            return short_dtype(self.dtype)
+        if self.scheme == "int4":
+            return f"int4 g{self.group_size} (+bf16 scale & zero per group)"
+        if self.scheme in _ROW_SCALE_BYTES:
+            kind = "bf16" if _ROW_SCALE_BYTES[self.scheme] == 2 else "fp32"
+            return f"{self.scheme} (+{kind} scale per row)"
+        return "gguf (each tensor at its stored type)"
+
+    def tensor_bytes(self, tensor: WeightTensor) -> int:
+        if self.scheme == "gguf":
+            if tensor.stored_bytes is None:
+                raise ConfigError("--weights gguf needs a .gguf model file; for other models pick int8, int4 or w8a8")
+            return tensor.stored_bytes
+        dense = tensor.numel * DTYPE_BYTES[self.dtype]
+        if self.scheme == "dense" or tensor.role != "linear":
+            return dense
+        if self.scheme in _ROW_SCALE_BYTES:
+            return tensor.numel + tensor.rows * _ROW_SCALE_BYTES[self.scheme]
+        groups_per_row = -(-tensor.cols // self.group_size)
+        return -(-tensor.numel // 2) + tensor.rows * groups_per_row * _GROUP_PARAM_BYTES
+
+
+def short_dtype(dtype: str) -> str:
+    """'bfloat16' -> 'bf16' for tables; names without a short form pass through."""
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+
+
+def model_tensors(config: ModelConfig) -> list[WeightTensor]:
+    """Every parameter tensor of a Llama-family decoder, from its shape alone."""
+    h, i, q, kv = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
+    tensors = [WeightTensor("embed_tokens", config.vocab_size, h, "embedding", tp_split="rows")]
+    for layer in range(config.num_layers):
+        def lin(name: str, rows: int, cols: int, split: str, is_kv: bool = False) -> WeightTensor:
+            return WeightTensor(f"layers.{layer}.{name}", rows, cols, "linear", layer, split, is_kv)
+
+        tensors += [
+            lin("q_proj", q, h, "rows"), lin("k_proj", kv, h, "rows", True), lin("v_proj", kv, h, "rows", True),
+            lin("o_proj", h, q, "cols"),
+            lin("gate_proj", i, h, "rows"), lin("up_proj", i, h, "rows"), lin("down_proj", h, i, "cols"),
+            WeightTensor(f"layers.{layer}.input_norm", h, 1, "norm", layer),
+            WeightTensor(f"layers.{layer}.post_attention_norm", h, 1, "norm", layer),
+        ]
+        if config.attention_bias:
+            tensors += [WeightTensor(f"layers.{layer}.q_bias", q, 1, "bias", layer, "rows"),
+                        WeightTensor(f"layers.{layer}.k_bias", kv, 1, "bias", layer, "rows", True),
+                        WeightTensor(f"layers.{layer}.v_bias", kv, 1, "bias", layer, "rows", True)]
+        if config.qk_norm:
+            tensors += [WeightTensor(f"layers.{layer}.{n}_norm", config.head_dim, 1, "norm", layer) for n in "qk"]
+    tensors.append(WeightTensor("norm", h, 1, "norm"))
+    if not config.tie_word_embeddings:
+        tensors.append(WeightTensor("lm_head", config.vocab_size, h, "lm_head", tp_split="rows"))
+    return tensors
+
+
+def matmul_params(tensors: list[WeightTensor], tied_embeddings: bool) -> int:
+    """Parameters that take part in a matmul per token (2 FLOPs each): linears and the head,
+    which is the embedding itself when tied. The embedding lookup costs no FLOPs."""
+    total = sum(t.numel for t in tensors if t.role in ("linear", "lm_head"))
+    if tied_embeddings:
+        total += sum(t.numel for t in tensors if t.role == "embedding")
+    return total
