@@ -1,0 +1,117 @@
+"""Per-request sampling parameters, with vLLM's names and defaults, validated once at the edge.
+
+Every error names the parameter (`InvalidRequestError.param`) and says what value would be accepted,
+so the HTTP layer can hand it straight to the client."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from tally.errors import InvalidRequestError
+
+# Below this a temperature is treated as 0 (greedy), as vLLM does: dividing logits by 1e-6
+# overflows float32 and the "sample" is the argmax anyway.
+GREEDY_TEMPERATURE_EPS = 1e-5
+MAX_LOGPROBS = 20  # the OpenAI API's cap on top_logprobs
+
+
+class SamplingType(enum.IntEnum):
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k filtering
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: up to max_model_len, resolved by the engine
+    min_tokens: int = 0
+    logprobs: int | None = None  # number of top logprobs per token; 0 = only the chosen token's
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._validate()
+
+    def _validate(self) -> None:
+        _check(self.n >= 1, "n", f"n must be at least 1, got {self.n}")
+        _check(
+            self.best_of is None or self.best_of == self.n, "best_of",
+            f"best_of={self.best_of} with n={self.n} is not supported; omit best_of or set it to n",
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(-2.0 <= value <= 2.0, name, f"{name} must be in [-2, 2], got {value}")
+        _check(
+            self.repetition_penalty > 0.0, "repetition_penalty",
+            f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}",
+        )
+        _check(
+            self.temperature >= 0.0, "temperature",
+            f"temperature must be >= 0 (0 = greedy), got {self.temperature}",
+        )
+        _check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        _check(self.top_k >= -1, "top_k", f"top_k must be -1, 0 (both = off) or positive, got {self.top_k}")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if self.max_tokens is not None:
+            # max_tokens=0 only makes sense to score a prompt (prompt_logprobs), as in vLLM.
+            lowest = 0 if self.prompt_logprobs is not None else 1
+            _check(
+                self.max_tokens >= lowest, "max_tokens",
+                f"max_tokens must be at least 1 (0 only together with prompt_logprobs), got {self.max_tokens}",
+            )
+        _check(self.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
+            f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
+        )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(
+                value is None or 0 <= value <= MAX_LOGPROBS, name,
+                f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}",
+            )
+        _check(
+            all(isinstance(s, str) and s for s in self.stop), "stop",
+            f"stop strings must be non-empty strings, got {self.stop!r}",
+        )
+        _check(
+            all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+            f"stop_token_ids must be non-negative token ids, got {self.stop_token_ids!r}",
+        )
+
+    @property
+    def sampling_type(self) -> SamplingType:
+        # top_k=1 keeps only the argmax, so it *is* greedy; routing it there makes ties break the same way.
+        if self.temperature < GREEDY_TEMPERATURE_EPS or self.top_k == 1:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        )
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(message, param=param)

@@ -1,0 +1,211 @@
+from __future__ import annotations
+
+import torch
+
+from tally.layers.penalties import PenaltyTensors, apply_penalties
+from tally.layers.sampler import Sampler, SamplerInput, make_generator, sample
+from tally.sampling_params import SamplingParams
+
+EOS = 2
+
+
+def make_input(params, outputs=None, prompts=None, eos=None, generators=None) -> SamplerInput:
+    n = len(params)
+    return SamplerInput(
+        params=params,
+        generators=generators or [make_generator(p.seed) if p.seed is not None else None for p in params],
+        output_token_ids=outputs or [[] for _ in range(n)],
+        prompt_token_ids=prompts or [[0] for _ in range(n)],
+        eos_token_ids=eos or [(EOS,) for _ in range(n)],
+    )
+
+
+def random_logits(rows: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_takes_the_argmax():
+    logits = random_logits(8, 500)
+    out = sample(logits, make_input([SamplingParams(temperature=0.0)] * 8))
+    assert torch.equal(out.token_ids, logits.argmax(-1))
+
+
+def test_top_k_1_is_greedy_even_with_temperature_and_penalties():
+    logits = random_logits(6, 300)
+    outputs = [[5, 7, 7], [], [1], [9, 9], [3], [4]]
+    greedy = [SamplingParams(temperature=0.0, repetition_penalty=1.3, frequency_penalty=0.5)] * 6
+    top1 = [SamplingParams(temperature=1.7, top_k=1, repetition_penalty=1.3, frequency_penalty=0.5)] * 6
+    a = sample(logits, make_input(greedy, outputs=outputs))
+    b = sample(logits, make_input(top1, outputs=outputs))
+    assert torch.equal(a.token_ids, b.token_ids)
+
+
+def test_seeded_row_samples_the_same_alone_or_in_a_mixed_batch():
+    vocab = 1000
+    row = random_logits(1, vocab, seed=1)
+    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=42)
+
+    def run(batch_params, position, steps=6):
+        logits = random_logits(len(batch_params), vocab, seed=2)
+        logits[position] = row[0]
+        sampler = Sampler()
+        inp = make_input(batch_params)
+        return [int(sampler(logits, inp).token_ids[position]) for _ in range(steps)]
+
+    alone = run([seeded], 0)
+    others = [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.5, seed=7),
+        seeded,  # the row we follow, at position 3
+        SamplingParams(temperature=1.2, top_k=20),
+        SamplingParams(temperature=0.8, seed=42, min_p=0.05),
+        SamplingParams(temperature=1.0, presence_penalty=1.0),
+        SamplingParams(temperature=1.0, seed=3),
+    ]
+    assert run(others, 3) == alone
+    assert run([seeded], 0) == alone  # a fresh generator replays the same sequence
+    assert len(set(alone)) > 1  # it really samples
+    other_seed = run([SamplingParams(temperature=0.9, top_p=0.95, seed=43)], 0)
+    assert other_seed != alone
+
+
+def sample_many(logits_row: torch.Tensor, params: SamplingParams, rows: int = 256, rounds: int = 4) -> set[int]:
+    logits = logits_row.expand(rows, -1).contiguous()
+    sampler, inp = Sampler(), make_input([params] * rows)
+    return {t for _ in range(rounds) for t in sampler(logits, inp).token_ids.tolist()}
+
+
+def crafted(probs: list[float], vocab: int = 64) -> torch.Tensor:
+    """Logits whose softmax puts `probs` on ids 10, 11, ... and ~nothing elsewhere."""
+    p = torch.full((vocab,), 1e-9)
+    p[10 : 10 + len(probs)] = torch.tensor(probs)
+    return p.log()
+
+
+def test_top_k_keeps_exactly_the_k_most_likely():
+    logits = crafted([0.3, 0.25, 0.2, 0.15, 0.1])
+    assert sample_many(logits, SamplingParams(top_k=3)) == {10, 11, 12}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = crafted([0.5, 0.3, 0.15, 0.05])
+    assert sample_many(logits, SamplingParams(top_p=0.75)) == {10, 11}
+    assert sample_many(logits, SamplingParams(top_p=0.85)) == {10, 11, 12}
+    assert sample_many(logits, SamplingParams(top_p=0.4)) == {10}
+
+
+def test_top_p_renormalises_after_top_k():
+    # Among the top 2 (0.4, 0.35) the first holds 53% of the mass, so top_p=0.5 keeps only it.
+    logits = crafted([0.4, 0.35, 0.25])
+    assert sample_many(logits, SamplingParams(top_k=2, top_p=0.5)) == {10}
+
+
+def test_top_p_nucleus_larger_than_the_candidate_window_sorts_the_row():
+    vocab = 3000
+    logits = torch.linspace(0.0, 1.0, vocab)  # nearly flat: the 0.5 nucleus holds ~1300 tokens
+    probs = logits.softmax(-1)
+    order = probs.argsort(descending=True)
+    mass_before = probs[order].cumsum(0) - probs[order]
+    allowed = set(order[mass_before < 0.5].tolist())
+    assert len(allowed) > 1024
+    got = sample_many(logits, SamplingParams(top_p=0.5), rows=256, rounds=8)
+    assert got <= allowed and len(got) > 500
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability():
+    logits = crafted([0.5, 0.3, 0.1, 0.06, 0.04])
+    assert sample_many(logits, SamplingParams(min_p=0.15)) == {10, 11, 12}
+
+
+def test_penalties_match_the_formulas():
+    vocab = 20
+    logits = random_logits(3, vocab)
+    params = [
+        SamplingParams(repetition_penalty=1.5, frequency_penalty=0.3, presence_penalty=0.2),
+        SamplingParams(),  # untouched
+        SamplingParams(repetition_penalty=0.8, presence_penalty=-0.5),  # no output yet
+    ]
+    prompts = [[1, 2, 3], [1, 2], [6, 6, 7]]
+    outputs = [[3, 4, 4, 5, 4], [4, 4], []]
+    expected = logits.clone()
+    for row, (p, prompt, out) in enumerate(zip(params, prompts, outputs)):
+        for tok in set(prompt) | set(out):
+            value = expected[row, tok]
+            rep = p.repetition_penalty
+            expected[row, tok] = value / rep if value > 0 else value * rep
+        for tok in set(out):
+            expected[row, tok] -= p.frequency_penalty * out.count(tok) + p.presence_penalty
+    got = logits.clone()
+    apply_penalties(got, PenaltyTensors.build(params, prompts, got.device), outputs)
+    torch.testing.assert_close(got, expected)
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
+    logits = torch.zeros(3, 10)
+    logits[:, EOS] = 10.0
+    logits[:, 7] = 9.0
+    params = [
+        SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[7]),
+        SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[7]),
+        SamplingParams(temperature=0.0, min_tokens=3, ignore_eos=True),
+    ]
+    outputs = [[1], [1, 1, 1], [1]]
+    out = sample(logits, make_input(params, outputs=outputs, eos=[(EOS,), (EOS,), ()]))
+    assert out.token_ids[0] not in (EOS, 7)
+    assert out.token_ids[1] == EOS  # min_tokens reached
+    assert out.token_ids[2] == EOS  # ignore_eos: EOS is not a stop token, so not masked
+
+
+def test_chosen_logprob_is_log_softmax_of_the_raw_logits():
+    logits = random_logits(5, 400)
+    params = [
+        SamplingParams(temperature=0.0, repetition_penalty=2.0),
+        SamplingParams(temperature=0.7, top_k=10),
+        SamplingParams(temperature=1.3, top_p=0.8, seed=1),
+        SamplingParams(min_p=0.2, frequency_penalty=1.0),
+        SamplingParams(),
+    ]
+    out = sample(logits, make_input(params, outputs=[[1, 2]] * 5))
+    expected = logits.log_softmax(-1).gather(1, out.token_ids[:, None]).squeeze(1)
+    torch.testing.assert_close(out.logprobs, expected)
+
+
+def test_top_logprobs_are_sorted_with_right_ranks():
+    logits = random_logits(4, 300)
+    params = [SamplingParams(temperature=0.0, logprobs=5), SamplingParams(logprobs=3), SamplingParams(),
+              SamplingParams(logprobs=0)]
+    out = sample(logits, make_input(params))
+    ids, values = out.top_logprobs
+    ref_values, ref_ids = logits.log_softmax(-1).topk(5, dim=-1)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(values, ref_values)
+    assert torch.all(values[:, :-1] >= values[:, 1:])
+    assert out.ranks[0] == 1  # greedy picks the top token
+    for row in (1, 3):
+        chosen = logits[row, out.token_ids[row]]
+        assert out.ranks[row] == int((logits[row] > chosen).sum()) + 1
+    entry = out.logprobs_dict(1, 3)
+    assert int(out.token_ids[1]) in entry and set(ref_ids[1, :3].tolist()) <= set(entry)
+    assert [entry[t].rank for t in ref_ids[1, :3].tolist()] == [1, 2, 3]
+    assert list(out.logprobs_dict(3, 0)) == [int(out.token_ids[3])]
+
+
+def test_sampler_reuses_its_tensors_while_the_batch_is_unchanged():
+    params = [SamplingParams(top_k=5, seed=1), SamplingParams(temperature=0.0)]
+    inp = make_input(params)
+    sampler = Sampler()
+    sampler(random_logits(2, 50), inp)
+    first = sampler._tensors
+    sampler(random_logits(2, 50, seed=1), inp)
+    assert sampler._tensors is first
+    sampler(random_logits(1, 50), make_input(params[:1]))
+    assert sampler._tensors is not first
+
+
+def test_race_draws_tokens_with_the_softmax_probabilities():
+    probs = [0.5, 0.3, 0.15, 0.05]
+    logits = crafted(probs).expand(4096, -1).contiguous() * 0.5  # temperature 0.5 undoes the halving
+    out = sample(logits, make_input([SamplingParams(temperature=0.5)] * 4096))
+    freq = torch.bincount(out.token_ids, minlength=64)[10:14].float() / 4096
+    torch.testing.assert_close(freq, torch.tensor(probs), atol=0.03, rtol=0)
