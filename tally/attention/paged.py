@@ -91,15 +91,15 @@ class PagedBackend:
             start, end = starts[b], starts[b + 1]
             if start == end:
                 continue
-            out[start:end] = self._prefill(
-                q[start:end], k_cache, v_cache, meta.block_tables[b], meta.context_lens[b],
+            self._prefill(
+                q[start:end], k_cache, v_cache, meta.block_tables[b], meta.context_lens[b], out[start:end],
             )
         return out
 
     def _prefill(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        block_table_row: torch.Tensor, context_len: int,
-    ) -> torch.Tensor:
+        block_table_row: torch.Tensor, context_len: int, out: torch.Tensor,
+    ) -> None:
         """Attention for the Lq = q.shape[0] newest tokens of one sequence whose cache holds
-        context_len tokens (theirs included). q [Lq, Hq, D] -> [Lq, Hq, D] (any float dtype)."""
+        context_len tokens (theirs included): q [Lq, Hq, D], written into out [Lq, Hq, D]."""
         raise NotImplementedError

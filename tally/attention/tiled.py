@@ -22,17 +22,15 @@ class TiledBackend(PagedBackend):
 
     def _prefill(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        block_table_row: torch.Tensor, context_len: int,
-    ) -> torch.Tensor:
+        block_table_row: torch.Tensor, context_len: int, out: torch.Tensor,
+    ) -> None:
         num_queries = q.shape[0]
         first_query_pos = context_len - num_queries
-        out = torch.empty(q.shape, dtype=self.config.compute_dtype)
         for start in range(0, num_queries, self.query_tile):
             end = min(start + self.query_tile, num_queries)
             out[start:end] = self._query_tile(
                 q[start:end], k_cache, v_cache, block_table_row, first_query_pos + start,
             )
-        return out
 
     def _query_tile(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
