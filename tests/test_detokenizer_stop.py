@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+import random
+
+import transformers
+
+from tally.engine.detokenizer import IncrementalDetokenizer
+from tally.engine.stop import StopChecker, StopStringStream
+
+
+def run_stream(stop: list[str], deltas: list[str], include: bool = False) -> tuple[StopStringStream, list[str]]:
+    s = StopStringStream(StopChecker(stop, include))
+    sent = []
+    for d in deltas:
+        sent.append(s.push(d))
+        if s.stop_str is not None:
+            break
+    else:
+        sent.append(s.flush())
+    return s, sent
+
+
+def reference_truncation(text: str, stop: list[str], include: bool = False) -> str:
+    """The text a one-character-at-a-time generator would have produced."""
+    hits = [(text.find(s) + len(s), text.find(s), s) for s in stop if s in text]
+    if not hits:
+        return text
+    end, start, _ = min(hits)
+    return text[:end] if include else text[:start]
+
+
+def test_stop_string_split_across_deltas_is_caught_and_cut():
+    s, sent = run_stream(["###"], ["Hel", "lo #", "#", "# world"])
+    assert s.stop_str == "###"
+    assert s.text == "".join(sent) == "Hello "
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_only():
+    s, sent = run_stream(["###"], ["Hello #", "## more"], include=True)
+    assert "".join(sent) == s.text == "Hello ###"
+
+
+def test_the_stop_string_that_ends_first_wins():
+    checker = StopChecker(["cdef", "de"])
+    assert checker.check("abcdefg", 7) == ("de", 3)
+
+
+def test_check_only_looks_at_the_tail_that_can_hold_a_new_match():
+    checker = StopChecker(["###"])
+    assert checker.check("xx### abc", 3) == (None, None)  # an old match was already handled
+    assert checker.check("xx##", 1) == (None, None)
+    assert checker.check("xx###", 1) == ("###", 2)
+
+
+def test_holdback_is_the_longest_tail_that_starts_a_stop_string():
+    checker = StopChecker(["###", "END"])
+    tails = ("Hello #", "Hello ##", "Hello #a", "The E", "THEN", "THX")
+    assert [checker.holdback_len(t) for t in tails] == [1, 2, 0, 1, 2, 0]
+
+
+def test_stream_never_sends_text_a_later_stop_string_cuts():
+    rng = random.Random(0)
+    for _ in range(300):
+        stop = ["##a", "ab#", "b"] if rng.random() < 0.3 else ["##a", "ab#"]
+        include = rng.random() < 0.5
+        text = "".join(rng.choice("ab#") for _ in range(rng.randrange(1, 30)))
+        deltas, i = [], 0
+        while i < len(text):
+            n = rng.randrange(1, 5)
+            deltas.append(text[i : i + n])
+            i += n
+        s, sent = run_stream(stop, deltas, include)
+        expected = reference_truncation(text, stop, include)
+        streamed = ""
+        for piece in sent:
+            streamed += piece
+            assert expected.startswith(streamed), (text, stop, sent)
+        assert streamed == s.text == expected
+
+
+def test_multi_token_stop_string_on_real_detokenized_text(tiny_llama):
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_llama)
+    text = "Unicode: café naïve 日本語 中文 emoji 🙂🚀"
+    ids = tok.encode(text)
+    detok = IncrementalDetokenizer(tok, [])
+    stream = StopStringStream(StopChecker(["日本", "🚀"]))
+    sent = []
+    for i in ids:
+        sent.append(stream.push(detok.push([i])))
+        if stream.stop_str:
+            break
+    assert stream.stop_str == "日本"
+    assert "".join(sent) == "Unicode: café naïve "
