@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="checkpoint dir, .gguf file, config.json, or a preset name")
     p.add_argument("--device", help=f"{', '.join(device_preset_names())}, or cpu (measures this machine)")
+    p.add_argument("--probe-size", default="1GiB", help="array the --device cpu bandwidth probe sums (default 1GiB)")
     p.add_argument("--memory", help="device memory, e.g. 80GiB (overrides the preset)")
     p.add_argument("--bandwidth", help="memory bandwidth, e.g. 3.35TB/s (overrides the preset)")
     p.add_argument("--flops", help="dense bf16 FLOP/s, e.g. 989T (overrides the preset)")
@@ -54,7 +55,7 @@ def _device(args: argparse.Namespace) -> Device:
     if args.device == "cpu":
         from tally.ledger.hardware import probe_cpu
 
-        device = probe_cpu()
+        device = probe_cpu(parse_bytes(args.probe_size, what="--probe-size"))
     elif args.device:
         device = find_device(args.device)
     elif not (args.memory and args.bandwidth and args.flops):

@@ -6,14 +6,16 @@ Each tensor is priced at its real ggml type size from the `gguf` package's table
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass
+from math import prod
 from pathlib import Path
-from typing import BinaryIO
+
+import gguf
 
 from tally.errors import ModelLoadError
 from tally.ledger.weights import WeightTensor
 from tally.models.config import ModelConfig
+from tally.models.gguf_header import read_header
 
 _ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 # GGUF tensor name suffix -> (role, TP split, is a K/V projection)
@@ -36,107 +38,35 @@ class GGUFModel:
 
 def ggml_type_bytes(type_name: str, numel: int) -> int:
     """Bytes of `numel` values stored as ggml type `type_name` (whole blocks)."""
-    import gguf
-
     block_values, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
     return -(-numel // block_values) * block_bytes
 
 
 def read_gguf(path: str | Path) -> GGUFModel:
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            header = _read_header(f)
-    except (OSError, ValueError, struct.error, KeyError) as exc:
-        raise ModelLoadError(f"{path} is not a readable GGUF file: {exc}") from exc
-    meta = header.metadata
-    arch = str(meta.get("general.architecture", "?"))
+    header = read_header(path)  # the loader's torch-free reader: one parser of the format
+    meta, arch = header.metadata, header.architecture
     if arch not in _ARCHITECTURES:
         raise ModelLoadError(f"{path.name}: GGUF architecture {arch!r} is not one Tally plans for "
                              f"({', '.join(sorted(_ARCHITECTURES))})")
     tensors, types = [], {}
-    for name, shape, type_name in header.tensors:
+    for info in header.tensors:
+        type_name = info.ggml_type.name
         types[type_name] = types.get(type_name, 0) + 1
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        tensors.append(_tensor(name, shape, ggml_type_bytes(type_name, numel)))
-    vocab = meta.get(f"{arch}.vocab_size") or header.array_lengths.get("tokenizer.ggml.tokens")
-    tied = "output.weight" not in {name for name, _, _ in header.tensors}
+        tensors.append(_tensor(info.name, info.shape, ggml_type_bytes(type_name, prod(info.shape))))
+    data_offset = min((info.offset for info in header.tensors), default=path.stat().st_size)
     return GGUFModel(
         name=str(meta.get("general.name") or path.stem),
-        config=_config(meta, arch, vocab, tied=tied),
+        config=_config(meta, arch, {info.name for info in header.tensors}),
         tensors=tensors,
         tensor_types=types,
-        tensor_data_bytes=path.stat().st_size - header.data_offset,
+        tensor_data_bytes=path.stat().st_size - data_offset,
     )
 
 
-@dataclass
-class _Header:
-    metadata: dict[str, object]  # scalar and string values
-    array_lengths: dict[str, int]  # arrays are skipped, only their length kept
-    tensors: list[tuple[str, list[int], str]]  # name, shape (ggml order), ggml type name
-    data_offset: int
-
-
-# GGUF value types: id -> struct format of one scalar ("s" string, "a" array)
-_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 8: "s", 9: "a", 10: "Q", 11: "q", 12: "d"}
-
-
-def _read_header(f: BinaryIO) -> _Header:
-    """A small sequential parser: the `gguf` package's reader builds a numpy view per token string
-    and takes ~10 s on a 49k-token vocabulary; this reads the same header in well under a second."""
-    import gguf
-
-    def unpack(fmt: str):
-        return struct.unpack("<" + fmt, f.read(struct.calcsize(fmt)))[0]
-
-    def string() -> str:
-        return f.read(unpack("Q")).decode("utf-8", errors="replace")
-
-    def value(kind: int):
-        fmt = _SCALAR[kind]
-        return string() if fmt == "s" else unpack(fmt)
-
-    if f.read(4) != b"GGUF":
-        raise ValueError("bad magic (not a GGUF file)")
-    version = unpack("I")
-    if version not in (2, 3):
-        raise ValueError(f"GGUF version {version} is not supported (2 or 3)")
-    tensor_count, kv_count = unpack("Q"), unpack("Q")
-    metadata, array_lengths = {}, {}
-    for _ in range(kv_count):
-        key, kind = string(), unpack("I")
-        if _SCALAR[kind] != "a":
-            metadata[key] = value(kind)
-            continue
-        item_kind, count = unpack("I"), unpack("Q")
-        array_lengths[key] = count
-        if _SCALAR[item_kind] == "s":
-            for _ in range(count):
-                f.seek(unpack("Q"), 1)
-        else:
-            f.seek(count * struct.calcsize(_SCALAR[item_kind]), 1)
-    tensors = []
-    for _ in range(tensor_count):
-        name = string()
-        shape = [unpack("Q") for _ in range(unpack("I"))]
-        type_name = gguf.GGMLQuantizationType(unpack("I")).name
-        unpack("Q")  # offset within the data section; sizes come from the type table
-        tensors.append((name, shape, type_name))
-    alignment = int(metadata.get("general.alignment", 32))
-    data_offset = -(-f.tell() // alignment) * alignment
-    return _Header(metadata, array_lengths, tensors, data_offset)
-
-
-def _tensor(name: str, shape: list[int], stored_bytes: int) -> WeightTensor:
-    cols = shape[0]  # ggml lists the fastest dimension (input features) first
-    rows = 1
-    for dim in shape[1:]:
-        rows *= dim
-    if len(shape) == 1:
-        rows, cols = cols, 1
+def _tensor(name: str, shape: tuple[int, ...], stored_bytes: int) -> WeightTensor:
+    """`shape` in torch order: output rows first, input features last."""
+    rows, cols = (prod(shape[:-1]), shape[-1]) if len(shape) > 1 else (shape[0], 1)
     match = _BLOCK.fullmatch(name)
     if match:
         layer, kind, part = int(match.group(1)), match.group(2), match.group(3)
@@ -149,7 +79,7 @@ def _tensor(name: str, shape: list[int], stored_bytes: int) -> WeightTensor:
     return WeightTensor(name, rows, cols, role, None, split, False, stored_bytes)
 
 
-def _config(meta: dict, arch: str, vocab: int | None, *, tied: bool) -> ModelConfig:
+def _config(meta: dict, arch: str, tensor_names: set[str]) -> ModelConfig:
     def key(name: str, default=None):
         value = meta.get(f"{arch}.{name}", default)
         if value is None:
@@ -157,8 +87,7 @@ def _config(meta: dict, arch: str, vocab: int | None, *, tied: bool) -> ModelCon
         return value
 
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    if not vocab:
-        raise ModelLoadError(f"GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    vocab = meta.get("tokenizer.ggml.tokens") or key("vocab_size")  # the reader gives string arrays as a count
     head_dim = meta.get(f"{arch}.attention.key_length") or meta.get(f"{arch}.rope.dimension_count")
     return ModelConfig(
         architecture=_ARCHITECTURES[arch],
@@ -170,7 +99,7 @@ def _config(meta: dict, arch: str, vocab: int | None, *, tied: bool) -> ModelCon
         num_kv_heads=int(key("attention.head_count_kv", heads)),
         head_dim=int(head_dim or hidden // heads),
         max_position_embeddings=int(key("context_length", 4096)),
-        tie_word_embeddings=tied,
-        attention_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
+        tie_word_embeddings="output.weight" not in tensor_names,
+        attention_bias="blk.0.attn_q.bias" in tensor_names,
+        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
     )
