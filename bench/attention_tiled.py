@@ -63,7 +63,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print("| case | backend | median ms | peak extra MiB (output incl.) | naive score matrix MiB | tiled / reference time |")
+    print("| case | backend | median ms | peak extra MiB (output incl.) | naive score matrix MiB "
+          "| tiled / reference time |")
     print("|---|---|---|---|---|---|")
     for label, cached, new, window in CASES:
         inputs = make_inputs(cached, new)

@@ -28,8 +28,7 @@ def check_rows(outs, rows, d, window, atol=1e-5, kv_dtype=torch.float32):
 
 @pytest.mark.parametrize("name", BACKENDS)
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (4, 1)])
-@pytest.mark.parametrize("d", [64, 16])
-@pytest.mark.parametrize("block_size", [16, 4])
+@pytest.mark.parametrize("d,block_size", [(64, 16), (16, 4)])
 def test_prefill_matches_dense_oracle(name, hq, hkv, d, block_size):
     gen = torch.Generator().manual_seed(0)
     kv = PagedKV(hkv, d, block_size)
@@ -122,7 +121,8 @@ def test_tiled_matches_reference_on_long_chunk_with_default_tiles(window):
     gen = torch.Generator().manual_seed(8)
     seq = random_seq(900, 8, 2, 64, gen)
     rows = [(seq, 310, 590)]
-    outs = [PagedKV(2, 64, 16).step(build(name, 8, 2, 64, window), rows)[0] for name in ("reference", "tiled")]
+    outs = [PagedKV(2, 64, 16).step(build(name, 8, 2, 64, window), rows)[0]
+            for name in ("reference", "tiled")]
     torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=0)
 
 

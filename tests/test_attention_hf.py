@@ -33,7 +33,8 @@ def test_sliding_window_matches_transformers_mistral_attention(name):
     with torch.no_grad():
         expected, _ = attn(hidden, position_embeddings=rotary, attention_mask=mask)
         x = hidden[0]
-        seq = Seq(attn.q_proj(x).view(length, heads, head_dim), attn.k_proj(x).view(length, kv_heads, head_dim),
+        seq = Seq(attn.q_proj(x).view(length, heads, head_dim),
+                  attn.k_proj(x).view(length, kv_heads, head_dim),
                   attn.v_proj(x).view(length, kv_heads, head_dim))
         backend = make_backend(name, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                                scale=attn.scaling, sliding_window=window)

@@ -48,8 +48,8 @@ def decode_attention(
     num_keys = max(context_lens)
     if config.sliding_window is not None:
         num_keys = min(num_keys, config.sliding_window)
-    ctx = torch.tensor(context_lens, dtype=torch.int64)
-    positions = ctx[:, None] - num_keys + torch.arange(num_keys)
+    ctx = torch.tensor(context_lens, dtype=torch.int64, device=k_cache.device)
+    positions = ctx[:, None] - num_keys + torch.arange(num_keys, device=k_cache.device)
     valid = positions >= 0
     positions = torch.where(valid, positions, ctx[:, None] - 1)
     slots = block_tables[:n].gather(1, positions // block_size) * block_size + positions % block_size

@@ -22,8 +22,8 @@ class ReferenceBackend(PagedBackend):
         plain_causal = first_query_pos == 0 and (window is None or window >= context_len)
         mask = None
         if not plain_causal:
-            query_pos = torch.arange(first_query_pos, context_len)[:, None]
-            key_pos = torch.arange(first_key_pos, context_len)[None, :]
+            query_pos = torch.arange(first_query_pos, context_len, device=q.device)[:, None]
+            key_pos = torch.arange(first_key_pos, context_len, device=q.device)[None, :]
             mask = key_pos <= query_pos
             if window is not None:
                 mask &= key_pos > query_pos - window

@@ -47,9 +47,9 @@ class TiledBackend(PagedBackend):
         # [n, Hkv*G, D] -> [Hkv, G*n, D].
         qt = (q.to(cfg.compute_dtype) * cfg.scale).view(n, kv_heads, group, head_dim)
         qt = qt.permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
-        row_max = torch.full((kv_heads, group * n, 1), float("-inf"), dtype=cfg.compute_dtype)
-        row_sum = torch.zeros((kv_heads, group * n, 1), dtype=cfg.compute_dtype)
-        acc = torch.zeros((kv_heads, group * n, head_dim), dtype=cfg.compute_dtype)
+        row_max = torch.full((kv_heads, group * n, 1), float("-inf"), dtype=qt.dtype, device=qt.device)
+        row_sum = torch.zeros_like(row_max)
+        acc = torch.zeros_like(qt)
 
         lowest_key = 0 if window is None else max(0, first_pos - window + 1)
         key_step = max(1, self.key_tile // block_size) * block_size
@@ -61,8 +61,8 @@ class TiledBackend(PagedBackend):
             crosses_diagonal = key_end - 1 > first_pos
             crosses_window = window is not None and key_start <= last_pos - window
             if crosses_diagonal or crosses_window:
-                query_pos = torch.arange(first_pos, last_pos + 1)[:, None]
-                key_pos = torch.arange(key_start, key_end)[None, :]
+                query_pos = torch.arange(first_pos, last_pos + 1, device=qt.device)[:, None]
+                key_pos = torch.arange(key_start, key_end, device=qt.device)[None, :]
                 allowed = key_pos <= query_pos
                 if window is not None:
                     allowed &= key_pos > query_pos - window
