@@ -1,0 +1,152 @@
+"""`tally bench`: load-test any OpenAI-compatible server; `tally bench compare A.json B.json`."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tally.bench.arrivals import RateArrivals, ReplayArrivals, parse_phases
+from tally.bench.benchmark import BenchConfig, run_benchmark
+from tally.bench.lengths import LogNormalLengths, fit_lognormal, ks_statistic, parse_lengths
+from tally.bench.stats import Slo
+from tally.bench.trace import load_trace
+from tally.bench.units import parse_duration_s, parse_rate_per_s
+from tally.bench.workload import WorkloadConfig
+from tally.errors import ConfigError, TallyError
+
+EXAMPLES = """examples:
+  tally bench --url http://127.0.0.1:8000 --rate 5 --duration 60s --slo ttft=2s,tpot=100ms
+  tally bench --url URL --phases "5/s:10s,50/s:2s,5/s:20s" --out run.json --html report.html
+  tally bench --url URL --lengths trace:conv --replay conv --time-scale 0.1 --duration 60s
+  tally bench --url URL --concurrency 32 --requests 500 --lengths fixed:512,256
+  tally bench --url URL --rate 2 --soak 1h --sample 30s --server-pid 1234
+  tally bench --fit conv
+  tally bench compare base.json candidate.json --threshold 10%"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tally bench", description=__doc__, epilog=EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000")
+    p.add_argument("--model", help="model name to request (default: the server's first model)")
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    w = p.add_argument_group("workload")
+    w.add_argument("--lengths", help="lognormal:k=v,... | fixed:PROMPT,OUTPUT | trace:FILE "
+                   f"(default {LogNormalLengths().spec()})")
+    w.add_argument("--fit", metavar="FILE", help="fit log-normal lengths to a log, print, exit")
+    w.add_argument("--system-prompt-tokens", type=int, default=0)
+    w.add_argument("--prefix-share", type=float, default=0.0,
+                   help="fraction of requests that start with the shared system prompt")
+    w.add_argument("--seed", type=int, default=0)
+    a = p.add_argument_group("arrivals (one of; default --concurrency 1)")
+    a.add_argument("--rate", type=parse_rate_per_s, help="Poisson arrivals, requests/s")
+    a.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of the gaps: 1 Poisson, <1 burstier, >1 steadier")
+    a.add_argument("--phases", type=parse_phases, help='contiguous rates, "5/s:10s,50/s:2s"')
+    a.add_argument("--replay", metavar="FILE", help="send at a trace's timestamps")
+    a.add_argument("--time-scale", type=float, default=1.0, help="replay gaps × this")
+    a.add_argument("--concurrency", type=int, help="closed loop with N workers")
+    r = p.add_argument_group("run")
+    r.add_argument("--duration", type=parse_duration_s)
+    r.add_argument("--requests", type=int, help="measured requests (warmup comes on top)")
+    r.add_argument("--warmup", type=parse_duration_s, default=0.0)
+    r.add_argument("--timeout", type=parse_duration_s, default=300.0, help="per request")
+    r.add_argument("--slo", type=Slo.parse, help="e.g. ttft=2s,tpot=100ms,e2e=20s")
+    r.add_argument("--soak", type=parse_duration_s, help="long run with sampling and a verdict")
+    r.add_argument("--sample", type=parse_duration_s, help="sampling interval (soak: 30s)")
+    r.add_argument("--server-pid", type=int, help="read this local process's RSS when sampling")
+    r.add_argument("--tokenizer", type=Path, help="local tokenizer.json (default: /tokenize)")
+    r.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    r.add_argument("--extra-body", type=json.loads, default={}, help="JSON merged into requests")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", type=Path, help="JSON result with every request record")
+    o.add_argument("--html", type=Path, help="self-contained HTML report with plots")
+    o.add_argument("--quiet", action="store_true", help="no live progress line")
+    return p
+
+
+def _arrivals(args: argparse.Namespace) -> RateArrivals | ReplayArrivals | None:
+    chosen = [n for n in ("rate", "phases", "replay", "concurrency") if getattr(args, n) is not None]
+    if len(chosen) > 1:
+        raise ConfigError(f"choose one arrival process, not {chosen}")
+    if args.burstiness <= 0:
+        raise ConfigError("--burstiness must be > 0 (1 = Poisson)")
+    if args.phases:
+        return RateArrivals(args.phases[0][0], args.burstiness, args.phases)
+    if args.rate:
+        return RateArrivals(args.rate, args.burstiness)
+    if args.replay:
+        trace = load_trace(args.replay)
+        if trace.arrival_s is None:
+            raise ConfigError(f"--replay {args.replay}: the trace has no timestamp column")
+        return ReplayArrivals(trace.arrival_s, args.time_scale)
+    return None
+
+
+def workload_from_args(args: argparse.Namespace) -> WorkloadConfig:
+    arrivals = _arrivals(args)
+    duration_s = args.soak if args.soak is not None else args.duration
+    if arrivals is None and args.concurrency is None:
+        args.concurrency = 1
+    if args.concurrency is not None and args.concurrency < 1:
+        raise ConfigError("--concurrency must be >= 1")
+    if duration_s is None and args.requests is None and not args.phases and not args.replay:
+        duration_s = 60.0
+    if not 0.0 <= args.prefix_share <= 1.0:
+        raise ConfigError("--prefix-share is a fraction between 0 and 1")
+    replay = load_trace(args.replay) if args.replay else None
+    lengths = parse_lengths(args.lengths) if args.lengths else (None if replay else LogNormalLengths())
+    return WorkloadConfig(lengths, arrivals, args.concurrency, duration_s, args.requests,
+                          args.warmup, args.seed, args.system_prompt_tokens, args.prefix_share,
+                          replay)
+
+
+def _fit(path: str) -> int:
+    trace = load_trace(path)
+    fit = fit_lognormal(trace)
+    print(f"{len(trace)} requests in {trace.source}")
+    for name, data, median, sigma in (
+            ("prompt", trace.prompt_tokens, fit.prompt_median, fit.prompt_sigma),
+            ("output", trace.output_tokens, fit.output_median, fit.output_sigma)):
+        ks = ks_statistic(np.maximum(data, 1), median, sigma)
+        print(f"  {name}: median {median:g}, sigma {sigma:g} (KS distance of the fit {ks:.3f})")
+    print(f"--lengths {fit.spec()}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["compare"]:
+            from tally.bench.compare import main as compare_main
+            return compare_main(argv[1:])
+        args = _parser().parse_args(argv)
+        if args.fit:
+            return _fit(args.fit)
+        if not args.url:
+            raise ConfigError("--url is required, e.g. --url http://127.0.0.1:8000")
+        sample_s = args.sample if args.sample is not None else (30.0 if args.soak else None)
+        config = BenchConfig(
+            url=args.url.rstrip("/"), workload=workload_from_args(args), model=args.model,
+            endpoint=args.endpoint, slo=args.slo, timeout_s=args.timeout,
+            tokenizer_path=args.tokenizer, api_key=args.api_key,
+            extra_body=tuple(args.extra_body.items()), sample_s=sample_s,
+            server_pid=args.server_pid, progress=not args.quiet and sys.stderr.isatty())
+        result = asyncio.run(run_benchmark(config, ["tally", "bench", *argv]))
+    except TallyError as exc:
+        print(f"tally bench: {exc.message}", file=sys.stderr)
+        return 2
+    from tally.bench.report_text import print_report
+    print_report(result)
+    if args.out:
+        from tally.bench.report_json import write_result
+        write_result(result, args.out)
+    if args.html:
+        from tally.bench.report_html import write_html
+        write_html(result, args.html)
+    return 1 if result["summary"]["counts"]["ok"] == 0 else 0

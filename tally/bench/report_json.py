@@ -1,0 +1,106 @@
+"""The JSON result: self-describing (command, server, workload, definitions), the summary, and
+every per-request record, so any figure can be recomputed later."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tally.bench.arrivals import WARMUP, Phase
+from tally.bench.client import RequestRecord
+from tally.bench.prompts import PromptBuilder
+from tally.bench.scrape import Snapshot, histogram_delta
+from tally.bench.server_info import ServerInfo
+from tally.bench.soak import SoakSample, verdict
+from tally.bench.stats import DEFINITIONS, Slo, phase_breakdown, summarize
+from tally.bench.tokenizer import Tokenizer
+from tally.bench.workload import WorkloadConfig
+from tally.errors import ConfigError
+
+SCHEMA = "tally.bench/1"
+LATE_WARN_S = 0.010  # send lateness P99 above this: the figures include the client's own delay
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    command: list[str]
+    started_at: float  # epoch seconds
+    server: ServerInfo
+    tokenizer: Tokenizer
+    builder: PromptBuilder
+    workload: WorkloadConfig
+    records: list[RequestRecord]
+    phases: list[Phase]
+    metrics_before: Snapshot | None
+    metrics_after: Snapshot | None
+    soak_samples: list[SoakSample] | None
+
+
+def _record_dict(record: RequestRecord) -> dict:
+    out = asdict(record)
+    for key in ("scheduled_s", "sent_s", "first_token_s", "last_token_s", "end_s"):
+        out[key] = None if out[key] is None else round(out[key], 6)
+    out["itl_s"] = [round(x, 6) for x in record.itl_s]
+    return out
+
+
+def _warnings(summary: dict, run: RunOutcome) -> list[str]:
+    warnings = []
+    late = summary["lateness_s"]
+    if late.get("count") and late["p99"] > LATE_WARN_S:
+        warnings.append(f"the client fell behind its schedule: send lateness P99 "
+                        f"{late['p99'] * 1e3:.1f} ms, max {late['max'] * 1e3:.1f} ms; these figures "
+                        f"include the client's own delay (lower the rate or move the client)")
+    if not run.tokenizer.exact:
+        warnings.append(f"prompt lengths are approximate: {run.tokenizer.source}; pass "
+                        f"--tokenizer PATH/tokenizer.json for exact counts")
+    if run.builder.inexact_prompts:
+        warnings.append(f"{run.builder.inexact_prompts} prompts could not be cut to their exact "
+                        f"token count (the closest count was used)")
+    if not run.server.ignore_eos:
+        warnings.append("the server rejected ignore_eos: output lengths are upper bounds (max_tokens)")
+    if summary["counts"]["failed"]:
+        warnings.append(f"{summary['counts']['failed']} requests failed: {summary['errors']}")
+    return warnings
+
+
+def build_result(run: RunOutcome, slo: Slo | None, timeout_s: float) -> dict:
+    measured = [r for r in run.records if not r.warmup]
+    measured_phases = [p for p in run.phases if p.name != WARMUP]
+    summary = summarize(measured, measured_phases[0].start_s if measured_phases else 0.0, None, slo)
+    before, after = run.metrics_before, run.metrics_after
+    return {
+        "schema": SCHEMA,
+        "command": run.command,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started_at)),
+        "server": {**asdict(run.server), "tokenizer": run.tokenizer.source,
+                   "tokenizer_exact": run.tokenizer.exact, "metrics_available": after is not None},
+        "workload": {**run.workload.describe(), "endpoint": run.server.endpoint,
+                     "timeout_s": timeout_s, "system_prompt_tokens_actual": run.builder.system_tokens},
+        "definitions": DEFINITIONS,
+        "summary": summary,
+        "phases": phase_breakdown(run.records, run.phases, slo),
+        "server_metrics": None if after is None else {
+            key: histogram_delta(before.histogram(key) if before else None, after.histogram(key))
+            for key in ("queue_time_s", "ttft_s")},
+        "soak": None if run.soak_samples is None else verdict(run.soak_samples,
+                                                               run.workload.warmup_s),
+        "warnings": _warnings(summary, run),
+        "requests": [_record_dict(r) for r in run.records],
+    }
+
+
+def write_result(result: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, allow_nan=False))
+
+
+def load_result(path: Path) -> dict:
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read bench result {path}: {exc}") from None
+    if not isinstance(result, dict) or result.get("schema") != SCHEMA:
+        raise ConfigError(f"{path} is not a `tally bench --out` result (schema {SCHEMA})")
+    return result

@@ -1,0 +1,114 @@
+"""Reading a server's Prometheus `/metrics` (Tally's `tally:` names or vLLM's `vllm:`) and a
+local process's resident memory, for queue times, soak series and the report's server view."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+PREFIXES = ("tally:", "vllm:")
+# What the bench reads, by the name each server family uses for it.
+GAUGES = {
+    "kv_usage": ("kv_cache_usage_perc", "gpu_cache_usage_perc"),
+    "fragmentation": ("kv_cache_fragmentation_perc",),
+    "running": ("num_requests_running",),
+    "waiting": ("num_requests_waiting",),
+}
+HISTOGRAMS = {
+    "queue_time_s": ("request_queue_time_seconds",),
+    "ttft_s": ("time_to_first_token_seconds",),
+}
+
+
+@dataclass
+class Histogram:
+    buckets: dict[float, float] = field(default_factory=dict)  # upper bound -> cumulative count
+    sum: float = 0.0
+    count: float = 0.0
+
+
+@dataclass
+class Snapshot:
+    gauges: dict[str, float] = field(default_factory=dict)  # unprefixed for tally:/vllm: names
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+
+    def gauge(self, key: str) -> float | None:
+        """One of GAUGES' keys, or `rss_bytes` (process_resident_memory_bytes)."""
+        names = GAUGES.get(key, ("process_resident_memory_bytes",) if key == "rss_bytes" else ())
+        return next((self.gauges[n] for n in names if n in self.gauges), None)
+
+    def histogram(self, key: str) -> Histogram | None:
+        return next((self.histograms[n] for n in HISTOGRAMS[key] if n in self.histograms), None)
+
+
+def _unprefixed(name: str) -> str:
+    return next((name[len(p):] for p in PREFIXES if name.startswith(p)), name)
+
+
+def parse_metrics(text: str) -> Snapshot:
+    """Gauges are averaged over label sets (e.g. one per model); histograms are summed."""
+    snapshot, seen = Snapshot(), {}
+    for family in text_string_to_metric_families(text):
+        name = _unprefixed(family.name)
+        if family.type == "histogram":
+            hist = snapshot.histograms.setdefault(name, Histogram())
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    le = float(sample.labels["le"])
+                    hist.buckets[le] = hist.buckets.get(le, 0.0) + sample.value
+                elif sample.name.endswith("_sum"):
+                    hist.sum += sample.value
+                elif sample.name.endswith("_count"):
+                    hist.count += sample.value
+        elif family.type in ("gauge", "unknown", "untyped"):
+            for sample in family.samples:
+                total, n = seen.get(name, (0.0, 0))
+                seen[name] = (total + sample.value, n + 1)
+    snapshot.gauges = {name: total / n for name, (total, n) in seen.items()}
+    return snapshot
+
+
+def histogram_delta(before: Histogram | None, after: Histogram | None) -> dict | None:
+    """Mean and bucket-interpolated percentiles of what was observed between two scrapes."""
+    if after is None:
+        return None
+    before = before or Histogram()
+    count = after.count - before.count
+    if count <= 0:
+        return None
+    bounds = sorted(after.buckets)
+    cumulative = [after.buckets[b] - before.buckets.get(b, 0.0) for b in bounds]
+    out = {"count": int(count), "mean": (after.sum - before.sum) / count}
+    for q in (50, 90, 99):
+        rank, lower, below = q / 100 * count, 0.0, 0.0
+        for bound, cum in zip(bounds, cumulative):
+            if cum >= rank:
+                inside = (rank - below) / (cum - below) if cum > below else 1.0
+                out[f"p{q}"] = bound if bound == float("inf") else lower + (bound - lower) * inside
+                break
+            lower, below = bound, cum
+    return out
+
+
+async def scrape(http: httpx.AsyncClient, base_url: str) -> Snapshot | None:
+    """The server's metrics now, or None when it has no usable /metrics."""
+    try:
+        response = await http.get(f"{base_url}/metrics")
+        if response.status_code != 200:
+            return None
+        return parse_metrics(response.text)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def process_rss_bytes(pid: int) -> int | None:
+    """VmRSS of a local process (Linux /proc), or None if it is gone or unreadable."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
