@@ -60,6 +60,7 @@ class LongTailPlan:
     percentile: float  # the share of requests the main pool is sized for
     max_model_len: int  # recommended: that percentile of total length, rounded up to a block
     concurrency_at_max_model_len: int
+    concurrency_at_mean_len: int  # paged blocks are taken as tokens arrive: what fits on average
     theoretical_max_len: int  # the model's context (or --max-model-len)
     concurrency_at_theoretical_max_len: int
     tail_request_share: float  # share of requests longer than max_model_len
@@ -87,6 +88,7 @@ def long_tail_plan(layout: KVLayout, kv_blocks: int, stats: LengthStats, *, perc
         percentile=percentile,
         max_model_len=recommended,
         concurrency_at_max_model_len=max_concurrency(layout, kv_blocks, recommended),
+        concurrency_at_mean_len=max_concurrency(layout, kv_blocks, math.ceil(stats.mean_total_tokens)),
         theoretical_max_len=theoretical_max_len,
         concurrency_at_theoretical_max_len=max_concurrency(layout, kv_blocks, theoretical_max_len),
         tail_request_share=stats.share_longer_than(recommended),

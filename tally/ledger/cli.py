@@ -7,14 +7,12 @@ import sys
 
 from tally.errors import TallyError
 from tally.ledger.compare import compare_variants, render_comparison
-from tally.ledger.kv import canonical_kv_dtype
 from tally.ledger.lengths import load_lengths, summarize
 from tally.ledger.model_source import resolve_model
 from tally.ledger.plan import PlanOptions, make_plan
 from tally.ledger.presets import Device, device_preset_names, find_device
 from tally.ledger.render import render_plan
 from tally.ledger.units import parse_bandwidth, parse_bytes, parse_flops
-from tally.ledger.weights import canonical_dtype
 
 EPILOG = """examples:
   tally plan --model Llama-3.1-8B --device h100-80gb --max-model-len 8192 --concurrency 64
@@ -79,10 +77,10 @@ def _options(args: argparse.Namespace) -> PlanOptions:
     reserve = float(args.reserve) if _is_number(args.reserve) else parse_bytes(args.reserve, what="--reserve")
     return PlanOptions(
         device=_device(args),
-        dtype=canonical_dtype(args.dtype),
+        dtype=args.dtype,
         weights=args.weights,
         group_size=args.group_size,
-        kv_dtype=canonical_kv_dtype(args.kv_dtype) if args.kv_dtype else None,
+        kv_dtype=args.kv_dtype,
         block_size=args.block_size,
         max_model_len=args.max_model_len,
         concurrency=args.concurrency,

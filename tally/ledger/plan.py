@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 
 from tally.ledger.capacity import (LongTailPlan, MemoryBudget, long_tail_plan, max_concurrency, memory_budget,
                                    oversubscription_warning)
-from tally.ledger.kv import KVLayout
+from tally.ledger.kv import KVLayout, canonical_kv_dtype
 from tally.ledger.lengths import LengthStats
 from tally.ledger.model_source import ModelSource
 from tally.ledger.parallel import DeviceSplit, split_model
@@ -31,6 +31,11 @@ class PlanOptions:
     max_batched_tokens: int = 8192  # tokens per step: sizes the parallel communication buffers
     percentile: float = 99.0  # share of requests the main pool serves when --lengths is given
     lengths: LengthStats | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
+        if self.kv_dtype is not None:
+            object.__setattr__(self, "kv_dtype", canonical_kv_dtype(self.kv_dtype))
 
 
 @dataclass(frozen=True)
@@ -111,49 +116,36 @@ class Plan:
 def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
     config = source.config
     fmt = WeightFormat(opts.weights or ("gguf" if source.is_gguf else "dense"), opts.dtype, opts.group_size)
-    kv_dtype = opts.kv_dtype or canonical_dtype(opts.dtype)
+    kv_dtype = opts.kv_dtype or opts.dtype
     layout = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size, tp_size=opts.tp, pp_size=opts.pp)
-    whole_kv = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size)
     split = split_model(source.tensors, fmt, config, tp=opts.tp, pp=opts.pp, max_batched_tokens=opts.max_batched_tokens,
                         activation_bytes=DTYPE_BYTES[fmt.dtype])
     device = opts.device
     reserve_bytes = int(opts.reserve * device.memory_bytes) if opts.reserve < 1 else int(opts.reserve)
     budget = memory_budget(layout, device_bytes=device.memory_bytes, weight_bytes=split.weight_bytes,
                            reserve_bytes=reserve_bytes, comm_buffer_bytes=split.comm_buffer_bytes)
-    warnings: list[str] = []
     long_tail = None
-    theoretical_len = opts.max_model_len or config.max_position_embeddings
     if opts.lengths is not None:
         long_tail = long_tail_plan(layout, budget.kv_blocks, opts.lengths, percentile=opts.percentile,
-                                   theoretical_max_len=theoretical_len, main_concurrency=opts.concurrency)
+                                   theoretical_max_len=opts.max_model_len or config.max_position_embeddings,
+                                   main_concurrency=opts.concurrency)
     planned_len = opts.max_model_len or (long_tail.max_model_len if long_tail else config.max_position_embeddings)
     fits = max_concurrency(layout, budget.kv_blocks, planned_len)
     concurrency = opts.concurrency or max(fits, 1)
-    warnings += _warnings(source, opts, layout, budget, planned_len, fits, long_tail)
 
-    tensors = source.tensors
-    # Per device: TP splits the matmuls and the heads; a token still walks through every PP stage.
-    cost = ModelCost(
-        weight_bytes=split.weight_bytes * opts.pp,
-        matmul_params=matmul_params(tensors, config.tie_word_embeddings) // opts.tp,
-        attention_width=config.num_layers * -(-config.num_heads // opts.tp) * config.head_dim,
-        kv_bytes_per_token=KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size,
-                                              tp_size=opts.tp).bytes_per_token,
-    )
+    cost = _per_device_cost(source, opts, split, kv_dtype)
     # Decode reads each request's whole context: the workload's average when known, else the planned length.
     context = round(opts.lengths.mean_decode_context_tokens) if opts.lengths else planned_len
     rates = dict(bandwidth_bytes_per_s=device.bandwidth_bytes_per_s, flops_per_s=device.flops_per_s)
     prompts = ([("p50 prompt", opts.lengths.prompt_tokens["p50"]), ("p99 prompt", opts.lengths.prompt_tokens["p99"])]
                if opts.lengths else [(f"{planned_len:,}-token prompt", planned_len)])
+    whole_model_kv = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size)
     return Plan(
-        model=ModelSummary(source.name, source.kind, config.architecture, sum(t.numel for t in tensors),
-                           matmul_params(tensors, config.tie_word_embeddings), config.num_layers, config.num_heads,
-                           config.num_kv_heads, config.head_dim, config.hidden_size, config.vocab_size,
-                           config.tie_word_embeddings, config.max_position_embeddings),
+        model=_model_summary(source),
         device=device,
-        weights=WeightSummary(fmt.label, sum(fmt.tensor_bytes(t) for t in tensors), split.weight_bytes,
+        weights=WeightSummary(fmt.label, sum(fmt.tensor_bytes(t) for t in source.tensors), split.weight_bytes,
                               dict(source.gguf_tensor_types)),
-        kv=KVSummary(layout.kv_dtype, layout.block_size, whole_kv.bytes_per_token, layout.bytes_per_token,
+        kv=KVSummary(layout.kv_dtype, layout.block_size, whole_model_kv.bytes_per_token, layout.bytes_per_token,
                      layout.bytes_per_block, layout.bytes_for_tokens(planned_len)),
         memory=budget,
         split=split,
@@ -165,7 +157,27 @@ def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
         prefill=[PrefillEstimate(label, n, prefill_seconds(cost, prompt_tokens=n, **rates)) for label, n in prompts],
         lengths=opts.lengths,
         long_tail=long_tail,
-        warnings=warnings,
+        warnings=_warnings(source, opts, layout, budget, planned_len, fits, long_tail),
+    )
+
+
+def _model_summary(source: ModelSource) -> ModelSummary:
+    c, tensors = source.config, source.tensors
+    return ModelSummary(source.name, source.kind, c.architecture, sum(t.numel for t in tensors),
+                        matmul_params(tensors, c.tie_word_embeddings), c.num_layers, c.num_heads, c.num_kv_heads,
+                        c.head_dim, c.hidden_size, c.vocab_size, c.tie_word_embeddings, c.max_position_embeddings)
+
+
+def _per_device_cost(source: ModelSource, opts: PlanOptions, split: DeviceSplit, kv_dtype: str) -> ModelCost:
+    """What one TP rank reads and computes per token; a token walks through every PP stage in turn,
+    so stages add up (communication time is not counted)."""
+    config = source.config
+    return ModelCost(
+        weight_bytes=split.weight_bytes * opts.pp,
+        matmul_params=matmul_params(source.tensors, config.tie_word_embeddings) // opts.tp,
+        attention_width=config.num_layers * -(-config.num_heads // opts.tp) * config.head_dim,
+        kv_bytes_per_token=KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size,
+                                              tp_size=opts.tp).bytes_per_token,
     )
 
 

@@ -1,6 +1,8 @@
 """A plan as the table people read: each line a number with its unit and, where it helps, its formula."""
 from __future__ import annotations
 
+import math
+
 from tally.ledger.kv import KV_DTYPE_BYTES
 from tally.ledger.plan import Plan
 from tally.ledger.units import fmt_count, fmt_gb, fmt_gib, fmt_rate, fmt_small_bytes
@@ -35,7 +37,7 @@ def render_plan(plan: Plan) -> str:
         lines.append(_row("per token, per device", fmt_small_bytes(kv.bytes_per_token_per_device)))
     lines.append(_row("per block, per device", fmt_small_bytes(kv.bytes_per_block_per_device)))
     lines.append(_row(f"per request @ {plan.planned_len:,} tokens", fmt_small_bytes(kv.bytes_per_request_per_device)))
-    lines += ["", f"Memory per device ({plan.device.name})"]
+    lines += ["", "Memory per device"]
     lines.append(_row("device", fmt_gib(mem.device_bytes)))
     lines.append(_row("- runtime reserve", f"{fmt_gib(mem.reserve_bytes)} ({mem.reserve_bytes / mem.device_bytes:.0%})"))
     if mem.comm_buffer_bytes:
@@ -84,6 +86,8 @@ def _lengths_lines(plan: Plan) -> list[str]:
             _row("total tokens", f"{dist(s.total_tokens)} (mean {s.mean_total_tokens:,.0f})"),
             _row(f"max_model_len at p{t.percentile:g}", f"{t.max_model_len:,} tokens: {t.concurrency_at_max_model_len:,} "
                  f"concurrent requests fit"),
+            _row("at the mean length", f"{math.ceil(s.mean_total_tokens):,} tokens: about {t.concurrency_at_mean_len:,} "
+                 "in flight on average (paged blocks), not guaranteed"),
             _row("at the theoretical maximum", f"{t.theoretical_max_len:,} tokens: "
                  f"{t.concurrency_at_theoretical_max_len:,} concurrent requests fit"),
             _row("long tail", f"{t.tail_request_share:.2%} of requests ({t.tail_slot_share:.2%} of in-flight slots) "
