@@ -14,10 +14,9 @@ from gguf.quants import dequantize
 
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
-from tally.models.gguf_header import GGUFHeader, TensorInfo, read_header
+from tally.models.gguf_header import GGUFHeader, gguf_config, read_header
 from tally.models.hf_checkpoint import check_tensor_shapes, expected_tensor_shapes
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 # convert_hf_to_gguf permutes q/k rows for these (rotary pairs interleaved, as llama.cpp wants).
 _PERMUTED_ARCHS = {"llama", "mistral"}
 _FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
@@ -117,64 +116,3 @@ def open_gguf(path: Path) -> tuple[ModelConfig, GGUFTensorSource]:
             )
     check_tensor_shapes({hf_name(t.name): t.shape for t in header.tensors}, config, str(path))
     return config, GGUFTensorSource(path, header, config)
-
-
-def gguf_config(header: GGUFHeader, path: Path) -> ModelConfig:
-    """ModelConfig from `{arch}.*` and `tokenizer.ggml.*` metadata."""
-    meta, arch = header.metadata, header.architecture
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(
-            f"{path} holds a {arch!r} model; Tally reads GGUF architectures {', '.join(SUPPORTED_ARCHS)}"
-        )
-
-    def key(name: str, default: object = ModelLoadError) -> object:
-        value = meta.get(f"{arch}.{name}", default)
-        if value is ModelLoadError:
-            raise ModelLoadError(f"{path} lacks the metadata key {arch}.{name}; the file is incomplete")
-        return value
-
-    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
-    names = {t.name for t in header.tensors}
-    token_count = meta.get("tokenizer.ggml.tokens")
-    eos_ids = [meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
-    window = key("attention.sliding_window", None)
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=int(token_count if token_count is not None else key("vocab_size")),
-        hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
-        num_heads=heads,
-        num_kv_heads=int(key("attention.head_count_kv", heads)),
-        head_dim=int(key("attention.key_length", hidden // heads)),
-        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(key("rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(meta, arch),
-        max_position_embeddings=int(key("context_length")),
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names,
-        qk_norm="blk.0.attn_q_norm.weight" in names,
-        sliding_window=int(window) if window else None,
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-        eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos_ids if e is not None)),
-        torch_dtype=_torch_dtype(header.tensors),
-    )
-
-
-def _rope_scaling(meta: dict, arch: str) -> dict | None:
-    kind = meta.get(f"{arch}.rope.scaling.type")
-    if kind in (None, "none"):
-        return None
-    scaling = {"rope_type": kind, "factor": float(meta.get(f"{arch}.rope.scaling.factor", 1.0))}
-    original = meta.get(f"{arch}.rope.scaling.original_context_length")
-    if original is not None:
-        scaling["original_max_position_embeddings"] = int(original)
-    return scaling
-
-
-def _torch_dtype(tensors: list[TensorInfo]) -> str:
-    """float32 when anything is quantized (we dequantize to it); else the half type the weights use."""
-    types = {t.ggml_type for t in tensors}
-    if not types <= set(_FLOAT_TYPES):
-        return "float32"
-    return "bfloat16" if Q.BF16 in types else "float16" if Q.F16 in types else "float32"

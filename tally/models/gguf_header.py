@@ -1,4 +1,5 @@
-"""Reads a GGUF file's metadata and tensor table (not its tensor data).
+"""Reads a GGUF file's metadata and tensor table (not its tensor data), and maps the metadata
+to a ModelConfig. Torch-free, so the ledger can plan from a GGUF without loading it.
 
 gguf.GGUFReader builds a numpy view per metadata item, which takes ~6 s on the 49k-token
 vocabulary of the built-in model; this walks the same bytes with struct in ~0.1 s and keeps
@@ -12,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType as V
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGMLQuantizationType as T, GGUFValueType as V
 
 from tally.errors import ModelLoadError
+from tally.models.config import ModelConfig
 
 _SCALARS = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
             V.FLOAT32: "<f", V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d"}
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 _DEFAULT_ALIGNMENT_BYTES = 32
 _FIRST_READ_BYTES = 4 << 20  # the built-in model's header (vocabulary + merges) is ~1.5 MB
 
@@ -144,3 +147,74 @@ def _parse(cursor: _Cursor, path: Path, file_bytes: int) -> GGUFHeader:
             )
         tensors.append(info)
     return GGUFHeader(metadata, tensors)
+
+
+def gguf_config(header: GGUFHeader, path: Path) -> ModelConfig:
+    """ModelConfig from `{arch}.*` and `tokenizer.ggml.*` metadata."""
+    meta, arch = header.metadata, header.architecture
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelLoadError(
+            f"{path} holds a {arch!r} model; Tally reads GGUF architectures {', '.join(SUPPORTED_ARCHS)}"
+        )
+
+    def key(name: str, default: object = ModelLoadError) -> object:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is ModelLoadError:
+            raise ModelLoadError(f"{path} lacks the metadata key {arch}.{name}; the file is incomplete")
+        return value
+
+    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
+    kv_heads = key("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):  # per-layer counts; the same in every layer for the archs we read
+        if len(set(kv_heads)) != 1:
+            raise ModelLoadError(f"{path} has a different KV head count per layer ({kv_heads}); Tally needs one")
+        kv_heads = kv_heads[0]
+    names = {t.name for t in header.tensors}
+    token_count = meta.get("tokenizer.ggml.tokens")
+    eos_ids = [meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
+    window = key("attention.sliding_window", None)
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(token_count if token_count is not None else key("vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(key("feed_forward_length")),
+        num_layers=int(key("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(kv_heads),
+        head_dim=int(key("attention.key_length", hidden // heads)),
+        rms_norm_eps=_float32_literal(key("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        rope_scaling=_rope_scaling(meta, arch),
+        max_position_embeddings=int(key("context_length")),
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        sliding_window=int(window) if window else None,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos_ids if e is not None)),
+        torch_dtype=_torch_dtype(header.tensors),
+    )
+
+
+def _float32_literal(value: object) -> float:
+    """GGUF stores float32: 1e-5 comes back as 9.99999974e-06; recover the literal the converter saw."""
+    return float(str(np.float32(value)))
+
+
+def _rope_scaling(meta: dict, arch: str) -> dict | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    scaling = {"rope_type": kind, "factor": float(meta.get(f"{arch}.rope.scaling.factor", 1.0))}
+    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    if original is not None:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+def _torch_dtype(tensors: list[TensorInfo]) -> str:
+    """float32 when anything is quantized (we dequantize to it); else the half type the weights use."""
+    types = {t.ggml_type for t in tensors}
+    if not types <= {T.F32, T.F16, T.BF16}:
+        return "float32"
+    return "bfloat16" if T.BF16 in types else "float16" if T.F16 in types else "float32"
