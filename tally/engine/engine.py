@@ -73,7 +73,6 @@ class Engine:
                 detokenizer=IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens,
                                                    params.spaces_between_special_tokens),
                 stop=StopChecker(params.stop, params.include_stop_str_in_output) if params.stop else None,
-                holdback_chars=max((len(s) for s in params.stop), default=1) - 1 if params.stop else 0,
                 logprobs=[] if params.logprobs is not None else None,
             )
             seqs.append(seq)

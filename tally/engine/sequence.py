@@ -16,7 +16,6 @@ class Sequence:
     index: int  # which of the group's n samples
     detokenizer: IncrementalDetokenizer
     stop: StopChecker | None
-    holdback_chars: int  # while running, the tail that might still become a stop string is not shown
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     text: str = ""
@@ -50,6 +49,9 @@ class Sequence:
 
     def _finish(self, reason: str, stop_reason: int | str | None) -> bool:
         self.finish_reason, self.stop_reason = reason, stop_reason
+        if not isinstance(stop_reason, str):  # a stop string already cut the text; else show all of it
+            self.detokenizer.flush()
+            self.text = self.detokenizer.text
         return True
 
     @property
@@ -58,9 +60,10 @@ class Sequence:
                 "abort": RequestStatus.FINISHED_ABORTED}[self.finish_reason]
 
     def visible_text(self) -> str:
-        if self.finish_reason is not None or self.holdback_chars == 0:
+        """While running, a tail that may still turn into a stop string is not shown yet."""
+        if self.finish_reason is not None or self.stop is None:
             return self.text
-        return self.text[:max(0, len(self.text) - self.holdback_chars)]
+        return self.text[:len(self.text) - self.stop.holdback_len(self.text)]
 
     def output(self) -> CompletionOutput:
         return CompletionOutput(

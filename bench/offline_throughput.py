@@ -1,0 +1,86 @@
+"""Offline throughput on trace-shaped requests: Tally (continuous), Tally (--scheduling static) and
+transformers `generate` (padded static batches), same model, same requests, one run.
+
+    python bench/offline_throughput.py --requests 200 --dtype bfloat16
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from workload import hf_model_from_gguf, make_requests, trace_lengths
+
+
+def run_tally(reqs, dtype: str, scheduling: str, max_num_seqs: int, model: str | None) -> float:
+    from tally import LLM, SamplingParams
+
+    llm = LLM(model, dtype=dtype, scheduling=scheduling, max_num_seqs=max_num_seqs, max_model_len=2048,
+              enable_prefix_caching=False)
+    params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True) for r in reqs]
+    prompts = [{"prompt_token_ids": r.prompt_token_ids} for r in reqs]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - t0
+    assert sum(len(o.outputs[0].token_ids) for o in outs) == sum(r.max_tokens for r in reqs)
+    return elapsed
+
+
+def run_hf(reqs, dtype: torch.dtype, batch: int, gguf_path: str) -> float:
+    model = hf_model_from_gguf(gguf_path, dtype)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for i in range(0, len(reqs), batch):
+            chunk = reqs[i:i + batch]
+            width = max(len(r.prompt_token_ids) for r in chunk)
+            ids = torch.zeros(len(chunk), width, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for j, r in enumerate(chunk):  # left padding, as generate() wants for decoder-only models
+                ids[j, width - len(r.prompt_token_ids):] = torch.tensor(r.prompt_token_ids)
+                mask[j, width - len(r.prompt_token_ids):] = 1
+            new = max(r.max_tokens for r in chunk)
+            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                           pad_token_id=0)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--scale", type=int, default=4, help="divide the trace's lengths by this")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--model", default=None)
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    from tally.engine.tokenizer import load_tokenizer
+    from tally.models.loader import load_checkpoint
+
+    ckpt = load_checkpoint(a.model)
+    tok = load_tokenizer(ckpt)
+    reqs = make_requests(tok, trace_lengths(a.requests, a.scale))
+    out_tokens = sum(r.max_tokens for r in reqs)
+    rows = []
+    t = run_tally(reqs, a.dtype, "continuous", 64, a.model)
+    rows.append(("tally continuous (max_num_seqs 64)", t))
+    for b in (8, 32):
+        rows.append((f"tally --scheduling static, batch {b}", run_tally(reqs, a.dtype, "static", b, a.model)))
+    if not a.skip_hf:
+        for b in (8, 32):
+            rows.append((f"transformers generate, padded batch {b}", run_hf(reqs, getattr(torch, a.dtype), b,
+                                                                              str(ckpt.path))))
+    base = rows[0][1]
+    print(f"\nworkload: {a.requests} requests, Azure conv trace lengths / {a.scale}, "
+          f"{sum(len(r.prompt_token_ids) for r in reqs)} prompt + {out_tokens} output tokens, {a.dtype}, "
+          f"{a.threads} threads")
+    print(f"{'system':<42} {'time s':>8} {'out tok/s':>10} {'tally is':>10}")
+    for name, t in rows:
+        print(f"{name:<42} {t:8.1f} {out_tokens / t:10.1f} {t / base:9.2f}x")
+    print("command: python " + " ".join(sys.argv))
+
+
+if __name__ == "__main__":
+    main()
