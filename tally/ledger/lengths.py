@@ -78,13 +78,13 @@ def load_lengths(path: str | Path) -> list[tuple[int, int]]:
     if not path.is_file():
         raise ConfigError(f"no lengths file at {path}; give a CSV/JSONL trace or a `tally bench` result")
     text = path.read_text()
-    stripped = text.lstrip()
-    if path.suffix.lower() == ".csv" or not stripped.startswith(("{", "[")):
+    if path.suffix.lower() == ".csv" or not text.lstrip().startswith(("{", "[")):
         records = list(csv.DictReader(text.splitlines()))
-    elif path.suffix.lower() == ".jsonl" or (stripped.startswith("{") and "\n{" in stripped):
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
     else:
-        records = _records_in(json.loads(text))
+        try:
+            records = _records_in(json.loads(text))
+        except json.JSONDecodeError:  # JSON Lines: one record per line
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
     return _pairs(records, path)
 
 
@@ -93,6 +93,8 @@ def _records_in(document: object) -> list[dict]:
     if isinstance(document, list):
         return [r for r in document if isinstance(r, dict)]
     if isinstance(document, dict):
+        if _field(document, PROMPT_FIELDS) is not None:
+            return [document]
         for value in document.values():
             found = _records_in(value) if isinstance(value, (list, dict)) else []
             if any(_field(r, PROMPT_FIELDS) is not None for r in found):
