@@ -56,7 +56,8 @@ def stored(tensor: np.ndarray, kind: Q) -> np.ndarray:
     return quantize(tensor.astype(np.float32), kind)
 
 
-def write_gguf(hf_dir: Path, out: Path, arch: str, alignment: int | None = None) -> Path:
+def write_gguf(hf_dir: Path, out: Path, arch: str, alignment: int | None = None,
+               extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
     cfg = json.loads((hf_dir / "config.json").read_text())
     tok = json.loads((hf_dir / "tokenizer.json").read_text())["model"]
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -89,6 +90,8 @@ def write_gguf(hf_dir: Path, out: Path, arch: str, alignment: int | None = None)
             values = permute(values, kv_heads)
         kind = storage_type(name, tensor)
         w.add_tensor(gguf_name(name), stored(values, kind), raw_dtype=kind if kind not in (Q.F32, Q.F16) else None)
+    for name, values in (extra_tensors or {}).items():
+        w.add_tensor(name, values)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -174,6 +177,20 @@ def test_truncated_gguf_raises_model_load_error(tiny_gguf, tmp_path, keep):
     cut.write_bytes(data[:300] if keep == "header" else data[:-100])
     with pytest.raises(ModelLoadError, match="truncated"):
         load_checkpoint(str(cut))
+
+
+def test_llama3_rope_frequency_factors_are_refused_not_ignored(tiny_llama, tmp_path):
+    path = write_gguf(tiny_llama, tmp_path / "llama3.gguf", "llama",
+                      extra_tensors={"rope_freqs.weight": np.ones(8, dtype=np.float32)})
+    with pytest.raises(ModelLoadError, match=r"rope_freqs\.weight.*serve the Hugging Face checkpoint"):
+        load_checkpoint(str(path))
+
+
+def test_unknown_gguf_tensor_is_refused(tiny_llama, tmp_path):
+    path = write_gguf(tiny_llama, tmp_path / "extra.gguf", "llama",
+                      extra_tensors={"blk.0.ffn_up.bias": np.zeros(128, dtype=np.float32)})
+    with pytest.raises(ModelLoadError, match=r"no place for \(blk\.0\.ffn_up\.bias\)"):
+        load_checkpoint(str(path))
 
 
 def test_file_that_is_not_gguf_is_refused(tmp_path):

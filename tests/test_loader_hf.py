@@ -87,6 +87,13 @@ def test_tokenizer_has_chat_template_and_im_end_stops(tiny_llama):
     assert stop_token_ids(tok, ckpt.config) == (tok.convert_tokens_to_ids("<|im_end|>"),)
 
 
+def test_checkpoint_without_tokenizer_json_says_what_to_copy(tiny_llama, tmp_path):
+    ckpt_dir = _copy(tiny_llama, tmp_path / "notok")
+    (ckpt_dir / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match="has no tokenizer.json; copy tokenizer.json"):
+        load_tokenizer(load_checkpoint(str(ckpt_dir)))
+
+
 @pytest.mark.parametrize("keep_bytes", [0, 7, 100, -1000])
 def test_truncated_safetensors_names_the_file(tiny_llama, tmp_path, keep_bytes):
     broken = _copy(tiny_llama, tmp_path / "truncated")

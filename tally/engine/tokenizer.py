@@ -18,6 +18,11 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<
 
 def load_tokenizer(ckpt: "Checkpoint") -> PreTrainedTokenizerFast:
     """A fast tokenizer with the checkpoint's chat template; never touches the network."""
+    if ckpt.format == "hf" and not (ckpt.path / "tokenizer.json").is_file():
+        raise ModelLoadError(
+            f"{ckpt.path} has no tokenizer.json; copy tokenizer.json and tokenizer_config.json "
+            "from the model's repository next to config.json"
+        )
     try:
         if ckpt.format == "gguf":
             # The tokenizers-backed class directly: AutoTokenizer would first parse the whole GGUF
@@ -27,7 +32,7 @@ def load_tokenizer(ckpt: "Checkpoint") -> PreTrainedTokenizerFast:
             )
         else:
             tok = AutoTokenizer.from_pretrained(str(ckpt.path), local_files_only=True)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load the tokenizer of {ckpt.path}: {exc}") from exc
     if not isinstance(tok, PreTrainedTokenizerFast):
         raise ModelLoadError(

@@ -76,7 +76,7 @@ class GGUFTensorSource:
         self._row_order = _unpermute_orders(config) if config.architecture in _PERMUTED_ARCHS else {}
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, info in self._infos.items():
+        for name in self._infos:
             raw = self.raw(name)
             if raw.ggml_type in _FLOAT_TYPES:
                 # numpy has no bfloat16, so floats go through torch as bytes and are reinterpreted.
@@ -109,10 +109,15 @@ def open_gguf(path: Path) -> tuple[ModelConfig, GGUFTensorSource]:
     config = gguf_config(header, path)
     for info in header.tensors:
         if info.ggml_type not in _FLOAT_TYPES and info.ggml_type not in _QUANTIZED_TYPES:
-            supported = ", ".join(t.name for t in [*_FLOAT_TYPES, *_QUANTIZED_TYPES])
+            supported = ", ".join(sorted(t.name for t in [*_FLOAT_TYPES, *_QUANTIZED_TYPES]))
             raise ModelLoadError(
                 f"{path}: tensor {info.name} is stored as {info.ggml_type.name}, which Tally cannot "
                 f"dequantize; supported types: {supported}"
             )
+    if any(t.name == "rope_freqs.weight" for t in header.tensors):
+        raise ModelLoadError(
+            f"{path} scales its rotary frequencies per dimension (rope_freqs.weight, Llama 3.1+ style), "
+            "which Tally's GGUF loader does not read yet; serve the Hugging Face checkpoint of this model instead"
+        )
     check_tensor_shapes({hf_name(t.name): t.shape for t in header.tensors}, config, str(path))
     return config, GGUFTensorSource(path, header, config)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGMLQuantizationType as T, GGUFValueType as V
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType as V
 
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
@@ -215,6 +215,7 @@ def _rope_scaling(meta: dict, arch: str) -> dict | None:
 def _torch_dtype(tensors: list[TensorInfo]) -> str:
     """float32 when anything is quantized (we dequantize to it); else the half type the weights use."""
     types = {t.ggml_type for t in tensors}
-    if not types <= {T.F32, T.F16, T.BF16}:
+    F32, F16, BF16 = GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16
+    if not types <= {F32, F16, BF16}:
         return "float32"
-    return "bfloat16" if T.BF16 in types else "float16" if T.F16 in types else "float32"
+    return "bfloat16" if BF16 in types else "float16" if F16 in types else "float32"
