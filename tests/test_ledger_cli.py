@@ -112,6 +112,11 @@ def test_unknown_model_names_the_presets(capsys):
     assert "Llama-3.1-8B" in err and "SmolLM2-135M" in err
 
 
+def test_tensor_parallel_must_divide_the_heads(capsys):
+    assert main(["plan", "--model", "Qwen2.5-0.5B", "--device", "l4", "--tp", "4"]) == 2
+    assert "choose --tp from [1, 2, 7, 14]" in capsys.readouterr().err
+
+
 def test_gguf_weights_need_a_gguf_file(capsys):
     assert main(["plan", "--model", "SmolLM2-135M", "--device", "l4", "--weights", "gguf"]) == 2
     assert "needs a .gguf model file" in capsys.readouterr().err

@@ -57,7 +57,8 @@ def test_bench_result_and_jsonl_records_are_read(tmp_path):
     records = [{"prompt_tokens": p, "output_tokens": o, "ttft_s": 0.1} for p, o in PAIRS]
     records.append({"prompt_tokens": 7, "output_tokens": None, "error": "timeout"})  # failed: skipped
     bench = tmp_path / "result.json"
-    bench.write_text(json.dumps({"summary": {"requests": 11}, "requests": records}))
+    summary = {"requests": 11, "prompt_tokens": 99_999, "output_tokens": 9_999}  # totals, not a request
+    bench.write_text(json.dumps({"summary": summary, "requests": records}))
     jsonl = tmp_path / "lengths.jsonl"
     jsonl.write_text("\n".join(json.dumps(r) for r in records))
     assert load_lengths(bench) == PAIRS

@@ -12,12 +12,10 @@ from pathlib import Path
 
 import gguf
 
-from tally.errors import ModelLoadError
 from tally.ledger.weights import WeightTensor
 from tally.models.config import ModelConfig
-from tally.models.gguf_header import read_header
+from tally.models.gguf_header import gguf_config, read_header
 
-_ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 # GGUF tensor name suffix -> (role, TP split, is a K/V projection)
 _ROLES = {
     "attn_q": ("linear", "rows", False), "attn_k": ("linear", "rows", True), "attn_v": ("linear", "rows", True),
@@ -45,10 +43,7 @@ def ggml_type_bytes(type_name: str, numel: int) -> int:
 def read_gguf(path: str | Path) -> GGUFModel:
     path = Path(path)
     header = read_header(path)  # the loader's torch-free reader: one parser of the format
-    meta, arch = header.metadata, header.architecture
-    if arch not in _ARCHITECTURES:
-        raise ModelLoadError(f"{path.name}: GGUF architecture {arch!r} is not one Tally plans for "
-                             f"({', '.join(sorted(_ARCHITECTURES))})")
+    config = gguf_config(header, path)
     tensors, types = [], {}
     for info in header.tensors:
         type_name = info.ggml_type.name
@@ -56,8 +51,8 @@ def read_gguf(path: str | Path) -> GGUFModel:
         tensors.append(_tensor(info.name, info.shape, ggml_type_bytes(type_name, prod(info.shape))))
     data_offset = min((info.offset for info in header.tensors), default=path.stat().st_size)
     return GGUFModel(
-        name=str(meta.get("general.name") or path.stem),
-        config=_config(meta, arch, {info.name for info in header.tensors}),
+        name=str(header.metadata.get("general.name") or path.stem),
+        config=config,
         tensors=tensors,
         tensor_types=types,
         tensor_data_bytes=path.stat().st_size - data_offset,
@@ -77,29 +72,3 @@ def _tensor(name: str, shape: tuple[int, ...], stored_bytes: int) -> WeightTenso
     role = {"token_embd.weight": "embedding", "output.weight": "lm_head"}.get(name, "norm")
     split = "rows" if role != "norm" else None
     return WeightTensor(name, rows, cols, role, None, split, False, stored_bytes)
-
-
-def _config(meta: dict, arch: str, tensor_names: set[str]) -> ModelConfig:
-    def key(name: str, default=None):
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelLoadError(f"GGUF metadata lacks {arch}.{name}; cannot plan this file")
-        return value
-
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    vocab = meta.get("tokenizer.ggml.tokens") or key("vocab_size")  # the reader gives string arrays as a count
-    head_dim = meta.get(f"{arch}.attention.key_length") or meta.get(f"{arch}.rope.dimension_count")
-    return ModelConfig(
-        architecture=_ARCHITECTURES[arch],
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
-        num_heads=heads,
-        num_kv_heads=int(key("attention.head_count_kv", heads)),
-        head_dim=int(head_dim or hidden // heads),
-        max_position_embeddings=int(key("context_length", 4096)),
-        tie_word_embeddings="output.weight" not in tensor_names,
-        attention_bias="blk.0.attn_q.bias" in tensor_names,
-        qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
-    )

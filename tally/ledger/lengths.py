@@ -82,21 +82,21 @@ def load_lengths(path: str | Path) -> list[tuple[int, int]]:
         records = list(csv.DictReader(text.splitlines()))
     else:
         try:
-            records = _records_in(json.loads(text))
+            document = json.loads(text)
+            records = _records_in(document) or ([document] if isinstance(document, dict) else [])
         except json.JSONDecodeError:  # JSON Lines: one record per line
             records = [json.loads(line) for line in text.splitlines() if line.strip()]
     return _pairs(records, path)
 
 
 def _records_in(document: object) -> list[dict]:
-    """A JSON list of records, or the first list of records found in a result document."""
+    """A JSON list of records, or the first list of records found in a result document (lists
+    before nested objects, so a summary's token totals are not taken for a request)."""
     if isinstance(document, list):
         return [r for r in document if isinstance(r, dict)]
     if isinstance(document, dict):
-        if _field(document, PROMPT_FIELDS) is not None:
-            return [document]
-        for value in document.values():
-            found = _records_in(value) if isinstance(value, (list, dict)) else []
+        for value in sorted(document.values(), key=lambda v: not isinstance(v, list)):
+            found = _records_in(value)
             if any(_field(r, PROMPT_FIELDS) is not None for r in found):
                 return found
     return []

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from tally.errors import ConfigError
 from tally.ledger.capacity import (LongTailPlan, MemoryBudget, long_tail_plan, max_concurrency, memory_budget,
                                    oversubscription_warning)
 from tally.ledger.kv import KVLayout, canonical_kv_dtype
@@ -115,6 +116,12 @@ class Plan:
 
 def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
     config = source.config
+    if config.num_heads % opts.tp:
+        divisors = [n for n in range(1, config.num_heads + 1) if config.num_heads % n == 0]
+        raise ConfigError(f"--tp {opts.tp} does not divide the {config.num_heads} attention heads of {source.name}; "
+                          f"choose --tp from {divisors}")
+    if opts.pp > config.num_layers:
+        raise ConfigError(f"--pp {opts.pp} is more stages than the {config.num_layers} layers of {source.name}")
     fmt = WeightFormat(opts.weights or ("gguf" if source.is_gguf else "dense"), opts.dtype, opts.group_size)
     kv_dtype = opts.kv_dtype or opts.dtype
     layout = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size, tp_size=opts.tp, pp_size=opts.pp)

@@ -54,7 +54,7 @@ class WeightFormat:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         if self.scheme not in ("dense", *QUANT_SCHEMES):
-            raise ConfigError(f"unknown weight format {self.scheme!r}; choose one of {', '.join(QUANT_SCHEMES)}")
+            raise ConfigError(f"unknown weight format {self.scheme!r}; choose one of dense, {', '.join(QUANT_SCHEMES)}")
         if self.group_size not in (32, 64, 128, 256):
             raise ConfigError(f"int4 group size must be 32, 64, 128 or 256, got {self.group_size}")
 
