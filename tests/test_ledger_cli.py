@@ -104,6 +104,8 @@ def test_checkpoint_directory_is_planned_from_its_config(tmp_path, capsys):
     out = _plan_json(capsys, "--model", str(tmp_path), "--device", "l4")
     assert out["model"]["num_params"] == 494_032_768
     assert out["kv"]["bytes_per_token"] == 12_288
+    bare = _plan_json(capsys, "--model", str(tmp_path / "config.json"), "--device", "l4")
+    assert bare["model"]["num_params"] == 494_032_768 and bare["model"]["source"] == "config"
 
 
 def test_unknown_model_names_the_presets(capsys):

@@ -51,8 +51,8 @@ def oversubscription_warning(layout: KVLayout, budget: MemoryBudget, *, concurre
     return (f"{concurrency} concurrent requests x {max_len:,} tokens need {fmt_gib(need_bytes)} of KV cache but "
             f"the pool holds {fmt_gib(max(budget.kv_pool_bytes, 0))}: only {fits} fit at that length. "
             f"Lower --concurrency to {fits}, or --max-model-len to "
-            f"{max_len_for_concurrency(layout, budget.kv_blocks, concurrency):,}, or add memory "
-            "(int8/fp8 KV, smaller weights, more devices)")
+            f"{max_len_for_concurrency(layout, budget.kv_blocks, concurrency):,}, or make room "
+            "(quantized KV or weights, --tp, bigger devices)")
 
 
 @dataclass(frozen=True)
