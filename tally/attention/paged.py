@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from tally.attention.backend import AttentionConfig
 from tally.attention.metadata import AttentionMetadata
+from tally.attention.workspace import Workspace
 from tally.errors import TallyError
 
 
@@ -27,14 +28,28 @@ def gather_sequence_kv(
     block_size = cache.shape[1]
     first_block = start_pos // block_size
     end_block = -(-end_pos // block_size)
-    blocks = cache[block_table_row[first_block:end_block]].flatten(0, 1)
+    blocks = cache.index_select(0, block_table_row[first_block:end_block]).flatten(0, 1)
     offset = start_pos - first_block * block_size
     return blocks[offset:offset + end_pos - start_pos]
 
 
+def _gather_slots(
+    cache: torch.Tensor, slots: torch.Tensor, workspace: Workspace, name: str, dtype: torch.dtype,
+) -> torch.Tensor:
+    """cache rows at slots [n, L] -> [n, L, Hkv, D] in dtype, in a reused workspace buffer."""
+    flat = cache.view(-1, *cache.shape[2:])
+    shape = (*slots.shape, *cache.shape[2:])
+    # index_select, not cache[slots]: advanced indexing is several times slower on CPU.
+    out = workspace.get(name, shape, cache.dtype, cache.device)
+    torch.index_select(flat, 0, slots.view(-1), out=out.view(-1, *cache.shape[2:]))
+    if dtype == cache.dtype:
+        return out
+    return workspace.get(name + "_compute", shape, dtype, cache.device).copy_(out)
+
+
 def decode_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: list[int], config: AttentionConfig,
+    context_lens: list[int], config: AttentionConfig, workspace: Workspace,
 ) -> torch.Tensor:
     """All single-token decode rows in one batched SDPA. q [n, Hq, D] -> [n, Hq, D] (compute dtype).
 
@@ -53,8 +68,8 @@ def decode_attention(
     valid = positions >= 0
     positions = torch.where(valid, positions, ctx[:, None] - 1)
     slots = block_tables[:n].gather(1, positions // block_size) * block_size + positions % block_size
-    k = k_cache.view(-1, *k_cache.shape[2:])[slots].to(config.compute_dtype)  # [n, L, Hkv, D]
-    v = v_cache.view(-1, *v_cache.shape[2:])[slots].to(config.compute_dtype)
+    k = _gather_slots(k_cache, slots, workspace, "k", config.compute_dtype)  # [n, L, Hkv, D]
+    v = _gather_slots(v_cache, slots, workspace, "v", config.compute_dtype)
     mask = None if min(context_lens) >= num_keys else valid[:, None, None, :]
     out = F.scaled_dot_product_attention(
         q.to(config.compute_dtype).unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
@@ -69,6 +84,7 @@ class PagedBackend:
 
     def __init__(self, config: AttentionConfig) -> None:
         self.config = config
+        self.workspace = Workspace()
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -86,6 +102,7 @@ class PagedBackend:
         if n_dec:
             out[:n_dec] = decode_attention(
                 q[:n_dec], k_cache, v_cache, meta.block_tables, meta.context_lens[:n_dec], self.config,
+                self.workspace,
             )
         for b in range(n_dec, meta.num_seqs):
             start, end = starts[b], starts[b + 1]
