@@ -22,7 +22,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,18 +195,24 @@ async def _main(args: argparse.Namespace) -> None:
         await server.serve_forever()
 
 
+@dataclass(frozen=True)
+class RunningServer:
+    url: str
+    pid: int
+
+
 @contextlib.contextmanager
-def serve(mode: str = "ok", fault_every: int = 1, token_delay_ms: float = 0.0) -> Iterator[str]:
-    """Runs a fake server in a subprocess on a free port; yields its base URL."""
+def serve(mode: str = "ok", fault_every: int = 1,
+          token_delay_ms: float = 0.0) -> Iterator[RunningServer]:
+    """Runs a fake server in a subprocess on a free port."""
     cmd = [sys.executable, str(Path(__file__)), "--mode", mode, "--fault-every", str(fault_every),
            "--token-delay-ms", str(token_delay_ms)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        line = proc.stdout.readline()
-        while not line.startswith("PORT ") and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-        yield f"http://127.0.0.1:{int(line.split()[1])}"
+        line = proc.stdout.readline()  # the server's first and only line; "" if it died
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"fake server did not start (exit code {proc.poll()})")
+        yield RunningServer(f"http://127.0.0.1:{int(line.split()[1])}", proc.pid)
     finally:
         proc.kill()
         proc.wait()

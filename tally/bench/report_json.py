@@ -58,6 +58,9 @@ def _warnings(summary: dict, run: RunOutcome) -> list[str]:
     if run.builder.inexact_prompts:
         warnings.append(f"{run.builder.inexact_prompts} prompts could not be cut to their exact "
                         f"token count (the closest count was used)")
+    if run.server.probe_status != 200:
+        warnings.append(f"the 1-token test request got HTTP {run.server.probe_status}; ignore_eos "
+                        f"support was not verified")
     if not run.server.ignore_eos:
         warnings.append("the server rejected ignore_eos: output lengths are upper bounds (max_tokens)")
     if summary["counts"]["failed"]:

@@ -18,6 +18,7 @@ class ServerInfo:
     max_model_len: int | None
     ignore_eos: bool
     models: list[str]
+    probe_status: int  # HTTP status of the 1-token test request (not 200: ignore_eos unverified)
 
 
 async def _models(http: httpx.AsyncClient, url: str) -> tuple[list[str], int | None]:
@@ -55,7 +56,10 @@ async def probe_server(http: httpx.AsyncClient, url: str, endpoint: str,
     ignore_eos = response.status_code == 200
     if response.status_code in (400, 422):
         response = await _accepts(http, url, endpoint, model, ignore_eos=False)
-    if response.status_code != 200:
+    probe_status = response.status_code
+    if 400 <= probe_status < 500 and probe_status != 429:
         raise ConfigError(f"a 1-token test request to {url}{PATHS[endpoint]} for model {model!r} "
-                          f"got HTTP {response.status_code}: {response.text[:300]}")
-    return ServerInfo(url, model, endpoint, max_model_len, ignore_eos, models)
+                          f"got HTTP {probe_status}: {response.text[:300]}")
+    if probe_status != 200:  # overloaded or failing: run anyway and count what happens
+        ignore_eos = True
+    return ServerInfo(url, model, endpoint, max_model_len, ignore_eos, models, probe_status)
