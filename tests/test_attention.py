@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from tally.attention import AttentionConfig, make_backend
+from tally.attention.reference import ReferenceBackend
 from tally.attention.tiled import TiledBackend
 from tally.errors import ConfigError, TallyError
 from test_attention_toy import PagedKV, dense_oracle, random_seq
@@ -43,6 +44,15 @@ def test_decode_batch_matches_dense_oracle(name, block_size):
     kv = PagedKV(2, 16, block_size)
     rows = [(random_seq(ctx, 4, 2, 16, gen), ctx - 1, 1) for ctx in (1, 9, 33, 64, 16)]
     check_rows(kv.step(build(name, 4, 2, 16), rows), rows, 16, None)
+
+
+@pytest.mark.parametrize("window", [None, 12])
+def test_decode_rows_split_into_groups_by_a_small_gather_budget_match_dense_oracle(window):
+    gen = torch.Generator().manual_seed(10)
+    kv = PagedKV(2, 16, 4)
+    rows = [(random_seq(ctx, 4, 2, 16, gen), ctx - 1, 1) for ctx in (3, 40, 9, 70, 1, 33, 64, 16)]
+    backend = ReferenceBackend(AttentionConfig(4, 2, 16, 0.25, window), decode_gather_keys=70)
+    check_rows(kv.step(backend, rows), rows, 16, window)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

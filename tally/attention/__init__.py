@@ -8,8 +8,8 @@ Backends (CPU, plain PyTorch, math in float32):
   causal + sliding-window mask. Simple enough to trust; the oracle for everything else.
 - "tiled" (tiled.py): FlashAttention's online softmax for prefills, reading K/V tile by tile
   straight from the paged cache, so memory stays O(tile) instead of O(Lq * Lk).
-Both share paged.py: the cache write, the batched decode path and the per-sequence driver;
-workspace.py keeps the decode path's gather buffers alive between layers and steps.
+Both share paged.py (the cache write and the per-sequence driver) and decode.py (all decode rows
+in one batched SDPA, gathering into workspace.py's buffers, reused between layers and steps).
 
 Cache layout: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_dim] per layer,
 the "NHD" paged layout vLLM and FlashInfer use, so GPU kernels can read it unchanged.

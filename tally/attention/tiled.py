@@ -11,12 +11,16 @@ from __future__ import annotations
 import torch
 
 from tally.attention.backend import AttentionConfig
+from tally.attention.decode import DECODE_GATHER_KEYS
 from tally.attention.paged import PagedBackend, gather_sequence_kv
 
 
 class TiledBackend(PagedBackend):
-    def __init__(self, config: AttentionConfig, *, query_tile: int = 128, key_tile: int = 256) -> None:
-        super().__init__(config)
+    def __init__(
+        self, config: AttentionConfig, *, query_tile: int = 128, key_tile: int = 256,
+        decode_gather_keys: int = DECODE_GATHER_KEYS,
+    ) -> None:
+        super().__init__(config, decode_gather_keys=decode_gather_keys)
         self.query_tile = query_tile
         self.key_tile = key_tile
 
