@@ -1,0 +1,57 @@
+"""GGUF quantized blocks adopted as they are stored, with no requantization.
+
+Block layouts (ggml): 32 weights per block. Q4_0: fp16 d, 16 bytes of nibbles, w = d * (q - 8).
+Q4_1: fp16 d, fp16 m, 16 bytes of nibbles, w = d * q + m. Q8_0: fp16 d, 32 int8, w = d * q.
+Nibbles: byte j holds weight j (low) and weight j + 16 (high).
+In the int4 kernel's convention w = (q - 8) * scale + zero: Q4_0 is scale d, zero 0; Q4_1 is scale d, zero m + 8d.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tally.quant.group_int8 import GroupInt8Linear
+from tally.quant.int4 import Int4Linear
+
+BLOCK = 32
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+
+
+def _blocks(raw: Any, type_name: str) -> np.ndarray:
+    out_features, in_features = raw.shape
+    data = np.ascontiguousarray(raw.data, dtype=np.uint8)
+    return data.reshape(out_features, in_features // BLOCK, _BLOCK_BYTES[type_name])
+
+
+def _fp16(blocks: np.ndarray, start: int) -> torch.Tensor:
+    """[N, K/32] fp32 from the fp16 at byte `start` of every block."""
+    return torch.from_numpy(np.ascontiguousarray(blocks[..., start:start + 2]).view(np.float16)[..., 0]
+                            .astype(np.float32))
+
+
+def _nibbles(blocks: np.ndarray, start: int) -> torch.Tensor:
+    """[N, K] uint8 in 0..15 from the 16 nibble bytes at byte `start` of every block."""
+    qs = blocks[..., start:start + BLOCK // 2]
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    return torch.from_numpy(q.reshape(blocks.shape[0], -1))
+
+
+def linear_from_gguf(raw: Any, bias: torch.Tensor | None, *, compute_dtype: torch.dtype) -> nn.Module | None:
+    """A layer holding `raw`'s blocks exactly (Q4_0, Q4_1 -> int4 group 32; Q8_0 -> int8 with block scales),
+    or None for types it does not adopt (the caller dequantizes those). `raw` is duck-typed: fields ggml_type
+    (gguf.GGMLQuantizationType), shape (out, in) in HF orientation, data (uint8 blocks, rows in HF order)."""
+    type_name = getattr(raw.ggml_type, "name", str(raw.ggml_type))
+    if type_name not in _BLOCK_BYTES or len(raw.shape) != 2:
+        return None
+    blocks = _blocks(raw, type_name)
+    d = _fp16(blocks, 0)
+    if type_name == "Q8_0":
+        q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(blocks.shape[0], -1))
+        return GroupInt8Linear(q, d, bias, compute_dtype)
+    if type_name == "Q4_0":
+        return Int4Linear(_nibbles(blocks, 2), d, torch.zeros_like(d), BLOCK, bias, compute_dtype)
+    zero = _fp16(blocks, 2) + 8.0 * d
+    return Int4Linear(_nibbles(blocks, 4), d, zero, BLOCK, bias, compute_dtype)

@@ -1,0 +1,66 @@
+"""Weight-only int4, asymmetric per group of 32/64/128 input channels: w = (q - 8) * scale + zero.
+
+Holds the kernel-packed weight (0.5 byte per weight) and scales_and_zeros [K/group, N, 2] in the compute dtype
+(the kernel wants them in the activation dtype): 0.5 + 4/group bytes per weight. Rows are padded to the kernel's
+block (zero scale and zero, sliced off) when out_features is not a multiple of it.
+
+Few tokens: `torch._weight_int4pack_mm_for_cpu`. Many tokens: the packed bytes are unpacked and dequantized to the
+compute dtype for one dense matmul; that copy lives only for the call.
+"""
+from __future__ import annotations
+
+import torch
+
+from tally.quant import int4pack
+from tally.quant.base import QuantLinear
+from tally.quant.dispatch import NEVER, many_tokens_from
+from tally.quant.rtn import quantize_int4_groupwise
+
+
+class Int4Linear(QuantLinear):
+    scheme = "int4"
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
+                 bias: torch.Tensor | None, compute_dtype: torch.dtype) -> None:
+        """q uint8 [N, K] in 0..15; scale, zero [N, K/group_size] (any float dtype; rounded to compute_dtype)."""
+        out_features, in_features = q.shape
+        self.block_n = int4pack.kernel_block_n()
+        threshold = many_tokens_from(self.scheme, compute_dtype) if self.block_n else NEVER
+        super().__init__(in_features, out_features, bias, compute_dtype, threshold)
+        self.group_size = group_size
+        n_padded = int4pack.padded_out_features(out_features)
+        pad = n_padded - out_features
+        if pad:
+            q = torch.cat([q, q.new_full((pad, in_features), 8)])
+            scale = torch.cat([scale, scale.new_zeros(pad, scale.shape[1])])
+            zero = torch.cat([zero, zero.new_zeros(pad, zero.shape[1])])
+        self.register_buffer("packed", int4pack.pack(q))
+        sz = torch.stack([scale.t(), zero.t()], dim=-1).to(compute_dtype).contiguous()
+        self.register_buffer("scales_and_zeros", sz)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                   group_size: int) -> Int4Linear:
+        q, scale, zero = quantize_int4_groupwise(weight, group_size, scale_dtype=compute_dtype)
+        return cls(q, scale, zero, group_size, bias, compute_dtype)
+
+    def _trim(self, y: torch.Tensor) -> torch.Tensor:
+        return y if y.shape[1] == self.out_features else y[:, :self.out_features]
+
+    def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+        return self._trim(y)
+
+    def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        n_padded = self.packed.shape[0]
+        groups = self.in_features // self.group_size
+        blocks = (n_padded // self.block_n, self.block_n)
+        q_t = int4pack.unpack_transposed(self.packed, n_padded, self.block_n)  # [K, NB, BN]
+        q_t = q_t.unflatten(0, (groups, self.group_size))  # a view: no copy before the one fused pass below
+        scale = self.scales_and_zeros[..., 0].float()
+        # (q - 8) * scale + zero == q * scale + (zero - 8 * scale); the fold is done in fp32, rounded once.
+        offset = (self.scales_and_zeros[..., 1].float() - 8.0 * scale).to(self.compute_dtype)
+        w_t = torch.empty(self.in_features, n_padded, dtype=self.compute_dtype, device=x.device)
+        torch.addcmul(offset.view(groups, 1, *blocks), q_t, scale.to(self.compute_dtype).view(groups, 1, *blocks),
+                      out=w_t.view(q_t.shape))  # `out` pins the [K, N] row-major layout the matmul wants
+        return self._trim(x @ w_t)

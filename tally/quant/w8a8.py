@@ -1,0 +1,52 @@
+"""W8A8: int8 per-channel weights and per-token dynamic int8 activations, multiplied by `torch._int_mm`.
+
+Optionally SmoothQuant-smoothed: the weight holds W·s and the activations must arrive divided by s. When the
+1/s has been folded into the preceding RMSNorm (tally.quant.smooth.fold_smoothing_into_norm) the layer is built
+with `smoothing_folded=True`; otherwise it divides by s itself (one extra elementwise op per call, K floats kept).
+
+Few tokens take the weight-only int8 kernel on the same int8 weight (faster there, and no activation rounding);
+many tokens take `_int_mm`. Memory: 1 byte per weight plus two [N] scale vectors (compute dtype, fp32).
+"""
+from __future__ import annotations
+
+import torch
+
+from tally.quant.int8 import Int8Linear
+from tally.quant.rtn import quantize_int8_per_channel
+
+_MIN_ACT_SCALE = 1e-8
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per row: x ≈ q * scale. Returns (q int8 [M, K], scale fp32 [M, 1])."""
+    x32 = x.float()
+    scale = x32.abs().amax(dim=-1, keepdim=True).div_(127.0).clamp_(min=_MIN_ACT_SCALE)
+    return (x32 / scale).round_().clamp_(-127, 127).to(torch.int8), scale  # never in place: x32 may be x
+
+
+class W8A8Linear(Int8Linear):
+    scheme = "w8a8"
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 compute_dtype: torch.dtype, smooth: torch.Tensor | None = None) -> None:
+        super().__init__(q, scale, bias, compute_dtype)
+        self.register_buffer("scale_fp32", scale.float().reshape(1, -1).contiguous())
+        self.register_buffer("act_inv_smooth", None if smooth is None else (1.0 / smooth.float()).to(compute_dtype))
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype, *,
+                   smooth: torch.Tensor | None = None, smoothing_folded: bool = False) -> W8A8Linear:
+        """`smooth` s [K] from tally.quant.smooth.smooth_scales; the weight is multiplied by s here."""
+        w = weight.float() if smooth is None else weight.float() * smooth.float()[None, :]
+        q, scale = quantize_int8_per_channel(w, scale_dtype=compute_dtype)
+        return cls(q, scale, bias, compute_dtype, None if smoothing_folded else smooth)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_inv_smooth is not None:
+            x = x * self.act_inv_smooth
+        return super().forward(x)
+
+    def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        xq, act_scale = quantize_per_token(x)
+        acc = torch._int_mm(xq, self.weight_int8.t())
+        return acc.float().mul_(act_scale).mul_(self.scale_fp32).to(self.compute_dtype)

