@@ -11,7 +11,7 @@ from tally.errors import ConfigError, TallyError
 from test_attention_toy import PagedKV, dense_oracle, random_seq
 
 # "tiled_small" uses tiny tiles so short test sequences still cross many query and key tiles.
-BACKENDS = ["reference", "tiled", "tiled_small"]
+BACKENDS = ["reference", "tiled", "tiled_small", "auto"]
 
 
 def build(name: str, hq: int, hkv: int, d: int, window: int | None = None):

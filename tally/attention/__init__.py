@@ -8,7 +8,9 @@ Backends (CPU, plain PyTorch, math in float32):
   causal + sliding-window mask. Simple enough to trust; the oracle for everything else.
 - "tiled" (tiled.py): FlashAttention's online softmax for prefills, reading K/V tile by tile
   straight from the paged cache, so memory stays O(tile) instead of O(Lq * Lk).
-Both share paged.py (the cache write and the per-sequence driver) and decode.py (all decode rows
+- "auto" (auto.py): per prefill sequence, reference when the mask is plain causal (torch's fused
+  kernel), tiled when a cached prefix or a window needs an explicit mask.
+All share paged.py (the cache write and the per-sequence driver) and decode.py (all decode rows
 in one batched SDPA, gathering into workspace.py's buffers, reused between layers and steps).
 
 Cache layout: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_dim] per layer,

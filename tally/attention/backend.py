@@ -9,7 +9,7 @@ import torch
 from tally.attention.metadata import AttentionMetadata
 from tally.errors import ConfigError
 
-BACKEND_NAMES = ("reference", "tiled")
+BACKEND_NAMES = ("auto", "reference", "tiled")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,10 @@ def make_backend(
         )
     config = AttentionConfig(num_heads, num_kv_heads, head_dim, scale, sliding_window, compute_dtype)
     # Imported here so that a GPU backend's heavy imports (triton, flashinfer) only happen when chosen.
+    if name == "auto":
+        from tally.attention.auto import AutoBackend
+
+        return AutoBackend(config)
     if name == "reference":
         from tally.attention.reference import ReferenceBackend
 

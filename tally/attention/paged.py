@@ -33,6 +33,12 @@ def gather_sequence_kv(
     return blocks[offset:offset + end_pos - start_pos]
 
 
+def is_plain_causal(num_queries: int, context_len: int, sliding_window: int | None) -> bool:
+    """True when a sequence's prefill needs only the square causal mask: no earlier tokens in the
+    cache and no window short enough to hide any key."""
+    return num_queries == context_len and (sliding_window is None or sliding_window >= context_len)
+
+
 class PagedBackend:
     """Writes the cache, runs the decode rows batched, then hands each prefill / chunk sequence
     to `_prefill`, the one method a backend must provide."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tally.attention.paged import PagedBackend, gather_sequence_kv
+from tally.attention.paged import PagedBackend, gather_sequence_kv, is_plain_causal
 
 
 class ReferenceBackend(PagedBackend):
@@ -19,7 +19,7 @@ class ReferenceBackend(PagedBackend):
         first_key_pos = 0 if window is None else max(0, first_query_pos - window + 1)
         k = gather_sequence_kv(k_cache, block_table_row, first_key_pos, context_len)
         v = gather_sequence_kv(v_cache, block_table_row, first_key_pos, context_len)
-        plain_causal = first_query_pos == 0 and (window is None or window >= context_len)
+        plain_causal = is_plain_causal(q.shape[0], context_len, window)
         mask = None
         if not plain_causal:
             query_pos = torch.arange(first_query_pos, context_len, device=q.device)[:, None]

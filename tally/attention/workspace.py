@@ -9,7 +9,9 @@ class Workspace:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    def get(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+    ) -> torch.Tensor:
         """A contiguous [shape] tensor backed by the buffer `name`; its contents are garbage and it
         is overwritten by the next get() of the same name (callers use it within one forward)."""
         numel = 1

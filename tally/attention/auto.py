@@ -1,0 +1,31 @@
+"""The "auto" backend: per prefill sequence, the kernel that suits its mask.
+
+A plain causal prefill goes to the reference path, where torch's fused CPU flash kernel needs no
+mask at all. A chunk after cached tokens, or a sliding window, needs an explicit mask; SDPA would
+materialise it as an [Lq, Lk] float tensor (bench/attention_tiled.py: 56 MiB for a 2048-token
+chunk after 2048 tokens, against 8 MiB for the tiled kernel), so those go to the tiled kernel.
+"""
+from __future__ import annotations
+
+import torch
+
+from tally.attention.backend import AttentionConfig
+from tally.attention.decode import DECODE_GATHER_KEYS
+from tally.attention.paged import PagedBackend, is_plain_causal
+from tally.attention.reference import ReferenceBackend
+from tally.attention.tiled import TiledBackend
+
+
+class AutoBackend(PagedBackend):
+    def __init__(self, config: AttentionConfig, *, decode_gather_keys: int = DECODE_GATHER_KEYS) -> None:
+        super().__init__(config, decode_gather_keys=decode_gather_keys)
+        self._plain = ReferenceBackend(config)
+        self._masked = TiledBackend(config)
+
+    def _prefill(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+        block_table_row: torch.Tensor, context_len: int, out: torch.Tensor,
+    ) -> None:
+        plain = is_plain_causal(q.shape[0], context_len, self.config.sliding_window)
+        backend = self._plain if plain else self._masked
+        backend._prefill(q, k_cache, v_cache, block_table_row, context_len, out)
