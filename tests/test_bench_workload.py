@@ -21,7 +21,8 @@ KS_CRITICAL = 1.36 / math.sqrt(N)  # alpha 0.05
 
 
 def _planned_lengths(lengths, n=N, seed=0):
-    planner = RequestPlanner(WorkloadConfig(lengths, None, concurrency=1, seed=seed))
+    planner = RequestPlanner(WorkloadConfig(lengths, None, concurrency=1, max_requests=n,
+                                            seed=seed))
     requests = [planner.request(i, "") for i in range(n)]
     return (np.array([r.prompt_tokens for r in requests]),
             np.array([r.output_tokens for r in requests]))
@@ -139,14 +140,14 @@ def test_same_seed_gives_the_same_workload_and_another_seed_does_not():
 
 def test_prefix_share_is_the_fraction_of_requests_with_the_system_prompt():
     planner = RequestPlanner(WorkloadConfig(LogNormalLengths(), None, concurrency=1,
-                                            prefix_share=0.9))
+                                            max_requests=1, prefix_share=0.9))
     shared = [planner.request(i, "").shared_prefix for i in range(5000)]
     assert np.mean(shared) == pytest.approx(0.9, abs=0.02)
 
 
 def test_requests_are_clipped_to_the_server_context_window():
     planner = RequestPlanner(WorkloadConfig(parse_lengths("fixed:5000,300"), None, concurrency=1,
-                                            max_model_len=2048))
+                                            max_requests=1, max_model_len=2048))
     request = planner.request(0, "")
     assert request.prompt_tokens + request.output_tokens <= 2048
 

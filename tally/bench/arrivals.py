@@ -95,8 +95,6 @@ def _fill(rng: np.random.Generator, rate_per_s: float, burstiness: float, start_
 def _rate_schedule(arrivals: RateArrivals, rng: np.random.Generator, warmup_s: float,
                    duration_s: float | None, max_requests: int | None) -> Schedule:
     if arrivals.phases:
-        if duration_s is not None or max_requests is not None:
-            raise ConfigError("--phases sets the run length itself; drop --duration/--requests")
         first_rate = arrivals.phases[0][0]
         spans, start = [(WARMUP, first_rate, 0.0, warmup_s)] if warmup_s > 0 else [], warmup_s
         for i, (rate, length_s) in enumerate(arrivals.phases):
@@ -138,7 +136,5 @@ def build_schedule(arrivals: RateArrivals | ReplayArrivals, seed: int, warmup_s:
     """The open-loop schedule. Warmup requests come first and are sent but not measured."""
     if isinstance(arrivals, ReplayArrivals):
         return _replay_schedule(arrivals, warmup_s, duration_s, max_requests)
-    if duration_s is None and max_requests is None and not arrivals.phases:
-        raise ConfigError("give --duration or --requests to bound the run")
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     return _rate_schedule(arrivals, rng, warmup_s, duration_s, max_requests)

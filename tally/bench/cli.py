@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,17 @@ EXAMPLES = """examples:
   tally bench compare base.json candidate.json --threshold 10%"""
 
 
+def _typed(parse: Callable[[str], object]) -> Callable[[str], object]:
+    """An argparse type that shows our error message instead of 'invalid value'."""
+    def convert(text: str) -> object:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+    convert.__name__ = parse.__name__
+    return convert
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tally bench", description=__doc__, epilog=EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,21 +56,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="fraction of requests that start with the shared system prompt")
     w.add_argument("--seed", type=int, default=0)
     a = p.add_argument_group("arrivals (one of; default --concurrency 1)")
-    a.add_argument("--rate", type=parse_rate_per_s, help="Poisson arrivals, requests/s")
+    a.add_argument("--rate", type=_typed(parse_rate_per_s), help="Poisson arrivals, requests/s")
     a.add_argument("--burstiness", type=float, default=1.0,
                    help="gamma shape of the gaps: 1 Poisson, <1 burstier, >1 steadier")
-    a.add_argument("--phases", type=parse_phases, help='contiguous rates, "5/s:10s,50/s:2s"')
+    a.add_argument("--phases", type=_typed(parse_phases), help='contiguous rates, "5/s:10s,50/s:2s"')
     a.add_argument("--replay", metavar="FILE", help="send at a trace's timestamps")
     a.add_argument("--time-scale", type=float, default=1.0, help="replay gaps × this")
     a.add_argument("--concurrency", type=int, help="closed loop with N workers")
     r = p.add_argument_group("run")
-    r.add_argument("--duration", type=parse_duration_s)
+    r.add_argument("--duration", type=_typed(parse_duration_s))
     r.add_argument("--requests", type=int, help="measured requests (warmup comes on top)")
-    r.add_argument("--warmup", type=parse_duration_s, default=0.0)
-    r.add_argument("--timeout", type=parse_duration_s, default=300.0, help="per request")
-    r.add_argument("--slo", type=Slo.parse, help="e.g. ttft=2s,tpot=100ms,e2e=20s")
-    r.add_argument("--soak", type=parse_duration_s, help="long run with sampling and a verdict")
-    r.add_argument("--sample", type=parse_duration_s, help="sampling interval (soak: 30s)")
+    r.add_argument("--warmup", type=_typed(parse_duration_s), default=0.0)
+    r.add_argument("--timeout", type=_typed(parse_duration_s), default=300.0, help="per request")
+    r.add_argument("--slo", type=_typed(Slo.parse), help="e.g. ttft=2s,tpot=100ms,e2e=20s")
+    r.add_argument("--soak", type=_typed(parse_duration_s), help="long run with sampling and a verdict")
+    r.add_argument("--sample", type=_typed(parse_duration_s), help="sampling interval (soak: 30s)")
     r.add_argument("--server-pid", type=int, help="read this local process's RSS when sampling")
     r.add_argument("--tokenizer", type=Path, help="local tokenizer.json (default: /tokenize)")
     r.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
@@ -93,12 +105,8 @@ def workload_from_args(args: argparse.Namespace) -> WorkloadConfig:
     duration_s = args.soak if args.soak is not None else args.duration
     if arrivals is None and args.concurrency is None:
         args.concurrency = 1
-    if args.concurrency is not None and args.concurrency < 1:
-        raise ConfigError("--concurrency must be >= 1")
     if duration_s is None and args.requests is None and not args.phases and not args.replay:
         duration_s = 60.0
-    if not 0.0 <= args.prefix_share <= 1.0:
-        raise ConfigError("--prefix-share is a fraction between 0 and 1")
     replay = load_trace(args.replay) if args.replay else None
     lengths = parse_lengths(args.lengths) if args.lengths else (None if replay else LogNormalLengths())
     return WorkloadConfig(lengths, arrivals, args.concurrency, duration_s, args.requests,
@@ -119,13 +127,27 @@ def _fit(path: str) -> int:
     return 0
 
 
+def _redacted(argv: list[str]) -> list[str]:
+    """The command line as reports keep it: without the API key."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--api-key" and i + 1 < len(out):
+            out[i + 1] = "***"
+        elif arg.startswith("--api-key="):
+            out[i] = "--api-key=***"
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["compare"]:
             from tally.bench.compare import main as compare_main
             return compare_main(argv[1:])
-        args = _parser().parse_args(argv)
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as exc:  # --help, or a usage error argparse already printed
+            return int(exc.code or 0)
         if args.fit:
             return _fit(args.fit)
         if not args.url:
@@ -137,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer_path=args.tokenizer, api_key=args.api_key,
             extra_body=tuple(args.extra_body.items()), sample_s=sample_s,
             server_pid=args.server_pid, progress=not args.quiet and sys.stderr.isatty())
-        result = asyncio.run(run_benchmark(config, ["tally", "bench", *argv]))
+        result = asyncio.run(run_benchmark(config, ["tally", "bench", *_redacted(argv)]))
     except TallyError as exc:
         print(f"tally bench: {exc.message}", file=sys.stderr)
         return 2

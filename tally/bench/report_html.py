@@ -131,11 +131,13 @@ def render_html(result: dict) -> str:
         soak = result["soak"]
         parts.append(f"<h2>Soak verdict: {escape(soak['verdict'])}</h2>")
         parts += [f'<p class="flag">FLAG: {escape(f)}</p>' for f in soak["flags"]]
+    context = {key: result[key] for key in ("server", "workload", "server_metrics")}
     parts += ["<h2>Plots</h2>", "<div>", *(render(chart) for chart in _charts(result)), "</div>",
               "<h2>Definitions</h2><dl>",
-              *(f"<dt><b>{escape(k)}</b></dt><dd>{escape(v)}</dd>" for k, v in result["definitions"].items()),
+              *(f"<dt><b>{escape(k)}</b></dt><dd>{escape(v)}</dd>"
+                for k, v in result["definitions"].items()),
               "</dl><h2>Server and workload</h2>",
-              f"<pre>{escape(json.dumps({'server': result['server'], 'workload': result['workload'], 'server_metrics': result['server_metrics']}, indent=1))}</pre>"]
+              f"<pre>{escape(json.dumps(context, indent=1))}</pre>"]
     return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>tally bench report</title>"
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>")
 

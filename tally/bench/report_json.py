@@ -96,7 +96,7 @@ def build_result(run: RunOutcome, slo: Slo | None, timeout_s: float) -> dict:
 
 def write_result(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, allow_nan=False))
+    path.write_text(json.dumps(result, allow_nan=False))
 
 
 def load_result(path: Path) -> dict:

@@ -86,7 +86,8 @@ def histogram_delta(before: Histogram | None, after: Histogram | None) -> dict |
         for bound, cum in zip(bounds, cumulative):
             if cum >= rank:
                 inside = (rank - below) / (cum - below) if cum > below else 1.0
-                out[f"p{q}"] = bound if bound == float("inf") else lower + (bound - lower) * inside
+                # past the last finite bucket only a lower bound is known: report that bound
+                out[f"p{q}"] = lower if bound == float("inf") else lower + (bound - lower) * inside
                 break
             lower, below = bound, cum
     return out

@@ -10,6 +10,7 @@ import numpy as np
 from tally.bench.arrivals import WARMUP, Phase, RateArrivals, ReplayArrivals, build_schedule
 from tally.bench.lengths import LengthSampler
 from tally.bench.trace import Trace
+from tally.errors import ConfigError
 
 _BLOCK = 256
 CLOSED_PHASE = "closed"
@@ -28,6 +29,22 @@ class WorkloadConfig:
     prefix_share: float = 0.0  # fraction of requests that start with the shared system prompt
     replay_trace: Trace | None = None
     max_model_len: int | None = None  # from the server; longer requests are clipped to fit
+
+    def __post_init__(self) -> None:
+        phased = isinstance(self.arrivals, RateArrivals) and bool(self.arrivals.phases)
+        if phased and (self.duration_s is not None or self.max_requests is not None):
+            raise ConfigError("--phases sets the run length itself; drop --duration/--requests")
+        if self.arrivals is None and (self.concurrency or 0) < 1:
+            raise ConfigError("a closed loop needs --concurrency >= 1")
+        if not (phased or isinstance(self.arrivals, ReplayArrivals)) and (
+                self.duration_s is None and self.max_requests is None):
+            raise ConfigError("give --duration or --requests to bound the run")
+        if self.lengths is None and self.replay_trace is None:
+            raise ConfigError("lengths come from --lengths, or from the trace given to --replay")
+        if not 0.0 <= self.prefix_share <= 1.0:
+            raise ConfigError("--prefix-share is a fraction between 0 and 1")
+        if self.system_prompt_tokens < 0 or self.warmup_s < 0:
+            raise ConfigError("--system-prompt-tokens and --warmup cannot be negative")
 
     def describe(self) -> dict:
         lengths = self.lengths.describe() if self.lengths else {

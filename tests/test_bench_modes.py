@@ -1,0 +1,73 @@
+"""The other ways to drive load: closed loop, the chat endpoint, trace replay, the --fit
+printout, and bad command lines that must say what to fix."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from bench_servers import serve
+
+from tally.bench.benchmark import BenchConfig, run_benchmark
+from tally.bench.cli import main
+from tally.bench.lengths import FixedLengths
+from tally.bench.workload import WorkloadConfig
+
+
+def test_closed_loop_runs_exactly_the_requested_measured_requests():
+    workload = WorkloadConfig(FixedLengths(32, 6), None, concurrency=4, max_requests=25,
+                              warmup_s=0.3)
+    with serve(token_delay_ms=2) as server:
+        result = asyncio.run(run_benchmark(BenchConfig(server.url, workload, progress=False)))
+    measured = [r for r in result["requests"] if not r["warmup"]]
+    assert len(measured) == 25 and result["summary"]["counts"]["ok"] == 25
+    assert all(r["output_tokens"] == 6 for r in result["requests"])
+    # closed loop: never more than `concurrency` requests in flight
+    events = sorted([(r["sent_s"], 1) for r in result["requests"]] +
+                    [(r["end_s"], -1) for r in result["requests"]], key=lambda e: (e[0], e[1]))
+    in_flight = max(np.cumsum([e[1] for e in events]))
+    assert in_flight <= 4
+
+
+def test_chat_endpoint_streams_and_counts_tokens(tmp_path):
+    with serve() as server:
+        rc = main(["--url", server.url, "--endpoint", "chat", "--concurrency", "2",
+                   "--requests", "6", "--lengths", "fixed:40,5", "--system-prompt-tokens", "20",
+                   "--prefix-share", "1", "--out", str(tmp_path / "chat.json"), "--quiet"])
+    result = json.loads((tmp_path / "chat.json").read_text())
+    assert rc == 0 and result["summary"]["counts"]["ok"] == 6
+    assert result["server"]["endpoint"] == "chat"
+    assert all(r["output_tokens"] == 5 for r in result["requests"])
+
+
+def test_replay_sends_at_trace_timestamps_with_trace_lengths(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("timestamp,prompt_tokens,output_tokens\n"
+                     "100.0,30,3\n100.5,60,4\n101.0,90,5\n104.0,20,2\n")
+    with serve() as server:
+        rc = main(["--url", server.url, "--replay", str(trace), "--time-scale", "0.2",
+                   "--out", str(tmp_path / "replay.json"), "--quiet"])
+    result = json.loads((tmp_path / "replay.json").read_text())
+    assert rc == 0
+    assert [r["scheduled_s"] for r in result["requests"]] == pytest.approx([0, 0.1, 0.2, 0.8])
+    assert [r["output_tokens"] for r in result["requests"]] == [3, 4, 5, 2]
+    assert [r["prompt_tokens"] for r in result["requests"]] == [30, 60, 90, 20]
+
+
+def test_fit_prints_parameters_usable_as_lengths(capsys):
+    assert main(["--fit", "conv"]) == 0
+    out = capsys.readouterr().out
+    assert "median" in out and "--lengths lognormal:prompt_median=" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--rate", "5"], "--url is required"),
+    (["--url", "http://x", "--rate", "5", "--concurrency", "2"], "choose one arrival process"),
+    (["--url", "http://x", "--phases", "5/s:1s", "--duration", "5s"], "--phases sets the run"),
+    (["--url", "http://x", "--lengths", "fixed:1"], "fixed:512,256"),
+    (["--url", "http://x", "--slo", "latency=1s"], "ttft, tpot and/or e2e"),
+])
+def test_bad_command_lines_say_what_to_fix(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
