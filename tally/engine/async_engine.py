@@ -1,0 +1,260 @@
+"""The engine's step loop on its own thread, beside an asyncio server.
+
+The Engine is not thread-safe, so only the loop thread touches it: the server posts add/abort
+commands to an inbox that the loop drains between steps, and each step's outputs go back to the
+event loop in one `call_soon_threadsafe`. Torch releases the GIL inside its kernels, so HTTP work
+on the event loop overlaps the forward pass (docs/server.md has the thread-vs-process measurement)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from tally.engine.engine import Engine
+from tally.errors import EngineDeadError, QueueFullError, TallyError
+from tally.outputs import RequestOutput
+from tally.sampling_params import SamplingParams
+
+log = logging.getLogger("tally.engine.async")
+
+MAX_CONSECUTIVE_STEP_FAILURES = 3  # a step that keeps raising means the engine itself is broken
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Engine counters read on the loop thread after each step, for /metrics and /ledger."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_blocks: int = 0
+    num_free_blocks: int = 0
+    num_cached_free_blocks: int = 0
+    num_used_blocks: int = 0
+    num_unfilled_slots: int = 0
+    block_size_tokens: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+
+
+class RequestStream:
+    """Where one HTTP request's engine requests (one per prompt) deliver their outputs.
+
+    Outputs are cumulative, so the reader only needs the latest of each: a slow reader skips
+    intermediate outputs instead of queueing them, and never falls behind the engine."""
+
+    def __init__(self, request_ids: list[str]) -> None:
+        self.request_ids = request_ids
+        self.accepted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._latest: dict[str, RequestOutput] = {}
+        self._changed = asyncio.Event()
+        self._error: BaseException | None = None
+
+    def _put(self, out: RequestOutput) -> None:
+        self._latest[out.request_id] = out
+        self._changed.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.accepted.done():
+            self.accepted.set_exception(exc)
+        self._error = exc
+        self._changed.set()
+
+    async def next(self) -> dict[str, RequestOutput]:
+        """Waits for news, then returns the latest output of every engine request heard from."""
+        await self._changed.wait()
+        self._changed.clear()
+        if self._error is not None:
+            raise self._error
+        return dict(self._latest)
+
+    def is_finished(self, latest: dict[str, RequestOutput] | None = None) -> bool:
+        """Whether `latest` (a result of next(); default: now) holds the final output of every request.
+        Judge a result of next() by itself: newer outputs may have arrived since it was taken."""
+        latest = self._latest if latest is None else latest
+        return len(latest) == len(self.request_ids) and all(o.finished for o in latest.values())
+
+
+class AsyncEngine:
+    def __init__(self, engine: Engine, max_queue: int | None = None) -> None:
+        self.engine = engine
+        self.max_queue = max_queue  # engine requests allowed to wait (inbox + scheduler queue)
+        self.snapshot = EngineSnapshot()
+        self._inbox: deque[tuple] = deque()
+        self._lock = threading.Lock()  # guards _inbox, _pending_adds and snapshot together
+        self._pending_adds = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._routes: dict[str, RequestStream] = {}  # event-loop thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.alive = False
+
+    # -- lifecycle (event loop thread) ---------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._publish()
+        self.alive = True
+        self._thread = threading.Thread(target=self._run, name="tally-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def is_alive(self) -> bool:
+        return self.alive and self._thread is not None and self._thread.is_alive()
+
+    def queue_depth(self) -> int:
+        with self._lock:
+            return self._pending_adds + self.snapshot.num_waiting
+
+    # -- requests (event loop thread) ----------------------------------------------------------
+    def submit(self, items: list[tuple[str, object, SamplingParams]], arrival_time: float) -> RequestStream:
+        """Queues engine requests (request id, prompt, params); one stream receives all their outputs.
+
+        Raises QueueFullError at once when admitting them would overflow --max-queue; errors of
+        add_request (bad prompt, too long) arrive through `stream.accepted`."""
+        if not self.is_alive:
+            raise EngineDeadError("the engine loop has stopped; see the server log for why")
+        stream = RequestStream([rid for rid, _, _ in items])
+        n_seqs = sum(p.n for _, _, p in items)
+        with self._lock:
+            depth = self._pending_adds + self.snapshot.num_waiting
+            if self.max_queue is not None and depth > 0 and depth + n_seqs > self.max_queue:
+                raise QueueFullError(
+                    f"the server's waiting queue is full ({depth} of --max-queue {self.max_queue}); "
+                    f"retry after a moment", retry_after_s=1.0)
+            self._pending_adds += n_seqs
+            self._inbox.append(("add", stream, items, arrival_time, n_seqs))
+        for rid in stream.request_ids:
+            self._routes[rid] = stream
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """Frees the stream's engine requests before the next step; their outputs go nowhere."""
+        for rid in stream.request_ids:
+            self._routes.pop(rid, None)
+        with self._lock:
+            self._inbox.append(("abort", stream.request_ids))
+        self._wake.set()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._routes.get(out.request_id)
+            if stream is None:
+                continue
+            stream._put(out)
+            if out.finished:
+                del self._routes[out.request_id]
+
+    def _fail(self, request_ids: list[str], exc: BaseException) -> None:
+        for rid in request_ids:
+            stream = self._routes.pop(rid, None)
+            if stream is not None:
+                stream._fail(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self._fail(list(self._routes), exc)
+
+    def _accept(self, stream: RequestStream, exc: BaseException | None) -> None:
+        if stream.accepted.done():
+            return
+        if exc is None:
+            stream.accepted.set_result(None)
+        else:
+            self._fail(stream.request_ids, exc)
+
+    # -- the loop (engine thread) --------------------------------------------------------------
+    def _run(self) -> None:
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                self._drain_inbox()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                try:
+                    outputs = self.engine.step()
+                    failures = 0
+                except Exception as exc:  # noqa: BLE001 - one bad step must not take the server down
+                    failures += 1
+                    log.exception("engine step failed (%d in a row); failing the requests in flight", failures)
+                    if failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                        raise
+                    self._fail_in_flight(exc)
+                    continue
+                self._publish()
+                if outputs:
+                    self._loop.call_soon_threadsafe(self._deliver, outputs)
+        except Exception:  # noqa: BLE001
+            log.exception("engine loop stopped")
+        finally:
+            self.alive = False
+            self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(
+                "the engine loop stopped while this request was running; see the server log"))
+
+    def _drain_inbox(self) -> None:
+        with self._lock:
+            commands = list(self._inbox)
+            self._inbox.clear()
+        for cmd in commands:
+            if cmd[0] == "abort":
+                for rid in cmd[1]:
+                    self.engine.abort_request(rid)
+            else:
+                self._add(*cmd[1:])
+        if commands:
+            self._publish()
+
+    def _add(self, stream: RequestStream, items: list, arrival_time: float, n_seqs: int) -> None:
+        added: list[str] = []
+        error: BaseException | None = None
+        try:
+            for rid, prompt, params in items:
+                self.engine.add_request(rid, prompt, params, arrival_time=arrival_time)
+                added.append(rid)
+        except Exception as exc:  # noqa: BLE001 - a bad request is its own client's problem
+            error = exc if isinstance(exc, TallyError) else _internal(exc)
+            for rid in added:
+                self.engine.abort_request(rid)
+        with self._lock:
+            self._pending_adds -= n_seqs
+        self._loop.call_soon_threadsafe(self._accept, stream, error)
+
+    def _fail_in_flight(self, exc: Exception) -> None:
+        ids = list(self.engine.groups)
+        for rid in ids:
+            self.engine.abort_request(rid)
+        try:
+            self.engine.step()  # flushes the aborts so their blocks come back
+        except Exception:  # noqa: BLE001
+            log.exception("engine could not flush aborted requests")
+        self._loop.call_soon_threadsafe(self._fail, ids, _internal(exc))
+
+    def _publish(self) -> None:
+        e, kv = self.engine, self.engine.kv
+        snap = EngineSnapshot(
+            num_running=e.num_running(), num_waiting=e.num_waiting(),
+            num_blocks=kv.pool.num_blocks, num_free_blocks=kv.pool.num_free_blocks,
+            num_cached_free_blocks=kv.pool.num_cached_free_blocks, num_used_blocks=kv.num_used_blocks(),
+            num_unfilled_slots=kv.num_unfilled_slots(), block_size_tokens=kv.block_size,
+            prefix_queried_tokens=kv.stats.queried_tokens, prefix_hit_tokens=kv.stats.hit_tokens,
+            num_preemptions=e.scheduler.num_preemptions, num_steps=self.snapshot.num_steps + 1,
+        )
+        with self._lock:
+            self.snapshot = snap
+
+
+def _internal(exc: BaseException) -> TallyError:
+    err = TallyError(f"internal engine error: {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err

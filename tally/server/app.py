@@ -1,0 +1,152 @@
+"""The FastAPI app: OpenAI routes, health, Prometheus metrics, tokenizer helpers and the live ledger."""
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from tally.engine.async_engine import AsyncEngine
+from tally.engine.engine import Engine
+from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError
+from tally.server.chat import ChatCompletions, render_chat
+from tally.server.completions import Completions
+from tally.server.errors import error_response
+from tally.server.metrics import ServerMetrics
+from tally.server.protocol import DetokenizeRequest, TokenizeRequest
+from tally.server.serving import ServerState, read_json, serve
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    max_queue: int | None = None  # engine requests allowed to wait; None: unbounded
+    request_timeout_s: float | None = None  # None: no limit
+    max_body_bytes: int = 16 * 2**20
+
+
+def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
+    async_engine = AsyncEngine(engine, config.max_queue)
+    tokenizer = copy.deepcopy(engine.tokenizer)  # the engine thread keeps the original to itself
+    state = ServerState(
+        engine=async_engine, metrics=ServerMetrics(engine.model_name, lambda: async_engine.snapshot),
+        tokenizer=tokenizer, model_name=engine.model_name, max_model_len=engine.max_model_len,
+        request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,
+    )
+    ledger = engine.loaded.ledger.to_dict()
+    started_s = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async_engine.start()
+        yield
+        async_engine.stop()
+
+    app = FastAPI(title="Tally", lifespan=lifespan)
+    app.state.tally = state
+    completions, chat = Completions(tokenizer), ChatCompletions(tokenizer)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return error_response(ModelNotFoundError(f"no route {request.url.path}; see /docs for the API"))
+        err = InvalidRequestError(f"{request.method} {request.url.path}: {exc.detail}")
+        err.http_status = exc.status_code
+        return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.post("/v1/completions")
+    async def create_completion(request: Request) -> Response:
+        return await serve(request, completions)
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(request: Request) -> Response:
+        return await serve(request, chat)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": state.model_name, "object": "model", "created": started_s, "owned_by": "tally",
+            "root": state.model_name, "max_model_len": state.max_model_len}]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not async_engine.is_alive:
+            return error_response(EngineDeadError("the engine loop is not running; see the server log"))
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        try:
+            req = TokenizeRequest.model_validate(await read_json(request, state.max_body_bytes))
+            state.check_model(req.model)
+            if req.messages is not None:
+                ids = render_chat(tokenizer, req.messages, req.add_generation_prompt)["prompt_token_ids"]
+            elif req.prompt is not None:
+                ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            else:
+                raise InvalidRequestError("send `prompt` (text) or `messages` (chat)", param="prompt")
+        except Exception as exc:  # noqa: BLE001
+            return error_response(exc)
+        return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        try:
+            req = DetokenizeRequest.model_validate(await read_json(request, state.max_body_bytes))
+            state.check_model(req.model)
+            vocab = len(tokenizer)
+            bad = [t for t in req.tokens if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
+                                          param="tokens")
+            text = tokenizer.decode(req.tokens)
+        except Exception as exc:  # noqa: BLE001
+            return error_response(exc)
+        return JSONResponse({"prompt": text})
+
+    @app.get("/ledger")
+    async def live_ledger() -> dict:
+        return ledger_view(ledger, async_engine)
+
+    return app
+
+
+def ledger_view(ledger: dict, async_engine: AsyncEngine) -> dict:
+    """The start-up ledger (the plan) beside the live state of the KV pool and the queues."""
+    s = async_engine.snapshot
+    used_slots = s.num_used_blocks * s.block_size_tokens
+    return {
+        "model": ledger["model_name"],
+        "weights_bytes": ledger["weight_bytes"],
+        "kv": {
+            "bytes_per_token": ledger["kv_bytes_per_token"],
+            "pool_bytes": ledger["kv_pool_bytes"],
+            "block_size_tokens": s.block_size_tokens,
+            "blocks_total": s.num_blocks,
+            "blocks_used": s.num_used_blocks,
+            "blocks_free": s.num_free_blocks,
+            "blocks_cached_free": s.num_cached_free_blocks,
+            "usage_perc": s.num_used_blocks / s.num_blocks if s.num_blocks else 0.0,
+            "fragmentation_perc": s.num_unfilled_slots / used_slots if used_slots else 0.0,
+        },
+        "requests": {"running": s.num_running, "waiting": s.num_waiting, "queued": async_engine.queue_depth()},
+        "prefix_cache": {"queried_tokens": s.prefix_queried_tokens, "hit_tokens": s.prefix_hit_tokens,
+                         "hit_rate": s.prefix_hit_tokens / s.prefix_queried_tokens if s.prefix_queried_tokens
+                         else 0.0},
+        "num_preemptions": s.num_preemptions,
+        "engine_steps": s.num_steps,
+        "plan": ledger,
+    }

@@ -1,0 +1,113 @@
+"""POST /v1/chat/completions: messages through the model's chat template, OpenAI's chat format back.
+
+`response_format: {"type": "json_object"}` is best effort: decoding is not constrained. The request
+is validated as OpenAI does (a message must mention JSON), and a non-streamed answer is trimmed to
+its outermost JSON object when that parses; otherwise the text comes back unchanged."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tally.engine.group import finite
+from tally.errors import InvalidRequestError
+from tally.outputs import Logprob, RequestOutput
+from tally.sampling_params import SamplingParams
+from tally.server.protocol import ChatCompletionRequest, ChatMessage
+from tally.server.serving import Ctx, ServerState, usage
+from tally.server.streaming import Delta, deltas
+
+
+def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True) -> dict:
+    """Chat messages → the engine's prompt (text and ids); also used by POST /tokenize."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequestError("this model has no chat template; use /v1/completions with a plain prompt",
+                                  param="messages")
+    convo = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
+    try:
+        text = tokenizer.apply_chat_template(convo, add_generation_prompt=add_generation_prompt, tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - templates raise their own errors for bad conversations
+        raise InvalidRequestError(f"the chat template rejected these messages: {exc}", param="messages") from None
+    # The template already holds any BOS it wants; encoding must not add another.
+    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+
+
+class ChatCompletions:
+    path = "/v1/chat/completions"
+    id_prefix = "chatcmpl"
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def parse(self, body: dict) -> ChatCompletionRequest:
+        return ChatCompletionRequest.model_validate(body)
+
+    def engine_requests(self, req: ChatCompletionRequest, state: ServerState) -> list[tuple[Any, SamplingParams]]:
+        fmt = req.response_format.type if req.response_format else "text"
+        if fmt == "json_schema":
+            raise InvalidRequestError("response_format json_schema is not supported (decoding is not "
+                                      "constrained); use {\"type\": \"json_object\"}", param="response_format")
+        if fmt == "json_object" and not any("json" in m.text().lower() for m in req.messages):
+            raise InvalidRequestError("'messages' must contain the word 'json' in some form to use "
+                                      "response_format of type 'json_object'", param="response_format")
+        if req.top_logprobs is not None and not req.logprobs:
+            raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        params = req.to_sampling_params(max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
+        return [(render_chat(self.tokenizer, req.messages, req.add_generation_prompt), params)]
+
+    # -- responses -----------------------------------------------------------------------------
+    def response(self, ctx: Ctx, outputs: list[RequestOutput], state: ServerState) -> dict:
+        req: ChatCompletionRequest = ctx.req
+        choices = []
+        for d in deltas({}, outputs):
+            content = d.text
+            if req.response_format is not None and req.response_format.type == "json_object":
+                content = outermost_json(content)
+            choices.append({"index": d.choice.index, "message": {"role": "assistant", "content": content},
+                            "logprobs": self._logprobs(d, req.top_logprobs or 0), "finish_reason": d.finish_reason})
+        return {"id": ctx.request_id, "object": "chat.completion", "created": ctx.created_s, "model": ctx.model,
+                "choices": choices, "usage": usage(outputs)}
+
+    def chunks(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]:
+        out = []
+        for d in deltas(ctx.sent, outputs):
+            logprobs = self._logprobs(d, ctx.req.top_logprobs or 0)
+            if not (d.text or d.first or d.finish_reason or logprobs):
+                continue  # tokens whose text is still held back (a possible stop string, a partial character)
+            delta: dict = {"role": "assistant", "content": d.text} if d.first else {"content": d.text}
+            if not d.text and not d.first:
+                delta = {}
+            out.append({"id": ctx.request_id, "object": self.chunk_object, "created": ctx.created_s,
+                        "model": ctx.model, "choices": [{"index": d.choice.index, "delta": delta,
+                                                         "logprobs": logprobs,
+                                                         "finish_reason": d.finish_reason}]})
+        return out
+
+    def _logprobs(self, d: Delta, top_k: int) -> dict | None:
+        c = d.choice
+        if c.logprobs is None:
+            return None
+        end = len(c.token_ids)
+        content = []
+        for tid, entry in zip(c.token_ids[d.token_start:end], c.logprobs[d.token_start:end]):
+            chosen = entry.get(tid) or Logprob(float("-inf"), None, self.tokenizer.decode([tid]))
+            top = sorted(entry.values(), key=lambda x: -x.logprob)[:top_k]
+            content.append({**_token(chosen), "top_logprobs": [_token(t) for t in top]})
+        return {"content": content}
+
+
+def _token(lp: Logprob) -> dict:
+    text = lp.decoded_token or ""
+    return {"token": text, "logprob": finite(lp.logprob), "bytes": list(text.encode())}
+
+
+def outermost_json(text: str) -> str:
+    """The text itself if it is JSON, else its outermost {...} when that parses, else the text."""
+    for candidate in (text, text[text.find("{"):text.rfind("}") + 1]):
+        try:
+            json.loads(candidate)
+            return candidate
+        except ValueError:
+            continue
+    return text

@@ -1,0 +1,62 @@
+"""`tally serve`: load the engine, then serve the OpenAI API with uvicorn until SIGTERM drains it."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from types import FrameType
+
+import uvicorn
+
+from tally.engine.args import add_engine_args, config_from_args, parse_bytes
+from tally.errors import TallyError
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT: turn new requests away (503), let running ones finish within
+    --drain-timeout (uvicorn cancels the rest, which aborts them), then exit 0."""
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.config.app.state.tally.draining = True
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()  # uvicorn would re-raise the signal after shutdown; we exit cleanly
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="tally serve", description="OpenAI-compatible HTTP server.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-queue", type=int, default=None,
+                   help="requests allowed to wait for a batch slot; beyond it: 429 with Retry-After")
+    p.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds a request may run before it is aborted with 504 (default: no limit)")
+    p.add_argument("--max-body-bytes", type=parse_bytes, default=16 * 2**20, help="larger bodies get 413")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds SIGTERM waits for running requests before cancelling them")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_engine_args(p)
+    ns = p.parse_args(argv)
+    if ns.max_queue is not None and ns.max_queue < 1:
+        p.error("--max-queue must be ≥ 1")
+    if ns.request_timeout is not None and ns.request_timeout <= 0:
+        p.error("--request-timeout must be > 0 seconds")
+    return ns
+
+
+def main(argv: list[str]) -> int:
+    ns = parse_args(argv)
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from tally.engine.engine import Engine
+    from tally.server.app import ServerConfig, build_app
+
+    try:
+        engine = Engine(config_from_args(ns))
+    except TallyError as exc:
+        print(f"tally serve: {exc.message}", file=sys.stderr)
+        return 2
+    app = build_app(engine, ServerConfig(max_queue=ns.max_queue, request_timeout_s=ns.request_timeout,
+                                         max_body_bytes=ns.max_body_bytes))
+    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
+                            timeout_graceful_shutdown=ns.drain_timeout, access_log=ns.log_level == "debug")
+    DrainingServer(config).run()
+    return 0

@@ -1,0 +1,115 @@
+"""POST /v1/completions: OpenAI's legacy completions format over the engine's outputs.
+
+`echo: true, logprobs: k, max_tokens: 0` scores the prompt (its tokens' logprobs), which is
+what lm-evaluation-harness's `local-completions` model needs for loglikelihood tasks."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from tally.engine.group import finite
+from tally.errors import InvalidRequestError
+from tally.outputs import Logprob, RequestOutput
+from tally.sampling_params import SamplingParams
+from tally.server.protocol import CompletionRequest
+from tally.server.serving import Ctx, ServerState, usage
+from tally.server.streaming import Delta, deltas
+
+
+class Completions:
+    path = "/v1/completions"
+    id_prefix = "cmpl"
+    chunk_object = "text_completion"
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def parse(self, body: dict) -> CompletionRequest:
+        return CompletionRequest.model_validate(body)
+
+    def engine_requests(self, req: CompletionRequest, state: ServerState) -> list[tuple[Any, SamplingParams]]:
+        if req.suffix:
+            raise InvalidRequestError("suffix (fill-in-the-middle) is not supported; omit it", param="suffix")
+        prompt_logprobs = None
+        if req.echo and (req.logprobs is not None or req.max_tokens == 0):
+            prompt_logprobs = req.logprobs or 0  # echo scores the prompt; max_tokens 0 needs it
+        params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_logprobs)
+        return [(p, params) for p in self._prompts(req.prompt)]
+
+    def _prompts(self, prompt: Any) -> list[Any]:
+        if isinstance(prompt, str):
+            prompts: list = [prompt]
+        elif prompt and all(isinstance(t, int) for t in prompt):
+            prompts = [prompt]
+        else:
+            prompts = list(prompt)
+        if not prompts:
+            raise InvalidRequestError("prompt is an empty list; send at least one prompt", param="prompt")
+        # Tokenized here, off the engine thread, so the step loop only sees token ids.
+        return [{"prompt": p, "prompt_token_ids": self.tokenizer.encode(p) if p else []}
+                if isinstance(p, str) else p for p in prompts]
+
+    # -- responses -----------------------------------------------------------------------------
+    def response(self, ctx: Ctx, outputs: list[RequestOutput], state: ServerState) -> dict:
+        outputs = _scored_only(ctx.req, outputs)
+        choices = [self._choice(ctx, d) for d in deltas({}, outputs)]
+        return {"id": ctx.request_id, "object": "text_completion", "created": ctx.created_s, "model": ctx.model,
+                "choices": choices, "usage": usage(outputs)}
+
+    def chunks(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]:
+        choices = [self._choice(ctx, d) for d in deltas(ctx.sent, _scored_only(ctx.req, outputs))]
+        return [{"id": ctx.request_id, "object": "text_completion", "created": ctx.created_s, "model": ctx.model,
+                 "choices": [c]} for c in choices if c["text"] or c["logprobs"] or c["finish_reason"]]
+
+    def _choice(self, ctx: Ctx, d: Delta) -> dict:
+        req: CompletionRequest = ctx.req
+        out, c = d.output, d.choice
+        text, logprobs = d.text, None
+        if req.logprobs is not None:
+            end = len(c.token_ids)
+            logprobs = self._logprobs(c.token_ids[d.token_start:end], (c.logprobs or [])[d.token_start:end])
+        if req.echo and d.first:
+            prompt_text = out.prompt if out.prompt is not None else self.tokenizer.decode(out.prompt_token_ids)
+            text = prompt_text + text
+            if logprobs is not None:
+                echoed = self._logprobs(out.prompt_token_ids, out.prompt_logprobs or [None])
+                logprobs = _concat(echoed, logprobs)
+        return {"index": d.prompt_index * req.n + c.index, "text": text, "logprobs": logprobs,
+                "finish_reason": d.finish_reason}
+
+    def _logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob] | None]) -> dict:
+        """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs, text_offset."""
+        tokens, token_lps, tops, offsets, offset = [], [], [], [], 0
+        for i, tid in enumerate(token_ids):
+            entry = entries[i] if i < len(entries) else None
+            chosen = entry.get(tid) if entry else None
+            token = chosen.decoded_token if chosen and chosen.decoded_token is not None \
+                else self.tokenizer.decode([tid])
+            tokens.append(token)
+            offsets.append(offset)
+            offset += len(token)
+            token_lps.append(finite(chosen.logprob) if chosen else None)
+            tops.append(_top_dict(entry) if entry else None)
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _scored_only(req: CompletionRequest, outputs: list) -> list:
+    """max_tokens 0 asks for the prompt's scores only; the engine still samples one token, hidden here."""
+    if req.max_tokens != 0:
+        return outputs
+    return [o and replace(o, outputs=[replace(c, text="", token_ids=[], logprobs=[], cumulative_logprob=None)
+                                      for c in o.outputs]) for o in outputs]
+
+
+def _top_dict(entry: dict[int, Logprob]) -> dict[str, float]:
+    top: dict[str, float] = {}
+    for lp in sorted(entry.values(), key=lambda x: -x.logprob):
+        top.setdefault(lp.decoded_token or "", finite(lp.logprob))
+    return top
+
+
+def _concat(a: dict, b: dict) -> dict:
+    shift = (a["text_offset"][-1] + len(a["tokens"][-1])) if a["tokens"] else 0
+    return {"tokens": a["tokens"] + b["tokens"], "token_logprobs": a["token_logprobs"] + b["token_logprobs"],
+            "top_logprobs": a["top_logprobs"] + b["top_logprobs"],
+            "text_offset": a["text_offset"] + [o + shift for o in b["text_offset"]]}

@@ -1,0 +1,140 @@
+"""Prometheus metrics with vLLM's names under the `tally:` prefix, on a registry of the app's own.
+
+Request metrics (labels model_name, endpoint) are observed when a request ends; engine gauges and
+counters (label model_name) are read from the engine loop's latest snapshot at scrape time.
+Every request to a generation endpoint ends in exactly one of success, rejected, error, timeout."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from tally.engine.async_engine import EngineSnapshot
+from tally.outputs import RequestOutput
+
+# 1 ms to 10 min: a CPU decode step is tens of ms, a long queue on a small machine is minutes.
+TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                  1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000)
+PREFIX = "tally:"
+
+
+@dataclass
+class StreamTimes:
+    """What the server saw of one engine request: when its first and last tokens were sent."""
+
+    first_token_sent_s: float | None = None
+    last_token_sent_s: float | None = None
+    num_tokens_sent: int = 0
+
+
+class EngineCollector:
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+        self.model_name = model_name
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator:
+        s, labels = self.snapshot(), [self.model_name]
+        used_slots = s.num_used_blocks * s.block_size_tokens
+        for name, doc, value in (
+            ("num_requests_running", "Requests in the running batch.", s.num_running),
+            ("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
+            ("kv_cache_usage_perc", "Used KV blocks / total KV blocks (0-1).",
+             s.num_used_blocks / s.num_blocks if s.num_blocks else 0.0),
+            ("kv_cache_fragmentation_perc", "Allocated-but-unfilled KV slots / allocated slots (0-1).",
+             s.num_unfilled_slots / used_slots if used_slots else 0.0),
+        ):
+            g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            g.add_metric(labels, value)
+            yield g
+        for name, doc, value in (
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_queried_tokens),
+            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_hit_tokens),
+            ("num_preemptions", "Requests preempted for lack of KV blocks.", s.num_preemptions),
+        ):
+            c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            c.add_metric(labels, value)
+            yield c
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+        self.model_name = model_name
+        self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)
+        r.register(EngineCollector(model_name, snapshot))
+        req = ["model_name", "endpoint"]
+
+        def hist(name: str, doc: str, buckets: tuple = TIME_BUCKETS_S) -> Histogram:
+            return Histogram(PREFIX + name, doc, req, buckets=buckets, registry=r)
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, req + list(extra), registry=r)
+
+        self.ttft = hist("time_to_first_token_seconds", "Arrival at the server to first token sent.")
+        self.itl = hist("inter_token_latency_seconds", "Gap between two consecutive streamed tokens.")
+        self.tpot = hist("request_time_per_output_token_seconds", "(last - first token) / (tokens - 1).")
+        self.e2e = hist("e2e_request_latency_seconds", "Arrival at the server to last token.")
+        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled.")
+        self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token.")
+        self.decode = hist("request_decode_time_seconds", "First token to last token.")
+        self.prompt_tokens = hist("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
+        self.generation_tokens = hist("request_generation_tokens", "Generated tokens per request.", TOKEN_BUCKETS)
+        self.prompt_tokens_total = counter("prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens_total = counter("generation_tokens", "Tokens generated.")
+        self.success = counter("request_success", "Requests finished, by finish reason.", ("finished_reason",))
+        self.rejected = counter("request_rejected", "Requests turned away by admission control.", ("reason",))
+        self.timeouts = counter("request_timeout", "Requests that ran past --request-timeout.")
+        self.errors = counter("request_error", "Requests that failed, by HTTP status.", ("code",))
+
+    def observe_itl(self, endpoint: str, gap_s: float, num_tokens: int) -> None:
+        """A chunk carrying num_tokens new tokens: the first waited gap_s, the rest came with it."""
+        h = self.itl.labels(self.model_name, endpoint)
+        h.observe(gap_s)
+        for _ in range(num_tokens - 1):
+            h.observe(0.0)
+
+    def observe_output(self, endpoint: str, out: RequestOutput, times: StreamTimes | None) -> None:
+        """One finished engine request (one prompt, n samples). Streaming requests pass the times
+        their tokens were sent; otherwise the engine's token times stand in (the body goes at the end)."""
+        labels = (self.model_name, endpoint)
+        m = out.metrics
+        n_prompt = len(out.prompt_token_ids)
+        n_gen = sum(len(c.token_ids) for c in out.outputs)
+        self.prompt_tokens.labels(*labels).observe(n_prompt)
+        self.generation_tokens.labels(*labels).observe(n_gen)
+        self.prompt_tokens_total.labels(*labels).inc(n_prompt)
+        self.generation_tokens_total.labels(*labels).inc(n_gen)
+        if m is None:
+            return
+        first = times.first_token_sent_s if times and times.first_token_sent_s else m.first_token_time
+        last = times.last_token_sent_s if times and times.last_token_sent_s else m.last_token_time
+        if m.first_scheduled_time is not None:
+            self.queue.labels(*labels).observe(m.first_scheduled_time - m.arrival_time)
+            if m.first_token_time is not None:
+                self.prefill.labels(*labels).observe(m.first_token_time - m.first_scheduled_time)
+        if first is None or last is None:
+            return
+        self.ttft.labels(*labels).observe(first - m.arrival_time)
+        self.e2e.labels(*labels).observe(last - m.arrival_time)
+        self.decode.labels(*labels).observe(last - first)
+        longest = max((len(c.token_ids) for c in out.outputs), default=0)
+        if longest > 1:
+            self.tpot.labels(*labels).observe((last - first) / (longest - 1))
+
+    def count_success(self, endpoint: str, finished_reason: str) -> None:
+        self.success.labels(self.model_name, endpoint, finished_reason).inc()
+
+    def count_rejected(self, endpoint: str, reason: str) -> None:
+        self.rejected.labels(self.model_name, endpoint, reason).inc()
+
+    def count_timeout(self, endpoint: str) -> None:
+        self.timeouts.labels(self.model_name, endpoint).inc()
+
+    def count_error(self, endpoint: str, http_status: int) -> None:
+        self.errors.labels(self.model_name, endpoint, str(http_status)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,76 @@
+"""`tally serve` as a child process on a free local port, for tests and benchmarks that need a real
+server: start, wait for /health, stop with SIGTERM (the drain path) and report the exit code."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], startup_timeout_s: float = 300.0) -> None:
+        self.args = list(args)
+        self.startup_timeout_s = startup_timeout_s
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self._log = tempfile.NamedTemporaryFile("w+", prefix="tally-serve-", suffix=".log", delete=False)
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def start(self) -> "ServerProcess":
+        cmd = [sys.executable, "-m", "tally.cli", "serve", *self.args, "--host", "127.0.0.1",
+               "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tally serve exited with {self.proc.returncode} during start-up:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"tally serve was not healthy after {self.startup_timeout_s:.0f} s:\n{self.log()}")
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (drain), then SIGKILL if it does not exit in time; returns the exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        self._log.flush()
+        with open(self._log.name) as f:
+            return f.read()[-8000:]
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        os.unlink(self._log.name)

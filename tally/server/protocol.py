@@ -1,0 +1,119 @@
+"""Request bodies of the OpenAI API (with vLLM's extra sampling fields), validated by pydantic.
+
+Unknown fields are ignored, as OpenAI-compatible servers do, so clients that send extras
+(`user`, `tools`, `parallel_tool_calls`, ...) work unchanged."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tally.errors import InvalidRequestError
+from tally.sampling_params import SamplingParams
+
+
+class OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool = False
+
+
+class SamplingFields(OpenAIModel):
+    """Fields both generation endpoints share; `to_sampling_params` is their one translation."""
+
+    model: str | None = None
+    n: int = 1
+    best_of: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                           prompt_logprobs: int | None = None) -> SamplingParams:
+        if self.logit_bias:
+            raise InvalidRequestError("logit_bias is not supported by this server; omit it", param="logit_bias")
+        given = {k: v for k, v in dict(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty).items() if v is not None}
+        return SamplingParams(
+            n=self.n, best_of=self.best_of, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output, max_tokens=max_tokens,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, **given)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+class TextPart(OpenAIModel):
+    type: str = "text"
+    text: str = ""
+
+
+class ChatMessage(OpenAIModel):
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        kinds = sorted({p.type for p in self.content if p.type != "text"})
+        if kinds:
+            raise InvalidRequestError(f"message content parts of type {kinds} are not supported; send text parts",
+                                      param="messages")
+        return "".join(p.text for p in self.content)
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(OpenAIModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: str | None = None
+    tokens: list[int]
