@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import pytest
 import torch
 
+import tally.layers.sampler as sampler_module
 from tally.layers.penalties import PenaltyTensors, apply_penalties
 from tally.layers.sampler import Sampler, SamplerInput, make_generator, sample
 from tally.sampling_params import SamplingParams
@@ -40,8 +42,11 @@ def test_top_k_1_is_greedy_even_with_temperature_and_penalties():
     assert torch.equal(a.token_ids, b.token_ids)
 
 
-def test_seeded_row_samples_the_same_alone_or_in_a_mixed_batch():
+@pytest.mark.parametrize("chunk_rows", [None, 3])
+def test_seeded_row_samples_the_same_alone_or_in_a_mixed_batch(chunk_rows, monkeypatch):
     vocab = 1000
+    if chunk_rows:  # the CPU path works through rows in chunks; put the row at a chunk's edge
+        monkeypatch.setattr(sampler_module, "_CPU_CHUNK_ELEMENTS", chunk_rows * vocab)
     row = random_logits(1, vocab, seed=1)
     seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=42)
 

@@ -13,6 +13,11 @@ from tally.layers.sampling_tensors import FilterTensors, SamplingTensors
 from tally.outputs import Logprob
 from tally.sampling_params import SamplingParams
 
+# Tokens this far below the top logit hold < 152k * e^-50 of the mass together: never in a nucleus.
+_NEGLIGIBLE_LOGIT_GAP = 50.0
+_BISECT_STEPS = 26  # 50 / 2**26 ~ 1e-6: about one float32 ulp of a logit near 10
+_CPU_CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per temporary
+
 
 @dataclass
 class SamplerInput:
@@ -71,9 +76,9 @@ class Sampler:
         return buf[:rows]
 
     def _sample(self, logits: torch.Tensor, inp: SamplerInput, t: SamplingTensors) -> SamplerOutput:
-        batch = logits.shape[0]
+        batch, vocab = logits.shape
         short = t.min_tokens.active(inp.output_token_ids) if t.min_tokens is not None else []
-        work = logits  # the raw logits stay intact for the logprobs below
+        work = logits  # the raw logits stay intact for the logprobs
         if t.penalties is not None or short:
             work = self._buffer("work", batch, logits).copy_(logits)
             if short:
@@ -81,19 +86,23 @@ class Sampler:
             if t.penalties is not None:
                 apply_penalties(work, t.penalties, inp.output_token_ids)
 
+        token_ids = torch.empty(batch, dtype=torch.long, device=logits.device)
+        for rows in row_chunks(t.greedy_rows.numel(), vocab, logits.device):
+            idx = t.greedy_rows[rows]
+            token_ids[idx] = work.index_select(0, idx).argmax(dim=-1)
         num_random = t.random_rows.numel()
-        if num_random == 0:
-            token_ids = work.argmax(dim=-1)
-        else:
-            token_ids = torch.empty(batch, dtype=torch.long, device=logits.device)
-            if t.greedy_rows.numel():
-                token_ids[t.greedy_rows] = work.index_select(0, t.greedy_rows).argmax(dim=-1)
-            if num_random == batch and work is not logits:
-                x = work
-            else:
-                x = torch.index_select(work, 0, t.random_rows, out=self._buffer("random", num_random, work))
-            noise = self._buffer("noise", num_random, work)
-            token_ids.index_copy_(0, t.random_rows, _sample_random(x, t, inp.generators, noise))
+        num_shared = num_random - len(t.seeded_rows)
+        for rows in row_chunks(num_random, vocab, logits.device):
+            n = rows.stop - rows.start
+            x = torch.index_select(work, 0, t.random_rows[rows], out=self._buffer("rows", n, work))
+            noise = self._buffer("noise", n, work)
+            # Rows without a generator share one draw; a seeded row draws its own V numbers, the
+            # same ones whichever batch it is in.
+            if rows.start < num_shared:
+                noise[: min(rows.stop, num_shared) - rows.start].uniform_()
+            for j in range(max(rows.start, num_shared), rows.stop):
+                noise[j - rows.start].uniform_(generator=inp.generators[t.seeded_rows[j - num_shared]])
+            token_ids[t.random_rows[rows]] = _sample_rows(x, t, rows, noise)
         return _with_logprobs(logits, token_ids, t)
 
 
@@ -102,49 +111,49 @@ def sample(logits: torch.Tensor, inp: SamplerInput) -> SamplerOutput:
     return Sampler()(logits, inp)
 
 
-def _sample_random(
-    x: torch.Tensor, t: SamplingTensors, generators: list[torch.Generator | None], noise: torch.Tensor
-) -> torch.Tensor:
-    """Sample rows of x (modified in place): temperature, min-p, top-k/top-p, exponential race."""
+def row_chunks(num_rows: int, vocab: int, device: torch.device) -> list[slice]:
+    """On CPU, groups of rows whose [rows, V] temporaries stay in cache: temporaries of a whole
+    batch are fresh pages every step and cost ~4x the arithmetic. A GPU takes all rows at once."""
+    step = num_rows if device.type != "cpu" else max(1, _CPU_CHUNK_ELEMENTS // vocab)
+    return [slice(a, min(a + step, num_rows)) for a in range(0, num_rows, max(step, 1))]
+
+
+def _sample_rows(x: torch.Tensor, t: SamplingTensors, rows: slice, noise: torch.Tensor) -> torch.Tensor:
+    """Sample random rows x (= random rows[rows], modified in place) given uniform noise."""
     if t.temperature is not None:
-        x.div_(t.temperature)
+        x.div_(t.temperature[rows])
     if t.log_min_p is not None:  # p >= min_p * p_max  <=>  logit >= max_logit + log(min_p)
-        x.masked_fill_(x < x.amax(dim=-1, keepdim=True) + t.log_min_p, float("-inf"))
-    if t.filters is not None:
-        _apply_top_k_top_p(x, t.filters)
+        x.masked_fill_(x < x.amax(dim=-1, keepdim=True) + t.log_min_p[rows], float("-inf"))
+    if t.filters is not None and (num_candidates := t.filters.num_candidates(rows)):
+        _apply_top_k_top_p(x, t.filters.top_k[rows], t.filters.top_p[rows], num_candidates)
     x.sub_(x.amax(dim=-1, keepdim=True)).exp_()  # unnormalised probs: the race ignores the scale
-    # Exp(1) noise as -log(U): 4x cheaper than exponential_() on CPU. We divide by log(U) < 0,
-    # so the winner is the argmin; a zero prob gives -0 and can never win.
-    num_shared = x.shape[0] - len(t.seeded_rows)
-    if num_shared:
-        noise[:num_shared].uniform_()
-    for j, row in enumerate(t.seeded_rows):
-        noise[num_shared + j].uniform_(generator=generators[row])
+    # The race: argmax of probs / E with E ~ Exp(1). E = -log(U) is 4x cheaper than exponential_()
+    # on CPU; dividing by log(U) < 0 flips the sign, so the winner is the argmin, and a zero prob
+    # gives -0 and never wins.
     return x.div_(noise.log_()).argmin(dim=-1)
 
 
-def _apply_top_k_top_p(x: torch.Tensor, f: FilterTensors) -> None:
+def _apply_top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_candidates: int) -> None:
     """Mask (to -inf) every logit below each row's top-k and top-p cutoff; ties at a cutoff stay."""
-    rows = x if f.rows is None else x.index_select(0, f.rows)
     vocab = x.shape[1]
-    top = rows.topk(f.num_candidates, dim=-1).values  # sorted, descending
-    kth = top.gather(1, (f.top_k.clamp(max=f.num_candidates) - 1)[:, None])
-    cutoff = torch.where(f.top_k[:, None] < vocab, kth, float("-inf"))
-    if f.use_top_p:
-        # vLLM renormalises after top-k: the nucleus is taken from the top-k survivors.
+    k_on = top_k[:, None] < vocab
+    top = x.topk(num_candidates, dim=-1).values  # sorted, descending
+    kth = top.gather(1, (top_k.clamp(max=num_candidates) - 1)[:, None])
+    cutoff = torch.where(k_on, kth, float("-inf"))
+    if bool((top_p < 1.0).any()):
+        # vLLM renormalises after top-k: the nucleus is taken from the top-k survivors, which
+        # are all among the candidates; rows without top-k need the whole row's mass.
         top = top.masked_fill(top < cutoff, float("-inf"))
-        lse = torch.logsumexp(rows.masked_fill(rows < cutoff, float("-inf")), dim=-1, keepdim=True)
-        p_cut, unresolved = _top_p_cutoff(top, lse, f.top_p[:, None])
-        unresolved &= f.top_k >= vocab  # with top-k on, the nucleus lies within the candidates
-        if unresolved.any():  # nucleus reaches past the candidates: sort those rows in full
+        lse = torch.logsumexp(top, dim=-1, keepdim=True)
+        if not bool(k_on.all()):
+            lse = torch.where(k_on, lse, torch.logsumexp(x, dim=-1, keepdim=True))
+        p_cut, unresolved = _top_p_cutoff(top, lse, top_p[:, None])
+        unresolved &= ~k_on.squeeze(1)
+        if bool(unresolved.any()):  # the nucleus reaches past the candidates
             idx = unresolved.nonzero().squeeze(1)
-            full = rows.index_select(0, idx).masked_fill(rows.index_select(0, idx) < cutoff[idx], float("-inf"))
-            p_cut[idx] = _top_p_cutoff(full.sort(dim=-1, descending=True).values, lse[idx], f.top_p[idx, None])[0]
+            p_cut[idx] = _bisect_top_p_cutoff(x[idx], lse[idx], top_p[idx, None], top[idx, -1:])
         cutoff = torch.maximum(cutoff, p_cut)
-    if f.rows is None:
-        x.masked_fill_(x < cutoff, float("-inf"))
-    else:
-        x[f.rows] = rows.masked_fill_(rows < cutoff, float("-inf"))
+    x.masked_fill_(x < cutoff, float("-inf"))
 
 
 def _top_p_cutoff(
@@ -162,16 +171,39 @@ def _top_p_cutoff(
     return torch.where(top_p >= 1.0, float("-inf"), cutoff), ~resolved
 
 
+def _bisect_top_p_cutoff(
+    x: torch.Tensor, lse: torch.Tensor, top_p: torch.Tensor, last_candidate: torch.Tensor
+) -> torch.Tensor:
+    """[S, 1] cutoff logit for rows whose nucleus holds more than the candidates (flat distributions).
+
+    Bisects on the logit threshold, since the mass above it falls as it rises: ~25 cheap passes
+    instead of a full sort of the row, which costs ~200 passes on CPU. Invariant: the mass at or
+    above `lo` reaches top_p, the mass at or above `hi` does not. Tokens within ~1e-6 of the true
+    cutoff may be kept with it."""
+    probs = (x - lse).exp_()
+    hi = torch.nextafter(last_candidate, torch.tensor(float("inf"), device=x.device))
+    lo = x.amax(dim=-1, keepdim=True) - _NEGLIGIBLE_LOGIT_GAP
+    for _ in range(_BISECT_STEPS):
+        mid = (lo + hi) / 2
+        reaches = torch.where(x >= mid, probs, 0.0).sum(dim=-1, keepdim=True) >= top_p
+        lo, hi = torch.where(reaches, mid, lo), torch.where(reaches, hi, mid)
+    return lo
+
+
 def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, t: SamplingTensors) -> SamplerOutput:
-    lse = torch.logsumexp(logits, dim=-1)
-    chosen = logits.gather(1, token_ids[:, None]).squeeze(1)
+    batch, vocab = logits.shape
+    chosen = logits.gather(1, token_ids[:, None])
+    lse = torch.empty_like(chosen)
+    for rows in row_chunks(batch, vocab, logits.device):
+        lse[rows] = torch.logsumexp(logits[rows], dim=-1, keepdim=True)
     top = None
     if t.max_logprobs > 0:
         values, ids = logits.topk(t.max_logprobs, dim=-1)
-        top = (ids, values - lse[:, None])
+        top = (ids, values - lse)
     ranks = None
     if t.logprob_rows is not None:
-        asked = logits.index_select(0, t.logprob_rows)
         ranks = torch.zeros_like(token_ids)
-        ranks[t.logprob_rows] = (asked > chosen[t.logprob_rows, None]).sum(dim=-1) + 1
-    return SamplerOutput(token_ids, chosen - lse, top, ranks)
+        for rows in row_chunks(t.logprob_rows.numel(), vocab, logits.device):
+            idx = t.logprob_rows[rows]
+            ranks[idx] = (logits.index_select(0, idx) > chosen[idx]).sum(dim=-1) + 1
+    return SamplerOutput(token_ids, (chosen - lse).squeeze(1), top, ranks)
