@@ -15,7 +15,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # checkpoint dir, .gguf file, alias, or None for the built-in model
-    dtype: str = "auto"  # auto: the checkpoint's dtype (bf16 for GGUF); float16 is refused on CPU
+    dtype: str = "auto"  # see torch_dtype(); float16 is refused on CPU
     quantization: str | None = None
     max_model_len: int | None = None  # None: the model's context length
     max_num_seqs: int = 128
@@ -25,7 +25,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     block_size: int = 16
     kv_cache_dtype: str = "auto"
-    kv_cache_memory: int | None = None  # bytes for the KV pool; None: kv_cache_memory_fraction of free RAM
+    kv_cache_memory: int | None = None  # bytes for the KV pool; None: min(fraction of free RAM, 2 GiB)
     kv_cache_memory_fraction: float = 0.25
     scheduling: str = "continuous"  # "static" exists only to show what continuous batching buys
     attention_backend: str = "auto"  # reference | tiled | auto (tiled for long prefills)
@@ -51,8 +51,12 @@ class EngineConfig:
             raise ConfigError("kv_cache_memory_fraction must be in (0, 0.9]")
 
     def torch_dtype(self, checkpoint_dtype: str, is_gguf: bool) -> torch.dtype:
+        """auto: bf16 for half-precision and GGUF checkpoints where the CPU has bf16 instructions,
+        else fp32 (fp16 is never used: its CPU matmul is unusably slow)."""
         if self.dtype != "auto":
             return DTYPES[self.dtype]
-        if is_gguf or checkpoint_dtype in ("bfloat16", "float16"):
-            return torch.bfloat16  # fp16 checkpoints compute in bf16: fp16 matmul is unusably slow here
+        from tally.engine.cpu import has_fast_bf16
+
+        if (is_gguf or checkpoint_dtype in ("bfloat16", "float16")) and has_fast_bf16():
+            return torch.bfloat16
         return torch.float32

@@ -18,6 +18,7 @@ from tally.models.config import ModelConfig
 from tally.models.llama import CausalLM
 from tally.models.loader import load_checkpoint
 
+DEFAULT_KV_CAP_BYTES = 2 * 2**30
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
@@ -57,7 +58,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
             f"max_model_len {max_model_len:,} exceeds the model's context length "
             f"{cfg.max_position_embeddings:,}; use --max-model-len ≤ {cfg.max_position_embeddings}")
     attn = make_backend(
-        "reference" if config.attention_backend == "auto" else config.attention_backend,
+        config.attention_backend,
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window,
     )
@@ -69,7 +70,10 @@ def load_model(config: EngineConfig) -> LoadedModel:
     layout = KVLayout.for_model(cfg, kv_dtype=kv_dtype_name, block_size=config.block_size)
     budget = config.kv_cache_memory
     if budget is None:
-        budget = int(available_memory_bytes() * config.kv_cache_memory_fraction)
+        # Like vLLM's CPU backend, a bounded default: zero-filling a pool costs ~2 s per GB here, and
+        # a pool larger than max_num_seqs full-length requests can never be used.
+        useful = config.max_num_seqs * layout.bytes_for_tokens(max_model_len)
+        budget = min(int(available_memory_bytes() * config.kv_cache_memory_fraction), DEFAULT_KV_CAP_BYTES, useful)
     num_blocks = layout.num_blocks_for_budget(budget)
     if num_blocks * config.block_size < max_model_len:
         raise ConfigError(

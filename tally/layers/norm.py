@@ -6,9 +6,9 @@ from torch import nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+    def __init__(self, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight = nn.Parameter(weight if dtype is None else weight.to(dtype), requires_grad=False)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ ProjectionFactory = Callable[[list[str], bool], nn.Module]
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, prefix: str, tensors: dict[str, torch.Tensor],
-                 make_proj: ProjectionFactory, attn: AttentionBackend) -> None:
+                 make_proj: ProjectionFactory, attn: AttentionBackend, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg = cfg
         a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
@@ -32,11 +32,11 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = make_proj([f"{m}.gate_proj", f"{m}.up_proj"], False)
         self.down_proj = make_proj([f"{m}.down_proj"], False)
         eps = cfg.rms_norm_eps
-        self.input_norm = RMSNorm(tensors.pop(f"{prefix}.input_layernorm.weight"), eps)
-        self.post_attn_norm = RMSNorm(tensors.pop(f"{prefix}.post_attention_layernorm.weight"), eps)
+        self.input_norm = RMSNorm(tensors.pop(f"{prefix}.input_layernorm.weight"), eps, dtype)
+        self.post_attn_norm = RMSNorm(tensors.pop(f"{prefix}.post_attention_layernorm.weight"), eps, dtype)
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(tensors.pop(f"{a}.q_norm.weight"), eps)
-            self.k_norm = RMSNorm(tensors.pop(f"{a}.k_norm.weight"), eps)
+            self.q_norm = RMSNorm(tensors.pop(f"{a}.q_norm.weight"), eps, dtype)
+            self.k_norm = RMSNorm(tensors.pop(f"{a}.k_norm.weight"), eps, dtype)
         self.attn = attn
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
@@ -66,9 +66,9 @@ class CausalLM(nn.Module):
         embed = tensors.pop("model.embed_tokens.weight").to(dtype)
         self.embed_tokens = nn.Parameter(embed, requires_grad=False)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, f"model.layers.{i}", tensors, make_proj, attn) for i in range(cfg.num_layers)
+            DecoderLayer(cfg, f"model.layers.{i}", tensors, make_proj, attn, dtype) for i in range(cfg.num_layers)
         )
-        self.norm = RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps)
+        self.norm = RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps, dtype)
         head = tensors.pop("lm_head.weight", None)
         self.lm_head = self.embed_tokens if cfg.tie_word_embeddings or head is None else nn.Parameter(
             head.to(dtype), requires_grad=False)
