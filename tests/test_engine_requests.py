@@ -1,0 +1,105 @@
+"""Request-level behaviour of the engine: sampling options, stops, n>1, bad input."""
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import assert_no_block_leak
+from tally import LLM, SamplingParams
+from tally.errors import ConfigError, InvalidRequestError, ModelLoadError
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_factory):
+    return LLM(str(tiny_model_factory("llama")), dtype="float32", kv_cache_memory=4_000_000, max_model_len=128)
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(llm):
+    p = SamplingParams(temperature=1.0, seed=1234, max_tokens=12, ignore_eos=True)
+    alone = llm.generate("Paris is", p)[0].outputs[0].token_ids
+    others = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)] * 3
+    mixed = llm.generate(["the fox", "Paris is", "hello", "print("], [others[0], p, others[1], others[2]])
+    assert mixed[1].outputs[0].token_ids == alone
+    assert_no_block_leak(llm)
+
+
+def test_top_k_1_equals_greedy(llm):
+    greedy = llm.generate("The quick", SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    topk1 = llm.generate("The quick", SamplingParams(temperature=0.8, top_k=1, max_tokens=10, ignore_eos=True))
+    assert greedy[0].outputs[0].token_ids == topk1[0].outputs[0].token_ids
+
+
+def test_n_samples_share_the_prompt_blocks_and_differ(llm):
+    prompt = "The quick brown fox jumps over the lazy dog. " * 3
+    out = llm.generate(prompt, SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True))[0]
+    assert len(out.outputs) == 4 and [o.index for o in out.outputs] == [0, 1, 2, 3]
+    assert len({tuple(o.token_ids) for o in out.outputs}) > 1
+    # siblings waited for the first sample's prefill and reused its full blocks
+    assert out.num_cached_tokens == 0
+    assert llm.engine.kv.stats.hit_tokens >= 3 * 16
+    assert_no_block_leak(llm)
+
+
+def test_stop_string_ends_output_and_is_not_included(llm):
+    free = llm.generate("Numbers:", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].outputs[0]
+    assert len(free.text) > 4
+    stop = free.text[2:4]
+    out = llm.generate("Numbers:", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop]))
+    comp = out[0].outputs[0]
+    assert comp.finish_reason == "stop" and comp.stop_reason == stop
+    assert comp.text == free.text[:free.text.index(stop)]
+
+
+def test_stop_token_ids_finish_with_the_token_as_reason(llm):
+    free = llm.generate("hello", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0].outputs[0]
+    target = free.token_ids[3]
+    out = llm.generate("hello", SamplingParams(temperature=0, max_tokens=6, ignore_eos=True,
+                                               stop_token_ids=[target]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == target
+    assert out.token_ids == free.token_ids[:free.token_ids.index(target) + 1]
+
+
+def test_prompt_logprobs_score_every_prompt_token_after_the_first(llm):
+    out = llm.generate("The quick brown fox", SamplingParams(max_tokens=1, prompt_logprobs=2))[0]
+    assert out.prompt_logprobs[0] is None
+    assert len(out.prompt_logprobs) == len(out.prompt_token_ids)
+    for tid, entry in zip(out.prompt_token_ids[1:], out.prompt_logprobs[1:]):
+        assert tid in entry and entry[tid].logprob <= 0
+
+
+@pytest.mark.parametrize("prompt, params, fragment", [
+    ("", SamplingParams(), "empty"),
+    ("word " * 200, SamplingParams(), "max_model_len"),
+    ("hi", SamplingParams(max_tokens=500), "max_tokens"),
+    ({"prompt_token_ids": [10**6]}, SamplingParams(), "vocabulary"),
+])
+def test_bad_requests_fail_alone_and_the_engine_carries_on(llm, prompt, params, fragment):
+    with pytest.raises(InvalidRequestError, match=fragment):
+        llm.generate(prompt, params)
+    ok = llm.generate("hello", SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(ok[0].outputs[0].token_ids) == 3
+    assert_no_block_leak(llm)
+
+
+@pytest.mark.parametrize("kwargs", [dict(top_p=0.0), dict(top_p=1.5), dict(temperature=-1), dict(max_tokens=0)])
+def test_invalid_sampling_params_raise_value_errors(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_unknown_model_path_and_bad_config_fail_clearly(tmp_path):
+    with pytest.raises(ModelLoadError):
+        LLM(str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="dtype"):
+        LLM(None, dtype="float16")
+
+
+def test_abort_frees_blocks_at_once(llm):
+    engine = llm.engine
+    engine.add_request("a", "The quick brown fox", SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    assert engine.kv.num_used_blocks() > 0
+    engine.abort_request("a")
+    assert engine.kv.num_used_blocks() == 0
+    outs = engine.step()
+    assert outs[0].finished and outs[0].outputs[0].finish_reason == "abort"
+    assert_no_block_leak(llm)
