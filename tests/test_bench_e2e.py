@@ -43,7 +43,11 @@ def test_every_scheduled_request_is_accounted_for(phased_run):
     measured = [r for r in requests if not r["warmup"]]
     assert counts["requests"] == len(measured) == counts["ok"] + counts["failed"]
     assert sum(p["counts"]["requests"] for p in result["phases"]) == len(requests)
-    assert [p["name"] for p in result["phases"]] == ["warmup", "1:4/s", "2:25/s", "3:4/s"]
+    names = [p["name"] for p in result["phases"]]
+    assert names[:4] == ["warmup", "1:4/s", "2:25/s", "3:4/s"] and names[4:] in ([], ["drain"])
+    finished = sum(p["throughput"]["requests_per_s"] * (p["end_s"] - p["start_s"])
+                   for p in result["phases"])
+    assert finished == pytest.approx(len(requests))  # each finish falls in exactly one row
 
 
 def test_timings_are_ordered_and_ttft_never_exceeds_e2e(phased_run):
@@ -68,6 +72,7 @@ def test_lengths_reach_the_server_exactly(phased_run):
     assert not any("approximate" in w for w in result["warnings"])
     for r in result["requests"]:
         assert r["output_tokens"] == r["expected_output_tokens"]
+        assert r["prompt_tokens"] == r["expected_prompt_tokens"]
     assert {r["prompt_tokens"] > system for r in result["requests"]} == {True, False}
 
 

@@ -20,7 +20,8 @@ class RequestRecord:
     id: int
     phase: str
     scheduled_s: float  # when the schedule said to send it
-    prompt_tokens: int  # what the prompt was cut to; replaced by the server's usage when given
+    prompt_tokens: int  # the server's usage.prompt_tokens; the planned count until it reports
+    expected_prompt_tokens: int  # what the prompt was cut to by the tokenizer
     expected_output_tokens: int  # max_tokens sent
     warmup: bool = False
     sent_s: float | None = None

@@ -19,7 +19,9 @@ from tally.bench.workload import WorkloadConfig
 from tally.errors import ConfigError
 
 SCHEMA = "tally.bench/1"
-LATE_WARN_S = 0.010  # send lateness P99 above this: the figures include the client's own delay
+# Send lateness P99 above both of these means the figures include the client's own delay.
+LATE_WARN_S = 0.010
+LATE_WARN_FRACTION_OF_TTFT = 0.05
 
 
 @dataclass(frozen=True)
@@ -47,14 +49,18 @@ def _record_dict(record: RequestRecord) -> dict:
 
 def _warnings(summary: dict, run: RunOutcome) -> list[str]:
     warnings = []
-    late = summary["lateness_s"]
-    if late.get("count") and late["p99"] > LATE_WARN_S:
+    late, ttft_p50_s = summary["lateness_s"], summary["ttft_s"].get("p50", 0.0)
+    if late.get("count") and late["p99"] > max(LATE_WARN_S, LATE_WARN_FRACTION_OF_TTFT * ttft_p50_s):
         warnings.append(f"the client fell behind its schedule: send lateness P99 "
                         f"{late['p99'] * 1e3:.1f} ms, max {late['max'] * 1e3:.1f} ms; these figures "
                         f"include the client's own delay (lower the rate or move the client)")
     if not run.tokenizer.exact:
         warnings.append(f"prompt lengths are approximate: {run.tokenizer.source}; pass "
                         f"--tokenizer PATH/tokenizer.json for exact counts")
+    mismatched = sum(r.ok and r.prompt_tokens != r.expected_prompt_tokens for r in run.records)
+    if mismatched and run.tokenizer.exact and run.server.endpoint == "completions":
+        warnings.append(f"{mismatched} requests reached the server with another prompt token count "
+                        f"than planned (see expected_prompt_tokens in the records)")
     if run.builder.inexact_prompts:
         warnings.append(f"{run.builder.inexact_prompts} prompts could not be cut to their exact "
                         f"token count (the closest count was used)")

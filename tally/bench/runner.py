@@ -51,7 +51,8 @@ async def _send_tracked(state: RunState, pool: ConnectionPool, config: ClientCon
 
 def _record(request: PlannedRequest, prompt: Prompt, scheduled_s: float, phase: str) -> RequestRecord:
     return RequestRecord(id=request.id, phase=phase, scheduled_s=scheduled_s,
-                         prompt_tokens=prompt.tokens, expected_output_tokens=request.output_tokens,
+                         prompt_tokens=prompt.tokens, expected_prompt_tokens=prompt.tokens,
+                         expected_output_tokens=request.output_tokens,
                          warmup=phase == WARMUP)
 
 

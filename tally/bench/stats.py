@@ -12,6 +12,7 @@ from tally.bench.client import RequestRecord
 from tally.bench.units import parse_duration_s, parse_pairs
 from tally.errors import ConfigError
 
+DRAIN = "drain"
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 DEFINITIONS = {
     "TTFT": "request sent by the client (its arrival at the server) -> first output token "
@@ -23,7 +24,8 @@ DEFINITIONS = {
     "Goodput": "requests per second that met every SLO given (e.g. TTFT <= 2 s and TPOT <= 100 ms).",
     "Throughput": "successful requests (and their output tokens) per second of the measured window: "
                   "from the end of warmup to the end of the last measured request.",
-    "Lateness": "sent - scheduled: how far behind its own schedule the client was (open loop).",
+    "Lateness": "sent - scheduled: how far behind its own schedule the client was (open loop); "
+                "a P99 over 10 ms and over 5% of the TTFT P50 is reported as a warning.",
     "Errors": "failed requests by cause (http_<status>, timeout, disconnect, ...); never part of "
               "the latency statistics.",
 }
@@ -102,8 +104,12 @@ def summarize(records: list[RequestRecord], start_s: float, end_s: float | None 
 def phase_breakdown(records: list[RequestRecord], phases: list[Phase],
                     slo: Slo | None = None) -> list[dict]:
     """Per phase: latency, errors and goodput of the requests *scheduled* in it; throughput of
-    what *finished* within its time span (a burst's tail shows in the phase after it)."""
+    what *finished* within its time span (a burst's tail shows in the phase after it). A `drain`
+    row covers what finished after the schedule ended."""
     out = []
+    last_end_s = max((r.end_s for r in records if r.end_s is not None), default=0.0)
+    if phases and last_end_s > phases[-1].end_s:
+        phases = [*phases, Phase(DRAIN, None, phases[-1].end_s, last_end_s + 1e-9)]
     for phase in phases:
         mine = [r for r in records if r.phase == phase.name]
         summary = summarize(mine, phase.start_s, phase.end_s, slo)
@@ -113,6 +119,7 @@ def phase_breakdown(records: list[RequestRecord], phases: list[Phase],
             "requests_per_s": len(finished) / span_s,
             "output_tokens_per_s": sum(r.output_tokens for r in finished) / span_s}
         summary.update(name=phase.name, start_s=phase.start_s, end_s=phase.end_s,
-                       planned_rate_per_s=phase.rate_per_s, offered_rate_per_s=len(mine) / span_s)
+                       planned_rate_per_s=phase.rate_per_s,
+                       offered_rate_per_s=len(mine) / span_s)
         out.append(summary)
     return out
