@@ -1,0 +1,29 @@
+"""`tally serve` with no --model serves the built-in SmolLM2 and answers chat like the offline engine."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tally import LLM
+from tally.sampling_params import SamplingParams
+from tally.server.process import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}]
+ENGINE_ARGS = dict(max_model_len=1024, kv_cache_memory=64_000_000)
+
+
+def test_builtin_model_chat_matches_offline_greedy_streamed_and_not():
+    with ServerProcess(["--max-model-len", "1024", "--kv-cache-memory", "64MB"]) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
+        model = client.models.list().data[0].id
+        r = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=16, temperature=0)
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=model, messages=MESSAGES, max_tokens=16, temperature=0, stream=True) if c.choices)
+    plain = [MESSAGES[0], {"role": "user", "content": "What is the capital of France?"}]
+    expected = LLM(**ENGINE_ARGS).chat(plain, SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].text
+    assert r.choices[0].message.content == expected == streamed
+    assert "Paris" in expected
+    assert r.usage.completion_tokens <= 16 and r.usage.prompt_tokens > 10
