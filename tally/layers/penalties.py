@@ -17,6 +17,7 @@ from tally.sampling_params import SamplingParams
 @dataclass
 class PenaltyTensors:
     rows: torch.Tensor  # [P] batch rows with any penalty
+    row_list: list[int]  # the same on the host, to pick their outputs without a device sync
     repetition: torch.Tensor  # [P, 1]; 1 = off
     frequency: torch.Tensor  # [P, 1]; 0 = off
     presence: torch.Tensor  # [P, 1]; 0 = off
@@ -43,6 +44,7 @@ class PenaltyTensors:
         use_repetition = any(p.repetition_penalty != 1.0 for p in chosen)
         return cls(
             rows=torch.tensor(rows, dtype=torch.long, device=device),
+            row_list=rows,
             repetition=column("repetition_penalty"),
             frequency=column("frequency_penalty"),
             presence=column("presence_penalty"),
@@ -57,7 +59,7 @@ def apply_penalties(logits: torch.Tensor, t: PenaltyTensors, output_token_ids: l
     """vLLM order: repetition over prompt + output, then frequency and presence over output counts."""
     vocab = logits.shape[1]
     flat = logits.view(-1)
-    outputs = [output_token_ids[r] for r in t.rows.tolist()]
+    outputs = [output_token_ids[r] for r in t.row_list]
     fill = [o[0] if o else f for o, f in zip(outputs, t.prompt_fill)]
     out_ids, out_lens = pad_rows(outputs, fill, logits.device)
     base = t.rows[:, None] * vocab

@@ -1,0 +1,102 @@
+"""min-p, top-k and top-p on temperature-scaled logits, without sorting whole rows.
+
+top-k and top-p look at the row's most likely `num_candidates` tokens (one `topk`). When every
+row's kept tokens are among them, the sampler can race over the candidates alone; a row whose
+top-p nucleus is wider (a flat distribution) gets its cutoff by bisection instead of a full sort,
+which on CPU costs ~500 passes over the row."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Tokens this far below the top logit hold < 152k * e^-50 of the mass together: never in a nucleus.
+_NEGLIGIBLE_LOGIT_GAP = 50.0
+_FULL_ROW_STEPS = 8  # bisection steps over whole rows, narrowing the band to 50 / 2**8 ~ 0.2
+_BAND_STEPS = 18  # then over the band's tokens only, down to ~1e-6: a float32 ulp near 10
+
+
+@dataclass
+class Candidates:
+    values: torch.Tensor  # [S, K] logits, descending; -inf where top-k / top-p drop them
+    ids: torch.Tensor  # [S, K] their token ids
+    cutoff: torch.Tensor  # [S, 1] smallest kept logit of each row (-inf: no cut)
+    complete: bool  # every kept token of every row is among the candidates
+
+
+def apply_min_p(x: torch.Tensor, log_min_p: torch.Tensor) -> None:
+    """Keep p >= min_p * p_max, i.e. logit >= max_logit + log(min_p); log(0) = -inf keeps all."""
+    x.masked_fill_(x < x.amax(dim=-1, keepdim=True) + log_min_p, float("-inf"))
+
+
+def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_candidates: int) -> Candidates:
+    """Cutoffs per row (x is not modified); top_k = vocab and top_p = 1 mean off. Ties at a cutoff
+    stay, and top-p is taken from the top-k survivors, as in vLLM."""
+    vocab = x.shape[1]
+    k_on = top_k[:, None] < vocab
+    values, ids = x.topk(num_candidates, dim=-1)  # sorted, descending
+    kth = values.gather(1, (top_k.clamp(max=num_candidates) - 1)[:, None])
+    cutoff = torch.where(k_on, kth, float("-inf"))
+    # A row with neither filter keeps its whole row, so candidates cannot stand in for it.
+    complete = bool((k_on.squeeze(1) | (top_p < 1.0)).all())
+    if bool((top_p < 1.0).any()):
+        values = values.masked_fill(values < cutoff, float("-inf"))
+        # The top-k survivors are all candidates; a row without top-k needs its whole row's mass.
+        lse = torch.logsumexp(values, dim=-1, keepdim=True)
+        if not bool(k_on.all()):
+            lse = torch.where(k_on, lse, torch.logsumexp(x, dim=-1, keepdim=True))
+        p_cut, wider = _nucleus_cutoff(values, lse, top_p[:, None])
+        wider &= ~k_on.squeeze(1) & (num_candidates < vocab)
+        if bool(wider.any()):
+            idx = wider.nonzero().squeeze(1)
+            p_cut[idx] = _bisect_nucleus_cutoff(x[idx], lse[idx], top_p[idx, None], values[idx, -1:])
+            complete = False
+        cutoff = torch.maximum(cutoff, p_cut)
+    return Candidates(values.masked_fill(values < cutoff, float("-inf")), ids, cutoff, complete)
+
+
+def _nucleus_cutoff(
+    sorted_logits: torch.Tensor, lse: torch.Tensor, top_p: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """([S, 1] smallest kept logit, [S] nucleus may reach past these logits).
+
+    vLLM's rule: a token is kept while the mass of the tokens above it is below top_p, so the
+    most likely token always is."""
+    probs = (sorted_logits - lse).exp_()
+    kept = (probs.cumsum(dim=-1) - probs) < top_p
+    num_kept = kept.sum(dim=-1, keepdim=True).clamp_(min=1)
+    cutoff = torch.where(top_p >= 1.0, float("-inf"), sorted_logits.gather(1, num_kept - 1))
+    wider = (num_kept.squeeze(1) == sorted_logits.shape[1]) & (top_p.squeeze(1) < 1.0)
+    return cutoff, wider
+
+
+def _bisect_nucleus_cutoff(
+    x: torch.Tensor, lse: torch.Tensor, top_p: torch.Tensor, last_candidate: torch.Tensor
+) -> torch.Tensor:
+    """[S, 1] top-p cutoff of rows whose nucleus is wider than the candidates.
+
+    Bisects on the logit threshold (the mass at or above it falls as it rises), keeping the
+    invariant: mass(x >= lo) reaches top_p, mass(x >= hi) does not. A few steps over whole rows
+    narrow [lo, hi) to a band; the rest only touch the band's tokens. Tokens within ~1e-6 of
+    the exact cutoff may be kept with it."""
+    probs = (x - lse).exp_()
+    hi = torch.nextafter(last_candidate, torch.full_like(last_candidate, float("inf")))
+    lo = x.amax(dim=-1, keepdim=True) - _NEGLIGIBLE_LOGIT_GAP
+
+    def mass_at_or_above(threshold: torch.Tensor) -> torch.Tensor:
+        return torch.where(x >= threshold, probs, 0.0).sum(dim=-1, keepdim=True)
+
+    for _ in range(_FULL_ROW_STEPS):
+        mid = (lo + hi) / 2
+        reaches = mass_at_or_above(mid) >= top_p
+        lo, hi = torch.where(reaches, mid, lo), torch.where(reaches, hi, mid)
+    above_band = mass_at_or_above(hi).squeeze(1)
+    rows, cols = ((x >= lo) & (x < hi)).nonzero(as_tuple=True)
+    band_logits, band_probs = x[rows, cols], probs[rows, cols]
+    for _ in range(_BAND_STEPS):
+        mid = (lo + hi) / 2
+        in_band = torch.where(band_logits >= mid[rows, 0], band_probs, 0.0)
+        mass = above_band.index_add(0, rows, in_band)[:, None]
+        reaches = mass >= top_p
+        lo, hi = torch.where(reaches, mid, lo), torch.where(reaches, hi, mid)
+    return lo
