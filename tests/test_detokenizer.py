@@ -15,9 +15,12 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_llama):
-    return transformers.AutoTokenizer.from_pretrained(tiny_llama)
+@pytest.fixture(scope="module", params=["rust_decode", "transformers_decode"])
+def tokenizer(tiny_llama, request):
+    tok = transformers.AutoTokenizer.from_pretrained(tiny_llama)
+    # With clean-up on, the detokenizer goes through tokenizer.decode instead of the Rust decoder.
+    tok.clean_up_tokenization_spaces = request.param == "transformers_decode"
+    return tok
 
 
 def stream(tokenizer, ids, chunk_sizes=None, **kwargs):
