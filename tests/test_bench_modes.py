@@ -10,6 +10,9 @@ import pytest
 from bench_servers import serve
 
 from tally.bench.benchmark import BenchConfig, run_benchmark
+from tally.bench.client import RequestRecord
+from tally.bench.progress import progress_line
+from tally.bench.runner import RunState
 from tally.bench.cli import main
 from tally.bench.lengths import FixedLengths
 from tally.bench.workload import WorkloadConfig
@@ -71,3 +74,13 @@ def test_fit_prints_parameters_usable_as_lengths(capsys):
 def test_bad_command_lines_say_what_to_fix(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_progress_line_shows_sent_done_in_flight_and_failures():
+    state = RunState(expected=10, end_s=5.0)
+    state.records = [RequestRecord(i, "p", 0.0, 8, 8, 4, sent_s=0.0, first_token_s=0.25,
+                                   last_token_s=0.5, end_s=0.5) for i in range(3)]
+    state.records[2].error, state.done, state.failed = "http_503", 2, 1
+    line = progress_line(state).plain
+    assert "sent 3/10" in line and "done 2" in line and "in flight 1" in line
+    assert "failed 1" in line and "250.0ms" in line

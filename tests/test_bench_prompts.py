@@ -8,9 +8,12 @@ import random
 import pytest
 from bench_servers import serve
 
+from tally.bench.feed import PromptFeed, PromptPreparationError
+from tally.bench.lengths import FixedLengths
 from tally.bench.prompts import CORPUS_PATH, PromptBuilder
 from tally.bench.tokenizer import ApproxTokenizer, LocalTokenizer, server_tokenizer
 from tally.bench.wire import ConnectionPool
+from tally.bench.workload import RequestPlanner, WorkloadConfig
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ async def _check_exact(tokenizer, n: int, corpus=CORPUS_PATH) -> None:
     await builder.set_system_prompt(64)
     assert builder.system_tokens == 64
     items = _items(n)
-    prompts = await builder.build_many(items)
+    prompts = await asyncio.gather(*(builder.build(*item) for item in items))
     text = corpus.read_text()
     for (tokens, _, shared), prompt in zip(items, prompts):
         want = tokens + (64 if shared else 0)
@@ -91,3 +94,42 @@ def test_approximate_tokenizer_is_labelled_inexact(small_corpus):
     tokenizer = ApproxTokenizer()
     assert not tokenizer.exact and "approx" in tokenizer.source
     asyncio.run(_check_exact(tokenizer, 20, small_corpus))
+
+
+def _planned(n: int) -> list:
+    planner = RequestPlanner(WorkloadConfig(FixedLengths(20, 4), None, concurrency=1,
+                                            max_requests=n))
+    return [planner.request(i, "") for i in range(n)]
+
+
+def test_feed_builds_prompts_ahead_in_order_with_a_bounded_lead(small_corpus):
+    async def main() -> None:
+        builder = await PromptBuilder.create(ApproxTokenizer(), small_corpus)
+        feed = PromptFeed(builder, _planned(50), ahead=8)
+        await feed.start(ready=5)
+        await asyncio.sleep(0.05)
+        assert len(feed._futures) <= 8  # never more than `ahead` prompts held
+        prompts = [await feed.get(i) for i in range(50)]
+        assert all(p.tokens == 20 for p in prompts)
+        await feed.close()
+        short = PromptFeed(builder, _planned(3))
+        await short.start(ready=10)  # fewer requests than asked for: returns, no hang
+        assert [(await short.get(i)).tokens for i in range(3)] == [20, 20, 20]
+        await short.close()
+
+    asyncio.run(main())
+
+
+def test_feed_reports_a_failed_prompt_build_before_the_run_starts(small_corpus):
+    class BrokenTokenizer(ApproxTokenizer):
+        async def decode(self, ids):
+            raise ConnectionError("tokenizer went away")
+
+    async def main() -> None:
+        builder = await PromptBuilder.create(BrokenTokenizer(), small_corpus)
+        feed = PromptFeed(builder, _planned(4))
+        with pytest.raises(PromptPreparationError, match="request 0"):
+            await feed.start(ready=4)
+        await feed.close()
+
+    asyncio.run(main())

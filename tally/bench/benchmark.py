@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -14,7 +15,8 @@ import httpx
 from tally.bench.arrivals import Phase
 from tally.bench.client import ClientConfig, RequestRecord
 from tally.bench.progress import show_progress
-from tally.bench.prompts import Prompt, PromptBuilder
+from tally.bench.feed import AHEAD, PromptFeed
+from tally.bench.prompts import PromptBuilder
 from tally.bench.report_json import RunOutcome, build_result
 from tally.bench.runner import RunState, run_closed_loop, run_open_loop
 from tally.bench.scrape import scrape
@@ -23,7 +25,7 @@ from tally.bench.soak import sample_loop
 from tally.bench.stats import Slo
 from tally.bench.tokenizer import ApproxTokenizer, LocalTokenizer, Tokenizer, server_tokenizer
 from tally.bench.wire import ConnectionPool
-from tally.bench.workload import PlannedRequest, RequestPlanner, WorkloadConfig
+from tally.bench.workload import RequestPlanner, WorkloadConfig
 
 
 @dataclass(frozen=True)
@@ -57,25 +59,25 @@ async def _send(cfg: BenchConfig, state: RunState, pool: ConnectionPool, client:
                 planner: RequestPlanner,
                 builder: PromptBuilder) -> tuple[list[RequestRecord], list[Phase]]:
     wl = planner.config
-
-    async def prompt_for(request: PlannedRequest) -> Prompt:
-        return await builder.build(request.prompt_tokens, request.corpus_start, request.shared_prefix)
-
-    def items(requests: list[PlannedRequest]) -> list[tuple[int, int, bool]]:
-        return [(r.prompt_tokens, r.corpus_start, r.shared_prefix) for r in requests]
-
     if wl.arrivals is None:
-        if wl.max_requests is not None:  # known ahead: cut the prompts before the clock starts
-            count = wl.max_requests + wl.concurrency
-            _status(f"preparing {count} prompts ({builder.tokenizer.source})", cfg)
-            await builder.build_many(items([planner.request(i, "") for i in range(count)]))
-        return await run_closed_loop(state, pool, client, wl.concurrency,
-                                     lambda i: planner.request(i, ""), prompt_for, wl.warmup_s,
-                                     wl.duration_s, wl.max_requests)
-    requests, phases = planner.open_loop()
-    _status(f"preparing {len(requests)} prompts ({builder.tokenizer.source})", cfg)
-    prompts = await builder.build_many(items(requests))
-    return await run_open_loop(state, pool, client, requests, prompts), phases
+        requests = None
+        feed = PromptFeed(builder, (planner.request(i, "") for i in itertools.count()))
+        ready = (wl.max_requests + wl.concurrency) if wl.max_requests is not None else AHEAD
+    else:
+        requests, phases = planner.open_loop()
+        feed = PromptFeed(builder, requests)
+        ready = len(requests)
+    ready = min(ready, AHEAD)
+    _status(f"preparing {ready} prompts ({builder.tokenizer.source})", cfg)
+    try:
+        await feed.start(ready)
+        if requests is None:
+            return await run_closed_loop(state, pool, client, wl.concurrency,
+                                         lambda i: planner.request(i, ""), feed, wl.warmup_s,
+                                         wl.duration_s, wl.max_requests)
+        return await run_open_loop(state, pool, client, requests, feed), phases
+    finally:
+        await feed.close()
 
 
 async def _stop(tasks: list[asyncio.Task]) -> None:

@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except TallyError as exc:
         print(f"tally bench: {exc.message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("tally bench: interrupted; no report written", file=sys.stderr)
+        return 130
     from tally.bench.report_text import print_report
     print_report(result)
     if args.out:

@@ -3,7 +3,6 @@ token count with the server's tokenizer: a slice of the tokenized corpus is deco
 and its length corrected until the count is exact (usually the first try)."""
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +43,6 @@ class PromptBuilder:
         self.system_tokens = 0
         self._system_prefix_tokens = 0  # system prompt + separator, as a prefix
         self.inexact_prompts = 0  # prompts whose exact count could not be reached
-        self._cache: dict[tuple[int, int, bool], Prompt] = {}
 
     @classmethod
     async def create(cls, tokenizer: Tokenizer, corpus_path: Path = CORPUS_PATH) -> PromptBuilder:
@@ -97,26 +95,10 @@ class PromptBuilder:
     async def build(self, user_tokens: int, start: int, shared_prefix: bool) -> Prompt:
         """A prompt of `user_tokens` tokens, or `system_tokens + user_tokens` when it carries the
         shared system prompt; `start` picks where in the corpus its own text begins."""
-        key = (user_tokens, start, shared_prefix)
-        if key not in self._cache:
-            if shared_prefix and self.system_text is not None:
-                prefix = self.system_text + SYSTEM_SEPARATOR
-                text, tokens = await self._cut(start, self.system_tokens + user_tokens, prefix,
-                                               self._system_prefix_tokens)
-                self._cache[key] = Prompt(text, self.system_text, text[len(prefix):], tokens)
-            else:
-                text, tokens = await self._cut(start, user_tokens)
-                self._cache[key] = Prompt(text, None, text, tokens)
-        return self._cache[key]
-
-    async def build_many(self, items: list[tuple[int, int, bool]],
-                         parallel: int = 16) -> list[Prompt]:
-        """`build` for many (user_tokens, start, shared_prefix) at once, `parallel` at a time
-        (a server tokenizer is asked over HTTP)."""
-        gate = asyncio.Semaphore(parallel)
-
-        async def one(item: tuple[int, int, bool]) -> Prompt:
-            async with gate:
-                return await self.build(*item)
-
-        return list(await asyncio.gather(*(one(item) for item in items)))
+        if shared_prefix and self.system_text is not None:
+            prefix = self.system_text + SYSTEM_SEPARATOR
+            text, tokens = await self._cut(start, self.system_tokens + user_tokens, prefix,
+                                           self._system_prefix_tokens)
+            return Prompt(text, self.system_text, text[len(prefix):], tokens)
+        text, tokens = await self._cut(start, user_tokens)
+        return Prompt(text, None, text, tokens)

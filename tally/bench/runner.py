@@ -7,16 +7,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tally.bench.arrivals import WARMUP, Phase
 from tally.bench.client import ClientConfig, RequestRecord, send
+from tally.bench.feed import PromptFeed
 from tally.bench.prompts import Prompt
 from tally.bench.wire import ConnectionPool
 from tally.bench.workload import CLOSED_PHASE, PlannedRequest
-
-PromptFor = Callable[[PlannedRequest], Awaitable[Prompt]]
 
 
 @dataclass
@@ -57,12 +56,13 @@ def _record(request: PlannedRequest, prompt: Prompt, scheduled_s: float, phase: 
 
 
 async def run_open_loop(state: RunState, pool: ConnectionPool, config: ClientConfig,
-                        requests: list[PlannedRequest], prompts: list[Prompt]) -> list[RequestRecord]:
+                        requests: list[PlannedRequest], feed: PromptFeed) -> list[RequestRecord]:
     state.expected = len(requests)
     state.end_s = requests[-1].scheduled_s if requests else 0.0
     state.t0 = time.perf_counter()
     tasks = []
-    for request, prompt in zip(requests, prompts):
+    for request in requests:
+        prompt = await feed.get(request.id)  # normally built long ago; waiting shows as lateness
         wait_s = request.scheduled_s - (time.perf_counter() - state.t0)
         # sleep(0) when behind still lets started requests read their streams
         await asyncio.sleep(max(wait_s, 0.0))
@@ -73,7 +73,7 @@ async def run_open_loop(state: RunState, pool: ConnectionPool, config: ClientCon
 
 async def run_closed_loop(state: RunState, pool: ConnectionPool, config: ClientConfig,
                           concurrency: int, plan: Callable[[int], PlannedRequest],
-                          prompt_for: PromptFor, warmup_s: float, duration_s: float | None,
+                          feed: PromptFeed, warmup_s: float, duration_s: float | None,
                           max_requests: int | None) -> tuple[list[RequestRecord], list[Phase]]:
     """Workers stop taking new requests after warmup + duration, or after `max_requests`
     measured requests were started; requests in flight are always finished."""
@@ -93,7 +93,7 @@ async def run_closed_loop(state: RunState, pool: ConnectionPool, config: ClientC
             request = plan(next(ids))
             phase = WARMUP if state.now_s() < warmup_s else CLOSED_PHASE
             measured_started += phase != WARMUP
-            prompt = await prompt_for(request)
+            prompt = await feed.get(request.id)
             record = _record(request, prompt, state.now_s(), phase)
             await _send_tracked(state, pool, config, record, prompt)
 
