@@ -76,7 +76,8 @@ class SamplingParams:
             lowest = 0 if self.prompt_logprobs is not None else 1
             _check(
                 self.max_tokens >= lowest, "max_tokens",
-                f"max_tokens must be at least 1 (0 only together with prompt_logprobs), got {self.max_tokens}",
+                "max_tokens must be at least 1 (0 only together with prompt_logprobs), "
+                f"got {self.max_tokens}",
             )
         _check(self.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
         _check(

@@ -52,7 +52,8 @@ def test_pushing_several_tokens_at_once_gives_the_same_text(tokenizer):
 
 @pytest.mark.parametrize("skip", [True, False])
 def test_special_tokens_follow_skip_special_tokens(tokenizer, skip):
-    ids = tokenizer.encode("Hi 🙂") + [tokenizer.convert_tokens_to_ids("<|im_end|>")] + tokenizer.encode(" ok")
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = tokenizer.encode("Hi 🙂") + [im_end] + tokenizer.encode(" ok")
     detok, deltas = stream(tokenizer, ids, skip_special_tokens=skip)
     assert "".join(deltas) == tokenizer.decode(ids, skip_special_tokens=skip)
     assert ("<|im_end|>" in detok.text) is not skip

@@ -8,7 +8,8 @@ from tally.engine.detokenizer import IncrementalDetokenizer
 from tally.engine.stop import StopChecker, StopStringStream
 
 
-def run_stream(stop: list[str], deltas: list[str], include: bool = False) -> tuple[StopStringStream, list[str]]:
+def run_stream(stop: list[str], deltas: list[str], include: bool = False):
+    """Push deltas until a stop string ends the output; returns (stream, pieces sent)."""
     s = StopStringStream(StopChecker(stop, include))
     sent = []
     for d in deltas:

@@ -75,7 +75,8 @@ def test_seeded_row_samples_the_same_alone_or_in_a_mixed_batch(chunk_rows, monke
     assert other_seed != alone
 
 
-def sample_many(logits_row: torch.Tensor, params: SamplingParams, rows: int = 256, rounds: int = 4) -> set[int]:
+def sample_many(logits_row: torch.Tensor, params: SamplingParams, rows: int = 256, rounds: int = 4):
+    """The set of tokens drawn from one distribution, rows x rounds times."""
     logits = logits_row.expand(rows, -1).contiguous()
     sampler, inp = Sampler(), make_input([params] * rows)
     return {t for _ in range(rounds) for t in sampler(logits, inp).token_ids.tolist()}

@@ -114,16 +114,23 @@ class Sampler:
         return _race(x, self._uniform_noise(t, rows, generators, x))
 
     def _uniform_noise(
-        self, t: SamplingTensors, rows: slice, generators: list, like: torch.Tensor, ids: torch.Tensor | None = None
+        self,
+        t: SamplingTensors,
+        rows: slice,
+        generators: list[torch.Generator | None],
+        like: torch.Tensor,
+        ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """U(0, 1) noise for random rows[rows], over the vocabulary or at candidate `ids` only.
 
         Rows without a generator share one draw. A seeded row always draws a whole vocabulary
         row from its own generator, so each token sees the same number whatever the batch, and
         racing over candidates picks what racing over the whole row would have."""
-        vocab = like.shape[1]
         n = rows.stop - rows.start
-        noise = self._buffer("noise", n, like) if ids is None else self._buffer("noise_ids", n, like, ids.shape[1])
+        if ids is None:
+            noise = self._buffer("noise", n, like)
+        else:
+            noise = self._buffer("noise_ids", n, like, ids.shape[1])
         num_shared = t.random_rows.numel() - len(t.seeded_rows)
         if rows.start < num_shared:
             noise[: min(rows.stop, num_shared) - rows.start].uniform_()
