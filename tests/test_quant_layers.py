@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tally.errors import ConfigError
+from tally.quant import base, dispatch
 from tally.quant.dispatch import NEVER
 from tally.quant.int4 import Int4Linear
 from tally.quant.int8 import Int8Linear
@@ -13,6 +14,12 @@ from tally.quant.linear import make_linear
 from tally.quant.rtn import dequantize_int4, dequantize_int8, quantize_int4_groupwise, quantize_int8_per_channel
 
 FEW, MANY = "few", "many"
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    """Tiles of a few rows, so the many-token path's tiling (and its last, partial tile) is exercised."""
+    monkeypatch.setattr(base, "TILE_BYTES", 8192)
 
 
 def force(layer, path: str):
@@ -70,15 +77,28 @@ def test_rtn_quantizers_stay_within_half_a_step():
     assert ((dequantize_int4(q4, s4, z4, 32) - w).abs() <= step / 2 + 1e-6).all()
 
 
+@pytest.mark.parametrize("fast_bf16", [True, False])
 @pytest.mark.parametrize("scheme,tol", [("int8", 1e-2), ("int4", 5e-3), ("w8a8", 2e-2)])
-def test_batch_size_dispatch_gives_the_same_rows_on_both_paths(scheme, tol):
+def test_batch_size_dispatch_gives_the_same_rows_on_both_paths(scheme, tol, fast_bf16, monkeypatch):
+    # The many-token path multiplies in bf16 or fp32 depending on the CPU; both variants are checked here.
+    monkeypatch.setattr(dispatch, "fast_bf16_matmul", lambda: fast_bf16)
     w, b = weights(128, 256)
     layer = make_linear(w, b, scheme=scheme, compute_dtype=torch.bfloat16, group_size=64)
     x = acts(64, 256).bfloat16()
-    assert layer.many_tokens_from <= 64
-    batched = layer(x)  # the many-token kernel
-    alone = torch.cat([layer(x[i:i + 1]) for i in range(4)])  # the few-token kernel
-    assert rel_err(batched[:4], alone.float()) < tol
+    many = force(layer, MANY)(x)
+    few = force(layer, FEW)(x)
+    assert rel_err(many, few.float()) < tol
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4", "w8a8"])
+def test_dispatch_takes_the_many_token_path_from_its_threshold(scheme):
+    w, b = weights(64, 128)
+    layer = make_linear(w, b, scheme=scheme, compute_dtype=torch.bfloat16, group_size=32)
+    below, at = acts(3, 128).bfloat16(), acts(4, 128).bfloat16()
+    layer.many_tokens_from = 4
+    dispatched = layer(below), layer(at)
+    assert torch.equal(dispatched[0], force(layer, FEW)(below))
+    assert torch.equal(dispatched[1], force(layer, MANY)(at))
 
 
 def test_none_scheme_is_dense_in_the_compute_dtype():

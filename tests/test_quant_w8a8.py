@@ -4,11 +4,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tally.quant import base, w8a8
 from tally.quant.dispatch import NEVER
 from tally.quant.smooth import fold_smoothing_into_norm, smooth_scales
 from tally.quant.w8a8 import W8A8Linear, quantize_per_token
 
 K, N, M = 512, 256, 64
+
+
+@pytest.fixture(autouse=True)
+def small_tiles(monkeypatch):
+    """Tiles of a few rows, so the many-token path's tiling (and its last, partial tile) is exercised."""
+    monkeypatch.setattr(base, "TILE_BYTES", 8192)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -58,6 +65,18 @@ def test_smoothing_folded_into_the_norm_matches_smoothing_in_the_layer(outlier_c
     inline = int_mm_layer(w, torch.float32, smooth=smooth)
     torch.testing.assert_close(folded(hidden * fold_smoothing_into_norm(norm_weight, smooth)),
                                inline(hidden * norm_weight), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int_mm_and_its_fp32_stand_in_agree(outlier_case, dtype, monkeypatch):
+    """Where the CPU has no VNNI the layer multiplies the same int8 operands in fp32 instead of `_int_mm`."""
+    w, x = outlier_case
+    layer = int_mm_layer(w, dtype)
+    outputs = []
+    for vnni in (True, False):
+        monkeypatch.setattr(w8a8, "fast_int8_matmul", lambda vnni=vnni: vnni)
+        outputs.append(layer(x[:8].to(dtype)).float())
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
 
 
 def test_few_token_path_uses_the_same_smoothed_weight(outlier_case):

@@ -2,8 +2,16 @@
 between a few-token kernel (weight-only, bandwidth-bound decode) and a many-token kernel (compute-bound prefill)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+
+# Dequantized weight per tile of the many-token path. Tiling keeps the dequantized rows in cache between the
+# write and the matmul, and bounds the per-call copy to this size instead of the whole weight in fp32 (4x an
+# int8 layer). Measured 1 thread, fp32 tiles: lm_head 576x49152 at M=1 143 ms whole vs 10.5 ms in 4 MiB tiles;
+# 896x4864 1.59 vs 0.87 ms; at M=64 19.3 vs 15.8 ms.
+TILE_BYTES = 4 << 20
 
 
 class QuantLinear(nn.Module):
@@ -38,6 +46,19 @@ class QuantLinear(nn.Module):
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def _tiled_matmul(self, x: torch.Tensor, dtype: torch.dtype,
+                      weight_t: Callable[[int, int], torch.Tensor], align: int = 1) -> torch.Tensor:
+        """x @ W^T, with W^T produced `align`-multiple column tiles at a time by weight_t(n0, n1) -> [K, n1 - n0]
+        (any strides) in `dtype`; the result is [M, n_total] in `dtype`, n_total = the rows weight_t covers."""
+        n_total = -(-self.out_features // align) * align
+        tile = max(align, TILE_BYTES // (self.in_features * torch.finfo(dtype).bits // 8) // align * align)
+        x = x.to(dtype)
+        out = torch.empty(x.shape[0], n_total, dtype=dtype, device=x.device)
+        for n0 in range(0, n_total, tile):
+            n1 = min(n0 + tile, n_total)
+            out[:, n0:n1] = x @ weight_t(n0, n1)
+        return out
 
     def weight_nbytes(self) -> int:
         """Bytes this layer holds for its weight (bias excluded): what the memory ledger should charge."""

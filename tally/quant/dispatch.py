@@ -1,25 +1,59 @@
-"""Which kernel serves how many tokens: the row count from which each layer kind leaves its few-token kernel.
+"""Which kernel serves how many tokens, and in which dtype the many-token path multiplies.
 
-PLACEHOLDER values until bench/quant_kernels.py has been run on this machine.
+Each quantized layer has a few-token kernel (weight-only, reads 1 or 0.5 byte per weight: wins while decode is
+bound by memory bandwidth) and a many-token path (dequantize for the call, one dense matmul: wins once the work
+is compute-bound). The crossover depends on what the CPU computes fast:
+- without AVX-512 BF16 / AMX, oneDNN's bf16 matmul is an emulation up to 20x slower than fp32, so the many-token
+  path multiplies in fp32 and casts the result back to the compute dtype;
+- without VNNI, `torch._int_mm` is a scalar fallback (~70x slower than fp32 here), so W8A8 multiplies its int8
+  operands as fp32 (the same integers, the same scales).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
 NEVER = 1 << 62  # a threshold no batch reaches: the few-token kernel serves every batch size
 
-_MANY_TOKENS_FROM: dict[tuple[str, torch.dtype], int] = {
-    ("int8", torch.bfloat16): 16,
-    ("int4", torch.bfloat16): 16,
-    ("w8a8", torch.bfloat16): 8,
-    ("q8_0", torch.bfloat16): 8,
-    ("int8", torch.float32): 1,
-    ("int4", torch.float32): 1,
-    ("w8a8", torch.float32): 1,
-    ("q8_0", torch.float32): 1,
-}
+
+def _cpu_has(feature: str) -> bool:
+    probe = getattr(torch.cpu, f"_is_{feature}_supported", None)  # private torch API; absent means unknown
+    return bool(probe and probe())
+
+
+@functools.cache
+def fast_bf16_matmul() -> bool:
+    return _cpu_has("avx512_bf16") or _cpu_has("amx_tile")
+
+
+@functools.cache
+def fast_int8_matmul() -> bool:
+    return _cpu_has("vnni") or _cpu_has("amx_tile")
+
+
+def matmul_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the many-token path multiplies in (results are cast back to compute_dtype)."""
+    if compute_dtype == torch.bfloat16 and not fast_bf16_matmul():
+        return torch.float32
+    return compute_dtype
+
+
+# First row count on the many-token path, bf16 compute. Measured on a 2-core AMD EPYC without AVX-512
+# (AVX2 only) with `python bench/quant_kernels.py --threads 2` (table in docs/benchmarks.md): PLACEHOLDER.
+_AVX2_BF16 = {"int8": 16, "int4": 16, "w8a8": 16, "q8_0": 8}
+# AVX-512 BF16 + VNNI hosts: from the kernel table in MACHINE.md (896x4864, 2 threads): weight-only kernels beat
+# bf16 at M=1 (0.13 vs 0.27 ms) and lose by M=8-32; `_int_mm` beats the int8 kernel from M=8 (0.26 vs 0.48 ms).
+_AVX512_BF16 = {"int8": 8, "int4": 8, "w8a8": 8, "q8_0": 8}
+# fp32 compute: the weight-only kernels are slow reference paths in fp32 (0.75 ms vs 0.03 ms in bf16 for
+# 576x1536), so dequantize-and-matmul serves every batch.
+_FP32 = {"int8": 1, "int4": 1, "w8a8": 1, "q8_0": 1}
 
 
 def many_tokens_from(kind: str, compute_dtype: torch.dtype) -> int:
-    """Unmeasured dtypes (fp16) get the dense path always: the CPU weight-only kernels are not fast there."""
-    return _MANY_TOKENS_FROM.get((kind, compute_dtype), 1)
+    """fp16 and other dtypes get the dense path always: the CPU weight-only kernels are not fast there."""
+    if compute_dtype == torch.bfloat16:
+        return (_AVX512_BF16 if fast_bf16_matmul() else _AVX2_BF16)[kind]
+    if compute_dtype == torch.float32:
+        return _FP32[kind]
+    return 1

@@ -4,15 +4,15 @@ Kept exactly as stored — no requantization — at 1 + 4/32 bytes per weight (s
 that rounds the fp16 block scales to 8 mantissa bits, the precision bf16 compute has anyway; in fp32 exact).
 Few tokens: the weight-only int8 kernel once per block column, each with that column's scales as its per-channel
 scales, partial sums added in fp32 (K/32 kernel calls; q is stored block-major so each call reads contiguous
-bytes). Many tokens: dequantize to the compute dtype for one dense matmul; the copy lives only for the call.
+bytes). Many tokens: dequantize to the matmul dtype (dispatch.py) tile by tile for a dense matmul; a tile lives only
+for the call.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from tally.quant.base import QuantLinear
-from tally.quant.dispatch import many_tokens_from
+from tally.quant.dispatch import many_tokens_from, matmul_dtype
 
 BLOCK = 32
 
@@ -38,5 +38,11 @@ class GroupInt8Linear(QuantLinear):
         return acc.to(self.compute_dtype)
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.q_blocks.to(self.compute_dtype).mul_(self.block_scale[..., None])  # [K/32, N, 32]
-        return F.linear(x, w.transpose(0, 1).reshape(self.out_features, self.in_features))
+        dtype = matmul_dtype(self.compute_dtype)
+        return self._tiled_matmul(x, dtype, lambda n0, n1: self._dequantized_t(n0, n1, dtype)).to(self.compute_dtype)
+
+    def _dequantized_t(self, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
+        w = torch.empty(n1 - n0, self.in_features // BLOCK, BLOCK, dtype=dtype, device=self.q_blocks.device)
+        w.copy_(self.q_blocks[:, n0:n1].transpose(0, 1))
+        w.mul_(self.block_scale[:, n0:n1].t()[..., None])
+        return w.view(n1 - n0, self.in_features).t()

@@ -5,7 +5,7 @@ Holds the kernel-packed weight (0.5 byte per weight) and scales_and_zeros [K/gro
 block (zero scale and zero, sliced off) when out_features is not a multiple of it.
 
 Few tokens: `torch._weight_int4pack_mm_for_cpu`. Many tokens: the packed bytes are unpacked and dequantized to the
-compute dtype for one dense matmul; that copy lives only for the call.
+matmul dtype (dispatch.py) tile by tile for a dense matmul; a tile lives only for the call.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from tally.quant import int4pack
 from tally.quant.base import QuantLinear
-from tally.quant.dispatch import NEVER, many_tokens_from
+from tally.quant.dispatch import NEVER, many_tokens_from, matmul_dtype
 from tally.quant.rtn import quantize_int4_groupwise
 
 
@@ -52,15 +52,17 @@ class Int4Linear(QuantLinear):
         return self._trim(y)
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        n_padded = self.packed.shape[0]
-        groups = self.in_features // self.group_size
-        blocks = (n_padded // self.block_n, self.block_n)
-        q_t = int4pack.unpack_transposed(self.packed, n_padded, self.block_n)  # [K, NB, BN]
-        q_t = q_t.unflatten(0, (groups, self.group_size))  # a view: no copy before the one fused pass below
-        scale = self.scales_and_zeros[..., 0].float()
+        dtype = matmul_dtype(self.compute_dtype)
+        y = self._tiled_matmul(x, dtype, lambda n0, n1: self._dequantized_t(n0, n1, dtype), align=self.block_n)
+        return self._trim(y.to(self.compute_dtype))
+
+    def _dequantized_t(self, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
+        """W^T [K, n1 - n0] in `dtype` for rows n0..n1 (whole kernel blocks) of the padded weight."""
+        groups, blocks = self.in_features // self.group_size, ((n1 - n0) // self.block_n, self.block_n)
+        w_t = int4pack.unpack_transposed(self.packed[n0:n1], n1 - n0, self.block_n, dtype)  # q as [K, NB, BN]
+        grouped = w_t.view(groups, self.group_size, *blocks)
+        scale = self.scales_and_zeros[:, n0:n1, 0].float()
         # (q - 8) * scale + zero == q * scale + (zero - 8 * scale); the fold is done in fp32, rounded once.
-        offset = (self.scales_and_zeros[..., 1].float() - 8.0 * scale).to(self.compute_dtype)
-        w_t = torch.empty(self.in_features, n_padded, dtype=self.compute_dtype, device=x.device)
-        torch.addcmul(offset.view(groups, 1, *blocks), q_t, scale.to(self.compute_dtype).view(groups, 1, *blocks),
-                      out=w_t.view(q_t.shape))  # `out` pins the [K, N] row-major layout the matmul wants
-        return self._trim(x @ w_t)
+        offset = (self.scales_and_zeros[:, n0:n1, 1].float() - 8.0 * scale).to(dtype)
+        torch.addcmul(offset.view(groups, 1, *blocks), grouped, scale.to(dtype).view(groups, 1, *blocks), out=grouped)
+        return w_t.view(self.in_features, n1 - n0)

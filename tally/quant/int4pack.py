@@ -22,7 +22,7 @@ def kernel_block_n() -> int | None:
     q = torch.randint(0, 16, (128, 64), dtype=torch.int32, generator=gen)
     packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
     for block_n in (64, 32):
-        if torch.equal(unpack_transposed(packed, 128, block_n).reshape(64, 128).int(), q.t()):
+        if torch.equal(unpack_transposed(packed, 128, block_n, torch.int32).reshape(64, 128), q.t()):
             return block_n
     return None
 
@@ -38,8 +38,13 @@ def pack(q: torch.Tensor) -> torch.Tensor:
     return torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
 
 
-def unpack_transposed(packed: torch.Tensor, n_rows: int, block_n: int) -> torch.Tensor:
-    """Packed [N, K/2] -> q uint8 as [K, N/block_n, block_n], i.e. W^T in row order (a fresh tensor)."""
+def unpack_transposed(packed: torch.Tensor, n_rows: int, block_n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Packed [N, K/2] -> q as a fresh contiguous [K, N/block_n, block_n] in `dtype`: W^T in row order.
+    Each nibble half is converted straight into its place (a uint8 intermediate fed to a float op would be
+    promoted through a slow strided copy)."""
     k = packed.numel() * 2 // n_rows
     blocks = packed.view(n_rows // block_n, k, block_n // 2)
-    return torch.cat([blocks & 15, blocks >> 4], dim=-1).transpose(0, 1)
+    out = torch.empty(k, n_rows // block_n, block_n, dtype=dtype, device=packed.device)
+    out[..., :block_n // 2].copy_((blocks & 15).transpose(0, 1))
+    out[..., block_n // 2:].copy_((blocks >> 4).transpose(0, 1))
+    return out

@@ -1,17 +1,16 @@
 """Weight-only int8, symmetric per output channel: y = (x @ q^T) * scale.
 
 Holds q int8 [N, K] and scale [N] in the compute dtype (the CPU kernel wants the scale in the activation dtype):
-1 byte per weight. Few tokens: `torch._weight_int8pack_mm`. Many tokens: q is converted to the compute dtype for
-one dense matmul and the per-channel scale is applied to the output — the same arithmetic, so both paths agree
-to rounding; the converted copy lives only for the call.
+1 byte per weight. Few tokens: `torch._weight_int8pack_mm`. Many tokens: q is converted to the matmul dtype
+(see dispatch.py) tile by tile for a dense matmul and the per-channel scale is applied to the output — the same
+arithmetic, so both paths agree to rounding; the converted tile lives only for the call.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from tally.quant.base import QuantLinear
-from tally.quant.dispatch import many_tokens_from
+from tally.quant.dispatch import many_tokens_from, matmul_dtype
 from tally.quant.rtn import quantize_int8_per_channel
 
 
@@ -40,4 +39,6 @@ class Int8Linear(QuantLinear):
         return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight_int8.to(self.compute_dtype)).mul_(self.scale)
+        dtype = matmul_dtype(self.compute_dtype)
+        y = self._tiled_matmul(x, dtype, lambda n0, n1: self.weight_int8[n0:n1].to(dtype).t())
+        return y.mul_(self.scale).to(self.compute_dtype)

@@ -5,12 +5,14 @@ Optionally SmoothQuant-smoothed: the weight holds W·s and the activations must 
 with `smoothing_folded=True`; otherwise it divides by s itself (one extra elementwise op per call, K floats kept).
 
 Few tokens take the weight-only int8 kernel on the same int8 weight (faster there, and no activation rounding);
-many tokens take `_int_mm`. Memory: 1 byte per weight plus two [N] scale vectors (compute dtype, fp32).
+many tokens take `_int_mm` (or its fp32 equivalent where the CPU has no VNNI). Memory: 1 byte per weight plus
+two [N] scale vectors (compute dtype, fp32).
 """
 from __future__ import annotations
 
 import torch
 
+from tally.quant.dispatch import fast_int8_matmul
 from tally.quant.int8 import Int8Linear
 from tally.quant.rtn import quantize_int8_per_channel
 
@@ -48,5 +50,8 @@ class W8A8Linear(Int8Linear):
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
         xq, act_scale = quantize_per_token(x)
-        acc = torch._int_mm(xq, self.weight_int8.t())
-        return acc.float().mul_(act_scale).mul_(self.scale_fp32).to(self.compute_dtype)
+        if fast_int8_matmul():
+            acc = torch._int_mm(xq, self.weight_int8.t()).float()
+        else:  # the same integer products in fp32: exact up to fp32's 24-bit sums
+            acc = self._tiled_matmul(xq, torch.float32, lambda n0, n1: self.weight_int8[n0:n1].float().t())
+        return acc.mul_(act_scale).mul_(self.scale_fp32).to(self.compute_dtype)
