@@ -6,12 +6,11 @@ from pathlib import Path
 import torch
 
 
-def hf_greedy(model_dir: Path, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
+def hf_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
     """Greedy tokens and their logprobs from Hugging Face transformers, full recompute each step
-    (no KV cache, no batching: the plainest possible reference)."""
-    import transformers
-
-    model = _hf_model(model_dir)
+    (no KV cache, no batching, no EOS handling: the plainest possible reference). `model_dir` is a
+    checkpoint directory or an already loaded transformers model."""
+    model = model_dir if isinstance(model_dir, torch.nn.Module) else _hf_model(model_dir)
     ids = list(prompt_ids)
     out, logprobs = [], []
     with torch.no_grad():
