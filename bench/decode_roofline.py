@@ -1,0 +1,69 @@
+"""Batch-1 decode speed against the memory-bandwidth roofline measured in the same run, and the
+per-step time spent outside the model's kernels (Python overhead).
+
+    python bench/decode_roofline.py [--dtype float32] [--tokens 128] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+
+def measure_bandwidth_gbs(size_bytes: int = 1 << 30, repeats: int = 5) -> float:
+    x = torch.ones(size_bytes // 4, dtype=torch.float32)
+    x.sum()
+    best = min(_timed(lambda: x.sum()) for _ in range(repeats))
+    return size_bytes / best / 1e9
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    from tally import LLM, SamplingParams
+
+    llm = LLM(a.model, dtype=a.dtype, max_model_len=1024, kv_cache_memory=256 * 2**20)
+    ledger = llm.engine.loaded.ledger
+    params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
+    llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm up
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = llm.generate("Once upon a time", params)[0]
+        m = out.metrics
+        runs.append((m.last_token_time - m.first_token_time) / (len(out.outputs[0].token_ids) - 1))
+    step_s = sorted(runs)[1]
+    # Python overhead: the same steps with the profiler's view of time inside torch kernels.
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    kernel_s = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6 / 16
+    bw = measure_bandwidth_gbs()
+    kv_bytes = ledger.kv_bytes_per_token * 64  # ~64 tokens of context read per step on average
+    roofline_tok_s = bw * 1e9 / (ledger.weight_bytes + kv_bytes)
+    tok_s = 1 / step_s
+    print(f"\nmodel {ledger.model_name}, dtype {llm.engine.loaded.model.dtype}, {a.threads} threads")
+    print(f"{'figure':<44} {'value':>12}")
+    print(f"{'weight bytes read per step':<44} {ledger.weight_bytes / 1e6:>10.1f} MB")
+    print(f"{'memory bandwidth (torch sum, this run)':<44} {bw:>9.1f} GB/s")
+    print(f"{'roofline decode':<44} {roofline_tok_s:>8.1f} tok/s")
+    print(f"{'tally batch-1 decode (median of 3)':<44} {tok_s:>8.1f} tok/s")
+    print(f"{'per step: measured / in torch ops':<44} {step_s * 1e3:>6.1f} / {kernel_s * 1e3:.1f} ms")
+    print(f"{'tally / roofline':<44} {tok_s / roofline_tok_s:>11.0%}")
+    print("command: python " + " ".join(sys.argv))
+
+
+if __name__ == "__main__":
+    main()
