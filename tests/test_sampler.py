@@ -126,14 +126,16 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability():
 
 def test_penalties_match_the_formulas():
     vocab = 20
-    logits = random_logits(3, vocab)
+    logits = random_logits(5, vocab)
     params = [
         SamplingParams(repetition_penalty=1.5, frequency_penalty=0.3, presence_penalty=0.2),
         SamplingParams(),  # untouched
         SamplingParams(repetition_penalty=0.8, presence_penalty=-0.5),  # no output yet
+        SamplingParams(repetition_penalty=1.2, frequency_penalty=-1.0),  # empty prompt
+        SamplingParams(repetition_penalty=1.2),  # nothing seen at all
     ]
-    prompts = [[1, 2, 3], [1, 2], [6, 6, 7]]
-    outputs = [[3, 4, 4, 5, 4], [4, 4], []]
+    prompts = [[1, 2, 3], [1, 2], [6, 6, 7], [], []]
+    outputs = [[3, 4, 4, 5, 4], [4, 4], [], [9, 8, 9], []]
     expected = logits.clone()
     for row, (p, prompt, out) in enumerate(zip(params, prompts, outputs)):
         for tok in set(prompt) | set(out):

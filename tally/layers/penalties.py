@@ -23,7 +23,7 @@ class PenaltyTensors:
     presence: torch.Tensor  # [P, 1]; 0 = off
     prompt_ids: torch.Tensor | None  # [P, Lp] padded; None when no row has a repetition penalty
     prompt_fill: list[int]  # per row: an id to pad output ids with while a row has no output yet
-    prompt_nonempty: list[bool]
+    prompt_nonempty: torch.Tensor  # [P, 1] bool
     use_frequency_presence: bool
 
     @classmethod
@@ -35,7 +35,7 @@ class PenaltyTensors:
             return None
         chosen = [params[i] for i in rows]
         prompts = [prompt_token_ids[i] for i in rows]
-        # A row with an empty prompt pads with id 0; its repetition is neutralised in apply_penalties.
+        # An empty prompt pads with id 0; apply_penalties swaps in an output id or neutralises it.
         fill = [p[0] if p else 0 for p in prompts]
 
         def column(name: str) -> torch.Tensor:
@@ -50,7 +50,7 @@ class PenaltyTensors:
             presence=column("presence_penalty"),
             prompt_ids=pad_rows(prompts, fill, device)[0] if use_repetition else None,
             prompt_fill=fill,
-            prompt_nonempty=[bool(p) for p in prompts],
+            prompt_nonempty=torch.tensor([[bool(p)] for p in prompts], device=device),
             use_frequency_presence=any(p.frequency_penalty or p.presence_penalty for p in chosen),
         )
 
@@ -64,11 +64,10 @@ def apply_penalties(logits: torch.Tensor, t: PenaltyTensors, output_token_ids: l
     out_ids, out_lens = pad_rows(outputs, fill, logits.device)
     base = t.rows[:, None] * vocab
     if t.prompt_ids is not None:
-        has_ids = torch.tensor(
-            [p or len(o) > 0 for p, o in zip(t.prompt_nonempty, outputs)], device=logits.device
-        )
-        repetition = torch.where(has_ids[:, None], t.repetition, 1.0)
-        idx = base + torch.cat([t.prompt_ids, out_ids], dim=1)
+        has_ids = t.prompt_nonempty | (out_lens[:, None] > 0)
+        repetition = torch.where(has_ids, t.repetition, 1.0)
+        prompt_ids = torch.where(t.prompt_nonempty, t.prompt_ids, out_ids[:, :1])
+        idx = base + torch.cat([prompt_ids, out_ids], dim=1)
         seen = flat[idx]
         flat[idx] = torch.where(seen > 0, seen / repetition, seen * repetition)
     if t.use_frequency_presence:
