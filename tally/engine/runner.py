@@ -7,7 +7,7 @@ import torch
 
 from tally.engine.inputs import build_step_inputs
 from tally.kv.manager import KVCacheManager
-from tally.layers.sampler import SamplerInput, SamplerOutput, sample
+from tally.layers.sampler import Sampler, SamplerInput, SamplerOutput
 from tally.models.llama import CausalLM
 from tally.scheduler.request import Request
 from tally.scheduler.scheduler import SchedulerOutput
@@ -36,6 +36,7 @@ class ModelRunner:
         self.model = model
         self.kv = kv
         self.kv_caches = kv_caches
+        self.sampler = Sampler()  # keeps per-batch parameter tensors while the batch is unchanged
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
@@ -53,7 +54,7 @@ class ModelRunner:
             prompt_token_ids=[r.prompt_token_ids for r in reqs],
             eos_token_ids=[r.eos_token_ids for r in reqs],
         )
-        return StepResult(reqs, sample(logits, sampler_input), prompt_lp)
+        return StepResult(reqs, self.sampler(logits, sampler_input), prompt_lp)
 
     def _prompt_logprobs(self, out: SchedulerOutput, qsl: list[int], hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
         result = {}
