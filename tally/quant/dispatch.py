@@ -39,14 +39,20 @@ def matmul_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     return compute_dtype
 
 
-# First row count on the many-token path, bf16 compute. Measured on a 2-core AMD EPYC without AVX-512
-# (AVX2 only) with `python bench/quant_kernels.py --threads 2` (table in docs/benchmarks.md): PLACEHOLDER.
-_AVX2_BF16 = {"int8": 16, "int4": 16, "w8a8": 16, "q8_0": 8}
+# First row count on the many-token path, bf16 compute, on a 2-core AMD EPYC whose VM exposes AVX2 only (no
+# AVX-512): `python bench/quant_kernels.py --threads 1` (2 threads was unmeasurable on the shared machine),
+# the threshold minimising mean time-over-best across SmolLM2 and Qwen2.5-0.5B shapes, M = 1..128.
+# E.g. 896x4864 at M=16 / 64: int8 kernel 4.40 / 27.1 ms vs fp32 dequant-matmul 4.27 / 15.1 ms; int4 kernel
+# 5.58 / 22.1 vs 8.79 / 21.6 ms. q8_0 (in practice only the tied embedding / lm_head) takes the lm_head's own
+# crossover: 576x49152 at M=4 / 8 / 16: per-block kernel 20.4 / 50.6 / 84.8 ms vs dequant 46.1 / 51.9 / 45.8 ms
+# (the bench's all-shape pick, 2, is driven by small shapes no GGUF stores as Q8_0).
+_AVX2_BF16 = {"int8": 16, "int4": 64, "w8a8": 16, "q8_0": 8}
 # AVX-512 BF16 + VNNI hosts: from the kernel table in MACHINE.md (896x4864, 2 threads): weight-only kernels beat
 # bf16 at M=1 (0.13 vs 0.27 ms) and lose by M=8-32; `_int_mm` beats the int8 kernel from M=8 (0.26 vs 0.48 ms).
 _AVX512_BF16 = {"int8": 8, "int4": 8, "w8a8": 8, "q8_0": 8}
-# fp32 compute: the weight-only kernels are slow reference paths in fp32 (0.75 ms vs 0.03 ms in bf16 for
-# 576x1536), so dequantize-and-matmul serves every batch.
+# fp32 compute: the weight-only kernels are slow reference paths in fp32, so dequantize-and-matmul serves every
+# batch. Measured here (1 thread, M=1, kernel vs dequant): 576x1536 int8 0.89 vs 0.26 ms, int4 1.76 vs 0.82 ms;
+# 896x4864 int8 4.49 vs 0.95 ms, int4 12.9 vs 4.2 ms, q8_0 3.90 vs 2.66 ms.
 _FP32 = {"int8": 1, "int4": 1, "w8a8": 1, "q8_0": 1}
 
 

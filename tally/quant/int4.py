@@ -58,11 +58,12 @@ class Int4Linear(QuantLinear):
 
     def _dequantized_t(self, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:
         """W^T [K, n1 - n0] in `dtype` for rows n0..n1 (whole kernel blocks) of the padded weight."""
-        groups, blocks = self.in_features // self.group_size, ((n1 - n0) // self.block_n, self.block_n)
-        w_t = int4pack.unpack_transposed(self.packed[n0:n1], n1 - n0, self.block_n, dtype)  # q as [K, NB, BN]
-        grouped = w_t.view(groups, self.group_size, *blocks)
+        groups, rows = self.in_features // self.group_size, n1 - n0
+        w_t = int4pack.unpack_transposed(self.packed[n0:n1], rows, self.block_n, dtype)  # q as [K, NB, BN]
+        grouped = w_t.view(groups, self.group_size, rows)
         scale = self.scales_and_zeros[:, n0:n1, 0].float()
         # (q - 8) * scale + zero == q * scale + (zero - 8 * scale); the fold is done in fp32, rounded once.
         offset = (self.scales_and_zeros[:, n0:n1, 1].float() - 8.0 * scale).to(dtype)
-        torch.addcmul(offset.view(groups, 1, *blocks), grouped, scale.to(dtype).view(groups, 1, *blocks), out=grouped)
-        return w_t.view(self.in_features, n1 - n0)
+        # Contiguous [G, 1, rows] operands keep the one pass over the tile vectorised along its rows.
+        torch.addcmul(offset[:, None, :], grouped, scale.to(dtype).contiguous()[:, None, :], out=grouped)
+        return w_t.view(self.in_features, rows)
