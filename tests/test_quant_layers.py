@@ -19,7 +19,7 @@ FEW, MANY = "few", "many"
 @pytest.fixture(autouse=True)
 def small_tiles(monkeypatch):
     """Tiles of a few rows, so the many-token path's tiling (and its last, partial tile) is exercised."""
-    monkeypatch.setattr(base, "TILE_BYTES", 8192)
+    monkeypatch.setattr(base, "TILE_BYTES", 64 << 10)
 
 
 def force(layer, path: str):

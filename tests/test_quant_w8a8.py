@@ -15,7 +15,7 @@ K, N, M = 512, 256, 64
 @pytest.fixture(autouse=True)
 def small_tiles(monkeypatch):
     """Tiles of a few rows, so the many-token path's tiling (and its last, partial tile) is exercised."""
-    monkeypatch.setattr(base, "TILE_BYTES", 8192)
+    monkeypatch.setattr(base, "TILE_BYTES", 64 << 10)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
