@@ -67,6 +67,15 @@ def test_int4_layer_matches_its_dequantized_weights(path, group_size, dtype, tol
     assert rel_err(y, ref) < tol
 
 
+def test_int8_layer_whose_in_features_the_kernel_cannot_read_uses_the_dense_path():
+    # `_weight_int8pack_mm` kills the process when K % 4 != 0; such layers must never reach it.
+    w, b = weights(8, 70)
+    layer = make_linear(w, b, scheme="int8", compute_dtype=torch.bfloat16)
+    assert layer.many_tokens_from == 1
+    x = acts(1, 70)
+    assert rel_err(layer(x.bfloat16()), F.linear(x, w, b)) < 2e-2
+
+
 def test_rtn_quantizers_stay_within_half_a_step():
     w, _ = weights(64, 128)
     q8, s8 = quantize_int8_per_channel(w)

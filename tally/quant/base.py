@@ -52,7 +52,7 @@ class QuantLinear(nn.Module):
         """x @ W^T, with W^T produced `align`-multiple column tiles at a time by weight_t(n0, n1) -> [K, n1 - n0]
         (any strides) in `dtype`; the result is [M, n_total] in `dtype`, n_total = the rows weight_t covers."""
         n_total = -(-self.out_features // align) * align
-        tile = max(align, TILE_BYTES // (self.in_features * torch.finfo(dtype).bits // 8) // align * align)
+        tile = max(align, TILE_BYTES // (self.in_features * dtype.itemsize) // align * align)
         x = x.to(dtype)
         out = torch.empty(x.shape[0], n_total, dtype=dtype, device=x.device)
         for n0 in range(0, n_total, tile):

@@ -24,9 +24,10 @@ class Int4Linear(QuantLinear):
                  bias: torch.Tensor | None, compute_dtype: torch.dtype) -> None:
         """q uint8 [N, K] in 0..15; scale, zero [N, K/group_size] (any float dtype; rounded to compute_dtype)."""
         out_features, in_features = q.shape
-        self.block_n = int4pack.kernel_block_n()
-        threshold = many_tokens_from(self.scheme, compute_dtype) if self.block_n else NEVER
+        block_n = int4pack.kernel_block_n()  # None: the many-token path cannot read the packed layout
+        threshold = many_tokens_from(self.scheme, compute_dtype) if block_n else NEVER
         super().__init__(in_features, out_features, bias, compute_dtype, threshold)
+        self.block_n = block_n
         self.group_size = group_size
         n_padded = int4pack.padded_out_features(out_features)
         pad = n_padded - out_features
