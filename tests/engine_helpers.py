@@ -7,19 +7,21 @@ import torch
 
 
 def hf_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
-    """Greedy tokens and their logprobs from Hugging Face transformers, full recompute each step
-    (no KV cache, no batching, no EOS handling: the plainest possible reference). `model_dir` is a
-    checkpoint directory or an already loaded transformers model."""
+    """Greedy tokens and their logprobs from Hugging Face transformers' own forward and cache, one
+    request at a time, no EOS handling (generate() would mask EOS under min_new_tokens). `model_dir`
+    is a checkpoint directory or an already loaded transformers model."""
     model = model_dir if isinstance(model_dir, torch.nn.Module) else _hf_model(model_dir)
-    ids = list(prompt_ids)
     out, logprobs = [], []
+    step_ids, past = torch.tensor([list(prompt_ids)]), None
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            logits = model(torch.tensor([ids])).logits[0, -1].float()
+            res = model(step_ids, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            logits = res.logits[0, -1].float()
             tok = int(logits.argmax())
             out.append(tok)
             logprobs.append(float(torch.log_softmax(logits, -1)[tok]))
-            ids.append(tok)
+            step_ids = torch.tensor([[tok]])
     return out, logprobs
 
 
