@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tally.errors import ConfigError
-from tally.quant import base, dispatch
+from tally.quant import base
 from tally.quant.dispatch import NEVER
 from tally.quant.int4 import Int4Linear
 from tally.quant.int8 import Int8Linear
@@ -86,13 +86,13 @@ def test_rtn_quantizers_stay_within_half_a_step():
     assert ((dequantize_int4(q4, s4, z4, 32) - w).abs() <= step / 2 + 1e-6).all()
 
 
-@pytest.mark.parametrize("fast_bf16", [True, False])
+@pytest.mark.parametrize("matmul_dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("scheme,tol", [("int8", 1e-2), ("int4", 5e-3), ("w8a8", 2e-2)])
-def test_batch_size_dispatch_gives_the_same_rows_on_both_paths(scheme, tol, fast_bf16, monkeypatch):
+def test_batch_size_dispatch_gives_the_same_rows_on_both_paths(scheme, tol, matmul_dtype):
     # The many-token path multiplies in bf16 or fp32 depending on the CPU; both variants are checked here.
-    monkeypatch.setattr(dispatch, "fast_bf16_matmul", lambda: fast_bf16)
     w, b = weights(128, 256)
     layer = make_linear(w, b, scheme=scheme, compute_dtype=torch.bfloat16, group_size=64)
+    layer.matmul_dtype = matmul_dtype
     x = acts(64, 256).bfloat16()
     many = force(layer, MANY)(x)
     few = force(layer, FEW)(x)

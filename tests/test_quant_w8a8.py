@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tally.quant import base, w8a8
+from tally.quant import base
 from tally.quant.dispatch import NEVER
 from tally.quant.smooth import fold_smoothing_into_norm, smooth_scales
 from tally.quant.w8a8 import W8A8Linear, quantize_per_token
@@ -68,13 +68,13 @@ def test_smoothing_folded_into_the_norm_matches_smoothing_in_the_layer(outlier_c
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int_mm_and_its_fp32_stand_in_agree(outlier_case, dtype, monkeypatch):
+def test_int_mm_and_its_fp32_stand_in_agree(outlier_case, dtype):
     """Where the CPU has no VNNI the layer multiplies the same int8 operands in fp32 instead of `_int_mm`."""
     w, x = outlier_case
     layer = int_mm_layer(w, dtype)
     outputs = []
-    for vnni in (True, False):
-        monkeypatch.setattr(w8a8, "fast_int8_matmul", lambda vnni=vnni: vnni)
+    for use_int_mm in (True, False):
+        layer.use_int_mm = use_int_mm
         outputs.append(layer(x[:8].to(dtype)).float())
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
 

@@ -7,6 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from tally.quant.dispatch import matmul_dtype
+
 # Dequantized weight per tile of the many-token path. Tiling keeps the dequantized rows in cache between the
 # write and the matmul, and bounds the per-call copy to this size instead of the whole weight in fp32 (4x an
 # int8 layer). Measured 1 thread, fp32 tiles: lm_head 576x49152 at M=1 143 ms whole vs 10.5 ms in 4 MiB tiles;
@@ -28,6 +30,7 @@ class QuantLinear(nn.Module):
         self.out_features = out_features
         self.compute_dtype = compute_dtype
         self.many_tokens_from = many_tokens_from
+        self.matmul_dtype = matmul_dtype(compute_dtype)  # of the many-token path; fixed here, not per call
         self.register_buffer("bias", None if bias is None else bias.detach().to(compute_dtype).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """Which kernel serves how many tokens, and in which dtype the many-token path multiplies.
 
 Each quantized layer has a few-token kernel (weight-only, reads 1 or 0.5 byte per weight: wins while decode is
-bound by memory bandwidth) and a many-token path (dequantize for the call, one dense matmul: wins once the work
-is compute-bound). The crossover depends on what the CPU computes fast:
+bound by memory bandwidth) and a many-token path (dequantize tile by tile into a dense matmul: wins once the
+work is compute-bound). The crossover depends on what the CPU computes fast:
 - without AVX-512 BF16 / AMX, oneDNN's bf16 matmul is an emulation up to 20x slower than fp32, so the many-token
   path multiplies in fp32 and casts the result back to the compute dtype;
 - without VNNI, `torch._int_mm` is a scalar fallback (~70x slower than fp32 here), so W8A8 multiplies its int8
@@ -44,8 +44,7 @@ def matmul_dtype(compute_dtype: torch.dtype) -> torch.dtype:
 # the threshold minimising mean time-over-best across SmolLM2 and Qwen2.5-0.5B shapes, M = 1..128.
 # E.g. 896x4864 at M=16 / 64: int8 kernel 4.40 / 27.1 ms vs fp32 dequant-matmul 4.27 / 15.1 ms; int4 kernel
 # 5.58 / 22.1 vs 8.79 / 21.6 ms. q8_0 (in practice only the tied embedding / lm_head) takes the lm_head's own
-# crossover: 576x49152 at M=4 / 8 / 16: per-block kernel 20.4 / 50.6 / 84.8 ms vs dequant 46.1 / 51.9 / 45.8 ms
-# (the bench's all-shape pick, 2, is driven by small shapes no GGUF stores as Q8_0).
+# crossover: 576x49152 at M=4 / 8 / 16: per-block kernel 20.4 / 50.6 / 84.8 ms vs dequant 46.1 / 51.9 / 45.8 ms.
 _AVX2_BF16 = {"int8": 16, "int4": 64, "w8a8": 16, "q8_0": 8}
 # AVX-512 BF16 + VNNI hosts: from the kernel table in MACHINE.md (896x4864, 2 threads): weight-only kernels beat
 # bf16 at M=1 (0.13 vs 0.27 ms) and lose by M=8-32; `_int_mm` beats the int8 kernel from M=8 (0.26 vs 0.48 ms).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from tally.quant.base import QuantLinear
-from tally.quant.dispatch import many_tokens_from, matmul_dtype
+from tally.quant.dispatch import many_tokens_from
 
 BLOCK = 32
 
@@ -38,7 +38,7 @@ class GroupInt8Linear(QuantLinear):
         return acc.to(self.compute_dtype)
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = matmul_dtype(self.compute_dtype)
+        dtype = self.matmul_dtype
         return self._tiled_matmul(x, dtype, lambda n0, n1: self._dequantized_t(n0, n1, dtype)).to(self.compute_dtype)
 
     def _dequantized_t(self, n0: int, n1: int, dtype: torch.dtype) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 
 from tally.quant import int4pack
 from tally.quant.base import QuantLinear
-from tally.quant.dispatch import NEVER, many_tokens_from, matmul_dtype
+from tally.quant.dispatch import NEVER, many_tokens_from
 from tally.quant.rtn import quantize_int4_groupwise
 
 
@@ -53,7 +53,7 @@ class Int4Linear(QuantLinear):
         return self._trim(y)
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = matmul_dtype(self.compute_dtype)
+        dtype = self.matmul_dtype
         y = self._tiled_matmul(x, dtype, lambda n0, n1: self._dequantized_t(n0, n1, dtype), align=self.block_n)
         return self._trim(y.to(self.compute_dtype))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from tally.quant.base import QuantLinear
-from tally.quant.dispatch import many_tokens_from, matmul_dtype
+from tally.quant.dispatch import many_tokens_from
 from tally.quant.rtn import quantize_int8_per_channel
 
 
@@ -39,6 +39,6 @@ class Int8Linear(QuantLinear):
         return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = matmul_dtype(self.compute_dtype)
+        dtype = self.matmul_dtype
         y = self._tiled_matmul(x, dtype, lambda n0, n1: self.weight_int8[n0:n1].to(dtype).t())
         return y.mul_(self.scale).to(self.compute_dtype)

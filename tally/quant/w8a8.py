@@ -33,6 +33,7 @@ class W8A8Linear(Int8Linear):
                  compute_dtype: torch.dtype, smooth: torch.Tensor | None = None) -> None:
         super().__init__(q, scale, bias, compute_dtype)
         self.register_buffer("scale_fp32", scale.float().reshape(1, -1).contiguous())
+        self.use_int_mm = fast_int8_matmul()
         self.register_buffer("act_inv_smooth", None if smooth is None else (1.0 / smooth.float()).to(compute_dtype))
 
     @classmethod
@@ -50,7 +51,7 @@ class W8A8Linear(Int8Linear):
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
         xq, act_scale = quantize_per_token(x)
-        if fast_int8_matmul():
+        if self.use_int_mm:
             acc = torch._int_mm(xq, self.weight_int8.t()).float()
         else:  # the same integer products in fp32: exact up to fp32's 24-bit sums
             acc = self._tiled_matmul(xq, torch.float32, lambda n0, n1: self.weight_int8[n0:n1].float().t())
