@@ -42,10 +42,10 @@ def matmul_dtype(compute_dtype: torch.dtype) -> torch.dtype:
 # First row count on the many-token path, bf16 compute, on a 2-core AMD EPYC whose VM exposes AVX2 only (no
 # AVX-512): `python bench/quant_kernels.py --threads 1` (2 threads was unmeasurable on the shared machine),
 # the threshold minimising mean time-over-best across SmolLM2 and Qwen2.5-0.5B shapes, M = 1..128.
-# E.g. 896x4864 at M=16 / 64: int8 kernel 4.40 / 27.1 ms vs fp32 dequant-matmul 4.27 / 15.1 ms; int4 kernel
-# 5.58 / 22.1 vs 8.79 / 21.6 ms. q8_0 (in practice only the tied embedding / lm_head) takes the lm_head's own
-# crossover: 576x49152 at M=4 / 8 / 16: per-block kernel 20.4 / 50.6 / 84.8 ms vs dequant 46.1 / 51.9 / 45.8 ms.
-_AVX2_BF16 = {"int8": 16, "int4": 64, "w8a8": 16, "q8_0": 8}
+# E.g. 896x4864 at M=16 / 64: int8 kernel 3.60 / 30.1 ms vs fp32 dequant-matmul 3.31 / 22.6 ms; int4 kernel
+# 3.57 / 22.6 vs 6.88 / 20.5 ms. q8_0 (GGUF keeps it for the tied embedding / lm_head) is chosen on the lm_head
+# shape: 576x49152 at M=4 / 8 / 16: per-block kernel 16.1 / 61.2 / 56.7 ms vs dequant 23.1 / 68.1 / 30.6 ms.
+_AVX2_BF16 = {"int8": 16, "int4": 64, "w8a8": 16, "q8_0": 16}
 # AVX-512 BF16 + VNNI hosts: from the kernel table in MACHINE.md (896x4864, 2 threads): weight-only kernels beat
 # bf16 at M=1 (0.13 vs 0.27 ms) and lose by M=8-32; `_int_mm` beats the int8 kernel from M=8 (0.26 vs 0.48 ms).
 _AVX512_BF16 = {"int8": 8, "int4": 8, "w8a8": 8, "q8_0": 8}
