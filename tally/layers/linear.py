@@ -22,4 +22,7 @@ def build_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, quantizatio
         return DenseLinear(weight, bias, dtype)
     from tally.quant.linear import make_linear
 
-    return make_linear(weight, bias, scheme=quantization, compute_dtype=dtype)
+    # The largest int4 group that divides the layer (128 for real models; tiny test models need less).
+    in_features = weight.shape[1]
+    group_size = next((g for g in (128, 64, 32) if in_features % g == 0), 128)
+    return make_linear(weight, bias, scheme=quantization, compute_dtype=dtype, group_size=group_size)
