@@ -14,7 +14,7 @@ from torch import nn
 from tally.attention.backend import AttentionBackend
 from tally.attention.metadata import AttentionMetadata
 from tally.layers.norm import RMSNorm
-from tally.layers.rotary import RotaryEmbedding
+from tally.layers.rotary import RotaryEmbedding, apply_rotary
 from tally.models.config import ModelConfig
 
 # (names of the HF tensors fused, bias?) → one module
@@ -39,7 +39,7 @@ class DecoderLayer(nn.Module):
             self.k_norm = RMSNorm(tensors.pop(f"{a}.k_norm.weight"), eps, dtype)
         self.attn = attn
 
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
+    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.cfg
         t = h.shape[0]
@@ -50,7 +50,7 @@ class DecoderLayer(nn.Module):
         v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rope)
         o = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
         h = h + self.o_proj(o.reshape(t, cfg.q_size))
         gate, up = self.gate_up_proj(self.post_attn_norm(h)).chunk(2, dim=-1)
@@ -79,8 +79,9 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         h = F.embedding(input_ids, self.embed_tokens)
+        rope = self.rotary.lookup(positions)
         for layer, kv in zip(self.layers, kv_caches):
-            h = layer(h, positions, self.rotary, kv, meta)
+            h = layer(h, rope, kv, meta)
         return self.norm(h)
 
     @torch.inference_mode()
