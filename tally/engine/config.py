@@ -8,7 +8,7 @@ import torch
 from tally.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-QUANTIZATIONS = (None, "none", "int8", "int4", "w8a8")
+QUANTIZATIONS = (None, "none", "int8", "int4", "w8a8", "gguf")  # gguf: a GGUF file's blocks as stored
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
@@ -37,7 +37,7 @@ class EngineConfig:
             hint = " (fp16 runs at 0.4 GFLOP/s on this CPU)" if self.dtype in ("float16", "half") else ""
             raise ConfigError(f"dtype {self.dtype!r} is not supported{hint}; use auto, float32 or bfloat16")
         if self.quantization not in QUANTIZATIONS:
-            raise ConfigError(f"quantization {self.quantization!r} unknown; use one of int8, int4, w8a8")
+            raise ConfigError(f"quantization {self.quantization!r} unknown; use one of int8, int4, w8a8, gguf")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} unknown; use one of {KV_CACHE_DTYPES}")
         if self.scheduling not in ("continuous", "static"):

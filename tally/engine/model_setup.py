@@ -11,6 +11,7 @@ from tally.attention.backend import make_backend
 from tally.engine.config import EngineConfig
 from tally.engine.tokenizer import load_tokenizer, stop_token_ids
 from tally.errors import ConfigError
+from tally.kv.quant import Int8KVCache, KVCache
 from tally.ledger.kv import KVLayout
 from tally.ledger.report import EngineLedger
 from tally.models.builder import build_model
@@ -63,7 +64,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window,
     )
     model = build_model(cfg, dict(ckpt.tensors()), dtype=dtype, quantization=config.quantization,
-                        attn=attn, max_model_len=max_model_len)
+                        attn=attn, max_model_len=max_model_len, checkpoint=ckpt)
     weight_bytes = sum(t.numel() * t.element_size() for t in _unique_tensors(model))
 
     kv_dtype_name = _DTYPE_NAMES[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
@@ -101,11 +102,16 @@ def load_model(config: EngineConfig) -> LoadedModel:
 
 
 def _allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int,
-                 dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    if layout.kv_dtype == "int8":
-        raise ConfigError("kv_cache_dtype int8 is not available yet; use auto")
-    cache_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layout.kv_dtype]
+                 dtype: torch.dtype) -> list[tuple[KVCache, KVCache]]:
+    """One pool for all layers, K and V, sized exactly num_blocks * layout.bytes_per_block; int8
+    adds the ledger's float32 scale per (layer, K/V, block, KV head) beside the values."""
     shape = (cfg.num_layers, 2, num_blocks, layout.block_size, cfg.num_kv_heads, cfg.head_dim)
+    if layout.kv_dtype == "int8":
+        values = torch.zeros(shape, dtype=torch.int8)
+        scales = torch.zeros(shape[:3] + shape[4:5], dtype=torch.float32)
+        return [(Int8KVCache(values[i, 0], scales[i, 0]), Int8KVCache(values[i, 1], scales[i, 1]))
+                for i in range(cfg.num_layers)]
+    cache_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layout.kv_dtype]
     pool = torch.zeros(shape, dtype=cache_dtype)
     return [(pool[i, 0], pool[i, 1]) for i in range(cfg.num_layers)]
 

@@ -16,6 +16,18 @@ class DenseLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+class ConcatLinear(nn.Module):
+    """Several projections of the same input, outputs side by side: a fused projection whose parts are stored
+    differently (e.g. a GGUF with q/k in Q4_1 and v in Q8_0), so the model code still sees one module."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+
 def build_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, quantization: str | None,
                  dtype: torch.dtype) -> nn.Module:
     if quantization in (None, "none"):

@@ -1,34 +1,55 @@
-"""Checkpoint tensors (HF names) → a CausalLM with fused projections, quantized if asked."""
+"""Checkpoint tensors (HF names) → a CausalLM with fused projections, quantized if asked.
+
+A projection comes from one of three places: a pre-quantized Tally checkpoint (`*.qweight` tensors, see
+docs/quantization.md), the GGUF file's own blocks (`quantization="gguf"`: adopted as stored, no requantization),
+or a dense weight (quantized on the fly with RTN when `quantization` names a scheme)."""
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 import torch
+from torch import nn
 
 from tally.attention.backend import AttentionBackend
-from tally.errors import ModelLoadError
-from tally.layers.linear import build_linear
-from tally.models.llama import CausalLM
+from tally.errors import ConfigError, ModelLoadError
+from tally.layers.linear import ConcatLinear, build_linear
 from tally.models.config import ModelConfig
+from tally.models.llama import CausalLM
+
+if TYPE_CHECKING:
+    from tally.models.loader import Checkpoint
 
 
 def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype: torch.dtype,
-                quantization: str | None, attn: AttentionBackend, max_model_len: int) -> CausalLM:
-    """Consumes `tensors` (popped as used, so peak memory stays near one copy of the weights)."""
+                quantization: str | None, attn: AttentionBackend, max_model_len: int,
+                checkpoint: Checkpoint | None = None) -> CausalLM:
+    """Consumes `tensors` (popped as used, so peak memory stays near one copy of the weights).
+    `checkpoint` is needed for `quantization="gguf"` (its raw blocks) and for pre-quantized checkpoints."""
+    prequantized = checkpoint.quantization if checkpoint is not None else None
+    _check_quantization(quantization, checkpoint, prequantized)
 
-    def make_proj(names: list[str], bias: bool) -> torch.nn.Module:
+    def pop(name: str) -> torch.Tensor:
         try:
-            weights = [tensors.pop(f"{n}.weight") for n in names]
-            biases = [tensors.pop(f"{n}.bias") for n in names] if bias else None
+            return tensors.pop(name)
         except KeyError as exc:
-            raise ModelLoadError(f"checkpoint is missing tensor {exc.args[0]!r}") from exc
-        weight = weights[0] if len(weights) == 1 else torch.cat(weights)
-        b = None if biases is None else (biases[0] if len(biases) == 1 else torch.cat(biases))
-        return build_linear(weight, b, quantization=quantization, dtype=dtype)
+            raise ModelLoadError(f"checkpoint is missing tensor {name!r}") from exc
+
+    def make_proj(names: list[str], bias: bool) -> nn.Module:
+        biases = [pop(f"{n}.bias") for n in names] if bias else None
+        b = None if biases is None else torch.cat(biases)
+        if prequantized is not None and f"{names[0]}.qweight" in tensors:
+            from tally.quant.checkpoint import linear_from_packed
+
+            return linear_from_packed(prequantized, [_pop_packed(n, pop, tensors) for n in names], b, dtype)
+        if quantization == "gguf":
+            return _gguf_proj(checkpoint, names, [pop(f"{n}.weight") for n in names], biases, dtype)
+        weight = torch.cat([pop(f"{n}.weight") for n in names])
+        return build_linear(weight, b, quantization=None if prequantized else quantization, dtype=dtype)
 
     cfg = config
     if max_model_len < cfg.max_position_embeddings:
         # The rotary table only needs the positions the engine will ever use.
-        from dataclasses import replace
-
         cfg = replace(cfg, max_position_embeddings=max_model_len)
     try:
         model = CausalLM(cfg, tensors, make_proj, attn, dtype)
@@ -38,3 +59,50 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
     if leftover:
         raise ModelLoadError(f"checkpoint has tensors this architecture does not use: {leftover[:5]}")
     return model.eval()
+
+
+def _check_quantization(quantization: str | None, checkpoint: Checkpoint | None, prequantized: str | None) -> None:
+    if prequantized is not None and quantization not in (None, "none"):
+        raise ConfigError(f"{checkpoint.path} is already quantized ({prequantized}); drop quantization="
+                          f"{quantization!r} to serve it as written", param="quantization")
+    if quantization == "gguf" and (checkpoint is None or checkpoint.format != "gguf"):
+        where = checkpoint.path if checkpoint is not None else "this checkpoint"
+        raise ConfigError(f"quantization='gguf' serves a GGUF file's blocks as stored, but {where} is not a GGUF "
+                          "file; use int8, int4 or w8a8 to quantize it on the fly", param="quantization")
+
+
+def _pop_packed(name: str, pop, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """{qweight, scales[, zeros]} of one HF projection name."""
+    parts = {"qweight": pop(f"{name}.qweight"), "scales": pop(f"{name}.scales")}
+    if f"{name}.zeros" in tensors:
+        parts["zeros"] = pop(f"{name}.zeros")
+    return parts
+
+
+def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tensor],
+               biases: list[torch.Tensor] | None, dtype: torch.dtype) -> nn.Module:
+    """One layer over the GGUF blocks of `names`: rows concatenated when their types match, else one layer per
+    name behind ConcatLinear. Types the quantized layers do not adopt (F16, K-quants) use the dequantized weight."""
+    from tally.quant.linear import linear_from_gguf
+
+    raws = [checkpoint.gguf_tensor(f"{n}.weight") for n in names]
+    if len({r.ggml_type for r in raws}) == 1:
+        b = None if biases is None else torch.cat(biases)
+        return (linear_from_gguf(_concat_raw(raws), b, compute_dtype=dtype)
+                or build_linear(torch.cat(dense), b, quantization=None, dtype=dtype))
+    parts = []
+    for i, (raw, w) in enumerate(zip(raws, dense)):
+        b = None if biases is None else biases[i]
+        parts.append(linear_from_gguf(raw, b, compute_dtype=dtype)
+                     or build_linear(w, b, quantization=None, dtype=dtype))
+    return ConcatLinear(parts)
+
+
+def _concat_raw(raws: list):
+    """The raw tensors' rows stacked into one (same ggml type, same row width): a fused projection's blocks."""
+    if len(raws) == 1:
+        return raws[0]
+    import numpy as np
+
+    data = np.concatenate([np.ascontiguousarray(r.data) for r in raws])
+    return replace(raws[0], shape=(sum(r.shape[0] for r in raws), raws[0].shape[1]), data=data)

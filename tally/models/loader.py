@@ -13,6 +13,7 @@ from tally.models.config import ModelConfig
 from tally.models.gguf_checkpoint import GGUFRawTensor, GGUFTensorSource, open_gguf
 from tally.models.hf_checkpoint import HFTensorSource, open_hf
 from tally.models.registry import resolve_model
+from tally.quant.checkpoint import PackedTensorSource, open_packed, packed_scheme
 
 __all__ = ["Checkpoint", "GGUFRawTensor", "load_checkpoint"]
 
@@ -23,10 +24,12 @@ class Checkpoint:
     name: str  # the model name the server reports
     config: ModelConfig
     format: str  # "hf" or "gguf"
-    _source: HFTensorSource | GGUFTensorSource = field(repr=False)
+    _source: HFTensorSource | GGUFTensorSource | PackedTensorSource = field(repr=False)
+    quantization: str | None = None  # scheme of a checkpoint written by `tally quantize` (w4a16, w8a16, w8a8)
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, tensor) one at a time, in the file's dtype (quantized GGUF types → float32).
+        """(HF name, tensor) one at a time, in the file's dtype (quantized GGUF types → float32; a `tally
+        quantize` checkpoint yields its packed `*.qweight`, `*.scales`, `*.zeros` as stored).
         Tied checkpoints yield no lm_head.weight."""
         return self._source.tensors()
 
@@ -40,6 +43,7 @@ class Checkpoint:
 def load_checkpoint(model: str | None) -> Checkpoint:
     """None or "smollm2-135m" → the built-in GGUF; a directory with config.json → HF; a .gguf file."""
     location = resolve_model(model)
-    opener = open_hf if location.format == "hf" else open_gguf
+    scheme = packed_scheme(location.path) if location.format == "hf" else None
+    opener = open_gguf if location.format == "gguf" else (open_packed if scheme else open_hf)
     config, source = opener(location.path)
-    return Checkpoint(location.path, location.name, config, location.format, source)
+    return Checkpoint(location.path, location.name, config, location.format, source, scheme)
