@@ -57,7 +57,8 @@ class RequestStream:
         self._latest[out.request_id] = out
         self._changed.set()
 
-    def _fail(self, exc: BaseException) -> None:
+    def fail(self, exc: BaseException) -> None:
+        """Ends the wait of whoever awaits this stream with `exc` (also used for disconnects, timeouts)."""
         if not self.accepted.done():
             self.accepted.set_exception(exc)
         self._error = exc
@@ -159,7 +160,7 @@ class AsyncEngine:
         for rid in request_ids:
             stream = self._routes.pop(rid, None)
             if stream is not None:
-                stream._fail(exc)
+                stream.fail(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         self._fail(list(self._routes), exc)

@@ -9,7 +9,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Protocol
+from typing import Any, AsyncIterator, Protocol
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -73,42 +73,36 @@ class ClientDisconnected(Exception):
 
 
 class Inflight:
-    """Waits on the engine for one request while watching for a disconnect and the deadline."""
+    """One request's wait on the engine. A client disconnect or the deadline fails its stream, so
+    whoever awaits the stream wakes with ClientDisconnected or RequestTimeoutError; no polling."""
 
     def __init__(self, state: ServerState, request: Request, stream: RequestStream, arrival_s: float) -> None:
         self.state, self.stream = state, stream
-        self.deadline_s = arrival_s + state.request_timeout_s if state.request_timeout_s else None
-        self._disconnect = asyncio.ensure_future(_wait_disconnect(request))
+        self._disconnect = asyncio.ensure_future(self._watch(request))
+        self._deadline: asyncio.TimerHandle | None = None
+        if state.request_timeout_s:
+            left_s = max(0.0, arrival_s + state.request_timeout_s - time.monotonic())
+            self._deadline = asyncio.get_running_loop().call_later(left_s, stream.fail, RequestTimeoutError(
+                f"request ran longer than --request-timeout {state.request_timeout_s:g} s and was aborted; "
+                f"lower max_tokens, or ask the operator to raise --request-timeout"))
 
-    async def wait(self, aw: Awaitable) -> Any:
-        task = asyncio.ensure_future(aw)
-        timeout = None if self.deadline_s is None else max(0.0, self.deadline_s - time.monotonic())
-        done, _ = await asyncio.wait({task, self._disconnect}, timeout=timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        task.cancel()
-        if self._disconnect in done:
-            raise ClientDisconnected()
-        raise RequestTimeoutError(
-            f"request ran longer than --request-timeout {self.state.request_timeout_s:g} s and was aborted; "
-            f"lower max_tokens, or ask the operator to raise --request-timeout")
+    async def _watch(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.stream.fail(ClientDisconnected())
 
     async def until_finished(self) -> dict[str, RequestOutput]:
         while True:
-            latest = await self.wait(self.stream.next())
+            latest = await self.stream.next()
             if self.stream.is_finished(latest):
                 return latest
 
     def close(self) -> None:
         self._disconnect.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
         if not self.stream.is_finished():
             self.state.engine.abort(self.stream)
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def read_json(request: Request, limit_bytes: int) -> dict:
@@ -155,7 +149,7 @@ async def serve(request: Request, handler: Handler) -> Response:
         rids = [f"{request_id}-{i}" for i in range(len(items))]
         stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s)
         inflight = Inflight(state, request, stream, arrival_s)
-        await inflight.wait(stream.accepted)
+        await stream.accepted
         ctx = Ctx(request_id, int(time.time()), state.model_name, req, rids)
         if req.stream:
             handed_off = True
@@ -181,7 +175,7 @@ async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Infl
     recorded = False
     try:
         while True:
-            latest = await inflight.wait(inflight.stream.next())
+            latest = await inflight.stream.next()
             outputs = [latest.get(rid) for rid in ctx.request_ids]
             chunks = handler.chunks(ctx, outputs)
             if chunks:
