@@ -1,0 +1,84 @@
+"""One model through the whole workload: perplexity windows scored, every item decoded greedily.
+
+Baseline and candidate run one after the other in this process (one model in memory at a time), with
+the same Decoding, so any difference in the outputs is the model's.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tally.errors import ConfigError
+from tally.quality.corrupt import corrupt
+from tally.quality.settings import Decoding
+from tally.quality.suites import Workload
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str | None  # as LLM(model=...): checkpoint dir, .gguf, alias, None for the built-in model
+    quantization: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    kv_cache_memory: int | None = None
+    corrupt: str | None = None  # e.g. "zero-layer:0"; see corrupt.py
+
+    def label(self) -> str:
+        name = self.model or "built-in SmolLM2-135M"
+        extra = [x for x in (self.quantization, self.dtype if self.dtype != "auto" else None, self.corrupt) if x]
+        return f"{name} ({', '.join(extra)})" if extra else name
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class ModelRun:
+    spec: ModelSpec
+    nll_by_text: dict[str, tuple[float, int]] = field(default_factory=dict)  # text -> (sum of -log p, tokens)
+    generations: dict[str, Generation] = field(default_factory=dict)  # item id -> greedy output
+    run_s: float = 0.0
+
+
+def open_model(spec: ModelSpec, decoding: Decoding) -> Any:
+    from tally import LLM
+
+    llm = LLM(spec.model, dtype=spec.dtype, quantization=spec.quantization, max_model_len=spec.max_model_len,
+              kv_cache_memory=spec.kv_cache_memory, max_num_seqs=decoding.batch_size,
+              max_num_batched_tokens=decoding.max_num_batched_tokens)
+    if spec.corrupt:
+        corrupt(llm, spec.corrupt)
+    return llm
+
+
+def same_vocabulary(baseline_tok: Any, candidate_tok: Any) -> None:
+    if baseline_tok.get_vocab() != candidate_tok.get_vocab():
+        raise ConfigError("baseline and candidate have different tokenizers; perplexity and token agreement "
+                          "only compare models that share one (quantize the baseline to make the candidate)")
+
+
+def run_model(llm: Any, spec: ModelSpec, workload: Workload, decoding: Decoding) -> ModelRun:
+    from tally import SamplingParams
+
+    t0 = time.perf_counter()
+    nll: dict[str, tuple[float, int]] = {}
+    if workload.ppl_windows:
+        names = [n for n, ws in workload.ppl_windows.items() for _ in ws]
+        windows = [w for ws in workload.ppl_windows.values() for w in ws]
+        outs = llm.generate([{"prompt_token_ids": w} for w in windows], SamplingParams(max_tokens=1,
+                                                                                         prompt_logprobs=0))
+        for name, ids, out in zip(names, windows, outs):
+            total, count = nll.get(name, (0.0, 0))
+            scored = [-lp[ids[i]].logprob for i, lp in enumerate(out.prompt_logprobs) if lp is not None]
+            nll[name] = (total + sum(scored), count + len(scored))
+    generations = {}
+    if workload.items:
+        params = SamplingParams(temperature=decoding.temperature, max_tokens=decoding.max_tokens)
+        outs = llm.generate([{"prompt_token_ids": it.prompt_token_ids} for it in workload.items], params)
+        generations = {it.id: Generation(list(o.outputs[0].token_ids), o.outputs[0].text)
+                       for it, o in zip(workload.items, outs)}
+    return ModelRun(spec, nll, generations, run_s=time.perf_counter() - t0)
