@@ -1,0 +1,109 @@
+"""One decoder layer at a time: HF-named fp32 weights + calibration statistics → what the checkpoint stores for
+that layer, and the dense weights that stored form is equivalent to (for measuring it before writing).
+
+rtn: round-to-nearest on each weight's own grid. gptq: tally/quant/gptq.py with the layer's input Hessians.
+awq: tally/quant/awq.py scales, folded (o → v rows, down → up rows, q/k/v → input norm, gate/up → post-attention
+norm), then round-to-nearest. Every method sees the full-precision model's activations (tally/quant/capture.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tally.errors import ConfigError
+from tally.models.config import ModelConfig
+from tally.quant.awq import search_scales, v_row_scale
+from tally.quant.capture import SiteStats
+from tally.quant.checkpoint import packed_tensors
+from tally.quant.gptq import gptq_quantize
+from tally.quant.scheme import QuantScheme, fit_grid
+
+METHODS = ("gptq", "awq", "rtn")
+# Our fused modules (tally/models/llama.py) → the HF projections they hold, in row order.
+SITE_PROJECTIONS = {
+    "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o_proj": ("self_attn.o_proj",),
+    "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "down_proj": ("mlp.down_proj",),
+}
+_INPUT_NORM = {"qkv_proj": "input_layernorm", "gate_up_proj": "post_attention_layernorm"}
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    scheme: QuantScheme
+    method: str = "gptq"
+    act_order: bool = False
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"method {self.method!r} is not supported; use gptq, awq or rtn", param="method")
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.method != "rtn"
+
+
+@dataclass
+class LayerQuant:
+    """`stored`: tensors that replace the layer's in the checkpoint (packed projections, AWQ-folded norms and
+    biases); `effective`: the same replacements as dense fp32 weights (what the stored form computes)."""
+    index: int
+    stored: dict[str, torch.Tensor] = field(default_factory=dict)
+    effective: dict[str, torch.Tensor] = field(default_factory=dict)
+    awq_alphas: dict[str, float] = field(default_factory=dict)
+
+
+def quantize_layer(index: int, weights: dict[str, torch.Tensor], cfg: ModelConfig,
+                   stats: dict[tuple[int, str], SiteStats] | None, options: QuantizeOptions) -> LayerQuant:
+    """`weights` is read, never modified."""
+    p = f"model.layers.{index}"
+    w = {n: weights[f"{p}.{n}.weight"].float().clone() for names in SITE_PROJECTIONS.values() for n in names}
+    result = LayerQuant(index)
+    if options.method == "awq":
+        _awq_fold(index, p, w, weights, cfg, stats, options.scheme, result)
+    for site, names in SITE_PROJECTIONS.items():
+        for n in names:
+            name = f"{p}.{n}"
+            if options.method == "gptq":
+                q, grid = gptq_quantize(w[n], stats[(index, site)].hessian(), options.scheme,
+                                        act_order=options.act_order)
+            else:
+                grid = fit_grid(w[n], options.scheme)
+                q = grid.quantize(w[n])
+            result.stored |= packed_tensors(name, q, grid, options.scheme)
+            result.effective[f"{name}.weight"] = grid.dequantize(q)
+    return result
+
+
+def _awq_fold(index: int, p: str, w: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], cfg: ModelConfig,
+              stats: dict[tuple[int, str], SiteStats], scheme: QuantScheme, result: LayerQuant) -> None:
+    """Scales every site's input columns by its AWQ scale and folds the inverse into what produces that input.
+    Output-side folds (into v and up rows) come first, so the q/k/v and gate/up searches see the final weights."""
+    def search(site: str, tie: tuple[int, int] | None = None) -> torch.Tensor:
+        s_stats = stats[(index, site)]
+        projections = [w[n] for n in SITE_PROJECTIONS[site]]
+        s, alpha = search_scales(s_stats.sample(), s_stats.mean_abs(), projections, scheme, tie=tie)
+        result.awq_alphas[site] = alpha
+        for n in SITE_PROJECTIONS[site]:
+            w[n] *= s
+        return s
+
+    s_o = search("o_proj", tie=(cfg.num_kv_heads, cfg.head_dim))
+    v_scale = v_row_scale(s_o, cfg.num_kv_heads, cfg.head_dim)
+    w["self_attn.v_proj"] /= v_scale[:, None]
+    v_bias = weights.get(f"{p}.self_attn.v_proj.bias")
+    if v_bias is not None:
+        _replace(result, f"{p}.self_attn.v_proj.bias", v_bias.float() / v_scale)
+    s_down = search("down_proj")
+    w["mlp.up_proj"] /= s_down[:, None]
+    for site in ("qkv_proj", "gate_up_proj"):
+        s = search(site)
+        norm = f"{p}.{_INPUT_NORM[site]}.weight"
+        _replace(result, norm, weights[norm].float() / s)
+
+
+def _replace(result: LayerQuant, name: str, tensor: torch.Tensor) -> None:
+    result.stored[name] = tensor
+    result.effective[name] = tensor
