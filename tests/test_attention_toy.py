@@ -2,6 +2,7 @@
 
 Block ids are handed out shuffled and block 0 is never handed out (it is the block tables'
 padding), and every slot starts as NaN: a backend that reads a slot it should not read shows NaN.
+An int8 cache (dtype=torch.int8) starts with garbage values and NaN scales for the same reason.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tally.attention import AttentionMetadata
+from tally.kv.quant import Int8KVCache, plan_writes, write_int8
 
 
 @dataclass
@@ -30,8 +32,16 @@ class PagedKV:
     def __init__(self, hkv: int, d: int, block_size: int, num_blocks: int = 256,
                  dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
         self.block_size = block_size
-        self.k_cache = torch.full((num_blocks, block_size, hkv, d), float("nan"), dtype=dtype)
-        self.v_cache = torch.full_like(self.k_cache, float("nan"))
+        shape = (num_blocks, block_size, hkv, d)
+        if dtype == torch.int8:
+            gen = torch.Generator().manual_seed(seed)
+            self.k_cache, self.v_cache = (
+                Int8KVCache(torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen),
+                            torch.full((num_blocks, hkv), float("nan")))
+                for _ in range(2))
+        else:
+            self.k_cache = torch.full(shape, float("nan"), dtype=dtype)
+            self.v_cache = torch.full_like(self.k_cache, float("nan"))
         self.free = list(range(1, num_blocks))
         random.Random(seed).shuffle(self.free)
         self.tables: dict[int, list[int]] = {}  # id(seq) -> its block ids
@@ -49,6 +59,11 @@ class PagedKV:
     def prewrite(self, seq: Seq, end: int) -> None:
         """Put positions [0, end) in the cache directly, as an earlier step or a prefix hit would."""
         slots = torch.tensor(self.slots(seq, 0, end), dtype=torch.int64)
+        if isinstance(self.k_cache, Int8KVCache):
+            plan = plan_writes(slots, self.block_size)
+            write_int8(self.k_cache, seq.k[:end], slots, plan)
+            write_int8(self.v_cache, seq.v[:end], slots, plan)
+            return
         self.k_cache.view(-1, *self.k_cache.shape[2:])[slots] = seq.k[:end].to(self.k_cache.dtype)
         self.v_cache.view(-1, *self.v_cache.shape[2:])[slots] = seq.v[:end].to(self.v_cache.dtype)
 

@@ -11,9 +11,11 @@ import torch
 
 from tally.attention.backend import AttentionConfig
 from tally.attention.decode import DECODE_GATHER_KEYS
+from tally.attention.metadata import AttentionMetadata
 from tally.attention.paged import PagedBackend, is_plain_causal
 from tally.attention.reference import ReferenceBackend
 from tally.attention.tiled import TiledBackend
+from tally.kv.quant import KVCache
 
 
 class AutoBackend(PagedBackend):
@@ -23,9 +25,9 @@ class AutoBackend(PagedBackend):
         self._masked = TiledBackend(config)
 
     def _prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        block_table_row: torch.Tensor, context_len: int, out: torch.Tensor,
+        self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache,
+        block_table_row: torch.Tensor, context_len: int, out: torch.Tensor, meta: AttentionMetadata,
     ) -> None:
         plain = is_plain_causal(q.shape[0], context_len, self.config.sliding_window)
         backend = self._plain if plain else self._masked
-        backend._prefill(q, k_cache, v_cache, block_table_row, context_len, out)
+        backend._prefill(q, k_cache, v_cache, block_table_row, context_len, out, meta)

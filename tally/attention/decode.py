@@ -1,81 +1,126 @@
 """The decode fast path: every single-token row of a batch in one batched SDPA over K/V gathered
-from the paged cache, in groups whose gather stays within a fixed number of keys."""
+from the paged cache, in groups whose gather stays within a fixed number of keys.
+
+Which slots each row reads (the slot grid and its mask) depends only on the step's metadata, so
+`plan_decode` builds it once per step and every layer reuses it (memoised on the metadata).
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 
 from tally.attention.backend import AttentionConfig
+from tally.attention.metadata import AttentionMetadata
 from tally.attention.workspace import Workspace
+from tally.kv.quant import Int8KVCache, KVCache, dequantize_slots_into
 
 # Rows x keys gathered at once. Bounds the workspace at this many keys of K and of V (fp32):
 # 32768 x Hkv x D x 4 bytes each, 24 MiB for SmolLM2's 3 x 64; 8 rows of 4k context fit in one group.
 DECODE_GATHER_KEYS = 32768
 
 
-def decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: list[int], config: AttentionConfig, workspace: Workspace,
-    max_gather_keys: int = DECODE_GATHER_KEYS,
-) -> torch.Tensor:
-    """q [n, Hq, D] of n decode rows (row i has context_lens[i] tokens, its own included) ->
-    [n, Hq, D] in the compute dtype."""
-    window = config.sliding_window
+@dataclass
+class DecodeGroup:
+    """Decode rows attended together. Each row's keys are laid out right-aligned in a [n, L] grid
+    (the last column is the query's own position), with L = the longest context, or the window if
+    that is shorter. Grid cells before position 0 are masked and point at the row's own (always
+    written) slot, so slots never written - which may hold anything, even NaN - are never read."""
+
+    rows: torch.Tensor | None  # index into the decode rows; None: all of them, in order
+    slots: torch.Tensor  # int64 [n, L] cache slot of each grid cell
+    mask: torch.Tensor | None  # bool [n, 1, 1, L], None when every cell is a real key
+    block_size: int
+
+    @cached_property
+    def slot_blocks(self) -> torch.Tensor:
+        """Block of each grid cell, flat [n * L]: where an int8 cache keeps the cell's scale."""
+        return (self.slots // self.block_size).view(-1)
+
+
+def plan_decode(
+    block_tables: torch.Tensor, context_lens: list[int], block_size: int, window: int | None,
+    max_gather_keys: int,
+) -> list[DecodeGroup]:
     keys = context_lens if window is None else [min(c, window) for c in context_lens]
     if len(keys) * max(keys) <= max_gather_keys:
-        return _decode_group(q, k_cache, v_cache, block_tables[:len(keys)], context_lens, config, workspace)
+        return [_group(None, block_tables[:len(keys)], context_lens, block_size, window)]
     # Longest first, so each group pads its rows only up to rows of similar length.
     order = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)
-    out = torch.empty(q.shape, dtype=config.compute_dtype, device=q.device)
-    start = 0
+    groups, start = [], 0
     while start < len(order):
         size = max(1, max_gather_keys // keys[order[start]])
         rows = order[start:start + size]
-        index = torch.tensor(rows, device=q.device)
-        out[index] = _decode_group(
-            q[index], k_cache, v_cache, block_tables[index], [context_lens[r] for r in rows], config,
-            workspace,
-        )
+        index = torch.tensor(rows, device=block_tables.device)
+        groups.append(_group(index, block_tables[index], [context_lens[r] for r in rows], block_size, window))
         start += size
-    return out
+    return groups
 
 
-def _decode_group(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: list[int], config: AttentionConfig, workspace: Workspace,
-) -> torch.Tensor:
-    """Each row's keys are laid out right-aligned in a [n, L] grid (the last column is the query's
-    own position), with L = the longest context, or the window if that is shorter. Grid cells
-    before position 0 are masked and point at the row's own (always written) slot, so slots never
-    written - which may hold anything, even NaN - are never read."""
-    block_size = k_cache.shape[1]
-    num_keys = max(context_lens)
-    if config.sliding_window is not None:
-        num_keys = min(num_keys, config.sliding_window)
-    ctx = torch.tensor(context_lens, dtype=torch.int64, device=k_cache.device)
-    positions = ctx[:, None] - num_keys + torch.arange(num_keys, device=k_cache.device)
+def _group(
+    rows: torch.Tensor | None, block_tables: torch.Tensor, context_lens: list[int], block_size: int,
+    window: int | None,
+) -> DecodeGroup:
+    num_keys = max(context_lens) if window is None else min(max(context_lens), window)
+    device = block_tables.device
+    ctx = torch.tensor(context_lens, dtype=torch.int64, device=device)
+    positions = ctx[:, None] - num_keys + torch.arange(num_keys, device=device)
     valid = positions >= 0
     positions = torch.where(valid, positions, ctx[:, None] - 1)
     slots = block_tables.gather(1, positions // block_size) * block_size + positions % block_size
-    k = _gather_slots(k_cache, slots, workspace, "k", config.compute_dtype)  # [n, L, Hkv, D]
-    v = _gather_slots(v_cache, slots, workspace, "v", config.compute_dtype)
     mask = None if min(context_lens) >= num_keys else valid[:, None, None, :]
+    return DecodeGroup(rows, slots, mask, block_size)
+
+
+def decode_attention(
+    q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, meta: AttentionMetadata,
+    config: AttentionConfig, workspace: Workspace, max_gather_keys: int = DECODE_GATHER_KEYS,
+) -> torch.Tensor:
+    """q [n, Hq, D] of the n = meta.num_decode_tokens decode rows -> [n, Hq, D] in the compute dtype."""
+    n = q.shape[0]
+    groups = meta.memo(
+        ("decode", config.sliding_window, max_gather_keys),
+        lambda: plan_decode(meta.block_tables, meta.context_lens[:n], meta.block_size,
+                            config.sliding_window, max_gather_keys),
+    )
+    if groups[0].rows is None:
+        return _attend(q, k_cache, v_cache, groups[0], config, workspace)
+    out = torch.empty(q.shape, dtype=config.compute_dtype, device=q.device)
+    for group in groups:
+        out[group.rows] = _attend(q[group.rows], k_cache, v_cache, group, config, workspace)
+    return out
+
+
+def _attend(
+    q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, group: DecodeGroup, config: AttentionConfig,
+    workspace: Workspace,
+) -> torch.Tensor:
+    k = _gather_slots(k_cache, group, workspace, "k", config.compute_dtype)  # [n, L, Hkv, D]
+    v = _gather_slots(v_cache, group, workspace, "v", config.compute_dtype)
     out = F.scaled_dot_product_attention(
         q.to(config.compute_dtype).unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=mask, scale=config.scale, enable_gqa=config.num_queries_per_kv > 1,
+        attn_mask=group.mask, scale=config.scale, enable_gqa=config.num_queries_per_kv > 1,
     )
     return out.squeeze(2)
 
 
 def _gather_slots(
-    cache: torch.Tensor, slots: torch.Tensor, workspace: Workspace, name: str, dtype: torch.dtype,
+    cache: KVCache, group: DecodeGroup, workspace: Workspace, name: str, dtype: torch.dtype,
 ) -> torch.Tensor:
-    """cache rows at slots [n, L] -> [n, L, Hkv, D] in dtype, in a reused workspace buffer."""
-    flat = cache.view(-1, *cache.shape[2:])
-    shape = (*slots.shape, *cache.shape[2:])
+    """cache rows at the group's slots [n, L] -> [n, L, Hkv, D] in dtype, in reused workspace buffers."""
+    slots = group.slots.view(-1)
+    row_shape = cache.shape[2:]
+    shape = (*group.slots.shape, *row_shape)
+    if isinstance(cache, Int8KVCache):
+        values = workspace.get(name + "_int8", (len(slots), *row_shape), torch.int8, cache.device)
+        scales = workspace.get(name + "_scales", (len(slots), row_shape[0]), torch.float32, cache.device)
+        out = workspace.get(name + "_compute", (len(slots), *row_shape), dtype, cache.device)
+        return dequantize_slots_into(cache, slots, group.slot_blocks, values, scales, out).view(shape)
     # index_select, not cache[slots]: advanced indexing is several times slower on CPU.
     out = workspace.get(name, shape, cache.dtype, cache.device)
-    torch.index_select(flat, 0, slots.view(-1), out=out.view(-1, *cache.shape[2:]))
+    torch.index_select(cache.view(-1, *row_shape), 0, slots, out=out.view(-1, *row_shape))
     if dtype == cache.dtype:
         return out
     return workspace.get(name + "_compute", shape, dtype, cache.device).copy_(out)

@@ -1,9 +1,12 @@
 """What one forward step tells attention about its batch: a flat varlen batch over a paged KV cache."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -27,6 +30,15 @@ class AttentionMetadata:
     """int64 [T]: cache slot (block_id * block_size + offset) of each new token's K/V."""
     block_size: int
     num_decode_tokens: int = 0
+    step_cache: dict[Hashable, object] = field(default_factory=dict, repr=False, compare=False)
+    """Tensors derived from the fields above (decode slot grids, masks, int8 write plans): every
+    layer of a step needs the same ones, so the first layer builds them and the rest reuse them."""
+
+    def memo(self, key: Hashable, build: Callable[[], T]) -> T:
+        """build(), once per step for each key; the key names whatever else the value depends on."""
+        if key not in self.step_cache:
+            self.step_cache[key] = build()
+        return self.step_cache[key]  # type: ignore[return-value]
 
     @property
     def num_seqs(self) -> int:

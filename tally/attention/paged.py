@@ -9,28 +9,39 @@ from tally.attention.decode import DECODE_GATHER_KEYS, decode_attention
 from tally.attention.metadata import AttentionMetadata
 from tally.attention.workspace import Workspace
 from tally.errors import TallyError
+from tally.kv.quant import Int8KVCache, KVCache, dequantize_blocks, plan_writes, write_int8
 
 
 def write_kv_to_cache(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    k: torch.Tensor, v: torch.Tensor, k_cache: KVCache, v_cache: KVCache, meta: AttentionMetadata,
 ) -> None:
-    """Store new K/V [T, Hkv, D] at their slots; casts to the cache dtype (e.g. bf16)."""
+    """Store new K/V [T, Hkv, D] at meta.slot_mapping; casts to the cache dtype (e.g. bf16) or
+    quantizes into an int8 cache."""
+    if isinstance(k_cache, Int8KVCache):
+        plan = meta.memo("int8_writes", lambda: plan_writes(meta.slot_mapping, meta.block_size))
+        write_int8(k_cache, k, meta.slot_mapping, plan)
+        write_int8(v_cache, v, meta.slot_mapping, plan)
+        return
     # .view (not .reshape) so a non-contiguous cache raises instead of silently writing to a copy.
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
 
 
 def gather_sequence_kv(
-    cache: torch.Tensor, block_table_row: torch.Tensor, start_pos: int, end_pos: int,
+    cache: KVCache, block_table_row: torch.Tensor, start_pos: int, end_pos: int, dtype: torch.dtype,
 ) -> torch.Tensor:
-    """K or V of one sequence at positions [start_pos, end_pos) as [end_pos - start_pos, Hkv, D]."""
+    """K or V of one sequence at positions [start_pos, end_pos) as [end_pos - start_pos, Hkv, D] in
+    dtype (an int8 cache is dequantized)."""
     block_size = cache.shape[1]
     first_block = start_pos // block_size
     end_block = -(-end_pos // block_size)
-    blocks = cache.index_select(0, block_table_row[first_block:end_block]).flatten(0, 1)
+    block_ids = block_table_row[first_block:end_block]
     offset = start_pos - first_block * block_size
-    return blocks[offset:offset + end_pos - start_pos]
+    if isinstance(cache, Int8KVCache):
+        blocks = dequantize_blocks(cache, block_ids, dtype).flatten(0, 1)
+        return blocks[offset:offset + end_pos - start_pos]
+    blocks = cache.index_select(0, block_ids).flatten(0, 1)
+    return blocks[offset:offset + end_pos - start_pos].to(dtype)
 
 
 def is_plain_causal(num_queries: int, context_len: int, sliding_window: int | None) -> bool:
@@ -50,9 +61,9 @@ class PagedBackend:
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-        k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+        k_cache: KVCache, v_cache: KVCache, meta: AttentionMetadata,
     ) -> torch.Tensor:
-        write_kv_to_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        write_kv_to_cache(k, v, k_cache, v_cache, meta)
         out = torch.empty_like(q)
         n_dec = meta.num_decode_tokens
         starts = meta.query_start_loc
@@ -63,8 +74,7 @@ class PagedBackend:
             )
         if n_dec:
             out[:n_dec] = decode_attention(
-                q[:n_dec], k_cache, v_cache, meta.block_tables, meta.context_lens[:n_dec], self.config,
-                self.workspace, self.decode_gather_keys,
+                q[:n_dec], k_cache, v_cache, meta, self.config, self.workspace, self.decode_gather_keys,
             )
         for b in range(n_dec, meta.num_seqs):
             start, end = starts[b], starts[b + 1]
@@ -72,13 +82,15 @@ class PagedBackend:
                 continue
             self._prefill(
                 q[start:end], k_cache, v_cache, meta.block_tables[b], meta.context_lens[b], out[start:end],
+                meta,
             )
         return out
 
     def _prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        block_table_row: torch.Tensor, context_len: int, out: torch.Tensor,
+        self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache,
+        block_table_row: torch.Tensor, context_len: int, out: torch.Tensor, meta: AttentionMetadata,
     ) -> None:
         """Attention for the Lq = q.shape[0] newest tokens of one sequence whose cache holds
-        context_len tokens (theirs included): q [Lq, Hq, D], written into out [Lq, Hq, D]."""
+        context_len tokens (theirs included): q [Lq, Hq, D], written into out [Lq, Hq, D]. Masks
+        built from positions alone can be memoised on meta (meta.memo), shared by every layer."""
         raise NotImplementedError

@@ -12,7 +12,10 @@ import torch
 
 from tally.attention.backend import AttentionConfig
 from tally.attention.decode import DECODE_GATHER_KEYS
+from tally.attention.metadata import AttentionMetadata
 from tally.attention.paged import PagedBackend, gather_sequence_kv
+from tally.attention.reference import causal_window_mask
+from tally.kv.quant import KVCache
 
 
 class TiledBackend(PagedBackend):
@@ -25,20 +28,20 @@ class TiledBackend(PagedBackend):
         self.key_tile = key_tile
 
     def _prefill(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        block_table_row: torch.Tensor, context_len: int, out: torch.Tensor,
+        self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache,
+        block_table_row: torch.Tensor, context_len: int, out: torch.Tensor, meta: AttentionMetadata,
     ) -> None:
         num_queries = q.shape[0]
         first_query_pos = context_len - num_queries
         for start in range(0, num_queries, self.query_tile):
             end = min(start + self.query_tile, num_queries)
             out[start:end] = self._query_tile(
-                q[start:end], k_cache, v_cache, block_table_row, first_query_pos + start,
+                q[start:end], k_cache, v_cache, block_table_row, first_query_pos + start, meta,
             )
 
     def _query_tile(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-        block_table_row: torch.Tensor, first_pos: int,
+        self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache,
+        block_table_row: torch.Tensor, first_pos: int, meta: AttentionMetadata,
     ) -> torch.Tensor:
         """Rows at positions first_pos .. first_pos + n - 1; q [n, Hq, D] -> [n, Hq, D]."""
         cfg = self.config
@@ -59,18 +62,16 @@ class TiledBackend(PagedBackend):
         key_step = max(1, self.key_tile // block_size) * block_size
         for key_start in range(lowest_key // block_size * block_size, last_pos + 1, key_step):
             key_end = min(key_start + key_step, last_pos + 1)
-            k = gather_sequence_kv(k_cache, block_table_row, key_start, key_end).to(cfg.compute_dtype)
-            v = gather_sequence_kv(v_cache, block_table_row, key_start, key_end).to(cfg.compute_dtype)
+            k = gather_sequence_kv(k_cache, block_table_row, key_start, key_end, cfg.compute_dtype)
+            v = gather_sequence_kv(v_cache, block_table_row, key_start, key_end, cfg.compute_dtype)
             scores = torch.bmm(qt, k.permute(1, 2, 0))  # [Hkv, G*n, Lk]
             crosses_diagonal = key_end - 1 > first_pos
             crosses_window = window is not None and key_start <= last_pos - window
             if crosses_diagonal or crosses_window:
-                query_pos = torch.arange(first_pos, last_pos + 1, device=qt.device)[:, None]
-                key_pos = torch.arange(key_start, key_end, device=qt.device)[None, :]
-                allowed = key_pos <= query_pos
-                if window is not None:
-                    allowed &= key_pos > query_pos - window
-                scores.view(kv_heads, group, n, -1).masked_fill_(~allowed, float("-inf"))
+                key = ("hidden", first_pos, last_pos + 1, key_start, key_end, window)
+                hidden = meta.memo(key, lambda: ~causal_window_mask(
+                    first_pos, last_pos + 1, key_start, key_end, window, qt.device))
+                scores.view(kv_heads, group, n, -1).masked_fill_(hidden, float("-inf"))
             new_max = torch.maximum(row_max, scores.amax(dim=-1, keepdim=True))
             # A row with no visible key yet keeps max -inf; shift it by 0 so exp() gives 0, not NaN.
             shift = torch.where(new_max == float("-inf"), 0.0, new_max)

@@ -1,0 +1,137 @@
+"""int8 KV cache: the write path (scales per block and head, growing as a block fills) and every
+attention read path against the same steps over an fp32 cache and the dense oracle."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tally.kv.quant import Int8KVCache, dequantize_blocks, plan_writes, write_int8
+from test_attention import BACKENDS, build
+from test_attention_toy import PagedKV, dense_oracle, random_seq
+
+# Relative error (Frobenius) of attention outputs allowed for int8 K/V against fp32 K/V.
+MAX_REL_ERR = 0.02
+
+
+def rel_err(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.double() - expected.double()).norm() / expected.double().norm())
+
+
+def empty_cache(num_blocks: int = 8, block_size: int = 4, heads: int = 2, dim: int = 8) -> Int8KVCache:
+    shape = (num_blocks, block_size, heads, dim)
+    return Int8KVCache(torch.randint(-127, 128, shape, dtype=torch.int8), torch.full((num_blocks, heads), 1e9))
+
+
+def write(cache: Int8KVCache, x: torch.Tensor, slots: list[int]) -> None:
+    slot_mapping = torch.tensor(slots, dtype=torch.int64)
+    write_int8(cache, x, slot_mapping, plan_writes(slot_mapping, cache.shape[1]))
+
+
+def read_block(cache: Int8KVCache, block: int) -> torch.Tensor:
+    return dequantize_blocks(cache, torch.tensor([block]), torch.float32)[0]
+
+
+def test_larger_value_later_in_a_block_requantizes_the_earlier_ones():
+    gen = torch.Generator().manual_seed(0)
+    cache = empty_cache()
+    x = torch.randn(4, 2, 8, generator=gen).clamp(-2.9, 2.9)
+    x[0, :, 0] = 3.0  # the first token sets both heads' scale...
+    x[3, 0] *= 50  # ...until head 0's last token, far larger; head 1 stays small
+    for pos in range(4):  # one token per step, as decode fills block 5
+        write(cache, x[pos:pos + 1], [5 * 4 + pos])
+    final_scale = x.abs().amax(dim=(0, 2)) / 127
+    torch.testing.assert_close(cache.scales[5], final_scale)
+    # Head 0's earlier values are off by at most half a step of the scale they were stored at plus
+    # half a step of the final one (one requantization; the scales only grow).
+    err = (read_block(cache, 5) - x).abs()
+    assert (err[:, 0] <= final_scale[0] + 1e-6).all()
+    # Head 1 never saw the large value: stored once at its own scale, within half a step of it.
+    assert (err[:, 1] <= final_scale[1] / 2 + 1e-6).all()
+
+
+def test_requantized_block_matches_quantizing_the_whole_block_at_once():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 2, 8, generator=gen) * torch.tensor([0.1, 0.5, 2.0, 8.0])[:, None, None]
+    stepwise, at_once = empty_cache(), empty_cache()
+    for pos in range(4):
+        write(stepwise, x[pos:pos + 1], [12 + pos])
+    write(at_once, x, [12, 13, 14, 15])
+    torch.testing.assert_close(stepwise.scales[3], at_once.scales[3])
+    # Rounding twice may move a value by one step of the final scale, never more.
+    assert ((read_block(stepwise, 3) - read_block(at_once, 3)).abs() <= at_once.scales[3][None, :, None] * 1.001).all()
+
+
+def test_scales_are_per_block_and_head_never_one_global_scale():
+    gen = torch.Generator().manual_seed(2)
+    cache = empty_cache()
+    big, small = torch.randn(4, 2, 8, generator=gen) * 1000, torch.randn(4, 2, 8, generator=gen)
+    write(cache, torch.cat([big, small]), [8, 9, 10, 11, 24, 25, 26, 27])  # blocks 2 and 6 in one step
+    assert rel_err(read_block(cache, 6), small) < 0.01
+    assert rel_err(read_block(cache, 2), big) < 0.01
+
+
+def test_a_reused_block_starts_from_its_new_owners_scale():
+    gen = torch.Generator().manual_seed(3)
+    cache = empty_cache()
+    write(cache, torch.randn(4, 2, 8, generator=gen) * 1000, [4, 5, 6, 7])  # a previous owner of block 1
+    small = torch.randn(2, 2, 8, generator=gen)
+    write(cache, small, [4, 5])  # block 1 handed to a new request: its first write starts at slot 0
+    torch.testing.assert_close(cache.scales[1], small.abs().amax(dim=(0, 2)) / 127)
+    assert rel_err(read_block(cache, 1)[:2], small) < 0.01
+
+
+def _int8_and_fp32(name, rows, hq, hkv, d, block_size, window=None):
+    """The same step over an fp32 and an int8 toy cache (same block placement); outputs of each."""
+    outs = []
+    for dtype in (torch.float32, torch.int8):
+        kv = PagedKV(hkv, d, block_size, dtype=dtype)
+        outs.append(torch.cat(kv.step(build(name, hq, hkv, d, window), rows)))
+    return outs
+
+
+def _oracle(rows, d, window):
+    return torch.cat([dense_oracle(s, c, n, scale=d ** -0.5, window=window) for s, c, n in rows])
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (4, 2), (4, 1)])
+def test_int8_prefill_and_decode_match_fp32_kv(name, hq, hkv):
+    gen = torch.Generator().manual_seed(4)
+    d = 64
+    rows = [(random_seq(ctx, hq, hkv, d, gen), ctx - 1, 1) for ctx in (1, 9, 33, 70)]
+    rows += [(random_seq(37, hq, hkv, d, gen), 0, 37), (random_seq(22, hq, hkv, d, gen), 13, 9)]
+    int8, fp32 = _int8_and_fp32(name, rows, hq, hkv, d, 16)[::-1]
+    assert not int8.isnan().any()  # no stale slot or scale was read
+    assert rel_err(int8, fp32) < MAX_REL_ERR
+    assert rel_err(int8, _oracle(rows, d, None)) < MAX_REL_ERR
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_int8_sliding_window_and_prefix_hits_match_fp32_kv(name):
+    gen = torch.Generator().manual_seed(5)
+    rows = [(random_seq(ctx, 4, 2, 16, gen), ctx - 1, 1) for ctx in (5, 12, 13, 50)]
+    rows += [(random_seq(c + n, 4, 2, 16, gen), c, n) for c, n in ((0, 13), (0, 50), (30, 7), (32, 5))]
+    int8, fp32 = _int8_and_fp32(name, rows, 4, 2, 16, 4, window=12)[::-1]
+    assert rel_err(int8, fp32) < MAX_REL_ERR
+    assert rel_err(int8, _oracle(rows, 16, 12)) < MAX_REL_ERR
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("window", [None, 12])
+def test_int8_chunked_prefill_then_decodes_with_growing_values_match_fp32_kv(name, window):
+    """Magnitudes grow along the sequence, so later tokens keep outgrowing their block's scale and
+    every block is requantized while it fills, across chunks and decode steps."""
+    gen = torch.Generator().manual_seed(6)
+    seq = random_seq(53, 4, 2, 16, gen)
+    ramp = torch.linspace(0.1, 4.0, 53)[:, None, None]
+    seq.k, seq.v = seq.k * ramp, seq.v * ramp
+    backend = build(name, 4, 2, 16, window)
+    outs = {}
+    for dtype in (torch.float32, torch.int8):
+        kv, chunks = PagedKV(2, 16, 8, dtype=dtype), []
+        for start in range(0, 45, 7):  # chunks of 7, not block aligned
+            chunks += kv.step(backend, [(seq, start, min(7, 45 - start))], prewrite=False)
+        for pos in range(45, 53):
+            chunks += kv.step(backend, [(seq, pos, 1)], prewrite=False)
+        outs[dtype] = torch.cat(chunks)
+    assert rel_err(outs[torch.int8], outs[torch.float32]) < MAX_REL_ERR
