@@ -216,7 +216,13 @@ def test_64_concurrent_streams_match_offline_greedy_and_leak_no_blocks(server, o
     assert led["kv"]["blocks_used"] == 0 and led["requests"] == {"running": 0, "waiting": 0, "queued": 0}
 
 
+def _aborted(server) -> float:
+    return sum(v for k, v in _metrics(server).items()
+               if k.startswith("tally:request_success_total{") and '"finished_reason": "abort"' in k)
+
+
 def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server):
+    aborted = _aborted(server)
     body = {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 200, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.base_url + "/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()
@@ -225,6 +231,17 @@ def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server):
         assert ledger(server)["kv"]["blocks_used"] > 0
     led = wait_for_idle_pool(server)
     assert led["kv"]["blocks_used"] == 0 and led["requests"]["running"] == 0
+    assert _aborted(server) == aborted + 1
+
+
+def test_client_leaving_a_non_streamed_request_aborts_it(server):
+    aborted = _aborted(server)
+    body = {"model": MODEL, "prompt": PROMPTS[1], "max_tokens": 240, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(server.base_url + "/completions", json=body, timeout=0.5)
+    led = wait_for_idle_pool(server)
+    assert led["kv"]["blocks_used"] == 0 and led["requests"]["running"] == 0
+    assert _aborted(server) == aborted + 1
 
 
 def test_one_bad_request_does_not_disturb_others(server, offline):
