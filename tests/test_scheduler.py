@@ -16,7 +16,7 @@ def _step(s: Scheduler, sample: bool = True):
         for sr in out.scheduled:
             r = sr.request
             if r.num_computed_tokens == r.num_tokens:
-                r.token_ids.append(7)
+                r.append_token(7)
     return out
 
 

@@ -26,7 +26,7 @@ class Sequence:
                max_model_len: int) -> bool:
         """Add one sampled token; returns True when the sequence is finished by it."""
         req, params = self.request, self.request.sampling_params
-        req.token_ids.append(token_id)
+        req.append_token(token_id)
         self.cumulative_logprob += logprob
         if self.logprobs is not None and top is not None:
             self.logprobs.append(top)
@@ -69,7 +69,7 @@ class Sequence:
         return CompletionOutput(
             index=self.index,
             text=self.visible_text(),
-            token_ids=self.request.output_token_ids,
+            token_ids=list(self.request.output_token_ids),  # a snapshot: the live list keeps growing
             cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
             logprobs=self.logprobs,
             finish_reason=self.finish_reason,

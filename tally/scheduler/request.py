@@ -33,6 +33,7 @@ class Request:
     skip_prefix_cache: bool = False  # prompt logprobs need every prompt position computed
     parent: "Request | None" = None  # a sibling of n>1 waits for the parent's prefill, then shares its blocks
     token_ids: list[int] = field(init=False)  # prompt then output: the "known" tokens
+    output_token_ids: list[int] = field(default_factory=list)  # kept beside token_ids: read every step
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     status: RequestStatus = RequestStatus.WAITING
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks, filled lazily
@@ -53,11 +54,11 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.prompt_token_ids)
+        return len(self.output_token_ids)
 
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids):]
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)
 
     @property
     def prefill_done(self) -> bool:
