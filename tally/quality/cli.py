@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import shlex
 import sys
 
@@ -38,11 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-on", default="fail", choices=VERDICTS[1:], help="verdict from which the exit code is 1")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON here")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     return p
 
 
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
+    logging.getLogger("tally.quality").setLevel(logging.WARNING if ns.quiet else logging.INFO)
+    logging.basicConfig(format="tally eval: %(message)s")
     command = "tally eval " + shlex.join(argv)
     try:
         settings = EvalSettings(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,6 +11,8 @@ from tally.quality.compare import SuiteResult, WorstCase, compare_runs, overall_
 from tally.quality.model_run import ModelSpec, open_model, run_model, same_vocabulary
 from tally.quality.settings import VERDICTS, EvalSettings
 from tally.quality.suites import build_workload
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,7 +36,9 @@ class GateReport:
 def _load(spec: ModelSpec, settings: EvalSettings) -> tuple[Any, float]:
     t0 = time.perf_counter()
     llm = open_model(spec, settings.decoding)
-    return llm, time.perf_counter() - t0
+    load_s = time.perf_counter() - t0
+    log.info("loaded %s in %.0f s", spec.label(), load_s)
+    return llm, load_s
 
 
 def run_gate(baseline: ModelSpec, candidate: ModelSpec, settings: EvalSettings, fail_on: str = "fail") -> GateReport:
@@ -42,12 +47,16 @@ def run_gate(baseline: ModelSpec, candidate: ModelSpec, settings: EvalSettings, 
     tok, max_len = llm.get_tokenizer(), llm.engine.max_model_len
     workload = build_workload(tok, max_len, s.suites, s.ppl_tokens, s.ppl_window_tokens, s.decoding.max_tokens,
                               s.limit)
+    log.info("workload: %d perplexity windows, %d items (%d skipped as too long)",
+             sum(map(len, workload.ppl_windows.values())), len(workload.items), len(workload.skipped))
     base = run_model(llm, baseline, workload, s.decoding)
+    log.info("baseline ran in %.0f s", base.run_s)
     del llm
     gc.collect()  # one model in memory at a time
     llm, cand_load_s = _load(candidate, s)
     same_vocabulary(tok, llm.get_tokenizer())
     cand = run_model(llm, candidate, workload, s.decoding)
+    log.info("candidate ran in %.0f s", cand.run_s)
     del llm
     gc.collect()
     results, worst = compare_runs(workload.items, base, cand, s)
