@@ -61,7 +61,7 @@ def capture(model: CausalLM, samples: list[list[int]], *, hessian: bool,
                 s = stats[key] = SiteStats(torch.zeros(k, k, dtype=torch.float64) if hessian else None,
                                            torch.zeros(k, dtype=torch.float64))
             if s.xtx is not None:
-                s.xtx.addmm_(x.T.double(), x.double())
+                s.xtx.add_(x.T @ x)  # one sample's sum in fp32 (fast), the running sum in fp64
             s.abs_sum.add_(x.abs().sum(0).double())
             s.count += x.shape[0]
             pick = torch.randperm(x.shape[0], generator=gen)[:rows_per_sample]
