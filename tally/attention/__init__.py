@@ -14,15 +14,22 @@ All share paged.py (the cache write and the per-sequence driver) and decode.py (
 in one batched SDPA, gathering into workspace.py's buffers, reused between layers and steps).
 
 Cache layout: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_dim] per layer,
-the "NHD" paged layout vLLM and FlashInfer use, so GPU kernels can read it unchanged.
+the "NHD" paged layout vLLM and FlashInfer use, so GPU kernels can read it unchanged. With
+--kv-cache-dtype int8 each is a tally.kv.quant.Int8KVCache instead: int8 values in that layout plus
+float32 scales [num_blocks, num_kv_heads]; paged.py writes it (scales grow as a block fills) and every
+read path (decode gather, prefill gather, tiles) dequantizes to the compute dtype.
+
+Per-step work: everything derived from the metadata alone (the decode slot grid and mask, prefill
+and tile masks, the int8 write plan) is built by the first layer of a step and memoised on the
+AttentionMetadata (`meta.memo`), so the other layers only move K/V and do the math.
 
 Plugging in a GPU backend (Triton / FlashInfer):
 1. Add a module here with a class that has the `AttentionBackend.forward` signature. It may
    subclass `PagedBackend` (paged.py) and override only `_prefill`, or replace `forward` whole
    (a real kernel handles decodes and prefills of the batch in one launch).
 2. Metadata arrives as python lists for the CPU path; a GPU backend converts query_start_loc /
-   context_lens to device tensors once per step (e.g. in a `plan(meta)` it caches, as FlashInfer's
-   wrappers do) rather than once per layer.
+   context_lens to device tensors once per step with `meta.memo(...)` (as FlashInfer's wrappers
+   plan once) rather than once per layer.
 3. Add its name to BACKEND_NAMES and one branch to `make_backend`, importing the module lazily
    inside that branch so CPU-only installs never import triton or flashinfer.
 4. Run tests/test_attention*.py with the new name: the dense oracle there is backend-agnostic.

@@ -8,6 +8,7 @@ import torch
 
 from tally.attention.metadata import AttentionMetadata
 from tally.errors import ConfigError
+from tally.kv.quant import KVCache
 
 BACKEND_NAMES = ("auto", "reference", "tiled")
 
@@ -34,13 +35,13 @@ class AttentionBackend(Protocol):
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        k_cache: KVCache,
+        v_cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] (new tokens, rotary applied); k_cache/v_cache
-        [num_blocks, block_size, Hkv, D] are this layer's cache, written in place at
-        meta.slot_mapping before attending. Returns [T, Hq, D] in q's dtype."""
+        [num_blocks, block_size, Hkv, D] (tensors, or Int8KVCache values + scales) are this layer's
+        cache, written in place at meta.slot_mapping before attending. Returns [T, Hq, D] in q's dtype."""
         ...
 
 

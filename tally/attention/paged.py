@@ -64,7 +64,6 @@ class PagedBackend:
         k_cache: KVCache, v_cache: KVCache, meta: AttentionMetadata,
     ) -> torch.Tensor:
         write_kv_to_cache(k, v, k_cache, v_cache, meta)
-        out = torch.empty_like(q)
         n_dec = meta.num_decode_tokens
         starts = meta.query_start_loc
         if starts[n_dec] != n_dec:
@@ -72,6 +71,11 @@ class PagedBackend:
                 f"attention metadata says the first {n_dec} sequences are decodes (1 token each) but "
                 f"they hold {starts[n_dec]} tokens; the runner must order decode rows first"
             )
+        if 0 < n_dec == q.shape[0]:  # decode-only step: no output buffer to fill and copy
+            return decode_attention(
+                q, k_cache, v_cache, meta, self.config, self.workspace, self.decode_gather_keys,
+            ).to(q.dtype)
+        out = torch.empty_like(q)
         if n_dec:
             out[:n_dec] = decode_attention(
                 q[:n_dec], k_cache, v_cache, meta, self.config, self.workspace, self.decode_gather_keys,
