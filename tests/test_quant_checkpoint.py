@@ -94,3 +94,17 @@ def test_damaged_packed_tensor_is_named(tiny_llama, tmp_path):
     save_file(tensors, str(out / "model.safetensors"))
     with pytest.raises(ModelLoadError, match="model.layers.1.mlp.down_proj"):
         load_checkpoint(str(out))
+
+
+@pytest.mark.slow
+def test_builtin_gguf_quantizes_to_a_checkpoint_that_serves(tmp_path):
+    """GGUF source: config.json synthesised from the GGUF metadata, tokenizer written from it; SmolLM2's 576
+    inputs take int4 group 64 under w4a16-g128."""
+    out = run(QuantizeJob(None, tmp_path / "q", QuantizeOptions(parse_scheme("w4a16-g128"), "rtn"),
+                          keep_high_precision="last")).out
+    llm = LLM(str(out), dtype="float32", kv_cache_memory=16_000_000, max_model_len=256)
+    layers = llm.engine.loaded.model.layers
+    assert layers[0].qkv_proj.group_size == 64 and not isinstance(layers[-1].qkv_proj, Int4Linear)
+    reply = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                     SamplingParams(temperature=0, max_tokens=12))
+    assert "Paris" in reply[0].outputs[0].text

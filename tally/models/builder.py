@@ -5,8 +5,9 @@ docs/quantization.md), the GGUF file's own blocks (`quantization="gguf"`: adopte
 or a dense weight (quantized on the fly with RTN when `quantization` names a scheme)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -71,7 +72,8 @@ def _check_quantization(quantization: str | None, checkpoint: Checkpoint | None,
                           "file; use int8, int4 or w8a8 to quantize it on the fly", param="quantization")
 
 
-def _pop_packed(name: str, pop, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _pop_packed(name: str, pop: Callable[[str], torch.Tensor],
+                tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """{qweight, scales[, zeros]} of one HF projection name."""
     parts = {"qweight": pop(f"{name}.qweight"), "scales": pop(f"{name}.scales")}
     if f"{name}.zeros" in tensors:
@@ -98,7 +100,7 @@ def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tenso
     return ConcatLinear(parts)
 
 
-def _concat_raw(raws: list):
+def _concat_raw(raws: list[Any]) -> Any:
     """The raw tensors' rows stacked into one (same ggml type, same row width): a fused projection's blocks."""
     if len(raws) == 1:
         return raws[0]

@@ -26,8 +26,8 @@ def search_scales(x: torch.Tensor, mean_abs: torch.Tensor, weights: list[torch.T
     act = mean_abs.float()
     if tie is not None:
         kv_heads, head_dim = tie
-        act = act.view(kv_heads, -1, head_dim).mean(1, keepdim=True).expand(kv_heads, act.numel() // kv_heads
-                                                                            // head_dim, head_dim).reshape(-1)
+        per_kv = act.view(kv_heads, -1, head_dim)
+        act = per_kv.mean(1, keepdim=True).expand_as(per_kv).reshape(-1)
     best = (float("inf"), torch.ones_like(act), 0.0)
     for step in range(ALPHA_STEPS):
         alpha = step / ALPHA_STEPS
