@@ -8,13 +8,17 @@ torch's 2-thread intra-op pool ran 5x slower from the main thread than from a wo
 would otherwise swamp the HTTP cost this measures. Prompts are cut from real text, ignore_eos fixes
 the output length, so both sides do the same work.
 
-    python bench/server_overhead.py [--model M] [--concurrency 1,8,32] [--prompt-tokens 128] [--output-tokens 32]
+    python bench/server_overhead.py [--model M] [--concurrency 1,8,32] [--repeats 3] [--threads 1]
+
+Each level runs offline then HTTP `--repeats` times; the table shows medians, and the ratio is the
+median of the per-repeat ratios, which cancels most of a shared machine's drift.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import threading
@@ -22,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import torch
 
 from tally import LLM
 from tally.sampling_params import SamplingParams
@@ -46,7 +51,8 @@ class Run:
 
 def make_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
     ids = corpus_token_ids(tokenizer)
-    return [ids[i * 997:i * 997 + length] for i in range(n)]  # distinct offsets: no shared prefixes
+    stride = (len(ids) - length) // n  # distinct offsets: no shared prefixes
+    return [ids[i * stride:i * stride + length] for i in range(n)]
 
 
 def offline(llm: LLM, prompts: list[list[int]], max_tokens: int, concurrency: int) -> Run:
@@ -65,10 +71,19 @@ def offline(llm: LLM, prompts: list[list[int]], max_tokens: int, concurrency: in
 
 
 def on_worker_thread(fn, *args) -> Run:
-    result: list[Run] = []
-    t = threading.Thread(target=lambda: result.append(fn(*args)))
+    result: list = []
+
+    def target() -> None:
+        try:
+            result.append(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            result.append(exc)
+
+    t = threading.Thread(target=target)
     t.start()
     t.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
     return result[0]
 
 
@@ -109,7 +124,11 @@ def main() -> int:
     p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--kv-cache-memory", default="256MB")
     p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch threads on both sides (OMP_NUM_THREADS)")
     ns = p.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(ns.threads)  # inherited by the server process
+    torch.set_num_threads(ns.threads)
     levels = [int(x) for x in ns.concurrency.split(",")]
     from tally.engine.args import parse_bytes
 
@@ -125,16 +144,20 @@ def main() -> int:
         asyncio.run(http(server.base_url, model, prompts[:2], 4, 2))
         for c in levels:
             reqs = prompts[:c * ns.requests_per_stream]
-            off = on_worker_thread(offline, llm, reqs, ns.output_tokens, c)
-            web = asyncio.run(http(server.base_url, model, reqs, ns.output_tokens, c))
-            rows.append((c, len(reqs), off, web))
+            runs = [(on_worker_thread(offline, llm, reqs, ns.output_tokens, c),
+                     asyncio.run(http(server.base_url, model, reqs, ns.output_tokens, c))) for _ in range(ns.repeats)]
+            rows.append((c, len(reqs), runs))
     print(f"\nprompt {ns.prompt_tokens} tokens, output {ns.output_tokens} tokens (ignore_eos), greedy, "
-          f"model {model}")
+          f"model {model}, {ns.threads} torch thread(s), median of {ns.repeats}")
     print(f"{'streams':>7} {'requests':>8} {'offline tok/s':>13} {'HTTP tok/s':>10} {'offline TTFT p50':>16} "
           f"{'HTTP TTFT p50':>13} {'HTTP/offline tok/s':>18}")
-    for c, n, off, web in rows:
-        print(f"{c:>7} {n:>8} {off.tokens_per_s:>13.1f} {web.tokens_per_s:>10.1f} {off.ttft_p50_ms:>13.0f} ms "
-              f"{web.ttft_p50_ms:>10.0f} ms {web.tokens_per_s / off.tokens_per_s:>18.2f}")
+    med = statistics.median
+    for c, n, runs in rows:
+        off_tps, web_tps = med(o.tokens_per_s for o, _ in runs), med(w.tokens_per_s for _, w in runs)
+        off_ttft, web_ttft = med(o.ttft_p50_ms for o, _ in runs), med(w.ttft_p50_ms for _, w in runs)
+        ratio = med(w.tokens_per_s / o.tokens_per_s for o, w in runs)
+        print(f"{c:>7} {n:>8} {off_tps:>13.1f} {web_tps:>10.1f} {off_ttft:>13.0f} ms {web_ttft:>10.0f} ms "
+              f"{ratio:>18.2f}")
     print("\ncommand: python " + " ".join(sys.argv))
     return 0
 
