@@ -47,6 +47,8 @@ def print_table(report: GateReport, command: str) -> None:
     from rich.table import Table
 
     console = Console(highlight=False)
+    if not console.is_terminal:  # CI logs: wide enough that the table does not wrap
+        console = Console(highlight=False, width=110)
     d = report.settings.decoding
     table = Table(title=f"tally eval: {report.candidate.label()}  vs  baseline {report.baseline.label()}")
     for col in ("suite", "metric", "baseline", "candidate", "loss", "warn/fail", "verdict", "n"):
