@@ -37,6 +37,7 @@ from tally.server.process import ServerProcess
 SERVE_BASE = ["--max-model-len", "2048", "--kv-cache-memory", "512MiB", "--log-level", "warning"]
 PROMPT_MAX, OUTPUT_MAX = 512, 64  # tokens, after scaling: keeps every run inside a minute here
 LONG_PROMPT_TOKENS = 1500
+PREFIX_GAP_S = 20.0  # about one uncached 1,000-token prefill plus its decode here
 
 
 @dataclass
@@ -183,8 +184,11 @@ def demos(ns: argparse.Namespace, trace: Path, replay: Path, prompt_mean: float,
     lengths = f"trace:{trace}"
     slo = ["--slo", ns.slo]
     closed = ["--lengths", lengths, "--concurrency", "8", "--duration", f"{ns.duration}s", *slo]
+    # Open loop with near-even gaps, not a closed loop: a closed loop bounded by --requests keeps
+    # building prompts (/tokenize calls on the server) during the run, which slows the server.
     prefix = ["--lengths", lengths, "--system-prompt-tokens", "1000", "--prefix-share", "1.0",
-              "--concurrency", "1", "--requests", str(ns.prefix_requests), *slo]
+              "--rate", f"{1 / PREFIX_GAP_S:g}", "--burstiness", "100",
+              "--requests", str(ns.prefix_requests), *slo]
     rate = ["--rate", str(ns.rate), "--duration", f"{ns.duration}s", *slo]
     fixed = f"fixed:{round(prompt_mean)},{round(output_mean)}"
     traced = f"conv trace / {ns.scale} (prompt ≤ {PROMPT_MAX}, output ≤ {OUTPUT_MAX}; means " \
@@ -197,7 +201,8 @@ def demos(ns: argparse.Namespace, trace: Path, replay: Path, prompt_mean: float,
               Arm("continuous (--scheduling continuous)", ["--max-num-seqs", "8"], closed)],
              "output tok/s"),
         Demo("prefix", "Prefix caching on vs off, shared 1,000-token system prompt",
-             f"one client, {ns.prefix_requests} requests in turn; each = 1,000-token system prompt + "
+             f"{ns.prefix_requests} requests, one every ~{PREFIX_GAP_S:g} s (gamma gaps, shape 100); "
+             f"each = 1,000-token system prompt + "
              f"lengths {traced}; SLO {ns.slo}",
              [Arm("off (--no-enable-prefix-caching)", ["--no-enable-prefix-caching"], prefix),
               Arm("on (prefix caching, the default)", [], prefix)],
@@ -217,7 +222,7 @@ def demos(ns: argparse.Namespace, trace: Path, replay: Path, prompt_mean: float,
               "long prompt TTFT": (long_ttft, _ms)}),
         Demo("lengths", "Fixed lengths at the trace's mean vs trace-distributed lengths",
              f"Poisson {ns.rate} req/s, {ns.duration} s, same server (continuous, defaults); "
-             f"fixed {fixed} vs lengths {traced}; SLO {ns.slo}",
+             f"{fixed} vs lengths {traced}; SLO {ns.slo}",
              [Arm(f"trace ({lengths.split('/')[-1]})", [], ["--lengths", lengths, *rate]),
               Arm(f"fixed ({fixed})", [], ["--lengths", fixed, *rate])],
              "goodput req/s"),
