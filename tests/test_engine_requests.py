@@ -103,3 +103,11 @@ def test_abort_frees_blocks_at_once(llm):
     outs = engine.step()
     assert outs[0].finished and outs[0].outputs[0].finish_reason == "abort"
     assert_no_block_leak(llm)
+
+
+def test_max_tokens_0_scores_the_prompt_and_generates_nothing(llm):
+    out = llm.generate("The quick brown fox", SamplingParams(max_tokens=0, prompt_logprobs=1))[0]
+    assert out.outputs[0].token_ids == [] and out.outputs[0].text == ""
+    assert out.outputs[0].finish_reason == "length"
+    assert len(out.prompt_logprobs) == len(out.prompt_token_ids)
+    assert_no_block_leak(llm)

@@ -26,6 +26,8 @@ class Sequence:
                max_model_len: int) -> bool:
         """Add one sampled token; returns True when the sequence is finished by it."""
         req, params = self.request, self.request.sampling_params
+        if req.max_tokens == 0:  # prompt scoring only (echo + logprobs): the sampled token is not kept
+            return self._finish("length", None)
         req.append_token(token_id)
         self.cumulative_logprob += logprob
         if self.logprobs is not None and top is not None:

@@ -4,7 +4,6 @@
 what lm-evaluation-harness's `local-completions` model needs for loglikelihood tasks."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from tally.engine.group import finite
@@ -51,13 +50,12 @@ class Completions:
 
     # -- responses -----------------------------------------------------------------------------
     def response(self, ctx: Ctx, outputs: list[RequestOutput], state: ServerState) -> dict:
-        outputs = _scored_only(ctx.req, outputs)
         choices = [self._choice(ctx, d) for d in deltas({}, outputs)]
         return {"id": ctx.request_id, "object": "text_completion", "created": ctx.created_s, "model": ctx.model,
                 "choices": choices, "usage": usage(outputs)}
 
     def chunks(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]:
-        choices = [self._choice(ctx, d) for d in deltas(ctx.sent, _scored_only(ctx.req, outputs))]
+        choices = [self._choice(ctx, d) for d in deltas(ctx.sent, outputs)]
         return [{"id": ctx.request_id, "object": "text_completion", "created": ctx.created_s, "model": ctx.model,
                  "choices": [c]} for c in choices if c["text"] or c["logprobs"] or c["finish_reason"]]
 
@@ -91,14 +89,6 @@ class Completions:
             token_lps.append(finite(chosen.logprob) if chosen else None)
             tops.append(_top_dict(entry) if entry else None)
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
-
-
-def _scored_only(req: CompletionRequest, outputs: list) -> list:
-    """max_tokens 0 asks for the prompt's scores only; the engine still samples one token, hidden here."""
-    if req.max_tokens != 0:
-        return outputs
-    return [o and replace(o, outputs=[replace(c, text="", token_ids=[], logprobs=[], cumulative_logprob=None)
-                                      for c in o.outputs]) for o in outputs]
 
 
 def _top_dict(entry: dict[int, Logprob]) -> dict[str, float]:
