@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32, help="requests decoded together (same for both)")
     p.add_argument("--limit", type=int, default=None, help="items per suite file (default: all)")
     p.add_argument("--thresholds", nargs="*", default=[], metavar="NAME=WARN,FAIL",
-                   help="e.g. ppl=2,5 tasks=5,15 longtail=25,50 (losses: %% ppl up, points down, %% disagree)")
+                   help="e.g. ppl=2,5 tasks=5,15 longtail=40,75 (losses: %% ppl up, points down, %% disagree)")
     p.add_argument("--fail-on", default="fail", choices=VERDICTS[1:], help="verdict from which the exit code is 1")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON here")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
