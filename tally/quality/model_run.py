@@ -69,8 +69,8 @@ def run_model(llm: Any, spec: ModelSpec, workload: Workload, decoding: Decoding)
     if workload.ppl_windows:
         names = [n for n, ws in workload.ppl_windows.items() for _ in ws]
         windows = [w for ws in workload.ppl_windows.values() for w in ws]
-        outs = llm.generate([{"prompt_token_ids": w} for w in windows], SamplingParams(max_tokens=1,
-                                                                                         prompt_logprobs=0))
+        score_only = SamplingParams(max_tokens=0, prompt_logprobs=0)  # the chosen token's logprob, no decoding
+        outs = llm.generate([{"prompt_token_ids": w} for w in windows], score_only)
         for name, ids, out in zip(names, windows, outs):
             total, count = nll.get(name, (0.0, 0))
             scored = [-lp[ids[i]].logprob for i, lp in enumerate(out.prompt_logprobs) if lp is not None]
