@@ -45,35 +45,40 @@ class WritePlan:
     """Which blocks one step writes; the same for every layer and for K and V, so built once per step."""
 
     blocks: torch.Tensor  # int64 [U] distinct blocks written
-    token_block: torch.Tensor  # int64 [T] index into `blocks` of each new token
-    fresh: torch.Tensor  # bool [U] the write starts at the block's first slot: its old scale is stale
+    token_block: torch.Tensor | None  # int64 [T] index into `blocks` of each token; None: token i is block i
+    kept: torch.Tensor  # bool [U, 1] the block already holds this owner's values (write starts past slot 0)
+    fresh: torch.Tensor  # bool [U, 1] ~kept: the block's old values and scale are a previous owner's
 
 
 def plan_writes(slot_mapping: torch.Tensor, block_size: int) -> WritePlan:
     blocks, token_block = torch.unique(slot_mapping // block_size, return_inverse=True)
     first_offset = torch.full_like(blocks, block_size).scatter_reduce_(
         0, token_block, slot_mapping % block_size, "amin")
-    return WritePlan(blocks, token_block, first_offset == 0)
+    if len(blocks) == len(slot_mapping):  # one token per block, as in decode steps: keep token order
+        blocks, token_block, first_offset = slot_mapping // block_size, None, slot_mapping % block_size
+    kept = (first_offset > 0)[:, None]
+    return WritePlan(blocks, token_block, kept, ~kept)
 
 
 def write_int8(cache: Int8KVCache, x: torch.Tensor, slot_mapping: torch.Tensor, plan: WritePlan) -> None:
     """Quantize new tokens x [T, Hkv, D] into their slots, growing block-head scales as needed."""
-    num_heads = x.shape[1]
     x = x.float()
-    token_absmax = x.abs().amax(dim=-1)  # [T, Hkv]
-    step_absmax = torch.zeros(len(plan.blocks), num_heads, dtype=torch.float32, device=x.device)
-    step_absmax.scatter_reduce_(0, plan.token_block[:, None].expand(-1, num_heads), token_absmax, "amax")
-    old_scale = cache.scales.index_select(0, plan.blocks).masked_fill_(plan.fresh[:, None], 0.0)
-    scale = torch.maximum(old_scale, step_absmax / QMAX).clamp_min_(MIN_SCALE)
+    absmax = torch.linalg.vector_norm(x, float("inf"), dim=-1)  # [T, Hkv]
+    if plan.token_block is not None:
+        absmax = torch.zeros(len(plan.blocks), x.shape[1], device=x.device).scatter_reduce_(
+            0, plan.token_block[:, None].expand(-1, x.shape[1]), absmax, "amax")
+    old_scale = cache.scales.index_select(0, plan.blocks).masked_fill_(plan.fresh, 0.0)
+    scale = torch.maximum(old_scale, absmax.div_(QMAX)).clamp_min_(MIN_SCALE)
     # Blocks already holding this owner's values whose scale grows: rescale those values first.
-    grown = ((scale > old_scale) & ~plan.fresh[:, None]).any(dim=1).nonzero().squeeze(1)
+    grown = (scale > old_scale).logical_and_(plan.kept).any(dim=1).nonzero().squeeze(1)
     if grown.numel():
         ids = plan.blocks.index_select(0, grown)
         ratio = (old_scale.index_select(0, grown) / scale.index_select(0, grown))[:, None, :, None]
         old = cache.values.index_select(0, ids).float().mul_(ratio).round_()
         cache.values.index_copy_(0, ids, old.to(torch.int8))
-    token_scale = scale.index_select(0, plan.token_block)[..., None]  # [T, Hkv, 1]
-    q = (x / token_scale).round_().clamp_(-QMAX, QMAX).to(torch.int8)
+    token_scale = scale if plan.token_block is None else scale.index_select(0, plan.token_block)
+    # |x| <= absmax = 127 x scale, so no clamp is needed.
+    q = torch.div(x, token_scale[..., None]).round_().to(torch.int8)
     cache.values.view(-1, *cache.values.shape[2:]).index_copy_(0, slot_mapping, q)
     cache.scales.index_copy_(0, plan.blocks, scale)
 
@@ -92,4 +97,5 @@ def dequantize_slots_into(
     buffers values_buf int8 [N, Hkv, D] and scales_buf float32 [N, Hkv] so nothing is allocated."""
     torch.index_select(cache.values.view(-1, *cache.values.shape[2:]), 0, slots, out=values_buf)
     torch.index_select(cache.scales, 0, slot_blocks, out=scales_buf)
-    return torch.mul(values_buf, scales_buf[..., None], out=out)
+    # copy_ then mul_: a mixed int8 x float mul would allocate a float copy of the values first.
+    return out.copy_(values_buf).mul_(scales_buf[..., None])
