@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tally.attention import AttentionConfig
+from tally.attention.reference import ReferenceBackend
 from tally.kv.quant import Int8KVCache, dequantize_blocks, plan_writes, write_int8
 from test_attention import BACKENDS, build
 from test_attention_toy import PagedKV, dense_oracle, random_seq
@@ -135,3 +137,11 @@ def test_int8_chunked_prefill_then_decodes_with_growing_values_match_fp32_kv(nam
             chunks += kv.step(backend, [(seq, pos, 1)], prewrite=False)
         outs[dtype] = torch.cat(chunks)
     assert rel_err(outs[torch.int8], outs[torch.float32]) < MAX_REL_ERR
+
+
+def test_int8_decode_rows_split_into_groups_match_fp32_kv():
+    gen = torch.Generator().manual_seed(7)
+    rows = [(random_seq(ctx, 4, 2, 16, gen), ctx - 1, 1) for ctx in (3, 40, 9, 70, 1, 33, 64, 16)]
+    backend = ReferenceBackend(AttentionConfig(4, 2, 16, 0.25, None), decode_gather_keys=70)
+    fp32, int8 = (torch.cat(PagedKV(2, 16, 4, dtype=dtype).step(backend, rows)) for dtype in (torch.float32, torch.int8))
+    assert rel_err(int8, fp32) < MAX_REL_ERR
