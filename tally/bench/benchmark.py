@@ -61,7 +61,11 @@ async def _send(cfg: BenchConfig, state: RunState, pool: ConnectionPool, client:
     wl = planner.config
     if wl.arrivals is None:
         requests = None
-        feed = PromptFeed(builder, (planner.request(i, "") for i in itertools.count()))
+        # A run bounded by --requests (no warmup) needs no more prompts than it can send: an unbounded
+        # feed kept calling the server's /tokenize during the measured run and slowed it down.
+        bounded = wl.max_requests is not None and not wl.warmup_s
+        ids = range(wl.max_requests + wl.concurrency) if bounded else itertools.count()
+        feed = PromptFeed(builder, (planner.request(i, "") for i in ids))
         ready = (wl.max_requests + wl.concurrency) if wl.max_requests is not None else AHEAD
     else:
         requests, phases = planner.open_loop()
