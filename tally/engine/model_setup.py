@@ -30,7 +30,7 @@ class LoadedModel:
     tokenizer: Any
     stop_token_ids: tuple[int, ...]
     model: CausalLM
-    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    kv_caches: list[tuple[KVCache, KVCache]]
     kv_layout: KVLayout
     num_blocks: int
     max_model_len: int

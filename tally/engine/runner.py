@@ -7,6 +7,7 @@ import torch
 
 from tally.engine.inputs import build_step_inputs
 from tally.kv.manager import KVCacheManager
+from tally.kv.quant import KVCache
 from tally.layers.sampler import Sampler, SamplerInput, SamplerOutput
 from tally.models.llama import CausalLM
 from tally.scheduler.request import Request
@@ -32,7 +33,7 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv: KVCacheManager, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def __init__(self, model: CausalLM, kv: KVCacheManager, kv_caches: list[tuple[KVCache, KVCache]]) -> None:
         self.model = model
         self.kv = kv
         self.kv_caches = kv_caches

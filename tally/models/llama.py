@@ -13,6 +13,7 @@ from torch import nn
 
 from tally.attention.backend import AttentionBackend
 from tally.attention.metadata import AttentionMetadata
+from tally.kv.quant import KVCache
 from tally.layers.norm import RMSNorm
 from tally.layers.rotary import RotaryEmbedding, apply_rotary
 from tally.models.config import ModelConfig
@@ -40,7 +41,7 @@ class DecoderLayer(nn.Module):
         self.attn = attn
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: tuple[KVCache, KVCache], meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.cfg
         t = h.shape[0]
         qkv = self.qkv_proj(self.input_norm(h))
@@ -77,7 +78,7 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata) -> torch.Tensor:
         h = F.embedding(input_ids, self.embed_tokens)
         rope = self.rotary.lookup(positions)
         for layer, kv in zip(self.layers, kv_caches):
