@@ -76,8 +76,7 @@ class Engine:
                 logprobs=[] if params.logprobs is not None else None,
             )
             seqs.append(seq)
-        group = RequestGroup(request_id, text, ids, seqs, RequestMetrics(arrival_time=now),
-                             prompt_logprobs_k=params.prompt_logprobs)
+        group = RequestGroup(request_id, text, ids, seqs, RequestMetrics(arrival_time=now))
         self.groups[request_id] = group
         for seq in seqs:
             self._seq_of[seq.request.request_id] = (seq, group)

@@ -1,8 +1,7 @@
 """A user's request: one prompt, n sampled sequences, and the timestamps users feel."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tally.engine.runner import PromptLogprobs as StepPromptLogprobs
 from tally.engine.sequence import Sequence
@@ -17,8 +16,6 @@ class RequestGroup:
     sequences: list[Sequence]
     metrics: RequestMetrics
     prompt_logprobs: PromptLogprobs | None = None
-    prompt_logprobs_k: int | None = None
-    _reported: bool = field(default=False)
 
     @property
     def finished(self) -> bool:
@@ -50,7 +47,3 @@ class RequestGroup:
             num_cached_tokens=max(0, seqs[0].request.num_cached_tokens),
         )
 
-
-def finite(x: float) -> float:
-    """JSON cannot carry -inf; a logprob of -inf is reported as the most negative float."""
-    return x if math.isfinite(x) else -9999.0

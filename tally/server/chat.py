@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tally.engine.group import finite
+from tally.server.protocol import finite
 from tally.errors import InvalidRequestError
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import SamplingParams

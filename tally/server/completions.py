@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tally.engine.group import finite
+from tally.server.protocol import finite
 from tally.errors import InvalidRequestError
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import SamplingParams

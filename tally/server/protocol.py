@@ -4,6 +4,7 @@ Unknown fields are ignored, as OpenAI-compatible servers do, so clients that sen
 (`user`, `tools`, `parallel_tool_calls`, ...) work unchanged."""
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -117,3 +118,8 @@ class TokenizeRequest(OpenAIModel):
 class DetokenizeRequest(OpenAIModel):
     model: str | None = None
     tokens: list[int]
+
+
+def finite(x: float) -> float:
+    """JSON cannot carry -inf; a logprob of -inf is reported as the most negative float."""
+    return x if math.isfinite(x) else -9999.0
