@@ -76,9 +76,9 @@ def main() -> None:
     print(f"\nworkload: {a.requests} requests, Azure conv trace lengths / {a.scale}, "
           f"{sum(len(r.prompt_token_ids) for r in reqs)} prompt + {out_tokens} output tokens, {a.dtype}, "
           f"{a.threads} threads")
-    print(f"{'system':<42} {'time s':>8} {'out tok/s':>10} {'tally is':>10}")
+    print(f"{'system':<42} {'time s':>8} {'out tok/s':>10} {'time vs tally':>14}")
     for name, t in rows:
-        print(f"{name:<42} {t:8.1f} {out_tokens / t:10.1f} {t / base:9.2f}x")
+        print(f"{name:<42} {t:8.1f} {out_tokens / t:10.1f} {t / base:13.2f}x")
     print("command: python " + " ".join(sys.argv))
 
 
