@@ -4,16 +4,7 @@ from __future__ import annotations
 import argparse
 
 from tally.engine.config import EngineConfig
-
-
-def parse_bytes(text: str) -> int:
-    """'2GB', '512MiB', '1e9' → bytes."""
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9, "b": 1}
-    t = text.strip().lower()
-    for suffix, mult in units.items():
-        if t.endswith(suffix):
-            return int(float(t[: -len(suffix)]) * mult)
-    return int(float(t))
+from tally.ledger.units import parse_bytes  # one byte-size parser for every CLI
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from tally.engine.config import EngineConfig
 from tally.engine.tokenizer import load_tokenizer, stop_token_ids
 from tally.errors import ConfigError
 from tally.kv.quant import Int8KVCache, KVCache
+from tally.ledger.hardware import available_ram_bytes
 from tally.ledger.kv import KVLayout
 from tally.ledger.report import EngineLedger
 from tally.models.builder import build_model
@@ -36,14 +37,6 @@ class LoadedModel:
     max_model_len: int
     ledger: EngineLedger
     load_time_s: float
-
-
-def available_memory_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("/proc/meminfo has no MemAvailable line")
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -74,7 +67,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         # Like vLLM's CPU backend, a bounded default: zero-filling a pool costs ~2 s per GB here, and
         # a pool larger than max_num_seqs full-length requests can never be used.
         useful = config.max_num_seqs * layout.bytes_for_tokens(max_model_len)
-        budget = min(int(available_memory_bytes() * config.kv_cache_memory_fraction), DEFAULT_KV_CAP_BYTES, useful)
+        budget = min(int(available_ram_bytes() * config.kv_cache_memory_fraction), DEFAULT_KV_CAP_BYTES, useful)
     num_blocks = layout.num_blocks_for_budget(budget)
     if num_blocks * config.block_size < max_model_len:
         raise ConfigError(

@@ -15,10 +15,19 @@ from tally.ledger.presets import Device
 
 
 def total_ram_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    return _meminfo_bytes("MemTotal", meminfo)
+
+
+def available_ram_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
+    """What the engine may still take (its default KV budget is a fraction of this)."""
+    return _meminfo_bytes("MemAvailable", meminfo)
+
+
+def _meminfo_bytes(field: str, meminfo: Path) -> int:
     for line in meminfo.read_text().splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024  # the kernel writes kB meaning KiB
-    raise OSError(f"no MemTotal line in {meminfo}")
+    raise OSError(f"no {field} line in {meminfo}")
 
 
 def measure_read_bandwidth(array_bytes: int = 1 << 30, repeats: int = 3) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tally.errors import ConfigError
+from tally.ledger.units import canonical_name
 from tally.models.config import ModelConfig
 
 KV_DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}
@@ -20,11 +21,7 @@ _ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "f
 
 
 def canonical_kv_dtype(name: str) -> str:
-    key = name.strip().lower()
-    key = _ALIASES.get(key, key)
-    if key not in KV_DTYPE_BYTES:
-        raise ConfigError(f"unknown KV cache dtype {name!r}; choose one of bf16, fp16, fp32, int8, fp8")
-    return key
+    return canonical_name(name, _ALIASES, KV_DTYPE_BYTES, "KV cache dtype")
 
 
 @dataclass(frozen=True)

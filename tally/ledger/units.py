@@ -75,3 +75,12 @@ def fmt_count(value: float) -> str:
         if value >= scale:
             return f"{value / scale:,.2f}{suffix}"
     return f"{value:,.0f}"
+
+
+def canonical_name(name: str, aliases: dict[str, str], known: dict[str, int], what: str) -> str:
+    """A dtype name as the ledger spells it ('bf16' -> 'bfloat16'); unknown names say what is known."""
+    key = name.strip().lower()
+    key = aliases.get(key, key)
+    if key not in known:
+        raise ConfigError(f"unknown {what} {name!r}; choose one of {', '.join(known)}")
+    return key

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tally.errors import ConfigError
+from tally.ledger.units import canonical_name
 from tally.models.config import ModelConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -23,10 +24,7 @@ _GROUP_PARAM_BYTES = 2 * 2  # bf16 scale + bf16 zero per int4 group
 
 
 def canonical_dtype(name: str) -> str:
-    key = _DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in DTYPE_BYTES:
-        raise ConfigError(f"unknown compute dtype {name!r}; choose bf16, fp16 or fp32")
-    return key
+    return canonical_name(name, _DTYPE_ALIASES, DTYPE_BYTES, "compute dtype")
 
 
 @dataclass(frozen=True)
