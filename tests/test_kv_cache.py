@@ -81,3 +81,25 @@ def test_salt_separates_prefix_cache_entries():
     _run_prefill(kv, a)
     b = Request("b", [1, 2, 3], 4, 0.0, cache_salt="tenant-b")
     assert kv.find_cached_prefix(b) == []
+
+
+def test_sliding_window_gives_back_blocks_no_future_query_sees():
+    kv = KVCacheManager(num_blocks=8, block_size=2, enable_prefix_caching=False, sliding_window=3)
+    r = _req("w", list(range(10, 20)))  # 10 tokens: 5 blocks
+    assert kv.allocate(r, 10)
+    r.num_computed_tokens = 10
+    kv.release_out_of_window(r)
+    # The next query is position 10; it sees keys 8 and 9 (> 10 - 3): blocks 0..3 are dead.
+    assert kv.num_held_blocks("w") == 1 and kv.pool.num_free_blocks == 7
+    assert len(kv.block_table("w")) == 5  # places kept: positions still index the table
+    kv.free(r)
+    assert kv.pool.num_free_blocks == 8 and all(b.ref_count == 0 for b in kv.pool.blocks)
+
+
+def test_without_a_window_nothing_is_released_early():
+    kv = KVCacheManager(num_blocks=8, block_size=2, enable_prefix_caching=False)
+    r = _req("x", list(range(10, 20)))
+    assert kv.allocate(r, 10)
+    r.num_computed_tokens = 10
+    kv.release_out_of_window(r)
+    assert kv.num_held_blocks("x") == 5

@@ -150,3 +150,22 @@ def test_planning_never_imports_torch():
     code = ("import sys, tally.ledger.cli, tally.ledger.hardware, tally.ledger.report, tally.ledger.gguf_file; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_quantized_checkpoint_is_planned_as_stored(tiny_llama, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from tally.quant.pipeline import QuantizeJob, run
+    from tally.quant.quantize import QuantizeOptions
+    from tally.quant.scheme import parse_scheme
+
+    out = run(QuantizeJob(str(tiny_llama), tmp_path / "q", QuantizeOptions(parse_scheme("w4a16-g32"), "rtn"),
+                          keep_high_precision="first")).out
+    stored = _plan_json(capsys, "--model", str(out), "--device", "l4", "--dtype", "fp32")
+    dense = _plan_json(capsys, "--model", str(out), "--device", "l4", "--dtype", "fp32", "--weights", "dense")
+    tensors = load_file(str(out / "model.safetensors"))
+    packed = {n: t for n, t in tensors.items() if n.endswith((".qweight", ".scales", ".zeros"))}
+    assert packed and not any(n.startswith("model.layers.0.") for n in packed)  # layer 0 kept dense
+    unpacked_numel = sum(t.numel() * 2 for n, t in packed.items() if n.endswith(".qweight"))  # two int4 per byte
+    expected = dense["weights"]["total_bytes"] - 4 * unpacked_numel + sum(t.nbytes for t in packed.values())
+    assert stored["weights"]["format"].startswith("as stored") and stored["weights"]["total_bytes"] == expected

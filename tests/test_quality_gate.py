@@ -72,3 +72,13 @@ def test_corrupt_option_zeroes_a_layer_of_the_loaded_candidate(tiny_llama):
 def test_bad_settings_exit_with_usage_code_before_loading_a_model(bad, capsys):
     assert main(["--baseline", "/nonexistent", *bad]) == EXIT_USAGE
     assert "tally eval:" in capsys.readouterr().err
+
+
+def test_int8_kv_candidate_changes_only_the_kv_cache(tiny_llama, tmp_path):
+    out = tmp_path / "report.json"
+    main(["--baseline", str(tiny_llama), "--candidate", str(tiny_llama), "--candidate-kv-cache-dtype", "int8",
+          *SMALL, "--suites", "ppl", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert "kv int8" in report["candidate"]["label"] and report["candidate"]["kv_cache_dtype"] == "int8"
+    ppl = report["suites"][0]
+    assert ppl["loss"] != 0.0 and abs(ppl["loss"]) < 5.0  # int8 KV moves perplexity, but only a little

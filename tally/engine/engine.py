@@ -33,7 +33,8 @@ class Engine:
         self.tokenizer = m.tokenizer
         self.model_name = config.served_model_name or m.name
         self.max_model_len = m.max_model_len
-        self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
+                                 sliding_window=m.config.sliding_window)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,

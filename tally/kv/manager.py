@@ -3,7 +3,12 @@
 A full block is named by hash(parent block's hash, its token ids, the request's salt); a hit
 reuses the block (ref count + 1) and skips its prefill. Hashes of full blocks are always registered
 (so n>1 siblings can share a prompt even with prefix caching off); lookups happen only when
-prefix caching is enabled or the request is such a sibling."""
+prefix caching is enabled or the request is such a sibling.
+
+With a sliding window, blocks every future query is too far ahead to see are given back while the request
+runs (they stay in the prefix cache if registered). Such blocks are always a prefix of the table, so the
+table keeps their places (attention never reads them: it starts at the first query's window) and a count
+says how many leading entries no longer belong to the request."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,14 +28,17 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 sliding_window: int | None = None) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
         self.stats = PrefixCacheStats()
         self._blocks: dict[str, list[Block]] = {}
         self._num_registered: dict[str, int] = {}
         self._filled_tokens: dict[str, int] = {}  # tokens each request's blocks will hold after this step
+        self._num_released: dict[str, int] = {}  # leading table entries given back (sliding window)
 
     # -- queries -------------------------------------------------------------------------------
     def block_table(self, request_id: str) -> list[int]:
@@ -45,6 +53,10 @@ class KVCacheManager:
     def num_unfilled_slots(self) -> int:
         """Allocated slots holding no token yet (the numerator of fragmentation)."""
         return sum(len(blocks) * self.block_size - self._filled(rid) for rid, blocks in self._blocks.items())
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks the request holds a reference to (its table minus entries released behind the window)."""
+        return len(self._blocks.get(request_id, ())) - self._num_released.get(request_id, 0)
 
     def _filled(self, request_id: str) -> int:
         return self._filled_tokens.get(request_id, 0)
@@ -100,15 +112,28 @@ class KVCacheManager:
         """Register blocks that became full of computed tokens."""
         self._update_hashes(req)
         blocks = self._blocks[req.request_id]
-        start = self._num_registered.get(req.request_id, 0)
+        start = max(self._num_registered.get(req.request_id, 0), self._num_released.get(req.request_id, 0))
         end = min(req.num_computed_tokens // self.block_size, len(req.block_hashes))
         bs = self.block_size
         for i in range(start, end):
             self.pool.register(blocks[i], req.block_hashes[i], tuple(req.token_ids[i * bs:(i + 1) * bs]))
         self._num_registered[req.request_id] = max(start, end)
 
+    def release_out_of_window(self, req: Request) -> None:
+        """Give back the leading blocks no query from position num_computed_tokens on can see: a query at
+        p sees keys > p - window, so every key before num_computed_tokens - window + 1 is dead."""
+        if self.sliding_window is None:
+            return
+        first_needed = req.num_computed_tokens - self.sliding_window + 1
+        done = self._num_released.get(req.request_id, 0)
+        dead = min(max(0, first_needed) // self.block_size, len(self._blocks.get(req.request_id, ())))
+        if dead > done:
+            self.pool.release(self._blocks[req.request_id][done:dead])
+            self._num_released[req.request_id] = dead
+
     def free(self, req: Request) -> None:
         blocks = self._blocks.pop(req.request_id, [])
+        released = self._num_released.pop(req.request_id, 0)
         self._num_registered.pop(req.request_id, None)
         self._filled_tokens.pop(req.request_id, None)
-        self.pool.release(list(reversed(blocks)))
+        self.pool.release(list(reversed(blocks[released:])))

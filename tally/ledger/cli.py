@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", help="memory bandwidth, e.g. 3.35TB/s (overrides the preset)")
     p.add_argument("--flops", help="dense bf16 FLOP/s, e.g. 989T (overrides the preset)")
     p.add_argument("--dtype", default="bf16", help="compute dtype: bf16 | fp16 | fp32 (default bf16)")
-    p.add_argument("--weights", choices=("dense", "int8", "int4", "w8a8", "gguf"),
-                   help="weight format (default: dense at --dtype; a .gguf model: as stored)")
+    p.add_argument("--weights", choices=("dense", "int8", "int4", "w8a8", "gguf", "stored"),
+                   help="weight format (default: what the model holds: dense at --dtype; a .gguf file or a "
+                        "`tally quantize` checkpoint: as stored)")
     p.add_argument("--group-size", type=int, default=128, help="int4 group size (default 128)")
     p.add_argument("--kv-dtype", help="KV cache dtype: bf16 | fp16 | fp32 | int8 | fp8 (default: --dtype)")
     p.add_argument("--max-model-len", type=int, help="tokens per request (prompt + output) to plan for")

@@ -12,10 +12,10 @@ from tally.ledger.weights import short_dtype
 
 def compare_variants(source: ModelSource, opts: PlanOptions) -> list[tuple[str, Plan]]:
     """The plan as asked first, then one row per lever that differs from it."""
-    base_weights = opts.weights or ("gguf" if source.is_gguf else "dense")
+    base_weights = opts.weights or source.default_weights
     base_kv = opts.kv_dtype or opts.dtype
     rows: list[tuple[str, ModelSource, PlanOptions]] = [("as asked", source, opts)]
-    for weights in ("gguf", "dense", "int8", "int4") if source.is_gguf else ("dense", "int8", "int4"):
+    for weights in dict.fromkeys((source.default_weights, "dense", "int8", "int4")):
         if weights != base_weights:
             label = short_dtype(opts.dtype) if weights == "dense" else weights
             rows.append((f"weights {label}", source, dataclasses.replace(opts, weights=weights)))

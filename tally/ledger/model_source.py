@@ -1,7 +1,10 @@
 """What `--model` names: a checkpoint directory, a GGUF file, a bare config.json, or a preset."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import re
+import struct
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tally.errors import ModelLoadError
@@ -18,10 +21,16 @@ class ModelSource:
     config: ModelConfig
     tensors: list[WeightTensor]
     gguf_tensor_types: dict[str, int] = field(default_factory=dict)  # ggml type -> tensors, GGUF only
+    quantized: bool = False  # a `tally quantize` checkpoint: packed projections carry stored_bytes
 
     @property
     def is_gguf(self) -> bool:
         return self.kind == "gguf"
+
+    @property
+    def default_weights(self) -> str:
+        """The weight format when --weights is not given: what the file holds."""
+        return "gguf" if self.is_gguf else "stored" if self.quantized else "dense"
 
     def with_config(self, config: ModelConfig, name: str) -> "ModelSource":
         """The same model reshaped (e.g. full multi-head attention for a comparison); priced by shape."""
@@ -35,7 +44,13 @@ def resolve_model(spec: str) -> ModelSource:
         if not (path / "config.json").is_file() and len(ggufs) == 1:
             return _from_gguf(ggufs[0])
         config = ModelConfig.from_json_file(path / "config.json")
-        return ModelSource(path.name, "checkpoint", config, model_tensors(config))
+        tensors = model_tensors(config)
+        quant = json.loads((path / "config.json").read_text()).get("quantization_config") or {}
+        if quant.get("quant_method") != "tally":
+            return ModelSource(path.name, "checkpoint", config, tensors)
+        packed = _packed_bytes(path)
+        return ModelSource(path.name, "checkpoint", config,
+                           [replace(t, stored_bytes=packed.get(t.name)) for t in tensors], quantized=True)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return _from_gguf(path)
@@ -52,3 +67,22 @@ def resolve_model(spec: str) -> ModelSource:
 def _from_gguf(path: Path) -> ModelSource:
     model = read_gguf(path)
     return ModelSource(path.name, "gguf", model.config, model.tensors, model.tensor_types)
+
+
+_PACKED = re.compile(r"^model\.(layers\.\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.(?:qweight|scales|zeros)$")
+
+
+def _packed_bytes(path: Path) -> dict[str, int]:
+    """Ledger tensor name (layers.3.q_proj) → bytes of its packed parts, from the safetensors headers alone."""
+    out: dict[str, int] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        with open(file, "rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, info in header.items():
+            m = _PACKED.match(name)
+            if m:
+                start, end = info["data_offsets"]
+                key = f"{m.group(1)}.{m.group(2)}"
+                out[key] = out.get(key, 0) + end - start
+    return out

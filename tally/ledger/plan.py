@@ -122,7 +122,7 @@ def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
                           f"choose --tp from {divisors}")
     if opts.pp > config.num_layers:
         raise ConfigError(f"--pp {opts.pp} is more stages than the {config.num_layers} layers of {source.name}")
-    fmt = WeightFormat(opts.weights or ("gguf" if source.is_gguf else "dense"), opts.dtype, opts.group_size)
+    fmt = WeightFormat(opts.weights or source.default_weights, opts.dtype, opts.group_size)
     kv_dtype = opts.kv_dtype or opts.dtype
     layout = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size, tp_size=opts.tp, pp_size=opts.pp)
     split = split_model(source.tensors, fmt, config, tp=opts.tp, pp=opts.pp, max_batched_tokens=opts.max_batched_tokens,

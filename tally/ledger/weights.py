@@ -7,6 +7,7 @@ int8  : int8 values + one bf16 scale per output row
 w8a8  : int8 values + one fp32 scale per output row (activation scales are per token, at run time)
 int4  : two values per byte + bf16 scale and bf16 zero per group of `group_size` inputs (asymmetric)
 gguf  : each tensor at its stored ggml type size (Q4_1 = 20 bytes per 32 values, Q6_K = 210 per 256)
+stored: a `tally quantize` checkpoint: packed projections at their bytes on disk, the rest in the compute dtype
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tally.models.config import ModelConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 _DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
-QUANT_SCHEMES = ("int8", "w8a8", "int4", "gguf")
+QUANT_SCHEMES = ("int8", "w8a8", "int4", "gguf", "stored")
 _ROW_SCALE_BYTES = {"int8": 2, "w8a8": 4}
 _GROUP_PARAM_BYTES = 2 * 2  # bf16 scale + bf16 zero per int4 group
 
@@ -36,7 +37,7 @@ class WeightTensor:
     layer: int | None = None  # decoder block index; None for embedding, head, final norm
     tp_split: str | None = None  # "rows" or "cols" when tensor parallelism shards it
     kv_projection: bool = False  # k/v projections: replicated when KV heads < TP ranks
-    stored_bytes: int | None = None  # as stored in a GGUF file
+    stored_bytes: int | None = None  # as stored in a GGUF file, or packed in a quantized checkpoint
 
     @property
     def numel(self) -> int:
@@ -65,15 +66,19 @@ class WeightFormat:
         if self.scheme in _ROW_SCALE_BYTES:
             kind = "bf16" if _ROW_SCALE_BYTES[self.scheme] == 2 else "fp32"
             return f"{self.scheme} (+{kind} scale per row)"
+        if self.scheme == "stored":
+            return f"as stored (packed projections as quantized, the rest {short_dtype(self.dtype)})"
         return "gguf (each tensor at its stored type)"
 
     def tensor_bytes(self, tensor: WeightTensor) -> int:
+        if self.scheme == "stored" and tensor.stored_bytes is not None:
+            return tensor.stored_bytes
         if self.scheme == "gguf":
             if tensor.stored_bytes is None:
                 raise ConfigError("--weights gguf needs a .gguf model file; for other models pick int8, int4 or w8a8")
             return tensor.stored_bytes
         dense = tensor.numel * DTYPE_BYTES[self.dtype]
-        if self.scheme == "dense" or tensor.role != "linear":
+        if self.scheme in ("dense", "stored") or tensor.role != "linear":
             return dense
         if self.scheme in _ROW_SCALE_BYTES:
             return tensor.numel + tensor.rows * _ROW_SCALE_BYTES[self.scheme]

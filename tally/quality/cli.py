@@ -22,7 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     for who in ("baseline", "candidate"):
         p.add_argument(f"--{who}", default=None, help="checkpoint dir, .gguf file or alias (default: built-in model)")
-        p.add_argument(f"--{who}-quantization", default=None, choices=["int8", "int4", "w8a8"])
+        p.add_argument(f"--{who}-quantization", default=None, choices=["int8", "int4", "w8a8", "gguf"])
+        p.add_argument(f"--{who}-kv-cache-dtype", default="auto", choices=["auto", "int8"],
+                       help="int8: the KV cache in int8 (weights unchanged), to gate the KV quantization alone")
     p.add_argument("--candidate-corrupt", default=None, metavar="zero-layer:N",
                    help="damage the candidate on purpose, to check that the gate fails it")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="both models")
@@ -63,8 +65,9 @@ def main(argv: list[str]) -> int:
         if ns.threads:
             torch.set_num_threads(ns.threads)
         common = dict(dtype=ns.dtype, max_model_len=ns.max_model_len, kv_cache_memory=ns.kv_cache_memory)
-        baseline = ModelSpec(ns.baseline, ns.baseline_quantization, **common)
-        candidate = ModelSpec(ns.candidate, ns.candidate_quantization, corrupt=ns.candidate_corrupt, **common)
+        baseline = ModelSpec(ns.baseline, ns.baseline_quantization, kv_cache_dtype=ns.baseline_kv_cache_dtype, **common)
+        candidate = ModelSpec(ns.candidate, ns.candidate_quantization, kv_cache_dtype=ns.candidate_kv_cache_dtype,
+                              corrupt=ns.candidate_corrupt, **common)
         report = run_gate(baseline, candidate, settings, fail_on=ns.fail_on)
     except TallyError as exc:
         print(f"tally eval: {exc.message}", file=sys.stderr)

@@ -22,11 +22,13 @@ class ModelSpec:
     dtype: str = "auto"
     max_model_len: int | None = None
     kv_cache_memory: int | None = None
+    kv_cache_dtype: str = "auto"
     corrupt: str | None = None  # e.g. "zero-layer:0"; see corrupt.py
 
     def label(self) -> str:
         name = self.model or "built-in SmolLM2-135M"
-        extra = [x for x in (self.quantization, self.dtype if self.dtype != "auto" else None, self.corrupt) if x]
+        kv = f"kv {self.kv_cache_dtype}" if self.kv_cache_dtype != "auto" else None
+        extra = [x for x in (self.quantization, self.dtype if self.dtype != "auto" else None, kv, self.corrupt) if x]
         return f"{name} ({', '.join(extra)})" if extra else name
 
 
@@ -48,7 +50,7 @@ def open_model(spec: ModelSpec, decoding: Decoding) -> Any:
     from tally import LLM
 
     llm = LLM(spec.model, dtype=spec.dtype, quantization=spec.quantization, max_model_len=spec.max_model_len,
-              kv_cache_memory=spec.kv_cache_memory, max_num_seqs=decoding.batch_size,
+              kv_cache_memory=spec.kv_cache_memory, kv_cache_dtype=spec.kv_cache_dtype, max_num_seqs=decoding.batch_size,
               max_num_batched_tokens=decoding.max_num_batched_tokens)
     if spec.corrupt:
         corrupt(llm, spec.corrupt)

@@ -23,11 +23,7 @@ def search_scales(x: torch.Tensor, mean_abs: torch.Tensor, weights: list[torch.T
     Returns (s [K], chosen alpha)."""
     x = x.float()
     refs = [x @ w.float().T for w in weights]
-    act = mean_abs.float()
-    if tie is not None:
-        kv_heads, head_dim = tie
-        per_kv = act.view(kv_heads, -1, head_dim)
-        act = per_kv.mean(1, keepdim=True).expand_as(per_kv).reshape(-1)
+    act = mean_abs.float() if tie is None else tie_to_kv_heads(mean_abs.float(), *tie)
     best = (float("inf"), torch.ones_like(act), 0.0)
     for step in range(ALPHA_STEPS):
         alpha = step / ALPHA_STEPS
@@ -38,6 +34,13 @@ def search_scales(x: torch.Tensor, mean_abs: torch.Tensor, weights: list[torch.T
         if loss < best[0]:
             best = (loss, s, alpha)
     return best[1], best[2]
+
+
+def tie_to_kv_heads(x: torch.Tensor, kv_heads: int, head_dim: int) -> torch.Tensor:
+    """x [query heads * head dim] averaged over the query heads that share a kv head, so a scale of o_proj's input
+    can be folded into the shared v rows."""
+    per_kv = x.view(kv_heads, -1, head_dim)
+    return per_kv.mean(1, keepdim=True).expand_as(per_kv).reshape(-1)
 
 
 def v_row_scale(s: torch.Tensor, kv_heads: int, head_dim: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ cache of its own, the reference attention), with forward pre-hooks on the four p
 Every projection sees the *full-precision* model's activations (GPTQ is not run layer by layer on the quantized
 prefix; see docs/quantization.md), so one pass over the calibration set serves every layer and every method.
 Per input site (a layer's qkv / o / gate_up / down input) it keeps: the Hessian sum X^T X (GPTQ), the mean |x| per
-channel (AWQ), and a few rows per sample (AWQ's grid search and the error figures)."""
+channel (AWQ), the max |x| per channel (SmoothQuant), and a few rows per sample (AWQ's grid search and the error figures)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,6 +21,7 @@ SITES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 class SiteStats:
     xtx: torch.Tensor | None  # fp64 [K, K] sum of x x^T, or None when not asked for
     abs_sum: torch.Tensor  # fp64 [K] sum of |x|
+    abs_max: torch.Tensor  # fp32 [K] max |x| (SmoothQuant)
     rows: list[torch.Tensor] = field(default_factory=list)  # sampled input rows, fp32
     count: int = 0
 
@@ -59,10 +60,11 @@ def capture(model: CausalLM, samples: list[list[int]], *, hessian: bool,
             if s is None:
                 k = x.shape[1]
                 s = stats[key] = SiteStats(torch.zeros(k, k, dtype=torch.float64) if hessian else None,
-                                           torch.zeros(k, dtype=torch.float64))
+                                           torch.zeros(k, dtype=torch.float64), torch.zeros(k))
             if s.xtx is not None:
                 s.xtx.add_(x.T @ x)  # one sample's sum in fp32 (fast), the running sum in fp64
             s.abs_sum.add_(x.abs().sum(0).double())
+            torch.maximum(s.abs_max, x.abs().amax(0), out=s.abs_max)
             s.count += x.shape[0]
             pick = torch.randperm(x.shape[0], generator=gen)[:rows_per_sample]
             s.rows.append(x[pick].clone())

@@ -1,4 +1,4 @@
-"""`tally quantize`: write a GPTQ / AWQ / RTN quantized checkpoint that `tally serve --model DIR` loads as is."""
+"""`tally quantize`: write a GPTQ / AWQ / RTN / SmoothQuant (W8A8) quantized checkpoint that `tally serve --model DIR` loads as is."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +13,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tally quantize", description=__doc__)
     p.add_argument("--model", default=None, help="checkpoint dir, .gguf file or alias (default: smollm2-135m)")
     p.add_argument("--scheme", required=True, help=SCHEME_HELP)
-    p.add_argument("--method", default="gptq", help="gptq (default), awq or rtn")
+    p.add_argument("--method", default="gptq", help="gptq (default), awq, rtn, or smoothquant (with --scheme w8a8)")
+    p.add_argument("--alpha", type=float, default=0.5,
+                   help="smoothquant: how much of the activations' range moves into the weights, 0..1 (default 0.5)")
     p.add_argument("--calib", type=Path, default=None,
                    help="JSONL of prompts ({'prompt': ...} or {'messages': [...]}) like the deployment's traffic")
     p.add_argument("--samples", type=int, default=256, help="calibration samples to use (default 256)")
@@ -40,7 +42,7 @@ def main(argv: list[str]) -> int:
         job = QuantizeJob(model=args.model, out=args.out, calib=args.calib, samples=args.samples,
                           max_tokens=args.max_tokens, keep_high_precision=args.keep_high_precision,
                           auto_mixed=args.auto_mixed, deployment_system_prompt=args.deployment_system_prompt,
-                          options=QuantizeOptions(parse_scheme(args.scheme), args.method, args.act_order))
+                          options=QuantizeOptions(parse_scheme(args.scheme), args.method, args.act_order, args.alpha))
         result = run(job, log=lambda line: print(line, file=sys.stderr))
     except TallyError as exc:
         print(f"tally quantize: {exc.message}", file=sys.stderr)

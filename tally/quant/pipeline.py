@@ -108,6 +108,8 @@ def _write(job: QuantizeJob, ckpt: Checkpoint, tokenizer: Any, original: dict[st
     block = {"scheme": opts.scheme.name, "bits": opts.scheme.bits, "group_size": opts.scheme.group_size,
              "method": opts.method, "act_order": opts.act_order, "dense_layers": dense_layers,
              "calibration_samples": len(calib.token_ids) if calib else 0}
+    if opts.method == "smoothquant":
+        block["smoothquant_alpha"] = opts.alpha
     job.out.mkdir(parents=True, exist_ok=True)
     _write_tokenizer(ckpt, tokenizer, job.out)
     write_packed(job.out, _hf_config(ckpt), tensors, block)

@@ -3,23 +3,28 @@ that layer, and the dense weights that stored form is equivalent to (for measuri
 
 rtn: round-to-nearest on each weight's own grid. gptq: tally/quant/gptq.py with the layer's input Hessians.
 awq: tally/quant/awq.py scales, folded (o → v rows, down → up rows, q/k/v → input norm, gate/up → post-attention
-norm), then round-to-nearest. Every method sees the full-precision model's activations (tally/quant/capture.py).
+norm), then round-to-nearest. smoothquant (w8a8 only): SmoothQuant's s = max|x|^α / max|w|^(1-α) per input channel
+from calibration, folded the same way, then round-to-nearest; at run time the activations arrive already divided by
+s, so per-token int8 covers a flatter range. Every method sees the full-precision model's activations
+(tally/quant/capture.py).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from tally.errors import ConfigError
 from tally.models.config import ModelConfig
-from tally.quant.awq import search_scales, v_row_scale
+from tally.quant.awq import search_scales, tie_to_kv_heads, v_row_scale
 from tally.quant.capture import SiteStats
 from tally.quant.checkpoint import packed_tensors
 from tally.quant.gptq import gptq_quantize
 from tally.quant.scheme import QuantScheme, fit_grid
+from tally.quant.smooth import smooth_scales
 
-METHODS = ("gptq", "awq", "rtn")
+METHODS = ("gptq", "awq", "rtn", "smoothquant")
 # Our fused modules (tally/models/llama.py) → the HF projections they hold, in row order.
 SITE_PROJECTIONS = {
     "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
@@ -35,10 +40,18 @@ class QuantizeOptions:
     scheme: QuantScheme
     method: str = "gptq"
     act_order: bool = False
+    alpha: float = 0.5  # SmoothQuant's migration strength: 0 leaves activations as they are, 1 flattens them fully
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ConfigError(f"method {self.method!r} is not supported; use gptq, awq or rtn", param="method")
+            raise ConfigError(f"method {self.method!r} is not supported; use gptq, awq, rtn or smoothquant (w8a8)",
+                              param="method")
+        if self.method == "smoothquant" and self.scheme.name != "w8a8":
+            raise ConfigError(f"smoothquant smooths activations for int8 matmuls; use --scheme w8a8 with it (for "
+                              f"{self.scheme.label()} choose gptq, awq or rtn)", param="method")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ConfigError(f"--alpha {self.alpha} must be between 0 and 1 (SmoothQuant's default is 0.5)",
+                              param="alpha")
 
     @property
     def needs_calibration(self) -> bool:
@@ -62,7 +75,9 @@ def quantize_layer(index: int, weights: dict[str, torch.Tensor], cfg: ModelConfi
     w = {n: weights[f"{p}.{n}.weight"].float().clone() for names in SITE_PROJECTIONS.values() for n in names}
     result = LayerQuant(index)
     if options.method == "awq":
-        _awq_fold(index, p, w, weights, cfg, stats, options.scheme, result)
+        _fold_input_scales(p, w, weights, cfg, result, _awq_scales(index, stats, options.scheme, result))
+    elif options.method == "smoothquant":
+        _fold_input_scales(p, w, weights, cfg, result, _smoothquant_scales(index, stats, options.alpha))
     for site, names in SITE_PROJECTIONS.items():
         for n in names:
             name = f"{p}.{n}"
@@ -77,29 +92,47 @@ def quantize_layer(index: int, weights: dict[str, torch.Tensor], cfg: ModelConfi
     return result
 
 
-def _awq_fold(index: int, p: str, w: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], cfg: ModelConfig,
-              stats: dict[tuple[int, str], SiteStats], scheme: QuantScheme, result: LayerQuant) -> None:
-    """Scales every site's input columns by its AWQ scale and folds the inverse into what produces that input.
-    Output-side folds (into v and up rows) come first, so the q/k/v and gate/up searches see the final weights."""
-    def search(site: str, tie: tuple[int, int] | None = None) -> torch.Tensor:
+# (site, the projections reading its input, kv-head tie or None) → per-input-channel scale s
+ScaleFn = Callable[[str, list[torch.Tensor], tuple[int, int] | None], torch.Tensor]
+
+
+def _awq_scales(index: int, stats: dict[tuple[int, str], SiteStats], scheme: QuantScheme,
+                result: LayerQuant) -> ScaleFn:
+    def scale(site: str, projections: list[torch.Tensor], tie: tuple[int, int] | None) -> torch.Tensor:
         s_stats = stats[(index, site)]
-        projections = [w[n] for n in SITE_PROJECTIONS[site]]
         s, alpha = search_scales(s_stats.sample(), s_stats.mean_abs(), projections, scheme, tie=tie)
         result.awq_alphas[site] = alpha
+        return s
+    return scale
+
+
+def _smoothquant_scales(index: int, stats: dict[tuple[int, str], SiteStats], alpha: float) -> ScaleFn:
+    def scale(site: str, projections: list[torch.Tensor], tie: tuple[int, int] | None) -> torch.Tensor:
+        s = smooth_scales(stats[(index, site)].abs_max, projections, alpha)
+        return s if tie is None else tie_to_kv_heads(s, *tie)
+    return scale
+
+
+def _fold_input_scales(p: str, w: dict[str, torch.Tensor], weights: dict[str, torch.Tensor], cfg: ModelConfig,
+                       result: LayerQuant, scale_of: ScaleFn) -> None:
+    """Scales every site's input columns by its scale and folds the inverse into what produces that input.
+    Output-side folds (into v and up rows) come first, so the q/k/v and gate/up scales see the final weights."""
+    def scale(site: str, tie: tuple[int, int] | None = None) -> torch.Tensor:
+        s = scale_of(site, [w[n] for n in SITE_PROJECTIONS[site]], tie)
         for n in SITE_PROJECTIONS[site]:
             w[n] *= s
         return s
 
-    s_o = search("o_proj", tie=(cfg.num_kv_heads, cfg.head_dim))
+    s_o = scale("o_proj", tie=(cfg.num_kv_heads, cfg.head_dim))
     v_scale = v_row_scale(s_o, cfg.num_kv_heads, cfg.head_dim)
     w["self_attn.v_proj"] /= v_scale[:, None]
     v_bias = weights.get(f"{p}.self_attn.v_proj.bias")
     if v_bias is not None:
         _replace(result, f"{p}.self_attn.v_proj.bias", v_bias.float() / v_scale)
-    s_down = search("down_proj")
+    s_down = scale("down_proj")
     w["mlp.up_proj"] /= s_down[:, None]
     for site in ("qkv_proj", "gate_up_proj"):
-        s = search(site)
+        s = scale(site)
         norm = f"{p}.{_INPUT_NORM[site]}.weight"
         _replace(result, norm, weights[norm].float() / s)
 

@@ -135,6 +135,7 @@ class Scheduler:
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
             self.kv.cache_computed_blocks(s.request)
+            self.kv.release_out_of_window(s.request)
 
     def finish(self, req: Request, status: RequestStatus) -> None:
         """Stop a request (done, or aborted) and give its blocks back."""
