@@ -4,6 +4,7 @@ all measured in one run on one model, so the speed ratios compare like with like
 Rows (--rows, comma list):
   fp32          dense, fp32 compute: the real baseline on CPUs without AVX-512 BF16 (tally/engine/cpu.py)
   bf16          dense, bf16 weights and compute (emulated on AVX2-only CPUs)
+  fp16w         dense, fp16 weights with fp32 compute (`--dtype float16`; what `auto` picks on AVX2-only CPUs)
   int8          int8 per-channel weights, round-to-nearest at load (`--quantization int8`)
   int4          int4 group-128 weights (g64 where 128 does not divide the inputs), RTN at load (`--quantization int4`)
   int4-fl       int4 g128 with the first and last decoder layers dense (`tally quantize --keep-high-precision first,last`)
@@ -40,7 +41,7 @@ from tally.quality.model_run import ModelSpec, run_model
 from tally.quality.settings import Decoding, EvalSettings
 from tally.quality.suites import DATA, build_workload, tokenize_heldout
 
-ROWS = ("fp32", "bf16", "int8", "int4", "int4-fl", "w8a8", "kv-int8")
+ROWS = ("fp32", "bf16", "fp16w", "int8", "int4", "int4-fl", "w8a8", "kv-int8")
 GIB = 1 << 30
 
 
@@ -86,7 +87,7 @@ def spec_for(row: str, model: str | None, max_len: int, work: Path, log) -> Mode
     if row in ("int4-fl", "w8a8"):
         return ModelSpec(quantized_dir(row, model, work, log), dtype="float32", **common)
     return ModelSpec(model, quantization={"int8": "int8", "int4": "int4"}.get(row),
-                     dtype="bfloat16" if row == "bf16" else "float32",
+                     dtype={"bf16": "bfloat16", "fp16w": "float16"}.get(row, "float32"),
                      kv_cache_dtype="int8" if row == "kv-int8" else "auto", **common)
 
 

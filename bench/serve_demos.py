@@ -8,12 +8,15 @@ P50/P99, ITL P99, goodput, the ratio last, and the command lines.
               the figure is the ITL P99 of the requests that were already decoding
   lengths     fixed lengths at the trace's mean vs the trace's own lengths, same rate and SLO:
               how much the naive test overstates goodput
+  sweep       the same two workloads over a rate sweep (--sweep-rates): the highest rate at which each
+              still meets the SLO for --slo-target of its requests is its capacity; the ratio is how
+              much the fixed-length test overstates what the server can carry
 
 Lengths come from the Azure conversation trace (tally/bench/data), divided by --scale and clipped,
 written to a CSV that `tally bench --lengths trace:FILE` resamples. The server runs with
 OMP_NUM_THREADS=1: on a shared 2-core machine two OpenMP threads mostly wait on each other.
 
-    python bench/serve_demos.py [--only static,prefix,chunked,lengths] [--duration 30] [--scale 16] [--rate 0.5]
+    python bench/serve_demos.py [--only static,prefix,chunked,lengths,sweep] [--duration 30] [--scale 16] [--rate 0.5]
 """
 from __future__ import annotations
 
@@ -107,14 +110,10 @@ def run_demo(demo: Demo, out_dir: Path) -> None:
                     server.stop()
                 server, server_args = ServerProcess(SERVE_BASE + arm.serve_args).start(), arm.serve_args
                 warm_up(server.url)
-            out = out_dir / f"{demo.name}_{i}.json"
-            log = out_dir / f"{demo.name}_{i}.log"
-            with log.open("w") as handle:
-                rc = subprocess.run(bench_command(server.url, arm.bench_args, out), stdout=handle,
-                                    stderr=subprocess.STDOUT).returncode
-            if rc != 0 or not out.exists():
-                raise RuntimeError(f"{demo.name} / {arm.label}: tally bench exited {rc}; see {log}")
-            arm.result = json.loads(out.read_text())
+            try:
+                arm.result = run_bench(server.url, arm.bench_args, out_dir / f"{demo.name}_{i}.json")
+            except RuntimeError as exc:
+                raise RuntimeError(f"{demo.name} / {arm.label}: {exc}") from None
             arm.ledger = httpx.get(server.url + "/ledger", timeout=30).json()
     finally:
         if server is not None:
@@ -229,6 +228,65 @@ def demos(ns: argparse.Namespace, trace: Path, replay: Path, prompt_mean: float,
     ]
 
 
+def run_bench(url: str, args: list[str], out: Path) -> dict:
+    log = out.with_suffix(".log")
+    with log.open("w") as handle:
+        rc = subprocess.run(bench_command(url, args, out), stdout=handle, stderr=subprocess.STDOUT).returncode
+    if rc != 0 or not out.exists():
+        raise RuntimeError(f"tally bench exited {rc}; see {log}")
+    return json.loads(out.read_text())
+
+
+def capacity(rates: list[float], met: dict[float, float], target: float) -> float | None:
+    """The highest rate at which this and every lower rate met the SLO for `target` of requests."""
+    best = None
+    for rate in sorted(rates):
+        if met[rate] < target:
+            break
+        best = rate
+    return best
+
+
+def lengths_sweep(ns: argparse.Namespace, trace: Path, prompt_mean: float, output_mean: float) -> str:
+    rates = [float(r) for r in ns.sweep_rates.split(",")]
+    workloads = {"trace": f"trace:{trace}", "fixed": f"fixed:{round(prompt_mean)},{round(output_mean)}"}
+    met: dict[str, dict[float, float]] = {name: {} for name in workloads}
+    lines = [f"### Capacity: fixed lengths at the trace's mean vs trace lengths, over a rate sweep", "",
+             f"workload: Poisson arrivals, {ns.duration} s per rate, one server (continuous, defaults); "
+             f"{workloads['fixed']} vs lengths conv trace / {ns.scale} (means {prompt_mean:.0f} / "
+             f"{output_mean:.0f}); SLO {ns.slo}; capacity = highest rate with ≥ {ns.slo_target:.0%} of "
+             f"requests within the SLO (and every lower rate too)", "",
+             "| rate req/s | " + " | ".join(f"{w} {c}" for w in workloads for c in ("met SLO", "goodput req/s",
+                                                                                    "TTFT P99", "out tok/s")) + " |",
+             "|---|" + "---|" * 4 * len(workloads)]
+    server = ServerProcess(SERVE_BASE).start()
+    try:
+        warm_up(server.url)
+        for rate in rates:
+            cells = []
+            for name, lengths in workloads.items():
+                result = run_bench(server.url, ["--lengths", lengths, "--rate", f"{rate:g}", "--duration",
+                                                f"{ns.duration}s", "--slo", ns.slo, "--seed", "1"],
+                                   ns.out_dir / f"sweep_{name}_{rate:g}.json")
+                summary = result["summary"]
+                met[name][rate] = summary["goodput"]["fraction"]
+                cells += [f"{met[name][rate]:.0%}", f"{summary['goodput']['requests_per_s']:.3f}",
+                          _ms(summary["ttft_s"].get("p99")),
+                          f"{summary['throughput']['output_tokens_per_s']:.1f}"]
+            lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+            print(lines[-1], flush=True)
+    finally:
+        server.stop()
+    cap = {name: capacity(rates, met[name], ns.slo_target) for name in workloads}
+    ratio = (f"{cap['fixed'] / cap['trace']:.1f}×" if cap["fixed"] and cap["trace"] else
+             "not defined (a workload met the SLO at no rate of the sweep)")
+    lines += ["", f"capacity: trace {cap['trace']} req/s, fixed {cap['fixed']} req/s; "
+                  f"the fixed-length test overstates capacity **{ratio}**",
+              "", f"command: python bench/serve_demos.py --only sweep --sweep-rates {ns.sweep_rates} "
+                  f"--duration {ns.duration} --scale {ns.scale} --slo {ns.slo} --slo-target {ns.slo_target}"]
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default="static,prefix,chunked,lengths")
@@ -237,6 +295,8 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=0.5, help="req/s of the fixed-vs-trace runs")
     p.add_argument("--prefix-requests", type=int, default=5, help="requests per prefix-caching run")
     p.add_argument("--slo", default="ttft=5s,tpot=1s")
+    p.add_argument("--sweep-rates", default="0.1,0.2,0.3,0.5,0.8", help="req/s of the capacity sweep")
+    p.add_argument("--slo-target", type=float, default=0.9, help="share of requests within the SLO")
     p.add_argument("--out-dir", type=Path, default=Path("/tmp/tally_serve_demos"))
     ns = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by every `tally serve` started below
@@ -245,6 +305,10 @@ def main() -> int:
     replay = long_prompt_replay(ns.out_dir / "long_prompt_replay.csv", ns.duration)
     chosen = ns.only.split(",")
     started = time.monotonic()
+    if "sweep" in chosen:
+        t0 = time.monotonic()
+        print(lengths_sweep(ns, trace, prompt_mean, output_mean),
+              f"\n({time.monotonic() - t0:.0f} s, load average {os.getloadavg()[0]:.1f})\n", flush=True)
     for demo in demos(ns, trace, replay, prompt_mean, output_mean):
         if demo.name not in chosen:
             continue

@@ -90,7 +90,7 @@ def test_unknown_model_path_and_bad_config_fail_clearly(tmp_path):
     with pytest.raises(ModelLoadError):
         LLM(str(tmp_path / "nope"))
     with pytest.raises(ConfigError, match="dtype"):
-        LLM(None, dtype="float16")
+        LLM(None, dtype="float8")
 
 
 def test_abort_frees_blocks_at_once(llm):

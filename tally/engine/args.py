@@ -11,7 +11,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None, help="checkpoint dir, .gguf file, or alias (default: smollm2-135m)")
     g.add_argument("--served-model-name", default=None)
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="float16: fp16 weights, fp32 compute (auto picks it for half-precision and GGUF "
+                        "checkpoints on CPUs without bf16 instructions)")
     g.add_argument("--quantization", "-q", default=None, choices=["int8", "int4", "w8a8", "gguf"],
                    help="quantize on the fly (int8, int4, w8a8), or gguf: run a GGUF file's blocks as stored")
     g.add_argument("--max-model-len", type=int, default=None)

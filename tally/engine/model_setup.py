@@ -45,7 +45,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     ckpt = load_checkpoint(config.model)
     cfg = ckpt.config
     tokenizer = load_tokenizer(ckpt)
-    dtype = config.torch_dtype(cfg.torch_dtype, ckpt.format == "gguf")
+    dtype, weight_dtype = config.model_dtypes(cfg.torch_dtype, ckpt.format == "gguf")
     max_model_len = config.max_model_len or cfg.max_position_embeddings
     if max_model_len > cfg.max_position_embeddings:
         raise ConfigError(
@@ -57,8 +57,9 @@ def load_model(config: EngineConfig) -> LoadedModel:
         scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window,
     )
     model = build_model(cfg, dict(ckpt.tensors()), dtype=dtype, quantization=config.quantization,
-                        attn=attn, max_model_len=max_model_len, checkpoint=ckpt)
-    weight_bytes = sum(t.numel() * t.element_size() for t in _unique_tensors(model))
+                        attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)
+    weight_bytes = (sum(t.numel() * t.element_size() for t in _unique_tensors(model))
+                    + sum(getattr(m, "packed_bytes", 0) for m in model.modules()))
 
     kv_dtype_name = _DTYPE_NAMES[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
     layout = KVLayout.for_model(cfg, kv_dtype=kv_dtype_name, block_size=config.block_size)

@@ -12,7 +12,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        # torch.rms_norm is x * rsqrt(mean(x^2) + eps) in one call (4 fewer ops per norm, 61 norms per step);
+        # the weight multiplies after the cast back, as in Hugging Face's LlamaRMSNorm.
+        normed = torch.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
+        return self.weight * normed.to(x.dtype)

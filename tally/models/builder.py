@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 
 def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype: torch.dtype,
                 quantization: str | None, attn: AttentionBackend, max_model_len: int,
-                checkpoint: Checkpoint | None = None) -> CausalLM:
+                checkpoint: Checkpoint | None = None, weight_dtype: torch.dtype | None = None) -> CausalLM:
     """Consumes `tensors` (popped as used, so peak memory stays near one copy of the weights).
-    `checkpoint` is needed for `quantization="gguf"` (its raw blocks) and for pre-quantized checkpoints."""
+    `checkpoint` is needed for `quantization="gguf"` (its raw blocks) and for pre-quantized checkpoints.
+    `weight_dtype=torch.float16` stores dense projections, the embedding and the head in fp16 (fp32 compute)."""
     prequantized = checkpoint.quantization if checkpoint is not None else None
     _check_quantization(quantization, checkpoint, prequantized)
 
@@ -46,14 +47,15 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         if quantization == "gguf":
             return _gguf_proj(checkpoint, names, [pop(f"{n}.weight") for n in names], biases, dtype)
         weight = torch.cat([pop(f"{n}.weight") for n in names])
-        return build_linear(weight, b, quantization=None if prequantized else quantization, dtype=dtype)
+        return build_linear(weight, b, quantization=None if prequantized else quantization, dtype=dtype,
+                            weight_dtype=weight_dtype)
 
     cfg = config
     if max_model_len < cfg.max_position_embeddings:
         # The rotary table only needs the positions the engine will ever use.
         cfg = replace(cfg, max_position_embeddings=max_model_len)
     try:
-        model = CausalLM(cfg, tensors, make_proj, attn, dtype)
+        model = CausalLM(cfg, tensors, make_proj, attn, dtype, weight_dtype)
     except KeyError as exc:
         raise ModelLoadError(f"checkpoint is missing tensor {exc.args[0]!r}") from exc
     leftover = [n for n in tensors if "rotary_emb" not in n]

@@ -14,6 +14,7 @@ from torch import nn
 from tally.attention.backend import AttentionBackend
 from tally.attention.metadata import AttentionMetadata
 from tally.kv.quant import KVCache
+from tally.layers.linear import build_linear
 from tally.layers.norm import RMSNorm
 from tally.layers.rotary import RotaryEmbedding, apply_rotary
 from tally.models.config import ModelConfig
@@ -59,27 +60,30 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
+    """`weight_dtype=torch.float16` (with fp32 `dtype`): the embedding and the LM head are stored in fp16 too; a
+    tied head is then a second, packed copy of the embedding (the lookup cannot read FBGEMM's packed layout)."""
+
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
-                 attn: AttentionBackend, dtype: torch.dtype) -> None:
+                 attn: AttentionBackend, dtype: torch.dtype, weight_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
-        embed = tensors.pop("model.embed_tokens.weight").to(dtype)
+        embed = tensors.pop("model.embed_tokens.weight").to(weight_dtype or dtype)
         self.embed_tokens = nn.Parameter(embed, requires_grad=False)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, f"model.layers.{i}", tensors, make_proj, attn, dtype) for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps, dtype)
         head = tensors.pop("lm_head.weight", None)
-        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings or head is None else nn.Parameter(
-            head.to(dtype), requires_grad=False)
+        head = embed if cfg.tie_word_embeddings or head is None else head
+        self.lm_head = build_linear(head, None, quantization=None, dtype=dtype, weight_dtype=weight_dtype)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling, dtype)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata) -> torch.Tensor:
-        h = F.embedding(input_ids, self.embed_tokens)
+        h = F.embedding(input_ids, self.embed_tokens).to(self.dtype)
         rope = self.rotary.lookup(positions)
         for layer, kv in zip(self.layers, kv_caches):
             h = layer(h, rope, kv, meta)
@@ -88,4 +92,4 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] → float32 logits [N, V]."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()

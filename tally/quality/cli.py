@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="int8: the KV cache in int8 (weights unchanged), to gate the KV quantization alone")
     p.add_argument("--candidate-corrupt", default=None, metavar="zero-layer:N",
                    help="damage the candidate on purpose, to check that the gate fails it")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="both models")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="both models")
     p.add_argument("--max-model-len", type=int, default=2048, help="both models; long-tail inputs fill it")
     p.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="bytes for each model's KV pool")
     p.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated subset of {','.join(SUITES)}")

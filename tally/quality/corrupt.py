@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from tally.errors import ConfigError
+from tally.layers.linear import Fp16WeightLinear
 
 
 @torch.no_grad()
@@ -20,3 +21,6 @@ def corrupt(llm: Any, spec: str) -> None:
     for t in [*layer.parameters(), *layer.buffers()]:
         if t.is_floating_point():
             t.zero_()
+    for module in layer.modules():
+        if isinstance(module, Fp16WeightLinear):  # packed weights: no parameter to zero
+            module.zero_()

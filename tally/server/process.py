@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import httpx
 
@@ -20,8 +21,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], startup_timeout_s: float = 300.0) -> None:
+    """`args` are `tally serve`'s; `command(port)`, when given, starts another OpenAI-compatible server instead
+    (benchmarks against a peer), healthy once `health_path` answers 200."""
+
+    def __init__(self, args: list[str], startup_timeout_s: float = 300.0,
+                 command: Callable[[int], list[str]] | None = None, health_path: str = "/health") -> None:
         self.args = list(args)
+        self.command = command
+        self.health_path = health_path
         self.startup_timeout_s = startup_timeout_s
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -33,22 +40,22 @@ class ServerProcess:
         return self.url + "/v1"
 
     def start(self) -> "ServerProcess":
-        cmd = [sys.executable, "-m", "tally.cli", "serve", *self.args, "--host", "127.0.0.1",
-               "--port", str(self.port)]
+        cmd = self.command(self.port) if self.command else [
+            sys.executable, "-m", "tally.cli", "serve", *self.args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"tally serve exited with {self.proc.returncode} during start-up:\n{self.log()}")
+                raise RuntimeError(f"{cmd[0]} exited with {self.proc.returncode} during start-up:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                if httpx.get(self.url + self.health_path, timeout=2.0).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"tally serve was not healthy after {self.startup_timeout_s:.0f} s:\n{self.log()}")
+        raise RuntimeError(f"{cmd[0]} was not healthy after {self.startup_timeout_s:.0f} s:\n{self.log()}")
 
     def stop(self, timeout_s: float = 60.0) -> int:
         """SIGTERM (drain), then SIGKILL if it does not exit in time; returns the exit code."""
