@@ -64,7 +64,9 @@ def main() -> None:
     read_bytes = weight_bytes_read_per_step(llm.engine.loaded.model, ledger.weight_bytes)
     roofline_tok_s = bw * 1e9 / (read_bytes + kv_bytes)
     tok_s = 1 / step_s
-    print(f"\nmodel {ledger.model_name}, dtype {llm.engine.loaded.model.dtype}, {a.threads} threads")
+    model = llm.engine.loaded.model
+    print(f"\nmodel {ledger.model_name}, compute {model.dtype}, projections {type(model.layers[0].qkv_proj).__name__}, "
+          f"{a.threads} threads")
     print(f"{'figure':<44} {'value':>12}")
     print(f"{'weight bytes held / read per step':<44} {ledger.weight_bytes / 1e6:>6.1f} / {read_bytes / 1e6:.1f} MB")
     print(f"{'memory bandwidth (torch sum, this run)':<44} {bw:>9.1f} GB/s")

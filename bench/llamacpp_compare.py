@@ -3,8 +3,8 @@
 llama.cpp runs as `python -m llama_cpp.server` from llama-cpp-python (an sdist: it compiles llama.cpp, ~25 min on
 2 cores; install it in its own virtual environment and pass its interpreter with --llama-python). Both servers get
 one thread (OMP_NUM_THREADS=1 / --n_threads 1; on this shared 2-core machine two threads mostly wait on each
-other) and the built-in SmolLM2-135M Q4_1 GGUF. Tally computes on the dequantized fp32 weights (its default on
-CPUs without AVX-512 BF16); llama.cpp on the Q4_1 blocks with its own AVX2 kernels. Prompts are cut with the
+other) and the built-in SmolLM2-135M Q4_1 GGUF. Tally runs its default on CPUs without AVX-512 BF16: the weights
+dequantized and stored in fp16, fp32 compute; llama.cpp runs on the Q4_1 blocks with its own AVX2 kernels. Prompts are cut with the
 same local tokenizer (the GGUF's), and output lengths are forced on both (ignore_eos for Tally, a -inf logit
 bias on the end-of-turn tokens for llama.cpp, whose OpenAI server has no ignore_eos).
 

@@ -1,7 +1,11 @@
 """Offline throughput on trace-shaped requests: Tally (continuous), Tally (--scheduling static) and
 transformers `generate` (padded static batches), same model, same requests, one run.
 
-    python bench/offline_throughput.py --requests 200 --dtype bfloat16
+    python bench/offline_throughput.py --requests 200 [--dtype auto] [--hf-dtype float32]
+
+--dtype is Tally's (auto: fp16 weights with fp32 compute on CPUs without bf16 instructions, see
+tally/engine/config.py); --hf-dtype is transformers' (fp32 by default: its bf16 is emulated on such CPUs and
+fp16 arithmetic is unusably slow), so each system runs its fastest correct configuration here.
 """
 from __future__ import annotations
 
@@ -50,7 +54,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--scale", type=int, default=4, help="divide the trace's lengths by this")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"])
+    p.add_argument("--hf-dtype", default="float32", choices=["bfloat16", "float32"])
     p.add_argument("--model", default=None)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--threads", type=int, default=2)
@@ -70,8 +75,8 @@ def main() -> None:
         rows.append((f"tally --scheduling static, batch {b}", run_tally(reqs, a.dtype, "static", b, a.model)))
     if not a.skip_hf:
         for b in (8, 32):
-            rows.append((f"transformers generate, padded batch {b}", run_hf(reqs, getattr(torch, a.dtype), b,
-                                                                              str(ckpt.path))))
+            rows.append((f"transformers generate ({a.hf_dtype}), padded batch {b}",
+                         run_hf(reqs, getattr(torch, a.hf_dtype), b, str(ckpt.path))))
     base = rows[0][1]
     print(f"\nworkload: {a.requests} requests, Azure conv trace lengths / {a.scale}, "
           f"{sum(len(r.prompt_token_ids) for r in reqs)} prompt + {out_tokens} output tokens, {a.dtype}, "

@@ -2,7 +2,7 @@
 all measured in one run on one model, so the speed ratios compare like with like on a shared machine.
 
 Rows (--rows, comma list):
-  fp32          dense, fp32 compute: the real baseline on CPUs without AVX-512 BF16 (tally/engine/cpu.py)
+  fp32          dense, fp32 weights and compute
   bf16          dense, bf16 weights and compute (emulated on AVX2-only CPUs)
   fp16w         dense, fp16 weights with fp32 compute (`--dtype float16`; what `auto` picks on AVX2-only CPUs)
   int8          int8 per-channel weights, round-to-nearest at load (`--quantization int8`)
@@ -10,7 +10,9 @@ Rows (--rows, comma list):
   int4-fl       int4 g128 with the first and last decoder layers dense (`tally quantize --keep-high-precision first,last`)
   w8a8          int8 weights and per-token int8 activations, SmoothQuant α=0.5 from 64 calibration samples
                 (`tally quantize --scheme w8a8 --method smoothquant`)
-  kv-int8       fp32 weights, int8 KV cache (`--kv-cache-dtype int8`)
+  kv-int8       fp16w with an int8 KV cache (`--kv-cache-dtype int8`): compare it with the fp16w row
+Every row but fp32 and bf16 runs as `--dtype float16` (fp32 compute; the embedding, the LM head and any layer
+left dense in fp16), what a user of those options gets by default on this CPU.
 Quality: perplexity on the held-out text `tally eval` uses and its task suites (greedy, same decoding for every
 row; --limit items per suite file), each row against the first row. Speed: batch-1 decode tokens/s (one request,
 --decode-tokens forced with ignore_eos, prefill time subtracted), prefill tokens/s (one prompt of --prefill-tokens),
@@ -85,9 +87,9 @@ def quantized_dir(row: str, model: str | None, work: Path, log) -> str:
 def spec_for(row: str, model: str | None, max_len: int, work: Path, log) -> ModelSpec:
     common = dict(max_model_len=max_len, kv_cache_memory=256 << 20)
     if row in ("int4-fl", "w8a8"):
-        return ModelSpec(quantized_dir(row, model, work, log), dtype="float32", **common)
+        return ModelSpec(quantized_dir(row, model, work, log), dtype="float16", **common)
     return ModelSpec(model, quantization={"int8": "int8", "int4": "int4"}.get(row),
-                     dtype={"bf16": "bfloat16", "fp16w": "float16"}.get(row, "float32"),
+                     dtype={"fp32": "float32", "bf16": "bfloat16"}.get(row, "float16"),
                      kv_cache_dtype="int8" if row == "kv-int8" else "auto", **common)
 
 

@@ -25,25 +25,22 @@ class Fp16WeightLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.has_bias = bias is not None
         self._packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None if bias is None else bias.float())
 
     @property
     def packed_bytes(self) -> int:
         """What the packed weights hold (the ledger counts them; they are not a parameter)."""
-        return self.out_features * self.in_features * 2 + (0 if self.bias is None else self.out_features * 4)
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return torch.ops.quantized.linear_unpack_fp16(self._packed)[1]
+        return self.out_features * self.in_features * 2 + (self.out_features * 4 if self.has_bias else 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
 
     def zero_(self) -> None:
         """Deliberate damage for the quality gate's self-test (tally/quality/corrupt.py)."""
-        bias = self.bias
+        zeros = torch.zeros(self.out_features, self.in_features)
         self._packed = torch.ops.quantized.linear_prepack_fp16(
-            torch.zeros(self.out_features, self.in_features), None if bias is None else torch.zeros_like(bias))
+            zeros, torch.zeros(self.out_features) if self.has_bias else None)
 
 
 def fp16_weights_supported() -> bool:

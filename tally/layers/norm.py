@@ -12,7 +12,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # torch.rms_norm is x * rsqrt(mean(x^2) + eps) in one call (4 fewer ops per norm, 61 norms per step);
-        # the weight multiplies after the cast back, as in Hugging Face's LlamaRMSNorm.
+        # torch.rms_norm is x * rsqrt(mean(x^2) + eps) [* weight] in one call: 61 norms per step, each op saved
+        # is Python and dispatch time saved. In fp32 the weight goes in too (same result, no cast to undo);
+        # otherwise it multiplies after the cast back, as in Hugging Face's LlamaRMSNorm.
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         normed = torch.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
         return self.weight * normed.to(x.dtype)

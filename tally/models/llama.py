@@ -46,13 +46,14 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         t = h.shape[0]
         qkv = self.qkv_proj(self.input_norm(h))
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(t, cfg.num_heads, cfg.head_dim)
-        k = k.view(t, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(t, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+        heads = cfg.num_heads + cfg.num_kv_heads
+        qk = qkv[:, :cfg.q_size + cfg.kv_size].view(t, heads, cfg.head_dim)
+        v = qkv[:, cfg.q_size + cfg.kv_size:].view(t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:  # per-head norms with their own weights, before the rotation
+            q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+            qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
+        # q and k rotate as one tensor (one set of ops per layer, not two), then split as views.
+        q, k = apply_rotary(qk, *rope).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         o = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
         h = h + self.o_proj(o.reshape(t, cfg.q_size))
         gate, up = self.gate_up_proj(self.post_attn_norm(h)).chunk(2, dim=-1)

@@ -60,7 +60,7 @@ class Scheduler:
         if static and not self.running:
             self._static_forming = True
         for req in list(self.running):
-            if req not in self.running:  # preempted earlier in this loop
+            if req.status is RequestStatus.PREEMPTED:  # earlier in this loop
                 continue
             if static and self._static_forming and req.num_output_tokens > 0:
                 continue  # a static batch decodes only once it is complete
