@@ -11,6 +11,7 @@ from tally.attention.backend import make_backend
 from tally.engine.config import EngineConfig
 from tally.engine.tokenizer import load_tokenizer, stop_token_ids
 from tally.errors import ConfigError
+from tally.kv.key_smoothing import calibration_ids, measure_key_scales
 from tally.kv.quant import Int8KVCache, KVCache
 from tally.ledger.hardware import available_ram_bytes
 from tally.ledger.kv import KVLayout
@@ -62,6 +63,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
                     + sum(getattr(m, "packed_bytes", 0) for m in model.modules()))
 
     kv_dtype_name = _DTYPE_NAMES[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
+    if kv_dtype_name == "int8":
+        model.set_key_smoothing(measure_key_scales(model, calibration_ids(tokenizer)))
     layout = KVLayout.for_model(cfg, kv_dtype=kv_dtype_name, block_size=config.block_size)
     budget = config.kv_cache_memory
     if budget is None:

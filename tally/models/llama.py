@@ -40,6 +40,9 @@ class DecoderLayer(nn.Module):
             self.q_norm = RMSNorm(tensors.pop(f"{a}.q_norm.weight"), eps, dtype)
             self.k_norm = RMSNorm(tensors.pop(f"{a}.k_norm.weight"), eps, dtype)
         self.attn = attn
+        # int8 KV only (tally/kv/key_smoothing.py): the cache holds k / s and q is multiplied by s.
+        self.key_scale: torch.Tensor | None = None  # [Hkv, D] reciprocal of s, applied to k
+        self.query_scale: torch.Tensor | None = None  # [Hq, D] s of each query head's KV head, applied to q
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[KVCache, KVCache], meta: AttentionMetadata) -> torch.Tensor:
@@ -54,6 +57,8 @@ class DecoderLayer(nn.Module):
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
         # q and k rotate as one tensor (one set of ops per layer, not two), then split as views.
         q, k = apply_rotary(qk, *rope).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+        if self.key_scale is not None:
+            q, k = q * self.query_scale, k * self.key_scale
         o = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
         h = h + self.o_proj(o.reshape(t, cfg.q_size))
         gate, up = self.gate_up_proj(self.post_attn_norm(h)).chunk(2, dim=-1)
@@ -80,6 +85,13 @@ class CausalLM(nn.Module):
         self.lm_head = build_linear(head, None, quantization=None, dtype=dtype, weight_dtype=weight_dtype)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling, dtype)
+
+    def set_key_smoothing(self, scales: list[torch.Tensor] | None) -> None:
+        """Per layer s [Hkv, D] (None: off). Only while the KV cache is empty: it changes what the cache holds."""
+        group = self.cfg.num_heads // self.cfg.num_kv_heads
+        for layer, s in zip(self.layers, scales or [None] * len(self.layers)):
+            layer.key_scale = None if s is None else (1.0 / s).to(self.dtype)
+            layer.query_scale = None if s is None else s.repeat_interleave(group, dim=0).to(self.dtype)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
