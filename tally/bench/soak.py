@@ -14,12 +14,14 @@ from tally.bench.scrape import process_rss_bytes, scrape
 
 MIN_SAMPLES = 4
 MIN_R2 = 0.5  # a trend must explain at least half the variance to be flagged
-# series: (limit on the change over the run, whether the limit is relative, what it means)
+# series: (limit on the change over the run, whether the limit is relative, the smallest absolute change that
+# can be flagged, what it means). The floor keeps scheduler noise on a fast server (a P99 TTFT going from 0.8 to
+# 1.3 ms is +60% but nobody's problem) from reading as a trend.
 THRESHOLDS = {
-    "rss_bytes": (0.05, True, "memory leak suspected"),
-    "kv_usage": (0.05, False, "KV usage creeping up (blocks not freed?)"),
-    "fragmentation": (0.02, False, "fragmentation creep"),
-    "ttft_p99_s": (0.20, True, "TTFT P99 drifting up"),
+    "rss_bytes": (0.05, True, 16 * 2**20, "memory leak suspected"),
+    "kv_usage": (0.05, False, 0.0, "KV usage creeping up (blocks not freed?)"),
+    "fragmentation": (0.02, False, 0.0, "fragmentation creep"),
+    "ttft_p99_s": (0.20, True, 0.05, "TTFT P99 drifting up"),
 }
 
 
@@ -68,7 +70,7 @@ def verdict(samples: list[SoakSample], warmup_s: float = 0.0) -> dict:
     """Trends of every series with data, and a flag for each one past its threshold."""
     kept = [s for s in samples if s.t_s >= warmup_s]
     result: dict = {"samples": [asdict(s) for s in samples], "series": {}, "flags": []}
-    for key, (limit, relative, meaning) in THRESHOLDS.items():
+    for key, (limit, relative, floor, meaning) in THRESHOLDS.items():
         points = [(s.t_s, getattr(s, key)) for s in kept if getattr(s, key) is not None]
         if len(points) < MIN_SAMPLES:
             continue
@@ -77,7 +79,7 @@ def verdict(samples: list[SoakSample], warmup_s: float = 0.0) -> dict:
         change = fit["change"] / abs(fit["start"]) if relative and fit["start"] else fit["change"]
         fit["change_relative" if relative else "change_absolute"] = change
         result["series"][key] = fit
-        if change > limit and fit["r2"] >= MIN_R2:
+        if change > limit and fit["change"] > floor and fit["r2"] >= MIN_R2:
             size = f"{change:+.1%}" if relative else f"{change:+.3f}"
             result["flags"].append(
                 f"{meaning}: {key} {fit['start']:.4g} -> {fit['end']:.4g} ({size} over the run, "
