@@ -114,7 +114,7 @@ def test_auto_mixed_keeps_the_most_sensitive_layer_dense(tiny_llama, calib_file,
 @pytest.mark.parametrize("flag, value, hint", [
     ("--scheme", "w3a16", "w4a16-g128 (or -g64, -g32), w8a16, w8a8"),
     ("--scheme", "w4a16-g100", "w4a16-g128 (or -g64, -g32), w8a16, w8a8"),
-    ("--method", "hqq", "use gptq, awq or rtn"),
+    ("--method", "hqq", "use gptq, awq, rtn or smoothquant"),
     ("--keep-high-precision", "middle", "use first, last, lm_head or a layer index"),
 ])
 def test_unknown_scheme_method_or_layer_errors_say_what_to_use(tiny_llama, calib_file, tmp_path, capsys,
