@@ -31,3 +31,16 @@ def tiny_llama(tiny_model_factory) -> Path:
 @pytest.fixture(params=sorted(ARCH_CONFIGS))
 def tiny_any_arch(request, tiny_model_factory) -> Path:
     return tiny_model_factory(request.param)
+
+
+@pytest.fixture(scope="session")
+def calib_file(tmp_path_factory):
+    """A small chat calibration set with a system prompt (tally quantize's calibrated methods)."""
+    import json
+
+    path = tmp_path_factory.mktemp("calib") / "calib.jsonl"
+    lines = [{"messages": [{"role": "system", "content": "Answer briefly."},
+                           {"role": "user", "content": f"Tell me about fox number {i} and the lazy dog."}]}
+             for i in range(12)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return path

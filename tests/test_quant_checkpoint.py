@@ -2,7 +2,6 @@
 quantized model computes."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -21,16 +20,6 @@ from tally.quant.w8a8 import W8A8Linear
 from tally.models.loader import load_checkpoint
 
 PROMPTS = ["Paris is the capital of", "def add(a, b):"]
-
-
-@pytest.fixture(scope="module")
-def calib_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("calib") / "calib.jsonl"
-    lines = [{"messages": [{"role": "system", "content": "Answer briefly."},
-                           {"role": "user", "content": f"Tell me about fox number {i} and the lazy dog."}]}
-             for i in range(12)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    return path
 
 
 def in_memory_model(model_dir, layers):

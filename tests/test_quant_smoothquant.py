@@ -23,16 +23,6 @@ OUTLIER = 60.0  # how much larger the outlier channels are than the rest
 
 
 @pytest.fixture(scope="module")
-def calib_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("calib") / "calib.jsonl"
-    lines = [{"messages": [{"role": "system", "content": "Answer briefly."},
-                           {"role": "user", "content": f"Tell me about fox number {i} and the lazy dog."}]}
-             for i in range(12)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    return path
-
-
-@pytest.fixture(scope="module")
 def outlier_model(tiny_model_factory, tmp_path_factory):
     """The tiny llama with a few input channels of every q/k/v and gate/up made OUTLIER× larger (norm weight × c,
     the matching weight columns ÷ c): the same function, with the activation outliers real LLMs have."""
