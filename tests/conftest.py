@@ -44,3 +44,16 @@ def calib_file(tmp_path_factory):
              for i in range(12)]
     path.write_text("".join(json.dumps(r) + "\n" for r in lines))
     return path
+
+
+@pytest.fixture
+def torch_kernels(monkeypatch):
+    """TALLY_NATIVE=0 for one test: quantized layers on PyTorch's kernels, which compute with the stored weights
+    exactly (the native ones quantize activations to int8; tests/test_native_kernels.py covers them)."""
+    from tally.native.library import load
+
+    monkeypatch.setenv("TALLY_NATIVE", "0")
+    load.cache_clear()
+    yield
+    monkeypatch.undo()
+    load.cache_clear()

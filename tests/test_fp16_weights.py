@@ -1,4 +1,5 @@
-"""dtype="float16": fp16 weights in FBGEMM's packed GEMM, fp32 activations and arithmetic; and when auto picks it."""
+"""dtype="float16": fp16 weights (native panels, or FBGEMM's packed GEMM where the native kernels are unavailable),
+fp32 activations and arithmetic; and when auto picks it."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from tally import LLM, SamplingParams
 from tally.layers.linear import DenseLinear, Fp16WeightLinear, fp16_weights_supported
 from tally.quality.corrupt import corrupt
 
-pytestmark = pytest.mark.skipif(not fp16_weights_supported(), reason="torch built without FBGEMM")
+pytestmark = pytest.mark.skipif(not fp16_weights_supported(), reason="neither native kernels nor FBGEMM")
 
 
 def test_fp16_weight_layer_is_fp32_math_on_fp16_rounded_weights():
@@ -25,7 +26,8 @@ def test_fp16_weight_layer_is_fp32_math_on_fp16_rounded_weights():
     out = layer(x)
     assert out.dtype == torch.float32 and out.shape == (5, 3, 96)
     assert torch.allclose(out, F.linear(x, w.half().float(), b), atol=1e-4)
-    assert layer.packed_bytes == 96 * 64 * 2 + 96 * 4
+    held = layer.packed_bytes + sum(t.numel() * t.element_size() for t in layer.buffers())
+    assert held == 96 * 64 * 2 + 96 * 4
     layer.zero_()
     assert layer(x).abs().max().item() == 0.0
 

@@ -26,7 +26,7 @@ def built(ckpt, quantization):
                        max_model_len=256, checkpoint=ckpt)
 
 
-def test_gguf_blocks_as_stored_give_the_dequantized_models_logits():
+def test_gguf_blocks_as_stored_give_the_dequantized_models_logits(torch_kernels):
     ckpt = load_checkpoint(None)
     dense, direct = built(ckpt, None), built(ckpt, "gguf")
     assert isinstance(direct.layers[0].qkv_proj, Int4Linear)  # fused q/k/v rows, one Q4_1 layer
@@ -42,7 +42,7 @@ def test_gguf_blocks_as_stored_give_the_dequantized_models_logits():
         assert (got - want).abs().max().item() < 1e-4
 
 
-def test_gguf_direct_engine_greedy_tokens_equal_dense():
+def test_gguf_direct_engine_greedy_tokens_equal_dense(torch_kernels):
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     outs = {}
     for q in (None, "gguf"):

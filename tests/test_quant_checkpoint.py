@@ -36,7 +36,7 @@ def in_memory_model(model_dir, layers):
     ("qwen2", "w4a16-g64", "awq", Int4Linear),  # AWQ folds into the v bias and the norms
     ("llama_tied_mqa", "w8a16", "rtn", Int8Linear),
 ])
-def test_quantized_checkpoint_round_trips_to_the_in_memory_model(tiny_model_factory, calib_file, tmp_path,
+def test_quantized_checkpoint_round_trips_to_the_in_memory_model(tiny_model_factory, calib_file, tmp_path, torch_kernels,
                                                                 arch, scheme, method, layer_type):
     src = tiny_model_factory(arch)
     result = run(QuantizeJob(str(src), tmp_path / "q", QuantizeOptions(parse_scheme(scheme), method), calib=calib_file))
@@ -93,7 +93,7 @@ def test_builtin_gguf_quantizes_to_a_checkpoint_that_serves(tmp_path):
                           keep_high_precision="last")).out
     llm = LLM(str(out), dtype="float32", kv_cache_memory=16_000_000, max_model_len=256)
     layers = llm.engine.loaded.model.layers
-    assert layers[0].qkv_proj.group_size == 64 and not isinstance(layers[-1].qkv_proj, Int4Linear)
+    assert layers[0].qkv_proj.group_size == 64 and getattr(layers[-1].qkv_proj, "scheme", None) != "int4"
     reply = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                      SamplingParams(temperature=0, max_tokens=12))
     assert "Paris" in reply[0].outputs[0].text

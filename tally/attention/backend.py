@@ -30,6 +30,8 @@ class AttentionConfig:
 
 
 class AttentionBackend(Protocol):
+    config: AttentionConfig
+
     def forward(
         self,
         q: torch.Tensor,
@@ -42,6 +44,10 @@ class AttentionBackend(Protocol):
         """q [T, Hq, D], k/v [T, Hkv, D] (new tokens, rotary applied); k_cache/v_cache
         [num_blocks, block_size, Hkv, D] (tensors, or Int8KVCache values + scales) are this layer's
         cache, written in place at meta.slot_mapping before attending. Returns [T, Hq, D] in q's dtype."""
+        ...
+
+    def attend(self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """`forward` for a step whose K/V the caller has already written at meta.slot_mapping."""
         ...
 
 

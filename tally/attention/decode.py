@@ -16,6 +16,7 @@ from tally.attention.backend import AttentionConfig
 from tally.attention.metadata import AttentionMetadata
 from tally.attention.workspace import Workspace
 from tally.kv.quant import Int8KVCache, KVCache, dequantize_slots_into
+from tally.native import ops as native
 
 # Rows x keys gathered at once. Bounds the workspace at this many keys of K and of V (fp32):
 # 32768 x Hkv x D x 4 bytes each, 24 MiB for SmolLM2's 3 x 64; 8 rows of 4k context fit in one group.
@@ -74,12 +75,23 @@ def _group(
     return DecodeGroup(rows, slots, mask, block_size)
 
 
+def native_decode_supported(k_cache: KVCache, config: AttentionConfig) -> bool:
+    """The C kernel (tally/native) reads an fp32 cache in place, through the block tables: no gather copy and
+    one call per layer instead of a dozen."""
+    return (config.compute_dtype == torch.float32 and isinstance(k_cache, torch.Tensor)
+            and k_cache.dtype == torch.float32 and native.vector_supported(config.head_dim) and native.available())
+
+
 def decode_attention(
     q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, meta: AttentionMetadata,
     config: AttentionConfig, workspace: Workspace, max_gather_keys: int = DECODE_GATHER_KEYS,
 ) -> torch.Tensor:
     """q [n, Hq, D] of the n = meta.num_decode_tokens decode rows -> [n, Hq, D] in the compute dtype."""
     n = q.shape[0]
+    if native_decode_supported(k_cache, config):
+        lens = meta.memo("context_lens", lambda: torch.tensor(meta.context_lens[:n], dtype=torch.int64))
+        return native.decode_attention(q, k_cache, v_cache, meta.block_tables, lens, config.sliding_window,
+                                       config.scale)
     groups = meta.memo(
         ("decode", config.sliding_window, max_gather_keys),
         lambda: plan_decode(meta.block_tables, meta.context_lens[:n], meta.block_size,

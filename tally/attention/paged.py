@@ -64,6 +64,11 @@ class PagedBackend:
         k_cache: KVCache, v_cache: KVCache, meta: AttentionMetadata,
     ) -> torch.Tensor:
         write_kv_to_cache(k, v, k_cache, v_cache, meta)
+        return self.attend(q, k_cache, v_cache, meta)
+
+    def attend(self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """`forward` after the cache write, for callers that wrote this step's K/V themselves
+        (the native rotary-and-store kernel does both in one pass)."""
         n_dec = meta.num_decode_tokens
         starts = meta.query_start_loc
         if starts[n_dec] != n_dec:

@@ -17,6 +17,7 @@ from tally.errors import ConfigError, ModelLoadError
 from tally.layers.linear import ConcatLinear, build_linear
 from tally.models.config import ModelConfig
 from tally.models.llama import CausalLM
+from tally.native.decode_step import NativeDecodeStep
 
 if TYPE_CHECKING:
     from tally.models.loader import Checkpoint
@@ -50,17 +51,27 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         return build_linear(weight, b, quantization=None if prequantized else quantization, dtype=dtype,
                             weight_dtype=weight_dtype)
 
+    def make_head(weight: torch.Tensor, tied: bool) -> nn.Module:
+        # Quantized models quantize the LM head too, to int8 (llama.cpp's 4-bit files keep it at 6-8 bits): at
+        # one token per step SmolLM2's fp32 head alone reads 113 MB, as much as all its int4 layers together.
+        name = "model.embed_tokens" if tied else "lm_head"
+        if quantization == "gguf" and checkpoint.gguf_tensor(f"{name}.weight") is not None:
+            return _gguf_proj(checkpoint, [name], [weight], None, dtype)
+        head_scheme = "int8" if quantization in ("int4", "int8") and not prequantized else None
+        return build_linear(weight, None, quantization=head_scheme, dtype=dtype, weight_dtype=weight_dtype)
+
     cfg = config
     if max_model_len < cfg.max_position_embeddings:
         # The rotary table only needs the positions the engine will ever use.
         cfg = replace(cfg, max_position_embeddings=max_model_len)
     try:
-        model = CausalLM(cfg, tensors, make_proj, attn, dtype, weight_dtype)
+        model = CausalLM(cfg, tensors, make_proj, make_head, attn, dtype, weight_dtype)
     except KeyError as exc:
         raise ModelLoadError(f"checkpoint is missing tensor {exc.args[0]!r}") from exc
     leftover = [n for n in tensors if "rotary_emb" not in n]
     if leftover:
         raise ModelLoadError(f"checkpoint has tensors this architecture does not use: {leftover[:5]}")
+    model.native_step = NativeDecodeStep.build(model)
     return model.eval()
 
 

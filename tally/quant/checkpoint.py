@@ -120,14 +120,15 @@ def _check_packed(base: str, shape: tuple[int, ...], shapes: dict, scheme: str, 
 def linear_from_packed(scheme: str, parts: list[dict[str, torch.Tensor]], bias: torch.Tensor | None,
                        dtype: torch.dtype) -> nn.Module:
     """One layer over the rows of every part (a fused projection), exactly as stored."""
-    from tally.quant.int4 import Int4Linear
-    from tally.quant.int8 import Int8Linear
+    from tally.quant.native_linear import int4_linear, int8_linear
     from tally.quant.w8a8 import W8A8Linear
 
     scales = torch.cat([p["scales"].float() for p in parts])
     if scheme == "w4a16":
         q = torch.cat([unpack_int4(p["qweight"]) for p in parts])
         zeros = torch.cat([p["zeros"].float() for p in parts])
-        return Int4Linear(q, scales, zeros, q.shape[1] // scales.shape[1], bias, dtype)
+        return int4_linear(q, scales, zeros, q.shape[1] // scales.shape[1], bias, dtype)
     q = torch.cat([p["qweight"] for p in parts])
-    return (W8A8Linear if scheme == "w8a8" else Int8Linear)(q, scales, bias, dtype)
+    if scheme == "w8a8":
+        return W8A8Linear(q, scales, bias, dtype)
+    return int8_linear(q, scales, bias, dtype)

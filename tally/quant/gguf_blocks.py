@@ -13,8 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tally.quant.group_int8 import GroupInt8Linear
-from tally.quant.int4 import Int4Linear
+from tally.quant.native_linear import int4_linear, int8_linear
 
 BLOCK = 32
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -50,8 +49,8 @@ def linear_from_gguf(raw: Any, bias: torch.Tensor | None, *, compute_dtype: torc
     d = _fp16(blocks, 0)
     if type_name == "Q8_0":
         q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(blocks.shape[0], -1))
-        return GroupInt8Linear(q, d, bias, compute_dtype)
+        return int8_linear(q, d, bias, compute_dtype)
     if type_name == "Q4_0":
-        return Int4Linear(_nibbles(blocks, 2), d, torch.zeros_like(d), BLOCK, bias, compute_dtype)
+        return int4_linear(_nibbles(blocks, 2), d, torch.zeros_like(d), BLOCK, bias, compute_dtype)
     zero = _fp16(blocks, 2) + 8.0 * d
-    return Int4Linear(_nibbles(blocks, 4), d, zero, BLOCK, bias, compute_dtype)
+    return int4_linear(_nibbles(blocks, 4), d, zero, BLOCK, bias, compute_dtype)

@@ -6,8 +6,8 @@ from torch import nn
 
 from tally.errors import ConfigError
 from tally.quant.gguf_blocks import linear_from_gguf
-from tally.quant.int4 import Int4Linear
-from tally.quant.int8 import Int8Linear
+from tally.quant.native_linear import int4_linear, int8_linear
+from tally.quant.rtn import quantize_int4_groupwise, quantize_int8_per_channel
 from tally.quant.w8a8 import W8A8Linear
 
 SCHEMES = ("none", "int8", "int4", "w8a8")
@@ -35,11 +35,13 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, scheme: str,
 
         return DenseLinear(weight, bias, compute_dtype)
     if scheme == "int8":
-        return Int8Linear.from_float(weight, bias, compute_dtype)
+        q, scale = quantize_int8_per_channel(weight, scale_dtype=compute_dtype)
+        return int8_linear(q, scale, bias, compute_dtype)
     if scheme == "w8a8":
         return W8A8Linear.from_float(weight, bias, compute_dtype)
     if scheme == "int4":
         _check_group_size(weight.shape[1], group_size)
-        return Int4Linear.from_float(weight, bias, compute_dtype, group_size)
+        q, scale, zero = quantize_int4_groupwise(weight, group_size, scale_dtype=compute_dtype)
+        return int4_linear(q, scale, zero, group_size, bias, compute_dtype)
     raise ConfigError(f"quantization scheme {scheme!r} is not supported; choose one of {', '.join(SCHEMES)}",
                       param="quantization")

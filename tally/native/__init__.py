@@ -1,0 +1,1 @@
+"""CPU kernels in C (AVX2), built on first use: see library.py."""

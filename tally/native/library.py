@@ -1,0 +1,86 @@
+"""Builds tally/native/kernels.c with the machine's C compiler on first use and loads it with ctypes.
+
+The shared object is cached under $XDG_CACHE_HOME/tally (default ~/.cache/tally), named by a hash of the
+source and flags, so an edit rebuilds and concurrent processes never load a half-written file. `load()`
+returns None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C
+come with it on every x86 CPU that has it), or when no compiler is found; the reason is logged once.
+A C file and the system compiler, not a torch C++ extension: it builds in about a second instead of a
+minute, and needs no Python headers.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch  # loaded first: the library then binds to torch's libgomp, sharing its thread pool and count
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-Wall"]
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+SIGNATURES = {
+    "tally_gemm_q4": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],
+    "tally_gemm_q8": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],
+    "tally_gemm_f16": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],
+    "tally_int8_roundtrip": [_P, _P, _I, _I],
+    "tally_rms_norm": [_P, _P, _P, _I, _I, _F],
+    "tally_silu_mul": [_P, _P, _I, _I],
+    "tally_rope_store": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P],
+    "tally_decode_layers": [_P, _P, _I, _P, _P, _P, _P, _I, _P],
+    "tally_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _P],
+}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tally"
+
+
+def _unavailable_reason() -> str | None:
+    if os.environ.get("TALLY_NATIVE", "1") == "0":
+        return "TALLY_NATIVE=0"
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return f"the CPU's vector capability is {torch.backends.cpu.get_cpu_capability()}, not AVX2"
+    if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+        return "no C compiler (cc/gcc) on PATH"
+    return None
+
+
+def _build(target: Path) -> None:
+    compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE), "-lm"],
+                       check=True, capture_output=True, text=True)
+        os.replace(partial, target)  # atomic: a concurrent loader sees the old state or the whole file
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    reason = _unavailable_reason()
+    if reason is None:
+        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+        target = _cache_dir() / f"tally_kernels_{digest}.so"
+        try:
+            if not target.exists():
+                _build(target)
+            lib = ctypes.CDLL(str(target))
+        except (OSError, subprocess.CalledProcessError) as e:
+            detail = getattr(e, "stderr", "") or str(e)
+            reason = f"building {SOURCE.name} failed: {detail.strip()[:500]}"
+    if reason is not None:
+        log.info("native CPU kernels off (%s); using PyTorch kernels", reason)
+        return None
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, None
+    return lib

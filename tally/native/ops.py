@@ -1,0 +1,124 @@
+"""Tensor-level entry points to the native kernels (tally/native/kernels.c).
+
+Each takes contiguous fp32 CPU tensors (weights in their stored formats) and returns a new tensor, or writes
+into `out`. Shapes the kernels cannot take — a K the vector loop does not divide — are the caller's to avoid:
+`*_supported` say which. Every function here assumes `available()`.
+"""
+from __future__ import annotations
+
+import torch
+
+from tally.native.library import load
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _output(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
+    return torch.empty(x.shape[0], n, dtype=torch.float32) if out is None else out
+
+
+def integer_gemm_supported(in_features: int, group_size: int) -> bool:
+    """gemm_q4 / gemm_q8 work in blocks of 32 (the activations' int8 blocks), whole groups per row."""
+    return group_size % 32 == 0 and in_features % group_size == 0
+
+
+def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bias: torch.Tensor | None,
+            group_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T, W = q * d + m per group; qs uint8 [N, K/2] in GGUF nibble order; d, m [N, K/group].
+    With `out` given, the product is added to it (a residual stream)."""
+    n, k = qs.shape[0], x.shape[1]
+    y = _output(x, n, out)
+    load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), d.data_ptr(), m.data_ptr(), _ptr(bias), y.data_ptr(),
+                         x.shape[0], n, k, group_size, out is not None)
+    return y
+
+
+def gemm_q8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None, group_size: int,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T, W = q * s; q int8 [N, K], s [N, K/group] (group K: one scale per output channel)."""
+    n, k = q.shape
+    y = _output(x, n, out)
+    load().tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0], n, k,
+                         group_size, out is not None)
+    return y
+
+
+def int8_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as gemm_q4 / gemm_q8 see it: int8 per row and block of 32, dequantized to fp32."""
+    y = torch.empty_like(x)
+    load().tally_int8_roundtrip(x.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1])
+    return y
+
+
+PANEL = 16  # outputs per fp16 weight panel (kernels.c)
+
+
+def pack_f16(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] -> fp16 panels [ceil(N/16), K, 16] (rows past N zero), the layout gemm_f16 reads."""
+    n, k = weight.shape
+    padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=torch.float16)
+    padded[:n] = weight
+    return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
+
+
+def panel_rows(panels: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows of the weight packed by pack_f16, as fp32 [len(rows), K]: a tied embedding read from the LM head."""
+    return panels[rows // PANEL, :, rows % PANEL].float()
+
+
+def gemm_f16(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T with W in fp16 panels (pack_f16), fp32 arithmetic."""
+    k = panels.shape[1]
+    y = _output(x, out_features, out)
+    load().tally_gemm_f16(x.data_ptr(), panels.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0], out_features, k,
+                          out is not None)
+    return y
+
+
+def vector_supported(dim: int) -> bool:
+    """Norms, rotary and attention read rows of `dim` floats 8 at a time."""
+    return dim % 8 == 0
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    y = torch.empty_like(x)
+    load().tally_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps)
+    return y
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[M, 2I] (gate, up) -> silu(gate) * up [M, I]."""
+    m, i2 = gate_up.shape
+    y = torch.empty(m, i2 // 2, dtype=torch.float32)
+    load().tally_silu_mul(gate_up.data_ptr(), y.data_ptr(), m, i2 // 2)
+    return y
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+               head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """Rotate q and k of qkv [T, (Hq + 2 Hkv) D] in place (cos/sin [T, D]), then store k and v at `slots`
+    (int64 [T]) of the fp32 caches [blocks, block_size, Hkv, D]."""
+    if not qkv.is_contiguous():
+        raise ValueError("rope_store rotates qkv in place and needs it contiguous")
+    load().tally_rope_store(qkv.data_ptr(), qkv.shape[0], qkv.shape[1], cos.data_ptr(), sin.data_ptr(),
+                            num_heads, num_kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
+                            slots.data_ptr())
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     context_lens: torch.Tensor, window: int | None, scale: float) -> torch.Tensor:
+    """q [n, Hq, D] (one token per sequence; rows may be strided, heads contiguous) against fp32 caches [blocks, block_size, Hkv, D] through
+    block_tables int64 [>= n, max_blocks] and context_lens int64 [n] -> [n, Hq, D]."""
+    n, hq, d = q.shape
+    out = torch.empty(n, hq, d, dtype=torch.float32)
+    load().tally_decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+                                  block_tables.stride(0), context_lens.data_ptr(), n, hq, k_cache.shape[2], d,
+                                  k_cache.shape[1], window or 0, scale, out.data_ptr())
+    return out

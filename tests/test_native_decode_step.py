@@ -1,0 +1,74 @@
+"""The one-call native decode step (tally/native/decode_step.py) computes what the layer-by-layer path computes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tally import LLM, SamplingParams
+from tally.native import ops
+
+pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
+
+PROMPTS = ["hello world", "the quick brown fox jumps", "a"]
+
+
+def run(llm: LLM, prompts: list[str], use_step: bool) -> list:
+    model = llm.engine.loaded.model
+    saved = model.native_step
+    if not use_step:
+        model.native_step = None
+    try:
+        return llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1))
+    finally:
+        model.native_step = saved
+
+
+@pytest.mark.parametrize("arch, dtype, quantization", [
+    ("llama", "float32", "int4"), ("mistral", "float32", "int8"), ("qwen2", "float32", "int4"),
+    ("llama_tied_mqa", "float16", None),
+])
+def test_native_step_equals_the_layer_by_layer_path(tiny_model_factory, arch, dtype, quantization):
+    llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, quantization=quantization, kv_cache_memory=2_000_000)
+    assert llm.engine.loaded.model.native_step is not None
+    fused, layered = run(llm, PROMPTS, True), run(llm, PROMPTS, False)
+    for a, b in zip(fused, layered):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            tok = next(iter(la))
+            assert abs(la[tok].logprob - lb[tok].logprob) < 1e-5
+
+
+def test_native_step_rows_do_not_depend_on_their_batch(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
+    together = [o.outputs[0].token_ids for o in run(llm, PROMPTS, True)]
+    alone = [run(llm, [p], True)[0].outputs[0].token_ids for p in PROMPTS]
+    assert together == alone
+
+
+def test_native_int4_model_stays_close_to_its_dequantized_weights(tiny_llama, monkeypatch):
+    """The native kernels quantize activations to int8 per block of 32; logits move by a small fraction."""
+    from tally.native.library import load
+
+    params = SamplingParams(temperature=0, max_tokens=1, logprobs=5)
+    monkeypatch.setenv("TALLY_NATIVE", "0")
+    load.cache_clear()
+    exact = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
+    want = [o.outputs[0].logprobs[0] for o in exact.generate(PROMPTS, params)]
+    monkeypatch.delenv("TALLY_NATIVE")
+    load.cache_clear()
+    fast = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
+    assert fast.engine.loaded.model.native_step is not None
+    got = [o.outputs[0].logprobs[0] for o in fast.generate(PROMPTS, params)]
+    for g, w in zip(got, want):
+        top = max(w, key=lambda t: w[t].logprob)
+        assert top in g and abs(g[top].logprob - w[top].logprob) < 0.05
+
+
+def test_int8_kv_cache_takes_the_layer_by_layer_path(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_dtype="int8",
+              kv_cache_memory=2_000_000)
+    model = llm.engine.loaded.model
+    assert model.native_step is not None
+    assert not model.native_step.applies(model, llm.engine.loaded.kv_caches, 1)
+    out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 6 for o in out)

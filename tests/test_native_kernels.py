@@ -1,0 +1,104 @@
+"""Each native kernel against the PyTorch arithmetic it replaces (fp32; tolerances are summation order)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tally.native import ops
+
+pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
+
+gen = torch.Generator().manual_seed(0)
+
+
+def rand(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen)
+
+
+def int8_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x as the integer kernels see it: int8 per row and block of 32 (round half to even), dequantized."""
+    blocks = x.view(*x.shape[:-1], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(blocks / d.clamp(min=1e-30)) * d).view(x.shape)
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 7])
+@pytest.mark.parametrize("group", [32, 64])
+def test_gemm_q4_matches_dequantized_weights(m: int, group: int) -> None:
+    n, k = 40, 128
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
+    d, mins = rand(n, k // group).abs(), rand(n, k // group)
+    # GGUF nibble order: byte j of each 32-block holds weight j (low) and weight j + 16 (high)
+    blocks = q.view(n, k // 32, 2, 16)
+    qs = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    scaled, offset = q.float() * d.repeat_interleave(group, 1), mins.repeat_interleave(group, 1)
+    x, bias = rand(m, k), rand(n)
+    expected = int8_blocks(x) @ (scaled + offset).t()
+    torch.testing.assert_close(ops.int8_roundtrip(x), int8_blocks(x))
+    torch.testing.assert_close(ops.gemm_q4(x, qs, d, mins, bias, group), expected + bias, atol=1e-4, rtol=1e-4)
+    y = rand(m, n)
+    torch.testing.assert_close(ops.gemm_q4(x, qs, d, mins, None, group, out=y.clone()), y + expected,
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("group", [32, 96])
+def test_gemm_q8_matches_dequantized_weights(m: int, group: int) -> None:
+    n, k = 24, 96 * 2
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    s = rand(n, k // group).abs() / 100
+    w = q.float() * s.repeat_interleave(group, 1)
+    x = rand(m, k)
+    torch.testing.assert_close(ops.gemm_q8(x, q, s, None, group), int8_blocks(x) @ w.t(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 6, 70])
+@pytest.mark.parametrize("k", [64, 37])
+def test_gemm_f16_matches_fp32_math_on_fp16_weights(m: int, k: int) -> None:
+    w, x, bias = rand(33, k).half(), rand(m, k), rand(33)
+    got = ops.gemm_f16(x, ops.pack_f16(w), 33, bias)
+    torch.testing.assert_close(got, F.linear(x, w.float(), bias), atol=1e-4, rtol=1e-4)
+
+
+def test_rms_norm_and_silu_mul() -> None:
+    x, w = rand(5, 64), rand(64)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-5), torch.rms_norm(x, (64,), w, 1e-5), atol=1e-5, rtol=1e-5)
+    gu = rand(3, 2 * 48)
+    torch.testing.assert_close(ops.silu_mul(gu), F.silu(gu[:, :48]) * gu[:, 48:], atol=1e-6, rtol=1e-5)
+
+
+def test_rope_store_rotates_q_k_and_writes_the_cache() -> None:
+    from tally.layers.rotary import RotaryEmbedding, apply_rotary
+
+    hq, hkv, d, t = 4, 2, 16, 3
+    qkv = rand(t, (hq + 2 * hkv) * d)
+    rope = RotaryEmbedding(d, 64, 10000.0, None, torch.float32)
+    positions = torch.tensor([5, 9, 2])
+    cos, sin = rope.lookup(positions)
+    expected = apply_rotary(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
+    k_cache, v_cache = torch.zeros(4, 4, hkv, d), torch.zeros(4, 4, hkv, d)
+    slots = torch.tensor([3, 7, 12])
+    got = qkv.clone()
+    ops.rope_store(got, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous(), hq, hkv, d, k_cache, v_cache,
+                   slots)
+    torch.testing.assert_close(got[:, :(hq + hkv) * d].view(t, hq + hkv, d), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_cache.view(-1, hkv, d)[slots], expected[:, hq:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(v_cache.view(-1, hkv, d)[slots], qkv[:, (hq + hkv) * d:].view(t, hkv, d))
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_decode_attention_matches_sdpa_over_gathered_keys(window: int | None) -> None:
+    hq, hkv, d, bs = 6, 2, 16, 4
+    k_cache, v_cache = rand(10, bs, hkv, d), rand(10, bs, hkv, d)
+    tables = torch.tensor([[3, 1, 7, 0], [9, 2, 0, 0]])
+    lens = torch.tensor([13, 6])
+    q = rand(2, hq, d)
+    got = ops.decode_attention(q, k_cache, v_cache, tables, lens, window, 0.25)
+    for b in range(2):
+        slots = torch.cat([tables[b, i // bs:i // bs + 1] * bs + i % bs for i in range(int(lens[b]))])
+        start = 0 if window is None else max(0, int(lens[b]) - window)
+        k = k_cache.view(-1, hkv, d)[slots[start:]].repeat_interleave(hq // hkv, 1)
+        v = v_cache.view(-1, hkv, d)[slots[start:]].repeat_interleave(hq // hkv, 1)
+        ref = F.scaled_dot_product_attention(q[b][:, None], k.transpose(0, 1), v.transpose(0, 1), scale=0.25)
+        torch.testing.assert_close(got[b], ref[:, 0], atol=1e-5, rtol=1e-5)
