@@ -307,14 +307,79 @@ void tally_rope_store(float *qkv, int64_t T, int64_t row, const float *cos, cons
 }
 
 /* ---- Decode attention over the paged cache: one query token per sequence -----------------------------
- * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] fp32; block_tables [n, bt_stride] int64; ctx [n] keys per sequence
- * (the query's own included); window > 0 keeps the last `window` keys. out [n, Hq, D].
- * Two passes per (sequence, kv head): scores for the query heads sharing the head, then softmax-weighted V;
- * K and V are read in place from their blocks (no gather copy). */
+ * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] fp32;
+ * block_tables [n, bt_stride] int64; ctx [n] keys per sequence (the query's own included); window > 0 keeps the
+ * last `window` keys. out [n, Hq, D].
+ * Per (sequence, kv head): the scores of every query head sharing the head, a vectorised softmax, then the
+ * probability-weighted V with each output head's D values held in registers; K and V are read in place from
+ * their blocks (no gather copy). */
 static inline float dot(const float *a, const float *b, int64_t D) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    return hsum(acc);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i < D; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    return hsum(_mm256_add_ps(acc0, acc1));
+}
+
+/* e^x, |relative error| < 2e-7 (Cephes' polynomial, as in the usual SIMD math libraries); x is clamped to
+ * [-87.3, 88.4], so very negative scores give ~0, never NaN. */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3762626647949f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* p[0..len) <- softmax(p), in place */
+static void softmax(float *p, int64_t len) {
+    float mx = -INFINITY;
+    for (int64_t t = 0; t < len; t++) mx = fmaxf(mx, p[t]);
+    __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + t), vmx));
+        _mm256_storeu_ps(p + t, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    float sum = hsum(vs);
+    for (; t < len; t++) sum += (p[t] = expf(p[t] - mx));
+    float inv = 1.0f / sum;
+    for (t = 0; t < len; t++) p[t] *= inv;
+}
+
+/* o[0..D) = sum_t p[t] * v(slot[t]), D a multiple of 8; 64 values at a time in registers */
+static void weighted_v(const float *p, const int64_t *slots, int64_t len, const float *v, int64_t row_stride,
+                       int64_t D, float *o) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) {
+        __m256 acc[8];
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < len; t++) {
+            const float *vp = v + slots[t] * row_stride + d0;
+            __m256 pw = _mm256_set1_ps(p[t]);
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(vp + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
+    }
+    for (; d0 < D; d0 += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t t = 0; t < len; t++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + slots[t] * row_stride + d0), acc);
+        _mm256_storeu_ps(o + d0, acc);
+    }
 }
 
 void tally_decode_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
@@ -322,49 +387,26 @@ void tally_decode_attention(const float *q, int64_t q_stride, const float *k_cac
                             int64_t Hq, int64_t Hkv, int64_t D, int64_t block_size, int64_t window, float scale,
                             float *out) {
     int64_t group = Hq / Hkv;
-    #pragma omp parallel for schedule(dynamic) collapse(2) if (n * Hkv > 1)
+    #pragma omp parallel for schedule(dynamic) collapse(2) if (n * Hkv > 1 && n * ctx[0] * Hq * D >= PAR_MIN)
     for (int64_t b = 0; b < n; b++) {
         for (int64_t h = 0; h < Hkv; h++) {
             int64_t L = ctx[b], start = (window > 0 && L > window) ? L - window : 0, len = L - start;
             const int64_t *bt = block_tables + b * bt_stride;
+            int64_t *slots = malloc(sizeof(int64_t) * len);
             float *p = malloc(sizeof(float) * len * group);
-            float mx[group], sum[group];
-            for (int64_t j = 0; j < group; j++) mx[j] = -INFINITY, sum[j] = 0;
             for (int64_t t = 0; t < len; t++) {
-                int64_t pos = start + t, slot = bt[pos / block_size] * block_size + pos % block_size;
-                const float *kp = k_cache + (slot * Hkv + h) * D;
-                for (int64_t j = 0; j < group; j++) {
-                    float sc = dot(q + b * q_stride + (h * group + j) * D, kp, D) * scale;
-                    p[j * len + t] = sc;
-                    if (sc > mx[j]) mx[j] = sc;
-                }
-            }
-            for (int64_t j = 0; j < group; j++) {
-                for (int64_t t = 0; t < len; t++) {
-                    float e = expf(p[j * len + t] - mx[j]);
-                    p[j * len + t] = e;
-                    sum[j] += e;
-                }
-            }
-            for (int64_t j = 0; j < group; j++) {
-                float *o = out + (b * Hq + h * group + j) * D;
-                memset(o, 0, sizeof(float) * D);
+                int64_t pos = start + t;
+                slots[t] = (bt[pos / block_size] * block_size + pos % block_size) * Hkv + h;  /* row of [slots*Hkv, D] */
             }
             for (int64_t t = 0; t < len; t++) {
-                int64_t pos = start + t, slot = bt[pos / block_size] * block_size + pos % block_size;
-                const float *vp = v_cache + (slot * Hkv + h) * D;
-                for (int64_t j = 0; j < group; j++) {
-                    float *o = out + (b * Hq + h * group + j) * D;
-                    __m256 pw = _mm256_set1_ps(p[j * len + t]);
-                    for (int64_t i = 0; i < D; i += 8)
-                        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pw, _mm256_loadu_ps(vp + i), _mm256_loadu_ps(o + i)));
-                }
+                const float *kp = k_cache + slots[t] * D;
+                for (int64_t j = 0; j < group; j++) p[j * len + t] = dot(q + b * q_stride + (h * group + j) * D, kp, D) * scale;
             }
             for (int64_t j = 0; j < group; j++) {
-                float *o = out + (b * Hq + h * group + j) * D;
-                __m256 inv = _mm256_set1_ps(1.0f / sum[j]);
-                for (int64_t i = 0; i < D; i += 8) _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(o + i), inv));
+                softmax(p + j * len, len);
+                weighted_v(p + j * len, slots, len, v_cache, D, D, out + (b * Hq + h * group + j) * D);
             }
+            free(slots);
             free(p);
         }
     }
