@@ -43,7 +43,7 @@ from tally.quality.model_run import ModelSpec, run_model
 from tally.quality.settings import Decoding, EvalSettings
 from tally.quality.suites import DATA, build_workload, tokenize_heldout
 
-ROWS = ("fp32", "bf16", "fp16w", "int8", "int4", "int4-fl", "w8a8", "kv-int8")
+ROWS = ("fp32", "bf16", "fp16w", "int8", "int4", "int4-fl", "w8a8", "kv-int8", "gguf")
 GIB = 1 << 30
 
 
@@ -88,6 +88,8 @@ def spec_for(row: str, model: str | None, max_len: int, work: Path, log) -> Mode
     common = dict(max_model_len=max_len, kv_cache_memory=256 << 20)
     if row in ("int4-fl", "w8a8"):
         return ModelSpec(quantized_dir(row, model, work, log), dtype="float16", **common)
+    if row == "gguf":  # a GGUF file's own blocks (Q4_0/Q4_1/Q8_0) as stored, as llama.cpp runs them
+        return ModelSpec(model, quantization="gguf", dtype="float32", **common)
     return ModelSpec(model, quantization={"int8": "int8", "int4": "int4"}.get(row),
                      dtype={"fp32": "float32", "bf16": "bfloat16"}.get(row, "float16"),
                      kv_cache_dtype="int8" if row == "kv-int8" else "auto", **common)
