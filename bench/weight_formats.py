@@ -2,7 +2,10 @@
 order (so weights stream from memory, not from cache), for a few row counts.
 
   fp32       F.linear on fp32 weights (Tally's dtype=float32)
-  fp16w      FBGEMM's packed fp16 GEMM, fp32 in/out (Tally's dtype=float16; auto on AVX2-only CPUs)
+  fp16w      FBGEMM's packed fp16 GEMM, fp32 in/out (Tally's dtype=float16 where the native kernels are unavailable)
+  f16-nat    Tally's native fp16 panels, fp32 in/out (dtype=float16 / auto on AVX2 CPUs; tally/native)
+  int8-nat   Tally's native int8 per channel, activations int8 per block of 32 (--quantization int8)
+  int4-nat   Tally's native int4, group 128 (64 where 128 does not divide K), int8 activations (--quantization int4)
   bf16       F.linear in bf16 (emulated without AVX-512 BF16)
   int8-dyn   FBGEMM dynamic int8 (per-tensor uint8 activations): for reference, not used by Tally — its
              activation scale is per batch, so a request's output would depend on its neighbours
@@ -48,6 +51,24 @@ def main() -> int:
         q = torch.quantize_per_channel(w, scale, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
         int8.append(torch.ops.quantized.linear_prepack(q, None))
     formats["int8-dyn"] = int8
+    from tally.native import ops
+    from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
+    from tally.quant.rtn import quantize_int4_groupwise, quantize_int8_per_channel
+
+    if ops.available():
+        formats["f16-nat"] = [(ops.pack_f16(w), w.shape[0]) for w in weights]
+        formats["int8-nat"] = []
+        for w in weights:
+            q, scale = quantize_int8_per_channel(w)
+            formats["int8-nat"].append(NativeInt8Linear(q, scale[:, None], None))
+        int4 = []
+        for w in weights:
+            group = 128 if w.shape[1] % 128 == 0 else 64
+            q, scale, zero = quantize_int4_groupwise(w, group)
+            int4.append(NativeInt4Linear.from_q(q, scale, zero, group, None))
+        formats["int4-nat"] = int4
+    for layer in formats.get("int8-nat", []) + formats.get("int4-nat", []):
+        layer.many_tokens_from = 1 << 62  # the kernel itself at every row count, not the layer's dispatch
 
     def step(name: str, m: int) -> float:
         xs = {k: torch.randn(m, k, generator=gen) for k in {k for _, k in shapes}}
@@ -60,6 +81,10 @@ def main() -> int:
                 F.linear(xb[k], w)
             elif name == "fp16w":
                 torch.ops.quantized.linear_dynamic_fp16(xs[k], w)
+            elif name == "f16-nat":
+                ops.gemm_f16(xs[k], *w, None)
+            elif name in ("int8-nat", "int4-nat"):
+                w(xs[k])
             else:
                 torch.ops.quantized.linear_dynamic(xs[k], w, True)
         return time.perf_counter() - t0

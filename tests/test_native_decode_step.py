@@ -29,7 +29,12 @@ def run(llm: LLM, prompts: list[str], use_step: bool) -> list:
 ])
 def test_native_step_equals_the_layer_by_layer_path(tiny_model_factory, arch, dtype, quantization):
     llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, quantization=quantization, kv_cache_memory=2_000_000)
-    assert llm.engine.loaded.model.native_step is not None
+    model = llm.engine.loaded.model
+    assert model.native_step is not None
+    if model.cfg.tie_word_embeddings:  # the native head (fp16 panels, int8) serves the lookup: one table
+        assert model.embed_tokens is None
+        ids = torch.tensor([3, 7, 3])
+        assert model.lm_head.embedding_rows(ids).shape == (3, model.cfg.hidden_size)
     fused, layered = run(llm, PROMPTS, True), run(llm, PROMPTS, False)
     for a, b in zip(fused, layered):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids

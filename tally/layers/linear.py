@@ -36,6 +36,7 @@ class Fp16WeightLinear(nn.Module):
             self.panels = native.pack_f16(weight)
         else:
             self._packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
+            self.embedding_rows = None  # FBGEMM's packed layout cannot be read back
 
     @property
     def packed_bytes(self) -> int:
@@ -49,6 +50,10 @@ class Fp16WeightLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         y = native.gemm_f16(x2, self.panels, self.out_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """Rows of the weight as fp32 [len(ids), K]: a tied embedding read from the head's panels."""
+        return native.panel_rows(self.panels, ids)
 
     def zero_(self) -> None:
         """Deliberate damage for the quality gate's self-test (tally/quality/corrupt.py)."""

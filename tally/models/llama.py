@@ -89,8 +89,9 @@ class DecoderLayer(nn.Module):
 
 class CausalLM(nn.Module):
     """`weight_dtype=torch.float16` (with fp32 `dtype`): the embedding and the LM head are stored in fp16 too. A tied
-    head in native fp16 panels also serves the lookup (one copy); FBGEMM's packed layout cannot, so there the
-    tied head is a second copy."""
+    head whose module can return rows of its weight (`embedding_rows`: native fp16 panels, native int8) also
+    serves the lookup, so the table is held once; otherwise (FBGEMM's packed layout, dense) the embedding is a
+    separate tensor."""
 
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
                  make_head: HeadFactory, attn: AttentionBackend, dtype: torch.dtype,
@@ -107,8 +108,8 @@ class CausalLM(nn.Module):
         head = tensors.pop("lm_head.weight", None)
         tied = cfg.tie_word_embeddings or head is None
         self.lm_head = make_head(embed if tied else head, tied)
-        if tied and getattr(self.lm_head, "panels", None) is not None:
-            self.embed_tokens = None  # looked up in the head's panels
+        if tied and getattr(self.lm_head, "embedding_rows", None) is not None:
+            self.embed_tokens = None  # the head serves the lookup: one copy of the table
         # every layer's decode step in one native call, where the model's formats allow (built after loading)
         self.native_step: NativeDecodeStep | None = None
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
@@ -125,7 +126,7 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata) -> torch.Tensor:
         if self.embed_tokens is None:
-            h = native.panel_rows(self.lm_head.panels, input_ids)
+            h = self.lm_head.embedding_rows(input_ids)
         else:
             h = F.embedding(input_ids, self.embed_tokens).to(self.dtype)
         rope = self.rotary.lookup(positions)

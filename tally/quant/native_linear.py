@@ -88,6 +88,11 @@ class NativeInt8Linear(QuantLinear):
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return ops.gemm_q8(x, self.q, self.s, None, self.group_size)
 
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the dequantized weight, fp32 [len(ids), K]: a tied embedding read from an int8 LM head."""
+        rows = self.q[ids].view(len(ids), -1, self.group_size).float()
+        return rows.mul_(self.s[ids][:, :, None]).view(len(ids), self.in_features)
+
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return self._tiled_matmul(ops.int8_roundtrip(x), torch.float32, self._dequantized_t)
 
