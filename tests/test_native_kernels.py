@@ -102,3 +102,31 @@ def test_decode_attention_matches_sdpa_over_gathered_keys(window: int | None) ->
         v = v_cache.view(-1, hkv, d)[slots[start:]].repeat_interleave(hq // hkv, 1)
         ref = F.scaled_dot_product_attention(q[b][:, None], k.transpose(0, 1), v.transpose(0, 1), scale=0.25)
         torch.testing.assert_close(got[b], ref[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_threaded_kernels_give_the_single_thread_bits() -> None:
+    """Large enough calls split their outputs over OpenMP threads (torch's pool); every output is still computed by
+    one thread in one order, so the bits do not depend on the thread count."""
+    n, k = 512, 1024
+    x = rand(3, k)
+    q4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
+    d, m = rand(n, k // 32).abs(), rand(n, k // 32)
+    q8, s = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen), rand(n, 1).abs()
+    panels = ops.pack_f16(rand(n, k))
+    kc, vc = rand(64, 16, 4, 64), rand(64, 16, 4, 64)
+    tables, lens, q = torch.arange(64).view(2, 32), torch.tensor([500, 300]), rand(2, 8, 64)
+
+    def run_all() -> list[torch.Tensor]:
+        return [ops.gemm_q4(x, q4, d, m, None, 32), ops.gemm_q8(x, q8, s, None, k), ops.gemm_f16(x, panels, n, None),
+                ops.decode_attention(q, kc, vc, tables, lens, None, 0.125)]
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run_all()
+        torch.set_num_threads(2)
+        two = run_all()
+    finally:
+        torch.set_num_threads(before)
+    for a, b in zip(one, two):
+        assert torch.equal(a, b)

@@ -18,9 +18,9 @@ import torch
 from tally.native import ops
 from tally.quant.base import QuantLinear
 
-# First row count on the dequantize-and-matmul path. `python bench/quant_kernels.py --threads 1 --native`
-# (SmolLM2 and Qwen2.5-0.5B shapes, fp32): the kernels re-read their weights per activation row, so they lose
-# to one dense matmul from a few rows on.
+# First row count on the dequantize-and-matmul path: the kernels convert their weights again for every
+# activation row, so one dense fp32 matmul wins from a few rows on. Measured with
+# `python bench/weight_formats.py --model smol --threads 1 --rows 1,2,3,4,6,8,16,32,128` (columns *-nat vs *-deq).
 MANY_TOKENS_FROM = {"int4": 4, "int8": 4}
 
 
