@@ -19,9 +19,11 @@ from tally.native import ops
 from tally.quant.base import QuantLinear
 
 # First row count on the dequantize-and-matmul path: the kernels convert their weights again for every
-# activation row, so one dense fp32 matmul wins from a few rows on. Measured with
-# `python bench/weight_formats.py --model smol --threads 1 --rows 1,2,3,4,6,8,16,32,128` (columns *-nat vs *-deq).
-MANY_TOKENS_FROM = {"int4": 4, "int8": 4}
+# activation row, so one dense fp32 matmul wins from some rows on. `python bench/weight_formats.py --model smol
+# --threads 1 --rows 1,2,3,4,6,8,16,32,128` (all SmolLM2 projections, ms per pass, kernel vs dequantize+matmul):
+# int8 1 row 12.8 vs 48.2, 32 rows 177 vs 220, 128 rows 787 vs 630; int4 9.3 vs 173, 225 vs 304, 1113 vs 760.
+# The crossover lies between 32 and 128 rows for both; 64 is its geometric middle.
+MANY_TOKENS_FROM = {"int4": 64, "int8": 64}
 
 
 def native_supported(compute_dtype: torch.dtype, in_features: int, group_size: int) -> bool:
