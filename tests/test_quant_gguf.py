@@ -97,3 +97,16 @@ def test_builtin_q4_1_layer_in_bf16_stays_within_half_a_percent(builtin_header):
 def test_types_it_does_not_adopt_come_back_as_none():
     w = np.zeros((4, 32), dtype=np.float16)
     assert linear_from_gguf(raw_tensor(Q.F16, w.shape, w.view(np.uint8)), None, compute_dtype=torch.float32) is None
+
+
+def test_q4_k_blocks_are_the_int4_layer_exactly():
+    """Random super-blocks (any bytes are a valid Q4_K block once d and dmin are finite) against gguf's dequantizer."""
+    rng = np.random.default_rng(1)
+    n, k = 48, 512
+    blocks = rng.integers(0, 256, (n, k // 256, 144), dtype=np.uint8)
+    blocks[..., 0:2] = np.float16(0.01 + rng.random((n, k // 256)) * 0.02)[..., None].view(np.uint8)
+    blocks[..., 2:4] = np.float16(0.005 + rng.random((n, k // 256)) * 0.01)[..., None].view(np.uint8)
+    raw = raw_tensor(Q.Q4_K, (n, k), blocks.reshape(n, -1))
+    layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
+    assert layer.scheme == "int4" and layer.group_size == 32
+    check_exact(layer, raw)

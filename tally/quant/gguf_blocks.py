@@ -3,6 +3,9 @@
 Block layouts (ggml): 32 weights per block. Q4_0: fp16 d, 16 bytes of nibbles, w = d * (q - 8).
 Q4_1: fp16 d, fp16 m, 16 bytes of nibbles, w = d * q + m. Q8_0: fp16 d, 32 int8, w = d * q.
 Nibbles: byte j holds weight j (low) and weight j + 16 (high).
+Q4_K: super-blocks of 256 = 8 sub-blocks of 32: fp16 d, fp16 dmin, 12 bytes of 6-bit scales sc and mins mn,
+128 bytes of nibbles (each 32 bytes: sub-block 2i in the low nibbles, 2i + 1 in the high); w = d*sc*q - dmin*mn,
+i.e. group-32 asymmetric int4 with scale d*sc and minimum -dmin*mn (both exact in fp32).
 In the int4 kernel's convention w = (q - 8) * scale + zero: Q4_0 is scale d, zero 0; Q4_1 is scale d, zero m + 8d.
 """
 from __future__ import annotations
@@ -16,13 +19,15 @@ from torch import nn
 from tally.quant.native_linear import int4_linear, int8_linear
 
 BLOCK = 32
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}
+_WEIGHTS_PER_BLOCK = {"Q4_K": 256}
 
 
 def _blocks(raw: Any, type_name: str) -> np.ndarray:
     out_features, in_features = raw.shape
     data = np.ascontiguousarray(raw.data, dtype=np.uint8)
-    return data.reshape(out_features, in_features // BLOCK, _BLOCK_BYTES[type_name])
+    per_block = _WEIGHTS_PER_BLOCK.get(type_name, BLOCK)
+    return data.reshape(out_features, in_features // per_block, _BLOCK_BYTES[type_name])
 
 
 def _fp16(blocks: np.ndarray, start: int) -> torch.Tensor:
@@ -38,8 +43,21 @@ def _nibbles(blocks: np.ndarray, start: int) -> torch.Tensor:
     return torch.from_numpy(q.reshape(blocks.shape[0], -1))
 
 
+def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K super-blocks [N, S, 144] -> q uint8 [N, 256 S], scale and minimum fp32 [N, 8 S] per 32 weights."""
+    d, dmin = _fp16(blocks, 0)[..., None], _fp16(blocks, 2)[..., None]
+    b = blocks[..., 4:16].astype(np.uint8)
+    sc = np.concatenate([b[..., 0:4] & 63, (b[..., 8:12] & 0xF) | ((b[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([b[..., 4:8] & 63, (b[..., 8:12] >> 4) | ((b[..., 4:8] >> 6) << 4)], axis=-1)
+    qs = blocks[..., 16:144].reshape(*blocks.shape[:2], 4, 32)
+    q = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(blocks.shape[0], -1)
+    scale = (d * torch.from_numpy(sc.astype(np.float32))).reshape(blocks.shape[0], -1)
+    minimum = (-dmin * torch.from_numpy(mn.astype(np.float32))).reshape(blocks.shape[0], -1)
+    return torch.from_numpy(np.ascontiguousarray(q)), scale, minimum
+
+
 def linear_from_gguf(raw: Any, bias: torch.Tensor | None, *, compute_dtype: torch.dtype) -> nn.Module | None:
-    """A layer holding `raw`'s blocks exactly (Q4_0, Q4_1 -> int4 group 32; Q8_0 -> int8 with block scales),
+    """A layer holding `raw`'s blocks exactly (Q4_0, Q4_1, Q4_K -> int4 group 32; Q8_0 -> int8 with block scales),
     or None for types it does not adopt (the caller dequantizes those). `raw` is duck-typed: fields ggml_type
     (gguf.GGMLQuantizationType), shape (out, in) in HF orientation, data (uint8 blocks, rows in HF order)."""
     type_name = getattr(raw.ggml_type, "name", str(raw.ggml_type))
@@ -50,6 +68,9 @@ def linear_from_gguf(raw: Any, bias: torch.Tensor | None, *, compute_dtype: torc
     if type_name == "Q8_0":
         q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(blocks.shape[0], -1))
         return int8_linear(q, d, bias, compute_dtype)
+    if type_name == "Q4_K":
+        q, scale, minimum = _q4_k(blocks)
+        return int4_linear(q, scale, minimum + 8.0 * scale, BLOCK, bias, compute_dtype)
     if type_name == "Q4_0":
         return int4_linear(_nibbles(blocks, 2), d, torch.zeros_like(d), BLOCK, bias, compute_dtype)
     zero = _fp16(blocks, 2) + 8.0 * d
