@@ -58,16 +58,16 @@ def main() -> None:
         m = out.metrics
         runs.append((m.last_token_time - m.first_token_time) / (len(out.outputs[0].token_ids) - 1))
     step_s = sorted(runs)[1]
-    # Python overhead: the same steps with the profiler's view of time inside torch kernels.
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-    kernel_s = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6 / 16
+    model = llm.engine.loaded.model
+    if model.native_step is None:  # Python overhead: the same steps with the profiler's view of torch kernel time
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+        kernel_s = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6 / 16
     bw = measure_bandwidth_gbs()
     kv_bytes = ledger.kv_bytes_per_token * 64  # ~64 tokens of context read per step on average
     read_bytes = weight_bytes_read_per_step(llm.engine.loaded.model, ledger.weight_bytes)
     roofline_tok_s = bw * 1e9 / (read_bytes + kv_bytes)
     tok_s = 1 / step_s
-    model = llm.engine.loaded.model
     print(f"\nmodel {ledger.model_name}, compute {model.dtype}, projections {type(model.layers[0].qkv_proj).__name__}, "
           f"{a.threads} threads")
     print(f"{'figure':<44} {'value':>12}")

@@ -51,7 +51,7 @@ class Fp16WeightLinear(nn.Module):
         y = native.gemm_f16(x2, self.panels, self.out_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor | None:
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the weight as fp32 [len(ids), K]: a tied embedding read from the head's panels."""
         return native.panel_rows(self.panels, ids)
 
