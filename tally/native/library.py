@@ -77,8 +77,9 @@ def load() -> ctypes.CDLL | None:
         except (OSError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", "") or str(e)
             reason = f"building {SOURCE.name} failed: {detail.strip()[:500]}"
-    if reason is not None:
-        log.info("native CPU kernels off (%s); using PyTorch kernels", reason)
+    if reason is not None:  # asked for: info; otherwise the user is losing speed and should hear why
+        level = logging.INFO if reason == "TALLY_NATIVE=0" else logging.WARNING
+        log.log(level, "native CPU kernels off (%s); using PyTorch kernels", reason)
         return None
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
