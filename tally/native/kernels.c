@@ -1,12 +1,14 @@
-/* Tally's CPU kernels for the memory-bound path (AVX2 + FMA + F16C, fp32 arithmetic).
+/* Tally's CPU kernels (AVX2 + FMA + F16C; outputs fp32).
  *
  * Why they exist: at one to a few tokens per step the CPU time goes to reading weights and to the
  * number of small framework calls, not to arithmetic. PyTorch's CPU weight-only kernels are slow with
- * fp32 activations on AVX2, and a decode layer costs ~60 dispatcher calls; these kernels read int4 / int8 /
- * fp16 weights directly into fp32 FMAs and fuse a layer's small steps (norm, rotary + cache write,
- * paged decode attention, SiLU-and-multiply) into one call each.
+ * fp32 activations on AVX2, and a decode layer costs ~60 dispatcher calls. These kernels read int4 / int8
+ * weights into byte dot products with int8-rounded activations (as llama.cpp does) and fp16 weights into fp32
+ * FMAs, fuse a layer's small steps (norm, rotary + cache write, paged decode attention, SiLU-and-multiply) into
+ * one call each, and run a whole decode step's layers in one call (tally_decode_layers, at the end).
  *
- * Conventions: row-major, contiguous; activations and outputs fp32; x [M, K], weights [N, K], y [M, N].
+ * Conventions: row-major, contiguous; activations and outputs fp32; x [M, K], weights [N, K] (fp16: panels,
+ * see tally_gemm_f16), y [M, N].
  * `accumulate` != 0 adds into y (a projection that feeds the residual stream writes straight into it).
  * Threads: OpenMP over output rows; the library links the libgomp torch has already loaded, so
  * torch.set_num_threads governs it too.
@@ -42,7 +44,7 @@ static inline void store_out(float *y, float v, const float *bias, int64_t n, in
     *y = accumulate ? *y + v : v;
 }
 
-/* Every weight format below is one `*_rows` body: `nr` (a constant after inlining) weight rows n.. against
+/* Each integer format below is one `*_rows` body: `nr` (a constant after inlining) weight rows n.. against
  * one activation row x, written to out[0..nr). The driver tiles N by NR, loops the activation rows inside a
  * tile (the tile's weights stay in L1 for the second row on) and parallelises over tiles. */
 #define GEMM_DRIVER(ROWS_CALL)                                                                             \
