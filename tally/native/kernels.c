@@ -99,30 +99,47 @@ static inline __m256 dot_i8_block(__m256i w_unsigned, __m256i x_signed) {
  * qs [N, K/2]: every 32 weights are 16 bytes, byte j holding weight j (low nibble) and j + 16 (high) —
  * GGUF's Q4_0 / Q4_1 block layout, so those blocks load without conversion. d, m [N, K/group]; group is a
  * multiple of 32. y = sum_g d_g * (q_g . x_g) + m_g * sum(x_g), with x the int8 activations (sums once per call). */
-static inline __attribute__((always_inline)) void q4_rows(
-    const int8_t *xq, const float *dx, const float *xsum, const uint8_t *qs, const float *d, const float *m,
-    int64_t K, int64_t group, int nr, float *out) {
+/* One body for both integer formats (`int4` a constant after inlining): per group g of the nr weight rows,
+ * sum over its 32-blocks c of (w_c . xq_c) * scale_g * dx_c. int4 weights are 0..15 (unsigned, straight into
+ * maddubs); int8 weights are signed, so maddubs gets |w| and x with w's sign (llama.cpp's trick). */
+static inline __attribute__((always_inline)) void int_rows(
+    const int8_t *xq, const float *dx, const uint8_t *w, int64_t row_bytes, const float *scale, int64_t K,
+    int64_t group, int nr, int int4, float *out) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
-    int64_t G = K / group, per_group = group / 32, row_bytes = K / 2;
+    int64_t G = K / group, per_group = group / 32, block_bytes = int4 ? 16 : 32;
     __m256 acc[NR];
     for (int j = 0; j < nr; j++) acc[j] = _mm256_setzero_ps();
-    const uint8_t *w = qs;
     for (int64_t g = 0; g < G; g++) {
-        __m256 dg[NR];
-        for (int j = 0; j < nr; j++) dg[j] = _mm256_set1_ps(d[j * G + g]);
-        for (int64_t c = 0; c < per_group; c++, w += 16, xq += 32, dx++) {
+        __m256 sg[NR];
+        for (int j = 0; j < nr; j++) sg[j] = _mm256_set1_ps(scale[j * G + g]);
+        for (int64_t c = 0; c < per_group; c++, w += block_bytes, xq += 32, dx++) {
             __m256i xc = _mm256_loadu_si256((const __m256i *)xq);
             __m256 dxc = _mm256_set1_ps(*dx);
             for (int j = 0; j < nr; j++) {
                 const uint8_t *p = w + j * row_bytes;
                 _mm_prefetch((const char *)(p + NR * row_bytes), _MM_HINT_T0);  /* the next tile, same place */
-                __m128i b = _mm_loadu_si128((const __m128i *)p);
-                __m256i wj = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low4);
-                acc[j] = _mm256_fmadd_ps(dot_i8_block(wj, xc), _mm256_mul_ps(dg[j], dxc), acc[j]);
+                __m256 dot;
+                if (int4) {
+                    __m128i b = _mm_loadu_si128((const __m128i *)p);
+                    dot = dot_i8_block(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low4), xc);
+                } else {
+                    __m256i wj = _mm256_loadu_si256((const __m256i *)p);
+                    dot = dot_i8_block(_mm256_sign_epi8(wj, wj), _mm256_sign_epi8(xc, wj));
+                }
+                acc[j] = _mm256_fmadd_ps(dot, _mm256_mul_ps(sg[j], dxc), acc[j]);
             }
         }
     }
-    for (int j = 0; j < nr; j++) out[j] = hsum(acc[j]) + dot_any(m + j * G, xsum, G);
+    for (int j = 0; j < nr; j++) out[j] = hsum(acc[j]);
+}
+
+/* int4 adds the group minima: m_g * sum(x_g) */
+static inline __attribute__((always_inline)) void q4_rows(
+    const int8_t *xq, const float *dx, const float *xsum, const uint8_t *qs, const float *d, const float *m,
+    int64_t K, int64_t group, int nr, float *out) {
+    int64_t G = K / group;
+    int_rows(xq, dx, qs, K / 2, d, K, group, nr, 1, out);
+    for (int j = 0; j < nr; j++) out[j] += dot_any(m + j * G, xsum, G);
 }
 
 void tally_gemm_q4(const float *x, const uint8_t *qs, const float *d, const float *m, const float *bias,
@@ -150,39 +167,14 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const float *d, const floa
     free(xq.dx);
 }
 
-/* ---- int8, symmetric per group: w = q * s, s [N, K/group] (group = K: per output channel) -------------
- * maddubs multiplies unsigned by signed bytes: |w| times x with w's sign (llama.cpp's trick). */
-static inline __attribute__((always_inline)) void q8_rows(
-    const int8_t *xq, const float *dx, const int8_t *q, const float *s, int64_t K, int64_t group, int nr,
-    float *out) {
-    int64_t G = K / group, per_group = group / 32;
-    __m256 acc[NR];
-    for (int j = 0; j < nr; j++) acc[j] = _mm256_setzero_ps();
-    const int8_t *w = q;
-    for (int64_t g = 0; g < G; g++) {
-        __m256 sg[NR];
-        for (int j = 0; j < nr; j++) sg[j] = _mm256_set1_ps(s[j * G + g]);
-        for (int64_t c = 0; c < per_group; c++, w += 32, xq += 32, dx++) {
-            __m256i xc = _mm256_loadu_si256((const __m256i *)xq);
-            __m256 dxc = _mm256_set1_ps(*dx);
-            for (int j = 0; j < nr; j++) {
-                const int8_t *p = w + j * K;
-                _mm_prefetch((const char *)(p + NR * K), _MM_HINT_T0);  /* the next tile, same place */
-                __m256i wj = _mm256_loadu_si256((const __m256i *)p);
-                __m256 dot = dot_i8_block(_mm256_sign_epi8(wj, wj), _mm256_sign_epi8(xc, wj));
-                acc[j] = _mm256_fmadd_ps(dot, _mm256_mul_ps(sg[j], dxc), acc[j]);
-            }
-        }
-    }
-    for (int j = 0; j < nr; j++) out[j] = hsum(acc[j]);
-}
-
+/* ---- int8, symmetric per group: w = q * s, s [N, K/group] (group = K: per output channel) ------------- */
 void tally_gemm_q8(const float *x, const int8_t *q, const float *s, const float *bias, float *y,
                    int64_t M, int64_t N, int64_t K, int64_t group, int accumulate) {
     int64_t G = K / group;
     QuantizedRows xq = quantize_rows(x, M, K);
-#define Q8_CALL(nr) q8_rows(xq.xq + r * K, xq.dx + r * (K / 32), q + n0 * K, s + n0 * G, K, group, nr, out)
-#define ROWS_CALL_ONE q8_rows(xq.xq + r * K, xq.dx + r * (K / 32), q + n1 * K, s + n1 * G, K, group, 1, out + j)
+#define Q8_ARGS xq.xq + r * K, xq.dx + r * (K / 32)
+#define Q8_CALL(nr) int_rows(Q8_ARGS, (const uint8_t *)(q + n0 * K), K, s + n0 * G, K, group, nr, 0, out)
+#define ROWS_CALL_ONE int_rows(Q8_ARGS, (const uint8_t *)(q + n1 * K), K, s + n1 * G, K, group, 1, 0, out + j)
     GEMM_DRIVER(Q8_CALL)
 #undef ROWS_CALL_ONE
     free(xq.xq);
