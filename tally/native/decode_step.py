@@ -4,9 +4,8 @@ At one token per step a layer's Python and dispatch cost rivals its arithmetic: 
 per-layer path spends ~7 ms a step outside the kernels, as measured on a 30-layer model of width 64. This plan
 describes the model to C once — weight pointers, norms, cache pointers — and a decode-only step is then a single
 call. It applies when every projection is a native int4 / int8 layer (tally/quant/native_linear.py) or fp16 panels
-(tally/layers/linear.py), the caches
-are fp32 and no layer needs per-head q/k norms or key smoothing; otherwise `build` returns None and the model runs
-layer by layer.
+(tally/layers/linear.py), the caches are fp32 and no layer needs per-head q/k norms or key smoothing; otherwise
+`build` returns None (or `applies` says no) and the model runs layer by layer.
 
 The structs hold raw pointers: they stay valid because the model's tensors are never replaced after loading
 (in-place changes, such as the quality gate's deliberate zeroing, are seen). The caches are checked per step.
