@@ -6,7 +6,6 @@ order (so weights stream from memory, not from cache), for a few row counts.
   f16-nat    Tally's native fp16 panels, fp32 in/out (dtype=float16 / auto on AVX2 CPUs; tally/native)
   int8-nat   Tally's native int8 per channel, activations int8 per block of 32 (--quantization int8)
   int4-nat   Tally's native int4, group 128 (64 where 128 does not divide K), int8 activations (--quantization int4)
-  *-deq      the same int8 / int4 layers' many-token path: dequantized weight tiles into an fp32 matmul
   bf16       F.linear in bf16 (emulated without AVX-512 BF16)
   int8-dyn   FBGEMM dynamic int8 (per-tensor uint8 activations): for reference, not used by Tally — its
              activation scale is per batch, so a request's output would depend on its neighbours
@@ -68,9 +67,6 @@ def main() -> int:
             q, scale, zero = quantize_int4_groupwise(w, group)
             int4.append(NativeInt4Linear.from_q(q, scale, zero, group, None))
         formats["int4-nat"] = int4
-        # the same layers forced onto their many-token path (dequantized tiles + fp32 matmul): the crossover
-        # with the kernels sets MANY_TOKENS_FROM in tally/quant/native_linear.py
-        formats["int8-deq"], formats["int4-deq"] = formats["int8-nat"], formats["int4-nat"]
 
     def step(name: str, m: int) -> float:
         xs = {k: torch.randn(m, k, generator=gen) for k in {k for _, k in shapes}}
@@ -86,9 +82,7 @@ def main() -> int:
             elif name == "f16-nat":
                 ops.gemm_f16(xs[k], *w, None)
             elif name in ("int8-nat", "int4-nat"):
-                w._few_tokens(xs[k])
-            elif name in ("int8-deq", "int4-deq"):
-                w._many_tokens(xs[k])
+                w(xs[k])
             else:
                 torch.ops.quantized.linear_dynamic(xs[k], w, True)
         return time.perf_counter() - t0

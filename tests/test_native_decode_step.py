@@ -25,7 +25,7 @@ def run(llm: LLM, prompts: list[str], use_step: bool) -> list:
 
 @pytest.mark.parametrize("arch, dtype, quantization", [
     ("llama", "float32", "int4"), ("mistral", "float32", "int8"), ("qwen2", "float32", "int4"),
-    ("llama_tied_mqa", "float16", None),
+    ("llama", "float32", "w8a8"), ("llama_tied_mqa", "float16", None),
 ])
 def test_native_step_equals_the_layer_by_layer_path(tiny_model_factory, arch, dtype, quantization):
     llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, quantization=quantization, kv_cache_memory=2_000_000)
@@ -44,9 +44,15 @@ def test_native_step_equals_the_layer_by_layer_path(tiny_model_factory, arch, dt
 
 
 def test_native_step_rows_do_not_depend_on_their_batch(tiny_llama):
+    """Every row goes through the same kernel instructions whatever its batch: tokens and logprobs are equal."""
     llm = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
-    together = [o.outputs[0].token_ids for o in run(llm, PROMPTS, True)]
-    alone = [run(llm, [p], True)[0].outputs[0].token_ids for p in PROMPTS]
+
+    def tokens_and_logprobs(outs: list) -> list:
+        return [(o.outputs[0].token_ids, [{t: lp.logprob for t, lp in d.items()} for d in o.outputs[0].logprobs])
+                for o in outs]
+
+    together = tokens_and_logprobs(run(llm, PROMPTS, True))
+    alone = [tokens_and_logprobs(run(llm, [p], True))[0] for p in PROMPTS]
     assert together == alone
 
 
@@ -74,6 +80,6 @@ def test_int8_kv_cache_takes_the_layer_by_layer_path(tiny_llama):
               kv_cache_memory=2_000_000)
     model = llm.engine.loaded.model
     assert model.native_step is not None
-    assert not model.native_step.applies(model, llm.engine.loaded.kv_caches, 1)
+    assert not model.native_step.applies(model, llm.engine.loaded.kv_caches)
     out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 6 for o in out)

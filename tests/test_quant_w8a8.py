@@ -7,7 +7,10 @@ import torch
 from tally.quant import base
 from tally.quant.dispatch import NEVER
 from tally.quant.smooth import fold_smoothing_into_norm, smooth_scales
-from tally.quant.w8a8 import W8A8Linear, quantize_per_token
+from tally.native import ops
+from tally.quant.native_linear import NativeW8A8Linear
+from tally.quant.rtn import quantize_int8_per_channel
+from tally.quant.w8a8 import W8A8Linear, quantize_per_token, w8a8_from_float
 
 K, N, M = 512, 256, 64
 
@@ -32,8 +35,12 @@ def outlier_case() -> tuple[torch.Tensor, torch.Tensor]:
     return w, x
 
 
-def int_mm_layer(w: torch.Tensor, dtype: torch.dtype, **kw) -> W8A8Linear:
-    layer = W8A8Linear.from_float(w, None, dtype, **kw)
+def int_mm_layer(w: torch.Tensor, dtype: torch.dtype, *, smooth: torch.Tensor | None = None,
+                 smoothing_folded: bool = False) -> W8A8Linear:
+    """The PyTorch W8A8 layer, forced onto its integer-matmul path."""
+    ws = w if smooth is None else w * smooth[None, :]
+    q, scale = quantize_int8_per_channel(ws, scale_dtype=dtype)
+    layer = W8A8Linear(q, scale, None, dtype, None if smoothing_folded else smooth)
     layer.many_tokens_from = 1
     return layer
 
@@ -79,10 +86,23 @@ def test_int_mm_and_its_fp32_stand_in_agree(outlier_case, dtype):
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(not ops.available(), reason="native kernels unavailable")
+@pytest.mark.parametrize("smoothed", [False, True])
+def test_native_w8a8_computes_the_same_integers(outlier_case, smoothed):
+    """fp32 compute builds W8A8 on the native int8 kernel: per-token activation rounding, for every batch size."""
+    w, x = outlier_case
+    smooth = smooth_scales(x.abs().amax(dim=0), w, alpha=0.5) if smoothed else None
+    native = w8a8_from_float(w, None, torch.float32, smooth=smooth)
+    assert isinstance(native, NativeW8A8Linear)
+    reference = int_mm_layer(w, torch.float32, smooth=smooth)
+    torch.testing.assert_close(native(x), reference(x), rtol=1e-4, atol=1e-3)
+    assert torch.equal(native(x[:3]), native(x)[:3])  # a row's bits do not depend on its batch
+
+
 def test_few_token_path_uses_the_same_smoothed_weight(outlier_case):
     w, x = outlier_case
     smooth = smooth_scales(x.abs().amax(dim=0), w, alpha=0.5)
-    layer = W8A8Linear.from_float(w, None, torch.float32, smooth=smooth)
+    layer = int_mm_layer(w, torch.float32, smooth=smooth)
     layer.many_tokens_from = NEVER
     assert rel_err(layer(x[:2]), x[:2] @ w.T) < 0.01  # weight-only int8: no activation rounding at all
 

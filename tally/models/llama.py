@@ -131,7 +131,7 @@ class CausalLM(nn.Module):
             h = F.embedding(input_ids, self.embed_tokens).to(self.dtype)
         rope = self.rotary.lookup(positions)
         step = self.native_step
-        if step is not None and meta.is_decode_only and step.applies(self, kv_caches, h.shape[0]):
+        if step is not None and meta.is_decode_only and step.applies(self, kv_caches):
             return self.norm(step.run(h.contiguous(), rope, meta))
         for layer, kv in zip(self.layers, kv_caches):
             h = layer(h, rope, kv, meta)

@@ -3,9 +3,9 @@
 At one token per step a layer's Python and dispatch cost rivals its arithmetic: on SmolLM2 (30 layers, int4) the
 per-layer path spends ~7 ms a step outside the kernels, as measured on a 30-layer model of width 64. This plan
 describes the model to C once — weight pointers, norms, cache pointers — and a decode-only step is then a single
-call. It applies when every projection is a native int4 / int8 layer (tally/quant/native_linear.py) or fp16 panels
-(tally/layers/linear.py), the caches are fp32 and no layer needs per-head q/k norms or key smoothing; otherwise
-`build` returns None (or `applies` says no) and the model runs layer by layer.
+call. It applies when every projection is a native int4 / int8 / W8A8 layer (tally/quant/native_linear.py) or
+fp16 panels (tally/layers/linear.py), the caches are fp32 and no layer needs per-head q/k norms or key
+smoothing; otherwise `build` returns None (or `applies` says no) and the model runs layer by layer.
 
 The structs hold raw pointers: they stay valid because the model's tensors are never replaced after loading
 (in-place changes, such as the quality gate's deliberate zeroing, are seen). The caches are checked per step.
@@ -19,10 +19,10 @@ import torch
 
 from tally.layers.linear import Fp16WeightLinear
 from tally.native.library import load
-from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
+from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear, NativeW8A8Linear
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-PROJ_Q4, PROJ_Q8, PROJ_F16 = 1, 2, 3
+PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8 = 1, 2, 3, 4
 
 
 class _Proj(ctypes.Structure):
@@ -48,18 +48,19 @@ def _proj(module: torch.nn.Module) -> _Proj | None:
                      bias)
     if not isinstance(module, (NativeInt4Linear, NativeInt8Linear)):
         return None
+    if isinstance(module, NativeW8A8Linear) and module.act_inv_smooth is not None:
+        return None  # its smoothing is a step of its own
     bias = None if module.bias is None else module.bias.data_ptr()
     if isinstance(module, NativeInt4Linear):
         return _Proj(PROJ_Q4, module.out_features, module.in_features, module.group_size, module.qs.data_ptr(),
                      module.d.data_ptr(), module.m.data_ptr(), bias)
-    return _Proj(PROJ_Q8, module.out_features, module.in_features, module.group_size, module.q.data_ptr(),
-                 module.s.data_ptr(), None, bias)
+    return _Proj(PROJ_W8A8 if module.per_token else PROJ_Q8, module.out_features, module.in_features,
+                 module.group_size, module.q.data_ptr(), module.s.data_ptr(), None, bias)
 
 
 class NativeDecodeStep:
-    def __init__(self, model: Any, layers: list[_Layer], max_rows: int) -> None:
+    def __init__(self, model: Any, layers: list[_Layer]) -> None:
         cfg = model.cfg
-        self.max_rows = max_rows  # beyond it the projections' dense path is faster (NativeInt*Linear)
         self._layers = (_Layer * len(layers))(*layers)
         self._model = _Model(len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, 0, cfg.sliding_window or 0, cfg.head_dim ** -0.5,
@@ -77,13 +78,10 @@ class NativeDecodeStep:
                 return None
             layers.append(_Layer(layer.input_norm.weight.data_ptr(), layer.post_attn_norm.weight.data_ptr(),
                                  *projs, None, None))
-        # the quantized layers' few-token limit; the fp16 panel kernel serves any number of rows
-        max_rows = min(getattr(m, "many_tokens_from", 1 << 62) for layer in model.layers
-                       for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
-        return cls(model, layers, max_rows)
+        return cls(model, layers)
 
-    def applies(self, model: Any, kv_caches: list[tuple[Any, Any]], num_rows: int) -> bool:
-        if num_rows >= self.max_rows or model.layers[0].key_scale is not None:
+    def applies(self, model: Any, kv_caches: list[tuple[Any, Any]]) -> bool:
+        if model.layers[0].key_scale is not None:
             return False
         if kv_caches is not self._caches:
             k0 = kv_caches[0][0]

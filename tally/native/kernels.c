@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NR 4            /* weight rows sharing one load of the activations: independent FMA chains */
 #define PAR_MIN (1 << 18) /* multiply-adds per call below which threading costs more than it saves */
 
 static inline float hsum(__m256 v) {
@@ -29,154 +28,186 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* a . b for any length n (the vector loop plus a scalar tail) */
-static inline float dot_any(const float *a, const float *b, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
 static inline void store_out(float *y, float v, const float *bias, int64_t n, int accumulate) {
     if (bias) v += bias[n];
     *y = accumulate ? *y + v : v;
 }
 
-/* Each integer format below is one `*_rows` body: `nr` (a constant after inlining) weight rows n.. against
- * one activation row x, written to out[0..nr). The driver tiles N by NR, loops the activation rows inside a
- * tile (the tile's weights stay in L1 for the second row on) and parallelises over tiles. */
-#define GEMM_DRIVER(ROWS_CALL)                                                                             \
-    _Pragma("omp parallel for schedule(static) if (N * K * M >= PAR_MIN)")                                \
-    for (int64_t n0 = 0; n0 < N; n0 += NR) {                                                            \
-        int nr = N - n0 < NR ? (int)(N - n0) : NR;                                                        \
-        for (int64_t r = 0; r < M; r++) {                                                                 \
-            float out[NR] = {0};                                                                          \
-            if (nr == NR) {                                                                               \
-                ROWS_CALL(NR);                                                                            \
-            } else {                                                                                      \
-                for (int j = 0; j < nr; j++) { int64_t n1 = n0 + j; ROWS_CALL_ONE; }                      \
-            }                                                                                             \
-            for (int j = 0; j < nr; j++) store_out(y + r * N + n0 + j, out[j], bias, n0 + j, accumulate);  \
-        }                                                                                                 \
-    }
-
-/* ---- Activations to int8, per row and block of 32: x ~ xq * dx (llama.cpp's Q8_0) ---------------------
+/* ---- Activations to int8: x ~ xq * dx, dx per row and block of 32 ---------------------------------------
  * The integer kernels below multiply int8 activations by the integer weights with AVX2's byte dot products
  * (32 multiply-adds per instruction), which is what makes them faster than converting every weight to fp32.
- * Each row is quantized on its own, so a token's result never depends on its batch. */
+ * The scale is per block of `span` values: 32 is llama.cpp's Q8_0 (the weight-only formats' choice), K one
+ * scale per token (W8A8's dynamic per-token activations; dx then repeats over the row's blocks). Each row is
+ * quantized on its own, so a token's result never depends on its batch. */
 typedef struct { int8_t *xq; float *dx; } QuantizedRows;
 
-static QuantizedRows quantize_rows(const float *x, int64_t M, int64_t K) {
+static QuantizedRows quantize_rows(const float *x, int64_t M, int64_t K, int64_t span) {
     QuantizedRows q = {malloc(M * K), malloc(sizeof(float) * M * (K / 32))};
-    for (int64_t b = 0; b < M * K / 32; b++) {
-        const float *xb = x + b * 32;
+    for (int64_t s = 0; s < M * K / span; s++) {
+        const float *xs = x + s * span;
         float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        for (int64_t i = 0; i < span; i++) amax = fmaxf(amax, fabsf(xs[i]));
         float dx = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
-        q.dx[b] = dx;
-        for (int i = 0; i < 32; i++) q.xq[b * 32 + i] = (int8_t)lrintf(xb[i] * inv);
+        for (int64_t b = 0; b < span / 32; b++) q.dx[s * (span / 32) + b] = dx;
+        for (int64_t i = 0; i < span; i++) q.xq[s * span + i] = (int8_t)lrintf(xs[i] * inv);
     }
     return q;
 }
 
-/* x as the integer kernels see it (xq * dx), for the many-token paths: a token's result must not depend on
- * which path its batch size picked, so those paths multiply these values, not x. */
-void tally_int8_roundtrip(const float *x, float *y, int64_t M, int64_t K) {
-    QuantizedRows q = quantize_rows(x, M, K);
-    for (int64_t i = 0; i < M * K; i++) y[i] = q.xq[i] * q.dx[i / 32];
-    free(q.xq);
-    free(q.dx);
+/* ---- Integer weights in tiles of 8 outputs ------------------------------------------------------------
+ * Both integer formats store each 8 outputs' weights interleaved, a few k at a time, so that one 32-byte load
+ * holds 8 outputs x 4 (int8) or 8 (int4) k. A row's 4 activation bytes, broadcast, meet all 8 outputs in one
+ * byte dot product (maddubs), and each fp32 lane ends as one output: no horizontal sums, the scales of 8
+ * outputs are one vector, and the unpacking of a tile is shared by up to MR activation rows (like the fp16
+ * panels below, and llama.cpp's repacked q4_0 8x8). The tile stays in L1 while every row block passes over it.
+ * Scales are [T][G][8]: per tile, per group, the 8 outputs' values (T = ceil(N / 8), rows past N zero). */
+#define TILE 8
+#define MR 4
+#define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
+#define TILE_DRIVER(TILE_CALL)                                                                             \
+    for (int64_t m0 = 0; m0 < M; m0 += INT_MB) {                                                          \
+        int64_t m1 = M - m0 < INT_MB ? M : m0 + INT_MB;                                                   \
+        _Pragma("omp parallel for schedule(static) if (N * K * (m1 - m0) >= PAR_MIN)")                    \
+        for (int64_t t = 0; t < (N + TILE - 1) / TILE; t++) {                                             \
+            for (int64_t r = m0; r < m1; r += MR) {                                                       \
+                switch (m1 - r < MR ? (int)(m1 - r) : MR) {                                               \
+                    case 4: TILE_CALL(4); break;                                                          \
+                    case 3: TILE_CALL(3); break;                                                          \
+                    case 2: TILE_CALL(2); break;                                                          \
+                    default: TILE_CALL(1); break;                                                         \
+                }                                                                                         \
+            }                                                                                             \
+        }                                                                                                 \
+    }
+
+/* Rows r.. r + mr of y, outputs of tile t, from one fp32 lane per output */
+static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc, int mr, const float *bias,
+                              int accumulate) {
+    int64_t n0 = t * TILE, nr = N - n0 < TILE ? N - n0 : TILE;
+    for (int i = 0; i < mr; i++) {
+        float out[TILE];
+        _mm256_storeu_ps(out, acc[i]);
+        for (int64_t j = 0; j < nr; j++) store_out(y + i * N + n0 + j, out[j], bias, n0 + j, accumulate);
+    }
 }
 
-static inline __m256 dot_i8_block(__m256i w_unsigned, __m256i x_signed) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w_unsigned, x_signed), ones));
+static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into every 32-bit lane */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
 }
 
-/* ---- int4, asymmetric per group: w = q * d + m, q in 0..15 ------------------------------------------
- * qs [N, K/2]: every 32 weights are 16 bytes, byte j holding weight j (low nibble) and j + 16 (high) —
- * GGUF's Q4_0 / Q4_1 block layout, so those blocks load without conversion. d, m [N, K/group]; group is a
- * multiple of 32. y = sum_g d_g * (q_g . x_g) + m_g * sum(x_g), with x the int8 activations (sums once per call). */
-/* One body for both integer formats (`int4` a constant after inlining): per group g of the nr weight rows,
- * sum over its 32-blocks c of (w_c . xq_c) * scale_g * dx_c. int4 weights are 0..15 (unsigned, straight into
- * maddubs); int8 weights are signed, so maddubs gets |w| and x with w's sign (llama.cpp's trick). */
-static inline __attribute__((always_inline)) void int_rows(
-    const int8_t *xq, const float *dx, const uint8_t *w, int64_t row_bytes, const float *scale, int64_t K,
-    int64_t group, int nr, int int4, float *out) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F);
-    int64_t G = K / group, per_group = group / 32, block_bytes = int4 ? 16 : 32;
-    __m256 acc[NR];
-    for (int j = 0; j < nr; j++) acc[j] = _mm256_setzero_ps();
+/* int4, asymmetric per group: w = q * d + m, q in 0..15. qs [T][K/8][32]: chunk c of tile t holds k = 8c..8c+7
+ * of outputs 8t..8t+7; byte 4j + i: low nibble (8t + j, 8c + i), high nibble (8t + j, 8c + 4 + i).
+ * y = sum_g d_g * (q_g . x_g) + m_g * sum(x_g), x the int8 activations, xsum their per-group sums.
+ * 0..15 times -127..127 fits maddubs' int16 pairs (|.| <= 3810), so a 32-block's 8 products add up in int16
+ * (<= 30480) before one widening. */
+static inline __attribute__((always_inline)) void q4_tile(
+    const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *w,
+    const float *d, const float *m, int mr, float *y, int64_t N, int64_t t, const float *bias, int accumulate) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    int64_t G = K / group, blocks = K / 32, per_group = group / 32;
+    __m256 acc[MR];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m256 sg[NR];
-        for (int j = 0; j < nr; j++) sg[j] = _mm256_set1_ps(scale[j * G + g]);
-        for (int64_t c = 0; c < per_group; c++, w += block_bytes, xq += 32, dx++) {
-            __m256i xc = _mm256_loadu_si256((const __m256i *)xq);
-            __m256 dxc = _mm256_set1_ps(*dx);
-            for (int j = 0; j < nr; j++) {
-                const uint8_t *p = w + j * row_bytes;
-                _mm_prefetch((const char *)(p + NR * row_bytes), _MM_HINT_T0);  /* the next tile, same place */
-                __m256 dot;
-                if (int4) {
-                    __m128i b = _mm_loadu_si128((const __m128i *)p);
-                    dot = dot_i8_block(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), low4), xc);
-                } else {
-                    __m256i wj = _mm256_loadu_si256((const __m256i *)p);
-                    dot = dot_i8_block(_mm256_sign_epi8(wj, wj), _mm256_sign_epi8(xc, wj));
+        __m256 dg = _mm256_loadu_ps(d + g * TILE);
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            __m256i s16[MR];
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) s16[i] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 1")  /* unrolled, GCC hoists every product first and spills them */
+            for (int c = 0; c < 4; c++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(w + (b * 4 + c) * 32));
+                __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                _Pragma("GCC unroll 8")
+                for (int i = 0; i < mr; i++) {
+                    const int8_t *xp = xq + i * K + b * 32 + c * 8;
+                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, broadcast4(xp)));
+                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, broadcast4(xp + 4)));
                 }
-                acc[j] = _mm256_fmadd_ps(dot, _mm256_mul_ps(sg[j], dxc), acc[j]);
+            }
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {
+                __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));
+                acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dg, _mm256_set1_ps(dx[i * blocks + b])), acc[i]);
             }
         }
+        __m256 mg = _mm256_loadu_ps(m + g * TILE);
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
     }
-    for (int j = 0; j < nr; j++) out[j] = hsum(acc[j]);
-}
-
-/* int4 adds the group minima: m_g * sum(x_g) */
-static inline __attribute__((always_inline)) void q4_rows(
-    const int8_t *xq, const float *dx, const float *xsum, const uint8_t *qs, const float *d, const float *m,
-    int64_t K, int64_t group, int nr, float *out) {
-    int64_t G = K / group;
-    int_rows(xq, dx, qs, K / 2, d, K, group, nr, 1, out);
-    for (int j = 0; j < nr; j++) out[j] += dot_any(m + j * G, xsum, G);
+    store_tile(y, N, t, acc, mr, bias, accumulate);
 }
 
 void tally_gemm_q4(const float *x, const uint8_t *qs, const float *d, const float *m, const float *bias,
                    float *y, int64_t M, int64_t N, int64_t K, int64_t group, int accumulate) {
     int64_t G = K / group;
-    QuantizedRows xq = quantize_rows(x, M, K);
+    QuantizedRows xq = quantize_rows(x, M, K, 32);
     float *xsum = malloc(sizeof(float) * M * G);  /* per group: the sum of the quantized activations */
     for (int64_t r = 0; r < M; r++)
         for (int64_t g = 0; g < G; g++) {
             float s = 0;
             for (int64_t b = (r * K + g * group) / 32; b < (r * K + (g + 1) * group) / 32; b++) {
                 int32_t isum = 0;
+                _Pragma("GCC unroll 8")
                 for (int i = 0; i < 32; i++) isum += xq.xq[b * 32 + i];
                 s += xq.dx[b] * (float)isum;
             }
             xsum[r * G + g] = s;
         }
-#define Q4_ARGS xq.xq + r * K, xq.dx + r * (K / 32), xsum + r * G
-#define Q4_CALL(nr) q4_rows(Q4_ARGS, qs + n0 * (K / 2), d + n0 * G, m + n0 * G, K, group, nr, out)
-#define ROWS_CALL_ONE q4_rows(Q4_ARGS, qs + n1 * (K / 2), d + n1 * G, m + n1 * G, K, group, 1, out + j)
-    GEMM_DRIVER(Q4_CALL)
-#undef ROWS_CALL_ONE
+#define Q4_CALL(mr) q4_tile(xq.xq + r * K, xq.dx + r * (K / 32), xsum + r * G, K, group, qs + t * TILE * (K / 2), \
+                            d + t * G * TILE, m + t * G * TILE, mr, y + r * N, N, t, bias, accumulate)
+    TILE_DRIVER(Q4_CALL)
     free(xsum);
     free(xq.xq);
     free(xq.dx);
 }
 
-/* ---- int8, symmetric per group: w = q * s, s [N, K/group] (group = K: per output channel) ------------- */
+/* int8, symmetric per group: w = q * s (group = K: per output channel). q [T][K/4][32]: chunk c of tile t holds
+ * k = 4c..4c+3 of outputs 8t..8t+7, byte 4j + i = (8t + j, 4c + i). maddubs wants one unsigned operand, so it
+ * gets |w| and x with w's sign (llama.cpp's trick); its pairs reach 2 * 127 * 127, so each widens at once. */
+static inline __attribute__((always_inline)) void q8_tile(
+    const int8_t *xq, const float *dx, int64_t K, int64_t group, const int8_t *w, const float *s, int mr,
+    float *y, int64_t N, int64_t t, const float *bias, int accumulate) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    int64_t G = K / group, blocks = K / 32, per_group = group / 32;
+    __m256 acc[MR];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m256 sg = _mm256_loadu_ps(s + g * TILE);
+        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
+            __m256i s32[MR];
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) s32[i] = _mm256_setzero_si256();
+            _Pragma("GCC unroll 1")  /* unrolled, GCC hoists every product first and spills them */
+            for (int c = 0; c < 8; c++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(w + (b * 8 + c) * 32));
+                __m256i mag = _mm256_sign_epi8(raw, raw);
+                _Pragma("GCC unroll 8")
+                for (int i = 0; i < mr; i++) {
+                    __m256i xs = _mm256_sign_epi8(broadcast4(xq + i * K + b * 32 + c * 4), raw);
+                    s32[i] = _mm256_add_epi32(s32[i], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, xs), ones));
+                }
+            }
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++)
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
+                                         acc[i]);
+        }
+    }
+    store_tile(y, N, t, acc, mr, bias, accumulate);
+}
+
+/* per_token != 0: activations get one scale per row (W8A8), else one per block of 32 */
 void tally_gemm_q8(const float *x, const int8_t *q, const float *s, const float *bias, float *y,
-                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate) {
+                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token) {
     int64_t G = K / group;
-    QuantizedRows xq = quantize_rows(x, M, K);
-#define Q8_ARGS xq.xq + r * K, xq.dx + r * (K / 32)
-#define Q8_CALL(nr) int_rows(Q8_ARGS, (const uint8_t *)(q + n0 * K), K, s + n0 * G, K, group, nr, 0, out)
-#define ROWS_CALL_ONE int_rows(Q8_ARGS, (const uint8_t *)(q + n1 * K), K, s + n1 * G, K, group, 1, 0, out + j)
-    GEMM_DRIVER(Q8_CALL)
-#undef ROWS_CALL_ONE
+    QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
+#define Q8_CALL(mr) q8_tile(xq.xq + r * K, xq.dx + r * (K / 32), K, group, q + t * TILE * K, s + t * G * TILE, mr, y + r * N, N, t, bias,    \
+                            accumulate)
+    TILE_DRIVER(Q8_CALL)
     free(xq.xq);
     free(xq.dx);
 }
@@ -411,12 +442,12 @@ void tally_decode_attention(const float *q, int64_t q_stride, const float *k_cac
  * DecoderLayer._forward_native (norm, qkv, rotary + cache write, paged attention, o into the residual, norm,
  * gate/up, SiLU-and-multiply, down into the residual), with no interpreter between the steps. The Python side
  * (tally/native/decode_step.py) fills these structs once, from the loaded model's tensors. */
-enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3 };
+enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4 };
 
 typedef struct {
     int64_t kind, n, k, group;
     const void *w;
-    const float *scale, *min, *bias; /* q4: d, m; q8: s, unused; f16: unused */
+    const float *scale, *min, *bias; /* q4: d, m; q8 / w8a8: s, unused; f16: unused */
 } Proj;
 
 typedef struct {
@@ -434,8 +465,8 @@ typedef struct {
 static void project(const Proj *p, const float *x, float *y, int64_t M, int accumulate) {
     if (p->kind == PROJ_Q4)
         tally_gemm_q4(x, p->w, p->scale, p->min, p->bias, y, M, p->n, p->k, p->group, accumulate);
-    else if (p->kind == PROJ_Q8)
-        tally_gemm_q8(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, accumulate);
+    else if (p->kind == PROJ_Q8 || p->kind == PROJ_W8A8)
+        tally_gemm_q8(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, accumulate, p->kind == PROJ_W8A8);
     else
         tally_gemm_f16(x, p->w, p->bias, y, M, p->n, p->k, accumulate);
 }

@@ -29,9 +29,8 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-W
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "tally_gemm_q4": [_P, _P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],
-    "tally_gemm_q8": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],
+    "tally_gemm_q8": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int],
     "tally_gemm_f16": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],
-    "tally_int8_roundtrip": [_P, _P, _I, _I],
     "tally_rms_norm": [_P, _P, _P, _I, _I, _F],
     "tally_silu_mul": [_P, _P, _I, _I],
     "tally_rope_store": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P],

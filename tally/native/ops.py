@@ -28,31 +28,64 @@ def integer_gemm_supported(in_features: int, group_size: int) -> bool:
     return group_size % 32 == 0 and in_features % group_size == 0
 
 
+TILE = 8  # outputs per integer weight tile (kernels.c): one fp32 lane each
+
+
+def _tiles(t: torch.Tensor) -> torch.Tensor:
+    """[N, ...] -> [T, 8, ...], T = ceil(N / 8), rows past N zero."""
+    n = t.shape[0]
+    padded = t.new_zeros(-(-n // TILE) * TILE, *t.shape[1:])
+    padded[:n] = t
+    return padded.view(-1, TILE, *t.shape[1:])
+
+
+def pack_tile_scales(s: torch.Tensor) -> torch.Tensor:
+    """Per-group values [N, G] -> [T, G, 8] fp32: per tile and group, its 8 outputs side by side."""
+    return _tiles(s.float()).transpose(1, 2).contiguous()
+
+
+def tile_scale_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows of pack_tile_scales' input, [len(rows), G]."""
+    return packed[rows // TILE, :, rows % TILE]
+
+
+def pack_q4(q: torch.Tensor) -> torch.Tensor:
+    """int4 values [N, K] (uint8 0..15) -> gemm_q4's tiles uint8 [T, K/8, 32]: per 8 k, byte 4j + i holds
+    (output j, k i) in its low nibble and (j, 4 + i) in its high nibble."""
+    t = _tiles(q.to(torch.uint8))
+    n_tiles, _, k = t.shape
+    halves = t.view(n_tiles, TILE, k // 8, 2, 4).permute(0, 2, 3, 1, 4)  # [T, K/8, half, output, i]
+    return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n_tiles, k // 8, 32).contiguous()
+
+
+def pack_q8(q: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] -> gemm_q8's tiles int8 [T, K/4, 32]: per 4 k, byte 4j + i holds (output j, k i)."""
+    t = _tiles(q.to(torch.int8))
+    return t.view(t.shape[0], TILE, -1, 4).transpose(1, 2).reshape(t.shape[0], -1, 32).contiguous()
+
+
+def q8_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows of pack_q8's input, int8 [len(rows), K]."""
+    return packed.view(packed.shape[0], -1, TILE, 4)[rows // TILE, :, rows % TILE].reshape(len(rows), -1)
+
+
 def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bias: torch.Tensor | None,
-            group_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ W^T, W = q * d + m per group; qs uint8 [N, K/2] in GGUF nibble order; d, m [N, K/group].
+            group_size: int, out_features: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T, W = q * d + m per group: qs from pack_q4, d and m from pack_tile_scales.
     With `out` given, the product is added to it (a residual stream)."""
-    n, k = qs.shape[0], x.shape[1]
-    y = _output(x, n, out)
+    y = _output(x, out_features, out)
     load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), d.data_ptr(), m.data_ptr(), _ptr(bias), y.data_ptr(),
-                         x.shape[0], n, k, group_size, out is not None)
+                         x.shape[0], out_features, x.shape[1], group_size, out is not None)
     return y
 
 
 def gemm_q8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None, group_size: int,
-            out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ W^T, W = q * s; q int8 [N, K], s [N, K/group] (group K: one scale per output channel)."""
-    n, k = q.shape
-    y = _output(x, n, out)
-    load().tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0], n, k,
-                         group_size, out is not None)
-    return y
-
-
-def int8_roundtrip(x: torch.Tensor) -> torch.Tensor:
-    """x [M, K] as gemm_q4 / gemm_q8 see it: int8 per row and block of 32, dequantized to fp32."""
-    y = torch.empty_like(x)
-    load().tally_int8_roundtrip(x.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1])
+            out_features: int, out: torch.Tensor | None = None, per_token: bool = False) -> torch.Tensor:
+    """x [M, K] @ W^T, W = q * s per group (group K: one scale per output channel): q from pack_q8, s from
+    pack_tile_scales. Activations are rounded to int8 per block of 32, or per row with `per_token` (W8A8)."""
+    y = _output(x, out_features, out)
+    load().tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0],
+                         out_features, x.shape[1], group_size, out is not None, per_token)
     return y
 
 

@@ -121,7 +121,7 @@ def linear_from_packed(scheme: str, parts: list[dict[str, torch.Tensor]], bias: 
                        dtype: torch.dtype) -> nn.Module:
     """One layer over the rows of every part (a fused projection), exactly as stored."""
     from tally.quant.native_linear import int4_linear, int8_linear
-    from tally.quant.w8a8 import W8A8Linear
+    from tally.quant.w8a8 import w8a8_linear
 
     scales = torch.cat([p["scales"].float() for p in parts])
     if scheme == "w4a16":
@@ -130,5 +130,5 @@ def linear_from_packed(scheme: str, parts: list[dict[str, torch.Tensor]], bias: 
         return int4_linear(q, scales, zeros, q.shape[1] // scales.shape[1], bias, dtype)
     q = torch.cat([p["qweight"] for p in parts])
     if scheme == "w8a8":
-        return W8A8Linear(q, scales, bias, dtype)
+        return w8a8_linear(q, scales, bias, dtype)
     return int8_linear(q, scales, bias, dtype)

@@ -8,7 +8,7 @@ from tally.errors import ConfigError
 from tally.quant.gguf_blocks import linear_from_gguf
 from tally.quant.native_linear import int4_linear, int8_linear
 from tally.quant.rtn import quantize_int4_groupwise, quantize_int8_per_channel
-from tally.quant.w8a8 import W8A8Linear
+from tally.quant.w8a8 import w8a8_from_float
 
 SCHEMES = ("none", "int8", "int4", "w8a8")
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -29,7 +29,7 @@ def _check_group_size(in_features: int, group_size: int) -> None:
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, scheme: str, compute_dtype: torch.dtype,
                 group_size: int = 128) -> nn.Module:
     """weight [out, in] (HF layout) -> a module mapping [..., in] to [..., out] in compute_dtype.
-    "w8a8" here is unsmoothed; for SmoothQuant build W8A8Linear.from_float(..., smooth=s) directly."""
+    "w8a8" here is unsmoothed; for SmoothQuant call w8a8.w8a8_from_float(..., smooth=s) directly."""
     if scheme == "none":
         from tally.layers.linear import DenseLinear  # layers sit above quant; imported late to keep that order
 
@@ -38,7 +38,7 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, scheme: str,
         q, scale = quantize_int8_per_channel(weight, scale_dtype=compute_dtype)
         return int8_linear(q, scale, bias, compute_dtype)
     if scheme == "w8a8":
-        return W8A8Linear.from_float(weight, bias, compute_dtype)
+        return w8a8_from_float(weight, bias, compute_dtype)
     if scheme == "int4":
         _check_group_size(weight.shape[1], group_size)
         q, scale, zero = quantize_int4_groupwise(weight, group_size, scale_dtype=compute_dtype)

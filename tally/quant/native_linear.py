@@ -2,14 +2,15 @@
 
 PyTorch's CPU weight-only kernels want bf16 activations and are slow reference paths with fp32 ones; on a CPU
 without bf16 instructions that left int4 slower than fp16 weights. These layers keep the weights in the native
-kernels' layouts and serve few-token batches with them (int8 activations per block of 32, integer dot products,
-as llama.cpp does); many-token batches dequantize the weights tile by tile into an fp32 matmul. Both paths
-multiply the same int8-rounded activations, so a token's result does not depend on the size of its batch (up to
-the order of fp32 sums, as with any two matmul kernels).
+kernels' layouts and multiply them with int8 activations per block of 32 (integer dot products, as llama.cpp
+does). One kernel serves every batch size: in tiles of 8 outputs that share their unpacking across 4 activation
+rows, it beats dequantizing into an fp32 matmul from 1 to 512 rows (`python bench/weight_formats.py --model smol
+--threads 1`), so there is no many-token path, and a token's bits never depend on its batch.
 
-int4: qs uint8 [N, K/2] in GGUF's nibble order (byte j of each 32-block holds weights j and j + 16), so Q4_0 /
-Q4_1 blocks are adopted as stored; d, m fp32 [N, K/group] with w = q * d + m. int8: q [N, K], s fp32 [N, K/group]
-(group = K: one scale per output channel; 32: GGUF Q8_0).
+Weights are held in the kernels' tiles of 8 outputs (tally/native/ops.py: pack_q4, pack_q8,
+pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m fp32 [T, G, 8] (w = q * d + m per group); int8 q
+[T, K/4, 32] with s [T, G, 8] (group = K: one scale per output channel; 32: GGUF Q8_0). Loading GGUF
+Q4_0/Q4_1/Q4_K/Q8_0 blocks into them only moves bytes.
 """
 from __future__ import annotations
 
@@ -17,13 +18,7 @@ import torch
 
 from tally.native import ops
 from tally.quant.base import QuantLinear
-
-# First row count on the dequantize-and-matmul path: the kernels convert their weights again for every
-# activation row, so one dense fp32 matmul wins from some rows on. `python bench/weight_formats.py --model smol
-# --threads 1 --rows 1,2,3,4,6,8,16,32,128` (all SmolLM2 projections, ms per pass, kernel vs dequantize+matmul):
-# int8 1 row 12.8 vs 48.2, 32 rows 177 vs 220, 128 rows 787 vs 630; int4 9.3 vs 173, 225 vs 304, 1113 vs 760.
-# The crossover lies between 32 and 128 rows for both; 64 is its geometric middle.
-MANY_TOKENS_FROM = {"int4": 64, "int8": 64}
+from tally.quant.dispatch import NEVER
 
 
 def native_supported(compute_dtype: torch.dtype, in_features: int, group_size: int) -> bool:
@@ -33,74 +28,82 @@ def native_supported(compute_dtype: torch.dtype, in_features: int, group_size: i
 class NativeInt4Linear(QuantLinear):
     scheme = "int4"
 
-    def __init__(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int,
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int,
                  bias: torch.Tensor | None) -> None:
-        out_features, in_features = qs.shape[0], qs.shape[1] * 2
-        super().__init__(in_features, out_features, bias, torch.float32, MANY_TOKENS_FROM["int4"])
+        """q uint8 [N, K] in 0..15; d, m [N, K/group]: w = q * d + m."""
+        out_features, in_features = q.shape
+        super().__init__(in_features, out_features, bias, torch.float32, NEVER)
         self.group_size = group_size
-        self.register_buffer("qs", qs.contiguous())
-        self.register_buffer("d", d.float().contiguous())
-        self.register_buffer("m", m.float().contiguous())
+        self.register_buffer("qs", ops.pack_q4(q))
+        self.register_buffer("d", ops.pack_tile_scales(d))
+        self.register_buffer("m", ops.pack_tile_scales(m))
 
     @classmethod
     def from_q(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
                bias: torch.Tensor | None) -> NativeInt4Linear:
         """Int4Linear's convention: q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero per group."""
-        n, k = q.shape
-        halves = q.to(torch.uint8).view(n, k // 32, 2, 16)
-        qs = (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, k // 2)
         scale = scale.float()
-        return cls(qs, scale, zero.float() - 8.0 * scale, group_size, bias)
+        return cls(q, scale, zero.float() - 8.0 * scale, group_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The decode step's common case goes straight to the kernel (bias fused): QuantLinear.forward's reshapes
-        # and checks cost more than the kernel's own call on a small layer.
-        if x.dim() == 2 and x.shape[0] < self.many_tokens_from and x.dtype == torch.float32 and x.is_contiguous():
-            return ops.gemm_q4(x, self.qs, self.d, self.m, self.bias, self.group_size)
+        # The common case goes straight to the kernel (bias fused): QuantLinear.forward's reshapes and checks cost
+        # more than the kernel's own call on a small layer.
+        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
+            return ops.gemm_q4(x, self.qs, self.d, self.m, self.bias, self.group_size, self.out_features)
         return super().forward(x)
 
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.gemm_q4(x, self.qs, self.d, self.m, None, self.group_size)
+        return ops.gemm_q4(x, self.qs, self.d, self.m, None, self.group_size, self.out_features)
 
-    def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        return self._tiled_matmul(ops.int8_roundtrip(x), torch.float32, self._dequantized_t)
-
-    def _dequantized_t(self, n0: int, n1: int) -> torch.Tensor:
-        qs = self.qs[n0:n1].view(n1 - n0, -1, 16)
-        w = torch.cat([qs & 15, qs >> 4], dim=-1).view(n1 - n0, -1, self.group_size).float()
-        w.mul_(self.d[n0:n1, :, None]).add_(self.m[n0:n1, :, None])
-        return w.view(n1 - n0, self.in_features).t()
+    _many_tokens = _few_tokens  # one kernel for every batch size (module docstring)
 
 
 class NativeInt8Linear(QuantLinear):
+    per_token = False  # activations int8 per block of 32; W8A8 (below) rounds them with one scale per token
+
     def __init__(self, q: torch.Tensor, s: torch.Tensor, bias: torch.Tensor | None) -> None:
         """q int8 [N, K]; s [N, K/group] (one column: per output channel)."""
         out_features, in_features = q.shape
-        super().__init__(in_features, out_features, bias, torch.float32, MANY_TOKENS_FROM["int8"])
+        super().__init__(in_features, out_features, bias, torch.float32, NEVER)
         self.scheme = "int8" if s.shape[1] == 1 else "q8_0"
         self.group_size = in_features // s.shape[1]
-        self.register_buffer("q", q.to(torch.int8).contiguous())
-        self.register_buffer("s", s.float().contiguous())
+        self.register_buffer("q", ops.pack_q8(q))
+        self.register_buffer("s", ops.pack_tile_scales(s))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] < self.many_tokens_from and x.dtype == torch.float32 and x.is_contiguous():
-            return ops.gemm_q8(x, self.q, self.s, self.bias, self.group_size)  # as NativeInt4Linear.forward
+        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():  # as NativeInt4Linear.forward
+            return ops.gemm_q8(x, self.q, self.s, self.bias, self.group_size, self.out_features,
+                               per_token=self.per_token)
         return super().forward(x)
 
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.gemm_q8(x, self.q, self.s, None, self.group_size)
+        return ops.gemm_q8(x, self.q, self.s, None, self.group_size, self.out_features, per_token=self.per_token)
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the dequantized weight, fp32 [len(ids), K]: a tied embedding read from an int8 LM head."""
-        rows = self.q[ids].view(len(ids), -1, self.group_size).float()
-        return rows.mul_(self.s[ids][:, :, None]).view(len(ids), self.in_features)
+        rows = ops.q8_rows(self.q, ids).view(len(ids), -1, self.group_size).float()
+        return rows.mul_(ops.tile_scale_rows(self.s, ids)[:, :, None]).view(len(ids), self.in_features)
 
-    def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        return self._tiled_matmul(ops.int8_roundtrip(x), torch.float32, self._dequantized_t)
+    _many_tokens = _few_tokens
 
-    def _dequantized_t(self, n0: int, n1: int) -> torch.Tensor:
-        w = self.q[n0:n1].view(n1 - n0, -1, self.group_size).float().mul_(self.s[n0:n1, :, None])
-        return w.view(n1 - n0, self.in_features).t()
+
+class NativeW8A8Linear(NativeInt8Linear):
+    """W8A8 on the int8 kernel: int8 weights per output channel, activations rounded to int8 with one scale per
+    token, integer products (tally/quant/w8a8.py's definition; there `torch._int_mm`, a scalar loop on CPUs
+    without VNNI). SmoothQuant: the weight holds W·s; activations are divided by s here unless the 1/s was
+    folded into the preceding norm."""
+    per_token = True
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                 smooth: torch.Tensor | None = None) -> None:
+        super().__init__(q, scale.reshape(-1, 1), bias)
+        self.scheme = "w8a8"
+        self.register_buffer("act_inv_smooth", None if smooth is None else 1.0 / smooth.float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.act_inv_smooth is not None:
+            x = x * self.act_inv_smooth
+        return super().forward(x)
 
 
 def int4_linear(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
