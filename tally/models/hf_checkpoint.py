@@ -100,12 +100,12 @@ class HFTensorSource:
 def open_hf(path: Path) -> tuple[ModelConfig, HFTensorSource]:
     """Parse config.json (+ generation_config.json eos ids) and check every safetensors header."""
     config = ModelConfig.from_json_file(path / "config.json")
-    config = dataclasses.replace(config, eos_token_ids=_merged_eos_ids(config, path))
-    files, weight_map = _weight_files(path)
+    config = dataclasses.replace(config, eos_token_ids=merged_eos_ids(config, path))
+    files, weight_map = weight_files(path)
     wanted = set(expected_tensor_shapes(config))
     found: dict[str, tuple[int, ...]] = {}
     for file in files:
-        header = _read_header(file)
+        header = read_header(file)
         for name, file_name in (weight_map or {}).items():
             if file_name == file.name and name not in header:
                 raise ModelLoadError(f"{path / INDEX_FILE} says {name} is in {file.name}, but that shard lacks it")
@@ -120,7 +120,7 @@ def open_hf(path: Path) -> tuple[ModelConfig, HFTensorSource]:
     return config, HFTensorSource(files, wanted)
 
 
-def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+def weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
     """The safetensors files to read, and the index's {tensor: shard} map when sharded."""
     if (path / SINGLE_FILE).is_file():
         return [path / SINGLE_FILE], None
@@ -138,7 +138,7 @@ def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
     return files, weight_map
 
 
-def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+def read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
     """{name: (shape, dtype)} from the header alone; safetensors checks the file covers every tensor."""
     try:
         with safe_open(str(file), framework="pt") as f:
@@ -148,7 +148,7 @@ def _read_header(file: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         raise ModelLoadError(f"{file} is corrupt or truncated ({exc}); re-download or re-save it") from exc
 
 
-def _merged_eos_ids(config: ModelConfig, path: Path) -> tuple[int, ...]:
+def merged_eos_ids(config: ModelConfig, path: Path) -> tuple[int, ...]:
     """config.json's eos ids, then generation_config.json's (chat models often list more there)."""
     gen_path = path / "generation_config.json"
     if not gen_path.is_file():

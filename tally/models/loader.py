@@ -13,7 +13,8 @@ from tally.models.config import ModelConfig
 from tally.models.gguf_checkpoint import GGUFRawTensor, GGUFTensorSource, open_gguf
 from tally.models.hf_checkpoint import HFTensorSource, open_hf
 from tally.models.registry import resolve_model
-from tally.quant.checkpoint import PackedTensorSource, open_packed, packed_scheme
+from tally.quant.checkpoint import PackedTensorSource, open_packed, packed_scheme, quantization_block
+from tally.quant.hf_quantized import HFQuantizedSource, open_hf_quantized, reads
 
 __all__ = ["Checkpoint", "GGUFRawTensor", "load_checkpoint"]
 
@@ -24,8 +25,10 @@ class Checkpoint:
     name: str  # the model name the server reports
     config: ModelConfig
     format: str  # "hf" or "gguf"
-    _source: HFTensorSource | GGUFTensorSource | PackedTensorSource = field(repr=False)
-    quantization: str | None = None  # scheme of a checkpoint written by `tally quantize` (w4a16, w8a16, w8a8)
+    _source: HFTensorSource | GGUFTensorSource | PackedTensorSource | HFQuantizedSource = field(repr=False)
+    # scheme of a pre-quantized checkpoint (w4a16, w8a16, w8a8): written by `tally quantize`, or GPTQ / AWQ
+    # read as w4a16 (tally/quant/hf_quantized.py)
+    quantization: str | None = None
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor) one at a time, in the file's dtype (quantized GGUF types → float32; a `tally
@@ -43,6 +46,10 @@ class Checkpoint:
 def load_checkpoint(model: str | None) -> Checkpoint:
     """None or "smollm2-135m" → the built-in GGUF; a directory with config.json → HF; a .gguf file."""
     location = resolve_model(model)
+    block = quantization_block(location.path) if location.format == "hf" else None
+    if block is not None and reads(block):
+        config, hf_source = open_hf_quantized(location.path, block)
+        return Checkpoint(location.path, location.name, config, location.format, hf_source, "w4a16")
     scheme = packed_scheme(location.path) if location.format == "hf" else None
     opener = open_gguf if location.format == "gguf" else (open_packed if scheme else open_hf)
     config, source = opener(location.path)

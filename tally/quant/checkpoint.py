@@ -28,18 +28,26 @@ QUANT_METHOD = "tally"
 SCHEMES = ("w4a16", "w8a16", "w8a8")
 
 
-def packed_scheme(path: Path) -> str | None:
-    """The scheme of a checkpoint directory `tally quantize` wrote, None for an ordinary HF checkpoint."""
+def quantization_block(path: Path) -> dict[str, Any] | None:
+    """config.json's quantization_config; None when there is none (or the config is unreadable: the HF opener
+    reports that)."""
     try:
         block = json.loads((path / "config.json").read_text()).get("quantization_config")
     except (OSError, json.JSONDecodeError):
-        return None  # the HF opener reports unreadable configs
-    if not block:
+        return None
+    return block or None
+
+
+def packed_scheme(path: Path) -> str | None:
+    """The scheme of a checkpoint directory `tally quantize` wrote, None for an ordinary HF checkpoint."""
+    block = quantization_block(path)
+    if block is None:
         return None
     if block.get("quant_method") != QUANT_METHOD or block.get("scheme") not in SCHEMES:
         raise ModelLoadError(
             f"{path}/config.json has a quantization_config Tally does not read ({block.get('quant_method')!r}); "
-            "serve the unquantized checkpoint, or quantize it with `tally quantize`")
+            "Tally reads `tally quantize` checkpoints and 4-bit GPTQ / AWQ ones; otherwise serve the unquantized "
+            "checkpoint, or quantize it with `tally quantize`")
     return block["scheme"]
 
 
