@@ -215,17 +215,18 @@ void tally_gemm_q8(const float *x, const int8_t *q, const float *s, const float 
 /* ---- fp16 weights, fp32 arithmetic, in panels ------------------------------------------------------------
  * w is [ceil(N/16)][K][16] fp16: for each k, 16 consecutive outputs side by side (rows past N are zero). One
  * weight load and F16C conversion serves every activation row of a block (outer-product form, like a BLAS
- * micro-kernel), so the same kernel serves one token and a prefill chunk: up to 4 rows x 16 outputs live in
+ * micro-kernel), so the same kernel serves one token and a prefill chunk: up to 6 rows x 16 outputs live in
  * registers; for fewer rows, independent accumulators over k keep the FMA pipes busy. Activation rows are taken
  * in blocks of F16_MB so the block stays in cache while every panel passes over it. */
 #define PANEL 16
-#define F16_MB 64
+#define F16_MR 6   /* rows per micro-tile: 6 x 16 outputs = 12 accumulators, 2 weight vectors, 1 broadcast */
+#define F16_MB 66  /* rows per pass over the panels (a multiple of F16_MR) */
 
 static inline __attribute__((always_inline)) void f16_panel(
-    const float *x, int64_t K, const uint16_t *w, int mr, float out[4][PANEL]) {
+    const float *x, int64_t K, const uint16_t *w, int mr, float out[F16_MR][PANEL]) {
     /* ku accumulator sets over k (k % ku) when rows are few: mr * 2 * ku = 8 accumulators */
     const int ku = mr == 1 ? 4 : mr == 2 ? 2 : 1;
-    __m256 acc[4][4][2];
+    __m256 acc[4][F16_MR][2];
     for (int u = 0; u < ku; u++)
         for (int r = 0; r < mr; r++) acc[u][r][0] = acc[u][r][1] = _mm256_setzero_ps();
     int64_t k = 0;
@@ -268,11 +269,13 @@ void tally_gemm_f16(const float *x, const uint16_t *w, const float *bias, float 
         for (int64_t p = 0; p < panels; p++) {
             const uint16_t *wp = w + p * K * PANEL;
             int64_t n0 = p * PANEL, nr = N - n0 < PANEL ? N - n0 : PANEL;
-            for (int64_t r0 = m0; r0 < m1; r0 += 4) {
-                float out[4][PANEL];
-                int mr = m1 - r0 < 4 ? (int)(m1 - r0) : 4;
+            for (int64_t r0 = m0; r0 < m1; r0 += F16_MR) {
+                float out[F16_MR][PANEL];
+                int mr = m1 - r0 < F16_MR ? (int)(m1 - r0) : F16_MR;
                 const float *xr = x + r0 * K;
                 switch (mr) {
+                    case 6: f16_panel(xr, K, wp, 6, out); break;
+                    case 5: f16_panel(xr, K, wp, 5, out); break;
                     case 4: f16_panel(xr, K, wp, 4, out); break;
                     case 3: f16_panel(xr, K, wp, 3, out); break;
                     case 2: f16_panel(xr, K, wp, 2, out); break;
@@ -302,13 +305,6 @@ void tally_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t
 }
 
 /* ---- SiLU(gate) * up: gate_up [M, 2I] (gate then up) -> y [M, I] ------------------------------------- */
-void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
-    for (int64_t r = 0; r < M; r++) {
-        const float *g = gate_up + r * 2 * I, *u = g + I;
-        for (int64_t i = 0; i < I; i++) y[r * I + i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    }
-}
-
 /* ---- Rotary (rotate-half) on q and k in place, then k and v into the paged cache ----------------------
  * qkv [T, row] holds q [Hq, D], k [Hkv, D], v [Hkv, D] side by side; cos, sin [T, D]; the caches are
  * [slots, Hkv, D] fp32; slots [T] the cache slot of each token. */
@@ -366,6 +362,22 @@ static inline __m256 exp256(__m256 x) {
     y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* ---- SiLU(gate) * up: gate_up [M, 2I] (gate, up) -> y [M, I] ------------------------------------------- */
+void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (int64_t r = 0; r < M; r++) {
+        const float *g = gate_up + r * 2 * I, *u = g + I;
+        float *yr = y + r * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gv))));
+            _mm256_storeu_ps(yr + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+        }
+        for (; i < I; i++) yr[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
 }
 
 /* p[0..len) <- softmax(p), in place */
