@@ -75,11 +75,25 @@ def test_native_int4_model_stays_close_to_its_dequantized_weights(tiny_llama, mo
         assert top in g and abs(g[top].logprob - w[top].logprob) < 0.05
 
 
-def test_int8_kv_cache_takes_the_layer_by_layer_path(tiny_llama):
-    llm = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_dtype="int8",
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_int8_kv_cache_in_the_one_call_step_equals_the_layer_by_layer_path(tiny_model_factory, arch):
+    """int8 KV with key smoothing: the C step writes (growing block scales, requantizing earlier values) and reads
+    the cache as tally/kv/quant.py does; 24 tokens cross a 16-slot block."""
+    llm = LLM(str(tiny_model_factory(arch)), dtype="float32", quantization="int4", kv_cache_dtype="int8",
               kv_cache_memory=2_000_000)
     model = llm.engine.loaded.model
-    assert model.native_step is not None
-    assert not model.native_step.applies(model, llm.engine.loaded.kv_caches)
-    out = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
-    assert all(len(o.outputs[0].token_ids) == 6 for o in out)
+    assert model.layers[0].key_scale is not None
+    assert model.native_step.applies(model, llm.engine.loaded.kv_caches)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
+    saved = model.native_step
+    fused = llm.generate(PROMPTS, params)
+    model.native_step = None
+    try:
+        layered = llm.generate(PROMPTS, params)
+    finally:
+        model.native_step = saved
+    for a, b in zip(fused, layered):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            tok = next(iter(la))
+            assert abs(la[tok].logprob - lb[tok].logprob) < 1e-4

@@ -4,8 +4,8 @@ At one token per step a layer's Python and dispatch cost rivals its arithmetic: 
 per-layer path spends ~7 ms a step outside the kernels, as measured on a 30-layer model of width 64. This plan
 describes the model to C once — weight pointers, norms, cache pointers — and a decode-only step is then a single
 call. It applies when every projection is a native int4 / int8 / W8A8 layer (tally/quant/native_linear.py) or
-fp16 panels (tally/layers/linear.py), the caches are fp32 and no layer needs per-head q/k norms or key
-smoothing; otherwise `build` returns None (or `applies` says no) and the model runs layer by layer.
+fp16 panels (tally/layers/linear.py), the caches are fp32 or int8 (with its key smoothing) and no layer needs
+per-head q/k norms; otherwise `build` returns None (or `applies` says no) and the model runs layer by layer.
 
 The structs hold raw pointers: they stay valid because the model's tensors are never replaced after loading
 (in-place changes, such as the quality gate's deliberate zeroing, are seen). The caches are checked per step.
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from tally.kv.quant import Int8KVCache
 from tally.layers.linear import Fp16WeightLinear
 from tally.native.library import load
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear, NativeW8A8Linear
@@ -32,7 +33,8 @@ class _Proj(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", _Proj), ("o", _Proj), ("gate_up", _Proj),
-                ("down", _Proj), ("k_cache", _P), ("v_cache", _P)]
+                ("down", _Proj), ("k_cache", _P), ("v_cache", _P), ("k_scales", _P), ("v_scales", _P),
+                ("key_scale", _P), ("query_scale", _P)]
 
 
 class _Model(ctypes.Structure):
@@ -77,18 +79,26 @@ class NativeDecodeStep:
             if any(p is None for p in projs):
                 return None
             layers.append(_Layer(layer.input_norm.weight.data_ptr(), layer.post_attn_norm.weight.data_ptr(),
-                                 *projs, None, None))
+                                 *projs))
         return cls(model, layers)
 
     def applies(self, model: Any, kv_caches: list[tuple[Any, Any]]) -> bool:
-        if model.layers[0].key_scale is not None:
-            return False
+        """Whether this step can run: fp32 caches, or the int8 cache (with its key smoothing)."""
         if kv_caches is not self._caches:
             k0 = kv_caches[0][0]
-            if not (isinstance(k0, torch.Tensor) and k0.dtype == torch.float32):
+            int8 = isinstance(k0, Int8KVCache)
+            if not (int8 or (isinstance(k0, torch.Tensor) and k0.dtype == torch.float32)):
                 return False
-            for layer, (k, v) in zip(self._layers, kv_caches):
-                layer.k_cache, layer.v_cache = k.data_ptr(), v.data_ptr()
+            for layer, decoder, (k, v) in zip(self._layers, model.layers, kv_caches):
+                if int8:
+                    layer.k_cache, layer.v_cache = k.values.data_ptr(), v.values.data_ptr()
+                    layer.k_scales, layer.v_scales = k.scales.data_ptr(), v.scales.data_ptr()
+                else:
+                    layer.k_cache, layer.v_cache = k.data_ptr(), v.data_ptr()
+                    layer.k_scales = layer.v_scales = None
+                smoothed = decoder.key_scale is not None
+                layer.key_scale = decoder.key_scale.data_ptr() if smoothed else None
+                layer.query_scale = decoder.query_scale.data_ptr() if smoothed else None
             self._model.block_size = k0.shape[1]
             self._caches = kv_caches
         return True

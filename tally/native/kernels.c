@@ -304,44 +304,81 @@ void tally_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t
     }
 }
 
-/* ---- SiLU(gate) * up: gate_up [M, 2I] (gate then up) -> y [M, I] ------------------------------------- */
 /* ---- Rotary (rotate-half) on q and k in place, then k and v into the paged cache ----------------------
  * qkv [T, row] holds q [Hq, D], k [Hkv, D], v [Hkv, D] side by side; cos, sin [T, D]; the caches are
  * [slots, Hkv, D] fp32; slots [T] the cache slot of each token. */
-void tally_rope_store(float *qkv, int64_t T, int64_t row, const float *cos, const float *sin, int64_t Hq,
-                      int64_t Hkv, int64_t D, float *k_cache, float *v_cache, const int64_t *slots) {
+static void rope_rotate(float *qkv, int64_t T, int64_t row, const float *cos, const float *sin, int64_t heads,
+                        int64_t D) {
     int64_t half = D / 2;
     for (int64_t t = 0; t < T; t++) {
         const float *c = cos + t * D, *s = sin + t * D;
-        float *base = qkv + t * row;
-        for (int64_t h = 0; h < Hq + Hkv; h++) {
-            float *v = base + h * D;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = qkv + t * row + h * D;
             for (int64_t i = 0; i < half; i++) {
                 float a = v[i], b = v[i + half];
                 v[i] = a * c[i] - b * s[i];
                 v[i + half] = b * c[i + half] + a * s[i + half];
             }
         }
-        memcpy(k_cache + slots[t] * Hkv * D, base + Hq * D, sizeof(float) * Hkv * D);
-        memcpy(v_cache + slots[t] * Hkv * D, base + (Hq + Hkv) * D, sizeof(float) * Hkv * D);
+    }
+}
+
+void tally_rope_store(float *qkv, int64_t T, int64_t row, const float *cos, const float *sin, int64_t Hq,
+                      int64_t Hkv, int64_t D, float *k_cache, float *v_cache, const int64_t *slots) {
+    rope_rotate(qkv, T, row, cos, sin, Hq + Hkv, D);
+    for (int64_t t = 0; t < T; t++) {
+        memcpy(k_cache + slots[t] * Hkv * D, qkv + t * row + Hq * D, sizeof(float) * Hkv * D);
+        memcpy(v_cache + slots[t] * Hkv * D, qkv + t * row + (Hq + Hkv) * D, sizeof(float) * Hkv * D);
+    }
+}
+
+/* ---- The int8 KV cache (tally/kv/quant.py, whose arithmetic this repeats): values int8 [slots, Hkv, D], one
+ * fp32 scale per (block, KV head) that grows as the block fills. x [Hkv, D] is one token's K or V for `slot`.
+ * Writing at a block's first slot starts it afresh (its old contents were a previous owner's); a later write
+ * whose absmax outgrows the scale first requantizes the block's earlier values to the larger scale. */
+static void store_q8(const float *x, int8_t *values, float *scales, int64_t slot, int64_t block_size,
+                     int64_t Hkv, int64_t D) {
+    int64_t block = slot / block_size, offset = slot % block_size;
+    for (int64_t h = 0; h < Hkv; h++) {
+        const float *xh = x + h * D;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < D; i++) amax = fmaxf(amax, fabsf(xh[i]));
+        float old = offset > 0 ? scales[block * Hkv + h] : 0.0f;
+        float s = fmaxf(fmaxf(old, amax / 127.0f), 1e-12f);
+        if (offset > 0 && s > old) {
+            float ratio = old / s;
+            for (int64_t j = 0; j < block_size; j++) {
+                int8_t *vj = values + ((block * block_size + j) * Hkv + h) * D;
+                for (int64_t i = 0; i < D; i++) vj[i] = (int8_t)lrintf((float)vj[i] * ratio);
+            }
+        }
+        int8_t *dst = values + (slot * Hkv + h) * D;
+        for (int64_t i = 0; i < D; i++) dst[i] = (int8_t)lrintf(xh[i] / s);
+        scales[block * Hkv + h] = s;
     }
 }
 
 /* ---- Decode attention over the paged cache: one query token per sequence -----------------------------
- * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] fp32;
+ * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] fp32, or int8 with
+ * scales [blocks, Hkv] (the int8 KV cache, read as value * scale);
  * block_tables [n, bt_stride] int64; ctx [n] keys per sequence (the query's own included); window > 0 keeps the
  * last `window` keys. out [n, Hq, D].
  * Per (sequence, kv head): the scores of every query head sharing the head, a vectorised softmax, then the
  * probability-weighted V with each output head's D values held in registers; K and V are read in place from
  * their blocks (no gather copy). */
-static inline float dot(const float *a, const float *b, int64_t D) {
+static inline __m256 load8(const void *row, int64_t i, int int8) {  /* 8 values of an fp32 or int8 row */
+    if (int8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
+    return _mm256_loadu_ps((const float *)row + i);
+}
+
+static inline float dot(const float *a, const void *b, int64_t D, int int8) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= D; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, int8), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b, i + 8, int8), acc1);
     }
-    for (; i < D; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    for (; i < D; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, int8), acc0);
     return hsum(_mm256_add_ps(acc0, acc1));
 }
 
@@ -397,25 +434,63 @@ static void softmax(float *p, int64_t len) {
     for (t = 0; t < len; t++) p[t] *= inv;
 }
 
-/* o[0..D) = sum_t p[t] * v(slot[t]), D a multiple of 8; 64 values at a time in registers */
-static void weighted_v(const float *p, const int64_t *slots, int64_t len, const float *v, int64_t row_stride,
-                       int64_t D, float *o) {
+/* o[0..D) = sum_t p[t] * v(slot[t]), D a multiple of 8; 64 values at a time in registers (int8 values: p
+ * already holds each one's scale) */
+static void weighted_v(const float *p, const int64_t *slots, int64_t len, const void *v, int int8, int64_t D,
+                       float *o) {
+    int64_t esize = int8 ? 1 : sizeof(float);
     int64_t d0 = 0;
     for (; d0 + 64 <= D; d0 += 64) {
         __m256 acc[8];
         for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
         for (int64_t t = 0; t < len; t++) {
-            const float *vp = v + slots[t] * row_stride + d0;
+            const char *vp = (const char *)v + slots[t] * D * esize;
             __m256 pw = _mm256_set1_ps(p[t]);
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(pw, _mm256_loadu_ps(vp + 8 * i), acc[i]);
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(pw, load8(vp, d0 + 8 * i, int8), acc[i]);
         }
         for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
     }
     for (; d0 < D; d0 += 8) {
         __m256 acc = _mm256_setzero_ps();
         for (int64_t t = 0; t < len; t++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + slots[t] * row_stride + d0), acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8((const char *)v + slots[t] * D * esize, d0, int8), acc);
         _mm256_storeu_ps(o + d0, acc);
+    }
+}
+
+static void decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
+                             const float *k_scales, const float *v_scales, const int64_t *block_tables,
+                             int64_t bt_stride, const int64_t *ctx, int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
+                             int64_t block_size, int64_t window, float scale, float *out) {
+    int64_t group = Hq / Hkv;
+    int int8 = k_scales != NULL;
+    int64_t esize = int8 ? 1 : sizeof(float);
+    #pragma omp parallel for schedule(dynamic) collapse(2) if (n * Hkv > 1 && n * ctx[0] * Hq * D >= PAR_MIN)
+    for (int64_t b = 0; b < n; b++) {
+        for (int64_t h = 0; h < Hkv; h++) {
+            int64_t L = ctx[b], start = (window > 0 && L > window) ? L - window : 0, len = L - start;
+            const int64_t *bt = block_tables + b * bt_stride;
+            int64_t *slots = malloc(sizeof(int64_t) * len);
+            float *p = malloc(sizeof(float) * len * group), *vs = int8 ? malloc(sizeof(float) * len) : NULL;
+            for (int64_t t = 0; t < len; t++) {
+                int64_t pos = start + t, block = bt[pos / block_size];
+                slots[t] = (block * block_size + pos % block_size) * Hkv + h;  /* row of [slots*Hkv, D] */
+                float ks = int8 ? k_scales[block * Hkv + h] * scale : scale;
+                if (int8) vs[t] = v_scales[block * Hkv + h];
+                const void *kp = (const char *)k_cache + slots[t] * D * esize;
+                for (int64_t j = 0; j < group; j++) p[j * len + t] = dot(q + b * q_stride + (h * group + j) * D, kp, D, int8) * ks;
+            }
+            for (int64_t j = 0; j < group; j++) {
+                float *pj = p + j * len;
+                softmax(pj, len);
+                if (int8)
+                    for (int64_t t = 0; t < len; t++) pj[t] *= vs[t];
+                weighted_v(pj, slots, len, v_cache, int8, D, out + (b * Hq + h * group + j) * D);
+            }
+            free(slots);
+            free(p);
+            free(vs);
+        }
     }
 }
 
@@ -423,30 +498,8 @@ void tally_decode_attention(const float *q, int64_t q_stride, const float *k_cac
                             const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx, int64_t n,
                             int64_t Hq, int64_t Hkv, int64_t D, int64_t block_size, int64_t window, float scale,
                             float *out) {
-    int64_t group = Hq / Hkv;
-    #pragma omp parallel for schedule(dynamic) collapse(2) if (n * Hkv > 1 && n * ctx[0] * Hq * D >= PAR_MIN)
-    for (int64_t b = 0; b < n; b++) {
-        for (int64_t h = 0; h < Hkv; h++) {
-            int64_t L = ctx[b], start = (window > 0 && L > window) ? L - window : 0, len = L - start;
-            const int64_t *bt = block_tables + b * bt_stride;
-            int64_t *slots = malloc(sizeof(int64_t) * len);
-            float *p = malloc(sizeof(float) * len * group);
-            for (int64_t t = 0; t < len; t++) {
-                int64_t pos = start + t;
-                slots[t] = (bt[pos / block_size] * block_size + pos % block_size) * Hkv + h;  /* row of [slots*Hkv, D] */
-            }
-            for (int64_t t = 0; t < len; t++) {
-                const float *kp = k_cache + slots[t] * D;
-                for (int64_t j = 0; j < group; j++) p[j * len + t] = dot(q + b * q_stride + (h * group + j) * D, kp, D) * scale;
-            }
-            for (int64_t j = 0; j < group; j++) {
-                softmax(p + j * len, len);
-                weighted_v(p + j * len, slots, len, v_cache, D, D, out + (b * Hq + h * group + j) * D);
-            }
-            free(slots);
-            free(p);
-        }
-    }
+    decode_attention(q, q_stride, k_cache, v_cache, NULL, NULL, block_tables, bt_stride, ctx, n, Hq, Hkv, D,
+                     block_size, window, scale, out);
 }
 
 /* ---- A whole decode step through every layer, in one call ---------------------------------------------
@@ -465,7 +518,9 @@ typedef struct {
 typedef struct {
     const float *input_norm, *post_norm;
     Proj qkv, o, gate_up, down;
-    float *k_cache, *v_cache;
+    void *k_cache, *v_cache;
+    float *k_scales, *v_scales;             /* int8 KV cache: [blocks, Hkv]; NULL: fp32 cache */
+    const float *key_scale, *query_scale;   /* int8 KV key smoothing: k *= [Hkv, D], q *= [Hq, D]; or NULL */
 } Layer;
 
 typedef struct {
@@ -496,9 +551,22 @@ void tally_decode_layers(const Model *md, float *h, int64_t n, const float *cos,
         const Layer *L = md->layers + l;
         tally_rms_norm(h, L->input_norm, x, n, H, md->eps);
         project(&L->qkv, x, qkv, n, 0);
-        tally_rope_store(qkv, n, row, cos, sin, md->heads, md->kv_heads, D, L->k_cache, L->v_cache, slots);
-        tally_decode_attention(qkv, row, L->k_cache, L->v_cache, block_tables, bt_stride, ctx, n, md->heads,
-                               md->kv_heads, D, md->block_size, md->window, md->scale, att);
+        if (L->k_scales) {
+            rope_rotate(qkv, n, row, cos, sin, md->heads + md->kv_heads, D);
+            for (int64_t t = 0; t < n; t++) {
+                float *qt = qkv + t * row, *kt = qt + q_size, *vt = kt + md->kv_heads * D;
+                if (L->key_scale) {
+                    for (int64_t i = 0; i < q_size; i++) qt[i] *= L->query_scale[i];
+                    for (int64_t i = 0; i < md->kv_heads * D; i++) kt[i] *= L->key_scale[i];
+                }
+                store_q8(kt, L->k_cache, L->k_scales, slots[t], md->block_size, md->kv_heads, D);
+                store_q8(vt, L->v_cache, L->v_scales, slots[t], md->block_size, md->kv_heads, D);
+            }
+        } else {
+            tally_rope_store(qkv, n, row, cos, sin, md->heads, md->kv_heads, D, L->k_cache, L->v_cache, slots);
+        }
+        decode_attention(qkv, row, L->k_cache, L->v_cache, L->k_scales, L->v_scales, block_tables, bt_stride, ctx,
+                         n, md->heads, md->kv_heads, D, md->block_size, md->window, md->scale, att);
         project(&L->o, att, h, n, 1);
         tally_rms_norm(h, L->post_norm, x, n, H, md->eps);
         project(&L->gate_up, x, gu, n, 0);
