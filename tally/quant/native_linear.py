@@ -10,7 +10,7 @@ rows, it beats dequantizing into an fp32 matmul from 1 to 512 rows (`python benc
 Weights are held in the kernels' tiles of 8 outputs (tally/native/ops.py: pack_q4, pack_q8,
 pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m fp32 [T, G, 8] (w = q * d + m per group); int8 q
 [T, K/4, 32] with s [T, G, 8] (group = K: one scale per output channel; 32: GGUF Q8_0). Loading GGUF
-Q4_0/Q4_1/Q4_K/Q8_0 blocks into them only moves bytes.
+Q4_0/Q4_1/Q4_K/Q8_0 blocks into them only rearranges the stored integers.
 """
 from __future__ import annotations
 
