@@ -97,45 +97,75 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
     return _mm256_set1_epi32(v);
 }
 
-/* int4, asymmetric per group: w = q * d + m, q in 0..15. qs [T][K/8][32]: chunk c of tile t holds k = 8c..8c+7
- * of outputs 8t..8t+7; byte 4j + i: low nibble (8t + j, 8c + i), high nibble (8t + j, 8c + 4 + i).
- * y = sum_g d_g * (q_g . x_g) + m_g * sum(x_g), x the int8 activations, xsum their per-group sums.
- * 0..15 times -127..127 fits maddubs' int16 pairs (|.| <= 3810), so a 32-block's 8 products add up in int16
- * (<= 30480) before one widening. */
-static inline __attribute__((always_inline)) void q4_tile(
+/* The two integer formats differ only in how a 32-block's byte products are formed (int_block_dots); around
+ * that, one body (`int4` a constant after inlining): per group g, acc += (block dot) * scale_g * dx_block, and
+ * int4 adds its group minima, m_g * sum(x_g).
+ * int4, asymmetric per group: w = q * d + m, q in 0..15. qs [T][K/8][32]: chunk c of tile t holds k = 8c..8c+7
+ * of outputs 8t..8t+7; byte 4j + i: low nibble (8t + j, 8c + i), high nibble (8t + j, 8c + 4 + i). 0..15 times
+ * -127..127 fits maddubs' int16 pairs (|.| <= 3810), so a 32-block's 8 products add up in int16 (<= 30480)
+ * before one widening.
+ * int8, symmetric per group: w = q * s (group = K: per output channel). q [T][K/4][32]: chunk c of tile t holds
+ * k = 4c..4c+3 of outputs 8t..8t+7, byte 4j + i = (8t + j, 4c + i). maddubs wants one unsigned operand, so it
+ * gets |w| and x with w's sign (llama.cpp's trick); its pairs reach 2 * 127 * 127, so each widens at once. */
+static inline __attribute__((always_inline)) void int_block_dots(
+    const int8_t *xq, int64_t K, const uint8_t *wb, int int4, int mr, __m256i *dot) {
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) dot[i] = _mm256_setzero_si256();
+    /* the chunk loops stay rolled: unrolled, GCC hoists every product first and spills them */
+    if (int4) {
+        _Pragma("GCC unroll 1")
+        for (int c = 0; c < 4; c++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + c * 32));
+            __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {  /* int16 sums while in the block */
+                const int8_t *xp = xq + i * K + c * 8;
+                dot[i] = _mm256_add_epi16(dot[i], _mm256_maddubs_epi16(lo, broadcast4(xp)));
+                dot[i] = _mm256_add_epi16(dot[i], _mm256_maddubs_epi16(hi, broadcast4(xp + 4)));
+            }
+        }
+    } else {
+        _Pragma("GCC unroll 1")
+        for (int c = 0; c < 8; c++) {
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + c * 32));
+            __m256i mag = _mm256_sign_epi8(raw, raw);
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {
+                __m256i xs = _mm256_sign_epi8(broadcast4(xq + i * K + c * 4), raw);
+                dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, xs), ones));
+            }
+        }
+    }
+    if (int4) {
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) dot[i] = _mm256_madd_epi16(dot[i], ones);
+    }
+}
+
+static inline __attribute__((always_inline)) void int_tile(
     const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *w,
-    const float *d, const float *m, int mr, float *y, int64_t N, int64_t t, const float *bias, int accumulate) {
-    const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    int64_t G = K / group, blocks = K / 32, per_group = group / 32;
+    const float *scale, const float *m, int int4, int mr, float *y, int64_t N, int64_t t, const float *bias,
+    int accumulate) {
+    int64_t G = K / group, blocks = K / 32, per_group = group / 32, block_bytes = int4 ? 128 : 256;
     __m256 acc[MR];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m256 dg = _mm256_loadu_ps(d + g * TILE);
+        __m256 sg = _mm256_loadu_ps(scale + g * TILE);
         for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
-            __m256i s16[MR];
+            __m256i dot[MR];
+            int_block_dots(xq + b * 32, K, w + b * block_bytes, int4, mr, dot);
             _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++) s16[i] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 1")  /* unrolled, GCC hoists every product first and spills them */
-            for (int c = 0; c < 4; c++) {
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(w + (b * 4 + c) * 32));
-                __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-                _Pragma("GCC unroll 8")
-                for (int i = 0; i < mr; i++) {
-                    const int8_t *xp = xq + i * K + b * 32 + c * 8;
-                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(lo, broadcast4(xp)));
-                    s16[i] = _mm256_add_epi16(s16[i], _mm256_maddubs_epi16(hi, broadcast4(xp + 4)));
-                }
-            }
-            _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++) {
-                __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));
-                acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dg, _mm256_set1_ps(dx[i * blocks + b])), acc[i]);
-            }
+            for (int i = 0; i < mr; i++)
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
+                                         acc[i]);
         }
-        __m256 mg = _mm256_loadu_ps(m + g * TILE);
-        _Pragma("GCC unroll 8")
-        for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
+        if (int4) {
+            __m256 mg = _mm256_loadu_ps(m + g * TILE);
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
+        }
     }
     store_tile(y, N, t, acc, mr, bias, accumulate);
 }
@@ -156,48 +186,12 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const float *d, const floa
             }
             xsum[r * G + g] = s;
         }
-#define Q4_CALL(mr) q4_tile(xq.xq + r * K, xq.dx + r * (K / 32), xsum + r * G, K, group, qs + t * TILE * (K / 2), \
-                            d + t * G * TILE, m + t * G * TILE, mr, y + r * N, N, t, bias, accumulate)
+#define Q4_CALL(mr) int_tile(xq.xq + r * K, xq.dx + r * (K / 32), xsum + r * G, K, group, qs + t * TILE * (K / 2), \
+                             d + t * G * TILE, m + t * G * TILE, 1, mr, y + r * N, N, t, bias, accumulate)
     TILE_DRIVER(Q4_CALL)
     free(xsum);
     free(xq.xq);
     free(xq.dx);
-}
-
-/* int8, symmetric per group: w = q * s (group = K: per output channel). q [T][K/4][32]: chunk c of tile t holds
- * k = 4c..4c+3 of outputs 8t..8t+7, byte 4j + i = (8t + j, 4c + i). maddubs wants one unsigned operand, so it
- * gets |w| and x with w's sign (llama.cpp's trick); its pairs reach 2 * 127 * 127, so each widens at once. */
-static inline __attribute__((always_inline)) void q8_tile(
-    const int8_t *xq, const float *dx, int64_t K, int64_t group, const int8_t *w, const float *s, int mr,
-    float *y, int64_t N, int64_t t, const float *bias, int accumulate) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    int64_t G = K / group, blocks = K / 32, per_group = group / 32;
-    __m256 acc[MR];
-    _Pragma("GCC unroll 8")
-    for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++) {
-        __m256 sg = _mm256_loadu_ps(s + g * TILE);
-        for (int64_t b = g * per_group; b < (g + 1) * per_group; b++) {
-            __m256i s32[MR];
-            _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++) s32[i] = _mm256_setzero_si256();
-            _Pragma("GCC unroll 1")  /* unrolled, GCC hoists every product first and spills them */
-            for (int c = 0; c < 8; c++) {
-                __m256i raw = _mm256_loadu_si256((const __m256i *)(w + (b * 8 + c) * 32));
-                __m256i mag = _mm256_sign_epi8(raw, raw);
-                _Pragma("GCC unroll 8")
-                for (int i = 0; i < mr; i++) {
-                    __m256i xs = _mm256_sign_epi8(broadcast4(xq + i * K + b * 32 + c * 4), raw);
-                    s32[i] = _mm256_add_epi32(s32[i], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, xs), ones));
-                }
-            }
-            _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++)
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
-                                         acc[i]);
-        }
-    }
-    store_tile(y, N, t, acc, mr, bias, accumulate);
 }
 
 /* per_token != 0: activations get one scale per row (W8A8), else one per block of 32 */
@@ -205,8 +199,8 @@ void tally_gemm_q8(const float *x, const int8_t *q, const float *s, const float 
                    int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token) {
     int64_t G = K / group;
     QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
-#define Q8_CALL(mr) q8_tile(xq.xq + r * K, xq.dx + r * (K / 32), K, group, q + t * TILE * K, s + t * G * TILE, mr, y + r * N, N, t, bias,    \
-                            accumulate)
+#define Q8_CALL(mr) int_tile(xq.xq + r * K, xq.dx + r * (K / 32), NULL, K, group, (const uint8_t *)q + t * TILE * K, \
+                             s + t * G * TILE, NULL, 0, mr, y + r * N, N, t, bias, accumulate)
     TILE_DRIVER(Q8_CALL)
     free(xq.xq);
     free(xq.dx);
