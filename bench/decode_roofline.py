@@ -48,24 +48,23 @@ def main() -> None:
     from tally import LLM, SamplingParams
 
     llm = LLM(a.model, dtype=a.dtype, quantization=a.quantization, max_model_len=1024, kv_cache_memory=256 * 2**20)
-    ledger = llm.engine.loaded.ledger
+    ledger = llm.engine.ledger
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
     llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm up
     runs = []
     for _ in range(3):
-        t0 = time.perf_counter()
         out = llm.generate("Once upon a time", params)[0]
         m = out.metrics
         runs.append((m.last_token_time - m.first_token_time) / (len(out.outputs[0].token_ids) - 1))
     step_s = sorted(runs)[1]
-    model = llm.engine.loaded.model
+    model = llm.engine.model
     if model.native_step is None:  # Python overhead: the same steps with the profiler's view of torch kernel time
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
         kernel_s = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6 / 16
     bw = measure_bandwidth_gbs()
     kv_bytes = ledger.kv_bytes_per_token * 64  # ~64 tokens of context read per step on average
-    read_bytes = weight_bytes_read_per_step(llm.engine.loaded.model, ledger.weight_bytes)
+    read_bytes = weight_bytes_read_per_step(llm.engine.model, ledger.weight_bytes)
     roofline_tok_s = bw * 1e9 / (read_bytes + kv_bytes)
     tok_s = 1 / step_s
     print(f"\nmodel {ledger.model_name}, compute {model.dtype}, projections {type(model.layers[0].qkv_proj).__name__}, "

@@ -27,8 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
+from serve_demos import scaled_trace, warm_up  # bench/ is on sys.path when a script here runs
 from tally.server.process import ServerProcess
 
 SLO = "ttft=5s,tpot=1s"
@@ -42,8 +41,8 @@ def builtin_gguf() -> Path:
 
 def write_tokenizer(out: Path) -> tuple[Path, list[int]]:
     """tokenizer.json of the built-in GGUF, and its end-of-turn token ids."""
-    from tally.engine.tokenizer import load_tokenizer
     from tally.models.loader import load_checkpoint
+    from tally.models.tokenizer import load_tokenizer
 
     ckpt = load_checkpoint(None)
     tok = load_tokenizer(ckpt)
@@ -90,9 +89,6 @@ def main() -> int:
     ns = p.parse_args()
     ns.out_dir.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_NUM_THREADS"] = "1"
-    sys.path.insert(0, str(Path(__file__).parent))
-    from serve_demos import scaled_trace, warm_up
-
     trace, _, _ = scaled_trace(ns.out_dir / "conv_div16.csv", 16)
     tokenizer, eos = write_tokenizer(ns.out_dir / "tokenizer")
     gguf = builtin_gguf()

@@ -14,7 +14,6 @@ import sys
 import time
 
 import torch
-
 from workload import hf_model_from_gguf, make_requests, trace_lengths
 
 
@@ -61,8 +60,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    from tally.engine.tokenizer import load_tokenizer
     from tally.models.loader import load_checkpoint
+    from tally.models.tokenizer import load_tokenizer
 
     ckpt = load_checkpoint(a.model)
     tok = load_tokenizer(ckpt)

@@ -10,7 +10,6 @@ import statistics
 import sys
 
 import torch
-
 from workload import corpus_token_ids
 
 
@@ -23,7 +22,7 @@ def ttfts(enable: bool, system: list[int], suffixes: list[list[int]], model: str
     for s in suffixes:
         o = llm.generate({"prompt_token_ids": system + s}, params)[0]
         out.append(o.metrics.ttft_s)
-    return out[1:], llm.engine.kv.stats.hit_rate  # the first request fills the cache in both runs
+    return out[1:], llm.engine.snapshot().prefix_hit_rate  # the first request fills the cache in both runs
 
 
 def main() -> None:
@@ -34,8 +33,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    from tally.engine.tokenizer import load_tokenizer
     from tally.models.loader import load_checkpoint
+    from tally.models.tokenizer import load_tokenizer
 
     ids = corpus_token_ids(load_tokenizer(load_checkpoint(a.model)))
     system = ids[:a.system_tokens]

@@ -19,9 +19,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from tally.layers.linear import build_linear
 from tally.quant.dispatch import NEVER
 from tally.quant.group_int8 import GroupInt8Linear
-from tally.quant.linear import make_linear
 from tally.quant.rtn import quantize_int8_per_channel
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -57,7 +57,7 @@ def build(k: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, dict[str, t
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * 0.05
     q, _ = quantize_int8_per_channel(w)
     block_scale = w.reshape(n, k // 32, 32).abs().amax(-1) / 127
-    layers = {scheme: make_linear(w, None, scheme=scheme, compute_dtype=dtype, group_size=32)
+    layers = {scheme: build_linear(w, None, quantization=scheme, dtype=dtype, group_size=32)
               for scheme in ("int8", "int4", "w8a8")}
     layers["q8_0"] = GroupInt8Linear(q, block_scale, None, dtype)
     return w, layers

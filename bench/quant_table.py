@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 
 from tally import LLM, SamplingParams
-from tally.engine.tokenizer import load_tokenizer
 from tally.ledger.kv import KVLayout
 from tally.models.loader import load_checkpoint
-from tally.quality.compare import compare_runs
+from tally.models.tokenizer import load_tokenizer
+from tally.quality.verdicts import compare_runs
 from tally.quality.model_run import ModelSpec, run_model
 from tally.quality.settings import Decoding, EvalSettings
 from tally.quality.suites import DATA, build_workload, tokenize_heldout
@@ -68,9 +68,9 @@ class PromptSource:
 
 
 def quantized_dir(row: str, model: str | None, work: Path, log) -> str:
-    from tally.quant.pipeline import QuantizeJob, run
-    from tally.quant.quantize import QuantizeOptions
-    from tally.quant.scheme import parse_scheme
+    from tally.quantize.layer import QuantizeOptions
+    from tally.quantize.pipeline import QuantizeJob, run
+    from tally.quantize.scheme import parse_scheme
 
     if row == "int4-fl":
         job = QuantizeJob(model, work / row, QuantizeOptions(parse_scheme("w4a16-g128"), "rtn"),
@@ -123,8 +123,8 @@ def measure_row(row: str, spec: ModelSpec, workload, decoding: Decoding, source:
     from tally.quality.model_run import open_model
 
     llm = open_model(spec, decoding)
-    ledger = llm.engine.loaded.ledger
-    layout: KVLayout = llm.engine.loaded.kv_layout
+    ledger = llm.engine.ledger
+    layout: KVLayout = llm.engine.kv_layout
     quality = run_model(llm, spec, workload, decoding)
     speed = time_speed(llm, source, args)
     result = {"row": row, "label": spec.label(), "weight_bytes": ledger.weight_bytes,

@@ -12,7 +12,7 @@ P50/P99, ITL P99, goodput, the ratio last, and the command lines.
               still meets the SLO for --slo-target of its requests is its capacity; the ratio is how
               much the fixed-length test overstates what the server can carry
 
-Lengths come from the Azure conversation trace (tally/bench/data), divided by --scale and clipped,
+Lengths come from the Azure conversation trace (tally/data), divided by --scale and clipped,
 written to a CSV that `tally bench --lengths trace:FILE` resamples. The server runs with
 OMP_NUM_THREADS=1: on a shared 2-core machine two OpenMP threads mostly wait on each other.
 
@@ -34,8 +34,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tally.bench.trace import load_trace
 from tally.server.process import ServerProcess
+from tally.traces import load_trace
 
 SERVE_BASE = ["--max-model-len", "2048", "--kv-cache-memory", "512MiB", "--log-level", "warning"]
 PROMPT_MAX, OUTPUT_MAX = 512, 64  # tokens, after scaling: keeps every run inside a minute here
@@ -251,7 +251,7 @@ def lengths_sweep(ns: argparse.Namespace, trace: Path, prompt_mean: float, outpu
     rates = [float(r) for r in ns.sweep_rates.split(",")]
     workloads = {"trace": f"trace:{trace}", "fixed": f"fixed:{round(prompt_mean)},{round(output_mean)}"}
     met: dict[str, dict[float, float]] = {name: {} for name in workloads}
-    lines = [f"### Capacity: fixed lengths at the trace's mean vs trace lengths, over a rate sweep", "",
+    lines = ["### Capacity: fixed lengths at the trace's mean vs trace lengths, over a rate sweep", "",
              f"workload: Poisson arrivals, {ns.duration} s per rate, one server (continuous, defaults); "
              f"{workloads['fixed']} vs lengths conv trace / {ns.scale} (means {prompt_mean:.0f} / "
              f"{output_mean:.0f}); SLO {ns.slo}; capacity = highest rate with ≥ {ns.slo_target:.0%} of "

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import httpx
 import torch
+from workload import corpus_token_ids
 
 from tally import LLM
 from tally.sampling_params import SamplingParams
 from tally.server.process import ServerProcess
-from workload import corpus_token_ids
 
 
 @dataclass
@@ -60,7 +60,7 @@ def offline(llm: LLM, prompts: list[list[int]], max_tokens: int, concurrency: in
     todo, ttft, tokens, next_id = list(prompts), [], 0, 0
     t0 = time.perf_counter()
     while todo or engine.has_unfinished_requests():
-        while todo and len(engine.groups) < concurrency:
+        while todo and engine.num_running() + engine.num_waiting() < concurrency:
             engine.add_request(f"b{next_id}", todo.pop(0), params)
             next_id += 1
         for out in engine.step():
@@ -130,7 +130,7 @@ def main() -> int:
     os.environ["OMP_NUM_THREADS"] = str(ns.threads)  # inherited by the server process
     torch.set_num_threads(ns.threads)
     levels = [int(x) for x in ns.concurrency.split(",")]
-    from tally.engine.args import parse_bytes
+    from tally.units import parse_bytes
 
     llm = LLM(ns.model, max_model_len=ns.max_model_len, kv_cache_memory=parse_bytes(ns.kv_cache_memory))
     prompts = make_prompts(llm.get_tokenizer(), max(levels) * ns.requests_per_stream, ns.prompt_tokens)

@@ -1,13 +1,12 @@
 """Workloads shared by the engine benchmarks: request lengths sampled from the Azure conversation
-trace (shipped in tally/bench/data, CC-BY 4.0) and prompts cut from real text."""
+trace (shipped in tally/data, CC-BY 4.0) and prompts cut from real text."""
 from __future__ import annotations
 
-import csv
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent.parent / "tally" / "bench" / "data"
+from tally.traces import DATA_DIR, load_trace
 
 
 @dataclass
@@ -18,8 +17,7 @@ class BenchRequest:
 
 def trace_lengths(n: int, scale: int = 4, seed: int = 0, max_total: int = 2048) -> list[tuple[int, int]]:
     """n (prompt, output) lengths sampled from the trace, divided by `scale`, clipped to max_total."""
-    with open(DATA / "azure_llm_2023_conv.csv") as f:
-        rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
+    rows = load_trace("conv").pairs()
     rng = random.Random(seed)
     out = []
     for p, o in rng.sample(rows, n):
@@ -30,7 +28,7 @@ def trace_lengths(n: int, scale: int = 4, seed: int = 0, max_total: int = 2048) 
 
 
 def corpus_token_ids(tokenizer, max_chars: int = 400_000) -> list[int]:
-    text = (DATA / "shakespeare.txt").read_text(encoding="utf-8")[:max_chars]
+    text = (DATA_DIR / "shakespeare.txt").read_text(encoding="utf-8")[:max_chars]
     return tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -10,7 +10,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "generate": ("tally.engine.cli", "generate text from a prompt, streamed to the terminal"),
     "plan": ("tally.ledger.cli", "memory and capacity plan before allocation"),
     "bench": ("tally.bench.cli", "load test any OpenAI-compatible server"),
-    "quantize": ("tally.quant.cli", "quantize a checkpoint (rtn / gptq / awq)"),
+    "quantize": ("tally.quantize.cli", "quantize a checkpoint (rtn / gptq / awq)"),
     "eval": ("tally.quality.cli", "quality gate: candidate vs baseline"),
 }
 

@@ -1,6 +1,7 @@
 """What a request gives back, shaped like vLLM's outputs so code written against vLLM reads ours."""
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -15,6 +16,17 @@ class Logprob:
 SampleLogprobs = list[dict[int, Logprob]]
 # One entry per prompt token; the first is None (nothing predicts it).
 PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+def logprob_entry(token_id: int, logprob: float, rank: int | None, top_ids: Sequence[int] = (),
+                  top_logprobs: Sequence[float] = (), decode: Callable[[int], str] | None = None) -> dict[int, Logprob]:
+    """One position's entry, vLLM's shape: the chosen token first, then the top-k in rank order (1 = most likely),
+    each once; used for sampled tokens and prompt tokens alike."""
+    entry = {token_id: Logprob(logprob, rank, decode(token_id) if decode else None)}
+    for k, (tid, lp) in enumerate(zip(top_ids, top_logprobs), 1):
+        if tid not in entry:
+            entry[tid] = Logprob(lp, k, decode(tid) if decode else None)
+    return entry
 
 
 @dataclass

@@ -1,13 +1,9 @@
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tiny import ARCH_CONFIGS, make_checkpoint  # noqa: E402
+from support.tiny_models import ARCH_CONFIGS, make_checkpoint
 
 
 @pytest.fixture(scope="session")

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_attention_toy import PagedKV, dense_oracle, random_seq
 
 from tally.attention import AttentionConfig, make_backend
 from tally.attention.reference import ReferenceBackend
 from tally.attention.tiled import TiledBackend
 from tally.errors import ConfigError, TallyError
-from test_attention_toy import PagedKV, dense_oracle, random_seq
 
 # "tiled_small" uses tiny tiles so short test sequences still cross many query and key tiles.
 BACKENDS = ["reference", "tiled", "tiled_small", "auto"]

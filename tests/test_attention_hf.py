@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from test_attention_toy import PagedKV, Seq
 
 transformers = pytest.importorskip("transformers")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tally.attention import AttentionMetadata
-from tally.kv.quant import Int8KVCache, plan_writes, write_int8
+from tally.attention.kv_cache import Int8KVCache, plan_writes, write_int8
 
 
 @dataclass

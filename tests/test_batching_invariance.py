@@ -4,8 +4,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from support.engine_checks import assert_no_block_leak
 
-from engine_helpers import assert_no_block_leak
 from tally import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
@@ -57,7 +57,7 @@ def test_prefix_cache_hits_do_not_change_outputs(model_dir, reference):
     second = _tokens(llm.generate(prompts, GREEDY))  # every full prompt block is a hit now
     assert first == alone and second == alone
     stats = llm.engine.kv.stats
-    assert stats.hit_tokens > 0 and 0 < stats.hit_rate < 1
+    assert stats.hit_tokens > 0 and 0 < llm.engine.snapshot().prefix_hit_rate < 1
     assert_no_block_leak(llm)
 
 
@@ -89,7 +89,7 @@ def _bytes_for_blocks(model_dir, n: int) -> int:
 def test_sliding_window_requests_hold_only_the_blocks_their_window_needs(tiny_model_factory):
     """Mistral's window is 12 tokens: with 4-token blocks a running request holds at most 5 blocks however
     long it gets, and its greedy output is the transformers oracle's."""
-    from engine_helpers import hf_greedy
+    from support.engine_checks import hf_greedy
 
     model_dir = tiny_model_factory("mistral")
     llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000, block_size=4, max_num_batched_tokens=8)

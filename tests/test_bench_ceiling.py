@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
-from bench_servers import serve
+from support.bench_servers import serve
 
 from tally.bench.arrivals import RateArrivals
 from tally.bench.benchmark import BenchConfig, run_benchmark
-from tally.bench.lengths import FixedLengths
+from tally.bench.length_samplers import FixedLengths
 from tally.bench.workload import WorkloadConfig
 
 RATE_PER_S = 500.0

@@ -7,11 +7,11 @@ import json
 from html.parser import HTMLParser
 
 import pytest
-from bench_servers import serve
+from support.bench_servers import serve
 
 from tally.bench.arrivals import RateArrivals, build_schedule, parse_phases
 from tally.bench.cli import main
-from tally.bench.compare import compare
+from tally.bench.run_diff import compare
 
 PHASES = "4/s:8s,25/s:2s,4/s:8s"  # a burst in the middle of steady load; 2 s warmup in front
 PLOTS = {"ttft_cdf", "tpot_cdf", "e2e_cdf", "ttft_over_time", "tpot_over_time",

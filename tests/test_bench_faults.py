@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from bench_servers import serve
+from support.bench_servers import serve
 
 from tally.bench.arrivals import RateArrivals
 from tally.bench.benchmark import BenchConfig, run_benchmark
 from tally.bench.cli import main
-from tally.bench.lengths import FixedLengths
+from tally.bench.length_samplers import FixedLengths
 from tally.bench.workload import WorkloadConfig
 from tally.errors import ConfigError
 

@@ -7,14 +7,14 @@ import json
 
 import numpy as np
 import pytest
-from bench_servers import serve
+from support.bench_servers import serve
 
 from tally.bench.benchmark import BenchConfig, run_benchmark
+from tally.bench.cli import main
 from tally.bench.client import RequestRecord
+from tally.bench.length_samplers import FixedLengths
 from tally.bench.progress import progress_line
 from tally.bench.runner import RunState
-from tally.bench.cli import main
-from tally.bench.lengths import FixedLengths
 from tally.bench.workload import WorkloadConfig
 
 

@@ -6,10 +6,10 @@ import asyncio
 import random
 
 import pytest
-from bench_servers import serve
+from support.bench_servers import serve
 
 from tally.bench.feed import PromptFeed, PromptPreparationError
-from tally.bench.lengths import FixedLengths
+from tally.bench.length_samplers import FixedLengths
 from tally.bench.prompts import CORPUS_PATH, PromptBuilder
 from tally.bench.tokenizer import ApproxTokenizer, LocalTokenizer, server_tokenizer
 from tally.bench.wire import ConnectionPool
@@ -19,7 +19,14 @@ from tally.bench.workload import RequestPlanner, WorkloadConfig
 @pytest.fixture(scope="module")
 def bpe_tokenizer_json(tmp_path_factory):
     """A real byte-level BPE with a BOS post-processor: merges make cut points shift counts."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from bench_servers import serve
+from support.bench_servers import serve
 
 from tally.bench.cli import main
 from tally.bench.scrape import histogram_delta, parse_metrics, process_rss_bytes

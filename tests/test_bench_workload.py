@@ -8,13 +8,24 @@ import math
 import numpy as np
 import pytest
 
-from tally.bench.arrivals import RateArrivals, ReplayArrivals, build_schedule, parse_phases
-from tally.bench.lengths import (FixedLengths, LogNormalLengths, TraceLengths, fit_lognormal,
-                                 ks_statistic, parse_lengths)
-from tally.bench.trace import load_trace
-from tally.bench.units import parse_duration_s
+from tally.bench.arrivals import (
+    RateArrivals,
+    ReplayArrivals,
+    build_schedule,
+    parse_phases,
+)
+from tally.bench.length_samplers import (
+    FixedLengths,
+    LogNormalLengths,
+    TraceLengths,
+    fit_lognormal,
+    ks_statistic,
+    parse_lengths,
+)
 from tally.bench.workload import RequestPlanner, WorkloadConfig
 from tally.errors import ConfigError
+from tally.traces import load_trace
+from tally.units import parse_duration_s
 
 N = 20_000
 KS_CRITICAL = 1.36 / math.sqrt(N)  # alpha 0.05

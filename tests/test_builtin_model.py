@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.engine_checks import assert_no_block_leak, hf_greedy
 
-from engine_helpers import assert_no_block_leak, hf_greedy
 from tally import LLM, SamplingParams
 from tally.models.registry import resolve_model
 

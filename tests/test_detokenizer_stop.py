@@ -5,7 +5,37 @@ import random
 import transformers
 
 from tally.engine.detokenizer import IncrementalDetokenizer
-from tally.engine.stop import StopChecker, StopStringStream
+from tally.engine.stop import StopChecker
+
+
+# The engine checks stop strings through Sequence; this wrapper feeds StopChecker one delta at a time.
+class StopStringStream:
+    """Accumulates text deltas of one output; `push` returns only text that is final."""
+
+    def __init__(self, checker: StopChecker) -> None:
+        self.checker = checker
+        self.text = ""
+        self.stop_str: str | None = None  # set when a stop string ended the output
+        self._sent_len = 0
+
+    def push(self, delta: str) -> str:
+        """Add a delta; return the text now safe to send. After a stop string, `stop_str` is set,
+        the text is truncated and everything left is returned."""
+        self.text += delta
+        stop, truncate_to = self.checker.check(self.text, len(delta))
+        if stop is not None:
+            self.text, self.stop_str = self.text[:truncate_to], stop
+            return self.flush()
+        safe_len = len(self.text) - self.checker.holdback_len(self.text)
+        out = self.text[self._sent_len : safe_len]
+        self._sent_len = max(self._sent_len, safe_len)
+        return out
+
+    def flush(self) -> str:
+        """The output ended (stop, length, EOS): release the held-back tail."""
+        out = self.text[self._sent_len :]
+        self._sent_len = len(self.text)
+        return out
 
 
 def run_stream(stop: list[str], deltas: list[str], include: bool = False):

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from support.engine_checks import assert_no_block_leak, hf_greedy
 
-from engine_helpers import assert_no_block_leak, hf_greedy
 from tally import LLM, SamplingParams
 
 PROMPTS = [

@@ -9,10 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from support.engine_checks import assert_no_block_leak, hf_greedy
 
-from engine_helpers import assert_no_block_leak, hf_greedy
 from tally import LLM, SamplingParams
-from tally.layers.linear import DenseLinear, Fp16WeightLinear, fp16_weights_supported
+from tally.layers.dense import DenseLinear, Fp16WeightLinear
+from tally.layers.linear import fp16_weights_supported
 from tally.quality.corrupt import corrupt
 
 pytestmark = pytest.mark.skipif(not fp16_weights_supported(), reason="neither native kernels nor FBGEMM")
@@ -46,7 +47,7 @@ def fp16_exact_llama(tiny_model_factory, tmp_path_factory):
 
 def test_float16_engine_matches_transformers_greedy(fp16_exact_llama):
     llm = LLM(str(fp16_exact_llama), dtype="float16", kv_cache_memory=2_000_000)
-    model = llm.engine.loaded.model
+    model = llm.engine.model
     assert isinstance(model.layers[0].qkv_proj, Fp16WeightLinear) and isinstance(model.lm_head, Fp16WeightLinear)
     assert model.dtype == torch.float32 and model.embed_tokens.dtype == torch.float16
     prompts = [[5, 9, 17, 33, 2 + i] for i in range(4)]
@@ -55,13 +56,13 @@ def test_float16_engine_matches_transformers_greedy(fp16_exact_llama):
     for p, out in zip(prompts, outs):
         assert list(out.outputs[0].token_ids) == hf_greedy(fp16_exact_llama, p, 8)[0]
     # the ledger counts the packed weights (they are not parameters)
-    dense = LLM(str(fp16_exact_llama), dtype="float32", kv_cache_memory=2_000_000).engine.loaded.ledger
-    assert llm.engine.loaded.ledger.weight_bytes < 0.75 * dense.weight_bytes
+    dense = LLM(str(fp16_exact_llama), dtype="float32", kv_cache_memory=2_000_000).engine.ledger
+    assert llm.engine.ledger.weight_bytes < 0.75 * dense.weight_bytes
     assert_no_block_leak(llm)
 
 
 def test_auto_picks_fp16_weights_for_half_precision_checkpoints_only(fp16_exact_llama, tmp_path):
-    from tally.engine.cpu import has_fast_bf16
+    from tally.platform import has_fast_bf16
 
     bf16 = tmp_path / "bf16"
     shutil.copytree(fp16_exact_llama, bf16)
@@ -69,8 +70,8 @@ def test_auto_picks_fp16_weights_for_half_precision_checkpoints_only(fp16_exact_
     save_file(tensors, str(bf16 / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((bf16 / "config.json").read_text())
     (bf16 / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
-    half = LLM(str(bf16), kv_cache_memory=2_000_000).engine.loaded.model
-    full = LLM(str(fp16_exact_llama), kv_cache_memory=2_000_000).engine.loaded.model
+    half = LLM(str(bf16), kv_cache_memory=2_000_000).engine.model
+    full = LLM(str(fp16_exact_llama), kv_cache_memory=2_000_000).engine.model
     assert isinstance(full.layers[0].o_proj, DenseLinear) and full.dtype == torch.float32
     if has_fast_bf16():
         assert half.dtype == torch.bfloat16
@@ -81,5 +82,5 @@ def test_auto_picks_fp16_weights_for_half_precision_checkpoints_only(fp16_exact_
 def test_quality_gate_corruption_reaches_packed_weights(fp16_exact_llama):
     llm = LLM(str(fp16_exact_llama), dtype="float16", kv_cache_memory=2_000_000)
     corrupt(llm, "zero-layer:0")
-    layer = llm.engine.loaded.model.layers[0]
+    layer = llm.engine.model.layers[0]
     assert layer.down_proj(torch.ones(1, layer.down_proj.in_features)).abs().max().item() == 0.0

@@ -10,7 +10,7 @@ from tally.attention.backend import make_backend
 from tally.errors import ConfigError
 from tally.models.builder import build_model
 from tally.models.loader import load_checkpoint
-from tally.quant.capture import prefill
+from tally.models.prefill import prefill
 from tally.quant.int4 import Int4Linear
 
 pytestmark = pytest.mark.slow  # loads the built-in model (4 builds)

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from tally.kv.block_pool import BlockPool
-from tally.kv.manager import KVCacheManager
-from tally.scheduler.request import Request
+from tally.core.block_pool import BlockPool
+from tally.core.kv_manager import KVCacheManager
+from tally.core.request import Request
 
 
 def _req(rid: str, tokens: list[int]) -> Request:

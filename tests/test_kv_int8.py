@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from tally.attention import AttentionConfig
-from tally.attention.reference import ReferenceBackend
-from tally.kv.quant import Int8KVCache, dequantize_blocks, plan_writes, write_int8
 from test_attention import BACKENDS, build
 from test_attention_toy import PagedKV, dense_oracle, random_seq
+
+from tally.attention import AttentionConfig
+from tally.attention.kv_cache import (
+    Int8KVCache,
+    dequantize_blocks,
+    plan_writes,
+    write_int8,
+)
+from tally.attention.reference import ReferenceBackend
 
 # Relative error (Frobenius) of attention outputs allowed for int8 K/V against fp32 K/V.
 MAX_REL_ERR = 0.02

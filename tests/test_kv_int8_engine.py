@@ -5,11 +5,11 @@ from __future__ import annotations
 import random
 
 import pytest
+from support.engine_checks import assert_no_block_leak
+from support.tiny_models import ARCH_CONFIGS
 
-from engine_helpers import assert_no_block_leak
 from tally import LLM, SamplingParams
 from tally.ledger.kv import KVLayout
-from tiny import ARCH_CONFIGS
 
 KV_BUDGET_BYTES = 2_000_000
 MAX_TOKENS = 16
@@ -54,15 +54,16 @@ def test_int8_kv_greedy_tokens_agree_with_fp32_kv(arch, tiny_model_factory):
 
 def test_int8_pool_holds_4x_the_fp32_blocks_in_exactly_the_ledgers_bytes(tiny_llama):
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_dtype="int8", kv_cache_memory=KV_BUDGET_BYTES)
-    m = llm.engine.loaded
-    fp32_layout = KVLayout.for_model(m.config, kv_dtype="float32", block_size=m.kv_layout.block_size)
+    m = llm.engine
+    num_blocks = m.snapshot().num_blocks
+    fp32_layout = KVLayout.for_model(m.model.cfg, kv_dtype="float32", block_size=m.kv_layout.block_size)
     assert m.kv_layout.kv_dtype == "int8"
-    assert m.num_blocks == KV_BUDGET_BYTES // m.kv_layout.bytes_per_block
+    assert num_blocks == KV_BUDGET_BYTES // m.kv_layout.bytes_per_block
     # Scales cost 4 bytes per (layer, K/V, block, head) against 4 x 16 x head_dim bytes saved.
-    assert m.num_blocks >= 3.9 * (KV_BUDGET_BYTES // fp32_layout.bytes_per_block)
+    assert num_blocks >= 3.9 * (KV_BUDGET_BYTES // fp32_layout.bytes_per_block)
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                 for pair in m.kv_caches for cache in pair for t in (cache.values, cache.scales)}
-    assert sum(storages.values()) == m.num_blocks * m.kv_layout.bytes_per_block == m.ledger.kv_pool_bytes
+    assert sum(storages.values()) == num_blocks * m.kv_layout.bytes_per_block == m.ledger.kv_pool_bytes
 
 
 def test_int8_prefix_cache_hits_reuse_blocks_and_reproduce_tokens(tiny_llama):
@@ -82,7 +83,7 @@ def test_int8_prefix_cache_hits_reuse_blocks_and_reproduce_tokens(tiny_llama):
 def test_key_smoothing_keeps_int8_kv_accurate_when_keys_have_outlier_channels(tiny_model_factory, tmp_path):
     """Qwen2.5's k_proj bias makes a few key channels far larger than the rest; here the tiny qwen2 gets such a
     bias. With one int8 scale per (block, head), the other channels lose their precision unless the keys are
-    smoothed (tally/kv/key_smoothing.py): the logits of a prefill are then much closer to the fp32 cache's."""
+    smoothed (tally/models/key_smoothing.py): the logits of a prefill are then much closer to the fp32 cache's."""
     import shutil
 
     import torch
@@ -104,9 +105,9 @@ def test_key_smoothing_keeps_int8_kv_accurate_when_keys_have_outlier_channels(ti
     ids = list(range(5, 90))
     want = prompt_logits(LLM(str(model_dir), dtype="float32", kv_cache_memory=KV_BUDGET_BYTES), ids)
     smoothed = LLM(str(model_dir), dtype="float32", kv_cache_dtype="int8", kv_cache_memory=KV_BUDGET_BYTES)
-    assert smoothed.engine.loaded.model.layers[0].key_scale is not None
+    assert smoothed.engine.model.layers[0].key_scale is not None
     plain = LLM(str(model_dir), dtype="float32", kv_cache_dtype="int8", kv_cache_memory=KV_BUDGET_BYTES)
-    plain.engine.loaded.model.set_key_smoothing(None)
+    plain.engine.model.set_key_smoothing(None)
     err_smoothed = (prompt_logits(smoothed, ids) - want).abs().mean().item()
     err_plain = (prompt_logits(plain, ids) - want).abs().mean().item()
     assert err_smoothed < 0.5 * err_plain, (err_smoothed, err_plain)

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from tally.cli import main
-from tally.ledger.units import GiB
+from tally.traces import SHIPPED_TRACES
+from tally.units import GiB
 
-AZURE_CONV = Path(__file__).parent.parent / "tally" / "bench" / "data" / "azure_llm_2023_conv.csv"
+AZURE_CONV = SHIPPED_TRACES["conv"]
 
 
 def _plan_json(capsys, *args: str) -> dict | list:
@@ -81,6 +82,12 @@ def test_lengths_recommend_a_max_model_len(capsys):
     assert tail["concurrency_at_max_model_len"] > tail["concurrency_at_theoretical_max_len"]
     assert 0 < tail["tail_request_share"] <= 0.01
     assert [p["label"] for p in out["prefill"]] == ["p50 prompt", "p99 prompt"]
+
+
+def test_plan_reads_the_shipped_trace_by_name_as_bench_does(capsys):
+    by_name = _plan_json(capsys, "--model", "Llama-3.1-8B", "--device", "h100-80gb", "--lengths", "conv")
+    by_path = _plan_json(capsys, "--model", "Llama-3.1-8B", "--device", "h100-80gb", "--lengths", str(AZURE_CONV))
+    assert by_name["lengths"] == by_path["lengths"]
 
 
 def test_compare_shows_each_lever(capsys):
@@ -155,9 +162,9 @@ def test_planning_never_imports_torch():
 def test_quantized_checkpoint_is_planned_as_stored(tiny_llama, tmp_path, capsys):
     from safetensors.torch import load_file
 
-    from tally.quant.pipeline import QuantizeJob, run
-    from tally.quant.quantize import QuantizeOptions
-    from tally.quant.scheme import parse_scheme
+    from tally.quantize.layer import QuantizeOptions
+    from tally.quantize.pipeline import QuantizeJob, run
+    from tally.quantize.scheme import parse_scheme
 
     out = run(QuantizeJob(str(tiny_llama), tmp_path / "q", QuantizeOptions(parse_scheme("w4a16-g32"), "rtn"),
                           keep_high_precision="first")).out

@@ -4,10 +4,15 @@ from __future__ import annotations
 import pytest
 
 from tally.errors import ConfigError
-from tally.ledger.capacity import max_concurrency, max_len_for_concurrency, memory_budget, oversubscription_warning
+from tally.ledger.capacity import (
+    max_concurrency,
+    max_len_for_concurrency,
+    memory_budget,
+    oversubscription_warning,
+)
 from tally.ledger.kv import KVLayout
-from tally.ledger.units import GiB, KiB, MiB
 from tally.ledger.weights import DTYPE_BYTES
+from tally.units import GiB, KiB, MiB
 
 # The textbook: 32 layers, 32 heads of 128, 7B params in fp16, 4,096-token requests, an 80 GB card.
 TEXTBOOK = dict(num_layers=32, head_dim=128, kv_dtype="fp16")

@@ -10,10 +10,11 @@ import pytest
 from tally.errors import ConfigError
 from tally.ledger.capacity import long_tail_plan, max_concurrency
 from tally.ledger.kv import KVLayout
-from tally.ledger.lengths import load_lengths, summarize
+from tally.ledger.length_percentiles import load_lengths, summarize
+from tally.traces import SHIPPED_TRACES
 
 PAIRS = [(100 * i, 10 * i) for i in range(1, 10)] + [(5000, 1000)]  # totals 110..990 and one 6,000
-AZURE_CONV = Path(__file__).parent.parent / "tally" / "bench" / "data" / "azure_llm_2023_conv.csv"
+AZURE_CONV = SHIPPED_TRACES["conv"]
 
 
 def _write_trace(path: Path, pairs: list[tuple[int, int]]) -> Path:

@@ -25,10 +25,10 @@ before = rss()
 from tally import LLM
 llm = LLM(None, dtype='float32', max_model_len=512, kv_cache_memory={KV_BUDGET})
 after = rss()
-m = llm.engine.loaded
+m = llm.engine
 kv_tensor_bytes = sum({{t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                        for pair in m.kv_caches for t in pair}}.values())
-print(json.dumps(dict(growth=after - before, kv_tensor_bytes=kv_tensor_bytes, blocks=m.num_blocks,
+print(json.dumps(dict(growth=after - before, kv_tensor_bytes=kv_tensor_bytes, blocks=m.snapshot().num_blocks,
                       ledger=m.ledger.to_dict())))
 """
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 
-from tally.ledger.hardware import measure_matmul_flops, measure_read_bandwidth, total_ram_bytes
+from tally.ledger.hardware import measure_matmul_flops, measure_read_bandwidth
 from tally.ledger.kv import KVLayout
 from tally.ledger.report import EngineLedger
+from tally.platform import total_ram_bytes
 
 
 def _ledger(kv_blocks: int, max_num_seqs: int) -> EngineLedger:

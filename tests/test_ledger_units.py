@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tally.errors import ConfigError
-from tally.ledger.units import parse_bandwidth, parse_bytes, parse_flops
+from tally.units import parse_bandwidth, parse_bytes, parse_flops
 
 
 def test_decimal_and_binary_sizes_are_different_numbers():

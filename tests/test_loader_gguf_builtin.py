@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tally.engine.tokenizer import load_tokenizer, stop_token_ids
 from tally.models.loader import load_checkpoint
+from tally.models.tokenizer import load_tokenizer, stop_token_ids
 
 pytestmark = pytest.mark.slow
 

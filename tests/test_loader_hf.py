@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tally.engine.tokenizer import load_tokenizer, stop_token_ids
 from tally.errors import ModelLoadError
 from tally.models.loader import load_checkpoint
+from tally.models.tokenizer import load_tokenizer, stop_token_ids
 
 
 def _copy(src: Path, dst: Path) -> Path:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from support.int8_rounding import int8_blocks
 
 from tally.native import ops
-from int8_rounding import int8_blocks
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
 

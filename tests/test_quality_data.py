@@ -7,9 +7,16 @@ import re
 from pathlib import Path
 
 from tally.quality.scoring import CHECKS
-from tally.quality.suites import DATA, HELDOUT, LONGTAIL, TASK_SUITES, heldout_text, read_jsonl
+from tally.quality.suites import (
+    DATA,
+    HELDOUT,
+    LONGTAIL,
+    TASK_SUITES,
+    heldout_text,
+    read_jsonl,
+)
 
-BENCH_PLAYS = Path(__file__).parents[1] / "tally" / "bench" / "data" / "shakespeare.txt"
+CALIBRATION_PLAYS = Path(__file__).parents[1] / "tally" / "data" / "shakespeare.txt"
 
 
 def test_suites_are_well_formed_with_unique_ids():
@@ -40,8 +47,8 @@ def test_calibration_prompts_have_a_system_prompt_and_never_quote_eval_text():
             assert passage[start:start + 80] not in eval_text
 
 
-def test_eval_plays_are_not_the_bench_plays_used_for_calibration():
-    bench = BENCH_PLAYS.read_text()
+def test_eval_plays_are_not_the_plays_used_for_calibration():
+    bench = CALIBRATION_PLAYS.read_text()
     plays = heldout_text("shakespeare")
     titles = re.findall(r"^([A-Z][A-Z' ]{6,})\n\nby William Shakespeare", plays, flags=re.M)
     assert titles and all(t not in bench for t in titles)

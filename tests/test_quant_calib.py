@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from tally.errors import ConfigError
-from tally.layers.linear import DenseLinear
-from tally.quant.awq import search_scales
-from tally.quant.calibrate import load_calibration
-from tally.quant.cli import main
-from tally.quant.gptq import gptq_quantize
-from tally.quant.scheme import parse_scheme, rtn_dequantized
+from tally.layers.dense import DenseLinear
+from tally.quantize.awq import search_scales
+from tally.quantize.calibrate import load_calibration
+from tally.quantize.cli import main
+from tally.quantize.gptq import gptq_quantize
+from tally.quantize.scheme import parse_scheme, rtn_dequantized
 
 
 def rel_output_error(x: torch.Tensor, w: torch.Tensor, w_q: torch.Tensor) -> float:
@@ -94,7 +94,7 @@ def test_keep_high_precision_keeps_those_layers_dense(tiny_llama, calib_file, tm
     assert main(["--model", str(tiny_llama), "--scheme", "w4a16-g32", "--method", "gptq", "--calib", str(calib_file),
                  "--keep-high-precision", "first,lm_head", "--out", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["quantization_config"]["dense_layers"] == [0]
-    layers = LLM(str(out), dtype="float32", kv_cache_memory=2_000_000).engine.loaded.model.layers
+    layers = LLM(str(out), dtype="float32", kv_cache_memory=2_000_000).engine.model.layers
     assert all(isinstance(getattr(layers[0], s), DenseLinear) for s in ("qkv_proj", "o_proj", "down_proj"))
     assert all(getattr(layers[1], s).scheme == "int4" for s in ("qkv_proj", "o_proj", "down_proj"))
 

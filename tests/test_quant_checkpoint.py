@@ -2,23 +2,22 @@
 quantized model computes."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from tally import LLM, SamplingParams
 from tally.errors import ConfigError, ModelLoadError
+from tally.models.loader import load_checkpoint
+from tally.models.packed_checkpoint import pack_int4, unpack_int4
+from tally.models.prefill import prefill
 from tally.native import ops as native_ops
-from tally.quant.capture import prefill
-from tally.quant.checkpoint import pack_int4, unpack_int4
 from tally.quant.int4 import Int4Linear
 from tally.quant.int8 import Int8Linear
-from tally.quant.pipeline import QuantizeJob, fp_model, run
-from tally.quant.quantize import QuantizeOptions
-from tally.quant.scheme import parse_scheme
 from tally.quant.w8a8 import W8A8Linear
-from tally.models.loader import load_checkpoint
+from tally.quantize.layer import QuantizeOptions
+from tally.quantize.pipeline import QuantizeJob, fp_model, run
+from tally.quantize.scheme import parse_scheme
 
 PROMPTS = ["Paris is the capital of", "def add(a, b):"]
 
@@ -42,7 +41,7 @@ def test_quantized_checkpoint_round_trips_to_the_in_memory_model(tiny_model_fact
     src = tiny_model_factory(arch)
     result = run(QuantizeJob(str(src), tmp_path / "q", QuantizeOptions(parse_scheme(scheme), method), calib=calib_file))
     llm = LLM(str(result.out), dtype="float32", kv_cache_memory=2_000_000)
-    loaded = llm.engine.loaded.model
+    loaded = llm.engine.model
     assert isinstance(loaded.layers[1].gate_up_proj, layer_type)
     reference = in_memory_model(src, result.layers)
     tok = llm.get_tokenizer()
@@ -60,7 +59,7 @@ def test_quantized_checkpoint_round_trips_to_the_in_memory_model(tiny_model_fact
 def test_w8a8_checkpoint_loads_the_stored_integers(tiny_llama, tmp_path):
     out = run(QuantizeJob(str(tiny_llama), tmp_path / "q", QuantizeOptions(parse_scheme("w8a8"), "rtn"))).out
     stored = load_file(str(out / "model.safetensors"))
-    layer = LLM(str(out), dtype="float32", kv_cache_memory=2_000_000).engine.loaded.model.layers[0].o_proj
+    layer = LLM(str(out), dtype="float32", kv_cache_memory=2_000_000).engine.model.layers[0].o_proj
     assert layer.scheme == "w8a8"
     if isinstance(layer, W8A8Linear):
         held = layer.weight_int8
@@ -97,7 +96,7 @@ def test_builtin_gguf_quantizes_to_a_checkpoint_that_serves(tmp_path):
     out = run(QuantizeJob(None, tmp_path / "q", QuantizeOptions(parse_scheme("w4a16-g128"), "rtn"),
                           keep_high_precision="last")).out
     llm = LLM(str(out), dtype="float32", kv_cache_memory=16_000_000, max_model_len=256)
-    layers = llm.engine.loaded.model.layers
+    layers = llm.engine.model.layers
     assert layers[0].qkv_proj.group_size == 64 and getattr(layers[-1].qkv_proj, "scheme", None) != "int4"
     reply = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                      SamplingParams(temperature=0, max_tokens=12))

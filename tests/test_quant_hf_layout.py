@@ -1,4 +1,4 @@
-"""GPTQ and AWQ checkpoints in Hugging Face's layout (tally/quant/hf_quantized.py) serve their stored weights.
+"""GPTQ and AWQ checkpoints in Hugging Face's layout (tally/models/hf_quantized.py) serve their stored weights.
 
 The packers here follow the formats as AutoGPTQ and AutoAWQ write them, bit by bit, independently of the reader:
 a checkpoint packed here must compute what a dense checkpoint of its dequantized weights computes.
@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from tally import LLM, SamplingParams
 from tally.errors import ModelLoadError
+from tally.models.prefill import prefill
 from tally.quant.base import QuantLinear
-from tally.quant.capture import prefill
 
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
                "mlp.up_proj", "mlp.down_proj")
@@ -89,8 +89,8 @@ def assert_same_model(quant_dir: Path, dense_dir: Path) -> LLM:
     quant = LLM(str(quant_dir), dtype="float32", kv_cache_memory=2_000_000)
     dense = LLM(str(dense_dir), dtype="float32", kv_cache_memory=2_000_000)
     ids = dense.get_tokenizer().encode("The quick brown fox jumps over the lazy dog.")
-    want = dense.engine.loaded.model.compute_logits(prefill(dense.engine.loaded.model, ids))
-    got = quant.engine.loaded.model.compute_logits(prefill(quant.engine.loaded.model, ids))
+    want = dense.engine.model.compute_logits(prefill(dense.engine.model, ids))
+    got = quant.engine.model.compute_logits(prefill(quant.engine.model, ids))
     assert (got - want).abs().max().item() < 1e-4
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = ["Paris is the capital of", "def add(a, b):"]
@@ -104,13 +104,13 @@ def assert_same_model(quant_dir: Path, dense_dir: Path) -> LLM:
 def test_hf_layout_checkpoint_serves_its_stored_int4_weights(tiny_model_factory, tmp_path, torch_kernels,
                                                              arch, method, v2):
     quant = assert_same_model(*write_pair(tiny_model_factory(arch), tmp_path, method, v2=v2))
-    layer = quant.engine.loaded.model.layers[0].qkv_proj
+    layer = quant.engine.model.layers[0].qkv_proj
     assert layer.scheme == "int4" and layer.group_size == GROUP  # int4 layers, not dequantized weights
 
 
 def test_gptq_act_order_is_served_dense_and_exact(tiny_llama, tmp_path, torch_kernels):
     quant = assert_same_model(*write_pair(tiny_llama, tmp_path, "gptq", act_order=True))
-    assert not isinstance(quant.engine.loaded.model.layers[0].qkv_proj, QuantLinear)
+    assert not isinstance(quant.engine.model.layers[0].qkv_proj, QuantLinear)
 
 
 def test_hf_layout_checkpoint_on_native_kernels(tiny_llama, tmp_path):
@@ -122,8 +122,8 @@ def test_hf_layout_checkpoint_on_native_kernels(tiny_llama, tmp_path):
     if not ops.available():
         pytest.skip("native kernels unavailable")
     quant_dir, dense_dir = write_pair(tiny_llama, tmp_path, "awq")
-    quant = LLM(str(quant_dir), dtype="float32", kv_cache_memory=2_000_000).engine.loaded.model
-    dense = LLM(str(dense_dir), dtype="float32", kv_cache_memory=2_000_000).engine.loaded.model
+    quant = LLM(str(quant_dir), dtype="float32", kv_cache_memory=2_000_000).engine.model
+    dense = LLM(str(dense_dir), dtype="float32", kv_cache_memory=2_000_000).engine.model
     assert isinstance(quant.layers[0].qkv_proj, NativeInt4Linear)
     ids = list(range(3, 40))
     want, got = dense.compute_logits(prefill(dense, ids)), quant.compute_logits(prefill(quant, ids))

@@ -6,12 +6,17 @@ import torch
 import torch.nn.functional as F
 
 from tally.errors import ConfigError
+from tally.layers.linear import build_linear
 from tally.quant import base
 from tally.quant.dispatch import NEVER
 from tally.quant.int4 import Int4Linear
 from tally.quant.int8 import Int8Linear
-from tally.quant.linear import make_linear
-from tally.quant.rtn import dequantize_int4, dequantize_int8, quantize_int4_groupwise, quantize_int8_per_channel
+from tally.quant.rtn import (
+    dequantize_int4,
+    dequantize_int8,
+    quantize_int4_groupwise,
+    quantize_int8_per_channel,
+)
 
 FEW, MANY = "few", "many"
 
@@ -70,7 +75,7 @@ def test_int4_layer_matches_its_dequantized_weights(path, group_size, dtype, tol
 def test_int8_layer_whose_in_features_the_kernel_cannot_read_uses_the_dense_path():
     # `_weight_int8pack_mm` kills the process when K % 4 != 0; such layers must never reach it.
     w, b = weights(8, 70)
-    layer = make_linear(w, b, scheme="int8", compute_dtype=torch.bfloat16)
+    layer = build_linear(w, b, quantization="int8", dtype=torch.bfloat16)
     assert layer.many_tokens_from == 1
     x = acts(1, 70)
     assert rel_err(layer(x.bfloat16()), F.linear(x, w, b)) < 2e-2
@@ -91,7 +96,7 @@ def test_rtn_quantizers_stay_within_half_a_step():
 def test_batch_size_dispatch_gives_the_same_rows_on_both_paths(scheme, tol, matmul_dtype):
     # The many-token path multiplies in bf16 or fp32 depending on the CPU; both variants are checked here.
     w, b = weights(128, 256)
-    layer = make_linear(w, b, scheme=scheme, compute_dtype=torch.bfloat16, group_size=64)
+    layer = build_linear(w, b, quantization=scheme, dtype=torch.bfloat16, group_size=64)
     layer.matmul_dtype = matmul_dtype
     x = acts(64, 256).bfloat16()
     many = force(layer, MANY)(x)
@@ -102,7 +107,7 @@ def test_batch_size_dispatch_gives_the_same_rows_on_both_paths(scheme, tol, matm
 @pytest.mark.parametrize("scheme", ["int8", "int4", "w8a8"])
 def test_dispatch_takes_the_many_token_path_from_its_threshold(scheme):
     w, b = weights(64, 128)
-    layer = make_linear(w, b, scheme=scheme, compute_dtype=torch.bfloat16, group_size=32)
+    layer = build_linear(w, b, quantization=scheme, dtype=torch.bfloat16, group_size=32)
     below, at = acts(3, 128).bfloat16(), acts(4, 128).bfloat16()
     layer.many_tokens_from = 4
     dispatched = layer(below), layer(at)
@@ -112,26 +117,26 @@ def test_dispatch_takes_the_many_token_path_from_its_threshold(scheme):
 
 def test_none_scheme_is_dense_in_the_compute_dtype():
     w, b = weights(16, 32)
-    layer = make_linear(w, b, scheme="none", compute_dtype=torch.bfloat16)
+    layer = build_linear(w, b, quantization="none", dtype=torch.bfloat16)
     x = acts(3, 32).bfloat16()
     torch.testing.assert_close(layer(x), F.linear(x, w.bfloat16(), b.bfloat16()))
 
 
 def test_unknown_scheme_names_the_choices():
     with pytest.raises(ConfigError, match="int8, int4, w8a8"):
-        make_linear(torch.zeros(8, 32), None, scheme="int3", compute_dtype=torch.float32)
+        build_linear(torch.zeros(8, 32), None, quantization="int3", dtype=torch.float32)
 
 
 @pytest.mark.parametrize("group_size,in_features,hint", [(96, 256, "32, 64 or 128"), (128, 96, "group size 32")])
 def test_bad_int4_group_size_says_what_to_choose(group_size, in_features, hint):
     with pytest.raises(ConfigError, match=hint):
-        make_linear(torch.zeros(16, in_features), None, scheme="int4", compute_dtype=torch.float32,
+        build_linear(torch.zeros(16, in_features), None, quantization="int4", dtype=torch.float32,
                     group_size=group_size)
 
 
 def test_layers_report_the_bytes_they_keep():
     w, _ = weights(128, 256)
-    int8 = make_linear(w, None, scheme="int8", compute_dtype=torch.bfloat16)
-    int4 = make_linear(w, None, scheme="int4", compute_dtype=torch.bfloat16, group_size=128)
+    int8 = build_linear(w, None, quantization="int8", dtype=torch.bfloat16)
+    int4 = build_linear(w, None, quantization="int4", dtype=torch.bfloat16, group_size=128)
     assert int8.weight_nbytes() == 128 * 256 + 128 * 2
     assert int4.weight_nbytes() == 128 * 256 // 2 + (256 // 128) * 128 * 2 * 2

@@ -11,12 +11,12 @@ from safetensors.torch import load_file, save_file
 
 from tally import LLM
 from tally.errors import ConfigError
-from tally.quant.capture import prefill
-from tally.quant.cli import main
 from tally.models.loader import load_checkpoint
-from tally.quant.pipeline import QuantizeJob, fp_model, run
-from tally.quant.quantize import QuantizeOptions
-from tally.quant.scheme import parse_scheme
+from tally.models.prefill import prefill
+from tally.quantize.cli import main
+from tally.quantize.layer import QuantizeOptions
+from tally.quantize.pipeline import QuantizeJob, fp_model, run
+from tally.quantize.scheme import parse_scheme
 
 OUTLIER = 60.0  # how much larger the outlier channels are than the rest
 
@@ -47,8 +47,8 @@ def logits_error(model_dir, quantized_dir) -> float:
     ref = LLM(str(model_dir), dtype="float32", kv_cache_memory=2_000_000)
     q = LLM(str(quantized_dir), dtype="float32", kv_cache_memory=2_000_000)
     ids = ref.get_tokenizer().encode("The quick brown fox jumps over the lazy dog. Paris is the capital of France.")
-    want = ref.engine.loaded.model.compute_logits(prefill(ref.engine.loaded.model, ids))
-    got = q.engine.loaded.model.compute_logits(prefill(q.engine.loaded.model, ids))
+    want = ref.engine.model.compute_logits(prefill(ref.engine.model, ids))
+    got = q.engine.model.compute_logits(prefill(q.engine.model, ids))
     return ((got - want).norm() / want.norm()).item()
 
 
@@ -57,7 +57,7 @@ def test_smoothquant_beats_plain_w8a8_on_activation_outliers(outlier_model, cali
     plain = run(QuantizeJob(str(outlier_model), tmp_path / "rtn", QuantizeOptions(w8a8, "rtn"))).out
     smooth = run(QuantizeJob(str(outlier_model), tmp_path / "sq", QuantizeOptions(w8a8, "smoothquant", alpha=0.5),
                              calib=calib_file)).out
-    layer = LLM(str(smooth), dtype="float32", kv_cache_memory=2_000_000).engine.loaded.model.layers[0].qkv_proj
+    layer = LLM(str(smooth), dtype="float32", kv_cache_memory=2_000_000).engine.model.layers[0].qkv_proj
     assert layer.scheme == "w8a8"
     meta = json.loads((smooth / "config.json").read_text())["quantization_config"]
     assert meta["method"] == "smoothquant" and meta["smoothquant_alpha"] == 0.5

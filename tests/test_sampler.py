@@ -3,9 +3,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tally.layers.sampler as sampler_module
-from tally.layers.penalties import PenaltyTensors, apply_penalties
-from tally.layers.sampler import Sampler, SamplerInput, make_generator, sample
+import tally.sample.sampler as sampler_module
+from tally.outputs import logprob_entry
+from tally.sample.batch import SamplerInput
+from tally.sample.penalties import PenaltyTensors, apply_penalties
+from tally.sample.sampler import Sampler, sample
 from tally.sampling_params import SamplingParams
 
 EOS = 2
@@ -15,7 +17,8 @@ def make_input(params, outputs=None, prompts=None, eos=None, generators=None) ->
     n = len(params)
     return SamplerInput(
         params=params,
-        generators=generators or [make_generator(p.seed) if p.seed is not None else None for p in params],
+        generators=generators or [torch.Generator().manual_seed(p.seed) if p.seed is not None else None
+                                 for p in params],
         output_token_ids=outputs or [[] for _ in range(n)],
         prompt_token_ids=prompts or [[0] for _ in range(n)],
         eos_token_ids=eos or [(EOS,) for _ in range(n)],
@@ -193,10 +196,14 @@ def test_top_logprobs_are_sorted_with_right_ranks():
     for row in (1, 3):
         chosen = logits[row, out.token_ids[row]]
         assert out.ranks[row] == int((logits[row] > chosen).sum()) + 1
-    entry = out.logprobs_dict(1, 3)
-    assert int(out.token_ids[1]) in entry and set(ref_ids[1, :3].tolist()) <= set(entry)
-    assert [entry[t].rank for t in ref_ids[1, :3].tolist()] == [1, 2, 3]
-    assert list(out.logprobs_dict(3, 0)) == [int(out.token_ids[3])]
+    def entry(row: int, k: int) -> dict:
+        return logprob_entry(int(out.token_ids[row]), float(out.logprobs[row]), int(out.ranks[row]),
+                             ids[row, :k].tolist(), values[row, :k].tolist())
+
+    first = entry(1, 3)
+    assert int(out.token_ids[1]) in first and set(ref_ids[1, :3].tolist()) <= set(first)
+    assert [first[t].rank for t in ref_ids[1, :3].tolist()] == [1, 2, 3]
+    assert list(entry(3, 0)) == [int(out.token_ids[3])]
 
 
 def test_sampler_reuses_its_tensors_while_the_batch_is_unchanged():

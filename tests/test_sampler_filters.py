@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tally.layers.sampling_filters import apply_min_p, top_k_top_p
+from tally.sample.filters import apply_min_p, top_k_top_p
 
 
 def vllm_reference(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

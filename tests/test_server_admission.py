@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from tiny import make_checkpoint
+from support.tiny_models import make_checkpoint
 
 from tally.server.process import ServerProcess
 

@@ -1,7 +1,8 @@
 """Attention over a paged KV cache, behind one interface.
 
 The model calls `backend.forward(q, k, v, k_cache, v_cache, meta)` once per layer per step;
-`make_backend(name, ...)` in backend.py is the only place that chooses the implementation.
+`make_backend(name, ...)` in backend.py is the only place that chooses the implementation;
+interface.py holds what every backend is (AttentionConfig, the AttentionBackend protocol).
 
 Backends (CPU, plain PyTorch, math in float32):
 - "reference" (reference.py): gathers each prefill sequence's K/V and calls SDPA with an explicit
@@ -15,7 +16,7 @@ in one batched SDPA, gathering into workspace.py's buffers, reused between layer
 
 Cache layout: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_dim] per layer,
 the "NHD" paged layout vLLM and FlashInfer use, so GPU kernels can read it unchanged. With
---kv-cache-dtype int8 each is a tally.kv.quant.Int8KVCache instead: int8 values in that layout plus
+--kv-cache-dtype int8 each is a tally.attention.kv_cache.Int8KVCache instead: int8 values in that layout plus
 float32 scales [num_blocks, num_kv_heads]; paged.py writes it (scales grow as a block fills) and every
 read path (decode gather, prefill gather, tiles) dequantizes to the compute dtype.
 
@@ -30,13 +31,14 @@ Plugging in a GPU backend (Triton / FlashInfer):
 2. Metadata arrives as python lists for the CPU path; a GPU backend converts query_start_loc /
    context_lens to device tensors once per step with `meta.memo(...)` (as FlashInfer's wrappers
    plan once) rather than once per layer.
-3. Add its name to BACKEND_NAMES and one branch to `make_backend`, importing the module lazily
-   inside that branch so CPU-only installs never import triton or flashinfer.
+3. Add it to BACKENDS in backend.py; if its module imports triton or flashinfer at the top,
+   import it lazily in `make_backend` instead, so CPU-only installs never import them.
 4. Run tests/test_attention*.py with the new name: the dense oracle there is backend-agnostic.
 """
 from __future__ import annotations
 
-from tally.attention.backend import BACKEND_NAMES, AttentionBackend, AttentionConfig, make_backend
+from tally.attention.backend import BACKEND_NAMES, make_backend
+from tally.attention.interface import AttentionBackend, AttentionConfig
 from tally.attention.metadata import AttentionMetadata
 
 __all__ = ["BACKEND_NAMES", "AttentionBackend", "AttentionConfig", "AttentionMetadata", "make_backend"]

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from tally.attention.backend import AttentionConfig
 from tally.attention.decode import DECODE_GATHER_KEYS
+from tally.attention.interface import AttentionConfig
+from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.attention.paged import PagedBackend, is_plain_causal
 from tally.attention.reference import ReferenceBackend
 from tally.attention.tiled import TiledBackend
-from tally.kv.quant import KVCache
 
 
 class AutoBackend(PagedBackend):

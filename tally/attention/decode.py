@@ -12,10 +12,10 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 
-from tally.attention.backend import AttentionConfig
+from tally.attention.interface import AttentionConfig
+from tally.attention.kv_cache import Int8KVCache, KVCache, dequantize_slots_into
 from tally.attention.metadata import AttentionMetadata
 from tally.attention.workspace import Workspace
-from tally.kv.quant import Int8KVCache, KVCache, dequantize_slots_into
 from tally.native import ops as native
 
 # Rows x keys gathered at once. Bounds the workspace at this many keys of K and of V (fp32):

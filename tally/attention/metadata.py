@@ -45,14 +45,5 @@ class AttentionMetadata:
         return len(self.context_lens)
 
     @property
-    def query_lens(self) -> list[int]:
-        starts = self.query_start_loc
-        return [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
-
-    @property
-    def max_context_len(self) -> int:
-        return max(self.context_lens, default=0)
-
-    @property
     def is_decode_only(self) -> bool:
         return self.num_decode_tokens == self.num_seqs

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from tally.attention.backend import AttentionConfig
 from tally.attention.decode import DECODE_GATHER_KEYS, decode_attention
+from tally.attention.interface import AttentionConfig
+from tally.attention.kv_cache import (
+    Int8KVCache,
+    KVCache,
+    dequantize_blocks,
+    plan_writes,
+    write_int8,
+)
 from tally.attention.metadata import AttentionMetadata
 from tally.attention.workspace import Workspace
 from tally.errors import TallyError
-from tally.kv.quant import Int8KVCache, KVCache, dequantize_blocks, plan_writes, write_int8
 
 
 def write_kv_to_cache(

@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.attention.paged import PagedBackend, gather_sequence_kv, is_plain_causal
-from tally.kv.quant import KVCache
 
 
 def causal_window_mask(

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from tally.attention.backend import AttentionConfig
 from tally.attention.decode import DECODE_GATHER_KEYS
+from tally.attention.interface import AttentionConfig
+from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.attention.paged import PagedBackend, gather_sequence_kv
 from tally.attention.reference import causal_window_mask
-from tally.kv.quant import KVCache
 
 
 class TiledBackend(PagedBackend):

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tally.bench.units import parse_duration_s, parse_rate_per_s
 from tally.errors import ConfigError
+from tally.units import parse_duration_s, parse_rate_per_s
 
 WARMUP = "warmup"
 

@@ -14,8 +14,8 @@ import httpx
 
 from tally.bench.arrivals import Phase
 from tally.bench.client import ClientConfig, RequestRecord
-from tally.bench.progress import show_progress
 from tally.bench.feed import AHEAD, PromptFeed
+from tally.bench.progress import show_progress
 from tally.bench.prompts import PromptBuilder
 from tally.bench.report_json import RunOutcome, build_result
 from tally.bench.runner import RunState, run_closed_loop, run_open_loop
@@ -23,7 +23,12 @@ from tally.bench.scrape import scrape
 from tally.bench.server_info import probe_server
 from tally.bench.soak import sample_loop
 from tally.bench.stats import Slo
-from tally.bench.tokenizer import ApproxTokenizer, LocalTokenizer, Tokenizer, server_tokenizer
+from tally.bench.tokenizer import (
+    ApproxTokenizer,
+    LocalTokenizer,
+    Tokenizer,
+    server_tokenizer,
+)
 from tally.bench.wire import ConnectionPool
 from tally.bench.workload import RequestPlanner, WorkloadConfig
 

@@ -13,12 +13,17 @@ import numpy as np
 
 from tally.bench.arrivals import RateArrivals, ReplayArrivals, parse_phases
 from tally.bench.benchmark import BenchConfig, run_benchmark
-from tally.bench.lengths import LogNormalLengths, fit_lognormal, ks_statistic, parse_lengths
+from tally.bench.length_samplers import (
+    LogNormalLengths,
+    fit_lognormal,
+    ks_statistic,
+    parse_lengths,
+)
 from tally.bench.stats import Slo
-from tally.bench.trace import load_trace
-from tally.bench.units import parse_duration_s, parse_rate_per_s
 from tally.bench.workload import WorkloadConfig
 from tally.errors import ConfigError, TallyError
+from tally.traces import load_trace
+from tally.units import parse_duration_s, parse_rate_per_s
 
 EXAMPLES = """examples:
   tally bench --url http://127.0.0.1:8000 --rate 5 --duration 60s --slo ttft=2s,tpot=100ms
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["compare"]:
-            from tally.bench.compare import main as compare_main
+            from tally.bench.run_diff import main as compare_main
             return compare_main(argv[1:])
         try:
             args = _parser().parse_args(argv)

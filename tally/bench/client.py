@@ -88,6 +88,10 @@ def _event_text(event: dict) -> str:
     return text
 
 
+def _finish_reason(event: dict) -> str | None:
+    return next((c["finish_reason"] for c in event.get("choices") or () if c.get("finish_reason")), None)
+
+
 async def _stream(pool: ConnectionPool, path: str, body: bytes, record: RequestRecord,
                   t0: float) -> None:
     record.sent_s = time.perf_counter() - t0
@@ -98,6 +102,7 @@ async def _stream(pool: ConnectionPool, path: str, body: bytes, record: RequestR
             record.detail = (await response.read(500)).decode("utf-8", "replace")
             return
         done, pending, usage_tokens = False, b"", None
+        finish_reason, ended_s = None, None  # how and when the server said the output was complete
         async for data in response.iter_body():
             now = time.perf_counter() - t0
             lines = (pending + data).split(b"\n")
@@ -124,9 +129,20 @@ async def _stream(pool: ConnectionPool, path: str, body: bytes, record: RequestR
                 if usage:
                     usage_tokens = usage.get("completion_tokens")
                     record.prompt_tokens = usage.get("prompt_tokens") or record.prompt_tokens
+                finish_reason = finish_reason or _finish_reason(event)
+                if ended_s is None and (finish_reason or usage):
+                    ended_s = now
         if not done:
             record.error = "incomplete_stream"
-        elif record.first_token_s is None:
+            return
+        generated = usage_tokens if usage_tokens is not None else finish_reason == "length"
+        if record.first_token_s is None and generated and ended_s is not None:
+            # Tokens without text (a special token such as an ignored EOS is skipped in the text) reach the
+            # client only in the chunk that finishes the choice, with finish_reason and an empty text: a
+            # complete answer that is empty, not a failure. Seen when that chunk (or the usage) arrives.
+            record.first_token_s = record.last_token_s = ended_s
+            record.output_tokens = int(usage_tokens or record.expected_output_tokens)
+        if record.first_token_s is None:
             record.error = "no_output"
         elif usage_tokens:
             record.output_tokens = int(usage_tokens)  # one event may carry several tokens

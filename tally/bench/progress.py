@@ -9,7 +9,7 @@ from rich.live import Live
 from rich.text import Text
 
 from tally.bench.runner import RunState
-from tally.bench.units import format_s
+from tally.units import format_s
 
 _REFRESH_S = 0.25
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tally.bench.tokenizer import Tokenizer
 
-CORPUS_PATH = Path(__file__).parent / "data" / "shakespeare.txt"
+CORPUS_PATH = Path(__file__).parents[1] / "data" / "shakespeare.txt"
 _PIECE_CHARS = 8_000  # the corpus is tokenized in pieces a server's /tokenize will accept
 _MAX_TRIES = 4  # length corrections per start offset
 _MAX_SHIFTS = 4  # start offsets tried before settling for the closest count

@@ -11,7 +11,7 @@ import numpy as np
 
 from tally.bench.report_text import COLUMNS, LATENCIES
 from tally.bench.svg import Chart, Series, render
-from tally.bench.units import format_s
+from tally.units import format_s
 
 _CSS = ("body{font-family:sans-serif;max-width:1420px;margin:20px auto;color:#222}"
         "table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:3px 8px;"

@@ -9,14 +9,15 @@ import numpy as np
 
 from tally.bench.arrivals import Phase
 from tally.bench.client import RequestRecord
-from tally.bench.units import parse_duration_s, parse_pairs
 from tally.errors import ConfigError
+from tally.units import parse_duration_s, parse_pairs
 
 DRAIN = "drain"
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 DEFINITIONS = {
     "TTFT": "request sent by the client (its arrival at the server) -> first output token "
-            "received. Includes queueing.",
+            "received. Includes queueing. Tokens without text (e.g. a special token) are received "
+            "with the chunk that finishes the answer.",
     "TPOT": "(last token time - first token time) / (output tokens - 1). Excludes the first "
             "token; requests with one output token have none.",
     "ITL": "each gap between two consecutive streamed chunks carrying text, pooled over requests.",

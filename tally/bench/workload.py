@@ -7,10 +7,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tally.bench.arrivals import WARMUP, Phase, RateArrivals, ReplayArrivals, build_schedule
-from tally.bench.lengths import LengthSampler
-from tally.bench.trace import Trace
+from tally.bench.arrivals import (
+    WARMUP,
+    Phase,
+    RateArrivals,
+    ReplayArrivals,
+    build_schedule,
+)
+from tally.bench.length_samplers import LengthSampler
 from tally.errors import ConfigError
+from tally.traces import Trace
 
 _BLOCK = 256
 CLOSED_PHASE = "closed"

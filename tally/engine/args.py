@@ -1,45 +1,35 @@
-"""Engine flags shared by `tally generate` and `tally serve`, named like vLLM's."""
+"""Engine flags for `tally generate` and `tally serve`, made from EngineConfig's fields: one source for each
+option's name, default, choices and help (tally/engine/config.py)."""
 from __future__ import annotations
 
 import argparse
+import types
+import typing
+from dataclasses import fields
 
 from tally.engine.config import EngineConfig
-from tally.ledger.units import parse_bytes  # one byte-size parser for every CLI
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="checkpoint dir, .gguf file, or alias (default: smollm2-135m)")
-    g.add_argument("--served-model-name", default=None)
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="float16: fp16 weights, fp32 compute (auto picks it for half-precision and GGUF "
-                        "checkpoints on CPUs without bf16 instructions)")
-    g.add_argument("--quantization", "-q", default=None, choices=["int8", "int4", "w8a8", "gguf"],
-                   help="quantize on the fly (int8, int4, w8a8), or gguf: run a GGUF file's blocks as stored")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-seqs", type=int, default=128)
-    g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    g.add_argument("--max-num-partial-prefills", type=int, default=1)
-    g.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false")
-    g.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=True)
-    g.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    g.add_argument("--block-size", type=int, default=16)
-    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "float32", "bfloat16", "int8"])
-    g.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
-                   help="bytes for the KV pool, e.g. 2GiB (default: a fraction of free RAM)")
-    g.add_argument("--kv-cache-memory-fraction", type=float, default=0.25)
-    g.add_argument("--scheduling", default="continuous", choices=["continuous", "static"])
-    g.add_argument("--attention-backend", default="auto", choices=["auto", "reference", "tiled"])
-    g.add_argument("--seed", type=int, default=0)
+    hints = typing.get_type_hints(EngineConfig)
+    for f in fields(EngineConfig):
+        meta = f.metadata
+        names = ["--" + f.name.replace("_", "-"), *meta["aliases"]]
+        kind = hints[f.name]
+        if kind is bool:
+            g.add_argument(*names, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
+            continue
+        g.add_argument(*names, type=meta["parse"] or _value_type(kind), default=f.default, choices=meta["choices"],
+                       help=meta["help"] + ("" if f.default is None else " (default: %(default)s)"))
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=ns.model, served_model_name=ns.served_model_name, dtype=ns.dtype, quantization=ns.quantization,
-        max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs,
-        max_num_batched_tokens=ns.max_num_batched_tokens, max_num_partial_prefills=ns.max_num_partial_prefills,
-        enable_chunked_prefill=ns.enable_chunked_prefill, enable_prefix_caching=ns.enable_prefix_caching,
-        block_size=ns.block_size, kv_cache_dtype=ns.kv_cache_dtype, kv_cache_memory=ns.kv_cache_memory,
-        kv_cache_memory_fraction=ns.kv_cache_memory_fraction, scheduling=ns.scheduling,
-        attention_backend=ns.attention_backend, seed=ns.seed,
-    )
+    return EngineConfig(**{f.name: getattr(ns, f.name) for f in fields(EngineConfig)})
+
+
+def _value_type(kind: object) -> type:
+    """`int | None` -> int: the type a flag's text is converted to."""
+    if isinstance(kind, types.UnionType):
+        return next(arg for arg in typing.get_args(kind) if arg is not type(None))
+    return kind  # type: ignore[return-value]

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tally.engine.engine import Engine
+from tally.engine.snapshot import EngineSnapshot
 from tally.errors import EngineDeadError, QueueFullError, TallyError
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
@@ -23,21 +24,21 @@ MAX_CONSECUTIVE_STEP_FAILURES = 3  # a step that keeps raising means the engine 
 
 
 @dataclass(frozen=True)
-class EngineSnapshot:
-    """Engine counters read on the loop thread after each step, for /metrics and /ledger."""
+class AddRequests:
+    """Queue one HTTP request's engine requests; `stream` receives their outputs."""
 
-    num_running: int = 0
-    num_waiting: int = 0
-    num_blocks: int = 0
-    num_free_blocks: int = 0
-    num_cached_free_blocks: int = 0
-    num_used_blocks: int = 0
-    num_unfilled_slots: int = 0
-    block_size_tokens: int = 0
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    num_preemptions: int = 0
-    num_steps: int = 0
+    stream: RequestStream
+    items: list[tuple[str, object, SamplingParams]]  # (engine request id, prompt, params)
+    arrival_time: float
+    num_seqs: int
+
+
+@dataclass(frozen=True)
+class AbortRequests:
+    request_ids: list[str]
+
+
+Command = AddRequests | AbortRequests
 
 
 class RequestStream:
@@ -84,7 +85,7 @@ class AsyncEngine:
         self.engine = engine
         self.max_queue = max_queue  # engine requests allowed to wait (inbox + scheduler queue)
         self.snapshot = EngineSnapshot()
-        self._inbox: deque[tuple] = deque()
+        self._inbox: deque[Command] = deque()
         self._lock = threading.Lock()  # guards _inbox, _pending_adds and snapshot together
         self._pending_adds = 0
         self._wake = threading.Event()
@@ -133,7 +134,7 @@ class AsyncEngine:
                     f"the server's waiting queue is full ({depth} of --max-queue {self.max_queue}); "
                     f"retry after a moment", retry_after_s=1.0)
             self._pending_adds += n_seqs
-            self._inbox.append(("add", stream, items, arrival_time, n_seqs))
+            self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs))
         for rid in stream.request_ids:
             self._routes[rid] = stream
         self._wake.set()
@@ -144,7 +145,7 @@ class AsyncEngine:
         for rid in stream.request_ids:
             self._routes.pop(rid, None)
         with self._lock:
-            self._inbox.append(("abort", stream.request_ids))
+            self._inbox.append(AbortRequests(stream.request_ids))
         self._wake.set()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
@@ -208,28 +209,28 @@ class AsyncEngine:
             commands = list(self._inbox)
             self._inbox.clear()
         for cmd in commands:
-            if cmd[0] == "abort":
-                for rid in cmd[1]:
+            if isinstance(cmd, AbortRequests):
+                for rid in cmd.request_ids:
                     self.engine.abort_request(rid)
             else:
-                self._add(*cmd[1:])
+                self._add(cmd)
         if commands:
             self._publish()
 
-    def _add(self, stream: RequestStream, items: list, arrival_time: float, n_seqs: int) -> None:
+    def _add(self, cmd: AddRequests) -> None:
         added: list[str] = []
         error: BaseException | None = None
         try:
-            for rid, prompt, params in items:
-                self.engine.add_request(rid, prompt, params, arrival_time=arrival_time)
+            for rid, prompt, params in cmd.items:
+                self.engine.add_request(rid, prompt, params, arrival_time=cmd.arrival_time)
                 added.append(rid)
         except Exception as exc:  # noqa: BLE001 - a bad request is its own client's problem
             error = exc if isinstance(exc, TallyError) else _internal(exc)
             for rid in added:
                 self.engine.abort_request(rid)
         with self._lock:
-            self._pending_adds -= n_seqs
-        self._loop.call_soon_threadsafe(self._accept, stream, error)
+            self._pending_adds -= cmd.num_seqs
+        self._loop.call_soon_threadsafe(self._accept, cmd.stream, error)
 
     def _fail_in_flight(self, exc: Exception) -> None:
         ids = list(self.engine.groups)
@@ -242,15 +243,7 @@ class AsyncEngine:
         self._loop.call_soon_threadsafe(self._fail, ids, _internal(exc))
 
     def _publish(self) -> None:
-        e, kv = self.engine, self.engine.kv
-        snap = EngineSnapshot(
-            num_running=e.num_running(), num_waiting=e.num_waiting(),
-            num_blocks=kv.pool.num_blocks, num_free_blocks=kv.pool.num_free_blocks,
-            num_cached_free_blocks=kv.pool.num_cached_free_blocks, num_used_blocks=kv.num_used_blocks(),
-            num_unfilled_slots=kv.num_unfilled_slots(), block_size_tokens=kv.block_size,
-            prefix_queried_tokens=kv.stats.queried_tokens, prefix_hit_tokens=kv.stats.hit_tokens,
-            num_preemptions=e.scheduler.num_preemptions, num_steps=self.snapshot.num_steps + 1,
-        )
+        snap = self.engine.snapshot()
         with self._lock:
             self.snapshot = snap
 

@@ -7,7 +7,14 @@ import sys
 import time
 
 from tally.engine.args import add_engine_args, config_from_args
+from tally.engine.engine import Engine
 from tally.errors import TallyError
+from tally.models.chat_template import (
+    chat_prompt,
+    has_chat_template,
+    refuse_without_template,
+)
+from tally.sampling_params import SamplingParams
 
 
 def main(argv: list[str]) -> int:
@@ -26,8 +33,6 @@ def main(argv: list[str]) -> int:
     add_engine_args(p)
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(message)s")
-    from tally.engine.engine import Engine
-    from tally.sampling_params import SamplingParams
 
     try:
         engine = Engine(config_from_args(ns))
@@ -35,12 +40,11 @@ def main(argv: list[str]) -> int:
             temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, min_p=ns.min_p,
             repetition_penalty=ns.repetition_penalty, seed=ns.sample_seed, max_tokens=ns.max_tokens, stop=ns.stop)
         tok = engine.tokenizer
-        if ns.raw or not getattr(tok, "chat_template", None):
+        # Without a chat template (or with --raw) the prompt goes in as plain text, tokenized with the model's BOS.
+        if ns.raw or not has_chat_template(tok):
             prompt: str | dict = ns.prompt
         else:
-            text = tok.apply_chat_template([{"role": "user", "content": ns.prompt}], add_generation_prompt=True,
-                                           tokenize=False)
-            prompt = {"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)}
+            prompt = chat_prompt(tok, [{"role": "user", "content": ns.prompt}], without_template=refuse_without_template)
         engine.add_request("cli", prompt, params)
     except TallyError as exc:
         print(f"tally generate: {exc.message}", file=sys.stderr)

@@ -1,54 +1,80 @@
 """Engine configuration: vLLM's names, validated once at the edge (LLM(), CLI, server)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from tally.attention.backend import BACKEND_NAMES
+from tally.core.scheduler import SchedulerConfig
 from tally.errors import ConfigError
+from tally.layers.linear import fp16_weights_supported
+from tally.platform import has_fast_bf16
+from tally.units import parse_bytes
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-# fp16 weights with fp32 compute (tally/layers/linear.py Fp16WeightLinear): never fp16 arithmetic on CPU
+# fp16 weights with fp32 compute (tally/layers/dense.py Fp16WeightLinear): never fp16 arithmetic on CPU
 FP16_WEIGHT_NAMES = ("float16", "half", "fp16")
-QUANTIZATIONS = (None, "none", "int8", "int4", "w8a8", "gguf")  # gguf: a GGUF file's blocks as stored
+QUANTIZATIONS = ("int8", "int4", "w8a8", "gguf")  # gguf: a GGUF file's blocks as stored
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
+SCHEDULINGS = ("continuous", "static")
+
+
+def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = (),
+           parse: Callable[[str], Any] | None = None) -> Any:
+    """A field of EngineConfig and, from the same line, its command-line flag (tally/engine/args.py)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases, "parse": parse})
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str | None = None  # checkpoint dir, .gguf file, alias, or None for the built-in model
-    dtype: str = "auto"  # see model_dtypes(); float16 = fp16 weights, fp32 compute
-    quantization: str | None = None
-    max_model_len: int | None = None  # None: the model's context length
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    max_num_partial_prefills: int = 1
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    block_size: int = 16
-    kv_cache_dtype: str = "auto"
-    kv_cache_memory: int | None = None  # bytes for the KV pool; None: min(fraction of free RAM, 2 GiB)
-    kv_cache_memory_fraction: float = 0.25
-    scheduling: str = "continuous"  # "static" exists only to show what continuous batching buys
-    attention_backend: str = "auto"  # reference | tiled | auto (tiled for long prefills)
-    seed: int = 0
-    served_model_name: str | None = None
+    """Every engine option, with vLLM's names; `tally serve` and `tally generate` flags are made from these fields
+    (`--max-num-seqs` for max_num_seqs), and `LLM(**kwargs)` takes the same names."""
+
+    model: str | None = option(None, "checkpoint dir, .gguf file, or alias (default: the built-in smollm2-135m)")
+    dtype: str = option("auto", "float16: fp16 weights, fp32 compute (auto picks it for half-precision and GGUF "
+                                "checkpoints on CPUs without bf16 instructions)",
+                        choices=("auto", "float32", "bfloat16", "float16"))
+    quantization: str | None = option(None, "quantize on the fly (int8, int4, w8a8), or gguf: run a GGUF file's "
+                                            "blocks as stored", choices=QUANTIZATIONS, aliases=("-q",))
+    max_model_len: int | None = option(None, "longest prompt + output in tokens (default: the model's context)")
+    max_num_seqs: int = option(SchedulerConfig.max_num_seqs, "requests decoded together at most")
+    max_num_batched_tokens: int = option(SchedulerConfig.max_num_batched_tokens, "tokens one step computes at most")
+    max_num_partial_prefills: int = option(SchedulerConfig.max_num_partial_prefills,
+                                           "prompts whose prefill is split across steps, at once")
+    enable_chunked_prefill: bool = option(SchedulerConfig.enable_chunked_prefill,
+                                          "split long prompts across steps beside running decodes")
+    enable_prefix_caching: bool = option(True, "reuse the KV blocks of a prompt prefix seen before")
+    block_size: int = option(16, "tokens per KV cache block")
+    kv_cache_dtype: str = option("auto", "int8 stores the KV cache in int8 (twice the tokens of bf16)",
+                                 choices=KV_CACHE_DTYPES)
+    kv_cache_memory: int | None = option(None, "bytes for the KV pool, e.g. 2GiB (default: min(fraction of free "
+                                               "RAM, 2 GiB))", parse=parse_bytes)
+    kv_cache_memory_fraction: float = option(0.25, "share of free RAM the default KV pool may take")
+    scheduling: str = option("continuous", "static exists only to show what continuous batching buys",
+                             choices=SCHEDULINGS)
+    attention_backend: str = option("auto", "auto: the reference kernel for plain causal prefills, tiled for "
+                                            "masked ones", choices=BACKEND_NAMES)
+    seed: int = option(0, "seed of the engine's shared sampling generator")
+    served_model_name: str | None = option(None, "the model name the API reports (default: the checkpoint's)")
 
     def __post_init__(self) -> None:
         if self.dtype not in ("auto", *DTYPES, *FP16_WEIGHT_NAMES):
             raise ConfigError(f"dtype {self.dtype!r} is not supported; use auto, float32, bfloat16 or float16")
         if self.dtype in FP16_WEIGHT_NAMES:
-            from tally.layers.linear import fp16_weights_supported
-
             if not fp16_weights_supported():
                 raise ConfigError("dtype float16 stores weights in fp16 for FBGEMM's fp16 GEMM, which this torch "
                                   "build lacks; use float32 or bfloat16")
-        if self.quantization not in QUANTIZATIONS:
-            raise ConfigError(f"quantization {self.quantization!r} unknown; use one of int8, int4, w8a8, gguf")
+        if self.quantization not in (None, "none", *QUANTIZATIONS):
+            raise ConfigError(f"quantization {self.quantization!r} unknown; use one of {', '.join(QUANTIZATIONS)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} unknown; use one of {KV_CACHE_DTYPES}")
-        if self.scheduling not in ("continuous", "static"):
-            raise ConfigError("scheduling must be 'continuous' or 'static'")
+        if self.scheduling not in SCHEDULINGS:
+            raise ConfigError(f"scheduling must be one of {SCHEDULINGS}, got {self.scheduling!r}")
+        if self.attention_backend not in BACKEND_NAMES:
+            raise ConfigError(f"attention_backend {self.attention_backend!r} unknown; use one of {BACKEND_NAMES}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_num_partial_prefills"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
@@ -64,9 +90,6 @@ class EngineConfig:
         and GGUF checkpoints: bf16 where the CPU has bf16 instructions; elsewhere fp16 weights with fp32 compute,
         which reads half of fp32's bytes per decode step (2.2x faster matmuls here) and computes like fp32.
         fp32 checkpoints stay fp32."""
-        from tally.engine.cpu import has_fast_bf16
-        from tally.layers.linear import fp16_weights_supported
-
         if self.dtype in FP16_WEIGHT_NAMES:
             return torch.float32, torch.float16
         if self.dtype != "auto":

@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import logging
 import time
+
 import torch
 
+from tally.core.kv_manager import KVCacheManager
+from tally.core.request import Request, RequestStatus
+from tally.core.scheduler import Scheduler, SchedulerConfig
+from tally.core.static_scheduler import StaticBatchScheduler
 from tally.engine.config import EngineConfig
 from tally.engine.detokenizer import IncrementalDetokenizer
 from tally.engine.group import RequestGroup
 from tally.engine.model_setup import LoadedModel, load_model
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
+from tally.engine.snapshot import EngineSnapshot
 from tally.engine.stop import StopChecker
 from tally.errors import InvalidRequestError
-from tally.kv.manager import KVCacheManager
-from tally.outputs import Logprob, RequestMetrics, RequestOutput
+from tally.outputs import RequestMetrics, RequestOutput, logprob_entry
 from tally.sampling_params import SamplingParams
-from tally.scheduler.request import Request, RequestStatus
-from tally.scheduler.scheduler import Scheduler, SchedulerConfig
 
 log = logging.getLogger("tally.engine")
 
@@ -29,18 +32,24 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         m: LoadedModel = load_model(config)
-        self.loaded = m
+        self.model = m.model  # for what runs beside the engine: the quality gate's self-test, benchmarks
+        self.ledger = m.ledger
+        self.kv_layout = m.kv_layout
+        self.kv_caches = m.kv_caches  # the pool's tensors, per layer (K, V)
         self.tokenizer = m.tokenizer
+        self._stop_token_ids = m.stop_token_ids
+        self._vocab_size = m.config.vocab_size
+        self._num_steps = 0
         self.model_name = config.served_model_name or m.name
         self.max_model_len = m.max_model_len
         self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
                                  sliding_window=m.config.sliding_window)
-        self.scheduler = Scheduler(SchedulerConfig(
+        scheduler_cls = StaticBatchScheduler if config.scheduling == "static" else Scheduler
+        self.scheduler = scheduler_cls(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_partial_prefills=config.max_num_partial_prefills,
             enable_chunked_prefill=config.enable_chunked_prefill,
-            scheduling=config.scheduling,
         ), self.kv)
         self.runner = ModelRunner(m.model, self.kv, m.kv_caches)
         self.groups: dict[str, RequestGroup] = {}
@@ -58,7 +67,7 @@ class Engine:
         self._validate(ids, params)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
         now = time.monotonic() if arrival_time is None else arrival_time
-        eos = () if params.ignore_eos else self.loaded.stop_token_ids
+        eos = () if params.ignore_eos else self._stop_token_ids
         seqs, parent = [], None
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
@@ -96,7 +105,7 @@ class Engine:
     def _validate(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
             raise InvalidRequestError("prompt is empty; send at least one token", param="prompt")
-        vocab = self.loaded.config.vocab_size
+        vocab = self._vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
@@ -127,6 +136,7 @@ class Engine:
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
+        self._num_steps += 1
         moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
         self._aborted.clear()
         if out.scheduled:
@@ -154,18 +164,15 @@ class Engine:
         token_ids = so.token_ids.tolist()
         logprobs = so.logprobs.tolist()
         ranks = so.ranks.tolist() if so.ranks is not None else [None] * len(token_ids)
-        tops = None
-        if so.top_logprobs is not None:
-            tops = (so.top_logprobs[0].tolist(), so.top_logprobs[1].tolist())
+        top_ids, top_lps = (so.top_logprobs[0].tolist(), so.top_logprobs[1].tolist()) if so.top_logprobs is not None \
+            else ([()] * len(token_ids), [()] * len(token_ids))
         for i, req in enumerate(result.sampled):
             seq, group = self._seq_of[req.request_id]
             top = None
             if seq.logprobs is not None:
-                top = {token_ids[i]: Logprob(logprobs[i], ranks[i], self._decode_one(token_ids[i]))}
                 k = req.sampling_params.logprobs
-                if tops is not None and k:
-                    for rank, (tid, lp) in enumerate(zip(tops[0][i][:k], tops[1][i][:k]), 1):
-                        top.setdefault(tid, Logprob(lp, rank, self._decode_one(tid)))
+                top = logprob_entry(token_ids[i], logprobs[i], ranks[i], top_ids[i][:k], top_lps[i][:k],
+                                    self._decode_one)
             if group.metrics.first_token_time is None:
                 group.metrics.first_token_time = now
             group.metrics.last_token_time = now
@@ -187,6 +194,17 @@ class Engine:
 
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
+
+    def snapshot(self) -> EngineSnapshot:
+        kv = self.kv
+        return EngineSnapshot(
+            num_running=self.num_running(), num_waiting=self.num_waiting(),
+            num_blocks=kv.pool.num_blocks, num_free_blocks=kv.pool.num_free_blocks,
+            num_cached_free_blocks=kv.pool.num_cached_free_blocks, num_used_blocks=kv.num_used_blocks(),
+            num_unfilled_slots=kv.num_unfilled_slots(), block_size_tokens=kv.block_size,
+            prefix_queried_tokens=kv.stats.queried_tokens, prefix_hit_tokens=kv.stats.hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions, num_steps=self._num_steps,
+        )
 
     def run_until_done(self) -> dict[str, RequestOutput]:
         final: dict[str, RequestOutput] = {}

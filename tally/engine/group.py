@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from tally.engine.runner import PromptLogprobs as StepPromptLogprobs
 from tally.engine.sequence import Sequence
-from tally.outputs import Logprob, PromptLogprobs, RequestMetrics, RequestOutput
+from tally.outputs import PromptLogprobs, RequestMetrics, RequestOutput, logprob_entry
 
 
 @dataclass
@@ -26,13 +26,12 @@ class RequestGroup:
         if self.prompt_logprobs is None:
             self.prompt_logprobs = [None]
         ids = self.prompt_token_ids
-        for j in range(step.token_logprobs.shape[0]):
-            pos = step.start + j + 1
-            entry = {ids[pos]: Logprob(float(step.token_logprobs[j]), int(step.ranks[j]), decode(ids[pos]))}
-            if step.top_ids is not None:
-                for rank, (tid, lp) in enumerate(zip(step.top_ids[j].tolist(), step.top_logprobs[j].tolist()), 1):
-                    entry.setdefault(tid, Logprob(lp, rank, decode(tid)))
-            self.prompt_logprobs.append(entry)
+        chosen, ranks = step.token_logprobs.tolist(), step.ranks.tolist()
+        top_ids = step.top_ids.tolist() if step.top_ids is not None else [()] * len(chosen)
+        top_lps = step.top_logprobs.tolist() if step.top_logprobs is not None else [()] * len(chosen)
+        for j in range(len(chosen)):
+            self.prompt_logprobs.append(
+                logprob_entry(ids[step.start + j + 1], chosen[j], ranks[j], top_ids[j], top_lps[j], decode))
 
     def output(self) -> RequestOutput:
         seqs = self.sequences

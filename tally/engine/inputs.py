@@ -1,5 +1,8 @@
 """SchedulerOutput → the flat tensors of one forward pass (token ids, positions, slot mapping,
-block tables), built with a loop over requests, never over tokens."""
+block tables), built with a loop over requests, never over tokens.
+
+Rows are laid out one-token rows (decodes) first: the attention backends batch the leading
+`num_decode_tokens` rows into one decode call (tally/attention/metadata.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +10,8 @@ from dataclasses import dataclass
 import torch
 
 from tally.attention.metadata import AttentionMetadata
-from tally.kv.manager import KVCacheManager
-from tally.scheduler.scheduler import SchedulerOutput
+from tally.core.kv_manager import KVCacheManager
+from tally.core.scheduler import SchedulerOutput
 
 
 @dataclass
@@ -16,6 +19,7 @@ class StepInputs:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
     meta: AttentionMetadata
+    row_start: list[int]  # per entry of SchedulerOutput.scheduled: the flat index of its first token
     sample_rows: list[int]  # index into scheduled of the requests that sample a token this step
     sample_token_index: torch.Tensor  # [len(sample_rows)] flat index of their last token
 
@@ -25,15 +29,19 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
     ids: list[int] = []
     starts, lens, ctx, tables = [], [], [], []
     sample_rows, sample_index = [], []
+    row_start = [0] * len(out.scheduled)
     qsl = [0]
     num_decode = 0
-    for row, s in enumerate(out.scheduled):
+    decodes_first = sorted(range(len(out.scheduled)), key=lambda row: out.scheduled[row].num_new_tokens > 1)
+    for row in decodes_first:
+        s = out.scheduled[row]
         req, n = s.request, s.num_new_tokens
         c = req.num_computed_tokens
         ids.extend(req.token_ids[c:c + n])
         starts.append(c)
         lens.append(n)
         ctx.append(c + n)
+        row_start[row] = qsl[-1]
         qsl.append(qsl[-1] + n)
         tables.append(kv.block_table(req.request_id))
         num_decode += n == 1
@@ -52,5 +60,5 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
         query_start_loc=qsl, context_lens=ctx, block_tables=block_tables, slot_mapping=slots,
         block_size=bs, num_decode_tokens=num_decode,
     )
-    return StepInputs(torch.tensor(ids, dtype=torch.int64), positions, meta, sample_rows,
+    return StepInputs(torch.tensor(ids, dtype=torch.int64), positions, meta, row_start, sample_rows,
                       torch.tensor(sample_index, dtype=torch.int64))

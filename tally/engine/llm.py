@@ -8,6 +8,7 @@ from typing import Any, Sequence
 from tally.engine.config import EngineConfig
 from tally.engine.engine import Engine
 from tally.errors import ConfigError, InvalidRequestError
+from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
 
@@ -57,7 +58,5 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tok = self.get_tokenizer()
-        texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
-        # The template already holds any BOS it wants; encoding must not add another.
-        prompts = [{"prompt": t, "prompt_token_ids": tok.encode(t, add_special_tokens=False)} for t in texts]
+        prompts = [chat_prompt(tok, c, without_template=refuse_without_template) for c in conversations]
         return self.generate(prompts, sampling_params)

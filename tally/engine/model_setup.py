@@ -1,25 +1,24 @@
 """Start-up: checkpoint → model → KV pool sized by the ledger → the ledger the engine logs."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tally.attention.backend import make_backend
+from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.engine.config import EngineConfig
-from tally.engine.tokenizer import load_tokenizer, stop_token_ids
 from tally.errors import ConfigError
-from tally.kv.key_smoothing import calibration_ids, measure_key_scales
-from tally.kv.quant import Int8KVCache, KVCache
-from tally.ledger.hardware import available_ram_bytes
 from tally.ledger.kv import KVLayout
 from tally.ledger.report import EngineLedger
 from tally.models.builder import build_model
 from tally.models.config import ModelConfig
+from tally.models.key_smoothing import calibration_ids, measure_key_scales
 from tally.models.llama import CausalLM
 from tally.models.loader import load_checkpoint
+from tally.models.tokenizer import load_tokenizer, stop_token_ids
+from tally.platform import available_ram_bytes
 
 DEFAULT_KV_CAP_BYTES = 2 * 2**30
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -37,11 +36,9 @@ class LoadedModel:
     num_blocks: int
     max_model_len: int
     ledger: EngineLedger
-    load_time_s: float
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
-    t0 = time.perf_counter()
     torch.manual_seed(config.seed)
     ckpt = load_checkpoint(config.model)
     cfg = ckpt.config
@@ -93,9 +90,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
     return LoadedModel(
         name=config.served_model_name or ckpt.name, config=cfg, tokenizer=tokenizer,
         stop_token_ids=stop_token_ids(tokenizer, cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
-        num_blocks=num_blocks, max_model_len=max_model_len, ledger=ledger,
-        load_time_s=time.perf_counter() - t0,
-    )
+        num_blocks=num_blocks, max_model_len=max_model_len, ledger=ledger)
 
 
 def _allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int,

@@ -5,13 +5,14 @@ from dataclasses import dataclass
 
 import torch
 
+from tally.attention.kv_cache import KVCache
+from tally.core.kv_manager import KVCacheManager
+from tally.core.request import Request
+from tally.core.scheduler import SchedulerOutput
 from tally.engine.inputs import build_step_inputs
-from tally.kv.manager import KVCacheManager
-from tally.kv.quant import KVCache
-from tally.layers.sampler import Sampler, SamplerInput, SamplerOutput
 from tally.models.llama import CausalLM
-from tally.scheduler.request import Request
-from tally.scheduler.scheduler import SchedulerOutput
+from tally.sample.batch import SamplerInput, SamplerOutput
+from tally.sample.sampler import Sampler
 
 
 @dataclass
@@ -43,7 +44,7 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> StepResult:
         inputs = build_step_inputs(out, self.kv)
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        prompt_lp = self._prompt_logprobs(out, inputs.meta.query_start_loc, hidden)
+        prompt_lp = self._prompt_logprobs(out, inputs.row_start, hidden)
         if not inputs.sample_rows:
             return StepResult([], None, prompt_lp)
         logits = self.model.compute_logits(hidden[inputs.sample_token_index])
@@ -57,7 +58,8 @@ class ModelRunner:
         )
         return StepResult(reqs, self.sampler(logits, sampler_input), prompt_lp)
 
-    def _prompt_logprobs(self, out: SchedulerOutput, qsl: list[int], hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
+    def _prompt_logprobs(self, out: SchedulerOutput, row_start: list[int],
+                         hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
         result = {}
         for row, s in enumerate(out.scheduled):
             req = s.request
@@ -66,7 +68,7 @@ class ModelRunner:
             if k is None or c >= req.num_prompt_tokens - 1:
                 continue
             end = min(c + s.num_new_tokens, req.num_prompt_tokens - 1)  # positions with a next prompt token
-            logits = self.model.compute_logits(hidden[qsl[row]:qsl[row] + end - c])
+            logits = self.model.compute_logits(hidden[row_start[row]:row_start[row] + end - c])
             logprobs = torch.log_softmax(logits, dim=-1)
             targets = torch.tensor(req.token_ids[c + 1:end + 1])
             chosen = logprobs.gather(1, targets[:, None]).squeeze(1)

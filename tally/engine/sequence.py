@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tally.core.request import Request, RequestStatus
 from tally.engine.detokenizer import IncrementalDetokenizer
 from tally.engine.stop import StopChecker
 from tally.outputs import CompletionOutput, Logprob
-from tally.scheduler.request import Request, RequestStatus
 
 
 @dataclass

@@ -1,1 +1,1 @@
-"""Model building blocks: linear, norm, rotary, activation, embedding, sampler."""
+"""Model building blocks: projections (linear.py chooses each one's layer), norm, rotary."""

@@ -1,97 +1,123 @@
-"""The one place a projection is built: dense here, quantized schemes in tally/quant."""
+"""The one place that decides which layer serves a projection.
+
+Every projection of every model is built here, whatever it starts from: a dense weight (kept dense, stored in
+fp16 for fp32 compute, or quantized on the fly with RTN), the integers of a pre-quantized checkpoint, or a GGUF
+file's blocks. The choice between Tally's native CPU kernels (tally/quant/native_linear.py) and the PyTorch
+layers (tally/quant/int4.py, int8.py, group_int8.py, w8a8.py) is made here and nowhere else: native where the
+compute dtype is fp32 and the kernels build on this CPU (tally/platform.py), PyTorch's otherwise.
+"""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from tally.errors import ConfigError
+from tally.layers.dense import DenseLinear, Fp16WeightLinear
 from tally.native import ops as native
+from tally.quant.base import QuantLinear
+from tally.quant.gguf_blocks import Int4Blocks, read_blocks
+from tally.quant.group_int8 import GroupInt8Linear
+from tally.quant.int4 import Int4Linear
+from tally.quant.int8 import Int8Linear
+from tally.quant.native_linear import (
+    NativeInt4Linear,
+    NativeInt8Linear,
+    NativeW8A8Linear,
+    native_supported,
+)
+from tally.quant.rtn import quantize_int4_groupwise, quantize_int8_per_channel
+from tally.quant.w8a8 import W8A8Linear
 
-
-class DenseLinear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
-        self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
-class Fp16WeightLinear(nn.Module):
-    """Weights stored in fp16, inputs and outputs fp32, no fp16 arithmetic (unusably slow on CPUs): a memory-bound
-    decode step reads half of fp32's bytes. On AVX2 CPUs the weights are the native kernel's panels
-    (tally/native: converted with F16C, multiplied in fp32), which also lets the one-call decode step take this
-    layer; `python bench/weight_formats.py --model smol --threads 1` measures it against FBGEMM's packed fp16 GEMM
-    (used where the native kernels are unavailable): faster up to 8 rows, within 7% to 128 rows, 15% slower at 512."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.has_bias = bias is not None
-        self.register_buffer("bias", None if bias is None else bias.float().contiguous())
-        self._packed = None
-        self.register_buffer("panels", None)
-        if native.available():
-            self.panels = native.pack_f16(weight)
-        else:
-            self._packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
-            self.embedding_rows = None  # FBGEMM's packed layout cannot be read back
-
-    @property
-    def packed_bytes(self) -> int:
-        """What FBGEMM's packed weights hold (the ledger counts them; they are not a tensor of the module)."""
-        return 0 if self._packed is None else self.out_features * self.in_features * 2
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.panels is None:
-            y = torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
-            return y if self.bias is None else y + self.bias
-        x2 = x.reshape(-1, self.in_features).float().contiguous()
-        y = native.gemm_f16(x2, self.panels, self.out_features, self.bias)
-        return y.view(*x.shape[:-1], self.out_features)
-
-    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of the weight as fp32 [len(ids), K]: a tied embedding read from the head's panels."""
-        return native.panel_rows(self.panels, ids)
-
-    def zero_(self) -> None:
-        """Deliberate damage for the quality gate's self-test (tally/quality/corrupt.py)."""
-        if self.panels is not None:
-            self.panels.zero_()
-        else:
-            self._packed = torch.ops.quantized.linear_prepack_fp16(
-                torch.zeros(self.out_features, self.in_features), None)
-        if self.bias is not None:
-            self.bias.zero_()
+SCHEMES = ("none", "int8", "int4", "w8a8")
+INT4_GROUP_SIZES = (32, 64, 128)
 
 
 def fp16_weights_supported() -> bool:
     return native.available() or "fbgemm" in torch.backends.quantized.supported_engines
 
 
-class ConcatLinear(nn.Module):
-    """Several projections of the same input, outputs side by side: a fused projection whose parts are stored
-    differently (e.g. a GGUF with q/k in Q4_1 and v in Q8_0), so the model code still sees one module."""
-
-    def __init__(self, parts: list[nn.Module]) -> None:
-        super().__init__()
-        self.parts = nn.ModuleList(parts)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([part(x) for part in self.parts], dim=-1)
-
-
 def build_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, quantization: str | None,
-                 dtype: torch.dtype, weight_dtype: torch.dtype | None = None) -> nn.Module:
-    """`weight_dtype=torch.float16` (fp32 compute only) stores a dense layer's weights in fp16."""
+                 dtype: torch.dtype, weight_dtype: torch.dtype | None = None,
+                 group_size: int | None = None) -> nn.Module:
+    """weight [out, in] (HF layout) -> a module mapping [..., in] to [..., out] in `dtype`.
+
+    quantization None / "none": dense; `weight_dtype=torch.float16` (fp32 compute only) stores it in fp16.
+    "int8" / "int4" / "w8a8": rounded to nearest here ("w8a8" unsmoothed; SmoothQuant goes through
+    `w8a8_from_float`). int4's `group_size` defaults to the largest of 128, 64, 32 that divides the layer."""
     if quantization in (None, "none"):
         if weight_dtype == torch.float16 and dtype == torch.float32:
             return Fp16WeightLinear(weight, bias)
         return DenseLinear(weight, bias, dtype)
-    from tally.quant.linear import make_linear
+    if quantization == "int8":
+        q, scale = quantize_int8_per_channel(weight, scale_dtype=dtype)
+        return int8_linear(q, scale, bias, dtype)
+    if quantization == "w8a8":
+        return w8a8_from_float(weight, bias, dtype)
+    if quantization == "int4":
+        in_features = weight.shape[1]
+        if group_size is None:
+            group_size = next((g for g in (128, 64, 32) if in_features % g == 0), 128)
+        _check_group_size(in_features, group_size)
+        q, scale, zero = quantize_int4_groupwise(weight, group_size, scale_dtype=dtype)
+        return int4_linear(q, scale, zero, group_size, bias, dtype)
+    raise ConfigError(f"quantization scheme {quantization!r} is not supported; choose one of {', '.join(SCHEMES)}",
+                      param="quantization")
 
-    # The largest int4 group that divides the layer (128 for real models; tiny test models need less).
-    in_features = weight.shape[1]
-    group_size = next((g for g in (128, 64, 32) if in_features % g == 0), 128)
-    return make_linear(weight, bias, scheme=quantization, compute_dtype=dtype, group_size=group_size)
+
+def int4_linear(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
+                bias: torch.Tensor | None, compute_dtype: torch.dtype) -> QuantLinear:
+    """Stored int4 integers (q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero per group) as a layer."""
+    if native_supported(compute_dtype, q.shape[1], group_size):
+        return NativeInt4Linear.from_q(q, scale, zero, group_size, bias)
+    return Int4Linear(q, scale, zero, group_size, bias, compute_dtype)
+
+
+def int8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+                compute_dtype: torch.dtype) -> QuantLinear:
+    """Stored int8 integers as a layer: scale [N] per output channel, or [N, K/32] per block of 32."""
+    group_size = q.shape[1] if scale.dim() == 1 else q.shape[1] // scale.shape[1]
+    if native_supported(compute_dtype, q.shape[1], group_size):
+        return NativeInt8Linear(q, scale.reshape(q.shape[0], -1), bias)
+    if scale.dim() == 1:
+        return Int8Linear(q, scale, bias, compute_dtype)
+    return GroupInt8Linear(q, scale, bias, compute_dtype)
+
+
+def w8a8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                smooth: torch.Tensor | None = None) -> QuantLinear:
+    """W8A8 from stored integers: q int8 [N, K] (the smoothed weight), scale [N]."""
+    if native_supported(compute_dtype, q.shape[1], q.shape[1]):
+        return NativeW8A8Linear(q, scale.float(), bias, smooth)
+    return W8A8Linear(q, scale, bias, compute_dtype, smooth)
+
+
+def w8a8_from_float(weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype, *,
+                    smooth: torch.Tensor | None = None, smoothing_folded: bool = False) -> QuantLinear:
+    """W8A8 rounded here; `smooth` s [K] from tally.quantize.smooth.smooth_scales multiplies the weight, and the
+    layer divides its activations by s unless the 1/s was folded into the preceding norm."""
+    w = weight.float() if smooth is None else weight.float() * smooth.float()[None, :]
+    q, scale = quantize_int8_per_channel(w, scale_dtype=compute_dtype)
+    return w8a8_linear(q, scale, bias, compute_dtype, None if smoothing_folded else smooth)
+
+
+def linear_from_gguf(raw: Any, bias: torch.Tensor | None, *, compute_dtype: torch.dtype) -> nn.Module | None:
+    """A layer holding a GGUF tensor's blocks exactly (tally/quant/gguf_blocks.py), or None for block types that
+    are not adopted (the caller dequantizes those)."""
+    blocks = read_blocks(raw)
+    if blocks is None:
+        return None
+    if isinstance(blocks, Int4Blocks):
+        return int4_linear(blocks.q, blocks.scale, blocks.zero, 32, bias, compute_dtype)
+    return int8_linear(blocks.q, blocks.scale, bias, compute_dtype)
+
+
+def _check_group_size(in_features: int, group_size: int) -> None:
+    if group_size not in INT4_GROUP_SIZES:
+        raise ConfigError(f"int4 group size {group_size} is not supported; choose 32, 64 or 128", param="group_size")
+    if in_features % group_size:
+        fits = [g for g in INT4_GROUP_SIZES if in_features % g == 0]
+        instead = f"choose group size {' or '.join(map(str, fits))}" if fits else "use int8 for this model"
+        raise ConfigError(f"int4 group size {group_size} does not divide this layer's {in_features} input features; "
+                          f"{instead}", param="group_size")

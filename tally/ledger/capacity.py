@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 
 from tally.ledger.kv import KVLayout
-from tally.ledger.lengths import LengthStats
-from tally.ledger.units import fmt_gib
+from tally.ledger.length_percentiles import LengthStats
+from tally.units import fmt_gib
 
 
 @dataclass(frozen=True)

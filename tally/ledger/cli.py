@@ -6,13 +6,13 @@ import json
 import sys
 
 from tally.errors import TallyError
-from tally.ledger.compare import compare_variants, render_comparison
-from tally.ledger.lengths import load_lengths, summarize
+from tally.ledger.levers import compare_variants, render_comparison
+from tally.ledger.length_percentiles import load_lengths, summarize
 from tally.ledger.model_source import resolve_model
 from tally.ledger.plan import PlanOptions, make_plan
 from tally.ledger.presets import Device, device_preset_names, find_device
 from tally.ledger.render import render_plan
-from tally.ledger.units import parse_bandwidth, parse_bytes, parse_flops
+from tally.units import parse_bandwidth, parse_bytes, parse_flops
 
 EPILOG = """examples:
   tally plan --model Llama-3.1-8B --device h100-80gb --max-model-len 8192 --concurrency 64
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=128, help="int4 group size (default 128)")
     p.add_argument("--kv-dtype", help="KV cache dtype: bf16 | fp16 | fp32 | int8 | fp8 (default: --dtype)")
     p.add_argument("--max-model-len", type=int, help="tokens per request (prompt + output) to plan for")
-    p.add_argument("--lengths", help="CSV/JSONL trace or `tally bench` result with prompt/output lengths")
+    p.add_argument("--lengths", help="CSV/JSONL trace, `tally bench` result, or a shipped trace: conv, code")
     p.add_argument("--percentile", type=float, default=99.0, help="share of --lengths the main pool serves")
     p.add_argument("--concurrency", type=int, help="requests you want in flight")
     p.add_argument("--reserve", default="0.12", help="runtime reserve: a fraction of memory (0.12) or a size (12GiB)")

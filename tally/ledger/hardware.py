@@ -2,32 +2,16 @@
 
 Read bandwidth is the best of 3 sums over a ~1 GB float32 array, split over one thread per core
 (numpy releases the GIL inside a reduction, so the threads read memory in parallel). FLOP/s is the best
-of 3 float32 matmuls of 1024^3 through numpy's BLAS. RAM is MemTotal from /proc/meminfo.
+of 3 float32 matmuls of 1024^3 through numpy's BLAS. RAM is MemTotal (tally/platform.py).
 """
 from __future__ import annotations
 
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from tally.ledger.presets import Device
-
-
-def total_ram_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    return _meminfo_bytes("MemTotal", meminfo)
-
-
-def available_ram_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
-    """What the engine may still take (its default KV budget is a fraction of this)."""
-    return _meminfo_bytes("MemAvailable", meminfo)
-
-
-def _meminfo_bytes(field: str, meminfo: Path) -> int:
-    for line in meminfo.read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024  # the kernel writes kB meaning KiB
-    raise OSError(f"no {field} line in {meminfo}")
+from tally.platform import total_ram_bytes
 
 
 def measure_read_bandwidth(array_bytes: int = 1 << 30, repeats: int = 3) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tally.errors import ConfigError
-from tally.ledger.units import canonical_name
+from tally.ledger.weights import canonical_name
 from tally.models.config import ModelConfig
 
 KV_DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}

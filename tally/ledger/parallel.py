@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tally.ledger.units import MiB
 from tally.ledger.weights import WeightFormat, WeightTensor
 from tally.models.config import ModelConfig
+from tally.units import MiB
 
 # NCCL keeps NCCL_BUFFSIZE (4 MiB) per channel and direction; budget 32 channels x 2 directions.
 NCCL_BYTES_PER_COMMUNICATOR = 4 * MiB * 32 * 2

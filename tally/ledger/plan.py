@@ -4,16 +4,32 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from tally.errors import ConfigError
-from tally.ledger.capacity import (LongTailPlan, MemoryBudget, long_tail_plan, max_concurrency, memory_budget,
-                                   oversubscription_warning)
+from tally.ledger.capacity import (
+    LongTailPlan,
+    MemoryBudget,
+    long_tail_plan,
+    max_concurrency,
+    memory_budget,
+    oversubscription_warning,
+)
 from tally.ledger.kv import KVLayout, canonical_kv_dtype
-from tally.ledger.lengths import LengthStats
+from tally.ledger.length_percentiles import LengthStats
 from tally.ledger.model_source import ModelSource
 from tally.ledger.parallel import DeviceSplit, split_model
 from tally.ledger.presets import Device
-from tally.ledger.roofline import DecodeEstimate, ModelCost, decode_step, prefill_seconds
-from tally.ledger.units import fmt_gib
-from tally.ledger.weights import DTYPE_BYTES, WeightFormat, canonical_dtype, matmul_params
+from tally.ledger.roofline import (
+    DecodeEstimate,
+    ModelCost,
+    decode_step,
+    prefill_seconds,
+)
+from tally.ledger.weights import (
+    DTYPE_BYTES,
+    WeightFormat,
+    canonical_dtype,
+    matmul_params,
+)
+from tally.units import fmt_gib
 
 
 @dataclass(frozen=True)

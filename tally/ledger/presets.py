@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tally.errors import ConfigError
-from tally.ledger.units import GiB
 from tally.models.config import ModelConfig
+from tally.units import GiB
 
 # name: (arch, layers, hidden, intermediate, heads, kv heads, head dim, vocab, tied, max positions)
 _MODELS: dict[str, tuple] = {

@@ -5,8 +5,8 @@ import math
 
 from tally.ledger.kv import KV_DTYPE_BYTES
 from tally.ledger.plan import Plan
-from tally.ledger.units import fmt_count, fmt_gb, fmt_gib, fmt_rate, fmt_small_bytes
 from tally.ledger.weights import short_dtype
+from tally.units import fmt_count, fmt_gb, fmt_gib, fmt_rate, fmt_small_bytes
 
 UNITS_NOTE = ("units: GB = 10^9 B, GiB = 2^30 B; device memory, reserve and KV in GiB (an '80 GB' card "
               "holds 80 GiB); bandwidth and FLOP/s decimal")

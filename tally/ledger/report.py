@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tally.ledger.units import fmt_gb, fmt_gib, fmt_small_bytes
+from tally.units import fmt_gb, fmt_gib, fmt_small_bytes
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tally.errors import ConfigError
-from tally.ledger.units import canonical_name
 from tally.models.config import ModelConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -125,3 +124,12 @@ def matmul_params(tensors: list[WeightTensor], tied_embeddings: bool) -> int:
     if tied_embeddings:
         total += sum(t.numel for t in tensors if t.role == "embedding")
     return total
+
+
+def canonical_name(name: str, aliases: dict[str, str], known: dict[str, int], what: str) -> str:
+    """A dtype name as the ledger spells it ('bf16' -> 'bfloat16'); unknown names say what is known."""
+    key = name.strip().lower()
+    key = aliases.get(key, key)
+    if key not in known:
+        raise ConfigError(f"unknown {what} {name!r}; choose one of {', '.join(known)}")
+    return key

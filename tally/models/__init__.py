@@ -1,1 +1,2 @@
-"""Model definitions and checkpoint loaders. `config` is pure Python (the ledger reads it)."""
+"""Model definitions, checkpoint readers (HF, GGUF, `tally quantize`, GPTQ/AWQ), tokenizer and chat template,
+and the model builder. `config` is pure Python (the ledger reads it)."""

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from tally.attention.backend import AttentionBackend
+from tally.attention.interface import AttentionBackend
 from tally.errors import ConfigError, ModelLoadError
-from tally.layers.linear import ConcatLinear, build_linear
+from tally.layers.dense import ConcatLinear
+from tally.layers.linear import build_linear, linear_from_gguf
 from tally.models.config import ModelConfig
 from tally.models.llama import CausalLM
-from tally.native.decode_step import NativeDecodeStep
+from tally.models.native_decode_step import NativeDecodeStep
+from tally.models.packed_checkpoint import linear_from_packed
 
 if TYPE_CHECKING:
     from tally.models.loader import Checkpoint
@@ -42,8 +44,6 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         biases = [pop(f"{n}.bias") for n in names] if bias else None
         b = None if biases is None else torch.cat(biases)
         if prequantized is not None and f"{names[0]}.qweight" in tensors:
-            from tally.quant.checkpoint import linear_from_packed
-
             return linear_from_packed(prequantized, [_pop_packed(n, pop, tensors) for n in names], b, dtype)
         if quantization == "gguf":
             return _gguf_proj(checkpoint, names, [pop(f"{n}.weight") for n in names], biases, dtype)
@@ -98,8 +98,6 @@ def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tenso
                biases: list[torch.Tensor] | None, dtype: torch.dtype) -> nn.Module:
     """One layer over the GGUF blocks of `names`: rows concatenated when their types match, else one layer per
     name behind ConcatLinear. Types the quantized layers do not adopt (F16, K-quants) use the dequantized weight."""
-    from tally.quant.linear import linear_from_gguf
-
     raws = [checkpoint.gguf_tensor(f"{n}.weight") for n in names]
     if len({r.ggml_type for r in raws}) == 1:
         b = None if biases is None else torch.cat(biases)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType as V
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGUFValueType as V
 
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig

@@ -11,15 +11,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tally.attention.backend import AttentionBackend
 from tally.attention.decode import native_decode_supported
+from tally.attention.interface import AttentionBackend
+from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
-from tally.kv.quant import KVCache
 from tally.layers.norm import RMSNorm
 from tally.layers.rotary import RotaryEmbedding, apply_rotary
 from tally.models.config import ModelConfig
+from tally.models.native_decode_step import NativeDecodeStep
 from tally.native import ops as native
-from tally.native.decode_step import NativeDecodeStep
 
 # (names of the HF tensors fused, bias?) → one module
 ProjectionFactory = Callable[[list[str], bool], nn.Module]
@@ -47,7 +47,7 @@ class DecoderLayer(nn.Module):
         # fp32 without per-head q/k norms: the native fused steps apply (tally/native; the cache is checked per call)
         self.native = (dtype == torch.float32 and not cfg.qk_norm and native.available()
                        and native.vector_supported(cfg.head_dim) and native.vector_supported(cfg.hidden_size))
-        # int8 KV only (tally/kv/key_smoothing.py): the cache holds k / s and q is multiplied by s.
+        # int8 KV only (tally/models/key_smoothing.py): the cache holds k / s and q is multiplied by s.
         self.key_scale: torch.Tensor | None = None  # [Hkv, D] reciprocal of s, applied to k
         self.query_scale: torch.Tensor | None = None  # [Hq, D] s of each query head's KV head, applied to q
 

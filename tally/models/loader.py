@@ -12,9 +12,14 @@ import torch
 from tally.models.config import ModelConfig
 from tally.models.gguf_checkpoint import GGUFRawTensor, GGUFTensorSource, open_gguf
 from tally.models.hf_checkpoint import HFTensorSource, open_hf
+from tally.models.hf_quantized import HFQuantizedSource, open_hf_quantized, reads
+from tally.models.packed_checkpoint import (
+    PackedTensorSource,
+    open_packed,
+    packed_scheme,
+    quantization_block,
+)
 from tally.models.registry import resolve_model
-from tally.quant.checkpoint import PackedTensorSource, open_packed, packed_scheme, quantization_block
-from tally.quant.hf_quantized import HFQuantizedSource, open_hf_quantized, reads
 
 __all__ = ["Checkpoint", "GGUFRawTensor", "load_checkpoint"]
 
@@ -27,7 +32,7 @@ class Checkpoint:
     format: str  # "hf" or "gguf"
     _source: HFTensorSource | GGUFTensorSource | PackedTensorSource | HFQuantizedSource = field(repr=False)
     # scheme of a pre-quantized checkpoint (w4a16, w8a16, w8a8): written by `tally quantize`, or GPTQ / AWQ
-    # read as w4a16 (tally/quant/hf_quantized.py)
+    # read as w4a16 (tally/models/hf_quantized.py)
     quantization: str | None = None
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch  # loaded first: the library then binds to torch's libgomp, sharing its thread pool and count
+from tally.platform import has_avx2
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,8 @@ def _cache_dir() -> Path:
 def _unavailable_reason() -> str | None:
     if os.environ.get("TALLY_NATIVE", "1") == "0":
         return "TALLY_NATIVE=0"
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return f"the CPU's vector capability is {torch.backends.cpu.get_cpu_capability()}, not AVX2"
+    if not has_avx2():
+        return "the CPU lacks AVX2 with FMA and F16C (tally/platform.py)"
     if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
         return "no C compiler (cc/gcc) on PATH"
     return None

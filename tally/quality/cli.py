@@ -9,9 +9,9 @@ import logging
 import shlex
 import sys
 
-from tally.engine.args import parse_bytes
 from tally.errors import TallyError
 from tally.quality.settings import SUITES, VERDICTS, Decoding, EvalSettings, Thresholds
+from tally.units import parse_bytes
 
 EXIT_NO_GO = 1
 EXIT_USAGE = 2

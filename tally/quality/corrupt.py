@@ -8,13 +8,13 @@ from typing import Any
 import torch
 
 from tally.errors import ConfigError
-from tally.layers.linear import Fp16WeightLinear
+from tally.layers.dense import Fp16WeightLinear
 
 
 @torch.no_grad()
 def corrupt(llm: Any, spec: str) -> None:
     kind, _, arg = spec.partition(":")
-    layers = llm.engine.loaded.model.layers
+    layers = llm.engine.model.layers
     if kind != "zero-layer" or not arg.isdigit() or int(arg) >= len(layers):
         raise ConfigError(f"--candidate-corrupt {spec!r}: write zero-layer:N with N in 0..{len(layers) - 1}")
     layer = layers[int(arg)]

@@ -9,10 +9,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tally.engine.llm import LLM
 from tally.errors import ConfigError
 from tally.quality.corrupt import corrupt
 from tally.quality.settings import Decoding
 from tally.quality.suites import Workload
+from tally.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,7 @@ class ModelRun:
     run_s: float = 0.0
 
 
-def open_model(spec: ModelSpec, decoding: Decoding) -> Any:
-    from tally import LLM
-
+def open_model(spec: ModelSpec, decoding: Decoding) -> LLM:
     llm = LLM(spec.model, dtype=spec.dtype, quantization=spec.quantization, max_model_len=spec.max_model_len,
               kv_cache_memory=spec.kv_cache_memory, kv_cache_dtype=spec.kv_cache_dtype, max_num_seqs=decoding.batch_size,
               max_num_batched_tokens=decoding.max_num_batched_tokens)
@@ -63,9 +63,7 @@ def same_vocabulary(baseline_tok: Any, candidate_tok: Any) -> None:
                           "only compare models that share one (quantize the baseline to make the candidate)")
 
 
-def run_model(llm: Any, spec: ModelSpec, workload: Workload, decoding: Decoding) -> ModelRun:
-    from tally import SamplingParams
-
+def run_model(llm: LLM, spec: ModelSpec, workload: Workload, decoding: Decoding) -> ModelRun:
     t0 = time.perf_counter()
     nll: dict[str, tuple[float, int]] = {}
     if workload.ppl_windows:

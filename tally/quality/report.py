@@ -7,6 +7,7 @@ from typing import Any
 
 from tally.quality.gate import GateReport
 
+
 def _threshold(report: GateReport, suite_name: str) -> dict[str, float]:
     return asdict(getattr(report.settings.thresholds, suite_name.split("/")[0]))
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tally.models.chat_template import chat_prompt, join_turns
+
 DATA = Path(__file__).parent / "data"
 HELDOUT = {"python_docs": "eval_python_docs.txt", "shakespeare": "eval_shakespeare.txt"}
 TASK_SUITES = {"json": "tasks_json.jsonl", "numbers": "tasks_numbers.jsonl", "format": "tasks_format.jsonl"}
@@ -62,12 +64,8 @@ def ppl_windows(heldout_ids: dict[str, list[int]], ppl_tokens: int, window_token
 
 
 def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    else:
-        text = "\n\n".join(m["content"] for m in messages) + "\n\n"
-    # The template already holds any BOS it wants; encoding must not add another.
-    return tokenizer.encode(text, add_special_tokens=False)
+    # A model without a template (a base model) is still evaluated: its turns as paragraphs.
+    return chat_prompt(tokenizer, messages, without_template=join_turns("\n\n", "\n\n"))["prompt_token_ids"]
 
 
 def fill_ids(tokenizer: Any, row: dict[str, Any], source: list[int], budget_tokens: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 Each quantized layer has a few-token kernel (weight-only, reads 1 or 0.5 byte per weight: wins while decode is
 bound by memory bandwidth) and a many-token path (dequantize tile by tile into a dense matmul: wins once the
-work is compute-bound). The crossover depends on what the CPU computes fast:
+work is compute-bound). The crossover depends on what the CPU computes fast (tally/platform.py says):
 - without AVX-512 BF16 / AMX, oneDNN's bf16 matmul is an emulation up to 20x slower than fp32, so the many-token
   path multiplies in fp32 and casts the result back to the compute dtype;
 - without VNNI, `torch._int_mm` is a scalar fallback (~70x slower than fp32 here), so W8A8 multiplies its int8
@@ -10,31 +10,16 @@ work is compute-bound). The crossover depends on what the CPU computes fast:
 """
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from tally.platform import has_fast_bf16
 
 NEVER = 1 << 62  # a threshold no batch reaches: the few-token kernel serves every batch size
 
 
-def _cpu_has(feature: str) -> bool:
-    probe = getattr(torch.cpu, f"_is_{feature}_supported", None)  # private torch API; absent means unknown
-    return bool(probe and probe())
-
-
-@functools.cache
-def fast_bf16_matmul() -> bool:
-    return _cpu_has("avx512_bf16") or _cpu_has("amx_tile")
-
-
-@functools.cache
-def fast_int8_matmul() -> bool:
-    return _cpu_has("vnni") or _cpu_has("amx_tile")
-
-
 def matmul_dtype(compute_dtype: torch.dtype) -> torch.dtype:
     """The dtype the many-token path multiplies in (results are cast back to compute_dtype)."""
-    if compute_dtype == torch.bfloat16 and not fast_bf16_matmul():
+    if compute_dtype == torch.bfloat16 and not has_fast_bf16():
         return torch.float32
     return compute_dtype
 
@@ -58,7 +43,7 @@ _FP32 = {"int8": 1, "int4": 1, "w8a8": 1, "q8_0": 1}
 def many_tokens_from(kind: str, compute_dtype: torch.dtype) -> int:
     """fp16 and other dtypes get the dense path always: the CPU weight-only kernels are not fast there."""
     if compute_dtype == torch.bfloat16:
-        return (_AVX512_BF16 if fast_bf16_matmul() else _AVX2_BF16)[kind]
+        return (_AVX512_BF16 if has_fast_bf16() else _AVX2_BF16)[kind]
     if compute_dtype == torch.float32:
         return _FP32[kind]
     return 1

@@ -10,17 +10,32 @@ In the int4 kernel's convention w = (q - 8) * scale + zero: Q4_0 is scale d, zer
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-
-from tally.quant.native_linear import int4_linear, int8_linear
 
 BLOCK = 32
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}
 _WEIGHTS_PER_BLOCK = {"Q4_K": 256}
+
+
+@dataclass(frozen=True)
+class Int4Blocks:
+    """Group-32 int4 in Int4Linear's convention: q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero."""
+
+    q: torch.Tensor
+    scale: torch.Tensor  # [N, K/32]
+    zero: torch.Tensor  # [N, K/32]
+
+
+@dataclass(frozen=True)
+class Int8Blocks:
+    """q int8 [N, K], w = q * scale[n, k // 32]."""
+
+    q: torch.Tensor
+    scale: torch.Tensor  # [N, K/32]
 
 
 def _blocks(raw: Any, type_name: str) -> np.ndarray:
@@ -56,10 +71,11 @@ def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     return torch.from_numpy(np.ascontiguousarray(q)), scale, minimum
 
 
-def linear_from_gguf(raw: Any, bias: torch.Tensor | None, *, compute_dtype: torch.dtype) -> nn.Module | None:
-    """A layer holding `raw`'s blocks exactly (Q4_0, Q4_1, Q4_K -> int4 group 32; Q8_0 -> int8 with block scales),
-    or None for types it does not adopt (the caller dequantizes those). `raw` is duck-typed: fields ggml_type
-    (gguf.GGMLQuantizationType), shape (out, in) in HF orientation, data (uint8 blocks, rows in HF order)."""
+def read_blocks(raw: Any) -> Int4Blocks | Int8Blocks | None:
+    """`raw`'s blocks as the integers and scales they store, exactly (Q4_0, Q4_1, Q4_K -> int4 group 32; Q8_0 ->
+    int8 with block scales), or None for types that are not adopted (the caller dequantizes those). `raw` is
+    duck-typed: fields ggml_type (gguf.GGMLQuantizationType), shape (out, in) in HF orientation, data (uint8
+    blocks, rows in HF order). tally/layers/linear.py turns them into a layer."""
     type_name = getattr(raw.ggml_type, "name", str(raw.ggml_type))
     if type_name not in _BLOCK_BYTES or len(raw.shape) != 2:
         return None
@@ -67,11 +83,10 @@ def linear_from_gguf(raw: Any, bias: torch.Tensor | None, *, compute_dtype: torc
     d = _fp16(blocks, 0)
     if type_name == "Q8_0":
         q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(blocks.shape[0], -1))
-        return int8_linear(q, d, bias, compute_dtype)
+        return Int8Blocks(q, d)
     if type_name == "Q4_K":
         q, scale, minimum = _q4_k(blocks)
-        return int4_linear(q, scale, minimum + 8.0 * scale, BLOCK, bias, compute_dtype)
+        return Int4Blocks(q, scale, minimum + 8.0 * scale)
     if type_name == "Q4_0":
-        return int4_linear(_nibbles(blocks, 2), d, torch.zeros_like(d), BLOCK, bias, compute_dtype)
-    zero = _fp16(blocks, 2) + 8.0 * d
-    return int4_linear(_nibbles(blocks, 4), d, zero, BLOCK, bias, compute_dtype)
+        return Int4Blocks(_nibbles(blocks, 2), d, torch.zeros_like(d))
+    return Int4Blocks(_nibbles(blocks, 4), d, _fp16(blocks, 2) + 8.0 * d)

@@ -14,7 +14,6 @@ import torch
 from tally.quant import int4pack
 from tally.quant.base import QuantLinear
 from tally.quant.dispatch import NEVER, many_tokens_from
-from tally.quant.rtn import quantize_int4_groupwise
 
 
 class Int4Linear(QuantLinear):
@@ -38,12 +37,6 @@ class Int4Linear(QuantLinear):
         self.register_buffer("packed", int4pack.pack(q))
         sz = torch.stack([scale.t(), zero.t()], dim=-1).to(compute_dtype).contiguous()
         self.register_buffer("scales_and_zeros", sz)
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                   group_size: int) -> Int4Linear:
-        q, scale, zero = quantize_int4_groupwise(weight, group_size, scale_dtype=compute_dtype)
-        return cls(q, scale, zero, group_size, bias, compute_dtype)
 
     def _trim(self, y: torch.Tensor) -> torch.Tensor:
         return y if y.shape[1] == self.out_features else y[:, :self.out_features]

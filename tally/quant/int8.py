@@ -11,7 +11,6 @@ import torch
 
 from tally.quant.base import QuantLinear
 from tally.quant.dispatch import many_tokens_from
-from tally.quant.rtn import quantize_int8_per_channel
 
 
 def int8pack_supports(in_features: int) -> bool:
@@ -29,11 +28,6 @@ class Int8Linear(QuantLinear):
         super().__init__(in_features, out_features, bias, compute_dtype, threshold)
         self.register_buffer("weight_int8", q.to(torch.int8).contiguous())
         self.register_buffer("scale", scale.to(compute_dtype).contiguous())
-
-    @classmethod
-    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype) -> Int8Linear:
-        q, scale = quantize_int8_per_channel(weight, scale_dtype=compute_dtype)
-        return cls(q, scale, bias, compute_dtype)
 
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return torch._weight_int8pack_mm(x, self.weight_int8, self.scale)

@@ -105,27 +105,3 @@ class NativeW8A8Linear(NativeInt8Linear):
             x = x * self.act_inv_smooth
         return super().forward(x)
 
-
-def int4_linear(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
-                bias: torch.Tensor | None, compute_dtype: torch.dtype) -> QuantLinear:
-    """The int4 layer for this compute dtype and CPU (Int4Linear's convention, w = (q - 8) * scale + zero)."""
-    if native_supported(compute_dtype, q.shape[1], group_size):
-        return NativeInt4Linear.from_q(q, scale, zero, group_size, bias)
-    from tally.quant.int4 import Int4Linear
-
-    return Int4Linear(q, scale, zero, group_size, bias, compute_dtype)
-
-
-def int8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-                compute_dtype: torch.dtype) -> QuantLinear:
-    """The int8 layer for this compute dtype and CPU: scale [N] per output channel, or [N, K/32] per block."""
-    group_size = q.shape[1] if scale.dim() == 1 else q.shape[1] // scale.shape[1]
-    if native_supported(compute_dtype, q.shape[1], group_size):
-        return NativeInt8Linear(q, scale.reshape(q.shape[0], -1), bias)
-    if scale.dim() == 1:
-        from tally.quant.int8 import Int8Linear
-
-        return Int8Linear(q, scale, bias, compute_dtype)
-    from tally.quant.group_int8 import GroupInt8Linear
-
-    return GroupInt8Linear(q, scale, bias, compute_dtype)

@@ -1,23 +1,21 @@
 """W8A8: int8 per-channel weights and per-token dynamic int8 activations, multiplied by `torch._int_mm`.
 
 Optionally SmoothQuant-smoothed: the weight holds W·s and the activations must arrive divided by s. When the
-1/s has been folded into the preceding RMSNorm (tally.quant.smooth.fold_smoothing_into_norm) the layer is built
+1/s has been folded into the preceding RMSNorm (tally.quantize.smooth.fold_smoothing_into_norm) the layer is built
 with `smoothing_folded=True`; otherwise it divides by s itself (one extra elementwise op per call, K floats kept).
 
 Few tokens take the weight-only int8 kernel on the same int8 weight (faster there, and no activation rounding);
 many tokens take `_int_mm` (or its fp32 equivalent where the CPU has no VNNI). Memory: 1 byte per weight plus
-two [N] scale vectors (compute dtype, fp32). With fp32 compute where Tally's native kernels build, `w8a8_linear`
-gives `NativeW8A8Linear` instead: the same integers on the int8 byte-dot-product kernel, for every batch size.
+two [N] scale vectors (compute dtype, fp32). With fp32 compute where Tally's native kernels build, the factory
+(tally/layers/linear.py) gives `NativeW8A8Linear` instead: the same integers on the int8 byte-dot-product kernel,
+for every batch size.
 """
 from __future__ import annotations
 
 import torch
 
-from tally.quant.base import QuantLinear
-from tally.quant.dispatch import fast_int8_matmul
+from tally.platform import has_fast_int8_matmul
 from tally.quant.int8 import Int8Linear
-from tally.quant.native_linear import NativeW8A8Linear, native_supported
-from tally.quant.rtn import quantize_int8_per_channel
 
 _MIN_ACT_SCALE = 1e-8
 
@@ -36,7 +34,7 @@ class W8A8Linear(Int8Linear):
                  compute_dtype: torch.dtype, smooth: torch.Tensor | None = None) -> None:
         super().__init__(q, scale, bias, compute_dtype)
         self.register_buffer("scale_fp32", scale.float().reshape(1, -1).contiguous())
-        self.use_int_mm = fast_int8_matmul()
+        self.use_int_mm = has_fast_int8_matmul()
         self.register_buffer("act_inv_smooth", None if smooth is None else (1.0 / smooth.float()).to(compute_dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -52,18 +50,3 @@ class W8A8Linear(Int8Linear):
             acc = self._tiled_matmul(xq, torch.float32, lambda n0, n1: self.weight_int8[n0:n1].float().t())
         return acc.mul_(act_scale).mul_(self.scale_fp32).to(self.compute_dtype)
 
-
-def w8a8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                smooth: torch.Tensor | None = None) -> QuantLinear:
-    """The W8A8 layer for this compute dtype and CPU: q int8 [N, K] (the smoothed weight), scale [N]."""
-    if native_supported(compute_dtype, q.shape[1], q.shape[1]):
-        return NativeW8A8Linear(q, scale.float(), bias, smooth)
-    return W8A8Linear(q, scale, bias, compute_dtype, smooth)
-
-
-def w8a8_from_float(weight: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype, *,
-                    smooth: torch.Tensor | None = None, smoothing_folded: bool = False) -> QuantLinear:
-    """`smooth` s [K] from tally.quant.smooth.smooth_scales; the weight is multiplied by s here."""
-    w = weight.float() if smooth is None else weight.float() * smooth.float()[None, :]
-    q, scale = quantize_int8_per_channel(w, scale_dtype=compute_dtype)
-    return w8a8_linear(q, scale, bias, compute_dtype, None if smoothing_folded else smooth)

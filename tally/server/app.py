@@ -20,7 +20,7 @@ from tally.server.completions import Completions
 from tally.server.errors import error_response
 from tally.server.metrics import ServerMetrics
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
-from tally.server.serving import ServerState, read_json, serve
+from tally.server.lifecycle import ServerState, read_json, run_generation
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         tokenizer=tokenizer, model_name=engine.model_name, max_model_len=engine.max_model_len,
         request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,
     )
-    ledger = engine.loaded.ledger.to_dict()
+    ledger = engine.ledger.to_dict()
     started_s = int(time.time())
 
     @asynccontextmanager
@@ -65,11 +65,11 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
 
     @app.post("/v1/completions")
     async def create_completion(request: Request) -> Response:
-        return await serve(request, completions)
+        return await run_generation(request, completions)
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Response:
-        return await serve(request, chat)
+        return await run_generation(request, chat)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -144,8 +144,7 @@ def ledger_view(ledger: dict, async_engine: AsyncEngine) -> dict:
         },
         "requests": {"running": s.num_running, "waiting": s.num_waiting, "queued": async_engine.queue_depth()},
         "prefix_cache": {"queried_tokens": s.prefix_queried_tokens, "hit_tokens": s.prefix_hit_tokens,
-                         "hit_rate": s.prefix_hit_tokens / s.prefix_queried_tokens if s.prefix_queried_tokens
-                         else 0.0},
+                         "hit_rate": s.prefix_hit_rate},
         "num_preemptions": s.num_preemptions,
         "engine_steps": s.num_steps,
         "plan": ledger,

@@ -8,27 +8,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tally.server.protocol import finite
 from tally.errors import InvalidRequestError
+from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import SamplingParams
-from tally.server.protocol import ChatCompletionRequest, ChatMessage
-from tally.server.serving import Ctx, ServerState, usage
+from tally.server.protocol import ChatCompletionRequest, ChatMessage, finite
+from tally.server.lifecycle import Ctx, ServerState, usage
 from tally.server.streaming import Delta, deltas
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True) -> dict:
     """Chat messages → the engine's prompt (text and ids); also used by POST /tokenize."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise InvalidRequestError("this model has no chat template; use /v1/completions with a plain prompt",
-                                  param="messages")
     convo = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
-    try:
-        text = tokenizer.apply_chat_template(convo, add_generation_prompt=add_generation_prompt, tokenize=False)
-    except Exception as exc:  # noqa: BLE001 - templates raise their own errors for bad conversations
-        raise InvalidRequestError(f"the chat template rejected these messages: {exc}", param="messages") from None
-    # The template already holds any BOS it wants; encoding must not add another.
-    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+    return chat_prompt(tokenizer, convo, without_template=refuse_without_template,
+                       add_generation_prompt=add_generation_prompt)
 
 
 class ChatCompletions:

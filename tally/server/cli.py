@@ -8,8 +8,11 @@ from types import FrameType
 
 import uvicorn
 
-from tally.engine.args import add_engine_args, config_from_args, parse_bytes
+from tally.engine.args import add_engine_args, config_from_args
+from tally.engine.engine import Engine
 from tally.errors import TallyError
+from tally.server.app import ServerConfig, build_app
+from tally.units import parse_bytes
 
 
 class DrainingServer(uvicorn.Server):
@@ -46,8 +49,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     ns = parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from tally.engine.engine import Engine
-    from tally.server.app import ServerConfig, build_app
 
     try:
         engine = Engine(config_from_args(ns))

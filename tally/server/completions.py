@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tally.server.protocol import finite
 from tally.errors import InvalidRequestError
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import SamplingParams
-from tally.server.protocol import CompletionRequest
-from tally.server.serving import Ctx, ServerState, usage
+from tally.server.protocol import CompletionRequest, finite
+from tally.server.lifecycle import Ctx, ServerState, usage
 from tally.server.streaming import Delta, deltas
 
 

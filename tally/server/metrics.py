@@ -8,10 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from tally.engine.async_engine import EngineSnapshot
+from tally.engine.snapshot import EngineSnapshot
 from tally.outputs import RequestOutput
 
 # 1 ms to 10 min: a CPU decode step is tens of ms, a long queue on a small machine is minutes.

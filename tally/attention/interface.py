@@ -1,0 +1,48 @@
+"""What every attention backend is: the shape and masking rule it serves, and the one call the model makes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from tally.attention.kv_cache import KVCache
+from tally.attention.metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """The shape and masking rule of one model's attention layers (the same for every layer)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    sliding_window: int | None  # a query at position p sees keys at positions > p - sliding_window
+    compute_dtype: torch.dtype = torch.float32
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+class AttentionBackend(Protocol):
+    config: AttentionConfig
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: KVCache,
+        v_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] (new tokens, rotary applied); k_cache/v_cache
+        [num_blocks, block_size, Hkv, D] (tensors, or Int8KVCache values + scales) are this layer's
+        cache, written in place at meta.slot_mapping before attending. Returns [T, Hq, D] in q's dtype."""
+        ...
+
+    def attend(self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """`forward` for a step whose K/V the caller has already written at meta.slot_mapping."""
+        ...

@@ -1,0 +1,135 @@
+"""Per-request block tables over the block pool, with prefix caching by chained block hashes.
+
+A full block is named by hash(parent block's hash, its token ids, the request's salt); a hit
+reuses the block (ref count + 1) and skips its prefill. Hashes of full blocks are always registered
+(so n>1 siblings can share a prompt even with prefix caching off); lookups happen only when
+prefix caching is enabled or the request is such a sibling.
+
+With a sliding window, blocks every future query is too far ahead to see are given back while the request
+runs (they stay in the prefix cache if registered). Such blocks are always a prefix of the table, so the
+table keeps their places (attention never reads them: it starts at the first query's window) and a count
+says how many leading entries no longer belong to the request."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tally.core.block_pool import Block, BlockPool
+from tally.core.request import Request
+
+
+@dataclass
+class PrefixCacheStats:
+    queried_tokens: int = 0  # prompt tokens of requests at first admission
+    hit_tokens: int = 0  # of those, tokens reused from the cache
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 sliding_window: int | None = None) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
+        self.stats = PrefixCacheStats()
+        self._blocks: dict[str, list[Block]] = {}
+        self._num_registered: dict[str, int] = {}
+        self._filled_tokens: dict[str, int] = {}  # tokens each request's blocks will hold after this step
+        self._num_released: dict[str, int] = {}  # leading table entries given back (sliding window)
+
+    # -- queries -------------------------------------------------------------------------------
+    def block_table(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self._blocks.get(request_id, ())]
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_used_blocks(self) -> int:
+        return self.pool.num_blocks - self.pool.num_free_blocks
+
+    def num_unfilled_slots(self) -> int:
+        """Allocated slots holding no token yet (the numerator of fragmentation)."""
+        return sum(len(blocks) * self.block_size - self._filled(rid) for rid, blocks in self._blocks.items())
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks the request holds a reference to (its table minus entries released behind the window)."""
+        return len(self._blocks.get(request_id, ())) - self._num_released.get(request_id, 0)
+
+    def _filled(self, request_id: str) -> int:
+        return self._filled_tokens.get(request_id, 0)
+
+    # -- prefix cache -------------------------------------------------------------------------
+    def _update_hashes(self, req: Request) -> None:
+        bs = self.block_size
+        hashes = req.block_hashes
+        for i in range(len(hashes), req.num_tokens // bs):
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash((parent, tuple(req.token_ids[i * bs:(i + 1) * bs]), req.cache_salt)))
+
+    def find_cached_prefix(self, req: Request) -> list[Block]:
+        """Blocks that already hold a prefix of req's known tokens (no references taken).
+        At least one token is always left to compute, since its logits are needed."""
+        if req.skip_prefix_cache or not (self.enable_prefix_caching or req.parent is not None):
+            return []
+        self._update_hashes(req)
+        bs = self.block_size
+        max_blocks = (req.num_tokens - 1) // bs
+        hits: list[Block] = []
+        for i, h in enumerate(req.block_hashes[:max_blocks]):
+            block = self.pool.lookup(h, tuple(req.token_ids[i * bs:(i + 1) * bs]))
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    # -- allocation ----------------------------------------------------------------------------
+    def allocate(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
+        """Make room for req's next num_new_tokens (after any cached prefix). False, and nothing
+        changed, when the pool cannot hold them."""
+        blocks = self._blocks.get(req.request_id, [])
+        num_computed = req.num_computed_tokens + len(cached) * self.block_size
+        need = self.blocks_needed(num_computed + num_new_tokens) - len(blocks) - len(cached)
+        reviving = sum(1 for b in cached if b.ref_count == 0)  # cached-free blocks we are about to take
+        if need > self.pool.num_free_blocks - reviving:
+            return False
+        for block in cached:
+            self.pool.touch(block)
+        blocks = self._blocks.setdefault(req.request_id, blocks)
+        blocks.extend(cached)
+        if need > 0:
+            blocks.extend(self.pool.allocate(need))
+        self._filled_tokens[req.request_id] = num_computed + num_new_tokens
+        return True
+
+    def record_first_admission(self, req: Request, num_cached_tokens: int) -> None:
+        self.stats.queried_tokens += req.num_prompt_tokens
+        self.stats.hit_tokens += num_cached_tokens
+
+    def cache_computed_blocks(self, req: Request) -> None:
+        """Register blocks that became full of computed tokens."""
+        self._update_hashes(req)
+        blocks = self._blocks[req.request_id]
+        start = max(self._num_registered.get(req.request_id, 0), self._num_released.get(req.request_id, 0))
+        end = min(req.num_computed_tokens // self.block_size, len(req.block_hashes))
+        bs = self.block_size
+        for i in range(start, end):
+            self.pool.register(blocks[i], req.block_hashes[i], tuple(req.token_ids[i * bs:(i + 1) * bs]))
+        self._num_registered[req.request_id] = max(start, end)
+
+    def release_out_of_window(self, req: Request) -> None:
+        """Give back the leading blocks no query from position num_computed_tokens on can see: a query at
+        p sees keys > p - window, so every key before num_computed_tokens - window + 1 is dead."""
+        if self.sliding_window is None:
+            return
+        first_needed = req.num_computed_tokens - self.sliding_window + 1
+        done = self._num_released.get(req.request_id, 0)
+        dead = min(max(0, first_needed) // self.block_size, len(self._blocks.get(req.request_id, ())))
+        if dead > done:
+            self.pool.release(self._blocks[req.request_id][done:dead])
+            self._num_released[req.request_id] = dead
+
+    def free(self, req: Request) -> None:
+        blocks = self._blocks.pop(req.request_id, [])
+        released = self._num_released.pop(req.request_id, 0)
+        self._num_registered.pop(req.request_id, None)
+        self._filled_tokens.pop(req.request_id, None)
+        self.pool.release(list(reversed(blocks[released:])))

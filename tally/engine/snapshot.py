@@ -1,0 +1,24 @@
+"""The engine's counters at one moment, for /metrics, /ledger and benchmarks: read between steps, never mid-step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    num_running: int = 0
+    num_waiting: int = 0
+    num_blocks: int = 0
+    num_free_blocks: int = 0
+    num_cached_free_blocks: int = 0
+    num_used_blocks: int = 0
+    num_unfilled_slots: int = 0
+    block_size_tokens: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0

@@ -1,1 +1,0 @@
-"""Paged KV cache: block pool, prefix cache, per-request block tables."""

@@ -1,0 +1,79 @@
+"""Projections that keep a dense weight: as is, in fp16 for fp32 compute, or several side by side.
+Built through tally/layers/linear.py, the one place that chooses a projection's layer."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tally.native import ops as native
+
+
+class DenseLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.to(dtype), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Fp16WeightLinear(nn.Module):
+    """Weights stored in fp16, inputs and outputs fp32, no fp16 arithmetic (unusably slow on CPUs): a memory-bound
+    decode step reads half of fp32's bytes. On AVX2 CPUs the weights are the native kernel's panels
+    (tally/native: converted with F16C, multiplied in fp32), which also lets the one-call decode step take this
+    layer; `python bench/weight_formats.py --model smol --threads 1` measures it against FBGEMM's packed fp16 GEMM
+    (used where the native kernels are unavailable): faster up to 8 rows, within 7% to 128 rows, 15% slower at 512."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("bias", None if bias is None else bias.float().contiguous())
+        self._packed = None
+        self.register_buffer("panels", None)
+        if native.available():
+            self.panels = native.pack_f16(weight)
+        else:
+            self._packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
+            self.embedding_rows = None  # FBGEMM's packed layout cannot be read back
+
+    @property
+    def packed_bytes(self) -> int:
+        """What FBGEMM's packed weights hold (the ledger counts them; they are not a tensor of the module)."""
+        return 0 if self._packed is None else self.out_features * self.in_features * 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.panels is None:
+            y = torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
+            return y if self.bias is None else y + self.bias
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        y = native.gemm_f16(x2, self.panels, self.out_features, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the weight as fp32 [len(ids), K]: a tied embedding read from the head's panels."""
+        return native.panel_rows(self.panels, ids)
+
+    def zero_(self) -> None:
+        """Deliberate damage for the quality gate's self-test (tally/quality/corrupt.py)."""
+        if self.panels is not None:
+            self.panels.zero_()
+        else:
+            self._packed = torch.ops.quantized.linear_prepack_fp16(
+                torch.zeros(self.out_features, self.in_features), None)
+        if self.bias is not None:
+            self.bias.zero_()
+
+
+class ConcatLinear(nn.Module):
+    """Several projections of the same input, outputs side by side: a fused projection whose parts are stored
+    differently (e.g. a GGUF with q/k in Q4_1 and v in Q8_0), so the model code still sees one module."""
+
+    def __init__(self, parts: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+

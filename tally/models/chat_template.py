@@ -1,0 +1,46 @@
+"""Chat messages through a model's chat template: the one rendering used by the server, `LLM.chat`,
+`tally generate`, calibration and the quality suites.
+
+A model without a template is each caller's decision, so each passes `without_template`: the server and
+`LLM.chat` refuse (`refuse_without_template`), offline tools join the turns as plain text."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tally.errors import InvalidRequestError
+
+Messages = list[dict[str, Any]]
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def refuse_without_template(messages: Messages) -> str:
+    raise InvalidRequestError("this model has no chat template; send a plain prompt (/v1/completions, "
+                              "LLM.generate) instead of chat messages", param="messages")
+
+
+def join_turns(separator: str, end: str = "") -> Callable[[Messages], str]:
+    """A `without_template` that joins the messages' contents."""
+    return lambda messages: separator.join(str(m["content"]) for m in messages) + end
+
+
+def render_chat(tokenizer: Any, messages: Messages, *, without_template: Callable[[Messages], str],
+                add_generation_prompt: bool = True) -> str:
+    if not has_chat_template(tokenizer):
+        return without_template(messages)
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - templates raise their own errors for bad conversations
+        raise InvalidRequestError(f"the chat template rejected these messages: {exc}", param="messages") from None
+
+
+def chat_prompt(tokenizer: Any, messages: Messages, *, without_template: Callable[[Messages], str],
+                add_generation_prompt: bool = True) -> dict[str, Any]:
+    """The engine's prompt: the rendered text and its token ids."""
+    text = render_chat(tokenizer, messages, without_template=without_template,
+                       add_generation_prompt=add_generation_prompt)
+    # The template already holds any BOS it wants; encoding must not add another.
+    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}

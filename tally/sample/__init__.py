@@ -1,0 +1,1 @@
+"""Next tokens from logits: penalties, filters, greedy and seeded sampling, logprobs."""

@@ -1,0 +1,27 @@
+"""What the sampler takes for one batch of logits, and what it gives back."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tally.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplerInput:
+    """Built by the engine each step, one entry per row of the logits."""
+
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]  # seeded requests own one, seeded once with `seed`
+    output_token_ids: list[list[int]]  # generated so far (penalties, min_tokens)
+    prompt_token_ids: list[list[int]]  # the repetition penalty covers prompt + output, like vLLM
+    eos_token_ids: list[tuple[int, ...]]  # masked until min_tokens; empty for ignore_eos rows
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32: chosen token under log_softmax of the raw logits
+    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # ([B, k] ids, [B, k] logprobs), rank j+1
+    ranks: torch.Tensor | None  # [B] rank of the chosen token (1 = top); 0 in rows without logprobs

@@ -1,0 +1,142 @@
+"""Next tokens for a batch of logits, vectorized over rows, in vLLM's order: the min_tokens mask
+and penalties, then greedy rows take the argmax; random rows get temperature, min-p, top-k, top-p
+and an exponential race (argmax of probs / Exp(1) noise). The race lets every seeded row draw its
+noise from its own generator, so it samples the same tokens alone or in any batch."""
+from __future__ import annotations
+
+import torch
+
+from tally.sample.batch import SamplerInput, SamplerOutput
+from tally.sample.filters import apply_min_p, top_k_top_p
+from tally.sample.penalties import apply_min_tokens, apply_penalties
+from tally.sample.tensors import SamplingTensors
+
+_CPU_CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per temporary
+
+
+class Sampler:
+    """Keeps the batch's SamplingTensors and scratch buffers between steps."""
+
+    def __init__(self) -> None:
+        self._tensors: SamplingTensors | None = None
+        self._scratch: dict[str, torch.Tensor] = {}
+
+    def __call__(self, logits: torch.Tensor, inp: SamplerInput) -> SamplerOutput:
+        if self._tensors is None or not self._tensors.built_for(inp):
+            self._tensors = SamplingTensors.build(inp, logits.shape[1], logits.device)
+        return self._sample(logits.float(), inp, self._tensors)
+
+    def _buffer(self, name: str, rows: int, like: torch.Tensor, cols: int | None = None) -> torch.Tensor:
+        cols = like.shape[1] if cols is None else cols
+        buf = self._scratch.get(name)
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != cols or buf.device != like.device:
+            buf = self._scratch[name] = torch.empty(rows, cols, dtype=like.dtype, device=like.device)
+        return buf[:rows]
+
+    def _sample(self, logits: torch.Tensor, inp: SamplerInput, t: SamplingTensors) -> SamplerOutput:
+        batch, vocab = logits.shape
+        short = t.min_tokens.active(inp.output_token_ids) if t.min_tokens is not None else []
+        work = logits  # the raw logits stay intact for the logprobs
+        if t.penalties is not None or short:
+            work = self._buffer("work", batch, logits).copy_(logits)
+            if short:
+                apply_min_tokens(work, t.min_tokens, short)
+            if t.penalties is not None:
+                apply_penalties(work, t.penalties, inp.output_token_ids)
+
+        token_ids = torch.empty(batch, dtype=torch.long, device=logits.device)
+        num_greedy = t.greedy_rows.numel()
+        for rows in row_chunks(num_greedy, vocab, logits.device):
+            idx = t.greedy_rows[rows]
+            src = work[rows] if num_greedy == batch else work.index_select(0, idx)  # a view if we can
+            token_ids[idx] = src.argmax(dim=-1)
+        for rows in row_chunks(t.random_rows.numel(), vocab, logits.device):
+            idx = t.random_rows[rows]
+            x = torch.index_select(work, 0, idx, out=self._buffer("rows", idx.numel(), work))
+            token_ids[idx] = self._sample_random_rows(x, t, rows, inp.generators)
+        return _with_logprobs(logits, token_ids, t)
+
+    def _sample_random_rows(
+        self, x: torch.Tensor, t: SamplingTensors, rows: slice, generators: list[torch.Generator | None]
+    ) -> torch.Tensor:
+        """Token ids for random rows[rows]; x holds their logits and is overwritten."""
+        if t.temperature is not None:
+            x.div_(t.temperature[rows])
+        if t.log_min_p is not None:
+            apply_min_p(x, t.log_min_p[rows])
+        if t.filters is not None and (num_candidates := t.filters.num_candidates(rows)):
+            cand = top_k_top_p(x, t.filters.top_k[rows], t.filters.top_p[rows], num_candidates)
+            if cand.complete:  # race among the candidates only: a fraction of the noise and passes
+                noise = self._uniform_noise(t, rows, generators, x, cand.ids)
+                return cand.ids.gather(1, _race(cand.values, noise)[:, None]).squeeze(1)
+            x.masked_fill_(x < cand.cutoff, float("-inf"))
+        return _race(x, self._uniform_noise(t, rows, generators, x))
+
+    def _uniform_noise(
+        self,
+        t: SamplingTensors,
+        rows: slice,
+        generators: list[torch.Generator | None],
+        like: torch.Tensor,
+        ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """U(0, 1) noise for random rows[rows], over the vocabulary or at candidate `ids` only.
+
+        Rows without a generator share one draw. A seeded row always draws a whole vocabulary
+        row from its own generator, so each token sees the same number whatever the batch, and
+        racing over candidates picks what racing over the whole row would have."""
+        n = rows.stop - rows.start
+        if ids is None:
+            noise = self._buffer("noise", n, like)
+        else:
+            noise = self._buffer("noise_ids", n, like, ids.shape[1])
+        num_shared = t.random_rows.numel() - len(t.seeded_rows)
+        if rows.start < num_shared:
+            noise[: min(rows.stop, num_shared) - rows.start].uniform_()
+        for j in range(max(rows.start, num_shared), rows.stop):
+            generator = generators[t.seeded_rows[j - num_shared]]
+            if ids is None:
+                noise[j - rows.start].uniform_(generator=generator)
+            else:
+                full = self._buffer("seeded_noise", 1, like)[0].uniform_(generator=generator)
+                noise[j - rows.start] = full[ids[j - rows.start]]
+        return noise
+
+
+def sample(logits: torch.Tensor, inp: SamplerInput) -> SamplerOutput:
+    """One-shot sampling; an engine keeps a `Sampler` instead, to reuse tensors across steps."""
+    return Sampler()(logits, inp)
+
+
+def row_chunks(num_rows: int, vocab: int, device: torch.device) -> list[slice]:
+    """On CPU, groups of rows whose [rows, V] temporaries stay in cache: temporaries of a whole
+    batch are fresh pages every step and cost ~4x the arithmetic. A GPU takes all rows at once."""
+    step = num_rows if device.type != "cpu" else max(1, _CPU_CHUNK_ELEMENTS // vocab)
+    return [slice(a, min(a + step, num_rows)) for a in range(0, num_rows, max(step, 1))]
+
+
+def _race(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Positions won by the exponential race: argmax of probs / E with E ~ Exp(1). Both inputs
+    are overwritten. E = -log(U) is 4x cheaper than exponential_() on CPU; dividing by
+    log(U) < 0 flips the sign, so the winner is the argmin, and a zero prob (-0) never wins."""
+    probs = logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()  # unnormalised: the scale cancels
+    return probs.div_(uniform.log_()).argmin(dim=-1)
+
+
+def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, t: SamplingTensors) -> SamplerOutput:
+    batch, vocab = logits.shape
+    chosen = logits.gather(1, token_ids[:, None])
+    lse = torch.empty_like(chosen)
+    for rows in row_chunks(batch, vocab, logits.device):
+        lse[rows] = torch.logsumexp(logits[rows], dim=-1, keepdim=True)
+    top = None
+    if t.max_logprobs > 0:
+        values, ids = logits.topk(t.max_logprobs, dim=-1)
+        top = (ids, values - lse)
+    ranks = None
+    if t.logprob_rows is not None:
+        ranks = torch.zeros_like(token_ids)
+        for rows in row_chunks(t.logprob_rows.numel(), vocab, logits.device):
+            idx = t.logprob_rows[rows]
+            ranks[idx] = (logits.index_select(0, idx) > chosen[idx]).sum(dim=-1) + 1
+    return SamplerOutput(token_ids, (chosen - lse).squeeze(1), top, ranks)

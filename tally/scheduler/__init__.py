@@ -1,1 +1,0 @@
-"""Request queue, admission, token-budget scheduling and preemption."""

@@ -1,0 +1,240 @@
+"""The life of one generation request, shared by /v1/completions and /v1/chat/completions:
+read and validate → submit → wait (racing client disconnect and --request-timeout) → respond,
+and count exactly one outcome in the metrics. The endpoint modules only translate formats."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Protocol
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from tally.engine.async_engine import AsyncEngine, RequestStream
+from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError
+from tally.outputs import RequestOutput
+from tally.sampling_params import SamplingParams
+from tally.server.errors import (
+    BodyTooLargeError,
+    ServerDrainingError,
+    as_tally_error,
+    error_body,
+    error_response,
+    rejection_reason,
+)
+from tally.server.metrics import ServerMetrics, StreamTimes
+from tally.server.protocol import SamplingFields
+from tally.server.streaming import EventStreamResponse, sse
+
+log = logging.getLogger("tally.server")
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    metrics: ServerMetrics
+    tokenizer: Any  # the server's own copy: the engine thread decodes with the engine's
+    model_name: str
+    max_model_len: int
+    request_timeout_s: float | None = None
+    max_body_bytes: int = 16 * 2**20
+    draining: bool = False
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
+                                     f"{self.model_name!r} (see GET /v1/models)", param="model")
+
+
+@dataclass
+class Ctx:
+    """One HTTP request in flight, as the endpoint formatters see it."""
+
+    request_id: str
+    created_s: int
+    model: str
+    req: Any
+    request_ids: list[str]  # engine request ids, one per prompt, in prompt order
+    sent: dict[tuple[int, int], tuple[int, int, bool]] = field(default_factory=dict)  # see streaming.deltas
+    times: dict[str, StreamTimes] = field(default_factory=dict)
+
+
+class Handler(Protocol):
+    path: str
+    id_prefix: str
+    chunk_object: str
+
+    def parse(self, body: dict) -> SamplingFields: ...
+    def engine_requests(self, req: Any, state: ServerState) -> list[tuple[Any, SamplingParams]]: ...
+    def response(self, ctx: Ctx, outputs: list[RequestOutput], state: ServerState) -> dict: ...
+    def chunks(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]: ...
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class Inflight:
+    """One request's wait on the engine. A client disconnect or the deadline fails its stream, so
+    whoever awaits the stream wakes with ClientDisconnected or RequestTimeoutError; no polling."""
+
+    def __init__(self, state: ServerState, request: Request, stream: RequestStream, arrival_s: float) -> None:
+        self.state, self.stream = state, stream
+        self._disconnect = asyncio.ensure_future(self._watch(request))
+        self._deadline: asyncio.TimerHandle | None = None
+        if state.request_timeout_s:
+            left_s = max(0.0, arrival_s + state.request_timeout_s - time.monotonic())
+            self._deadline = asyncio.get_running_loop().call_later(left_s, stream.fail, RequestTimeoutError(
+                f"request ran longer than --request-timeout {state.request_timeout_s:g} s and was aborted; "
+                f"lower max_tokens, or ask the operator to raise --request-timeout"))
+
+    async def _watch(self, request: Request) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.stream.fail(ClientDisconnected())
+
+    async def until_finished(self) -> dict[str, RequestOutput]:
+        while True:
+            latest = await self.stream.next()
+            if self.stream.is_finished(latest):
+                return latest
+
+    def close(self) -> None:
+        self._disconnect.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if not self.stream.is_finished():
+            self.state.engine.abort(self.stream)
+
+
+async def read_json(request: Request, limit_bytes: int) -> dict:
+    declared = request.headers.get("content-length")
+    too_big = BodyTooLargeError(f"request body exceeds the server's limit of {limit_bytes:,} bytes; "
+                                f"send a shorter prompt or raise --max-body-bytes")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise too_big
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            raise too_big
+        parts.append(chunk)
+    try:
+        body = json.loads(b"".join(parts))
+    except ValueError as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequestError("request body must be a JSON object")
+    return body
+
+
+def usage(outputs: list[RequestOutput]) -> dict:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    cached = sum(o.num_cached_tokens for o in outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+async def run_generation(request: Request, handler: Handler) -> Response:
+    state: ServerState = request.app.state.tally
+    arrival_s = time.monotonic()
+    inflight: Inflight | None = None
+    handed_off = False  # a streaming response owns the request from then on
+    try:
+        if state.draining:
+            raise ServerDrainingError()
+        req = handler.parse(await read_json(request, state.max_body_bytes))
+        state.check_model(req.model)
+        items = handler.engine_requests(req, state)
+        request_id = f"{handler.id_prefix}-{uuid.uuid4().hex}"
+        rids = [f"{request_id}-{i}" for i in range(len(items))]
+        stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s)
+        inflight = Inflight(state, request, stream, arrival_s)
+        await stream.accepted
+        ctx = Ctx(request_id, int(time.time()), state.model_name, req, rids)
+        if req.stream:
+            handed_off = True
+            return EventStreamResponse(_events(state, handler, ctx, inflight))
+        latest = await inflight.until_finished()
+    except ClientDisconnected:
+        state.metrics.count_success(handler.path, "abort")
+        return Response(status_code=499)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one OpenAI-shaped error
+        return error_response(_record_failure(state, handler.path, exc))
+    finally:
+        # Also on cancellation (drain timeout): the engine must not keep computing for nobody.
+        if inflight is not None and not handed_off:
+            inflight.close()
+    outputs = [latest[rid] for rid in rids]
+    for out in outputs:
+        state.metrics.observe_output(handler.path, out, None)
+    state.metrics.count_success(handler.path, outputs[0].outputs[0].finish_reason or "abort")
+    return JSONResponse(handler.response(ctx, outputs, state))
+
+
+async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Inflight) -> AsyncIterator[bytes]:
+    recorded = False
+    try:
+        while True:
+            latest = await inflight.stream.next()
+            outputs = [latest.get(rid) for rid in ctx.request_ids]
+            chunks = handler.chunks(ctx, outputs)
+            if chunks:
+                yield b"".join(sse(c) for c in chunks)
+                _note_sent(state, handler.path, ctx, outputs)
+            if inflight.stream.is_finished(latest):
+                break
+        if ctx.req.include_usage:
+            yield sse({"id": ctx.request_id, "object": handler.chunk_object, "created": ctx.created_s,
+                       "model": ctx.model, "choices": [], "usage": usage(outputs)})
+        for out in outputs:
+            state.metrics.observe_output(handler.path, out, ctx.times.get(out.request_id))
+        state.metrics.count_success(handler.path, outputs[0].outputs[0].finish_reason or "abort")
+        recorded = True
+    except ClientDisconnected:
+        return
+    except Exception as exc:  # noqa: BLE001 - headers are sent: the error travels as an event
+        recorded = True
+        yield sse(error_body(_record_failure(state, handler.path, exc)))
+    finally:
+        inflight.close()
+        if not recorded:  # client went away (disconnect, or the server cancelled us while draining)
+            state.metrics.count_success(handler.path, "abort")
+    yield b"data: [DONE]\n\n"
+
+
+def _note_sent(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[RequestOutput | None]) -> None:
+    """Server-side token times of each engine request, for TTFT and ITL as the client sees them."""
+    now = time.monotonic()
+    for out in outputs:
+        if out is None:
+            continue
+        n_tokens = sum(len(c.token_ids) for c in out.outputs)
+        t = ctx.times.setdefault(out.request_id, StreamTimes())
+        new = n_tokens - t.num_tokens_sent
+        if new <= 0:
+            continue
+        if t.last_token_sent_s is not None:
+            state.metrics.observe_itl(endpoint, now - t.last_token_sent_s, new)
+        if t.first_token_sent_s is None:
+            t.first_token_sent_s = now
+        t.last_token_sent_s, t.num_tokens_sent = now, n_tokens
+
+
+def _record_failure(state: ServerState, endpoint: str, exc: BaseException):
+    err = as_tally_error(exc)
+    reason = rejection_reason(err)
+    if reason is not None:
+        state.metrics.count_rejected(endpoint, reason)
+    elif isinstance(err, RequestTimeoutError):
+        state.metrics.count_timeout(endpoint)
+    else:
+        state.metrics.count_error(endpoint, err.http_status)
+    if err.http_status >= 500 and not isinstance(err, (RequestTimeoutError, ServerDrainingError)):
+        log.error("request failed: %s", err.message, exc_info=err.__cause__ or err)
+    return err
