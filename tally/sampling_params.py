@@ -5,6 +5,7 @@ so the HTTP layer can hand it straight to the client."""
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from tally.errors import InvalidRequestError
@@ -13,6 +14,12 @@ from tally.errors import InvalidRequestError
 # overflows float32 and the "sample" is the argmax anyway.
 GREEDY_TEMPERATURE_EPS = 1e-5
 MAX_LOGPROBS = 20  # the OpenAI API's cap on top_logprobs
+# What one request may ask for (docs/server.md lists them): each bounds memory or time per token.
+MAX_N = 128  # the OpenAI API's cap on n
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 4096  # all stop strings together: stop matching reads each generated character once per string
+MAX_STOP_TOKEN_IDS = 1024
+SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
 class SamplingType(enum.IntEnum):
@@ -52,7 +59,11 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        _check(self.n >= 1, "n", f"n must be at least 1, got {self.n}")
+        _check(1 <= self.n <= MAX_N, "n", f"n must be between 1 and {MAX_N}, got {self.n}")
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and math.isfinite(value), name,
+                   f"{name} must be a finite number, got {value!r}")
         _check(
             self.best_of is None or self.best_of == self.n, "best_of",
             f"best_of={self.best_of} with n={self.n} is not supported; omit best_of or set it to n",
@@ -93,6 +104,20 @@ class SamplingParams:
         _check(
             all(isinstance(s, str) and s for s in self.stop), "stop",
             f"stop strings must be non-empty strings, got {self.stop!r}",
+        )
+        stop_chars = sum(map(len, self.stop))
+        _check(
+            len(self.stop) <= MAX_STOP_STRINGS and stop_chars <= MAX_STOP_CHARS, "stop",
+            f"send at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS:,} characters together; "
+            f"got {len(self.stop)} of {stop_chars:,}",
+        )
+        _check(
+            self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1], "seed",
+            f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed}",
+        )
+        _check(
+            len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
+            f"send at most {MAX_STOP_TOKEN_IDS} stop_token_ids, got {len(self.stop_token_ids)}",
         )
         _check(
             all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 
 import transformers
 
@@ -76,17 +77,37 @@ def test_the_stop_string_that_ends_first_wins():
     assert checker.check("abcdefg", 7) == ("de", 3)
 
 
-def test_check_only_looks_at_the_tail_that_can_hold_a_new_match():
+def test_check_reports_only_a_match_that_ends_in_the_new_characters():
+    # A checker follows one sequence's growing text.
+    assert StopChecker(["###"]).check("xx### abc", 3) == (None, None)  # ended before min_tokens allowed it
     checker = StopChecker(["###"])
-    assert checker.check("xx### abc", 3) == (None, None)  # an old match was already handled
     assert checker.check("xx##", 1) == (None, None)
     assert checker.check("xx###", 1) == ("###", 2)
 
 
 def test_holdback_is_the_longest_tail_that_starts_a_stop_string():
-    checker = StopChecker(["###", "END"])
     tails = ("Hello #", "Hello ##", "Hello #a", "The E", "THEN", "THX")
-    assert [checker.holdback_len(t) for t in tails] == [1, 2, 0, 1, 2, 0]
+    assert [StopChecker(["###", "END"]).holdback_len(t) for t in tails] == [1, 2, 0, 1, 2, 0]
+
+
+def test_holdback_follows_a_growing_text():
+    checker = StopChecker(["abac", "abd"])
+    text = ""
+    for ch, held in zip("ababax", [1, 2, 3, 2, 3, 0]):
+        text += ch
+        assert checker.holdback_len(text) == held, text
+
+
+def test_a_long_stop_string_costs_memory_linear_in_its_length():
+    """A 1 MiB stop string once grew the server past 24 GB: every proper prefix was kept in a set."""
+    stop = "ab" * 32_768  # 64K characters: the quadratic set took 1.39 GB
+    tracemalloc.start()
+    checker = StopChecker([stop])
+    text = "ab" * 40_000
+    assert checker.check(text, len(text)) == (stop, 0)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 * len(stop) + 2**20
 
 
 def test_stream_never_sends_text_a_later_stop_string_cuts():

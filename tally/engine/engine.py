@@ -73,7 +73,7 @@ class Engine:
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             gen = None
             if params.seed is not None:
-                gen = torch.Generator().manual_seed(params.seed + i)
+                gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
             req = Request(rid, ids, max_tokens, now, sampling_params=params, cache_salt=cache_salt,
                           eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
                           parent=parent)

@@ -18,9 +18,9 @@ from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundErro
 from tally.server.chat import ChatCompletions, render_chat
 from tally.server.completions import Completions
 from tally.server.errors import error_response
+from tally.server.lifecycle import ServerState, read_json, run_generation
 from tally.server.metrics import ServerMetrics
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
-from tally.server.lifecycle import ServerState, read_json, run_generation
 
 
 @dataclass(frozen=True)

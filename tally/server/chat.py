@@ -11,9 +11,9 @@ from typing import Any
 from tally.errors import InvalidRequestError
 from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.outputs import Logprob, RequestOutput
-from tally.sampling_params import SamplingParams
-from tally.server.protocol import ChatCompletionRequest, ChatMessage, finite
+from tally.sampling_params import MAX_LOGPROBS, SamplingParams
 from tally.server.lifecycle import Ctx, ServerState, usage
+from tally.server.protocol import ChatCompletionRequest, ChatMessage, finite
 from tally.server.streaming import Delta, deltas
 
 
@@ -45,6 +45,9 @@ class ChatCompletions:
                                       "response_format of type 'json_object'", param="response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise InvalidRequestError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}",
+                                      param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = req.to_sampling_params(max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
         return [(render_chat(self.tokenizer, req.messages, req.add_generation_prompt), params)]

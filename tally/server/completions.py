@@ -9,8 +9,8 @@ from typing import Any
 from tally.errors import InvalidRequestError
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import SamplingParams
-from tally.server.protocol import CompletionRequest, finite
 from tally.server.lifecycle import Ctx, ServerState, usage
+from tally.server.protocol import CompletionRequest, finite
 from tally.server.streaming import Delta, deltas
 
 

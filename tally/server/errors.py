@@ -4,6 +4,7 @@ Every failure of a request, whatever raised it, passes through `as_tally_error` 
 `error_response`, so clients always get `{"error": {"message", "type", "param", "code"}}`."""
 from __future__ import annotations
 
+import logging
 import math
 
 from fastapi.exceptions import RequestValidationError
@@ -12,9 +13,15 @@ from pydantic import ValidationError
 
 from tally.errors import InvalidRequestError, QueueFullError, TallyError
 
+log = logging.getLogger("tally.server")
+
 
 class BodyTooLargeError(InvalidRequestError):
     http_status = 413
+
+
+class UnsupportedMediaTypeError(InvalidRequestError):
+    http_status = 415
 
 
 class ServerDrainingError(TallyError):
@@ -47,6 +54,8 @@ def error_body(err: TallyError) -> dict:
 
 def error_response(exc: BaseException) -> JSONResponse:
     err = as_tally_error(exc)
+    if err.http_status == 500:  # a bug of ours, not the client's: keep the traceback
+        log.error("internal error: %s", err.message, exc_info=err.__cause__ or err)
     headers = {}
     retry_after_s = getattr(err, "retry_after_s", None)
     if retry_after_s is not None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Protocol
 
+import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
@@ -21,6 +23,7 @@ from tally.sampling_params import SamplingParams
 from tally.server.errors import (
     BodyTooLargeError,
     ServerDrainingError,
+    UnsupportedMediaTypeError,
     as_tally_error,
     error_body,
     error_response,
@@ -31,6 +34,9 @@ from tally.server.protocol import SamplingFields
 from tally.server.streaming import EventStreamResponse, sse
 
 log = logging.getLogger("tally.server")
+MAX_JSON_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas about ten)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_OPENERS, _CLOSERS = np.frombuffer(b"[{", dtype=np.uint8), np.frombuffer(b"]}", dtype=np.uint8)
 
 
 @dataclass
@@ -112,6 +118,13 @@ class Inflight:
 
 
 async def read_json(request: Request, limit_bytes: int) -> dict:
+    """The body as a JSON object, refused before parsing when it cannot be one a client meant: too large, not
+    sent as JSON (a browser page's text/plain or form POST), nested deeper than MAX_JSON_DEPTH (Python's
+    parser recurses), or holding a lone UTF-16 surrogate (no tokenizer can encode it)."""
+    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    if content_type != "application/json" and not content_type.endswith("+json"):
+        raise UnsupportedMediaTypeError(f"send the body as JSON with content-type: application/json, not "
+                                        f"{content_type!r}")
     declared = request.headers.get("content-length")
     too_big = BodyTooLargeError(f"request body exceeds the server's limit of {limit_bytes:,} bytes; "
                                 f"send a shorter prompt or raise --max-body-bytes")
@@ -123,13 +136,30 @@ async def read_json(request: Request, limit_bytes: int) -> dict:
         if size > limit_bytes:
             raise too_big
         parts.append(chunk)
+    raw = b"".join(parts)
+    depth = json_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidRequestError(f"request body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted")
     try:
-        body = json.loads(b"".join(parts))
+        body = json.loads(raw)
     except ValueError as exc:
         raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequestError("request body must be a JSON object")
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError("request body holds a lone UTF-16 surrogate escape (such as \\ud800) that is "
+                                  "not valid Unicode; send valid text") from None
     return body
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of [ and { in a JSON text, strings left out, without parsing it (vectorised)."""
+    unquoted = _JSON_STRING.sub(b"", raw)
+    codes = np.frombuffer(unquoted, dtype=np.uint8)
+    steps = np.isin(codes, _OPENERS).astype(np.int32) - np.isin(codes, _CLOSERS)
+    return int(np.cumsum(steps).max(initial=0))
 
 
 def usage(outputs: list[RequestOutput]) -> dict:
@@ -235,6 +265,7 @@ def _record_failure(state: ServerState, endpoint: str, exc: BaseException):
         state.metrics.count_timeout(endpoint)
     else:
         state.metrics.count_error(endpoint, err.http_status)
-    if err.http_status >= 500 and not isinstance(err, (RequestTimeoutError, ServerDrainingError)):
+    # 500s are logged by error_response; here the other server-side failures (an engine that died)
+    if err.http_status > 500 and not isinstance(err, (RequestTimeoutError, ServerDrainingError)):
         log.error("request failed: %s", err.message, exc_info=err.__cause__ or err)
     return err

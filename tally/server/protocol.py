@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tally.errors import InvalidRequestError
 from tally.sampling_params import SamplingParams
@@ -78,9 +78,15 @@ class TextPart(OpenAIModel):
 
 
 class ChatMessage(OpenAIModel):
-    role: str
-    content: str | list[TextPart] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None only for an assistant turn (one that called tools)
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content (a string or a list of text parts)")
+        return self
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
