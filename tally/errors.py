@@ -60,3 +60,4 @@ class RequestTimeoutError(TallyError):
 class EngineDeadError(TallyError):
     http_status = 503
     error_type = "engine_dead"
+    retry_after_s = 5.0  # another replica now; this one too if it restarts its engine (--restart-on-failure)

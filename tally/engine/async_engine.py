@@ -81,9 +81,14 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, max_queue: int | None = None) -> None:
+    def __init__(self, engine: Engine, max_queue: int | None = None, restart_on_failure: bool = False) -> None:
+        """restart_on_failure: when the loop dies, the requests in flight fail with EngineDeadError, the server
+        answers 503 while a fresh Engine loads from the same config, then it serves again."""
         self.engine = engine
-        self.max_queue = max_queue  # engine requests allowed to wait (inbox + scheduler queue)
+        self.restart_on_failure = restart_on_failure
+        self.restarts = 0
+        self.max_queue = max_queue  # engine requests allowed to wait for a batch slot
+        self._max_num_seqs = engine.config.max_num_seqs
         self.snapshot = EngineSnapshot()
         self._inbox: deque[Command] = deque()
         self._lock = threading.Lock()  # guards _inbox, _pending_adds and snapshot together
@@ -114,8 +119,15 @@ class AsyncEngine:
         return self.alive and self._thread is not None and self._thread.is_alive()
 
     def queue_depth(self) -> int:
+        """Engine requests that cannot start now: those not yet running (in the inbox or the scheduler's queue)
+        beyond the batch slots and KV blocks free at the last step."""
         with self._lock:
-            return self._pending_adds + self.snapshot.num_waiting
+            return self._queued()
+
+    def _queued(self) -> int:
+        s = self.snapshot
+        startable = min(self._max_num_seqs - s.num_running, s.num_free_blocks)
+        return max(0, self._pending_adds + s.num_waiting - startable)
 
     # -- requests (event loop thread) ----------------------------------------------------------
     def submit(self, items: list[tuple[str, object, SamplingParams]], arrival_time: float) -> RequestStream:
@@ -128,7 +140,7 @@ class AsyncEngine:
         stream = RequestStream([rid for rid, _, _ in items])
         n_seqs = sum(p.n for _, _, p in items)
         with self._lock:
-            depth = self._pending_adds + self.snapshot.num_waiting
+            depth = self._queued()
             if self.max_queue is not None and depth > 0 and depth + n_seqs > self.max_queue:
                 raise QueueFullError(
                     f"the server's waiting queue is full ({depth} of --max-queue {self.max_queue}); "
@@ -176,33 +188,52 @@ class AsyncEngine:
 
     # -- the loop (engine thread) --------------------------------------------------------------
     def _run(self) -> None:
+        while True:
+            try:
+                self._serve()
+                return  # stop() asked for it
+            except BaseException:  # noqa: BLE001 - whatever killed the loop, the server must say so
+                log.exception("engine loop stopped")
+                self.alive = False
+                with self._lock:  # their streams are failed below: computing them would be for nobody
+                    self._inbox.clear()
+                    self._pending_adds = 0
+                self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(
+                    "the engine loop stopped while this request was running; see the server log"))
+            if not self.restart_on_failure or self._stop.is_set():
+                return
+            try:
+                log.warning("restarting the engine (--restart-on-failure)")
+                config, self.engine = self.engine.config, None  # the old model and KV pool go before the new load
+                self.engine = Engine(config)
+            except Exception:  # noqa: BLE001
+                log.exception("the engine could not be restarted; the server stays unavailable")
+                return
+            self.restarts += 1
+            self._publish()
+            self.alive = True
+
+    def _serve(self) -> None:
         failures = 0
-        try:
-            while not self._stop.is_set():
-                self._drain_inbox()
-                if not self.engine.has_unfinished_requests():
-                    self._wake.wait(0.5)
-                    self._wake.clear()
-                    continue
-                try:
-                    outputs = self.engine.step()
-                    failures = 0
-                except Exception as exc:  # noqa: BLE001 - one bad step must not take the server down
-                    failures += 1
-                    log.exception("engine step failed (%d in a row); failing the requests in flight", failures)
-                    if failures >= MAX_CONSECUTIVE_STEP_FAILURES:
-                        raise
-                    self._fail_in_flight(exc)
-                    continue
-                self._publish()
-                if outputs:
-                    self._loop.call_soon_threadsafe(self._deliver, outputs)
-        except Exception:  # noqa: BLE001
-            log.exception("engine loop stopped")
-        finally:
-            self.alive = False
-            self._loop.call_soon_threadsafe(self._fail_all, EngineDeadError(
-                "the engine loop stopped while this request was running; see the server log"))
+        while not self._stop.is_set():
+            self._drain_inbox()
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - one bad step must not take the server down
+                failures += 1
+                log.exception("engine step failed (%d in a row); failing the requests in flight", failures)
+                if failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                    raise
+                self._fail_in_flight(exc)
+                continue
+            self._publish()
+            if outputs:
+                self._loop.call_soon_threadsafe(self._deliver, outputs)
 
     def _drain_inbox(self) -> None:
         with self._lock:

@@ -28,10 +28,11 @@ class ServerConfig:
     max_queue: int | None = None  # engine requests allowed to wait; None: unbounded
     request_timeout_s: float | None = None  # None: no limit
     max_body_bytes: int = 16 * 2**20
+    restart_on_failure: bool = False  # a dead engine loop is rebuilt from the same config
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
-    async_engine = AsyncEngine(engine, config.max_queue)
+    async_engine = AsyncEngine(engine, config.max_queue, config.restart_on_failure)
     tokenizer = copy.deepcopy(engine.tokenizer)  # the engine thread keeps the original to itself
     state = ServerState(
         engine=async_engine, metrics=ServerMetrics(engine.model_name, lambda: async_engine.snapshot),

@@ -36,6 +36,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-body-bytes", type=parse_bytes, default=16 * 2**20, help="larger bodies get 413")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for running requests before cancelling them")
+    p.add_argument("--restart-on-failure", action="store_true",
+                   help="when the engine loop dies, fail the requests in flight, reload the engine, serve again")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
     ns = p.parse_args(argv)
@@ -56,7 +58,8 @@ def main(argv: list[str]) -> int:
         print(f"tally serve: {exc.message}", file=sys.stderr)
         return 2
     app = build_app(engine, ServerConfig(max_queue=ns.max_queue, request_timeout_s=ns.request_timeout,
-                                         max_body_bytes=ns.max_body_bytes))
+                                         max_body_bytes=ns.max_body_bytes,
+                                         restart_on_failure=ns.restart_on_failure))
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                             timeout_graceful_shutdown=ns.drain_timeout, access_log=ns.log_level == "debug")
     DrainingServer(config).run()

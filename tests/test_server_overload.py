@@ -1,0 +1,58 @@
+"""Overload is refused fairly: --max-queue counts only requests that cannot start now, so free batch slots are
+filled before anyone gets a 429, and every 429 carries Retry-After. Progress is read from the server's /ledger,
+and the requests are too long to finish during the test, so no outcome depends on the CPU's speed."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+from support.ledger_polling import expect_ledger
+from support.tiny_models import make_checkpoint
+
+from tally.server.process import ServerProcess
+
+MODEL = "tiny"
+CONTEXT = 65536
+SLOTS, QUEUE, CLIENTS = 16, 4, 30
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    ckpt = make_checkpoint(tmp_path_factory.mktemp("tiny-64k"), "llama", max_position_embeddings=CONTEXT)
+    with ServerProcess(["--model", str(ckpt), "--served-model-name", MODEL, "--dtype", "float32",
+                        "--max-model-len", str(CONTEXT), "--kv-cache-memory", "64MB",
+                        "--max-num-seqs", str(SLOTS), "--max-queue", str(QUEUE), "--log-level", "warning"]) as s:
+        yield s
+
+
+def test_free_slots_are_filled_before_anyone_is_refused(server):
+    statuses: list[tuple[int, str | None]] = []
+    lock, release = threading.Lock(), threading.Event()
+
+    def client(i: int) -> None:
+        body = {"model": MODEL, "prompt": f"request {i}", "max_tokens": CONTEXT - 64, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", server.base_url + "/completions", json=body, timeout=120) as r:
+            with lock:
+                statuses.append((r.status_code, r.headers.get("retry-after")))
+            if r.status_code == 200:
+                release.wait(120)  # hold the stream open until the test has counted; leaving aborts it
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    try:
+        expect_ledger(server, lambda led: len(statuses) == CLIENTS, "an answer to every client")
+        admitted = [s for s, _ in statuses if s == 200]
+        refused = [(s, retry) for s, retry in statuses if s != 200]
+        assert len(admitted) == SLOTS + QUEUE, statuses  # every free slot, then the queue
+        assert all(s == 429 and retry and int(retry) >= 1 for s, retry in refused), refused
+        expect_ledger(server, lambda led: led["requests"]["running"] == SLOTS and led["requests"]["waiting"] == QUEUE,
+                      "a full batch and the queue behind it")
+    finally:
+        release.set()
+        for t in threads:
+            t.join(120)
+    expect_ledger(server, lambda led: led["kv"]["blocks_used"] == 0 and led["requests"]["running"] == 0,
+                  "every left stream aborted and its blocks freed")
