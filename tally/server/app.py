@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from tally.engine.async_engine import AsyncEngine
 from tally.engine.engine import Engine
@@ -29,6 +30,9 @@ class ServerConfig:
     request_timeout_s: float | None = None  # None: no limit
     max_body_bytes: int = 16 * 2**20
     restart_on_failure: bool = False  # a dead engine loop is rebuilt from the same config
+    # Host header values served; ("*",) any. A loopback server defaults to loopback names, so a web page whose
+    # domain an attacker re-points at 127.0.0.1 (DNS rebinding) cannot reach it.
+    allowed_hosts: tuple[str, ...] = ("*",)
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -49,6 +53,8 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         async_engine.stop()
 
     app = FastAPI(title="Tally", lifespan=lifespan)
+    if "*" not in config.allowed_hosts:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.allowed_hosts))
     app.state.tally = state
     completions, chat = Completions(tokenizer), ChatCompletions(tokenizer)
 

@@ -12,7 +12,10 @@ from tally.engine.args import add_engine_args, config_from_args
 from tally.engine.engine import Engine
 from tally.errors import TallyError
 from tally.server.app import ServerConfig, build_app
+from tally.server.connection_guard import guarded_protocol
 from tally.units import parse_bytes
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 class DrainingServer(uvicorn.Server):
@@ -36,6 +39,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-body-bytes", type=parse_bytes, default=16 * 2**20, help="larger bodies get 413")
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds SIGTERM waits for running requests before cancelling them")
+    p.add_argument("--max-connections", type=int, default=1024,
+                   help="open connections at most; one more is closed as it is accepted")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a new connection has to send its first request's headers")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="comma-separated Host header values to serve, * for any (default: localhost, 127.0.0.1 "
+                        "and ::1 when --host is a loopback address, else any)")
     p.add_argument("--restart-on-failure", action="store_true",
                    help="when the engine loop dies, fail the requests in flight, reload the engine, serve again")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -43,9 +53,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ns = p.parse_args(argv)
     if ns.max_queue is not None and ns.max_queue < 1:
         p.error("--max-queue must be ≥ 1")
+    if ns.max_connections < 1 or ns.header_timeout <= 0:
+        p.error("--max-connections must be ≥ 1 and --header-timeout > 0 seconds")
     if ns.request_timeout is not None and ns.request_timeout <= 0:
         p.error("--request-timeout must be > 0 seconds")
     return ns
+
+
+def allowed_hosts(flag: str | None, bind_host: str) -> tuple[str, ...]:
+    if flag is not None:
+        return tuple(h.strip() for h in flag.split(",") if h.strip())
+    if bind_host in ("127.0.0.1", "localhost", "::1"):
+        return LOOPBACK_NAMES
+    return ("*",)
 
 
 def main(argv: list[str]) -> int:
@@ -59,8 +79,10 @@ def main(argv: list[str]) -> int:
         return 2
     app = build_app(engine, ServerConfig(max_queue=ns.max_queue, request_timeout_s=ns.request_timeout,
                                          max_body_bytes=ns.max_body_bytes,
-                                         restart_on_failure=ns.restart_on_failure))
+                                         restart_on_failure=ns.restart_on_failure,
+                                         allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host)))
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
+                            http=guarded_protocol(ns.max_connections, ns.header_timeout),
                             timeout_graceful_shutdown=ns.drain_timeout, access_log=ns.log_level == "debug")
     DrainingServer(config).run()
     return 0

@@ -20,6 +20,10 @@ class BodyTooLargeError(InvalidRequestError):
     http_status = 413
 
 
+class BodyTimeoutError(InvalidRequestError):
+    http_status = 408
+
+
 class UnsupportedMediaTypeError(InvalidRequestError):
     http_status = 415
 

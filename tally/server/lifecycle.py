@@ -21,6 +21,7 @@ from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeout
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
 from tally.server.errors import (
+    BodyTimeoutError,
     BodyTooLargeError,
     ServerDrainingError,
     UnsupportedMediaTypeError,
@@ -34,6 +35,7 @@ from tally.server.protocol import SamplingFields
 from tally.server.streaming import EventStreamResponse, sse
 
 log = logging.getLogger("tally.server")
+BODY_TIMEOUT_S = 60.0
 MAX_JSON_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas about ten)
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _OPENERS, _CLOSERS = np.frombuffer(b"[{", dtype=np.uint8), np.frombuffer(b"]}", dtype=np.uint8)
@@ -131,11 +133,15 @@ async def read_json(request: Request, limit_bytes: int) -> dict:
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
         raise too_big
     parts, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise too_big
-        parts.append(chunk)
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):  # a body sent a byte a second would hold a connection forever
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit_bytes:
+                    raise too_big
+                parts.append(chunk)
+    except TimeoutError:
+        raise BodyTimeoutError(f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
     raw = b"".join(parts)
     depth = json_depth(raw)
     if depth > MAX_JSON_DEPTH:
