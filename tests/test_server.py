@@ -4,12 +4,12 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.ledger_polling import ledger, wait_for_ledger
 from support.tiny_models import make_checkpoint
 
 from tally import LLM
@@ -56,25 +56,9 @@ def greedy(offline: LLM, prompts: list[str], max_tokens: int) -> list[str]:
     return [o.outputs[0].text for o in outs]
 
 
-def ledger(server) -> dict:
-    return httpx.get(server.url + "/ledger").json()
-
-
-def wait_for_ledger(server, predicate, timeout_s: float = 120.0) -> dict:
-    """The ledger as soon as `predicate` holds, or the last one read when `timeout_s` (an upper bound for
-    "it never happened", not a measurement) ran out."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        led = ledger(server)
-        if predicate(led) or time.monotonic() > deadline:
-            return led
-        time.sleep(0.05)
-
-
-def wait_for_idle_pool(server, timeout_s: float = 120.0) -> dict:
+def wait_for_idle_pool(server) -> dict:
     """The pool as soon as no request holds a block (aborts free theirs before the next step)."""
-    return wait_for_ledger(server, lambda led: led["kv"]["blocks_used"] == 0 and led["requests"]["running"] == 0,
-                           timeout_s)
+    return wait_for_ledger(server, lambda led: led["kv"]["blocks_used"] == 0 and led["requests"]["running"] == 0)
 
 
 def wait_for_generation(server, min_tokens: int = 48) -> dict:
