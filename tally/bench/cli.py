@@ -1,4 +1,8 @@
-"""`tally bench`: load-test any OpenAI-compatible server; `tally bench compare A.json B.json`."""
+"""`tally bench`: load-test any OpenAI-compatible server; `tally bench compare A.json B.json`.
+
+Ctrl-C or --time-limit stops a run early and still writes every report for what finished, marked
+partial. Exit status: 0; 1 no request succeeded; 2 usage or configuration error; 3 stopped by
+--time-limit; 130 interrupted (Ctrl-C)."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +23,12 @@ from tally.bench.length_samplers import (
     ks_statistic,
     parse_lengths,
 )
+from tally.bench.runner import (
+    DEFAULT_GRACE_S,
+    INTERRUPTED,
+    TIME_LIMIT,
+    StoppedBeforeSending,
+)
 from tally.bench.stats import Slo
 from tally.bench.workload import WorkloadConfig
 from tally.errors import ConfigError, TallyError
@@ -31,8 +41,13 @@ EXAMPLES = """examples:
   tally bench --url URL --lengths trace:conv --replay conv --time-scale 0.1 --duration 60s
   tally bench --url URL --concurrency 32 --requests 500 --lengths fixed:512,256
   tally bench --url URL --rate 2 --soak 1h --sample 30s --server-pid 1234
+  tally bench --url URL --rate 5 --requests 1000 --time-limit 10m --out run.json
   tally bench --fit conv
   tally bench compare base.json candidate.json --threshold 10%"""
+
+
+EXIT_TIME_LIMIT = 3  # stopped by --time-limit; the reports hold what finished
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
 def _typed(parse: Callable[[str], object]) -> Callable[[str], object]:
@@ -74,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", type=_typed(parse_duration_s), default=0.0)
     r.add_argument("--timeout", type=_typed(parse_duration_s), default=300.0, help="per request")
     r.add_argument("--slo", type=_typed(Slo.parse), help="e.g. ttft=2s,tpot=100ms,e2e=20s")
+    r.add_argument("--time-limit", type=_typed(parse_duration_s),
+                   help="stop sending after this much run time and report what finished "
+                        "(partial; exit status 3)")
+    r.add_argument("--grace", type=_typed(parse_duration_s), default=DEFAULT_GRACE_S,
+                   help="after Ctrl-C or --time-limit, how long requests in flight may finish "
+                        f"before they are cancelled (default {DEFAULT_GRACE_S:g}s)")
     r.add_argument("--soak", type=_typed(parse_duration_s), help="long run with sampling and a verdict")
     r.add_argument("--sample", type=_typed(parse_duration_s), help="sampling interval (soak: 30s)")
     r.add_argument("--server-pid", type=int, help="read this local process's RSS when sampling")
@@ -157,20 +178,27 @@ def main(argv: list[str] | None = None) -> int:
             return _fit(args.fit)
         if not args.url:
             raise ConfigError("--url is required, e.g. --url http://127.0.0.1:8000")
+        if args.time_limit is not None and args.time_limit <= 0:
+            raise ConfigError("--time-limit must be > 0, e.g. --time-limit 10m")
         sample_s = args.sample if args.sample is not None else (30.0 if args.soak else None)
         config = BenchConfig(
             url=args.url.rstrip("/"), workload=workload_from_args(args), model=args.model,
             endpoint=args.endpoint, slo=args.slo, timeout_s=args.timeout,
             tokenizer_path=args.tokenizer, api_key=args.api_key,
             extra_body=tuple(args.extra_body.items()), sample_s=sample_s,
-            server_pid=args.server_pid, progress=not args.quiet and sys.stderr.isatty())
+            server_pid=args.server_pid, progress=not args.quiet and sys.stderr.isatty(),
+            time_limit_s=args.time_limit, grace_s=args.grace, stop_on_sigint=True)
         result = asyncio.run(run_benchmark(config, ["tally", "bench", *_redacted(argv)]))
     except TallyError as exc:
         print(f"tally bench: {exc.message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except StoppedBeforeSending:
+        print("tally bench: interrupted before any request was sent; no report written",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # before sending started (probe, tokenizer), where Ctrl-C is plain
         print("tally bench: interrupted; no report written", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     from tally.bench.report_text import print_report
     print_report(result)
     if args.out:
@@ -179,4 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.html:
         from tally.bench.report_html import write_html
         write_html(result, args.html)
+    if result["partial"]:
+        written = [str(p) for p in (args.out, args.html) if p]
+        print(f"tally bench: partial report ({result['stopped']['detail']})"
+              f"{' written to ' + ', '.join(written) if written else ''}", file=sys.stderr)
+        return {INTERRUPTED: EXIT_INTERRUPTED, TIME_LIMIT: EXIT_TIME_LIMIT}[result["stopped"]["reason"]]
     return 1 if result["summary"]["counts"]["ok"] == 0 else 0

@@ -24,6 +24,8 @@ def progress_line(state: RunState) -> Text:
             f"in flight {state.in_flight}  failed {state.failed}  "
             f"TTFT p50 (last 200) {format_s(float(np.median(recent)) if recent else None)}  "
             f"late max {format_s(max(late) if late else None)}")
+    if state.stop_reason is not None:
+        line += f"  cancelled {state.cancelled}  STOPPING: {state.stop_detail}"
     return Text(line, style="red" if state.failed else "")
 
 

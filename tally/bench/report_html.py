@@ -9,7 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tally.bench.report_json import partial_line
 from tally.bench.report_text import COLUMNS, LATENCIES
+from tally.bench.stats import CANCELLED
 from tally.bench.svg import Chart, Series, render
 from tally.units import format_s
 
@@ -46,7 +48,7 @@ def _charts(result: dict) -> list[Chart]:
     bin_s = max(span_s / 60, 0.25)
     markers = [(p["start_s"], p["name"]) for p in result["phases"]]
     arrivals = Series("arrivals/s", *_bins([r["scheduled_s"] for r in requests], span_s, bin_s))
-    failed = [r for r in requests if r["error"] is not None and r["sent_s"] is not None]
+    failed = [r for r in requests if r["error"] not in (None, CANCELLED) and r["sent_s"] is not None]
     fail_points = Series("failed", [r["sent_s"] for r in failed], [0.0] * len(failed), "points",
                          "#c00")
     token_times = [t for r in ok for t in r["first_token_s"] + np.concatenate(
@@ -115,11 +117,15 @@ def render_html(result: dict) -> str:
     t, c = s["throughput"], s["counts"]
     parts = [f"<h1>tally bench: {escape(result['server']['model'])} at "
              f"{escape(result['server']['url'])}</h1>",
-             f"<p>{escape(result['started_at'])} — <code>{escape(' '.join(result['command']))}</code></p>",
-             "<h2>Latency (successful requests)</h2>", _latency_table(s),
-             f"<p>Throughput: {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.1f} output "
-             f"tok/s over a {s['window_s']:.1f} s window. Requests: {c['requests']} measured, "
-             f"{c['ok']} ok, {c['failed']} failed {escape(json.dumps(s['errors']))}.</p>"]
+             f"<p>{escape(result['started_at'])} — <code>{escape(' '.join(result['command']))}</code></p>"]
+    if result.get("partial"):
+        parts.append(f'<p class="flag" data-partial="{escape(result["stopped"]["reason"])}">'
+                     f'<b>PARTIAL REPORT</b> {escape(partial_line(result["stopped"]))}</p>')
+    cancelled = f", {c['cancelled']} cancelled (in flight at the stop)" if c.get("cancelled") else ""
+    parts += ["<h2>Latency (successful requests)</h2>", _latency_table(s),
+              (f"<p>Throughput: {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.1f} output "
+               f"tok/s over a {s['window_s']:.1f} s window. Requests: {c['requests']} measured, "
+               f"{c['ok']} ok, {c['failed']} failed {escape(json.dumps(s['errors']))}{cancelled}.</p>")]
     if "goodput" in s:
         g = s["goodput"]
         parts.append(f"<p>Goodput under {escape(json.dumps(g['slo']))}: {g['requests_per_s']:.2f} "

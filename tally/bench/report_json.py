@@ -1,5 +1,6 @@
 """The JSON result: self-describing (command, server, workload, definitions), the summary, and
-every per-request record, so any figure can be recomputed later."""
+every per-request record, so any figure can be recomputed later. A run stopped early (Ctrl-C,
+--time-limit) gives the same result for what finished, with `partial: true` and `stopped`."""
 from __future__ import annotations
 
 import json
@@ -37,6 +38,7 @@ class RunOutcome:
     metrics_before: Snapshot | None
     metrics_after: Snapshot | None
     soak_samples: list[SoakSample] | None
+    stopped: dict | None = None  # why and when a run stopped early, and what it left; None: ran to its end
 
 
 def _record_dict(record: RequestRecord) -> dict:
@@ -47,8 +49,17 @@ def _record_dict(record: RequestRecord) -> dict:
     return out
 
 
+def partial_line(stopped: dict) -> str:
+    """One sentence on a run that stopped early, for every report."""
+    not_sent = (f", {stopped['not_sent']} scheduled requests never sent"
+                if stopped.get("not_sent") else "")
+    return (f"partial run: {stopped['detail']} at {stopped['at_s']:.1f}s; {stopped['sent']} requests "
+            f"sent, {stopped['finished']} finished, {stopped['cancelled']} cancelled in flight "
+            f"(grace period {stopped['grace_s']:g}s){not_sent}. The figures cover what finished.")
+
+
 def _warnings(summary: dict, run: RunOutcome) -> list[str]:
-    warnings = []
+    warnings = [partial_line(run.stopped)] if run.stopped else []
     late, ttft_p50_s = summary["lateness_s"], summary["ttft_s"].get("p50", 0.0)
     if late.get("count") and late["p99"] > max(LATE_WARN_S, LATE_WARN_FRACTION_OF_TTFT * ttft_p50_s):
         warnings.append(f"the client fell behind its schedule: send lateness P99 "
@@ -82,6 +93,8 @@ def build_result(run: RunOutcome, slo: Slo | None, timeout_s: float) -> dict:
     return {
         "schema": SCHEMA,
         "command": run.command,
+        "partial": run.stopped is not None,
+        "stopped": run.stopped,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started_at)),
         "server": {**asdict(run.server), "tokenizer": run.tokenizer.source,
                    "tokenizer_exact": run.tokenizer.exact, "metrics_available": after is not None},

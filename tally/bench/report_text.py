@@ -1,10 +1,12 @@
 """The terminal report: one table of latency percentiles, then throughput, goodput, failures by
-cause, per-phase rows, the server's own view, the soak verdict, warnings, and the definitions."""
+cause, per-phase rows, the server's own view, the soak verdict, warnings, and the definitions.
+A partial run (stopped early) says so on its first line."""
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
+from tally.bench.report_json import partial_line
 from tally.units import format_s
 
 LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"),
@@ -46,6 +48,8 @@ def print_report(result: dict, console: Console | None = None) -> None:
         if not console.is_terminal:  # files and pipes get full-width tables, not 80 columns
             console = Console(width=140)
     s, server, wl = result["summary"], result["server"], result["workload"]
+    if result.get("partial"):
+        console.print(f"[bold red]PARTIAL REPORT[/] {partial_line(result['stopped'])}", highlight=False)
     console.print(f"[bold]tally bench[/] {server['url']}  model {server['model']}  "
                   f"endpoint {server['endpoint']}  tokenizer: {server['tokenizer']}")
     console.print(f"workload: lengths {wl['lengths']['kind']}, arrivals {wl['arrivals']['kind']}, "
@@ -58,10 +62,12 @@ def print_report(result: dict, console: Console | None = None) -> None:
     if "goodput" in s:
         g = s["goodput"]
         console.print(f"goodput under {g['slo']}: {g['requests_per_s']:.2f} req/s "
-                      f"({g['met']}/{s['counts']['requests']} = {g['fraction']:.1%} met every SLO)")
+                      f"({g['met']}/{s['counts']['requests'] - s['counts'].get('cancelled', 0)} = "
+                      f"{g['fraction']:.1%} met every SLO)")
     c = s["counts"]
-    console.print(f"requests: {c['requests']} measured, {c['ok']} ok, {c['failed']} failed "
-                  f"{s['errors'] or ''}")
+    cancelled = f", {c['cancelled']} cancelled (in flight at the stop)" if c.get("cancelled") else ""
+    console.print(f"requests: {c['requests']} measured, {c['ok']} ok, {c['failed']} failed"
+                  f"{' ' + str(s['errors']) if s['errors'] else ''}{cancelled}")
     if len(result["phases"]) > 1:
         console.print(phase_table(result["phases"]))
     for key, dist in (result.get("server_metrics") or {}).items():

@@ -86,6 +86,10 @@ def main(argv: list[str]) -> int:
     if differences:
         console.print(f"[yellow]note:[/] the workloads differ in {differences}; the comparison "
                       f"mixes workload and server changes")
+    for name, result in (("A", a), ("B", b)):
+        if result.get("partial"):
+            console.print(f"[yellow]note:[/] {name} is a partial run ({result['stopped']['detail']} at "
+                          f"{result['stopped']['at_s']:.1f}s): its figures cover only what finished")
     regressions = [r["figure"] for r in rows if r["regression"]]
     console.print(f"{len(regressions)} regression(s){': ' + ', '.join(regressions) if regressions else ''}")
     return 1 if regressions else 0

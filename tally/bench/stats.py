@@ -13,6 +13,9 @@ from tally.errors import ConfigError
 from tally.units import parse_duration_s, parse_pairs
 
 DRAIN = "drain"
+# The cause on a request that was still in flight when the run stopped early (Ctrl-C, --time-limit):
+# counted apart, neither a success nor a failure.
+CANCELLED = "cancelled"
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
 DEFINITIONS = {
     "TTFT": "request sent by the client (its arrival at the server) -> first output token "
@@ -29,6 +32,8 @@ DEFINITIONS = {
                 "a P99 over 10 ms and over 5% of the TTFT P50 is reported as a warning.",
     "Errors": "failed requests by cause (http_<status>, timeout, disconnect, ...); never part of "
               "the latency statistics.",
+    "Cancelled": "requests still in flight when a run stopped early (Ctrl-C, --time-limit) and "
+                 "cancelled after the grace period: neither successes nor failures.",
 }
 
 
@@ -74,15 +79,18 @@ def summarize(records: list[RequestRecord], start_s: float, end_s: float | None 
     """Statistics of the given (measured) records over the window [start_s, end_s]; end_s
     defaults to the end of the last request."""
     ok = [r for r in records if r.ok]
+    cancelled = sum(r.error == CANCELLED for r in records)
     ends = [r.end_s for r in records if r.end_s is not None]
     end_s = max(ends, default=start_s) if end_s is None else end_s
     window_s = max(end_s - start_s, 1e-9)
     output_tokens = sum(r.output_tokens for r in ok)
     summary = {
         "window_s": window_s,
-        "counts": {"requests": len(records), "ok": len(ok), "failed": len(records) - len(ok),
+        "counts": {"requests": len(records), "ok": len(ok),
+                   "failed": len(records) - len(ok) - cancelled, "cancelled": cancelled,
                    "not_finished": sum(r.end_s is None for r in records)},
-        "errors": dict(Counter(r.error for r in records if r.error is not None).most_common()),
+        "errors": dict(Counter(r.error for r in records
+                               if r.error is not None and r.error != CANCELLED).most_common()),
         "ttft_s": distribution([r.ttft_s for r in ok]),
         "tpot_s": distribution([r.tpot_s for r in ok if r.tpot_s is not None]),
         "itl_s": distribution(np.concatenate([r.itl_s for r in ok]) if ok else []),
@@ -96,9 +104,10 @@ def summarize(records: list[RequestRecord], start_s: float, end_s: float | None 
     }
     if slo is not None and slo.describe():
         met = sum(slo.met(r) for r in records)
+        finished = len(records) - cancelled  # a cancelled request's outcome is unknown
         summary["goodput"] = {"slo": slo.describe(), "met": met,
                               "requests_per_s": met / window_s,
-                              "fraction": met / len(records) if records else 0.0}
+                              "fraction": met / finished if finished else 0.0}
     return summary
 
 
