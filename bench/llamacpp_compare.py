@@ -27,7 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from serve_demos import scaled_trace, warm_up  # bench/ is on sys.path when a script here runs
+from serve_demos import (  # bench/ is on sys.path when a script here runs
+    scaled_trace,
+    warm_up,
+)
+
 from tally.server.process import ServerProcess
 
 SLO = "ttft=5s,tpot=1s"

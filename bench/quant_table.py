@@ -38,10 +38,10 @@ from tally import LLM, SamplingParams
 from tally.ledger.kv import KVLayout
 from tally.models.loader import load_checkpoint
 from tally.models.tokenizer import load_tokenizer
-from tally.quality.verdicts import compare_runs
 from tally.quality.model_run import ModelSpec, run_model
 from tally.quality.settings import Decoding, EvalSettings
 from tally.quality.suites import DATA, build_workload, tokenize_heldout
+from tally.quality.verdicts import compare_runs
 
 ROWS = ("fp32", "bf16", "fp16w", "int8", "int4", "int4-fl", "w8a8", "kv-int8", "gguf")
 GIB = 1 << 30

@@ -50,6 +50,22 @@ def test_chunked_prefill_with_chunk_7_matches_unchunked(model_dir, reference):
     assert_no_block_leak(llm)
 
 
+def test_a_latency_target_that_shrinks_every_step_matches_unchunked(model_dir, reference):
+    """--max-itl far below any step: each step with decodes holds them plus one block of prompt."""
+    prompts, alone = reference
+    llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000, max_itl_s=1e-9, block_size=4)
+    # Arrivals while others decode: a first batch, then the rest joins running streams.
+    llm.engine.add_request("first", prompts[0], GREEDY)
+    for _ in range(3):
+        llm.engine.step()
+    for i, p in enumerate(prompts[1:], 1):
+        llm.engine.add_request(f"r{i}", p, GREEDY)
+    final = llm.engine.run_until_done()
+    assert [final["first"].outputs[0].token_ids] + [final[f"r{i}"].outputs[0].token_ids
+                                                    for i in range(1, len(prompts))] == alone
+    assert_no_block_leak(llm)
+
+
 def test_prefix_cache_hits_do_not_change_outputs(model_dir, reference):
     prompts, alone = reference
     llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000, block_size=4)

@@ -111,3 +111,18 @@ def test_max_tokens_0_scores_the_prompt_and_generates_nothing(llm):
     assert out.outputs[0].finish_reason == "length"
     assert len(out.prompt_logprobs) == len(out.prompt_token_ids)
     assert_no_block_leak(llm)
+
+
+def test_every_sample_of_an_n_request_is_counted_running_or_waiting(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, max_num_seqs=8)
+    engine = llm.engine
+    engine.add_request("many", "Hello there", SamplingParams(n=100, max_tokens=20, temperature=1.0, seed=0))
+    for _ in range(4):
+        engine.step()
+        snap = engine.snapshot()
+        assert snap.num_running <= 8 and snap.num_running + snap.num_waiting == 100  # first: the parent alone
+    assert snap.num_running == 8
+    engine.abort_request("many")
+    engine.step()
+    assert engine.snapshot().num_running + engine.snapshot().num_waiting == 0
+    assert_no_block_leak(llm)

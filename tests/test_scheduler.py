@@ -78,3 +78,22 @@ def test_static_scheduling_waits_for_the_batch_and_admits_nobody_mid_flight():
     s.add(Request("late", [1], 3, 0.0))
     out = _step(s)
     assert "late" not in [x.request.request_id for x in out.scheduled]
+
+
+def test_a_long_prompt_waiting_for_the_chunking_slot_lets_short_ones_behind_it_start():
+    s = _sched(max_num_batched_tokens=16, max_num_partial_prefills=1)
+    s.add(Request("long-1", list(range(40)), 4, 0.0))
+    _step(s)  # long-1 takes the one chunking slot
+    s.add(Request("long-2", list(range(40)), 4, 0.0))
+    s.add(Request("short", [1, 2, 3], 4, 0.0))
+    out = _step(s)
+    started = [x.request.request_id for x in out.scheduled]
+    assert "short" in started and "long-2" not in started
+    assert [r.request_id for r in s.waiting] == ["long-2"]  # it keeps its place at the head
+
+
+def test_a_step_budget_below_the_configured_one_bounds_the_step():
+    s = _sched(max_num_batched_tokens=64)
+    s.add(Request("a", list(range(40)), 4, 0.0))
+    out = s.schedule(token_budget=10)
+    assert sum(x.num_new_tokens for x in out.scheduled) == 10

@@ -3,7 +3,7 @@
 A plain causal prefill goes to the reference path, where torch's fused CPU flash kernel needs no
 mask at all. A chunk after cached tokens, or a sliding window, needs an explicit mask; SDPA would
 materialise it as an [Lq, Lk] float tensor (bench/attention_tiled.py: 56 MiB for a 2048-token
-chunk after 2048 tokens, against 8 MiB for the tiled kernel), so those go to the tiled kernel.
+chunk after 2048 tokens, against 8 MiB for the tiled kernel), so those go to the tiled kernel — unless the mask is small (a short chunk), where one SDPA call is cheaper.
 """
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ from tally.attention.paged import PagedBackend, is_plain_causal
 from tally.attention.reference import ReferenceBackend
 from tally.attention.tiled import TiledBackend
 
+# A short chunk after a long cached prefix (a latency-bounded prefill chunk) has a small mask: one SDPA call per
+# layer beats the tiled kernel's Python loop over key tiles there (`python bench/long_prompt_itl.py`).
+SMALL_MASK_ELEMENTS = 1 << 20
+
 
 class AutoBackend(PagedBackend):
     def __init__(self, config: AttentionConfig, *, decode_gather_keys: int = DECODE_GATHER_KEYS) -> None:
@@ -29,5 +33,6 @@ class AutoBackend(PagedBackend):
         block_table_row: torch.Tensor, context_len: int, out: torch.Tensor, meta: AttentionMetadata,
     ) -> None:
         plain = is_plain_causal(q.shape[0], context_len, self.config.sliding_window)
-        backend = self._plain if plain else self._masked
+        small_mask = q.shape[0] * context_len <= SMALL_MASK_ELEMENTS
+        backend = self._plain if plain or small_mask else self._masked
         backend._prefill(q, k_cache, v_cache, block_table_row, context_len, out, meta)

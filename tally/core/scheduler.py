@@ -45,15 +45,40 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, token_budget: int | None = None) -> SchedulerOutput:
+        """`token_budget` lowers this step's budget below max_num_batched_tokens (the engine's latency target).
+
+        Order within the budget: running requests whose tokens fit whole (decodes, last chunks), then waiting
+        requests that fit whole (short prompts never queue behind a long one), then chunks of long prompts
+        (running first, then new ones up to max_num_partial_prefills); one block of budget is kept for a
+        running chunked prompt, so it still moves while short prompts keep arriving."""
         cfg, out = self.config, SchedulerOutput()
-        budget = cfg.max_num_batched_tokens
-        partial = 0
+        budget = cfg.max_num_batched_tokens if token_budget is None else min(token_budget, cfg.max_num_batched_tokens)
         self._begin_step()
-        for req in list(self.running):
-            if req.status is RequestStatus.PREEMPTED or not self._may_run(req):  # preempted earlier in this loop
+        chunked: list[Request] = []
+        budget, partial = self._schedule_running(list(self.running), budget, 0, out, chunked)
+        admit = not out.preempted and self._may_admit()
+        if admit:
+            reserve = min(self.kv.block_size, budget) if chunked else 0
+            budget, partial = self._admit(out, budget - reserve, partial, whole_only=True)
+            budget += reserve
+        budget, partial = self._schedule_running(chunked, budget, partial, out, None)
+        if admit and not out.preempted:
+            self._admit(out, budget, partial, whole_only=False)
+        self._end_step()
+        return out
+
+    def _schedule_running(self, reqs: list[Request], budget: int, partial: int, out: SchedulerOutput,
+                          chunked: list[Request] | None) -> tuple[int, int]:
+        """Schedule running requests; with `chunked` given, those whose tokens do not fit whole go there."""
+        for req in reqs:
+            if req.status is RequestStatus.PREEMPTED or not self._may_run(req):  # preempted earlier this step
                 continue
-            n = self._num_new_tokens(req.num_tokens - req.num_computed_tokens, budget, partial)
+            uncomputed = req.num_tokens - req.num_computed_tokens
+            if chunked is not None and uncomputed > budget:
+                chunked.append(req)
+                continue
+            n = self._num_new_tokens(uncomputed, budget, partial)
             if n == 0:
                 continue
             while not self.kv.allocate(req, n):
@@ -65,10 +90,7 @@ class Scheduler:
                 partial += req.num_computed_tokens + n < req.num_tokens
                 budget -= n
                 out.scheduled.append(ScheduledRequest(req, n))
-        if not out.preempted and self._may_admit():
-            self._admit(out, budget, partial)
-        self._end_step()
-        return out
+        return budget, partial
 
     # Hooks for batching policies other than continuous batching (tally/core/static_scheduler.py).
     def _begin_step(self) -> None:
@@ -91,19 +113,28 @@ class Scheduler:
             return 0 if budget < self.config.max_num_batched_tokens or n <= budget else n
         return 0 if partial >= self.config.max_num_partial_prefills else budget
 
-    def _admit(self, out: SchedulerOutput, budget: int, partial: int) -> None:
+    def _admit(self, out: SchedulerOutput, budget: int, partial: int, whole_only: bool) -> tuple[int, int]:
+        """First come, first served, except that a request that cannot start now (a prompt that does not fit
+        whole when `whole_only`, or while the chunking slots are taken; an n>1 sibling before its parent's
+        prefill) keeps its place and lets the ones behind it start. Running out of KV blocks stops admission:
+        nobody overtakes for memory."""
         now = time.monotonic()
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[i]
             if req.parent is not None and not (req.parent.prefill_done or req.parent.status.finished):
-                break  # an n>1 sibling waits to share its parent's prompt blocks
+                i += 1  # an n>1 sibling waits to share its parent's prompt blocks
+                continue
             cached = self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
             remaining = req.num_tokens - req.num_computed_tokens - num_cached
-            n = self._num_new_tokens(remaining, budget, partial)
-            if n == 0 or not self.kv.allocate(req, n, cached):
+            n = 0 if whole_only and remaining > budget else self._num_new_tokens(remaining, budget, partial)
+            if n == 0:
+                i += 1
+                continue
+            if not self.kv.allocate(req, n, cached):
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             if req.num_cached_tokens < 0:  # first admission: preemption recomputes are not hits
                 req.num_cached_tokens = num_cached
                 req.first_scheduled_time = now
@@ -114,6 +145,7 @@ class Scheduler:
             partial += n < remaining
             budget -= n
             out.scheduled.append(ScheduledRequest(req, n))
+        return budget, partial
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> int:
         """Free req's blocks and requeue it at the front; returns the budget it had taken."""

@@ -57,6 +57,10 @@ class EngineConfig:
                              choices=SCHEDULINGS)
     attention_backend: str = option("auto", "auto: the reference kernel for plain causal prefills, tiled for "
                                             "masked ones", choices=BACKEND_NAMES)
+    max_itl_s: float | None = option(None, "seconds: while streams decode, a step holds only as many prompt tokens as "
+                                           "fit in this inter-token latency (by the measured step cost), so a "
+                                           "long prompt cannot freeze them (tally serve: 0.3; none: no target)",
+                                     aliases=("--max-itl",))
     seed: int = option(0, "seed of the engine's shared sampling generator")
     served_model_name: str | None = option(None, "the model name the API reports (default: the checkpoint's)")
 
@@ -80,6 +84,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be ≥ 1, got {self.max_model_len}")
+        if self.max_itl_s is not None and not self.max_itl_s > 0:
+            raise ConfigError(f"max_itl_s must be > 0 seconds, got {self.max_itl_s}")
         if not 0 < self.kv_cache_memory_fraction <= 0.9:
             raise ConfigError("kv_cache_memory_fraction must be in (0, 0.9]")
 

@@ -20,12 +20,16 @@ from tally.engine.model_setup import LoadedModel, load_model
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
 from tally.engine.snapshot import EngineSnapshot
+from tally.engine.step_cost import StepCost
 from tally.engine.stop import StopChecker
 from tally.errors import InvalidRequestError
 from tally.outputs import RequestMetrics, RequestOutput, logprob_entry
 from tally.sampling_params import SamplingParams
 
 log = logging.getLogger("tally.engine")
+# Steps are planned to take this share of --max-itl: steps of the same size vary by a third on a shared 2-core
+# CPU (`python bench/long_prompt_itl.py`), and the target is a bound on the gap, not its mean.
+PLANNED_SHARE_OF_ITL = 0.75
 
 
 class Engine:
@@ -40,6 +44,7 @@ class Engine:
         self._stop_token_ids = m.stop_token_ids
         self._vocab_size = m.config.vocab_size
         self._num_steps = 0
+        self._step_cost = StepCost()
         self.model_name = config.served_model_name or m.name
         self.max_model_len = m.max_model_len
         self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
@@ -135,7 +140,10 @@ class Engine:
 
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        out = self.scheduler.schedule()
+        started_s = time.perf_counter()
+        out = self.scheduler.schedule(self._token_budget())
+        # The prompt chunks' tokens and the context they attend, read before the step advances them.
+        chunks = [(s.num_new_tokens, s.request.num_computed_tokens) for s in out.scheduled if s.num_new_tokens > 1]
         self._num_steps += 1
         moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
         self._aborted.clear()
@@ -155,7 +163,25 @@ class Engine:
             if g.finished:
                 g.metrics.finished_time = time.monotonic()
                 self._forget(g)
+        if out.scheduled:
+            prompt_tokens = sum(n for n, _ in chunks)
+            mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
+            self._step_cost.observe(prompt_tokens, mean_context, time.perf_counter() - started_s)
         return outputs
+
+    def _token_budget(self) -> int | None:
+        """With --max-itl and streams decoding: the tokens a step may hold to come back within the target,
+        never fewer than the decodes plus one block of prompt (a long prompt still moves)."""
+        if self.config.max_itl_s is None:
+            return None
+        running = self.scheduler.running
+        decoding = sum(1 for r in running if r.num_output_tokens > 0)
+        if decoding == 0:
+            return None  # nobody is waiting for a next token
+        # Where the next chunk starts: the prompt being chunked, else a new one (from its start).
+        context = max((r.num_computed_tokens for r in running if r.num_output_tokens == 0), default=0)
+        prompt_tokens = self._step_cost.prompt_tokens_within(self.config.max_itl_s * PLANNED_SHARE_OF_ITL, context)
+        return decoding + max(prompt_tokens, self.config.block_size)
 
     def _apply_samples(self, result: StepResult, now: float, moved: dict[str, RequestGroup]) -> None:
         so = result.sampler_output

@@ -6,8 +6,8 @@ import json
 import sys
 
 from tally.errors import TallyError
-from tally.ledger.levers import compare_variants, render_comparison
 from tally.ledger.length_percentiles import load_lengths, summarize
+from tally.ledger.levers import compare_variants, render_comparison
 from tally.ledger.model_source import resolve_model
 from tally.ledger.plan import PlanOptions, make_plan
 from tally.ledger.presets import Device, device_preset_names, find_device

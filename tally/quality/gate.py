@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tally.quality.verdicts import SuiteResult, WorstCase, compare_runs, overall_verdict
 from tally.quality.model_run import ModelSpec, open_model, run_model, same_vocabulary
 from tally.quality.settings import VERDICTS, EvalSettings
 from tally.quality.suites import build_workload
+from tally.quality.verdicts import SuiteResult, WorstCase, compare_runs, overall_verdict
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,8 @@ from tally.server.connection_guard import guarded_protocol
 from tally.units import parse_bytes
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+# A server's clients stream, so it keeps their tokens flowing by default; LLM() (offline) has no latency target.
+SERVE_MAX_ITL_S = 0.3
 
 
 class DrainingServer(uvicorn.Server):
@@ -50,6 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="when the engine loop dies, fail the requests in flight, reload the engine, serve again")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
+    p.set_defaults(max_itl_s=SERVE_MAX_ITL_S)
     ns = p.parse_args(argv)
     if ns.max_queue is not None and ns.max_queue < 1:
         p.error("--max-queue must be ≥ 1")
