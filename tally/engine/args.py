@@ -15,12 +15,14 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     hints = typing.get_type_hints(EngineConfig)
     for f in fields(EngineConfig):
         meta = f.metadata
-        names = ["--" + f.name.replace("_", "-"), *meta["aliases"]]
+        names = [*meta["aliases"], "--" + f.name.replace("_", "-")]  # an alias reads first (--max-itl)
         kind = hints[f.name]
         if kind is bool:
-            g.add_argument(*names, action=argparse.BooleanOptionalAction, default=f.default, help=meta["help"])
+            g.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                           help=meta["help"])
             continue
-        g.add_argument(*names, type=meta["parse"] or _value_type(kind), default=f.default, choices=meta["choices"],
+        g.add_argument(*names, dest=f.name, type=meta["parse"] or _value_type(kind), default=f.default,
+                       choices=meta["choices"],
                        help=meta["help"] + ("" if f.default is None else " (default: %(default)s)"))
 
 
