@@ -84,6 +84,7 @@ def main(argv: list[str]) -> int:
                                          max_body_bytes=ns.max_body_bytes,
                                          restart_on_failure=ns.restart_on_failure,
                                          allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host)))
+    del engine  # the app owns it now: a restart (--restart-on-failure) must be able to let it go
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                             http=guarded_protocol(ns.max_connections, ns.header_timeout),
                             timeout_graceful_shutdown=ns.drain_timeout, access_log=ns.log_level == "debug")
