@@ -1,7 +1,8 @@
 """One rule, one token budget per step: each running request's computed tokens catch up to its
-known tokens (prompt + output). Prefill chunks and decode tokens share the step; the queue is
-admitted first-come-first-served while the KV pool has room; when it runs out, the newest running
-request is preempted by recompute."""
+known tokens (prompt + output). Prefill chunks and decode tokens share the step; requests that fit whole go
+before chunks of long prompts, so a short prompt never waits behind a long one; the queue is otherwise admitted
+first-come-first-served while the KV pool has room; when it runs out, the newest running request is preempted
+by recompute."""
 from __future__ import annotations
 
 import time
