@@ -1,7 +1,8 @@
 """Request logs as (prompt tokens, output tokens[, arrival time]) per request: the one reader behind
 `tally plan --lengths` and `tally bench --lengths trace:... / --replay`.
 
-It reads CSV, a JSON list, JSON Lines, or a `tally bench` result document (its per-request records), with
+It reads CSV, a JSON list, JSON Lines, a `tally bench` result document (its per-request records), or a directory
+of JSON Lines files (`tally serve --request-log DIR`), with
 the column names seen in public traces and serving logs (compared case-insensitively; an OpenAI-style nested
 `usage` object is flattened). Rows lacking a prompt or an output length are skipped (a failed request in a
 result file has none). `conv` and `code` name the Azure LLM inference traces 2023 shipped in tally/data
@@ -50,7 +51,7 @@ class Trace:
 def resolve_trace_path(name: str | Path) -> Path:
     """A file path, or one of the shipped trace names (`conv`, `code`)."""
     path = SHIPPED_TRACES.get(str(name).lower(), Path(name))
-    if not path.is_file():
+    if not (path.is_file() or path.is_dir()):
         raise ConfigError(f"no lengths file or trace at {str(name)!r}; give a CSV/JSONL trace, a `tally bench` result, or one of "
                           f"{sorted(SHIPPED_TRACES)}")
     return path
@@ -58,7 +59,7 @@ def resolve_trace_path(name: str | Path) -> Path:
 
 def load_trace(name: str | Path) -> Trace:
     path = resolve_trace_path(name)
-    rows = [_flatten(r) for r in _records(path.read_text(), path)]
+    rows = [_flatten(r) for r in _records_at(path)]
     prompt, output, times = [], [], []
     try:
         for row in rows:
@@ -79,6 +80,13 @@ def load_trace(name: str | Path) -> Trace:
     arrival = np.array(times, dtype=np.float64)
     order = np.argsort(arrival, kind="stable")
     return Trace(str(path), prompts[order], outputs[order], arrival[order] - arrival[order][0])
+
+
+def _records_at(path: Path) -> list[dict]:
+    """A file's records, or those of every *.jsonl file in a directory (`tally serve --request-log DIR`)."""
+    if path.is_dir():
+        return [r for f in sorted(path.glob("*.jsonl")) for r in _records(f.read_text(), f)]
+    return _records(path.read_text(), path)
 
 
 def _records(text: str, path: Path) -> list[dict]:

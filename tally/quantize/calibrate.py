@@ -1,6 +1,7 @@
 """The calibration set: a JSONL of prompts rendered exactly as the deployment will render them.
 
-Each line is {"prompt": "..."} (one user turn) or {"messages": [{"role": ..., "content": ...}, ...]}. Lines are
+Each line is {"prompt": "..."} (one user turn) or {"messages": [{"role": ..., "content": ...}, ...]}; a directory
+is read as a `tally serve --request-log --log-prompts` log (its records that hold prompts). Lines are
 rendered through the model's chat template *including* any system prompt — the system prompt is part of what the
 deployed model sees on every request, so its activations must be in the statistics. With a deployment system
 prompt given, samples that have none get it prepended. Warnings (returned, printed by the CLI) flag what makes
@@ -29,6 +30,18 @@ class CalibrationSet:
         return sum(len(t) for t in self.token_ids)
 
 
+def _lines(path: Path) -> list[str]:
+    """A JSONL file's lines, or, for a `tally serve --request-log` directory, its records that hold prompts."""
+    if not path.is_dir():
+        return [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    lines = [ln for f in sorted(path.glob("*.jsonl")) for ln in f.read_text(encoding="utf-8").splitlines()
+             if '"messages"' in ln or '"prompt"' in ln]
+    if not lines:
+        raise ConfigError(f"the request log {path} holds no prompts; start tally serve with --log-prompts to "
+                          "calibrate on real traffic", param="calib")
+    return lines
+
+
 def _messages(record: Any, where: str) -> list[dict[str, str]]:
     if isinstance(record, dict) and isinstance(record.get("messages"), list) and record["messages"]:
         return [{"role": str(m["role"]), "content": _text(m.get("content"))} for m in record["messages"]]
@@ -49,7 +62,7 @@ def load_calibration(path: str | Path, tokenizer: Any, *, max_samples: int = 256
     """The first `max_samples` lines of `path`, each rendered and cut to `max_tokens` tokens."""
     path = Path(path)
     try:
-        lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()][:max_samples]
+        lines = _lines(path)[:max_samples]
     except OSError as exc:
         raise ConfigError(f"cannot read the calibration set {path}: {exc}", param="calib") from exc
     if not lines:

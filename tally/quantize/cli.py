@@ -17,7 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=0.5,
                    help="smoothquant: how much of the activations' range moves into the weights, 0..1 (default 0.5)")
     p.add_argument("--calib", type=Path, default=None,
-                   help="JSONL of prompts ({'prompt': ...} or {'messages': [...]}) like the deployment's traffic")
+                   help="JSONL of prompts ({'prompt': ...} or {'messages': [...]}) like the deployment's traffic, "
+                        "or a tally serve --request-log DIR written with --log-prompts")
     p.add_argument("--samples", type=int, default=256, help="calibration samples to use (default 256)")
     p.add_argument("--max-tokens", type=int, default=512, help="tokens per calibration sample (default 512)")
     p.add_argument("--act-order", action="store_true", help="GPTQ: quantize columns by decreasing activation energy")

@@ -22,6 +22,7 @@ from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
 from tally.server.metrics import ServerMetrics
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
+from tally.server.request_log import RequestLog
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class ServerConfig:
     # Host header values served; ("*",) any. A loopback server defaults to loopback names, so a web page whose
     # domain an attacker re-points at 127.0.0.1 (DNS rebinding) cannot reach it.
     allowed_hosts: tuple[str, ...] = ("*",)
+    request_log: RequestLog | None = None  # --request-log: one JSON line per finished request
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -42,6 +44,7 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         engine=async_engine, metrics=ServerMetrics(engine.model_name, lambda: async_engine.snapshot),
         tokenizer=tokenizer, model_name=engine.model_name, max_model_len=engine.max_model_len,
         request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,
+        request_log=config.request_log,
     )
     ledger = engine.ledger.to_dict()
     started_s = int(time.time())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -13,6 +14,7 @@ from tally.engine.engine import Engine
 from tally.errors import TallyError
 from tally.server.app import ServerConfig, build_app
 from tally.server.connection_guard import guarded_protocol
+from tally.server.request_log import RequestLog, redaction_hook
 from tally.units import parse_bytes
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -48,6 +50,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--allowed-hosts", default=None,
                    help="comma-separated Host header values to serve, * for any (default: localhost, 127.0.0.1 "
                         "and ::1 when --host is a loopback address, else any)")
+    p.add_argument("--request-log", type=Path, default=None, metavar="DIR",
+                   help="write one JSON line per finished request (token counts, finish reason, latencies) to "
+                        "files in DIR rotated by --request-log-max-bytes; read by tally plan --lengths DIR, "
+                        "tally bench --replay DIR, tally quantize --calib DIR")
+    p.add_argument("--request-log-max-bytes", type=parse_bytes, default=64 * 2**20)
+    p.add_argument("--log-prompts", action="store_true",
+                   help="also log the prompt text / chat messages, through --redact")
+    p.add_argument("--redact", default=None, metavar="MODULE:FUNCTION",
+                   help="str -> str applied to logged prompts (default: e-mails, long numbers, key-like strings)")
     p.add_argument("--restart-on-failure", action="store_true",
                    help="when the engine loop dies, fail the requests in flight, reload the engine, serve again")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -76,6 +87,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     try:
+        request_log = None if ns.request_log is None else RequestLog(
+            ns.request_log, ns.request_log_max_bytes, ns.log_prompts, redaction_hook(ns.redact))
         engine = Engine(config_from_args(ns))
     except TallyError as exc:
         print(f"tally serve: {exc.message}", file=sys.stderr)
@@ -83,7 +96,8 @@ def main(argv: list[str]) -> int:
     app = build_app(engine, ServerConfig(max_queue=ns.max_queue, request_timeout_s=ns.request_timeout,
                                          max_body_bytes=ns.max_body_bytes,
                                          restart_on_failure=ns.restart_on_failure,
-                                         allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host)))
+                                         allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host),
+                                         request_log=request_log))
     del engine  # the app owns it now: a restart (--restart-on-failure) must be able to let it go
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                             http=guarded_protocol(ns.max_connections, ns.header_timeout),

@@ -32,6 +32,7 @@ from tally.server.errors import (
 )
 from tally.server.metrics import ServerMetrics, StreamTimes
 from tally.server.protocol import SamplingFields
+from tally.server.request_log import RequestLog
 from tally.server.streaming import EventStreamResponse, sse
 
 log = logging.getLogger("tally.server")
@@ -51,6 +52,7 @@ class ServerState:
     request_timeout_s: float | None = None
     max_body_bytes: int = 16 * 2**20
     draining: bool = False
+    request_log: RequestLog | None = None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -69,6 +71,7 @@ class Ctx:
     request_ids: list[str]  # engine request ids, one per prompt, in prompt order
     sent: dict[tuple[int, int], tuple[int, int, bool]] = field(default_factory=dict)  # see streaming.deltas
     times: dict[str, StreamTimes] = field(default_factory=dict)
+    arrival_unix_s: float = 0.0
 
 
 class Handler(Protocol):
@@ -178,7 +181,7 @@ def usage(outputs: list[RequestOutput]) -> dict:
 
 async def run_generation(request: Request, handler: Handler) -> Response:
     state: ServerState = request.app.state.tally
-    arrival_s = time.monotonic()
+    arrival_s, arrival_unix_s = time.monotonic(), time.time()
     inflight: Inflight | None = None
     handed_off = False  # a streaming response owns the request from then on
     try:
@@ -192,7 +195,7 @@ async def run_generation(request: Request, handler: Handler) -> Response:
         stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s)
         inflight = Inflight(state, request, stream, arrival_s)
         await stream.accepted
-        ctx = Ctx(request_id, int(time.time()), state.model_name, req, rids)
+        ctx = Ctx(request_id, int(arrival_unix_s), state.model_name, req, rids, arrival_unix_s=arrival_unix_s)
         if req.stream:
             handed_off = True
             return EventStreamResponse(_events(state, handler, ctx, inflight))
@@ -207,9 +210,7 @@ async def run_generation(request: Request, handler: Handler) -> Response:
         if inflight is not None and not handed_off:
             inflight.close()
     outputs = [latest[rid] for rid in rids]
-    for out in outputs:
-        state.metrics.observe_output(handler.path, out, None)
-    state.metrics.count_success(handler.path, outputs[0].outputs[0].finish_reason or "abort")
+    _record_success(state, handler.path, ctx, outputs)
     return JSONResponse(handler.response(ctx, outputs, state))
 
 
@@ -228,9 +229,7 @@ async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Infl
         if ctx.req.include_usage:
             yield sse({"id": ctx.request_id, "object": handler.chunk_object, "created": ctx.created_s,
                        "model": ctx.model, "choices": [], "usage": usage(outputs)})
-        for out in outputs:
-            state.metrics.observe_output(handler.path, out, ctx.times.get(out.request_id))
-        state.metrics.count_success(handler.path, outputs[0].outputs[0].finish_reason or "abort")
+        _record_success(state, handler.path, ctx, outputs)
         recorded = True
     except ClientDisconnected:
         return
@@ -242,6 +241,14 @@ async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Infl
         if not recorded:  # client went away (disconnect, or the server cancelled us while draining)
             state.metrics.count_success(handler.path, "abort")
     yield b"data: [DONE]\n\n"
+
+
+def _record_success(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[RequestOutput]) -> None:
+    for out in outputs:
+        state.metrics.observe_output(endpoint, out, ctx.times.get(out.request_id))
+    state.metrics.count_success(endpoint, outputs[0].outputs[0].finish_reason or "abort")
+    if state.request_log is not None:
+        state.request_log.write(endpoint, ctx.req, ctx.arrival_unix_s, outputs)
 
 
 def _note_sent(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[RequestOutput | None]) -> None:
