@@ -67,10 +67,13 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(error_body(err), status_code=err.http_status, headers=headers)
 
 
+REJECTION_REASONS = ("queue_full", "draining")
+
+
 def rejection_reason(err: TallyError) -> str | None:
     """Requests turned away by admission control, not by their content (tally:request_rejected_total)."""
     if isinstance(err, QueueFullError):
-        return "queue_full"
+        return REJECTION_REASONS[0]
     if isinstance(err, ServerDrainingError):
-        return "draining"
+        return REJECTION_REASONS[1]
     return None

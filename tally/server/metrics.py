@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tally.engine.snapshot import EngineSnapshot
 from tally.outputs import RequestOutput
+from tally.server.errors import REJECTION_REASONS
 
 # 1 ms to 10 min: a CPU decode step is tens of ms, a long queue on a small machine is minutes.
 TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -34,6 +35,9 @@ class StreamTimes:
     first_token_sent_s: float | None = None
     last_token_sent_s: float | None = None
     num_tokens_sent: int = 0
+
+
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
 
 class EngineCollector:
@@ -94,6 +98,15 @@ class ServerMetrics:
         self.rejected = counter("request_rejected", "Requests turned away by admission control.", ("reason",))
         self.timeouts = counter("request_timeout", "Requests that ran past --request-timeout.")
         self.errors = counter("request_error", "Requests that failed, by HTTP status.", ("code",))
+        # Rejections, timeouts and server errors start at 0, not at their first occurrence: Prometheus' rate()
+        # and increase() cannot see a counter's step from nothing to its first value, so an alert on a burst of
+        # 429s in one scrape interval would never fire (tests/test_ops_alerts.py).
+        for endpoint in ENDPOINTS:
+            for reason in REJECTION_REASONS:
+                self.rejected.labels(model_name, endpoint, reason)
+            self.timeouts.labels(model_name, endpoint)
+            for code in ("500", "503", "504"):
+                self.errors.labels(model_name, endpoint, code)
 
     def observe_itl(self, endpoint: str, gap_s: float, num_tokens: int) -> None:
         """A chunk carrying num_tokens new tokens: the first waited gap_s, the rest came with it."""

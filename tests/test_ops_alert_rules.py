@@ -1,0 +1,48 @@
+"""The rules `tally alerts` writes: thresholds are the baseline's figures × the stated factors, every rule says
+what its baseline was, and a partial run is refused as a baseline."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from support.bench_servers import serve
+
+from tally.bench.cli import main as bench_main
+from tally.errors import ConfigError
+from tally.ops.alerts import LATENCY_FACTOR, rules_file
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    path = tmp_path_factory.mktemp("baseline") / "run.json"
+    with serve(mode="ok") as server:
+        assert bench_main(["--url", server.url, "--rate", "20", "--duration", "2s", "--lengths", "fixed:16,4",
+                           "--out", str(path), "--quiet"]) == 0
+    return path
+
+
+def test_thresholds_come_from_the_baseline(baseline):
+    result = json.loads(baseline.read_text())
+    rules = {r["alert"]: r for r in yaml.safe_load(rules_file(baseline))["groups"][0]["rules"]}
+    ttft = rules["TallyTTFTP99High"]
+    limit = float(ttft["expr"].rsplit(">", 1)[1])
+    assert limit == pytest.approx(LATENCY_FACTOR * result["summary"]["ttft_s"]["p99"], rel=1e-5)
+    assert "TTFT P99" in ttft["annotations"]["baseline"] and ttft["labels"]["severity"] == "page"
+    assert {"TallyRejecting", "TallyRequestTimeouts", "TallyServerErrors", "TallyKVCacheNearlyFull",
+            "TallyRequestsWaiting", "TallyOutputLengthDrop"} <= set(rules)
+    assert all(r["annotations"]["baseline_run"] == str(baseline) for r in rules.values())
+
+
+def test_the_prefix_follows_the_server_kind(baseline):
+    text = rules_file(baseline, prefix="vllm:")
+    assert "vllm:time_to_first_token_seconds_bucket" in text and "tally:" not in text.split("groups:")[1]
+
+
+def test_a_partial_run_is_not_a_baseline(baseline, tmp_path):
+    result = json.loads(baseline.read_text())
+    result["partial"], result["stopped"] = True, {"reason": "interrupted"}
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(result))
+    with pytest.raises(ConfigError, match="partial run"):
+        rules_file(partial)
