@@ -12,7 +12,8 @@ VERBS: dict[str, tuple[str, str]] = {
     "bench": ("tally.bench.cli", "load test any OpenAI-compatible server"),
     "quantize": ("tally.quantize.cli", "quantize a checkpoint (rtn / gptq / awq)"),
     "eval": ("tally.quality.cli", "quality gate: candidate vs baseline"),
-    "alerts": ("tally.ops.cli", "Prometheus alert rules from a measured baseline run"),
+    "alerts": ("tally.ops.alerts_cli", "Prometheus alert rules from a measured baseline run"),
+    "dashboards": ("tally.ops.dashboards_cli", "Grafana dashboard and Prometheus recording rules"),
 }
 
 

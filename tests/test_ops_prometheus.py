@@ -1,5 +1,6 @@
-"""`tally alerts` against the real thing: Debian's Prometheus scrapes a real `tally serve`, evaluates the rules made
-from a baseline run of that server, and an alert fires when the server is deliberately overloaded."""
+"""`tally alerts` and `tally dashboards` against the real thing: Debian's Prometheus scrapes a real `tally serve`,
+evaluates the alert rules made from a baseline run of that server and the dashboard's recording rules; every
+dashboard expression returns series; an alert fires when the server is deliberately overloaded."""
 from __future__ import annotations
 
 import re
@@ -15,11 +16,13 @@ from support.tiny_models import make_checkpoint
 
 from tally.bench.cli import main as bench_main
 from tally.ops.alerts import rules_file
+from tally.ops.dashboards import dashboard_json, expressions, rules_yaml
 from tally.server.process import ServerProcess, free_port
 
 pytestmark = pytest.mark.skipif(not (shutil.which("prometheus") and shutil.which("promtool")),
                                 reason="needs Debian's prometheus package: apt-get install prometheus")
 NEVER_S = 120.0
+WINDOW = "30s"
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +39,10 @@ def rules(server, tmp_path_factory):
     out = tmp_path_factory.mktemp("ops")
     assert bench_main(["--url", server.url, "--rate", "4", "--duration", "3s", "--lengths", "fixed:16,8",
                        "--out", str(out / "baseline.json"), "--quiet"]) == 0
-    path = out / "rules.yml"
-    path.write_text(rules_file(out / "baseline.json", window="30s", for_s="0s"))
-    return path
+    alerts, recording = out / "alerts.yml", out / "recording.yml"
+    alerts.write_text(rules_file(out / "baseline.json", window=WINDOW, for_s="0s"))
+    recording.write_text(rules_yaml(window=WINDOW))
+    return [alerts, recording]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,7 @@ def prometheus(server, rules, tmp_path_factory):
     work = tmp_path_factory.mktemp("prometheus")
     config = work / "prometheus.yml"
     config.write_text(f"""global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: [{rules}]
+rule_files: [{", ".join(map(str, rules))}]
 scrape_configs:
   - job_name: tally
     static_configs: [{{targets: ["127.0.0.1:{server.port}"]}}]
@@ -79,23 +83,33 @@ def _wait(what: str, check) -> object:
 
 
 def test_promtool_accepts_the_rules(rules):
-    out = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
+    out = subprocess.run(["promtool", "check", "rules", *map(str, rules)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_every_rule_evaluates_and_the_latency_signals_return_series(server, prometheus):
     for _ in range(6):  # traffic, so the histograms have samples in the window
         httpx.post(server.base_url + "/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 8})
-    groups = _wait("a rule evaluation", lambda: [g for g in httpx.get(prometheus + "/api/v1/rules").json()
-                                                 ["data"]["groups"] if all(r.get("lastEvaluation", "").startswith("2")
-                                                                           for r in g["rules"])] or None)
-    rules = groups[0]["rules"]
+    groups = _wait("every rule evaluated", lambda: (lambda gs: gs if len(gs) == 2 and all(
+        r.get("lastEvaluation", "").startswith("2") for g in gs for r in g["rules"]) else None)(
+        httpx.get(prometheus + "/api/v1/rules").json()["data"]["groups"]))
+    rules = [r for g in groups for r in g["rules"]]
     assert all(r["health"] == "ok" and not r.get("lastError") for r in rules), rules
     for r in rules:
         if r["name"] in ("TallyTTFTP99High", "TallyE2EP99High", "TallyRequestsWaiting", "TallyKVCacheNearlyFull"):
             lhs = re.split(r" [<>] ", r["query"])[0]
             _wait(f"series for {r['name']}", lambda: httpx.get(prometheus + "/api/v1/query", params={"query": lhs})
                   .json()["data"]["result"] or None)
+
+
+def test_every_dashboard_expression_returns_series(server, prometheus):
+    for _ in range(4):
+        httpx.post(server.base_url + "/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 8})
+    for expr in expressions(dashboard_json(window=WINDOW)):
+        result = _wait(f"series for {expr}", lambda: (lambda r: r if r.get("status") == "success" and
+                                                      r["data"]["result"] else None)(
+            httpx.get(prometheus + "/api/v1/query", params={"query": expr}).json()))
+        assert result["data"]["result"], expr
 
 
 def test_an_overloaded_server_fires_the_rejection_alert(server, prometheus):
