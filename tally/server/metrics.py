@@ -100,7 +100,7 @@ class ServerMetrics:
         self.errors = counter("request_error", "Requests that failed, by HTTP status.", ("code",))
         # Rejections, timeouts and server errors start at 0, not at their first occurrence: Prometheus' rate()
         # and increase() cannot see a counter's step from nothing to its first value, so an alert on a burst of
-        # 429s in one scrape interval would never fire (tests/test_ops_alerts.py).
+        # 429s in one scrape interval would never fire (tests/test_ops_prometheus.py).
         for endpoint in ENDPOINTS:
             for reason in REJECTION_REASONS:
                 self.rejected.labels(model_name, endpoint, reason)
