@@ -1,7 +1,7 @@
 """Tally: an LLM inference engine that counts before it optimises."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from tally.version import __version__
 
 __all__ = ["LLM", "SamplingParams", "__version__"]
 

@@ -16,6 +16,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from tally.engine.async_engine import AsyncEngine
 from tally.engine.engine import Engine
 from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError
+from tally.server.auth import APIKeyMiddleware
 from tally.server.chat import ChatCompletions, render_chat
 from tally.server.completions import Completions
 from tally.server.errors import error_response
@@ -23,6 +24,7 @@ from tally.server.lifecycle import ServerState, read_json, run_generation
 from tally.server.metrics import ServerMetrics
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
 from tally.server.request_log import RequestLog
+from tally.version import __version__
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class ServerConfig:
     # domain an attacker re-points at 127.0.0.1 (DNS rebinding) cannot reach it.
     allowed_hosts: tuple[str, ...] = ("*",)
     request_log: RequestLog | None = None  # --request-log: one JSON line per finished request
+    api_key: str | None = None  # --api-key: bearer authentication on /v1/*
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -56,6 +59,8 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         async_engine.stop()
 
     app = FastAPI(title="Tally", lifespan=lifespan)
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
     if "*" not in config.allowed_hosts:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.allowed_hosts))
     app.state.tally = state
@@ -86,6 +91,10 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         return {"object": "list", "data": [{
             "id": state.model_name, "object": "model", "created": started_s, "owned_by": "tally",
             "root": state.model_name, "max_model_len": state.max_model_len}]}
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": __version__}
 
     @app.get("/health")
     async def health() -> Response:

@@ -13,7 +13,12 @@ from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import MAX_LOGPROBS, SamplingParams
 from tally.server.lifecycle import Ctx, ServerState, usage
-from tally.server.protocol import ChatCompletionRequest, ChatMessage, finite
+from tally.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    finite,
+    refuse_unsupported,
+)
 from tally.server.streaming import Delta, deltas
 
 
@@ -33,6 +38,7 @@ class ChatCompletions:
         self.tokenizer = tokenizer
 
     def parse(self, body: dict) -> ChatCompletionRequest:
+        refuse_unsupported(body, ChatCompletionRequest)
         return ChatCompletionRequest.model_validate(body)
 
     def engine_requests(self, req: ChatCompletionRequest, state: ServerState) -> list[tuple[Any, SamplingParams]]:

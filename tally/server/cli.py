@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from types import FrameType
@@ -34,6 +35,9 @@ class DrainingServer(uvicorn.Server):
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tally serve", description="OpenAI-compatible HTTP server.")
+    p.add_argument("model_tag", nargs="?", metavar="MODEL", help="as --model (vLLM's `vllm serve MODEL`)")
+    p.add_argument("--api-key", default=os.environ.get("TALLY_API_KEY") or os.environ.get("VLLM_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $TALLY_API_KEY or $VLLM_API_KEY)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-queue", type=int, default=None,
@@ -65,6 +69,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_engine_args(p)
     p.set_defaults(max_itl_s=SERVE_MAX_ITL_S)
     ns = p.parse_args(argv)
+    if ns.model_tag is not None:
+        if ns.model is not None and ns.model != ns.model_tag:
+            p.error(f"the model is given twice ({ns.model_tag!r} and --model {ns.model!r}); give it once")
+        ns.model = ns.model_tag
     if ns.max_queue is not None and ns.max_queue < 1:
         p.error("--max-queue must be ≥ 1")
     if ns.max_connections < 1 or ns.header_timeout <= 0:
@@ -97,7 +105,7 @@ def main(argv: list[str]) -> int:
                                          max_body_bytes=ns.max_body_bytes,
                                          restart_on_failure=ns.restart_on_failure,
                                          allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host),
-                                         request_log=request_log))
+                                         request_log=request_log, api_key=ns.api_key))
     del engine  # the app owns it now: a restart (--restart-on-failure) must be able to let it go
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                             http=guarded_protocol(ns.max_connections, ns.header_timeout),

@@ -10,7 +10,7 @@ from tally.errors import InvalidRequestError
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import SamplingParams
 from tally.server.lifecycle import Ctx, ServerState, usage
-from tally.server.protocol import CompletionRequest, finite
+from tally.server.protocol import CompletionRequest, finite, refuse_unsupported
 from tally.server.streaming import Delta, deltas
 
 
@@ -23,6 +23,7 @@ class Completions:
         self.tokenizer = tokenizer
 
     def parse(self, body: dict) -> CompletionRequest:
+        refuse_unsupported(body, CompletionRequest)
         return CompletionRequest.model_validate(body)
 
     def engine_requests(self, req: CompletionRequest, state: ServerState) -> list[tuple[Any, SamplingParams]]:

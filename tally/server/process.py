@@ -25,8 +25,11 @@ class ServerProcess:
     (benchmarks against a peer), healthy once `health_path` answers 200."""
 
     def __init__(self, args: list[str], startup_timeout_s: float = 300.0,
-                 command: Callable[[int], list[str]] | None = None, health_path: str = "/health") -> None:
+                 command: Callable[[int], list[str]] | None = None, health_path: str = "/health",
+                 env: dict[str, str] | None = None) -> None:
+        """`env`: variables added to this process's environment for the server."""
         self.args = list(args)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.command = command
         self.health_path = health_path
         self.startup_timeout_s = startup_timeout_s
@@ -43,7 +46,7 @@ class ServerProcess:
         cmd = self.command(self.port) if self.command else [
             sys.executable, "-m", "tally.cli", "serve", *self.args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env=self.env)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

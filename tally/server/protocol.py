@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI API (with vLLM's extra sampling fields), validated by pydantic.
 
-Unknown fields are ignored, as OpenAI-compatible servers do, so clients that send extras
-(`user`, `tools`, `parallel_tool_calls`, ...) work unchanged."""
+A field this server does not implement is refused with a 400 that names it (`tools`, `guided_json`, ...), never
+silently ignored: a client must not believe it got what it asked for. Fields that only describe the caller and
+change nothing about the answer (`user`, `metadata`, ...) are accepted and unused."""
 from __future__ import annotations
 
 import math
@@ -15,6 +16,21 @@ from tally.sampling_params import SamplingParams
 
 class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+# Accepted and unused: they describe the caller or ask for bookkeeping that changes nothing about the answer.
+HARMLESS_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
+
+
+def refuse_unsupported(body: dict, model: type[BaseModel]) -> None:
+    """400 naming the body's fields that `model` does not implement (and that are not harmless)."""
+    unknown = sorted(set(body) - set(model.model_fields) - HARMLESS_FIELDS)
+    if body.get("tool_choice") == "none":
+        unknown = [f for f in unknown if f != "tool_choice"]
+    if unknown:
+        hint = " (function calling is not supported yet)" if {"tools", "functions"} & set(unknown) else ""
+        raise InvalidRequestError(f"{', '.join(unknown)}: not supported by this server{hint}; omit "
+                                  f"{'it' if len(unknown) == 1 else 'them'}", param=unknown[0])
 
 
 class StreamOptions(OpenAIModel):

@@ -1,0 +1,52 @@
+"""vLLM users' habits that work unchanged: `tally serve MODEL`, `--api-key` / `VLLM_API_KEY`, `/version`, and fields
+the server does not implement refused by name instead of silently dropped."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tally.server.process import ServerProcess
+from tally.version import __version__
+
+KEY = "sk-test-0123456789"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    """The model given positionally, as `vllm serve MODEL` takes it; the key from vLLM's variable."""
+    with ServerProcess([str(tiny_llama), "--served-model-name", "tiny", "--dtype", "float32",
+                        "--max-model-len", "256", "--kv-cache-memory", "8MB", "--log-level", "warning"],
+                       env={"VLLM_API_KEY": KEY}) as s:
+        yield s
+
+
+def test_the_api_key_guards_v1_and_leaves_health_and_metrics_open(server):
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    assert httpx.post(server.base_url + "/completions", json=body).status_code == 401
+    wrong = httpx.post(server.base_url + "/completions", json=body, headers={"authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
+    assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens == 2
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    for path in ("/health", "/metrics", "/version"):
+        assert httpx.get(server.url + path).status_code == 200, path
+    assert httpx.get(server.url + "/version").json() == {"version": __version__}
+
+
+@pytest.mark.parametrize("extra, named", [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"guided_json": {"type": "object"}}, "guided_json"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+])
+def test_an_unimplemented_field_is_refused_by_name(server, extra, named):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}
+    r = httpx.post(server.base_url + "/chat/completions", json=body, headers={"authorization": f"Bearer {KEY}"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == named, r.text
+
+
+def test_caller_metadata_is_accepted(server):
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "user": "u1", "metadata": {"team": "a"},
+            "tool_choice": "none"}
+    r = httpx.post(server.base_url + "/completions", json=body, headers={"authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200, r.text
