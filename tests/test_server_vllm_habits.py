@@ -50,3 +50,15 @@ def test_caller_metadata_is_accepted(server):
             "tool_choice": "none"}
     r = httpx.post(server.base_url + "/completions", json=body, headers={"authorization": f"Bearer {KEY}"})
     assert r.status_code == 200, r.text
+
+
+def test_a_vllm_command_line_runs_unchanged(tiny_llama):
+    """From vLLM's docs: GPU-only flags are named in one warning; vLLM's dtype spelling is understood."""
+    flags = [str(tiny_llama), "--dtype", "half", "--gpu-memory-utilization", "0.9", "--enforce-eager",
+             "--tensor-parallel-size", "1", "--max-model-len", "256", "--kv-cache-memory", "8MB",
+             "--served-model-name", "tiny"]
+    with ServerProcess(flags) as server:
+        r = httpx.post(server.base_url + "/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert "ignoring vLLM flags that have no effect on this CPU engine: --gpu-memory-utilization, " \
+               "--enforce-eager" in server.log()

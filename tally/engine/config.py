@@ -14,7 +14,8 @@ from tally.layers.linear import fp16_weights_supported
 from tally.platform import has_fast_bf16
 from tally.units import parse_bytes
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16}  # "float" and "half" (below) are vLLM's spellings
 # fp16 weights with fp32 compute (tally/layers/dense.py Fp16WeightLinear): never fp16 arithmetic on CPU
 FP16_WEIGHT_NAMES = ("float16", "half", "fp16")
 QUANTIZATIONS = ("int8", "int4", "w8a8", "gguf")  # gguf: a GGUF file's blocks as stored
@@ -36,7 +37,7 @@ class EngineConfig:
     model: str | None = option(None, "checkpoint dir, .gguf file, or alias (default: the built-in smollm2-135m)")
     dtype: str = option("auto", "float16: fp16 weights, fp32 compute (auto picks it for half-precision and GGUF "
                                 "checkpoints on CPUs without bf16 instructions)",
-                        choices=("auto", "float32", "bfloat16", "float16"))
+                        choices=("auto", "float32", "float", "bfloat16", "float16", "half"))
     quantization: str | None = option(None, "quantize on the fly (int8, int4, w8a8), or gguf: run a GGUF file's "
                                             "blocks as stored", choices=QUANTIZATIONS, aliases=("-q",))
     max_model_len: int | None = option(None, "longest prompt + output in tokens (default: the model's context)")

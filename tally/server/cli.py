@@ -16,6 +16,7 @@ from tally.errors import TallyError
 from tally.server.app import ServerConfig, build_app
 from tally.server.connection_guard import guarded_protocol
 from tally.server.request_log import RequestLog, redaction_hook
+from tally.server.vllm_flags import add_vllm_flags, refuse_parallelism, warn_no_effect
 from tally.units import parse_bytes
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -67,8 +68,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="when the engine loop dies, fail the requests in flight, reload the engine, serve again")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
+    add_vllm_flags(p)
     p.set_defaults(max_itl_s=SERVE_MAX_ITL_S)
     ns = p.parse_args(argv)
+    refuse_parallelism(p, ns)
     if ns.model_tag is not None:
         if ns.model is not None and ns.model != ns.model_tag:
             p.error(f"the model is given twice ({ns.model_tag!r} and --model {ns.model!r}); give it once")
@@ -93,6 +96,7 @@ def allowed_hosts(flag: str | None, bind_host: str) -> tuple[str, ...]:
 def main(argv: list[str]) -> int:
     ns = parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    warn_no_effect(ns)
 
     try:
         request_log = None if ns.request_log is None else RequestLog(

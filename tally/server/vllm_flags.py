@@ -1,0 +1,42 @@
+"""vLLM flags that mean nothing on a CPU engine, accepted so that a vLLM command line runs unchanged: each one
+given is named in one warning line instead of failing argparse. Flags whose meaning Tally cannot honour
+(--tensor-parallel-size above 1, --pipeline-parallel-size above 1) are refused with a message instead."""
+from __future__ import annotations
+
+import argparse
+import logging
+
+log = logging.getLogger("tally.server")
+
+# name -> takes a value (True) or is a switch (False)
+NO_EFFECT = {
+    "--gpu-memory-utilization": True, "--enforce-eager": False, "--swap-space": True, "--cpu-offload-gb": True,
+    "--trust-remote-code": False, "--disable-log-requests": False, "--disable-custom-all-reduce": False,
+    "--max-seq-len-to-capture": True, "--device": True, "--distributed-executor-backend": True,
+    "--worker-use-ray": False, "--disable-frontend-multiprocessing": False, "--uvicorn-log-level": True,
+}
+
+
+def add_vllm_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("vLLM flags with no effect here (accepted with a warning)")
+    for flag, takes_value in NO_EFFECT.items():
+        g.add_argument(flag, dest=_dest(flag), default=None,
+                       **({"metavar": "VALUE"} if takes_value else {"action": "store_const", "const": True}))
+    g.add_argument("--tensor-parallel-size", "-tp", dest="tensor_parallel_size", type=int, default=1)
+    g.add_argument("--pipeline-parallel-size", "-pp", dest="pipeline_parallel_size", type=int, default=1)
+
+
+def refuse_parallelism(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    if ns.tensor_parallel_size != 1 or ns.pipeline_parallel_size != 1:
+        p.error("tensor and pipeline parallelism are not supported yet; run with --tensor-parallel-size 1 "
+                "--pipeline-parallel-size 1 (the default)")
+
+
+def warn_no_effect(ns: argparse.Namespace) -> None:
+    given = [flag for flag in NO_EFFECT if getattr(ns, _dest(flag)) is not None]
+    if given:
+        log.warning("ignoring vLLM flags that have no effect on this CPU engine: %s", ", ".join(given))
+
+
+def _dest(flag: str) -> str:
+    return "vllm_" + flag.lstrip("-").replace("-", "_")
