@@ -126,3 +126,10 @@ def test_every_sample_of_an_n_request_is_counted_running_or_waiting(tiny_llama):
     engine.step()
     assert engine.snapshot().num_running + engine.snapshot().num_waiting == 0
     assert_no_block_leak(llm)
+
+
+def test_the_snapshot_counts_prompt_and_generated_tokens(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, enable_prefix_caching=False)
+    llm.generate([{"prompt_token_ids": list(range(3, 23))}] * 2, SamplingParams(max_tokens=5, ignore_eos=True))
+    snap = llm.engine.snapshot()
+    assert (snap.prompt_tokens, snap.generated_tokens) == (40, 10)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tally.engine.engine import Engine
 from tally.engine.snapshot import EngineSnapshot
+from tally.engine.stats_log import StatsLog
 from tally.errors import EngineDeadError, QueueFullError, TallyError
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
@@ -90,6 +91,7 @@ class AsyncEngine:
         self.max_queue = max_queue  # engine requests allowed to wait for a batch slot
         self._max_num_seqs = engine.config.max_num_seqs
         self.snapshot = EngineSnapshot()
+        self._stats_log = None if engine.config.disable_log_stats else StatsLog()
         self._inbox: deque[Command] = deque()
         self._lock = threading.Lock()  # guards _inbox, _pending_adds and snapshot together
         self._pending_adds = 0
@@ -277,6 +279,8 @@ class AsyncEngine:
         snap = self.engine.snapshot()
         with self._lock:
             self.snapshot = snap
+        if self._stats_log is not None:
+            self._stats_log.maybe_log(snap)
 
 
 def _internal(exc: BaseException) -> TallyError:

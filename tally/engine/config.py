@@ -63,6 +63,8 @@ class EngineConfig:
                                            "long prompt cannot freeze them (tally serve: 0.3; none: no target)",
                                      aliases=("--max-itl",))
     seed: int = option(0, "seed of the engine's shared sampling generator")
+    disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
+                                            "(vLLM's flag)")
     served_model_name: str | None = option(None, "the model name the API reports (default: the checkpoint's)")
 
     def __post_init__(self) -> None:

@@ -44,6 +44,7 @@ class Engine:
         self._stop_token_ids = m.stop_token_ids
         self._vocab_size = m.config.vocab_size
         self._num_steps = 0
+        self._num_prompt_tokens = self._num_generated_tokens = 0
         self._step_cost = StepCost()
         self.model_name = config.served_model_name or m.name
         self.max_model_len = m.max_model_len
@@ -158,6 +159,7 @@ class Engine:
             for rid, plp in result.prompt_logprobs.items():
                 self._seq_of[rid][1].add_prompt_logprobs(plp, self._decode_one)
             self._apply_samples(result, now, moved)
+            self._num_generated_tokens += len(result.sampled)
         outputs = [g.output() for g in moved.values()]
         for g in moved.values():
             if g.finished:
@@ -165,6 +167,7 @@ class Engine:
                 self._forget(g)
         if out.scheduled:
             prompt_tokens = sum(n for n, _ in chunks)
+            self._num_prompt_tokens += prompt_tokens
             mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
             self._step_cost.observe(prompt_tokens, mean_context, time.perf_counter() - started_s)
         return outputs
@@ -230,6 +233,7 @@ class Engine:
             num_unfilled_slots=kv.num_unfilled_slots(), block_size_tokens=kv.block_size,
             prefix_queried_tokens=kv.stats.queried_tokens, prefix_hit_tokens=kv.stats.hit_tokens,
             num_preemptions=self.scheduler.num_preemptions, num_steps=self._num_steps,
+            prompt_tokens=self._num_prompt_tokens, generated_tokens=self._num_generated_tokens,
         )
 
     def run_until_done(self) -> dict[str, RequestOutput]:

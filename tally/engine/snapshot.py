@@ -18,6 +18,12 @@ class EngineSnapshot:
     prefix_hit_tokens: int = 0
     num_preemptions: int = 0
     num_steps: int = 0
+    prompt_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits not counted)
+    generated_tokens: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:

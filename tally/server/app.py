@@ -158,7 +158,7 @@ def ledger_view(ledger: dict, async_engine: AsyncEngine) -> dict:
             "blocks_used": s.num_used_blocks,
             "blocks_free": s.num_free_blocks,
             "blocks_cached_free": s.num_cached_free_blocks,
-            "usage_perc": s.num_used_blocks / s.num_blocks if s.num_blocks else 0.0,
+            "usage_perc": s.kv_usage,
             "fragmentation_perc": s.num_unfilled_slots / used_slots if used_slots else 0.0,
         },
         "requests": {"running": s.num_running, "waiting": s.num_waiting, "queued": async_engine.queue_depth()},

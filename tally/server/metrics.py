@@ -52,7 +52,7 @@ class EngineCollector:
             ("num_requests_running", "Requests in the running batch.", s.num_running),
             ("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
             ("kv_cache_usage_perc", "Used KV blocks / total KV blocks (0-1).",
-             s.num_used_blocks / s.num_blocks if s.num_blocks else 0.0),
+             s.kv_usage),
             ("kv_cache_fragmentation_perc", "Allocated-but-unfilled KV slots / allocated slots (0-1).",
              s.num_unfilled_slots / used_slots if used_slots else 0.0),
         ):
