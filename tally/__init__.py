@@ -1,9 +1,11 @@
 """Tally: an LLM inference engine that counts before it optimises."""
 from __future__ import annotations
 
+from tally.outputs import CompletionOutput, RequestOutput
+from tally.sampling_params import SamplingParams
 from tally.version import __version__
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
 
 
 def __getattr__(name: str):
@@ -12,8 +14,4 @@ def __getattr__(name: str):
         from tally.engine.llm import LLM
 
         return LLM
-    if name == "SamplingParams":
-        from tally.sampling_params import SamplingParams
-
-        return SamplingParams
     raise AttributeError(name)

@@ -133,3 +133,25 @@ def test_the_snapshot_counts_prompt_and_generated_tokens(tiny_llama):
     llm.generate([{"prompt_token_ids": list(range(3, 23))}] * 2, SamplingParams(max_tokens=5, ignore_eos=True))
     snap = llm.engine.snapshot()
     assert (snap.prompt_tokens, snap.generated_tokens) == (40, 10)
+
+
+def test_vllm_style_llm_arguments(tiny_llama, caplog):
+    """GPU-only keywords warn instead of failing; the progress bar does not change outputs; chat takes vLLM's
+    arguments; the output classes are exported."""
+    from tally import CompletionOutput, RequestOutput
+
+    with caplog.at_level("WARNING", logger="tally"):
+        llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, gpu_memory_utilization=0.9,
+                  enforce_eager=True, tensor_parallel_size=1)
+    assert "enforce_eager, gpu_memory_utilization" in caplog.text
+    with pytest.raises(ConfigError, match="tensor_parallel_size"):
+        LLM(str(tiny_llama), tensor_parallel_size=2)
+    prompts = [{"prompt_token_ids": list(range(3, 13 + i))} for i in range(3)]
+    greedy = SamplingParams(temperature=0, max_tokens=4)
+    with_bar, without = llm.generate(prompts, greedy), llm.generate(prompts, greedy, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in with_bar] == [o.outputs[0].token_ids for o in without]
+    assert isinstance(with_bar[0], RequestOutput) and isinstance(with_bar[0].outputs[0], CompletionOutput)
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{{ extra }}"
+    out = llm.chat([{"role": "user", "content": "hi"}], greedy, chat_template=template,
+                   chat_template_kwargs={"extra": "assistant:"})
+    assert out[0].prompt == "user: hi\nassistant:"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -236,10 +237,12 @@ class Engine:
             prompt_tokens=self._num_prompt_tokens, generated_tokens=self._num_generated_tokens,
         )
 
-    def run_until_done(self) -> dict[str, RequestOutput]:
+    def run_until_done(self, on_finished: Callable[[RequestOutput], None] | None = None) -> dict[str, RequestOutput]:
         final: dict[str, RequestOutput] = {}
         while self.has_unfinished_requests():
             for o in self.step():
                 if o.finished:
                     final[o.request_id] = o
+                    if on_finished is not None:
+                        on_finished(o)
         return final

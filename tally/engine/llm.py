@@ -2,22 +2,35 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import fields
 from typing import Any, Sequence
 
+from rich.console import Console
+from rich.progress import Progress
+
 from tally.engine.config import EngineConfig
 from tally.engine.engine import Engine
+from tally.engine.vllm_compat import NO_EFFECT, PARALLELISM
 from tally.errors import ConfigError, InvalidRequestError
 from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
 
+log = logging.getLogger("tally")
 PromptType = str | dict[str, Any] | list[int]
 
 
 class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         known = {f.name for f in fields(EngineConfig)}
+        for name in PARALLELISM:
+            if kwargs.pop(name, 1) != 1:
+                raise ConfigError(f"{name} above 1 is not supported yet; leave it at 1")
+        ignored = sorted(k for k in kwargs if k in NO_EFFECT)
+        if ignored:
+            log.warning("ignoring vLLM arguments that have no effect on this CPU engine: %s", ", ".join(ignored))
+            kwargs = {k: v for k, v in kwargs.items() if k not in NO_EFFECT}
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ConfigError(f"unknown LLM argument(s) {unknown}; known: {sorted(known)}")
@@ -28,8 +41,10 @@ class LLM:
         return self.engine.tokenizer
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in prompt order."""
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order. `use_tqdm` (vLLM's name): a progress
+        bar of finished prompts on stderr while more than one runs."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -51,12 +66,25 @@ class LLM:
                 self.engine.abort_request(rid)
             self.engine.step()  # emits the aborts, frees nothing twice
             raise
-        final = self.engine.run_until_done()
+        if use_tqdm and len(ids) > 1:
+            with Progress(*Progress.get_default_columns(), console=Console(stderr=True), transient=True) as bar:
+                task = bar.add_task("Processed prompts", total=len(ids))
+                final = self.engine.run_until_done(lambda _: bar.advance(task))
+        else:
+            final = self.engine.run_until_done()
         return [final[rid] for rid in ids]
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """vLLM's `LLM.chat`: one conversation or a list of them, through the model's chat template (or
+        `chat_template`), `chat_template_kwargs` passed to the template."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tok = self.get_tokenizer()
-        prompts = [chat_prompt(tok, c, without_template=refuse_without_template) for c in conversations]
-        return self.generate(prompts, sampling_params)
+        prompts = [chat_prompt(tok, c, without_template=refuse_without_template, chat_template=chat_template,
+                               add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message, template_kwargs=chat_template_kwargs)
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)

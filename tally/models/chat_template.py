@@ -28,19 +28,23 @@ def join_turns(separator: str, end: str = "") -> Callable[[Messages], str]:
 
 
 def render_chat(tokenizer: Any, messages: Messages, *, without_template: Callable[[Messages], str],
-                add_generation_prompt: bool = True) -> str:
-    if not has_chat_template(tokenizer):
+                add_generation_prompt: bool = True, chat_template: str | None = None,
+                continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None) -> str:
+    """`chat_template` replaces the model's; `continue_final_message` leaves the last (assistant) turn open for
+    the model to continue; `template_kwargs` reach the template (e.g. Qwen3's enable_thinking)."""
+    if chat_template is None and not has_chat_template(tokenizer):
         return without_template(messages)
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt and not continue_final_message, tokenize=False,
+            chat_template=chat_template, continue_final_message=continue_final_message, **(template_kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - templates raise their own errors for bad conversations
         raise InvalidRequestError(f"the chat template rejected these messages: {exc}", param="messages") from None
 
 
 def chat_prompt(tokenizer: Any, messages: Messages, *, without_template: Callable[[Messages], str],
-                add_generation_prompt: bool = True) -> dict[str, Any]:
-    """The engine's prompt: the rendered text and its token ids."""
-    text = render_chat(tokenizer, messages, without_template=without_template,
-                       add_generation_prompt=add_generation_prompt)
+                **render: Any) -> dict[str, Any]:
+    """The engine's prompt: the rendered text (render_chat's options) and its token ids."""
+    text = render_chat(tokenizer, messages, without_template=without_template, **render)
     # The template already holds any BOS it wants; encoding must not add another.
     return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}

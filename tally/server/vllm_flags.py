@@ -1,25 +1,21 @@
-"""vLLM flags that mean nothing on a CPU engine, accepted so that a vLLM command line runs unchanged: each one
-given is named in one warning line instead of failing argparse. Flags whose meaning Tally cannot honour
-(--tensor-parallel-size above 1, --pipeline-parallel-size above 1) are refused with a message instead."""
+"""vLLM flags that mean nothing on a CPU engine (tally/engine/vllm_compat.py), accepted so that a vLLM command line
+runs unchanged: each one given is named in one warning line instead of failing argparse. Flags whose meaning Tally
+cannot honour (--tensor-parallel-size above 1, --pipeline-parallel-size above 1) are refused with a message."""
 from __future__ import annotations
 
 import argparse
 import logging
 
+from tally.engine.vllm_compat import NO_EFFECT
+
 log = logging.getLogger("tally.server")
 
-# name -> takes a value (True) or is a switch (False)
-NO_EFFECT = {
-    "--gpu-memory-utilization": True, "--enforce-eager": False, "--swap-space": True, "--cpu-offload-gb": True,
-    "--trust-remote-code": False, "--disable-log-requests": False, "--disable-custom-all-reduce": False,
-    "--max-seq-len-to-capture": True, "--device": True, "--distributed-executor-backend": True,
-    "--worker-use-ray": False, "--disable-frontend-multiprocessing": False, "--uvicorn-log-level": True,
-}
+NO_EFFECT_FLAGS = {"--" + name.replace("_", "-"): takes_value for name, takes_value in NO_EFFECT.items()}
 
 
 def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("vLLM flags with no effect here (accepted with a warning)")
-    for flag, takes_value in NO_EFFECT.items():
+    for flag, takes_value in NO_EFFECT_FLAGS.items():
         g.add_argument(flag, dest=_dest(flag), default=None,
                        **({"metavar": "VALUE"} if takes_value else {"action": "store_const", "const": True}))
     g.add_argument("--tensor-parallel-size", "-tp", dest="tensor_parallel_size", type=int, default=1)
@@ -33,7 +29,7 @@ def refuse_parallelism(p: argparse.ArgumentParser, ns: argparse.Namespace) -> No
 
 
 def warn_no_effect(ns: argparse.Namespace) -> None:
-    given = [flag for flag in NO_EFFECT if getattr(ns, _dest(flag)) is not None]
+    given = [flag for flag in NO_EFFECT_FLAGS if getattr(ns, _dest(flag)) is not None]
     if given:
         log.warning("ignoring vLLM flags that have no effect on this CPU engine: %s", ", ".join(given))
 
