@@ -60,5 +60,7 @@ def test_a_vllm_command_line_runs_unchanged(tiny_llama):
     with ServerProcess(flags) as server:
         r = httpx.post(server.base_url + "/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
         assert r.status_code == 200, r.text
+        log = server.log()
         assert "ignoring vLLM flags that have no effect on this CPU engine: --gpu-memory-utilization, " \
-               "--enforce-eager" in server.log()
+               "--enforce-eager" in log
+        assert "prompt + 2 output tokens, length" in log  # the access line at info, one per request

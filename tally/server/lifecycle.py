@@ -246,6 +246,10 @@ async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Infl
 def _record_success(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[RequestOutput]) -> None:
     for out in outputs:
         state.metrics.observe_output(endpoint, out, ctx.times.get(out.request_id))
+        m = out.metrics
+        log.info("%s %s: %d prompt + %d output tokens, %s, TTFT %.3f s, E2E %.3f s", endpoint, out.request_id,
+                 len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs),
+                 out.outputs[0].finish_reason, (m.ttft_s or 0.0) if m else 0.0, (m.e2e_s or 0.0) if m else 0.0)
     state.metrics.count_success(endpoint, outputs[0].outputs[0].finish_reason or "abort")
     if state.request_log is not None:
         state.request_log.write(endpoint, ctx.req, ctx.arrival_unix_s, outputs)
