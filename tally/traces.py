@@ -1,8 +1,8 @@
 """Request logs as (prompt tokens, output tokens[, arrival time]) per request: the one reader behind
 `tally plan --lengths` and `tally bench --lengths trace:... / --replay`.
 
-It reads CSV, a JSON list, JSON Lines, a `tally bench` result document (its per-request records), or a directory
-of JSON Lines files (`tally serve --request-log DIR`), with
+It reads CSV, a JSON list, JSON Lines, a `tally bench` result document (its per-request records), vLLM's and
+GuideLLM's benchmark results, or a directory of JSON Lines files (`tally serve --request-log DIR`), with
 the column names seen in public traces and serving logs (compared case-insensitively; an OpenAI-style nested
 `usage` object is flattened). Rows lacking a prompt or an output length are skipped (a failed request in a
 result file has none). `conv` and `code` name the Azure LLM inference traces 2023 shipped in tally/data
@@ -101,15 +101,27 @@ def _records(text: str, path: Path) -> list[dict]:
 
 def _records_in(document: object) -> list[dict]:
     """A JSON list of records, or the first list of records found in a result document (lists before nested
-    objects, so a summary's token totals are not taken for a request)."""
+    objects, so a summary's token totals are not taken for a request); vLLM's benchmark results hold columns
+    (`input_lens`, `output_lens`) instead of records."""
+    if isinstance(document, dict) and isinstance(document.get("input_lens"), list) \
+            and isinstance(document.get("output_lens"), list):
+        return [{"prompt_tokens": p, "output_tokens": o} for p, o in zip(document["input_lens"],
+                                                                         document["output_lens"])]
     if isinstance(document, list):
-        return [r for r in document if isinstance(r, dict)]
+        records = [r for r in document if isinstance(r, dict)]
+        if any(_is_request(r) for r in records):
+            return records
+        return [found for r in records for found in _records_in(r)]  # e.g. GuideLLM's list of benchmarks
     if isinstance(document, dict):
         for value in sorted(document.values(), key=lambda v: not isinstance(v, list)):
             found = _records_in(value)
-            if any(_number(_flatten(r), PROMPT_KEYS) is not None for r in found):
+            if any(_is_request(r) for r in found):
                 return found
     return []
+
+
+def _is_request(record: dict) -> bool:
+    return _number(_flatten(record), PROMPT_KEYS) is not None
 
 
 def _flatten(row: dict) -> dict[str, object]:

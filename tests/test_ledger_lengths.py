@@ -92,3 +92,15 @@ def test_azure_conversation_trace_percentiles_match_a_plain_sort(tmp_path):
     assert stats.total_at(99) == totals[-(-99 * len(totals) // 100) - 1]
     p = stats.total_tokens
     assert p["p50"] <= p["p90"] <= p["p99"] <= p["p99.5"] <= p["max"]
+
+
+def test_vllm_and_guidellm_benchmark_results_are_read(tmp_path):
+    vllm = tmp_path / "vllm.json"
+    vllm.write_text(json.dumps({"duration": 10.0, "completed": 3, "input_lens": [10, 20, 30],
+                                "output_lens": [1, 2, 3], "ttfts": [0.1, 0.2, 0.3]}))
+    assert load_lengths(vllm) == [(10, 1), (20, 2), (30, 3)]
+    guidellm = tmp_path / "guidellm.json"
+    guidellm.write_text(json.dumps({"benchmarks": [{"requests": {"successful": [
+        {"prompt_tokens": 7, "output_tokens": 4, "request_latency": 0.5},
+        {"prompt_tokens": 9, "output_tokens": 5, "request_latency": 0.6}]}}]}))
+    assert load_lengths(guidellm) == [(7, 4), (9, 5)]
