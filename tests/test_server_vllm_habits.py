@@ -15,7 +15,7 @@ KEY = "sk-test-0123456789"
 @pytest.fixture(scope="module")
 def server(tiny_llama):
     """The model given positionally, as `vllm serve MODEL` takes it; the key from vLLM's variable."""
-    with ServerProcess([str(tiny_llama), "--served-model-name", "tiny", "--dtype", "float32",
+    with ServerProcess([str(tiny_llama), "--served-model-name", "tiny", "tiny-alias", "--dtype", "float32",
                         "--max-model-len", "256", "--kv-cache-memory", "8MB", "--log-level", "warning"],
                        env={"VLLM_API_KEY": KEY}) as s:
         yield s
@@ -28,7 +28,8 @@ def test_the_api_key_guards_v1_and_leaves_health_and_metrics_open(server):
     assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
     client = openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0)
     assert client.completions.create(model="tiny", prompt="hi", max_tokens=2).usage.completion_tokens == 2
-    assert [m.id for m in client.models.list()] == ["tiny"]
+    assert [m.id for m in client.models.list()] == ["tiny", "tiny-alias"]  # vLLM's several served names
+    assert client.completions.create(model="tiny-alias", prompt="hi", max_tokens=2).model == "tiny"
     for path in ("/health", "/metrics", "/version"):
         assert httpx.get(server.url + path).status_code == 200, path
     assert httpx.get(server.url + "/version").json() == {"version": __version__}

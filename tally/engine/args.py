@@ -22,7 +22,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                            help=meta["help"])
             continue
         g.add_argument(*names, dest=f.name, type=meta["parse"] or _value_type(kind), default=f.default,
-                       choices=meta["choices"],
+                       choices=meta["choices"], nargs=meta["nargs"],
                        help=meta["help"] + ("" if f.default is None else " (default: %(default)s)"))
 
 
@@ -31,7 +31,7 @@ def config_from_args(ns: argparse.Namespace) -> EngineConfig:
 
 
 def _value_type(kind: object) -> type:
-    """`int | None` -> int: the type a flag's text is converted to."""
+    """`int | None` -> int, `str | list[str] | None` -> str: the type a flag's text is converted to."""
     if isinstance(kind, types.UnionType):
-        return next(arg for arg in typing.get_args(kind) if arg is not type(None))
+        return next(arg for arg in typing.get_args(kind) if isinstance(arg, type) and arg is not type(None))
     return kind  # type: ignore[return-value]

@@ -24,9 +24,10 @@ SCHEDULINGS = ("continuous", "static")
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = (),
-           parse: Callable[[str], Any] | None = None) -> Any:
+           parse: Callable[[str], Any] | None = None, nargs: str | None = None) -> Any:
     """A field of EngineConfig and, from the same line, its command-line flag (tally/engine/args.py)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases, "parse": parse})
+    return field(default=default, metadata={"help": help, "choices": choices, "aliases": aliases, "parse": parse,
+                                            "nargs": nargs})
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,18 @@ class EngineConfig:
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")
-    served_model_name: str | None = option(None, "the model name the API reports (default: the checkpoint's)")
+    served_model_name: str | list[str] | None = option(
+        None, "the name(s) the API answers to; the first is reported (default: the checkpoint's)", nargs="+")
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """The names the API answers to, the reported one first; () for the checkpoint's own."""
+        names = self.served_model_name
+        return () if names is None else (names,) if isinstance(names, str) else tuple(names)
 
     def __post_init__(self) -> None:
+        if self.served_model_name is not None and not all(self.served_model_names):
+            raise ConfigError("served_model_name needs non-empty names")
         if self.dtype not in ("auto", *DTYPES, *FP16_WEIGHT_NAMES):
             raise ConfigError(f"dtype {self.dtype!r} is not supported; use auto, float32, bfloat16 or float16")
         if self.dtype in FP16_WEIGHT_NAMES:

@@ -47,7 +47,8 @@ class Engine:
         self._num_steps = 0
         self._num_prompt_tokens = self._num_generated_tokens = 0
         self._step_cost = StepCost()
-        self.model_name = config.served_model_name or m.name
+        self.model_names = config.served_model_names or (m.name,)
+        self.model_name = self.model_names[0]  # the name the API reports
         self.max_model_len = m.max_model_len
         self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
                                  sliding_window=m.config.sliding_window)

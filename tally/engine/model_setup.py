@@ -77,7 +77,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
             f"{layout.bytes_for_tokens(max_model_len):,} or lower --max-model-len")
     kv_caches = _allocate_kv(cfg, layout, num_blocks, dtype)
     ledger = EngineLedger(
-        model_name=config.served_model_name or ckpt.name,
+        model_name=(config.served_model_names or (ckpt.name,))[0],
         weight_bytes=weight_bytes,
         kv_blocks=num_blocks,
         block_size=config.block_size,
@@ -88,7 +88,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         max_num_seqs=config.max_num_seqs,
     )
     return LoadedModel(
-        name=config.served_model_name or ckpt.name, config=cfg, tokenizer=tokenizer,
+        name=(config.served_model_names or (ckpt.name,))[0], config=cfg, tokenizer=tokenizer,
         stop_token_ids=stop_token_ids(tokenizer, cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
         num_blocks=num_blocks, max_model_len=max_model_len, ledger=ledger)
 

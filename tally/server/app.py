@@ -45,7 +45,8 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     tokenizer = copy.deepcopy(engine.tokenizer)  # the engine thread keeps the original to itself
     state = ServerState(
         engine=async_engine, metrics=ServerMetrics(engine.model_name, lambda: async_engine.snapshot),
-        tokenizer=tokenizer, model_name=engine.model_name, max_model_len=engine.max_model_len,
+        tokenizer=tokenizer, model_name=engine.model_name, model_names=engine.model_names,
+        max_model_len=engine.max_model_len,
         request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,
         request_log=config.request_log,
     )
@@ -89,8 +90,8 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{
-            "id": state.model_name, "object": "model", "created": started_s, "owned_by": "tally",
-            "root": state.model_name, "max_model_len": state.max_model_len}]}
+            "id": name, "object": "model", "created": started_s, "owned_by": "tally",
+            "root": state.model_name, "max_model_len": state.max_model_len} for name in state.model_names]}
 
     @app.get("/version")
     async def version() -> dict:

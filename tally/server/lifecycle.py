@@ -47,15 +47,16 @@ class ServerState:
     engine: AsyncEngine
     metrics: ServerMetrics
     tokenizer: Any  # the server's own copy: the engine thread decodes with the engine's
-    model_name: str
+    model_name: str  # the reported name, first of model_names
     max_model_len: int
     request_timeout_s: float | None = None
     max_body_bytes: int = 16 * 2**20
+    model_names: tuple[str, ...] = ()  # every name the API answers to
     draining: bool = False
     request_log: RequestLog | None = None
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model != self.model_name and model not in self.model_names:
             raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
                                      f"{self.model_name!r} (see GET /v1/models)", param="model")
 
