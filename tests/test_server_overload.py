@@ -56,3 +56,46 @@ def test_free_slots_are_filled_before_anyone_is_refused(server):
             t.join(120)
     expect_ledger(server, lambda led: led["kv"]["blocks_used"] == 0 and led["requests"]["running"] == 0,
                   "every left stream aborted and its blocks freed")
+
+
+@pytest.fixture(scope="module")
+def impatient(tmp_path_factory):
+    """Two batch slots, and a request may wait at most 0.1 s for one by the measured start rate."""
+    ckpt = make_checkpoint(tmp_path_factory.mktemp("tiny-64k-delay"), "llama", max_position_embeddings=CONTEXT)
+    with ServerProcess(["--model", str(ckpt), "--served-model-name", MODEL, "--dtype", "float32",
+                        "--max-model-len", str(CONTEXT), "--kv-cache-memory", "64MB", "--max-num-seqs", "2",
+                        "--max-queue-delay", "0.1", "--log-level", "warning"]) as s:
+        yield s
+
+
+def test_a_request_whose_predicted_wait_is_too_long_is_refused_early(impatient):
+    """With both slots held by requests that will not end soon, at most 2 requests started in any second, so a
+    request with 2 ahead of it waits at least a second by the start rate: over --max-queue-delay 0.1."""
+    server, release = impatient, threading.Event()
+    statuses: list[int] = []
+
+    def hold(i: int) -> None:
+        body = {"model": MODEL, "prompt": f"hold {i}", "max_tokens": CONTEXT - 64, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", server.base_url + "/completions", json=body, timeout=120) as r:
+            statuses.append(r.status_code)
+            if r.status_code == 200:
+                release.wait(120)
+
+    holders = [threading.Thread(target=hold, args=(i,)) for i in range(2)]
+    for t in holders:
+        t.start()
+    try:
+        expect_ledger(server, lambda led: led["requests"]["running"] == 2, "both slots taken")
+        queued = threading.Thread(target=hold, args=(2,))  # nothing waits yet: it is never refused
+        queued.start()
+        holders.append(queued)
+        expect_ledger(server, lambda led: led["requests"]["waiting"] == 1, "one request waiting")
+        r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": "late", "max_tokens": 2})
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1, r.text
+        assert "--max-queue-delay" in r.json()["error"]["message"]
+    finally:
+        release.set()
+        for t in holders:
+            t.join(120)
+    assert statuses.count(200) == 3

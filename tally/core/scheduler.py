@@ -42,6 +42,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_started = 0  # requests admitted for the first time (preemption recomputes not counted)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -139,6 +140,7 @@ class Scheduler:
             if req.num_cached_tokens < 0:  # first admission: preemption recomputes are not hits
                 req.num_cached_tokens = num_cached
                 req.first_scheduled_time = now
+                self.num_started += 1
                 self.kv.record_first_admission(req, num_cached)
             req.num_computed_tokens += num_cached
             req.status = RequestStatus.RUNNING

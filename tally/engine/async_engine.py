@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tally.engine.engine import Engine
+from tally.engine.queue_delay import QueueDelay
 from tally.engine.snapshot import EngineSnapshot
 from tally.engine.stats_log import StatsLog
 from tally.errors import EngineDeadError, QueueFullError, TallyError
@@ -82,13 +83,17 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Engine, max_queue: int | None = None, restart_on_failure: bool = False) -> None:
+    def __init__(self, engine: Engine, max_queue: int | None = None, restart_on_failure: bool = False,
+                 max_queue_delay_s: float | None = None) -> None:
         """restart_on_failure: when the loop dies, the requests in flight fail with EngineDeadError, the server
-        answers 503 while a fresh Engine loads from the same config, then it serves again."""
+        answers 503 while a fresh Engine loads from the same config, then it serves again. max_queue_delay_s:
+        refuse a request whose predicted wait for a batch slot (tally/engine/queue_delay.py) is longer."""
         self.engine = engine
         self.restart_on_failure = restart_on_failure
         self.restarts = 0
         self.max_queue = max_queue  # engine requests allowed to wait for a batch slot
+        self.max_queue_delay_s = max_queue_delay_s
+        self._queue_delay = QueueDelay()
         self._max_num_seqs = engine.config.max_num_seqs
         self.snapshot = EngineSnapshot()
         self._stats_log = None if engine.config.disable_log_stats else StatsLog()
@@ -147,6 +152,12 @@ class AsyncEngine:
                 raise QueueFullError(
                     f"the server's waiting queue is full ({depth} of --max-queue {self.max_queue}); "
                     f"retry after a moment", retry_after_s=1.0)
+            wait_s = self._queue_delay.predicted_wait_s(depth + n_seqs) if depth > 0 else 0.0
+            if self.max_queue_delay_s is not None and wait_s > self.max_queue_delay_s:
+                shown = "no request started lately" if wait_s == float("inf") else f"about {wait_s:.0f} s"
+                raise QueueFullError(
+                    f"a batch slot would take too long to free ({shown}; --max-queue-delay "
+                    f"{self.max_queue_delay_s:g} s); retry later", retry_after_s=min(wait_s, 60.0))
             self._pending_adds += n_seqs
             self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs))
         for rid in stream.request_ids:
@@ -279,6 +290,7 @@ class AsyncEngine:
         snap = self.engine.snapshot()
         with self._lock:
             self.snapshot = snap
+            self._queue_delay.observe(snap.num_started)
         if self._stats_log is not None:
             self._stats_log.maybe_log(snap)
 

@@ -235,6 +235,7 @@ class Engine:
             num_unfilled_slots=kv.num_unfilled_slots(), block_size_tokens=kv.block_size,
             prefix_queried_tokens=kv.stats.queried_tokens, prefix_hit_tokens=kv.stats.hit_tokens,
             num_preemptions=self.scheduler.num_preemptions, num_steps=self._num_steps,
+            num_started=self.scheduler.num_started,
             prompt_tokens=self._num_prompt_tokens, generated_tokens=self._num_generated_tokens,
         )
 

@@ -18,6 +18,7 @@ class EngineSnapshot:
     prefix_hit_tokens: int = 0
     num_preemptions: int = 0
     num_steps: int = 0
+    num_started: int = 0  # engine requests admitted to the batch so far
     prompt_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits not counted)
     generated_tokens: int = 0
 

@@ -30,6 +30,7 @@ from tally.version import __version__
 @dataclass(frozen=True)
 class ServerConfig:
     max_queue: int | None = None  # engine requests allowed to wait; None: unbounded
+    max_queue_delay_s: float | None = None  # refuse when the predicted wait for a slot is longer
     request_timeout_s: float | None = None  # None: no limit
     max_body_bytes: int = 16 * 2**20
     restart_on_failure: bool = False  # a dead engine loop is rebuilt from the same config
@@ -41,7 +42,7 @@ class ServerConfig:
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
-    async_engine = AsyncEngine(engine, config.max_queue, config.restart_on_failure)
+    async_engine = AsyncEngine(engine, config.max_queue, config.restart_on_failure, config.max_queue_delay_s)
     tokenizer = copy.deepcopy(engine.tokenizer)  # the engine thread keeps the original to itself
     state = ServerState(
         engine=async_engine, metrics=ServerMetrics(engine.model_name, lambda: async_engine.snapshot),

@@ -43,6 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-queue", type=int, default=None,
                    help="requests allowed to wait for a batch slot; beyond it: 429 with Retry-After")
+    p.add_argument("--max-queue-delay", type=float, default=None, metavar="SECONDS",
+                   help="refuse (429, Retry-After) a request whose predicted wait for a batch slot, from the rate "
+                        "requests started at lately, is longer (default: no limit)")
     p.add_argument("--request-timeout", type=float, default=None,
                    help="seconds a request may run before it is aborted with 504 (default: no limit)")
     p.add_argument("--max-body-bytes", type=parse_bytes, default=16 * 2**20, help="larger bodies get 413")
@@ -106,7 +109,7 @@ def main(argv: list[str]) -> int:
         print(f"tally serve: {exc.message}", file=sys.stderr)
         return 2
     app = build_app(engine, ServerConfig(max_queue=ns.max_queue, request_timeout_s=ns.request_timeout,
-                                         max_body_bytes=ns.max_body_bytes,
+                                         max_queue_delay_s=ns.max_queue_delay, max_body_bytes=ns.max_body_bytes,
                                          restart_on_failure=ns.restart_on_failure,
                                          allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host),
                                          request_log=request_log, api_key=ns.api_key))
