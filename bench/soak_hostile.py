@@ -92,7 +92,7 @@ async def chaos_loop(url: str, model: str, rate_per_s: float, duration_s: float,
         kinds = [("leave", 0.05 * rate_per_s), ("bad", 0.01 * rate_per_s)]
         total = sum(r for _, r in kinds)
         i = 0
-        while (now := time.monotonic() - start) < duration_s:
+        while time.monotonic() - start < duration_s:
             await asyncio.sleep(rng.expovariate(total))
             if rng.random() < kinds[0][1] / total:
                 tasks.append(asyncio.create_task(leave_mid_stream(client, model, chaos)))
@@ -103,12 +103,11 @@ async def chaos_loop(url: str, model: str, rate_per_s: float, duration_s: float,
         await asyncio.gather(*tasks)
 
 
-def bench(url: str, *args: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "run.json"
-        subprocess.run([sys.executable, "-m", "tally.cli", "bench", "--url", url, "--quiet", "--out", str(out),
-                        *args], check=False)
-        return json.loads(out.read_text())
+def bench(url: str, out: Path, *args: str) -> dict:
+    """A `tally bench` run whose whole result (every request, the soak samples) stays in `out` for diagnosis."""
+    subprocess.run([sys.executable, "-m", "tally.cli", "bench", "--url", url, "--quiet", "--out", str(out), *args],
+                   check=False)
+    return json.loads(out.read_text())
 
 
 def metrics(url: str) -> dict[tuple[str, str], float]:
@@ -134,7 +133,8 @@ def main() -> int:
     with ServerProcess(flags) as server:
         model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
         common = ["--model", model, "--lengths", f"trace:{trace}", "--timeout", "600"]
-        capacity = bench(server.url, *common, "--concurrency", str(SLOTS), "--requests", str(a.capacity_requests))
+        capacity = bench(server.url, a.out / "capacity.json", *common, "--concurrency", str(SLOTS),
+                         "--requests", str(a.capacity_requests))
         capacity_rps = capacity["summary"]["throughput"]["requests_per_s"]
         rate = 2 * capacity_rps
         chaos = Chaos()
@@ -142,7 +142,7 @@ def main() -> int:
             chaos_loop(server.url, model, rate, a.duration, chaos)))
         chaos_thread.start()
         sample_s = max(a.duration / 30, 2.0)
-        run = bench(server.url, *common, "--rate", f"{rate:.3f}", "--burstiness", "0.5", "--prefix-share", "0.3",
+        run = bench(server.url, a.out / "load.json", *common, "--rate", f"{rate:.3f}", "--burstiness", "0.5", "--prefix-share", "0.3",
                     "--system-prompt-tokens", "64", "--soak", f"{a.duration}s", "--sample", f"{sample_s}s",
                     "--server-pid", str(server.proc.pid))
         chaos_thread.join()
