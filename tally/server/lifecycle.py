@@ -39,6 +39,7 @@ log = logging.getLogger("tally.server")
 BODY_TIMEOUT_S = 60.0
 MAX_JSON_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas about ten)
 _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _OPENERS, _CLOSERS = np.frombuffer(b"[{", dtype=np.uint8), np.frombuffer(b"]}", dtype=np.uint8)
 
 
@@ -56,7 +57,7 @@ class ServerState:
     request_log: RequestLog | None = None
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name and model not in self.model_names:
+        if model is not None and model not in (self.model_names or (self.model_name,)):
             raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
                                      f"{self.model_name!r} (see GET /v1/models)", param="model")
 
@@ -157,7 +158,10 @@ async def read_json(request: Request, limit_bytes: int) -> dict:
     if not isinstance(body, dict):
         raise InvalidRequestError("request body must be a JSON object")
     try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
+        # Raw UTF-8 cannot hold a surrogate (json.loads refuses it), only a \uD8xx-\uDFxx escape can: re-encode
+        # the parsed body only when one is there, not for every request.
+        if _SURROGATE_ESCAPE.search(raw):
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidRequestError("request body holds a lone UTF-16 surrogate escape (such as \\ud800) that is "
                                   "not valid Unicode; send valid text") from None
