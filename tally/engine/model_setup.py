@@ -49,10 +49,13 @@ def load_model(config: EngineConfig) -> LoadedModel:
         raise ConfigError(
             f"max_model_len {max_model_len:,} exceeds the model's context length "
             f"{cfg.max_position_embeddings:,}; use --max-model-len ≤ {cfg.max_position_embeddings}")
+    # Attention computes in the model's dtype, as transformers does (SDPA accumulates in fp32 inside): in bf16,
+    # converting each layer's context to fp32 first took ~40 ms of a 190 ms step holding a prompt chunk at
+    # context 3,000 beside 6 decodes (torch profiler, the built-in model).
     attn = make_backend(
         config.attention_backend,
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window,
+        scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window, compute_dtype=dtype,
     )
     model = build_model(cfg, dict(ckpt.tensors()), dtype=dtype, quantization=config.quantization,
                         attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)
