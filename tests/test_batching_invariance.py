@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from support.engine_checks import assert_no_block_leak
+from support.engine_checks import assert_no_block_leak, bytes_for_blocks
 
 from tally import LLM, SamplingParams
 
@@ -81,7 +81,7 @@ def test_preemption_by_recompute_does_not_change_outputs(model_dir, reference):
     prompts, alone = reference
     # 12 blocks of 16 tokens for 16 requests of up to 70 tokens: the pool must preempt.
     llm = LLM(str(model_dir), dtype="float32", block_size=16, max_model_len=128,
-              kv_cache_memory=_bytes_for_blocks(model_dir, 12), enable_prefix_caching=False)
+              kv_cache_memory=bytes_for_blocks(model_dir, 12), enable_prefix_caching=False)
     assert _tokens(llm.generate(prompts, GREEDY)) == alone
     assert llm.engine.scheduler.num_preemptions > 0
     assert_no_block_leak(llm)
@@ -92,14 +92,6 @@ def test_static_scheduling_gives_the_same_outputs(model_dir, reference):
     llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000, scheduling="static", max_num_seqs=5)
     assert _tokens(llm.generate(prompts, GREEDY)) == alone
     assert_no_block_leak(llm)
-
-
-def _bytes_for_blocks(model_dir, n: int) -> int:
-    from tally.ledger.kv import KVLayout
-    from tally.models.config import ModelConfig
-
-    cfg = ModelConfig.from_json_file(model_dir / "config.json")
-    return n * KVLayout.for_model(cfg, kv_dtype="float32", block_size=16).bytes_per_block
 
 
 def test_sliding_window_requests_hold_only_the_blocks_their_window_needs(tiny_model_factory):

@@ -34,6 +34,8 @@ class Request:
     parent: "Request | None" = None  # a sibling of n>1 waits for the parent's prefill, then shares its blocks
     token_ids: list[int] = field(init=False)  # prompt then output: the "known" tokens
     output_token_ids: list[int] = field(default_factory=list)  # kept beside token_ids: read every step
+    # Speculative proposals for the tokens after token_ids: computed with them in one step, kept only if verified.
+    spec_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     status: RequestStatus = RequestStatus.WAITING
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks, filled lazily
@@ -51,6 +53,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.token_ids) + len(self.spec_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

@@ -1,8 +1,8 @@
-"""One rule, one token budget per step: each running request's computed tokens catch up to its
-known tokens (prompt + output). Prefill chunks and decode tokens share the step; requests that fit whole go
-before chunks of long prompts, so a short prompt never waits behind a long one; the queue is otherwise admitted
-first-come-first-served while the KV pool has room; when it runs out, the newest running request is preempted
-by recompute."""
+"""One rule, one token budget per step: each running request's computed tokens catch up to its known tokens
+(prompt + output, and any speculative proposals after them). Prefill chunks and decode tokens share the step;
+requests that fit whole go before chunks of long prompts, so a short prompt never waits behind a long one; the
+queue is otherwise admitted first-come-first-served while the KV pool has room; when it runs out, the newest
+running request is preempted by recompute (proposals are dropped first: nobody is preempted for a bet)."""
 from __future__ import annotations
 
 import time
@@ -76,7 +76,10 @@ class Scheduler:
         for req in reqs:
             if req.status is RequestStatus.PREEMPTED or not self._may_run(req):  # preempted earlier this step
                 continue
-            uncomputed = req.num_tokens - req.num_computed_tokens
+            if req.spec_token_ids and req.num_tokens_with_spec - req.num_computed_tokens > budget:
+                # Proposals are a bet, not owed work: the ones that do not fit are dropped, never chunked.
+                del req.spec_token_ids[max(0, budget - (req.num_tokens - req.num_computed_tokens)):]
+            uncomputed = req.num_tokens_with_spec - req.num_computed_tokens
             if chunked is not None and uncomputed > budget:
                 chunked.append(req)
                 continue
@@ -84,6 +87,10 @@ class Scheduler:
             if n == 0:
                 continue
             while not self.kv.allocate(req, n):
+                if req.spec_token_ids:  # nobody is preempted for a bet
+                    n -= len(req.spec_token_ids)
+                    req.spec_token_ids.clear()
+                    continue
                 victim = self.running[-1]
                 budget += self._preempt(victim, out)
                 if victim is req:
@@ -154,6 +161,7 @@ class Scheduler:
         """Free req's blocks and requeue it at the front; returns the budget it had taken."""
         self.running.remove(req)
         self.kv.free(req)
+        req.spec_token_ids.clear()
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
@@ -165,7 +173,8 @@ class Scheduler:
         return taken
 
     def finish_step(self, out: SchedulerOutput) -> None:
-        """The forward pass ran: the scheduled tokens are computed now."""
+        """The forward pass ran: the scheduled tokens are computed now (the engine first lowers a speculating
+        request's count to the proposals it verified; the rejected ones' slots are written over later)."""
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
             self.kv.cache_computed_blocks(s.request)

@@ -9,6 +9,7 @@ import torch
 
 from tally.attention.backend import BACKEND_NAMES
 from tally.core.scheduler import SchedulerConfig
+from tally.engine.speculative_config import SpeculativeConfig
 from tally.errors import ConfigError
 from tally.layers.linear import fp16_weights_supported
 from tally.platform import has_fast_bf16
@@ -63,6 +64,9 @@ class EngineConfig:
                                            "fit in this inter-token latency (by the measured step cost), so a "
                                            "long prompt cannot freeze them (tally serve: 0.3; none: no target)",
                                      aliases=("--max-itl",))
+    speculative_config: str | dict | None = option(
+        None, "speculative decoding, vLLM's JSON form, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
+              "(prompt_lookup_min / _max: the n-gram sizes; \"adaptive\": false fixes how many are verified)")
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")
@@ -75,7 +79,12 @@ class EngineConfig:
         names = self.served_model_name
         return () if names is None else (names,) if isinstance(names, str) else tuple(names)
 
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        return SpeculativeConfig.parse(self.speculative_config)
+
     def __post_init__(self) -> None:
+        self.speculative  # refuses a bad speculative_config at start, with what to fix
         if self.served_model_name is not None and not all(self.served_model_names):
             raise ConfigError("served_model_name needs non-empty names")
         if self.dtype not in ("auto", *DTYPES, *FP16_WEIGHT_NAMES):

@@ -12,7 +12,7 @@ import torch
 
 from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request, RequestStatus
-from tally.core.scheduler import Scheduler, SchedulerConfig
+from tally.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tally.core.static_scheduler import StaticBatchScheduler
 from tally.engine.config import EngineConfig
 from tally.engine.detokenizer import IncrementalDetokenizer
@@ -21,6 +21,7 @@ from tally.engine.model_setup import LoadedModel, load_model
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
 from tally.engine.snapshot import EngineSnapshot
+from tally.engine.speculation import Speculator
 from tally.engine.step_cost import StepCost
 from tally.engine.stop import StopChecker
 from tally.errors import InvalidRequestError
@@ -60,6 +61,8 @@ class Engine:
             enable_chunked_prefill=config.enable_chunked_prefill,
         ), self.kv)
         self.runner = ModelRunner(m.model, self.kv, m.kv_caches)
+        spec = config.speculative
+        self.speculator = Speculator(spec, self.max_model_len) if spec is not None else None
         self.groups: dict[str, RequestGroup] = {}
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
         self._aborted: list[RequestGroup] = []
@@ -144,14 +147,20 @@ class Engine:
     # -- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         started_s = time.perf_counter()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule(self._token_budget())
         # The prompt chunks' tokens and the context they attend, read before the step advances them.
-        chunks = [(s.num_new_tokens, s.request.num_computed_tokens) for s in out.scheduled if s.num_new_tokens > 1]
+        chunks = [(s.num_new_tokens, s.request.num_computed_tokens) for s in out.scheduled
+                  if s.num_new_tokens > 1 and not s.request.spec_token_ids]
+        verifying = sum(1 for s in out.scheduled if s.request.spec_token_ids)
+        step_tokens = sum(s.num_new_tokens for s in out.scheduled)
         self._num_steps += 1
         moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
         self._aborted.clear()
         if out.scheduled:
             result = self.runner.execute(out)
+            keep = self._verify(out, result)
             self.scheduler.finish_step(out)
             now = time.monotonic()
             for s in out.scheduled:
@@ -160,8 +169,7 @@ class Engine:
                     group.metrics.first_scheduled_time = s.request.first_scheduled_time or now
             for rid, plp in result.prompt_logprobs.items():
                 self._seq_of[rid][1].add_prompt_logprobs(plp, self._decode_one)
-            self._apply_samples(result, now, moved)
-            self._num_generated_tokens += len(result.sampled)
+            self._num_generated_tokens += self._apply_samples(result, keep, now, moved)
         outputs = [g.output() for g in moved.values()]
         for g in moved.values():
             if g.finished:
@@ -171,8 +179,17 @@ class Engine:
             prompt_tokens = sum(n for n, _ in chunks)
             self._num_prompt_tokens += prompt_tokens
             mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
-            self._step_cost.observe(prompt_tokens, mean_context, time.perf_counter() - started_s)
+            seconds = time.perf_counter() - started_s
+            self._step_cost.observe(prompt_tokens, mean_context, seconds)
+            if self.speculator is not None and not chunks:
+                self.speculator.observe_step(step_tokens, verifying, seconds)
         return outputs
+
+    def _verify(self, out: SchedulerOutput, result: StepResult) -> list[int]:
+        """Rows of the sampler's output each sampled request keeps: 1, or with speculation, 1 + proposals kept."""
+        if self.speculator is None or len(result.sampled) == len(result.counts) == sum(result.counts):
+            return [1] * len(result.sampled)
+        return self.speculator.verify(out, result.sampled, result.counts, result.sampler_output.token_ids.tolist())
 
     def _token_budget(self) -> int | None:
         """With --max-itl and streams decoding: the tokens a step may hold to come back within the target,
@@ -180,7 +197,7 @@ class Engine:
         if self.config.max_itl_s is None:
             return None
         running = self.scheduler.running
-        decoding = sum(1 for r in running if r.num_output_tokens > 0)
+        decoding = sum(1 + len(r.spec_token_ids) for r in running if r.num_output_tokens > 0)
         if decoding == 0:
             return None  # nobody is waiting for a next token
         # Where the next chunk starts: the prompt being chunked, else a new one (from its start).
@@ -188,28 +205,36 @@ class Engine:
         prompt_tokens = self._step_cost.prompt_tokens_within(self.config.max_itl_s * PLANNED_SHARE_OF_ITL, context)
         return decoding + max(prompt_tokens, self.config.block_size)
 
-    def _apply_samples(self, result: StepResult, now: float, moved: dict[str, RequestGroup]) -> None:
+    def _apply_samples(self, result: StepResult, keep: list[int], now: float,
+                       moved: dict[str, RequestGroup]) -> int:
+        """Append each request's kept tokens (stopping where one finishes it); returns the tokens appended."""
         so = result.sampler_output
         if so is None:
-            return
+            return 0
         token_ids = so.token_ids.tolist()
         logprobs = so.logprobs.tolist()
         ranks = so.ranks.tolist() if so.ranks is not None else [None] * len(token_ids)
         top_ids, top_lps = (so.top_logprobs[0].tolist(), so.top_logprobs[1].tolist()) if so.top_logprobs is not None \
             else ([()] * len(token_ids), [()] * len(token_ids))
-        for i, req in enumerate(result.sampled):
+        appended, first_row = 0, 0
+        for req, count, kept in zip(result.sampled, result.counts, keep):
             seq, group = self._seq_of[req.request_id]
-            top = None
-            if seq.logprobs is not None:
-                k = req.sampling_params.logprobs
-                top = logprob_entry(token_ids[i], logprobs[i], ranks[i], top_ids[i][:k], top_lps[i][:k],
-                                    self._decode_one)
             if group.metrics.first_token_time is None:
                 group.metrics.first_token_time = now
             group.metrics.last_token_time = now
-            if seq.append(token_ids[i], logprobs[i], top, self.max_model_len):
-                self.scheduler.finish(req, seq.status)
             moved[group.request_id] = group
+            for i in range(first_row, first_row + kept):
+                top = None
+                if seq.logprobs is not None:
+                    k = req.sampling_params.logprobs
+                    top = logprob_entry(token_ids[i], logprobs[i], ranks[i], top_ids[i][:k], top_lps[i][:k],
+                                        self._decode_one)
+                appended += 1
+                if seq.append(token_ids[i], logprobs[i], top, self.max_model_len):
+                    self.scheduler.finish(req, seq.status)
+                    break
+            first_row += count
+        return appended
 
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
@@ -218,6 +243,8 @@ class Engine:
         self.groups.pop(group.request_id, None)
         for seq in group.sequences:
             self._seq_of.pop(seq.request.request_id, None)
+            if self.speculator is not None:
+                self.speculator.forget(seq.request.request_id)
 
     # -- introspection -------------------------------------------------------------------------
     def num_running(self) -> int:
@@ -237,6 +264,7 @@ class Engine:
             num_preemptions=self.scheduler.num_preemptions, num_steps=self._num_steps,
             num_started=self.scheduler.num_started,
             prompt_tokens=self._num_prompt_tokens, generated_tokens=self._num_generated_tokens,
+            speculation=self.speculator.stats.copy() if self.speculator is not None else None,
         )
 
     def run_until_done(self, on_finished: Callable[[RequestOutput], None] | None = None) -> dict[str, RequestOutput]:

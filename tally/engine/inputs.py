@@ -21,14 +21,15 @@ class StepInputs:
     meta: AttentionMetadata
     row_start: list[int]  # per entry of SchedulerOutput.scheduled: the flat index of its first token
     sample_rows: list[int]  # index into scheduled of the requests that sample a token this step
-    sample_token_index: torch.Tensor  # [len(sample_rows)] flat index of their last token
+    sample_counts: list[int]  # per sample row: tokens sampled (1, or 1 + its speculative proposals)
+    sample_token_index: torch.Tensor  # [sum(sample_counts)] flat index of each sampled position
 
 
 def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
     bs = kv.block_size
     ids: list[int] = []
     starts, lens, ctx, tables = [], [], [], []
-    sample_rows, sample_index = [], []
+    sample_rows, sample_counts, sample_index = [], [], []
     row_start = [0] * len(out.scheduled)
     qsl = [0]
     num_decode = 0
@@ -37,7 +38,10 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
         s = out.scheduled[row]
         req, n = s.request, s.num_new_tokens
         c = req.num_computed_tokens
-        ids.extend(req.token_ids[c:c + n])
+        known = req.token_ids[c:c + n]
+        ids.extend(known)
+        if len(known) < n:  # speculative proposals after the known tokens
+            ids.extend(req.spec_token_ids[:n - len(known)])
         starts.append(c)
         lens.append(n)
         ctx.append(c + n)
@@ -45,9 +49,12 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
         qsl.append(qsl[-1] + n)
         tables.append(kv.block_table(req.request_id))
         num_decode += n == 1
-        if c + n == req.num_tokens:
+        if c + n == req.num_tokens_with_spec:
+            # A speculating request samples at its last known token and after each proposal, to verify them.
+            count = 1 + len(req.spec_token_ids)
             sample_rows.append(row)
-            sample_index.append(qsl[-1] - 1)
+            sample_counts.append(count)
+            sample_index.extend(range(qsl[-1] - count, qsl[-1]))
     total = qsl[-1]
     lens_t = torch.tensor(lens)
     offsets = torch.arange(total) - torch.repeat_interleave(torch.tensor(qsl[:-1]), lens_t)
@@ -60,5 +67,5 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
         query_start_loc=qsl, context_lens=ctx, block_tables=block_tables, slot_mapping=slots,
         block_size=bs, num_decode_tokens=num_decode,
     )
-    return StepInputs(torch.tensor(ids, dtype=torch.int64), positions, meta, row_start, sample_rows,
+    return StepInputs(torch.tensor(ids, dtype=torch.int64), positions, meta, row_start, sample_rows, sample_counts,
                       torch.tensor(sample_index, dtype=torch.int64))

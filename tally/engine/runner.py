@@ -28,7 +28,8 @@ class PromptLogprobs:
 
 @dataclass
 class StepResult:
-    sampled: list[Request]  # in the order of sampler_output's rows
+    sampled: list[Request]  # requests that sampled, in the order of sampler_output's rows
+    counts: list[int]  # per sampled request: its rows in sampler_output (1 + proposals verified)
     sampler_output: SamplerOutput | None
     prompt_logprobs: dict[str, PromptLogprobs]
 
@@ -46,17 +47,25 @@ class ModelRunner:
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
         prompt_lp = self._prompt_logprobs(out, inputs.row_start, hidden)
         if not inputs.sample_rows:
-            return StepResult([], None, prompt_lp)
+            return StepResult([], [], None, prompt_lp)
         logits = self.model.compute_logits(hidden[inputs.sample_token_index])
         reqs = [out.scheduled[i].request for i in inputs.sample_rows]
+        if len(reqs) == len(inputs.sample_token_index):  # no proposals to verify: one row per request
+            rows, outputs = reqs, [r.output_token_ids for r in reqs]
+        else:
+            # Each sampled position is a row of its own, sampled from the target as if the proposals before it
+            # had been generated (penalties and min_tokens see them): tally/engine/speculation.py verifies.
+            rows = [r for r, count in zip(reqs, inputs.sample_counts) for _ in range(count)]
+            outputs = [r.output_token_ids + r.spec_token_ids[:j] if j else r.output_token_ids
+                       for r, count in zip(reqs, inputs.sample_counts) for j in range(count)]
         sampler_input = SamplerInput(
-            params=[r.sampling_params for r in reqs],
-            generators=[r.generator for r in reqs],
-            output_token_ids=[r.output_token_ids for r in reqs],
-            prompt_token_ids=[r.prompt_token_ids for r in reqs],
-            eos_token_ids=[r.eos_token_ids for r in reqs],
+            params=[r.sampling_params for r in rows],
+            generators=[r.generator for r in rows],
+            output_token_ids=outputs,
+            prompt_token_ids=[r.prompt_token_ids for r in rows],
+            eos_token_ids=[r.eos_token_ids for r in rows],
         )
-        return StepResult(reqs, self.sampler(logits, sampler_input), prompt_lp)
+        return StepResult(reqs, inputs.sample_counts, self.sampler(logits, sampler_input), prompt_lp)
 
     def _prompt_logprobs(self, out: SchedulerOutput, row_start: list[int],
                          hidden: torch.Tensor) -> dict[str, PromptLogprobs]:

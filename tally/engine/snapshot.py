@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tally.engine.speculation_stats import SpeculationStats
+
 
 @dataclass(frozen=True)
 class EngineSnapshot:
@@ -21,6 +23,7 @@ class EngineSnapshot:
     num_started: int = 0  # engine requests admitted to the batch so far
     prompt_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits not counted)
     generated_tokens: int = 0
+    speculation: SpeculationStats | None = None  # a copy; None when speculative decoding is off
 
     @property
     def kv_usage(self) -> float:

@@ -36,5 +36,9 @@ class StatsLog:
                 f"Avg generation throughput: {(snap.generated_tokens - before.generated_tokens) / elapsed:.1f} "
                 f"tokens/s, Running: {snap.num_running} reqs, Waiting: {snap.num_waiting} reqs, "
                 f"KV cache usage: {snap.kv_usage:.1%}, Prefix cache hit rate: {snap.prefix_hit_rate:.1%}")
+        if snap.speculation is not None:  # vLLM logs its SpecDecoding metrics line beside this one
+            spec = snap.speculation
+            line += (f", Speculative acceptance rate: {spec.acceptance_rate:.1%}, "
+                     f"Accepted per position: {spec.accepted_per_position}")
         log.info(line)
         return line

@@ -71,17 +71,17 @@ class StepCost:
         w = np.sqrt(DECAY ** np.arange(len(c))[::-1])
         features = np.stack([np.ones_like(c), x, c, c * x], axis=1)
         scale = np.maximum(features.max(axis=0), 1e-9)  # columns of similar size, for a well-conditioned solve
-        theta = _nonnegative_lstsq(features / scale * w[:, None], s * w) / scale
+        theta = nonnegative_lstsq(features / scale * w[:, None], s * w) / scale
         if theta[2] <= 0:  # the steps do not separate the fixed part from the per-token part yet
             return None
         a, f, b, e = (float(t) for t in theta)
         return a, f, b, e
 
 
-def _nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with every coefficient >= 0: a cost is never negative, and clamping a negative one after an
     unconstrained solve would leave the others fitted to it. Drops the most negative term and refits until none is
-    (4 terms: at most 4 solves)."""
+    (k terms: at most k solves)."""
     active = np.ones(a.shape[1], dtype=bool)
     theta = np.zeros(a.shape[1])
     while active.any():

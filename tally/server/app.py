@@ -168,5 +168,11 @@ def ledger_view(ledger: dict, async_engine: AsyncEngine) -> dict:
                          "hit_rate": s.prefix_hit_rate},
         "num_preemptions": s.num_preemptions,
         "engine_steps": s.num_steps,
+        "speculative_decoding": None if s.speculation is None else {
+            "num_drafts": s.speculation.num_drafts, "num_draft_tokens": s.speculation.num_draft_tokens,
+            "num_accepted_tokens": s.speculation.num_accepted_tokens,
+            "acceptance_rate": s.speculation.acceptance_rate,
+            "accepted_per_position": s.speculation.accepted_per_position,
+            "num_speculative_tokens": s.speculation.last_num_speculative_tokens},
         "plan": ledger,
     }

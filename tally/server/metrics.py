@@ -18,6 +18,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tally.engine.snapshot import EngineSnapshot
+from tally.engine.speculation_stats import SpeculationStats
 from tally.outputs import RequestOutput
 from tally.server.errors import REJECTION_REASONS
 
@@ -67,6 +68,31 @@ class EngineCollector:
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             c.add_metric(labels, value)
             yield c
+        if s.speculation is not None:
+            yield from _speculation_metrics(s.speculation, labels)
+
+
+def _speculation_metrics(spec: SpeculationStats, labels: list[str]) -> Iterator:
+    """vLLM's spec_decode metrics; only when speculative decoding is configured, as in vLLM."""
+    for name, doc, value in (
+        ("spec_decode_num_drafts", "Requests that verified proposals, summed over steps.", spec.num_drafts),
+        ("spec_decode_num_draft_tokens", "Proposed tokens verified.", spec.num_draft_tokens),
+        ("spec_decode_num_accepted_tokens", "Proposed tokens accepted.", spec.num_accepted_tokens),
+    ):
+        c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        c.add_metric(labels, value)
+        yield c
+    c = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                            "Proposed tokens accepted, by position in the proposal (0 = first).",
+                            labels=["model_name", "position"])
+    for position, value in enumerate(spec.accepted_per_position):
+        c.add_metric([*labels, str(position)], value)
+    yield c
+    g = GaugeMetricFamily(PREFIX + "spec_decode_num_speculative_tokens",
+                          "Mean proposals verified per speculating request, the last step that had any "
+                          "(chosen per step by the adaptive policy).", labels=["model_name"])
+    g.add_metric(labels, spec.last_num_speculative_tokens)
+    yield g
 
 
 class ServerMetrics:

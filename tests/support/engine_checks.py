@@ -38,6 +38,15 @@ def _hf_model(model_dir: Path):
     return _HF_CACHE[key]
 
 
+def bytes_for_blocks(model_dir: Path, n: int, block_size: int = 16) -> int:
+    """A KV budget of exactly n fp32 blocks for the checkpoint at model_dir."""
+    from tally.ledger.kv import KVLayout
+    from tally.models.config import ModelConfig
+
+    cfg = ModelConfig.from_json_file(model_dir / "config.json")
+    return n * KVLayout.for_model(cfg, kv_dtype="float32", block_size=block_size).bytes_per_block
+
+
 def assert_no_block_leak(llm) -> None:
     engine = llm.engine
     pool = engine.kv.pool

@@ -1,0 +1,97 @@
+"""Speculative decoding: before a step, decoding requests get proposals (tally/engine/ngram_proposer.py) as
+tokens the step computes after their last one; after it, each proposal is checked against the token the target
+sampled at its place, and the request keeps the proposals up to the first disagreement plus the target's own
+token there (one more than it proposed when all held).
+
+Exact for greedy and sampled requests alike: every position is sampled from the target's distribution (with
+the proposals before it counted as output, for penalties and min_tokens), and a proposal is kept only when the
+sample equals it. For a proposer that names one token (prompt lookup), that is rejection sampling: accepted with
+probability p(x), and on rejection the sample is distributed as p without x, renormalised — the residual
+distribution. A seeded request is never speculated, so its tokens stay reproducible."""
+from __future__ import annotations
+
+from tally.core.request import Request
+from tally.core.scheduler import SchedulerOutput
+from tally.engine.ngram_proposer import propose_ngram
+from tally.engine.speculation_policy import Acceptance, SpeculationPolicy
+from tally.engine.speculation_stats import SpeculationStats
+from tally.engine.speculative_config import SpeculativeConfig
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.policy = SpeculationPolicy()
+        self.stats = SpeculationStats(accepted_per_position=[0] * config.num_speculative_tokens)
+        self._acceptance: dict[str, Acceptance] = {}
+
+    def propose(self, running: list[Request]) -> None:
+        """Give decoding requests the proposals this step will verify."""
+        cfg = self.config
+        for req in running:  # a request left out of the last step keeps no stale proposals
+            if req.spec_token_ids:
+                req.spec_token_ids = []
+        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1 and r.num_output_tokens > 0]
+        candidates, proposals = [], []
+        for req in decoding:
+            room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens) - 1
+            if req.generator is not None or room <= 0:
+                continue
+            tokens = propose_ngram(req.token_ids, cfg.prompt_lookup_min, cfg.prompt_lookup_max,
+                                   min(room, cfg.num_speculative_tokens))
+            if tokens:
+                candidates.append(req)
+                proposals.append(tokens)
+        if not candidates:
+            return
+        if cfg.adaptive:
+            rates = [self.policy.acceptance_rate(self._acceptance_of(r)) for r in candidates]
+            counts = self.policy.choose(len(decoding), [(len(p), rate) for p, rate in zip(proposals, rates)])
+        else:
+            counts = [len(p) for p in proposals]
+        for req, tokens, k in zip(candidates, proposals, counts):
+            req.spec_token_ids = tokens[:k]
+
+    def verify(self, out: SchedulerOutput, sampled: list[Request], counts: list[int],
+               token_ids: list[int]) -> list[int]:
+        """After the forward pass, before the scheduler counts computed tokens: how many of each sampled request's
+        rows (in sampler order) it keeps. A speculating request's scheduled count is lowered to the proposals it
+        kept, so the rejected ones' cache slots count as empty (the next step writes over them)."""
+        keep, row = [], 0
+        kept: dict[int, int] = {}  # id(request) -> proposals kept, for requests that proposed
+        for req, count in zip(sampled, counts):
+            proposed = req.spec_token_ids
+            accepted = 0
+            while accepted < len(proposed) and token_ids[row + accepted] == proposed[accepted]:
+                accepted += 1
+            if proposed:
+                self._record(req, len(proposed), accepted)
+                kept[id(req)] = accepted
+            keep.append(accepted + 1)
+            row += count
+        if kept:
+            self.stats.last_num_speculative_tokens = sum(len(r.spec_token_ids) for r in sampled) / len(kept)
+            for s in out.scheduled:
+                if id(s.request) in kept:
+                    s.num_new_tokens = s.request.num_tokens - s.request.num_computed_tokens + kept[id(s.request)]
+                    s.request.spec_token_ids = []
+        return keep
+
+    def observe_step(self, tokens: int, verifying_rows: int, seconds: float) -> None:
+        self.policy.observe_step(tokens, verifying_rows, seconds)
+
+    def forget(self, request_id: str) -> None:
+        self._acceptance.pop(request_id, None)
+
+    def _acceptance_of(self, req: Request) -> Acceptance:
+        return self._acceptance.setdefault(req.request_id, Acceptance())
+
+    def _record(self, req: Request, proposed: int, accepted: int) -> None:
+        self.policy.observe_verified(self._acceptance_of(req), proposed, accepted)
+        st = self.stats
+        st.num_drafts += 1
+        st.num_draft_tokens += proposed
+        st.num_accepted_tokens += accepted
+        for j in range(accepted):
+            st.accepted_per_position[j] += 1

@@ -1,0 +1,65 @@
+"""`speculative_config`: vLLM's JSON form of speculative decoding's settings, checked once at start-up.
+
+    --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
+
+`num_speculative_tokens` is the most tokens proposed per request and step; how many are proposed each step is the
+engine's choice (tally/engine/speculation_policy.py) unless "adaptive": false fixes it at that number.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from tally.errors import ConfigError
+
+METHODS = ("ngram",)
+# vLLM's other methods, refused by name rather than as unknown words.
+NOT_YET = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "suffix")
+MAX_SPECULATIVE_TOKENS = 16  # every proposed token is a row of the verify step: a bound on its cost
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    adaptive: bool = True
+
+    @classmethod
+    def parse(cls, value: str | dict[str, Any] | None) -> SpeculativeConfig | None:
+        """From the flag's JSON text or LLM(speculative_config=...)'s dict; None when speculation is off."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"speculative_config is not JSON ({e.msg}); e.g. "
+                                  '\'{"method": "ngram", "num_speculative_tokens": 4}\'') from e
+        if not isinstance(value, dict):
+            raise ConfigError("speculative_config must be a JSON object, e.g. "
+                              '{"method": "ngram", "num_speculative_tokens": 4}')
+        method = value.get("method")
+        if method in NOT_YET:
+            raise ConfigError(f"speculative method {method!r} is not supported yet; use one of {METHODS}")
+        if method not in METHODS:
+            raise ConfigError(f"speculative_config needs a method, one of {METHODS}; got {method!r}")
+        known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "adaptive"}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ConfigError(f"speculative_config has unknown key(s) {unknown}; known: {sorted(known)}")
+        k = value.get("num_speculative_tokens")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ConfigError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
+                              f"got {k!r}")
+        lo, hi = value.get("prompt_lookup_min", cls.prompt_lookup_min), value.get("prompt_lookup_max")
+        hi = max(lo, cls.prompt_lookup_max) if hi is None else hi
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 1 <= lo <= hi:
+            raise ConfigError(f"prompt_lookup_min and prompt_lookup_max must be integers with "
+                              f"1 <= min <= max, got {lo!r} and {hi!r}")
+        adaptive = value.get("adaptive", True)
+        if not isinstance(adaptive, bool):
+            raise ConfigError(f"adaptive must be true or false, got {adaptive!r}")
+        return cls(method, k, lo, hi, adaptive)

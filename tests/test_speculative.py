@@ -1,0 +1,163 @@
+"""Speculative decoding by prompt lookup: greedy outputs identical to plain decoding (batched, chunked, with prefix
+hits and preemption), sampled outputs from the target's own distribution, every KV block back, bad settings
+refused at start."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from support.engine_checks import _hf_model, assert_no_block_leak, bytes_for_blocks
+
+from tally import LLM, SamplingParams
+from tally.engine import speculation
+from tally.engine.ngram_proposer import propose_ngram
+from tally.errors import ConfigError
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+FIXED = {**NGRAM, "adaptive": False}  # every proposal verified: the tests check verification, not the policy
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def _prompts(vocab: int, n: int, seed: int = 0) -> list[dict]:
+    """Prompts that repeat themselves, so prompt lookup has something to propose."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        motif = [rng.randrange(3, vocab) for _ in range(rng.randint(3, 12))]
+        out.append({"prompt_token_ids": (motif * rng.randint(2, 5))[:rng.randint(6, 60)]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, enable_prefix_caching=False)
+    prompts = _prompts(llm.get_tokenizer().vocab_size, 16)
+    alone = [llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    return prompts, alone
+
+
+def _tokens(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _spoke(llm) -> None:
+    stats = llm.engine.speculator.stats
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens > 0, stats
+
+
+@pytest.mark.parametrize("engine_args", [
+    {},
+    {"max_num_batched_tokens": 7, "max_num_partial_prefills": 2},  # chunked prefill beside verify steps
+    {"max_model_len": 128, "kv_cache_memory": 12},  # 12 blocks for 16 requests: preemption by recompute
+], ids=["batched", "chunked", "preempted"])
+def test_greedy_tokens_are_those_of_plain_decoding(tiny_llama, reference, engine_args):
+    prompts, alone = reference
+    if engine_args.get("kv_cache_memory"):
+        engine_args = {**engine_args, "kv_cache_memory": bytes_for_blocks(tiny_llama, engine_args["kv_cache_memory"])}
+    llm = LLM(str(tiny_llama), dtype="float32", **{"kv_cache_memory": 4_000_000, **engine_args},
+              speculative_config=FIXED)
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    _spoke(llm)
+    assert_no_block_leak(llm)
+    if "max_model_len" in engine_args:
+        assert llm.engine.scheduler.num_preemptions > 0
+
+
+def test_greedy_with_prefix_hits_and_the_adaptive_policy(tiny_llama, reference):
+    prompts, alone = reference
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, speculative_config=NGRAM)
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone  # the second pass hits the cache
+    assert llm.engine.kv.stats.hit_tokens > 0
+    assert_no_block_leak(llm)
+
+
+def test_stop_strings_max_tokens_and_logprobs_hold_mid_proposal(tiny_llama, reference):
+    prompts, _ = reference
+    plain = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000)
+    spec = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, speculative_config=FIXED)
+    texts = [o.outputs[0].text for o in plain.generate(prompts, GREEDY, use_tqdm=False)]
+    # A stop string from the second half of each greedy text: the speculative run must stop at the same place.
+    for p, text in zip(prompts, texts):
+        if len(text) < 8:
+            continue
+        middle = len(text) * 2 // 3
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[text[middle:middle + 3]],
+                                logprobs=2)
+        a = plain.generate(p, params, use_tqdm=False)[0].outputs[0]
+        b = spec.generate(p, params, use_tqdm=False)[0].outputs[0]
+        assert (b.text, b.token_ids, b.finish_reason, b.stop_reason) == (a.text, a.token_ids, a.finish_reason,
+                                                                          a.stop_reason)
+        assert [sorted(d) for d in b.logprobs] == [sorted(d) for d in a.logprobs]
+        for da, db in zip(a.logprobs, b.logprobs):
+            for t in da:
+                assert db[t].logprob == pytest.approx(da[t].logprob, abs=1e-4)
+    for max_tokens in (1, 2, 3, 5):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        assert _tokens(spec.generate(prompts, params, use_tqdm=False)) == _tokens(
+            plain.generate(prompts, params, use_tqdm=False))
+    _spoke(spec)
+    assert_no_block_leak(spec)
+
+
+def test_sampled_tokens_follow_the_target_distribution(tiny_llama, monkeypatch):
+    """Rejection sampling keeps the target's distribution: the first two sampled tokens (top-k 4, so 16 pairs),
+    drawn 3,000 times with a proposal verified for the second, against the exact probabilities from transformers'
+    forward of the same weights; a chi-square test at p = 0.001 (the engine's seed makes the run deterministic)."""
+    hf = _hf_model(tiny_llama)
+
+    def top4(ids: list[int]) -> dict[int, float]:
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0, -1].float()
+        values, idx = logits.topk(4)
+        return dict(zip(idx.tolist(), torch.softmax(values, -1).tolist()))
+
+    prompt = [5, 9, 14, 3, 22, 7]
+    # Proposals the target often accepts and sometimes rejects: for each likely first token, the likeliest second
+    # (a prompt that makes lookup propose them cannot be built for a random model: any change moves its guesses).
+    likeliest = {a: max(top4(prompt + [a]).items(), key=lambda kv: kv[1])[0] for a in top4(prompt)}
+    monkeypatch.setattr(speculation, "propose_ngram", lambda ids, lo, hi, k: [likeliest[ids[-1]]])
+    expected = {(a, b): pa * pb for a, pa in top4(prompt).items() for b, pb in top4(prompt + [a]).items()}
+
+    # max_tokens 3: after the first token, one proposal for the second (and the third comes free if it holds).
+    params = SamplingParams(temperature=1.0, top_k=4, max_tokens=3, ignore_eos=True)
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=8_000_000, speculative_config=FIXED, seed=1)
+    outs = llm.generate([{"prompt_token_ids": prompt}] * 3000, params, use_tqdm=False)
+    stats = llm.engine.speculator.stats
+    assert stats.num_drafts == 3000 and 500 < stats.num_accepted_tokens < 2500, stats
+    counts: dict[tuple[int, int], int] = {}
+    for o in outs:
+        pair = tuple(o.outputs[0].token_ids[:2])
+        counts[pair] = counts.get(pair, 0) + 1
+    assert set(counts) <= set(expected)
+    chi2 = sum((counts.get(k, 0) - 3000 * p) ** 2 / (3000 * p) for k, p in expected.items())
+    dof = len(expected) - 1
+    # Wilson–Hilferty: the chi-square quantile at 1 - 0.001 for `dof` degrees of freedom.
+    limit = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3
+    assert chi2 < limit, (chi2, limit, counts)
+    assert_no_block_leak(llm)
+
+
+def test_prompt_lookup_proposes_what_followed_the_longest_latest_match():
+    assert propose_ngram([1, 2, 3, 4, 1, 2, 3], 2, 5, 3) == [4, 1, 2]
+    assert propose_ngram([7, 1, 2, 9, 1, 2, 8, 1, 2], 1, 2, 2) == [8, 1]  # the latest of two matches
+    assert propose_ngram([5, 9, 1, 2, 3, 6, 2, 3, 4, 1, 2, 3], 1, 3, 1) == [6]  # 3-gram beats the later 2-gram
+    assert propose_ngram([1, 2, 3, 4, 5], 1, 3, 4) == []
+    assert propose_ngram([1, 2, 1], 1, 3, 0) == []
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"method": "medusa2", "num_speculative_tokens": 2}, "needs a method"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be"),
+    ({"method": "ngram"}, "num_speculative_tokens must be"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+     "prompt_lookup_min"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}, "unknown key"),
+    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2}, "not supported yet"),
+    ("{not json", "not JSON"),
+])
+def test_bad_settings_fail_at_start_with_what_to_fix(tiny_llama, config, message):
+    with pytest.raises(ConfigError, match=message):
+        LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, speculative_config=config)
