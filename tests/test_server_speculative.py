@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tally.server.process import ServerProcess
 
-FLAGS = ["--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory", "8MB", "--log-level", "warning"]
+FLAGS = ["--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory", "8MB",
+         "--log-level", "warning"]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
          "adaptive": False}
 PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one two three one two",

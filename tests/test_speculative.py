@@ -74,7 +74,7 @@ def test_greedy_with_prefix_hits_and_the_adaptive_policy(tiny_llama, reference):
     assert_no_block_leak(llm)
 
 
-def test_stop_strings_max_tokens_and_logprobs_hold_mid_proposal(tiny_llama, reference):
+def test_stops_max_tokens_and_logprobs_hold_mid_proposal(tiny_llama, reference):
     prompts, _ = reference
     plain = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000)
     spec = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, speculative_config=FIXED)
@@ -99,6 +99,31 @@ def test_stop_strings_max_tokens_and_logprobs_hold_mid_proposal(tiny_llama, refe
         assert _tokens(spec.generate(prompts, params, use_tqdm=False)) == _tokens(
             plain.generate(prompts, params, use_tqdm=False))
     _spoke(spec)
+    assert_no_block_leak(spec)
+
+
+def test_penalties_see_the_proposals_before_them_as_output(tiny_llama, reference, monkeypatch):
+    """Penalties and min_tokens read the output so far, so a position after proposals must count them. Proposals
+    that are always right (the plain run's own next tokens) put every position after them to use."""
+    prompts, _ = reference
+    penalised = SamplingParams(temperature=0.0, max_tokens=24, repetition_penalty=1.1, frequency_penalty=0.3,
+                               presence_penalty=0.2, min_tokens=6)
+    plain = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000)
+    expected = [(p["prompt_token_ids"], out) for p, out in
+                zip(prompts, _tokens(plain.generate(prompts, penalised, use_tqdm=False)))]
+
+    def right(ids: list[int], lo: int, hi: int, k: int) -> list[int]:
+        for prompt, out in expected:
+            done = len(ids) - len(prompt)
+            if ids[:len(prompt)] == prompt and ids[len(prompt):] == out[:done]:
+                return out[done:done + k]
+        return []
+
+    monkeypatch.setattr(speculation, "propose_ngram", right)
+    spec = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, speculative_config=FIXED)
+    assert _tokens(spec.generate(prompts, penalised, use_tqdm=False)) == [out for _, out in expected]
+    stats = spec.engine.speculator.stats
+    assert stats.num_accepted_tokens == stats.num_draft_tokens > 100, stats
     assert_no_block_leak(spec)
 
 

@@ -56,7 +56,7 @@ class ModelRunner:
             # Each sampled position is a row of its own, sampled from the target as if the proposals before it
             # had been generated (penalties and min_tokens see them): tally/engine/speculation.py verifies.
             rows = [r for r, count in zip(reqs, inputs.sample_counts) for _ in range(count)]
-            outputs = [r.output_token_ids + r.spec_token_ids[:j] if j else r.output_token_ids
+            outputs = [r.output_token_ids + r.spec_token_ids[:j] if j and _reads_outputs(r) else r.output_token_ids
                        for r, count in zip(reqs, inputs.sample_counts) for j in range(count)]
         sampler_input = SamplerInput(
             params=[r.sampling_params for r in rows],
@@ -86,3 +86,10 @@ class ModelRunner:
             result[req.request_id] = PromptLogprobs(
                 c, chosen, ranks, None if top is None else top.indices, None if top is None else top.values)
         return result
+
+
+def _reads_outputs(req: Request) -> bool:
+    """Whether sampling reads the tokens generated so far (penalties, min_tokens): only then does a position after
+    proposals need its own copy of them."""
+    params = req.sampling_params
+    return params.has_penalties or params.min_tokens > req.num_output_tokens

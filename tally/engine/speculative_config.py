@@ -1,6 +1,7 @@
 """`speculative_config`: vLLM's JSON form of speculative decoding's settings, checked once at start-up.
 
-    --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
+    --speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
+                           "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
 
 `num_speculative_tokens` is the most tokens proposed per request and step; how many are proposed each step is the
 engine's choice (tally/engine/speculation_policy.py) unless "adaptive": false fixes it at that number.
