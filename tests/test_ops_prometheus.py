@@ -30,7 +30,8 @@ def server(tmp_path_factory):
     ckpt = make_checkpoint(tmp_path_factory.mktemp("tiny-64k"), "llama", max_position_embeddings=65536)
     with ServerProcess(["--model", str(ckpt), "--served-model-name", "tiny", "--dtype", "float32",
                         "--max-model-len", "65536", "--kv-cache-memory", "64MB", "--max-num-seqs", "2",
-                        "--max-queue", "1", "--log-level", "warning"]) as s:
+                        "--max-queue", "1", "--log-level", "warning",
+                        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}']) as s:
         yield s
 
 

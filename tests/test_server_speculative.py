@@ -9,6 +9,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tally.bench.cli import main as bench_main
 from tally.server.process import ServerProcess
 
 FLAGS = ["--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory", "8MB",
@@ -66,3 +67,12 @@ def test_spec_decode_counters_in_metrics_and_ledger(servers):
     assert ledger["num_accepted_tokens"] >= accepted and 0 < ledger["acceptance_rate"] <= 1
     plain_families = {f.name for f in text_string_to_metric_families(httpx.get(servers[0].url + "/metrics").text)}
     assert not any(name.startswith("tally:spec_decode") for name in plain_families)  # only when configured
+
+
+def test_tally_bench_reports_what_speculation_did(servers, tmp_path):
+    _, spec = servers
+    out = tmp_path / "run.json"
+    assert bench_main(["--url", spec.url, "--model", "tiny", "--concurrency", "2", "--requests", "6",
+                       "--lengths", "fixed:16,24", "--out", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())["speculative_decoding"]
+    assert report["draft_tokens"] > 0 and 0 <= report["accepted_tokens"] <= report["draft_tokens"]

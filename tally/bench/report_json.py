@@ -106,11 +106,24 @@ def build_result(run: RunOutcome, slo: Slo | None, timeout_s: float) -> dict:
         "server_metrics": None if after is None else {
             key: histogram_delta(before.histogram(key) if before else None, after.histogram(key))
             for key in ("queue_time_s", "ttft_s")},
+        "speculative_decoding": speculation_delta(before, after),
         "soak": None if run.soak_samples is None else verdict(run.soak_samples,
                                                                run.workload.warmup_s),
         "warnings": _warnings(summary, run),
         "requests": [_record_dict(r) for r in run.records],
     }
+
+
+def speculation_delta(before: Snapshot | None, after: Snapshot | None) -> dict | None:
+    """What the server's speculative decoding did during the run; None when it does not speculate."""
+    if after is None or after.counter("spec_draft_tokens") is None:
+        return None
+    delta = {key: after.counter(key) - ((before.counter(key) if before else None) or 0.0)
+             for key in ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")}
+    drafted, accepted, drafts = delta["spec_draft_tokens"], delta["spec_accepted_tokens"], delta["spec_drafts"]
+    return {"drafts": int(drafts), "draft_tokens": int(drafted), "accepted_tokens": int(accepted),
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "accepted_per_draft": accepted / drafts if drafts else None}
 
 
 def write_result(result: dict, path: Path) -> None:

@@ -74,6 +74,10 @@ def print_report(result: dict, console: Console | None = None) -> None:
         if dist:
             console.print(f"server {key}: mean {format_s(dist['mean'])}, P50 ~{format_s(dist.get('p50'))}, "
                           f"P99 ~{format_s(dist.get('p99'))} (from /metrics histogram, n={dist['count']})")
+    spec = result.get("speculative_decoding")
+    if spec and spec["draft_tokens"]:
+        console.print(f"speculative decoding: {spec['accepted_tokens']:,} of {spec['draft_tokens']:,} proposed tokens "
+                      f"accepted ({spec['acceptance_rate']:.1%}), {spec['accepted_per_draft']:.2f} per proposal")
     if result.get("soak"):
         soak = result["soak"]
         console.print(f"[bold]soak verdict:[/] {soak['verdict']}")

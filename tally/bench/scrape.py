@@ -16,6 +16,11 @@ GAUGES = {
     "running": ("num_requests_running",),
     "waiting": ("num_requests_waiting",),
 }
+COUNTERS = {  # speculative decoding, same names in both families
+    "spec_drafts": ("spec_decode_num_drafts",),
+    "spec_draft_tokens": ("spec_decode_num_draft_tokens",),
+    "spec_accepted_tokens": ("spec_decode_num_accepted_tokens",),
+}
 HISTOGRAMS = {
     "queue_time_s": ("request_queue_time_seconds",),
     "ttft_s": ("time_to_first_token_seconds",),
@@ -33,11 +38,16 @@ class Histogram:
 class Snapshot:
     gauges: dict[str, float] = field(default_factory=dict)  # unprefixed for tally:/vllm: names
     histograms: dict[str, Histogram] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)  # unprefixed, summed over label sets
 
     def gauge(self, key: str) -> float | None:
         """One of GAUGES' keys, or `rss_bytes` (process_resident_memory_bytes)."""
         names = GAUGES.get(key, ("process_resident_memory_bytes",) if key == "rss_bytes" else ())
         return next((self.gauges[n] for n in names if n in self.gauges), None)
+
+    def counter(self, key: str) -> float | None:
+        """One of COUNTERS' keys; None when the server does not count it."""
+        return next((self.counters[n] for n in COUNTERS[key] if n in self.counters), None)
 
     def histogram(self, key: str) -> Histogram | None:
         return next((self.histograms[n] for n in HISTOGRAMS[key] if n in self.histograms), None)
@@ -62,6 +72,8 @@ def parse_metrics(text: str) -> Snapshot:
                     hist.sum += sample.value
                 elif sample.name.endswith("_count"):
                     hist.count += sample.value
+        elif family.type == "counter":
+            snapshot.counters[name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
         elif family.type in ("gauge", "unknown", "untyped"):
             for sample in family.samples:
                 total, n = seen.get(name, (0.0, 0))

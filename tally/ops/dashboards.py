@@ -71,6 +71,15 @@ def panels(prefix: str = "tally:", window: str = "5m") -> list[Panel]:
              f"[{w}])), 1e-9)", "prompt"),
             (f"sum(rate({p}request_generation_tokens_sum[{w}])) / clamp_min(sum(rate("
              f"{p}request_generation_tokens_count[{w}])), 1e-9)", "output"))),
+        # Speculative decoding (series exist only on servers started with --speculative-config).
+        Panel("Speculative decoding: acceptance rate", "percentunit", (
+            (f"sum by (model_name) (rate({p}spec_decode_num_accepted_tokens_total[{w}])) / clamp_min(sum by "
+             f"(model_name) (rate({p}spec_decode_num_draft_tokens_total[{w}])), 1e-9)", "{{model_name}}"),)),
+        Panel("Speculative decoding: accepted tokens per second, by position", "short", (
+            (f"sum by (position) (rate({p}spec_decode_num_accepted_tokens_per_pos_total[{w}]))", "position {{position}}"),
+        )),
+        Panel("Speculative decoding: proposals verified per speculating request", "short", (
+            (f"max by (model_name) ({p}spec_decode_num_speculative_tokens)", "{{model_name}}"),)),
     ]
     return out
 
