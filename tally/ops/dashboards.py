@@ -76,8 +76,8 @@ def panels(prefix: str = "tally:", window: str = "5m") -> list[Panel]:
             (f"sum by (model_name) (rate({p}spec_decode_num_accepted_tokens_total[{w}])) / clamp_min(sum by "
              f"(model_name) (rate({p}spec_decode_num_draft_tokens_total[{w}])), 1e-9)", "{{model_name}}"),)),
         Panel("Speculative decoding: accepted tokens per second, by position", "short", (
-            (f"sum by (position) (rate({p}spec_decode_num_accepted_tokens_per_pos_total[{w}]))", "position {{position}}"),
-        )),
+            (f"sum by (position) (rate({p}spec_decode_num_accepted_tokens_per_pos_total[{w}]))",
+             "position {{position}}"),)),
         Panel("Speculative decoding: proposals verified per speculating request", "short", (
             (f"max by (model_name) ({p}spec_decode_num_speculative_tokens)", "{{model_name}}"),)),
     ]
