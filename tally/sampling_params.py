@@ -22,6 +22,31 @@ MAX_STOP_TOKEN_IDS = 1024
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's constrained decoding request: exactly one of a JSON schema, any JSON object, a regex, a choice of
+    strings, or a grammar (Lark, or llama.cpp's GBNF). The engine compiles it (tally/engine/structured_output.py)."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, name)]
+        _check(len(given) == 1, "structured_outputs",
+               f"structured outputs take exactly one of json, regex, choice, grammar or json_object; got "
+               f"{given or 'none'}")
+        _check(self.choice is None or (isinstance(self.choice, list) and self.choice
+                                       and all(isinstance(c, str) for c in self.choice)),
+               "structured_outputs", "choice must be a non-empty list of strings")
+
+    @property
+    def kind(self) -> str:
+        return next(n for n in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, n))
+
+
 class SamplingType(enum.IntEnum):
     GREEDY = 0
     RANDOM = 1
@@ -50,6 +75,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 
 import httpx
@@ -169,13 +170,28 @@ def test_echo_with_logprobs_and_no_new_tokens_scores_the_prompt(client, offline)
     assert len(one.choices[0].logprobs.tokens) == len(ref.prompt_token_ids) + 1
 
 
-def test_json_object_mode_is_validated(client):
-    with pytest.raises(openai.BadRequestError, match="json"):
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                                       response_format={"type": "json_object"})
-    r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Answer in JSON."}],
-                                       max_tokens=4, response_format={"type": "json_object"})
-    assert r.choices[0].finish_reason in ("stop", "length")
+def test_constraints_from_every_field_vllm_and_openai_use(client):
+    """The plumbing (the outputs themselves are checked in tests/test_structured_outputs.py and, for JSON, on the
+    built-in model in tests/test_server_builtin.py)."""
+    chat = [{"role": "user", "content": "hi"}]
+    r = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=20, extra_body={"guided_choice": ["a b",
+                                                                                                            "c"]})
+    assert r.choices[0].message.content in ("a b", "c")
+    r = client.completions.create(model=MODEL, prompt="hi", max_tokens=20,
+                                  extra_body={"structured_outputs": {"regex": "[0-9]{3}"}})
+    assert re.fullmatch("[0-9]{3}", r.choices[0].text)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="hi", max_tokens=20, stream=True, extra_body={"guided_regex": "(yes|no)!"}))
+    assert streamed in ("yes!", "no!")
+    with pytest.raises(openai.BadRequestError, match="one constraint at a time"):
+        client.chat.completions.create(model=MODEL, messages=chat, max_tokens=2, response_format={"type": "json_object"},
+                                       extra_body={"guided_regex": "a"})
+    with pytest.raises(openai.BadRequestError, match="regex is not valid") as e:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_body={"guided_regex": "[a-"})
+    assert _error(e.value)["param"] == "structured_outputs"
+    with pytest.raises(openai.BadRequestError, match="json_schema needs"):
+        client.chat.completions.create(model=MODEL, messages=chat, max_tokens=2,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "x"}})
 
 
 # -- errors -------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """`tally serve` with no --model serves the built-in SmolLM2 and answers chat like the offline engine."""
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import openai
 import pytest
 
@@ -27,3 +30,26 @@ def test_builtin_model_chat_matches_offline_greedy_streamed_and_not():
     assert r.choices[0].message.content == expected == streamed
     assert "Paris" in expected
     assert r.usage.completion_tokens <= 16 and r.usage.prompt_tokens > 10
+
+
+def test_builtin_model_answers_json_that_parses_and_validates():
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+                                               "population_millions": {"type": "integer", "minimum": 0}},
+              "required": ["city", "population_millions"], "additionalProperties": False}
+    ask = [{"role": "user", "content": "Name a large city and its population in millions, as JSON."}]
+    with ServerProcess(["--max-model-len", "1024", "--kv-cache-memory", "64MB"]) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=300)
+        model = client.models.list().data[0].id
+        strict = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}}
+        r = client.chat.completions.create(model=model, messages=ask, max_tokens=60, temperature=0,
+                                           response_format=strict)
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=model, messages=ask, max_tokens=60, temperature=0, stream=True, response_format=strict)
+            if c.choices)
+        any_object = client.chat.completions.create(model=model, messages=ask, max_tokens=100, temperature=0,
+                                                    response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    assert streamed == r.choices[0].message.content
+    assert any_object.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(any_object.choices[0].message.content), dict)

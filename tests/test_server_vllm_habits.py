@@ -37,7 +37,6 @@ def test_the_api_key_guards_v1_and_leaves_health_and_metrics_open(server):
 
 @pytest.mark.parametrize("extra, named", [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"guided_json": {"type": "object"}}, "guided_json"),
     ({"tool_choice": "auto"}, "tool_choice"),
 ])
 def test_an_unimplemented_field_is_refused_by_name(server, extra, named):

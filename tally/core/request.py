@@ -30,6 +30,7 @@ class Request:
     cache_salt: str | None = None  # part of every block hash: requests with different salts never share KV
     eos_token_ids: tuple[int, ...] = ()  # empty when ignore_eos
     generator: Any = None  # torch.Generator of a seeded request; opaque to the scheduler
+    grammar: Any = None  # the structured-output matcher of a constrained request; opaque to the scheduler
     skip_prefix_cache: bool = False  # prompt logprobs need every prompt position computed
     parent: "Request | None" = None  # a sibling of n>1 waits for the parent's prefill, then shares its blocks
     token_ids: list[int] = field(init=False)  # prompt then output: the "known" tokens

@@ -24,6 +24,7 @@ from tally.engine.snapshot import EngineSnapshot
 from tally.engine.speculation import Speculator
 from tally.engine.step_cost import StepCost
 from tally.engine.stop import StopChecker
+from tally.engine.structured_output import GrammarCompiler
 from tally.errors import InvalidRequestError
 from tally.outputs import RequestMetrics, RequestOutput, logprob_entry
 from tally.sampling_params import SamplingParams
@@ -61,6 +62,7 @@ class Engine:
             enable_chunked_prefill=config.enable_chunked_prefill,
         ), self.kv)
         self.runner = ModelRunner(m.model, self.kv, m.kv_caches)
+        self._grammars = GrammarCompiler(m.tokenizer, m.config.vocab_size, m.stop_token_ids)
         spec = config.speculative
         self.speculator = Speculator(spec, self.max_model_len) if spec is not None else None
         self.groups: dict[str, RequestGroup] = {}
@@ -85,9 +87,12 @@ class Engine:
             gen = None
             if params.seed is not None:
                 gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
+            grammar = None
+            if params.structured_outputs is not None:
+                grammar = self._grammars.matcher(params.structured_outputs)
             req = Request(rid, ids, max_tokens, now, sampling_params=params, cache_salt=cache_salt,
                           eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
-                          parent=parent)
+                          parent=parent, grammar=grammar)
             parent = parent or req
             seq = Sequence(
                 request=req, index=i,
@@ -230,11 +235,18 @@ class Engine:
                     top = logprob_entry(token_ids[i], logprobs[i], ranks[i], top_ids[i][:k], top_lps[i][:k],
                                         self._decode_one)
                 appended += 1
-                if seq.append(token_ids[i], logprobs[i], top, self.max_model_len):
+                if seq.append(token_ids[i], logprobs[i], top, self.max_model_len) or (
+                        req.grammar is not None and self._grammar_done(req, seq, token_ids[i])):
                     self.scheduler.finish(req, seq.status)
                     break
             first_row += count
         return appended
+
+    @staticmethod
+    def _grammar_done(req: Request, seq: Sequence, token_id: int) -> bool:
+        """The matcher takes the token; a grammar that can take no more ends the sequence (finish reason stop)."""
+        req.grammar.consume_token(token_id)
+        return req.grammar.is_stopped() and seq.stop_by_grammar()
 
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

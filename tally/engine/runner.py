@@ -10,6 +10,7 @@ from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request
 from tally.core.scheduler import SchedulerOutput
 from tally.engine.inputs import build_step_inputs
+from tally.engine.structured_output import allowed_tokens
 from tally.models.llama import CausalLM
 from tally.sample.batch import SamplerInput, SamplerOutput
 from tally.sample.sampler import Sampler
@@ -58,12 +59,15 @@ class ModelRunner:
             rows = [r for r, count in zip(reqs, inputs.sample_counts) for _ in range(count)]
             outputs = [r.output_token_ids + r.spec_token_ids[:j] if j and _reads_outputs(r) else r.output_token_ids
                        for r, count in zip(reqs, inputs.sample_counts) for j in range(count)]
+        constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
         sampler_input = SamplerInput(
             params=[r.sampling_params for r in rows],
             generators=[r.generator for r in rows],
             output_token_ids=outputs,
             prompt_token_ids=[r.prompt_token_ids for r in rows],
             eos_token_ids=[r.eos_token_ids for r in rows],
+            allowed=(constrained, allowed_tokens([rows[i].grammar for i in constrained], logits.shape[1]))
+            if constrained else None,
         )
         return StepResult(reqs, inputs.sample_counts, self.sampler(logits, sampler_input), prompt_lp)
 

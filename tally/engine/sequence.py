@@ -49,6 +49,10 @@ class Sequence:
             return self._finish("length", None)
         return False
 
+    def stop_by_grammar(self) -> bool:
+        """The structured output is complete: nothing more may follow."""
+        return self._finish("stop", None)
+
     def _finish(self, reason: str, stop_reason: int | str | None) -> bool:
         self.finish_reason, self.stop_reason = reason, stop_reason
         if not isinstance(stop_reason, str):  # a stop string already cut the text; else show all of it

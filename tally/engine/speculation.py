@@ -7,7 +7,8 @@ Exact for greedy and sampled requests alike: every position is sampled from the 
 the proposals before it counted as output, for penalties and min_tokens), and a proposal is kept only when the
 sample equals it. For a proposer that names one token (prompt lookup), that is rejection sampling: accepted with
 probability p(x), and on rejection the sample is distributed as p without x, renormalised — the residual
-distribution. A seeded request is never speculated, so its tokens stay reproducible."""
+distribution. A seeded request is never speculated, so its tokens stay reproducible; nor is a constrained one
+(its matcher would have to check the proposals first)."""
 from __future__ import annotations
 
 from tally.core.request import Request
@@ -36,7 +37,7 @@ class Speculator:
         candidates, proposals = [], []
         for req in decoding:
             room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens) - 1
-            if req.generator is not None or room <= 0:
+            if req.generator is not None or req.grammar is not None or room <= 0:
                 continue
             tokens = propose_ngram(req.token_ids, cfg.prompt_lookup_min, cfg.prompt_lookup_max,
                                    min(room, cfg.num_speculative_tokens))

@@ -1,7 +1,7 @@
-"""Next tokens for a batch of logits, vectorized over rows, in vLLM's order: the min_tokens mask
-and penalties, then greedy rows take the argmax; random rows get temperature, min-p, top-k, top-p
-and an exponential race (argmax of probs / Exp(1) noise). The race lets every seeded row draw its
-noise from its own generator, so it samples the same tokens alone or in any batch."""
+"""Next tokens for a batch of logits, vectorized over rows, in vLLM's order: the min_tokens mask,
+penalties and the structured-output mask, then greedy rows take the argmax; random rows get temperature,
+min-p, top-k, top-p and an exponential race (argmax of probs / Exp(1) noise). The race lets every seeded row
+draw its noise from its own generator, so it samples the same tokens alone or in any batch."""
 from __future__ import annotations
 
 import torch
@@ -37,12 +37,16 @@ class Sampler:
         batch, vocab = logits.shape
         short = t.min_tokens.active(inp.output_token_ids) if t.min_tokens is not None else []
         work = logits  # the raw logits stay intact for the logprobs
-        if t.penalties is not None or short:
+        if t.penalties is not None or short or inp.allowed is not None:
             work = self._buffer("work", batch, logits).copy_(logits)
             if short:
                 apply_min_tokens(work, t.min_tokens, short)
             if t.penalties is not None:
                 apply_penalties(work, t.penalties, inp.output_token_ids)
+            if inp.allowed is not None:
+                rows, allowed = inp.allowed
+                index = torch.tensor(rows, device=work.device)
+                work.index_copy_(0, index, work.index_select(0, index).masked_fill_(~allowed, float("-inf")))
 
         token_ids = torch.empty(batch, dtype=torch.long, device=logits.device)
         num_greedy = t.greedy_rows.numel()

@@ -1,11 +1,7 @@
 """POST /v1/chat/completions: messages through the model's chat template, OpenAI's chat format back.
-
-`response_format: {"type": "json_object"}` is best effort: decoding is not constrained. The request
-is validated as OpenAI does (a message must mention JSON), and a non-streamed answer is trimmed to
-its outermost JSON object when that parses; otherwise the text comes back unchanged."""
+`response_format` constrains decoding (tally/engine/structured_output.py), so the answer is the JSON asked for."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from tally.errors import InvalidRequestError
@@ -42,13 +38,6 @@ class ChatCompletions:
         return ChatCompletionRequest.model_validate(body)
 
     def engine_requests(self, req: ChatCompletionRequest, state: ServerState) -> list[tuple[Any, SamplingParams]]:
-        fmt = req.response_format.type if req.response_format else "text"
-        if fmt == "json_schema":
-            raise InvalidRequestError("response_format json_schema is not supported (decoding is not "
-                                      "constrained); use {\"type\": \"json_object\"}", param="response_format")
-        if fmt == "json_object" and not any("json" in m.text().lower() for m in req.messages):
-            raise InvalidRequestError("'messages' must contain the word 'json' in some form to use "
-                                      "response_format of type 'json_object'", param="response_format")
         if req.top_logprobs is not None and not req.logprobs:
             raise InvalidRequestError("top_logprobs needs logprobs: true", param="top_logprobs")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_LOGPROBS:
@@ -63,10 +52,7 @@ class ChatCompletions:
         req: ChatCompletionRequest = ctx.req
         choices = []
         for d in deltas({}, outputs):
-            content = d.text
-            if req.response_format is not None and req.response_format.type == "json_object":
-                content = outermost_json(content)
-            choices.append({"index": d.choice.index, "message": {"role": "assistant", "content": content},
+            choices.append({"index": d.choice.index, "message": {"role": "assistant", "content": d.text},
                             "logprobs": self._logprobs(d, req.top_logprobs or 0), "finish_reason": d.finish_reason})
         return {"id": ctx.request_id, "object": "chat.completion", "created": ctx.created_s, "model": ctx.model,
                 "choices": choices, "usage": usage(outputs)}
@@ -103,13 +89,3 @@ def _token(lp: Logprob) -> dict:
     text = lp.decoded_token or ""
     return {"token": text, "logprob": finite(lp.logprob), "bytes": list(text.encode())}
 
-
-def outermost_json(text: str) -> str:
-    """The text itself if it is JSON, else its outermost {...} when that parses, else the text."""
-    for candidate in (text, text[text.find("{"):text.rfind("}") + 1]):
-        try:
-            json.loads(candidate)
-            return candidate
-        except ValueError:
-            continue
-    return text

@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI API (with vLLM's extra sampling fields), validated by pydantic.
 
-A field this server does not implement is refused with a 400 that names it (`tools`, `guided_json`, ...), never
+A field this server does not implement is refused with a 400 that names it (`tools`, `tool_choice`, ...), never
 silently ignored: a client must not believe it got what it asked for. Fields that only describe the caller and
 change nothing about the answer (`user`, `metadata`, ...) are accepted and unused."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tally.errors import InvalidRequestError
-from tally.sampling_params import SamplingParams
+from tally.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class OpenAIModel(BaseModel):
@@ -37,6 +37,11 @@ class StreamOptions(OpenAIModel):
     include_usage: bool = False
 
 
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: dict[str, Any] | None = None  # OpenAI's {"name": ..., "schema": {...}, "strict": true}
+
+
 class SamplingFields(OpenAIModel):
     """Fields both generation endpoints share; `to_sampling_params` is their one translation."""
 
@@ -60,6 +65,44 @@ class SamplingFields(OpenAIModel):
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Constrained decoding: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The one constraint the request asks for, from whichever field it used; 400 when it used several."""
+        asked = {}
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            asked["response_format"] = {"json_object": True}
+        elif fmt is not None and fmt.type == "json_schema":
+            schema = (fmt.json_schema or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise InvalidRequestError('response_format json_schema needs {"json_schema": {"name": ..., '
+                                          '"schema": {...}}}', param="response_format")
+            asked["response_format"] = {"json": schema}
+        if self.structured_outputs is not None:
+            asked["structured_outputs"] = self.structured_outputs
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar")):
+            if getattr(self, name) is not None:
+                asked[name] = {key: getattr(self, name)}
+        if len(asked) > 1:
+            raise InvalidRequestError(f"ask for one constraint at a time; got {sorted(asked)}", param=sorted(asked)[0])
+        if not asked:
+            return None
+        (field, spec), = asked.items()
+        known = {"json", "regex", "choice", "grammar", "json_object"}
+        if not isinstance(spec, dict) or set(spec) - known:
+            raise InvalidRequestError(f"{field} takes one of {sorted(known)}", param=field)
+        try:
+            return StructuredOutputsParams(**spec)
+        except InvalidRequestError as e:
+            raise InvalidRequestError(str(e), param=field) from None
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
                            prompt_logprobs: int | None = None) -> SamplingParams:
@@ -73,7 +116,7 @@ class SamplingFields(OpenAIModel):
             n=self.n, best_of=self.best_of, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, max_tokens=max_tokens,
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs, **given)
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=self.structured(), **given)
 
     @property
     def include_usage(self) -> bool:
@@ -114,18 +157,12 @@ class ChatMessage(OpenAIModel):
         return "".join(p.text for p in self.content)
 
 
-class ResponseFormat(OpenAIModel):
-    type: Literal["text", "json_object", "json_schema"] = "text"
-    json_schema: dict[str, Any] | None = None
-
-
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    response_format: ResponseFormat | None = None
     add_generation_prompt: bool = True
 
 
