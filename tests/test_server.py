@@ -174,8 +174,8 @@ def test_constraints_from_every_field_vllm_and_openai_use(client):
     """The plumbing (the outputs themselves are checked in tests/test_structured_outputs.py and, for JSON, on the
     built-in model in tests/test_server_builtin.py)."""
     chat = [{"role": "user", "content": "hi"}]
-    r = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=20, extra_body={"guided_choice": ["a b",
-                                                                                                            "c"]})
+    r = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=20,
+                                       extra_body={"guided_choice": ["a b", "c"]})
     assert r.choices[0].message.content in ("a b", "c")
     r = client.completions.create(model=MODEL, prompt="hi", max_tokens=20,
                                   extra_body={"structured_outputs": {"regex": "[0-9]{3}"}})
@@ -184,8 +184,8 @@ def test_constraints_from_every_field_vllm_and_openai_use(client):
         model=MODEL, prompt="hi", max_tokens=20, stream=True, extra_body={"guided_regex": "(yes|no)!"}))
     assert streamed in ("yes!", "no!")
     with pytest.raises(openai.BadRequestError, match="one constraint at a time"):
-        client.chat.completions.create(model=MODEL, messages=chat, max_tokens=2, response_format={"type": "json_object"},
-                                       extra_body={"guided_regex": "a"})
+        client.chat.completions.create(model=MODEL, messages=chat, max_tokens=2,
+                                       response_format={"type": "json_object"}, extra_body={"guided_regex": "a"})
     with pytest.raises(openai.BadRequestError, match="regex is not valid") as e:
         client.completions.create(model=MODEL, prompt="hi", max_tokens=2, extra_body={"guided_regex": "[a-"})
     assert _error(e.value)["param"] == "structured_outputs"
