@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
 from pathlib import Path
+
+from closed_loop import closed_loop  # bench/ is on sys.path when a script here runs
 
 from tally import LLM, SamplingParams
 from tally.traces import DATA_DIR
@@ -57,28 +58,6 @@ def code_prompts(n: int, rng: random.Random) -> list[str]:
 WORKLOADS = {"quote": quote_prompts, "code": code_prompts}
 
 
-def run(llm: LLM, prompts: list[str], concurrency: int, params: SamplingParams) -> tuple[float, list[list[int]]]:
-    """Tokens per second over the whole closed loop, and each prompt's tokens."""
-    engine = llm.engine
-    outputs: dict[str, list[int]] = {}
-    pending = list(enumerate(prompts))
-    started = time.perf_counter()
-    in_flight = 0
-    generated = 0
-    while pending or in_flight:
-        while pending and in_flight < concurrency:
-            i, prompt = pending.pop(0)
-            engine.add_request(str(i), prompt, params)
-            in_flight += 1
-        for out in engine.step():
-            if out.finished:
-                in_flight -= 1
-                outputs[out.request_id] = out.outputs[0].token_ids
-                generated += len(out.outputs[0].token_ids)
-    elapsed = time.perf_counter() - started
-    return generated / elapsed, [outputs[str(i)] for i in range(len(prompts))]
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", default="1,4,16,32")
@@ -101,7 +80,7 @@ def main() -> None:
             for arm, llm in llms.items():
                 spec = llm.engine.speculator
                 before = (spec.stats.num_draft_tokens, spec.stats.num_accepted_tokens) if spec else (0, 0)
-                tok_s, tokens = run(llm, prompts, c, params)
+                tok_s, tokens = closed_loop(llm, prompts, c, params)
                 drafted = spec.stats.num_draft_tokens - before[0] if spec else 0
                 accepted = spec.stats.num_accepted_tokens - before[1] if spec else 0
                 results[arm] = (tok_s, tokens, drafted, accepted)

@@ -1,0 +1,29 @@
+"""A closed loop on the offline engine, for the benchmarks here: C requests in flight, each replaced when it ends."""
+from __future__ import annotations
+
+import time
+
+from tally import LLM, SamplingParams
+
+
+def closed_loop(llm: LLM, prompts: list[str], concurrency: int,
+                params: SamplingParams | list[SamplingParams]) -> tuple[float, list[list[int]]]:
+    """Tokens per second over the whole closed loop, and each prompt's tokens."""
+    engine = llm.engine
+    outputs: dict[str, list[int]] = {}
+    pending = list(enumerate(prompts))
+    started = time.perf_counter()
+    in_flight = 0
+    generated = 0
+    while pending or in_flight:
+        while pending and in_flight < concurrency:
+            i, prompt = pending.pop(0)
+            engine.add_request(str(i), prompt, params[i] if isinstance(params, list) else params)
+            in_flight += 1
+        for out in engine.step():
+            if out.finished:
+                in_flight -= 1
+                outputs[out.request_id] = out.outputs[0].token_ids
+                generated += len(out.outputs[0].token_ids)
+    elapsed = time.perf_counter() - started
+    return generated / elapsed, [outputs[str(i)] for i in range(len(prompts))]
