@@ -19,6 +19,8 @@ MAX_N = 128  # the OpenAI API's cap on n
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 4096  # all stop strings together: stop matching reads each generated character once per string
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 300  # OpenAI's cap
+MAX_ALLOWED_TOKEN_IDS = 1 << 20  # a bool row per request is built from them once
 SEED_RANGE = (-(2**63), 2**64 - 1)  # what torch.Generator.manual_seed takes
 
 
@@ -76,6 +78,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
+    logit_bias: dict[int, float] | None = None  # OpenAI's: added to those tokens' logits, clamped to [-100, 100]
+    allowed_token_ids: list[int] | None = None  # only these tokens may be sampled
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -149,6 +154,18 @@ class SamplingParams:
             all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
             f"stop_token_ids must be non-negative token ids, got {self.stop_token_ids!r}",
         )
+        bias = self.logit_bias or {}
+        _check(len(bias) <= MAX_LOGIT_BIAS, "logit_bias", f"send at most {MAX_LOGIT_BIAS} logit_bias entries")
+        _check(all(isinstance(t, int) and t >= 0 and isinstance(b, (int, float)) and math.isfinite(b)
+                   for t, b in bias.items()), "logit_bias",
+               "logit_bias maps token ids (non-negative integers) to finite numbers")
+        allowed = self.allowed_token_ids
+        _check(allowed is None or (0 < len(allowed) <= MAX_ALLOWED_TOKEN_IDS
+                                   and all(isinstance(t, int) and t >= 0 for t in allowed)), "allowed_token_ids",
+               f"allowed_token_ids must be 1 to {MAX_ALLOWED_TOKEN_IDS} non-negative token ids")
+        k = self.truncate_prompt_tokens
+        _check(k is None or (isinstance(k, int) and k >= 1), "truncate_prompt_tokens",
+               f"truncate_prompt_tokens must be a positive integer, got {k!r}")
 
     @property
     def sampling_type(self) -> SamplingType:

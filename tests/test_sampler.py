@@ -224,3 +224,16 @@ def test_race_draws_tokens_with_the_softmax_probabilities():
     out = sample(logits, make_input([SamplingParams(temperature=0.5)] * 4096))
     freq = torch.bincount(out.token_ids, minlength=64)[10:14].float() / 4096
     torch.testing.assert_close(freq, torch.tensor(probs), atol=0.03, rtol=0)
+
+
+def test_logit_bias_and_allowed_token_ids_steer_each_row_alone():
+    logits = torch.zeros(3, 10)
+    logits[:, 2] = 5.0  # every row's argmax is token 2
+    params = [SamplingParams(temperature=0.0, logit_bias={7: 100.0}),  # bias wins over 5
+              SamplingParams(temperature=0.0, allowed_token_ids=[4, 9]),
+              SamplingParams(temperature=0.0)]
+    inp = SamplerInput(params=params, generators=[None] * 3, output_token_ids=[[]] * 3, prompt_token_ids=[[1]] * 3,
+                       eos_token_ids=[()] * 3)
+    out = sample(logits, inp)
+    assert out.token_ids.tolist()[0] == 7 and out.token_ids.tolist()[1] in (4, 9) and out.token_ids.tolist()[2] == 2
+    assert float(out.logprobs[2]) == pytest.approx(float(torch.log_softmax(logits[2], -1)[2]), abs=1e-5)  # raw

@@ -386,3 +386,17 @@ def test_metrics_parse_and_request_outcomes_add_up(server, client):
                  "tally:num_requests_running", "tally:kv_cache_usage_perc", "tally:kv_cache_fragmentation_perc",
                  "tally:prefix_cache_queries_total", "tally:num_preemptions_total", "process_resident_memory_bytes"):
         assert any(k.startswith(name + "{") for k in after), name
+
+
+def test_logit_bias_allowed_token_ids_and_truncate_prompt_tokens(client, server):
+    token = httpx.post(server.url + "/tokenize", json={"prompt": "hello"}).json()["tokens"][-1]
+    biased = client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0,
+                                       logit_bias={str(token): 100})
+    only = client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=1.0,
+                                     extra_body={"allowed_token_ids": [token]})
+    assert biased.choices[0].text == only.choices[0].text and biased.usage.completion_tokens == 3
+    cut = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1,
+                                    extra_body={"truncate_prompt_tokens": 3})
+    assert cut.usage.prompt_tokens == 3
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=1, logit_bias={"99999999": 1})

@@ -77,6 +77,8 @@ class Engine:
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
         text, ids = self._tokenize(prompt)
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]  # vLLM keeps the prompt's end: the part nearest the answer
         self._validate(ids, params)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
         now = time.monotonic() if arrival_time is None else arrival_time
@@ -126,6 +128,12 @@ class Engine:
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
                                       param="prompt")
+        for name, given in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids",
+                                                                         params.allowed_token_ids or ())):
+            bad = [t for t in given if t >= vocab]
+            if bad:
+                raise InvalidRequestError(f"{name} token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
+                                          param=name)
         n, limit = len(ids), self.max_model_len
         if n >= limit:
             raise InvalidRequestError(

@@ -1,5 +1,5 @@
-"""Next tokens for a batch of logits, vectorized over rows, in vLLM's order: the min_tokens mask,
-penalties and the structured-output mask, then greedy rows take the argmax; random rows get temperature,
+"""Next tokens for a batch of logits, vectorized over rows, in vLLM's order: allowed_token_ids and logit_bias,
+the min_tokens mask, penalties and the structured-output mask, then greedy rows take the argmax; random rows get temperature,
 min-p, top-k, top-p and an exponential race (argmax of probs / Exp(1) noise). The race lets every seeded row
 draw its noise from its own generator, so it samples the same tokens alone or in any batch."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ from tally.sample.batch import SamplerInput, SamplerOutput
 from tally.sample.filters import apply_min_p, top_k_top_p
 from tally.sample.penalties import apply_min_tokens, apply_penalties
 from tally.sample.tensors import SamplingTensors
+from tally.sample.token_edits import apply_token_edits
 
 _CPU_CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per temporary
 
@@ -37,8 +38,10 @@ class Sampler:
         batch, vocab = logits.shape
         short = t.min_tokens.active(inp.output_token_ids) if t.min_tokens is not None else []
         work = logits  # the raw logits stay intact for the logprobs
-        if t.penalties is not None or short or inp.allowed is not None:
+        if t.penalties is not None or short or inp.allowed is not None or t.token_edits is not None:
             work = self._buffer("work", batch, logits).copy_(logits)
+            if t.token_edits is not None:
+                apply_token_edits(work, t.token_edits)
             if short:
                 apply_min_tokens(work, t.min_tokens, short)
             if t.penalties is not None:

@@ -11,6 +11,7 @@ import torch
 
 from tally.sample.batch import SamplerInput
 from tally.sample.penalties import MinTokensTensors, PenaltyTensors
+from tally.sample.token_edits import TokenEditTensors
 from tally.sampling_params import SamplingType
 
 # top-p first looks for the nucleus among this many most likely tokens (a top-1024 of 152k logits
@@ -48,6 +49,7 @@ class SamplingTensors:
     log_min_p: torch.Tensor | None  # [R, 1]; None when no row uses min_p
     filters: FilterTensors | None
     penalties: PenaltyTensors | None
+    token_edits: TokenEditTensors | None  # logit_bias, allowed_token_ids
     min_tokens: MinTokensTensors | None
     max_logprobs: int  # top logprobs to return per row (the largest any row asked for)
     logprob_rows: torch.Tensor | None  # rows that asked for logprobs, whose rank is computed
@@ -77,6 +79,7 @@ class SamplingTensors:
             log_min_p=column([math.log(m) if m > 0 else -math.inf for m in min_p]) if any(min_p) else None,
             filters=_build_filters(chosen, vocab_size, device),
             penalties=PenaltyTensors.build(params, inp.prompt_token_ids, device),
+            token_edits=TokenEditTensors.build(params, vocab_size, device),
             min_tokens=MinTokensTensors.build(params, inp.eos_token_ids, device),
             max_logprobs=max((params[i].logprobs for i in asked), default=0),
             logprob_rows=_long(asked, device) if asked else None,

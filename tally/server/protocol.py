@@ -62,7 +62,9 @@ class SamplingFields(OpenAIModel):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # OpenAI sends token ids as strings
+    allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Constrained decoding: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -106,8 +108,12 @@ class SamplingFields(OpenAIModel):
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
                            prompt_logprobs: int | None = None) -> SamplingParams:
-        if self.logit_bias:
-            raise InvalidRequestError("logit_bias is not supported by this server; omit it", param="logit_bias")
+        bias = None
+        if self.logit_bias is not None:
+            try:
+                bias = {int(t): b for t, b in self.logit_bias.items()}
+            except ValueError:
+                raise InvalidRequestError("logit_bias keys must be token ids", param="logit_bias") from None
         given = {k: v for k, v in dict(
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
@@ -116,7 +122,9 @@ class SamplingFields(OpenAIModel):
             n=self.n, best_of=self.best_of, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, max_tokens=max_tokens,
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=self.structured(), **given)
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=self.structured(),
+            logit_bias=bias, allowed_token_ids=self.allowed_token_ids,
+            truncate_prompt_tokens=self.truncate_prompt_tokens, **given)
 
     @property
     def include_usage(self) -> bool:
