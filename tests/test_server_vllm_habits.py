@@ -36,8 +36,8 @@ def test_the_api_key_guards_v1_and_leaves_health_and_metrics_open(server):
 
 
 @pytest.mark.parametrize("extra, named", [
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
 ])
 def test_an_unimplemented_field_is_refused_by_name(server, extra, named):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **extra}

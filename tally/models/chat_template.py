@@ -29,15 +29,18 @@ def join_turns(separator: str, end: str = "") -> Callable[[Messages], str]:
 
 def render_chat(tokenizer: Any, messages: Messages, *, without_template: Callable[[Messages], str],
                 add_generation_prompt: bool = True, chat_template: str | None = None,
-                continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None) -> str:
+                continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+                tools: list[dict[str, Any]] | None = None) -> str:
     """`chat_template` replaces the model's; `continue_final_message` leaves the last (assistant) turn open for
-    the model to continue; `template_kwargs` reach the template (e.g. Qwen3's enable_thinking)."""
+    the model to continue; `template_kwargs` reach the template (e.g. Qwen3's enable_thinking); `tools` (OpenAI's
+    form) are the template's to show the model (a template without tool support ignores them)."""
     if chat_template is None and not has_chat_template(tokenizer):
         return without_template(messages)
     try:
         return tokenizer.apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt and not continue_final_message, tokenize=False,
-            chat_template=chat_template, continue_final_message=continue_final_message, **(template_kwargs or {}))
+            chat_template=chat_template, continue_final_message=continue_final_message, tools=tools,
+            **(template_kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - templates raise their own errors for bad conversations
         raise InvalidRequestError(f"the chat template rejected these messages: {exc}", param="messages") from None
 

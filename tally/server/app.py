@@ -39,6 +39,8 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ("*",)
     request_log: RequestLog | None = None  # --request-log: one JSON line per finished request
     api_key: str | None = None  # --api-key: bearer authentication on /v1/*
+    tool_call_parser: str | None = None  # --enable-auto-tool-choice --tool-call-parser NAME
+    chat_template: str | None = None  # --chat-template: the template text used instead of the model's
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -66,7 +68,8 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     if "*" not in config.allowed_hosts:
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.allowed_hosts))
     app.state.tally = state
-    completions, chat = Completions(tokenizer), ChatCompletions(tokenizer)
+    completions, chat = Completions(tokenizer), ChatCompletions(tokenizer, config.tool_call_parser,
+                                                                config.chat_template)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -114,7 +117,8 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
             req = TokenizeRequest.model_validate(await read_json(request, state.max_body_bytes))
             state.check_model(req.model)
             if req.messages is not None:
-                ids = render_chat(tokenizer, req.messages, req.add_generation_prompt)["prompt_token_ids"]
+                ids = render_chat(tokenizer, req.messages, req.add_generation_prompt,
+                                  chat_template=config.chat_template)["prompt_token_ids"]
             elif req.prompt is not None:
                 ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
             else:

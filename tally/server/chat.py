@@ -1,7 +1,10 @@
 """POST /v1/chat/completions: messages through the model's chat template, OpenAI's chat format back.
-`response_format` constrains decoding (tally/engine/structured_output.py), so the answer is the JSON asked for."""
+`response_format` constrains decoding (tally/engine/structured_output.py), so the answer is the JSON asked for;
+`tools` and `tool_choice` become tool calls (tally/server/tools.py)."""
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 from tally.errors import InvalidRequestError
@@ -16,13 +19,36 @@ from tally.server.protocol import (
     refuse_unsupported,
 )
 from tally.server.streaming import Delta, deltas
+from tally.server.tools import HERMES_OPEN, ToolMode, check_tools, forced_output, tool_mode
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True) -> dict:
-    """Chat messages → the engine's prompt (text and ids); also used by POST /tokenize."""
-    convo = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
-    return chat_prompt(tokenizer, convo, without_template=refuse_without_template,
-                       add_generation_prompt=add_generation_prompt)
+def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                **render: Any) -> dict:
+    """Chat messages → the engine's prompt (text and ids); also used by POST /tokenize. `render`: tools,
+    chat_template, template kwargs, continue_final_message (tally/models/chat_template.py)."""
+    return chat_prompt(tokenizer, [_turn(m) for m in messages], without_template=refuse_without_template,
+                       add_generation_prompt=add_generation_prompt, **render)
+
+
+def _turn(m: ChatMessage) -> dict:
+    """One message as chat templates read it: a tool call's arguments as a dict (Hugging Face's convention)."""
+    turn: dict[str, Any] = {"role": m.role, "content": m.text()}
+    if m.name:
+        turn["name"] = m.name
+    if m.tool_call_id:
+        turn["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        turn["tool_calls"] = [{**c, "function": {**c.get("function", {}), "arguments": _arguments(c)}}
+                              for c in m.tool_calls]
+    return turn
+
+
+def _arguments(call: dict) -> Any:
+    args = call.get("function", {}).get("arguments")
+    try:
+        return json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        return args
 
 
 class ChatCompletions:
@@ -30,8 +56,13 @@ class ChatCompletions:
     id_prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tool_call_parser: str | None = None, chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
+        self.tool_call_parser = tool_call_parser  # set with --enable-auto-tool-choice
+        self.chat_template = chat_template  # --chat-template; a request's own chat_template wins
+
+    def _tool_mode(self, req: ChatCompletionRequest) -> ToolMode | None:
+        return tool_mode(req.tools, req.tool_choice, self.tool_call_parser)
 
     def parse(self, body: dict) -> ChatCompletionRequest:
         refuse_unsupported(body, ChatCompletionRequest)
@@ -45,19 +76,40 @@ class ChatCompletions:
                                       param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = req.to_sampling_params(max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
-        return [(render_chat(self.tokenizer, req.messages, req.add_generation_prompt), params)]
+        if req.tools:
+            check_tools(req.tools)
+        mode = self._tool_mode(req)
+        if mode is not None and mode.forced:
+            if params.structured_outputs is not None:
+                raise InvalidRequestError("a forced tool_choice constrains the output itself; drop the other "
+                                          "constraint", param="tool_choice")
+            params = dataclasses.replace(params, structured_outputs=forced_output(mode, req.tools))
+        prompt = render_chat(self.tokenizer, req.messages, req.add_generation_prompt, tools=req.tools,
+                             chat_template=req.chat_template or self.chat_template,
+                             template_kwargs=req.chat_template_kwargs,
+                             continue_final_message=req.continue_final_message)
+        return [(prompt, params)]
 
     # -- responses -----------------------------------------------------------------------------
     def response(self, ctx: Ctx, outputs: list[RequestOutput], state: ServerState) -> dict:
         req: ChatCompletionRequest = ctx.req
+        mode = self._tool_mode(req)
         choices = []
         for d in deltas({}, outputs):
-            choices.append({"index": d.choice.index, "message": {"role": "assistant", "content": d.text},
-                            "logprobs": self._logprobs(d, req.top_logprobs or 0), "finish_reason": d.finish_reason})
+            content, calls = mode.parse(d.text) if mode is not None else (d.text, [])
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [c.as_openai() for c in calls]
+            choices.append({"index": d.choice.index, "message": message,
+                            "logprobs": self._logprobs(d, req.top_logprobs or 0),
+                            "finish_reason": _finish_reason(mode, calls, d.finish_reason)})
         return {"id": ctx.request_id, "object": "chat.completion", "created": ctx.created_s, "model": ctx.model,
                 "choices": choices, "usage": usage(outputs)}
 
     def chunks(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]:
+        mode = self._tool_mode(ctx.req)
+        if mode is not None:
+            return self._tool_chunks(ctx, outputs, mode)
         out = []
         for d in deltas(ctx.sent, outputs):
             logprobs = self._logprobs(d, ctx.req.top_logprobs or 0)
@@ -72,6 +124,33 @@ class ChatCompletions:
                                                          "finish_reason": d.finish_reason}]})
         return out
 
+    def _tool_chunks(self, ctx: Ctx, outputs: list[RequestOutput | None], mode: ToolMode) -> list[dict]:
+        """Content streams as far as it cannot be the start of a call; calls go out whole when the choice ends."""
+        out = []
+        for d in deltas(ctx.sent, outputs):
+            key = (d.prompt_index, d.choice.index)
+            shown = ctx.shown.get(key, 0)
+            delta: dict[str, Any] = {"role": "assistant"} if d.first else {}
+            calls = []
+            if d.finish_reason is None:
+                visible = mode.visible(d.choice.text)
+            else:
+                content, calls = mode.parse(d.choice.text)
+                visible = d.choice.text if not calls else \
+                    d.choice.text[:max(0, d.choice.text.find(HERMES_OPEN))] if mode.parser == "hermes" else ""
+            if len(visible) > shown:
+                delta["content"] = visible[shown:]
+                ctx.shown[key] = len(visible)
+            if calls:
+                delta["tool_calls"] = [c.as_openai(i) for i, c in enumerate(calls)]
+            if not delta and d.finish_reason is None:
+                continue
+            out.append({"id": ctx.request_id, "object": self.chunk_object, "created": ctx.created_s,
+                        "model": ctx.model, "choices": [{"index": d.choice.index, "delta": delta, "logprobs": None,
+                                                         "finish_reason": _finish_reason(mode, calls,
+                                                                                         d.finish_reason)}]})
+        return out
+
     def _logprobs(self, d: Delta, top_k: int) -> dict | None:
         c = d.choice
         if c.logprobs is None:
@@ -83,6 +162,13 @@ class ChatCompletions:
             top = sorted(entry.values(), key=lambda x: -x.logprob)[:top_k]
             content.append({**_token(chosen), "top_logprobs": [_token(t) for t in top]})
         return {"content": content}
+
+
+def _finish_reason(mode: ToolMode | None, calls: list, reason: str | None) -> str | None:
+    """OpenAI's: "tool_calls" when the model chose to call (auto, required); a named function's call is "stop"."""
+    if reason is not None and calls and mode is not None and mode.choice != "named":
+        return "tool_calls"
+    return reason
 
 
 def _token(lp: Logprob) -> dict:

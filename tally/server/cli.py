@@ -16,6 +16,7 @@ from tally.errors import TallyError
 from tally.server.app import ServerConfig, build_app
 from tally.server.connection_guard import guarded_protocol
 from tally.server.request_log import RequestLog, redaction_hook
+from tally.server.tools import TOOL_CALL_PARSERS
 from tally.server.vllm_flags import add_vllm_flags, refuse_parallelism, warn_no_effect
 from tally.units import parse_bytes
 
@@ -70,6 +71,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--restart-on-failure", action="store_true",
                    help="when the engine loop dies, fail the requests in flight, reload the engine, serve again")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
+                   help="a Jinja chat template (a file, or the template itself) used instead of the model's")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser')
+    p.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
+                   help="how calls are read from the model's text: hermes (Hermes, Qwen2.5: <tool_call> JSON), "
+                        "llama3_json (Llama 3's JSON)")
     add_engine_args(p)
     add_vllm_flags(p)
     p.set_defaults(max_itl_s=SERVE_MAX_ITL_S)
@@ -85,6 +93,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--max-connections must be ≥ 1 and --header-timeout > 0 seconds")
     if ns.request_timeout is not None and ns.request_timeout <= 0:
         p.error("--request-timeout must be > 0 seconds")
+    if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
+        p.error(f"--enable-auto-tool-choice needs --tool-call-parser ({' | '.join(TOOL_CALL_PARSERS)})")
+    if ns.chat_template is not None and Path(ns.chat_template).is_file():
+        ns.chat_template = Path(ns.chat_template).read_text()
     return ns
 
 
@@ -112,7 +124,9 @@ def main(argv: list[str]) -> int:
                                          max_queue_delay_s=ns.max_queue_delay, max_body_bytes=ns.max_body_bytes,
                                          restart_on_failure=ns.restart_on_failure,
                                          allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host),
-                                         request_log=request_log, api_key=ns.api_key))
+                                         request_log=request_log, api_key=ns.api_key,
+                                         tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice
+                                         else None, chat_template=ns.chat_template))
     del engine  # the app owns it now: a restart (--restart-on-failure) must be able to let it go
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                             http=guarded_protocol(ns.max_connections, ns.header_timeout),

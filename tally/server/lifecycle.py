@@ -72,6 +72,7 @@ class Ctx:
     req: Any
     request_ids: list[str]  # engine request ids, one per prompt, in prompt order
     sent: dict[tuple[int, int], tuple[int, int, bool]] = field(default_factory=dict)  # see streaming.deltas
+    shown: dict[tuple[int, int], int] = field(default_factory=dict)  # content chars streamed, when calls hold back
     times: dict[str, StreamTimes] = field(default_factory=dict)
     arrival_unix_s: float = 0.0
 

@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI API (with vLLM's extra sampling fields), validated by pydantic.
 
-A field this server does not implement is refused with a 400 that names it (`tools`, `tool_choice`, ...), never
+A field this server does not implement is refused with a 400 that names it (`suffix`, `functions`, ...), never
 silently ignored: a client must not believe it got what it asked for. Fields that only describe the caller and
 change nothing about the answer (`user`, `metadata`, ...) are accepted and unused."""
 from __future__ import annotations
@@ -25,10 +25,11 @@ HARMLESS_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "paral
 def refuse_unsupported(body: dict, model: type[BaseModel]) -> None:
     """400 naming the body's fields that `model` does not implement (and that are not harmless)."""
     unknown = sorted(set(body) - set(model.model_fields) - HARMLESS_FIELDS)
-    if body.get("tool_choice") == "none":
+    if body.get("tool_choice") == "none":  # asks for nothing (clients send it on completions too)
         unknown = [f for f in unknown if f != "tool_choice"]
     if unknown:
-        hint = " (function calling is not supported yet)" if {"tools", "functions"} & set(unknown) else ""
+        hint = " (send tools and tool_choice, the API's current form)" if {"functions", "function_call"} & set(
+            unknown) else ""
         raise InvalidRequestError(f"{', '.join(unknown)}: not supported by this server{hint}; omit "
                                   f"{'it' if len(unknown) == 1 else 'them'}", param=unknown[0])
 
@@ -148,6 +149,8 @@ class ChatMessage(OpenAIModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None  # None only for an assistant turn (one that called tools)
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls, as the API returned them
+    tool_call_id: str | None = None  # a tool turn: the call it answers
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:
@@ -171,6 +174,11 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    chat_template: str | None = None  # vLLM's: this request's template instead of the model's
+    chat_template_kwargs: dict[str, Any] | None = None  # reach the template, e.g. Qwen3's enable_thinking
+    continue_final_message: bool = False
     add_generation_prompt: bool = True
 
 

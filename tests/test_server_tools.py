@@ -1,0 +1,128 @@
+"""Function calling through the official openai client: forced calls (a named function, "required") always parse
+and validate; "auto" reads the model's text with the --tool-call-parser (here its text is steered into the
+parser's format with a regex constraint, as a random test model never calls on its own); streamed calls arrive
+whole; a server without --enable-auto-tool-choice says which flags to set."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from tally.server.process import ServerProcess
+from tally.server.tools import ToolMode
+
+FLAGS = ["--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory", "8MB",
+         "--log-level", "warning"]
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
+             "additionalProperties": False}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+HERMES_CALL = (r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "days": [1-3]\}\}'
+               r'\n</tool_call>')
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_llama):
+    with ServerProcess([str(tiny_llama), *FLAGS]) as plain, ServerProcess(
+            [str(tiny_llama), *FLAGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]) as auto:
+        yield (openai.OpenAI(base_url=plain.base_url, api_key="x", max_retries=0, timeout=120),
+               openai.OpenAI(base_url=auto.base_url, api_key="x", max_retries=0, timeout=120))
+
+
+def _streamed(client, **kw) -> tuple[str, list[dict], str]:
+    content, calls, reason = "", {}, None
+    for chunk in client.chat.completions.create(model="tiny", messages=ASK, max_tokens=220, stream=True, **kw):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for c in delta.tool_calls or []:
+            calls.setdefault(c.index, {"name": "", "arguments": ""})
+            calls[c.index]["name"] += c.function.name or ""
+            calls[c.index]["arguments"] += c.function.arguments or ""
+        reason = chunk.choices[0].finish_reason or reason
+    return content, [calls[i] for i in sorted(calls)], reason
+
+
+def test_a_named_function_is_called_with_arguments_that_validate(servers):
+    plain, _ = servers
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    for temperature in (0.0, 1.0):
+        r = plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=80, tools=TOOLS, tool_choice=choice,
+                                          temperature=temperature)
+        call = r.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather" and r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    content, calls, reason = _streamed(plain, tools=TOOLS, tool_choice=choice, temperature=1.0, seed=5)
+    r = plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=220, tools=TOOLS, tool_choice=choice,
+                                      temperature=1.0, seed=5)
+    assert content == "" and reason == "stop" and [c["name"] for c in calls] == ["get_weather"]
+    assert json.loads(calls[0]["arguments"]) == json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+
+
+def test_required_gives_one_or_more_calls_of_the_tools_given(servers):
+    plain, _ = servers
+    r = plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=120, tools=TOOLS,
+                                      tool_choice="required", temperature=1.0, seed=3)
+    calls = r.choices[0].message.tool_calls
+    assert calls and r.choices[0].finish_reason == "tool_calls"
+    for call in calls:
+        params = next(t["function"]["parameters"] for t in TOOLS if t["function"]["name"] == call.function.name)
+        jsonschema.validate(json.loads(call.function.arguments), params)
+    assert len({c.id for c in calls}) == len(calls)
+
+
+def test_auto_needs_the_servers_flags(servers):
+    plain, _ = servers
+    with pytest.raises(openai.BadRequestError, match="--enable-auto-tool-choice and --tool-call-parser"):
+        plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, tools=TOOLS)
+    r = plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, tools=TOOLS, tool_choice="none")
+    assert r.choices[0].message.tool_calls is None
+
+
+def test_auto_parses_hermes_calls_with_content_before_them_streamed_and_not(servers):
+    _, auto = servers
+    steer = {"structured_outputs": {"regex": "Sure\\. " + HERMES_CALL + "\\n" + HERMES_CALL}}  # two calls
+    r = auto.chat.completions.create(model="tiny", messages=ASK, max_tokens=220, tools=TOOLS, extra_body=steer)
+    message = r.choices[0].message
+    assert message.content == "Sure." and r.choices[0].finish_reason == "tool_calls"
+    assert [c.function.name for c in message.tool_calls] == ["get_weather", "get_weather"]
+    for call in message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    content, calls, reason = _streamed(auto, tools=TOOLS, extra_body=steer, temperature=0)
+    assert content.strip() == "Sure." and reason == "tool_calls" and len(calls) == 2
+    assert all(json.loads(c["arguments"])["city"] in ("Paris", "Rome") for c in calls)
+    plain_text = auto.chat.completions.create(model="tiny", messages=ASK, max_tokens=30, tools=TOOLS,
+                                              extra_body={"structured_outputs": {"regex": "No call here"}})
+    assert plain_text.choices[0].message.content == "No call here"
+    assert plain_text.choices[0].message.tool_calls is None and plain_text.choices[0].finish_reason == "stop"
+
+
+def test_a_conversation_with_calls_and_tool_results_renders(servers):
+    _, auto = servers
+    history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": '{"city": "Paris", "days": 1}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"forecast": "sun"}'}]
+    r = auto.chat.completions.create(model="tiny", messages=history, max_tokens=4, tools=TOOLS, tool_choice="none")
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_parsers_read_their_formats():
+    hermes = ToolMode("auto", "hermes")
+    text = 'Let me check.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n' \
+           '<tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    content, calls = hermes.parse(text)
+    assert content == "Let me check." and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"a": 1}),
+                                                                                                 ("g", {})]
+    assert hermes.visible("Let me check.\n<tool_") == "Let me check.\n"  # a possible tag is held back
+    assert hermes.parse("no calls")[1] == [] and hermes.parse("<tool_call>{broken</tool_call>")[1] == []
+    llama = ToolMode("auto", "llama3_json")
+    content, calls = llama.parse('{"name": "f", "parameters": {"x": "y"}}; {"name": "g", "parameters": {}}')
+    assert content is None and [c.name for c in calls] == ["f", "g"] and json.loads(calls[0].arguments) == {"x": "y"}
+    assert llama.visible('{"name"') == "" and llama.visible("Hello") == "Hello"
