@@ -400,3 +400,11 @@ def test_logit_bias_allowed_token_ids_and_truncate_prompt_tokens(client, server)
     assert cut.usage.prompt_tokens == 3
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=1, logit_bias={"99999999": 1})
+
+
+def test_continuous_usage_stats_put_the_count_so_far_in_every_chunk(client):
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, temperature=0, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    counted = [c.usage.completion_tokens for c in chunks if c.choices]
+    assert counted == sorted(counted) and counted[-1] == chunks[-1].usage.completion_tokens == 6
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)

@@ -227,6 +227,9 @@ async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Infl
             latest = await inflight.stream.next()
             outputs = [latest.get(rid) for rid in ctx.request_ids]
             chunks = handler.chunks(ctx, outputs)
+            if chunks and ctx.req.continuous_usage:
+                so_far = usage([o for o in outputs if o is not None])
+                chunks = [{**c, "usage": so_far} for c in chunks]
             if chunks:
                 yield b"".join(sse(c) for c in chunks)
                 _note_sent(state, handler.path, ctx, outputs)

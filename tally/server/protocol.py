@@ -36,6 +36,7 @@ def refuse_unsupported(body: dict, model: type[BaseModel]) -> None:
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk
 
 
 class ResponseFormat(OpenAIModel):
@@ -130,6 +131,10 @@ class SamplingFields(OpenAIModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 class CompletionRequest(SamplingFields):
