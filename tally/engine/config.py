@@ -67,6 +67,9 @@ class EngineConfig:
     speculative_config: str | dict | None = option(
         None, "speculative decoding, vLLM's JSON form, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
               "(prompt_lookup_min / _max: the n-gram sizes; \"adaptive\": false fixes how many are verified)")
+    generation_config: str = option("auto", "auto: the checkpoint's generation_config.json sets the default "
+                                            "temperature / top_p / top_k / min_p / repetition_penalty of requests "
+                                            "that do not set them (vLLM's default); vllm: none; or a folder")
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")

@@ -44,6 +44,7 @@ class Engine:
         self.kv_layout = m.kv_layout
         self.kv_caches = m.kv_caches  # the pool's tensors, per layer (K, V)
         self.tokenizer = m.tokenizer
+        self.sampling_defaults = m.sampling_defaults  # what requests that leave them unset get (server, LLM)
         self._stop_token_ids = m.stop_token_ids
         self._vocab_size = m.config.vocab_size
         self._num_steps = 0

@@ -17,6 +17,7 @@ from tally.models.config import ModelConfig
 from tally.models.key_smoothing import calibration_ids, measure_key_scales
 from tally.models.llama import CausalLM
 from tally.models.loader import load_checkpoint
+from tally.models.generation_config import sampling_defaults
 from tally.models.tokenizer import load_tokenizer, stop_token_ids
 from tally.platform import available_ram_bytes
 
@@ -36,6 +37,7 @@ class LoadedModel:
     num_blocks: int
     max_model_len: int
     ledger: EngineLedger
+    sampling_defaults: dict[str, float]  # from generation_config.json (--generation-config)
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -93,7 +95,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
     return LoadedModel(
         name=(config.served_model_names or (ckpt.name,))[0], config=cfg, tokenizer=tokenizer,
         stop_token_ids=stop_token_ids(tokenizer, cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
-        num_blocks=num_blocks, max_model_len=max_model_len, ledger=ledger)
+        num_blocks=num_blocks, max_model_len=max_model_len, ledger=ledger,
+        sampling_defaults=sampling_defaults(config.generation_config, ckpt.path))
 
 
 def _allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int,

@@ -49,7 +49,7 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     state = ServerState(
         engine=async_engine, metrics=ServerMetrics(engine.model_name, lambda: async_engine.snapshot),
         tokenizer=tokenizer, model_name=engine.model_name, model_names=engine.model_names,
-        max_model_len=engine.max_model_len,
+        max_model_len=engine.max_model_len, sampling_defaults=engine.sampling_defaults,
         request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,
         request_log=config.request_log,
     )

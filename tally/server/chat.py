@@ -75,7 +75,8 @@ class ChatCompletions:
             raise InvalidRequestError(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}",
                                       param="top_logprobs")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        params = req.to_sampling_params(max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
+        params = req.to_sampling_params(max_tokens, (req.top_logprobs or 0) if req.logprobs else None,
+                                        defaults=state.sampling_defaults)
         if req.tools:
             check_tools(req.tools)
         mode = self._tool_mode(req)

@@ -32,7 +32,7 @@ class Completions:
         prompt_logprobs = None
         if req.echo and (req.logprobs is not None or req.max_tokens == 0):
             prompt_logprobs = req.logprobs or 0  # echo scores the prompt; max_tokens 0 needs it
-        params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_logprobs)
+        params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_logprobs, defaults=state.sampling_defaults)
         return [(p, params) for p in self._prompts(req.prompt)]
 
     def _prompts(self, prompt: Any) -> list[Any]:

@@ -53,6 +53,7 @@ class ServerState:
     request_timeout_s: float | None = None
     max_body_bytes: int = 16 * 2**20
     model_names: tuple[str, ...] = ()  # every name the API answers to
+    sampling_defaults: dict[str, float] = field(default_factory=dict)  # generation_config.json's, for unset fields
     draining: bool = False
     request_log: RequestLog | None = None
 

@@ -108,8 +108,9 @@ class SamplingFields(OpenAIModel):
         except InvalidRequestError as e:
             raise InvalidRequestError(str(e), param=field) from None
 
-    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
-                           prompt_logprobs: int | None = None) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
+                           defaults: dict[str, float] | None = None) -> SamplingParams:
+        """`defaults`: what the checkpoint's generation_config.json sets for fields the request leaves unset."""
         bias = None
         if self.logit_bias is not None:
             try:
@@ -120,6 +121,7 @@ class SamplingFields(OpenAIModel):
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty).items() if v is not None}
+        given = {**(defaults or {}), **given}
         return SamplingParams(
             n=self.n, best_of=self.best_of, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, skip_special_tokens=self.skip_special_tokens,
