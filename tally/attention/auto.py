@@ -3,7 +3,8 @@
 A plain causal prefill goes to the reference path, where torch's fused CPU flash kernel needs no
 mask at all. A chunk after cached tokens, or a sliding window, needs an explicit mask; SDPA would
 materialise it as an [Lq, Lk] float tensor (bench/attention_tiled.py: 56 MiB for a 2048-token
-chunk after 2048 tokens, against 8 MiB for the tiled kernel), so those go to the tiled kernel — unless the mask is small (a short chunk), where one SDPA call is cheaper.
+chunk after 2048 tokens, against 8 MiB for the tiled kernel), so those go to the tiled kernel — unless the mask
+is small (a short chunk), where one SDPA call is cheaper.
 """
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ from tally.ledger.kv import KVLayout
 from tally.ledger.report import EngineLedger
 from tally.models.builder import build_model
 from tally.models.config import ModelConfig
+from tally.models.generation_config import sampling_defaults
 from tally.models.key_smoothing import calibration_ids, measure_key_scales
 from tally.models.llama import CausalLM
 from tally.models.loader import load_checkpoint
-from tally.models.generation_config import sampling_defaults
 from tally.models.tokenizer import load_tokenizer, stop_token_ids
 from tally.platform import available_ram_bytes
 
