@@ -33,6 +33,21 @@ def test_closed_loop_runs_exactly_the_requested_measured_requests():
     assert in_flight <= 4
 
 
+def test_a_rate_with_a_concurrency_cap_never_exceeds_the_cap(tmp_path):
+    """vLLM's --request-rate with --max-concurrency: 40 requests/s into a server that takes ~0.1 s each, at most
+    3 in flight; a request that waited for a slot is timed from its send."""
+    with serve(token_delay_ms=20) as server:
+        rc = main(["--url", server.url, "--rate", "40", "--concurrency", "3", "--requests", "12",
+                   "--lengths", "fixed:16,5", "--out", str(tmp_path / "capped.json"), "--quiet"])
+    result = json.loads((tmp_path / "capped.json").read_text())
+    assert rc == 0 and result["summary"]["counts"]["ok"] == 12
+    assert result["workload"]["arrivals"]["max_concurrency"] == 3
+    events = sorted([(r["sent_s"], 1) for r in result["requests"]] + [(r["end_s"], -1) for r in result["requests"]],
+                    key=lambda e: (e[0], e[1]))
+    assert max(np.cumsum([e[1] for e in events])) <= 3
+    assert any(r["sent_s"] > r["scheduled_s"] + 0.05 for r in result["requests"])  # some waited for a slot
+
+
 def test_chat_endpoint_streams_and_counts_tokens(tmp_path):
     with serve() as server:
         rc = main(["--url", server.url, "--endpoint", "chat", "--concurrency", "2",
@@ -66,7 +81,8 @@ def test_fit_prints_parameters_usable_as_lengths(capsys):
 
 @pytest.mark.parametrize("argv,message", [
     (["--rate", "5"], "--url is required"),
-    (["--url", "http://x", "--rate", "5", "--concurrency", "2"], "choose one arrival process"),
+    (["--url", "http://x", "--rate", "5", "--replay", "t.csv"], "choose one arrival process"),
+    (["--url", "http://x", "--rate", "5", "--concurrency", "0", "--requests", "3"], "--concurrency must be >= 1"),
     (["--url", "http://x", "--phases", "5/s:1s", "--duration", "5s"], "--phases sets the run"),
     (["--url", "http://x", "--lengths", "fixed:1"], "fixed:512,256"),
     (["--url", "http://x", "--slo", "latency=1s"], "ttft, tpot and/or e2e"),

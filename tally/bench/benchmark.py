@@ -100,7 +100,7 @@ async def _send(cfg: BenchConfig, state: RunState, pool: ConnectionPool, client:
             return await run_closed_loop(state, pool, client, wl.concurrency,
                                          lambda i: planner.request(i, ""), feed, wl.warmup_s,
                                          wl.duration_s, wl.max_requests)
-        return await run_open_loop(state, pool, client, requests, feed), phases
+        return await run_open_loop(state, pool, client, requests, feed, wl.concurrency), phases
     finally:
         await feed.close()
 

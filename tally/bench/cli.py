@@ -75,14 +75,17 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--prefix-share", type=float, default=0.0,
                    help="fraction of requests that start with the shared system prompt")
     w.add_argument("--seed", type=int, default=0)
-    a = p.add_argument_group("arrivals (one of; default --concurrency 1)")
+    a = p.add_argument_group("arrivals (one of; default --concurrency 1; --concurrency with an open-loop one caps "
+                             "the requests in flight, as vLLM's --max-concurrency)")
     a.add_argument("--rate", type=_typed(parse_rate_per_s), help="Poisson arrivals, requests/s")
     a.add_argument("--burstiness", type=float, default=1.0,
                    help="gamma shape of the gaps: 1 Poisson, <1 burstier, >1 steadier")
     a.add_argument("--phases", type=_typed(parse_phases), help='contiguous rates, "5/s:10s,50/s:2s"')
     a.add_argument("--replay", metavar="FILE", help="send at a trace's timestamps")
     a.add_argument("--time-scale", type=float, default=1.0, help="replay gaps × this")
-    a.add_argument("--concurrency", type=int, help="closed loop with N workers")
+    a.add_argument("--concurrency", type=int, help="closed loop with N workers; with --rate, --phases or --replay: "
+                                                   "at most N requests in flight (a request waits for a slot; "
+                                                   "the wait shows as lateness, not latency)")
     r = p.add_argument_group("run")
     r.add_argument("--duration", type=_typed(parse_duration_s))
     r.add_argument("--requests", type=int, help="measured requests (warmup comes on top)")
@@ -109,7 +112,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _arrivals(args: argparse.Namespace) -> RateArrivals | ReplayArrivals | None:
-    chosen = [n for n in ("rate", "phases", "replay", "concurrency") if getattr(args, n) is not None]
+    chosen = [n for n in ("rate", "phases", "replay") if getattr(args, n) is not None]
     if len(chosen) > 1:
         raise ConfigError(f"choose one arrival process, not {chosen}")
     if args.burstiness <= 0:

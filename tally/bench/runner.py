@@ -160,8 +160,12 @@ async def _drive(state: RunState, sender: asyncio.Task | None,
 
 
 async def run_open_loop(state: RunState, pool: ConnectionPool, config: ClientConfig,
-                        requests: list[PlannedRequest], feed: PromptFeed) -> list[RequestRecord]:
-    """The records of the requests sent, in schedule order: all of them unless the run stopped."""
+                        requests: list[PlannedRequest], feed: PromptFeed,
+                        max_in_flight: int | None = None) -> list[RequestRecord]:
+    """The records of the requests sent, in schedule order: all of them unless the run stopped. With
+    `max_in_flight`, a request due while that many are in flight waits for one to end; latencies count from its
+    send as always, and the wait shows as its lateness (sent − scheduled), the client's and not the server's."""
+    slots = asyncio.Semaphore(max_in_flight) if max_in_flight else None
     state.expected = len(requests)
     state.end_s = requests[-1].scheduled_s if requests else 0.0
     state.t0, state.sending = time.perf_counter(), True
@@ -173,11 +177,24 @@ async def run_open_loop(state: RunState, pool: ConnectionPool, config: ClientCon
             wait_s = request.scheduled_s - (time.perf_counter() - state.t0)
             # sleep(0) when behind still lets started requests read their streams
             await asyncio.sleep(max(wait_s, 0.0))
+            if slots is None:
+                record = _record(request, prompt, request.scheduled_s, request.phase)
+                tasks.append(asyncio.create_task(_send_tracked(state, pool, config, record, prompt)))
+                continue
+            await slots.acquire()
             record = _record(request, prompt, request.scheduled_s, request.phase)
-            tasks.append(asyncio.create_task(_send_tracked(state, pool, config, record, prompt)))
+            tasks.append(asyncio.create_task(_send_in_slot(state, pool, config, record, prompt, slots)))
 
     await _drive(state, asyncio.create_task(dispatch()), lambda: tasks)
     return list(state.records)
+
+
+async def _send_in_slot(state: RunState, pool: ConnectionPool, config: ClientConfig, record: RequestRecord,
+                        prompt: Prompt, slots: asyncio.Semaphore) -> RequestRecord:
+    try:
+        return await _send_tracked(state, pool, config, record, prompt)
+    finally:
+        slots.release()
 
 
 async def run_closed_loop(state: RunState, pool: ConnectionPool, config: ClientConfig,

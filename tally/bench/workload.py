@@ -42,6 +42,8 @@ class WorkloadConfig:
             raise ConfigError("--phases sets the run length itself; drop --duration/--requests")
         if self.arrivals is None and (self.concurrency or 0) < 1:
             raise ConfigError("a closed loop needs --concurrency >= 1")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError("--concurrency must be >= 1")
         if not (phased or isinstance(self.arrivals, ReplayArrivals)) and (
                 self.duration_s is None and self.max_requests is None):
             raise ConfigError("give --duration or --requests to bound the run")
@@ -55,7 +57,7 @@ class WorkloadConfig:
     def describe(self) -> dict:
         lengths = self.lengths.describe() if self.lengths else {
             "kind": "replay", "source": self.replay_trace.source if self.replay_trace else None}
-        arrivals = self.arrivals.describe() if self.arrivals else {
+        arrivals = {**self.arrivals.describe(), "max_concurrency": self.concurrency} if self.arrivals else {
             "kind": "closed_loop", "concurrency": self.concurrency}
         return {"lengths": lengths, "arrivals": arrivals, "duration_s": self.duration_s,
                 "max_requests": self.max_requests, "warmup_s": self.warmup_s, "seed": self.seed,
