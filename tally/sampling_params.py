@@ -13,7 +13,7 @@ from tally.errors import InvalidRequestError
 # Below this a temperature is treated as 0 (greedy), as vLLM does: dividing logits by 1e-6
 # overflows float32 and the "sample" is the argmax anyway.
 GREEDY_TEMPERATURE_EPS = 1e-5
-MAX_LOGPROBS = 20  # the OpenAI API's cap on top_logprobs
+MAX_LOGPROBS = 20  # the OpenAI API's cap on top_logprobs, and the engine's default --max-logprobs (vLLM's)
 # What one request may ask for (docs/server.md lists them): each bounds memory or time per token.
 MAX_N = 128  # the OpenAI API's cap on n
 MAX_STOP_STRINGS = 16
@@ -126,12 +126,10 @@ class SamplingParams:
             self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
             f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
         )
-        for name in ("logprobs", "prompt_logprobs"):
+        for name in ("logprobs", "prompt_logprobs"):  # the upper bound is the engine's --max-logprobs
             value = getattr(self, name)
-            _check(
-                value is None or 0 <= value <= MAX_LOGPROBS, name,
-                f"{name} must be between 0 and {MAX_LOGPROBS}, got {value}",
-            )
+            _check(value is None or (isinstance(value, int) and value >= 0), name,
+                   f"{name} must be a non-negative integer, got {value!r}")
         _check(
             all(isinstance(s, str) and s for s in self.stop), "stop",
             f"stop strings must be non-empty strings, got {self.stop!r}",

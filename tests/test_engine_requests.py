@@ -155,3 +155,13 @@ def test_vllm_style_llm_arguments(tiny_llama, caplog):
     out = llm.chat([{"role": "user", "content": "hi"}], greedy, chat_template=template,
                    chat_template_kwargs={"extra": "assistant:"})
     assert out[0].prompt == "user: hi\nassistant:"
+
+
+def test_max_logprobs_bounds_what_a_request_may_ask_for(tiny_llama):
+    """vLLM's --max-logprobs (default 20): beyond it a request is refused naming the flag."""
+    strict = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000)
+    with pytest.raises(InvalidRequestError, match="--max-logprobs"):
+        strict.generate("hi", SamplingParams(max_tokens=1, logprobs=21), use_tqdm=False)
+    wide = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, max_logprobs=30)
+    out = wide.generate("hi", SamplingParams(max_tokens=2, logprobs=25), use_tqdm=False)[0].outputs[0]
+    assert all(len(entry) >= 25 for entry in out.logprobs)

@@ -13,6 +13,7 @@ from tally.engine.speculative_config import SpeculativeConfig
 from tally.errors import ConfigError
 from tally.layers.linear import fp16_weights_supported
 from tally.platform import has_fast_bf16
+from tally.sampling_params import MAX_LOGPROBS
 from tally.units import parse_bytes
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -70,6 +71,8 @@ class EngineConfig:
     generation_config: str = option("auto", "auto: the checkpoint's generation_config.json sets the default "
                                             "temperature / top_p / top_k / min_p / repetition_penalty of requests "
                                             "that do not set them (vLLM's default); vllm: none; or a folder")
+    max_logprobs: int = option(MAX_LOGPROBS, "the most logprobs (or prompt_logprobs) a request may ask for; each "
+                                             "costs a top-k over the vocabulary per token")
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")

@@ -129,6 +129,11 @@ class Engine:
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
                                       param="prompt")
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.config.max_logprobs:
+                raise InvalidRequestError(f"{name} must be at most {self.config.max_logprobs}, got {asked}; the server "
+                                          "can raise the bound with --max-logprobs", param=name)
         for name, given in (("logit_bias", params.logit_bias or ()), ("allowed_token_ids",
                                                                          params.allowed_token_ids or ())):
             bad = [t for t in given if t >= vocab]
