@@ -81,6 +81,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # OpenAI's: added to those tokens' logits, clamped to [-100, 100]
     allowed_token_ids: list[int] | None = None  # only these tokens may be sampled
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
+    bad_words: list[str] | None = None  # vLLM's: words never generated (each as tokenized, with and without a space)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -161,6 +162,10 @@ class SamplingParams:
         _check(allowed is None or (0 < len(allowed) <= MAX_ALLOWED_TOKEN_IDS
                                    and all(isinstance(t, int) and t >= 0 for t in allowed)), "allowed_token_ids",
                f"allowed_token_ids must be 1 to {MAX_ALLOWED_TOKEN_IDS} non-negative token ids")
+        words = self.bad_words or []
+        _check(len(words) <= MAX_STOP_STRINGS and all(isinstance(w, str) and w for w in words)
+               and sum(map(len, words)) <= MAX_STOP_CHARS, "bad_words",
+               f"bad_words takes at most {MAX_STOP_STRINGS} non-empty strings of {MAX_STOP_CHARS} characters in all")
         k = self.truncate_prompt_tokens
         _check(k is None or (isinstance(k, int) and k >= 1), "truncate_prompt_tokens",
                f"truncate_prompt_tokens must be a positive integer, got {k!r}")

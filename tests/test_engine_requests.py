@@ -165,3 +165,19 @@ def test_max_logprobs_bounds_what_a_request_may_ask_for(tiny_llama):
     wide = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, max_logprobs=30)
     out = wide.generate("hi", SamplingParams(max_tokens=2, logprobs=25), use_tqdm=False)[0].outputs[0]
     assert all(len(entry) >= 25 for entry in out.logprobs)
+
+
+def test_bad_words_never_appear_and_change_nothing_else(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000)
+    tok = llm.get_tokenizer()
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = llm.generate("the quick brown fox", greedy, use_tqdm=False)[0].outputs[0]
+    word = next(w for w in (tok.decode([t]).strip() for t in plain.token_ids) if w.isalpha() and len(w) > 1)
+    banned = {tuple(tok.encode(form, add_special_tokens=False)) for form in (word, " " + word)}
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, bad_words=[word])
+    out = llm.generate("the quick brown fox", params, use_tqdm=False)[0].outputs[0].token_ids
+    assert out != plain.token_ids
+    for seq in banned:
+        assert not any(tuple(out[i:i + len(seq)]) == seq for i in range(len(out))), (word, seq, out)
+    first = next(i for i, (a, b) in enumerate(zip(out, plain.token_ids)) if a != b)
+    assert out[:first] == plain.token_ids[:first]  # the same text up to the word

@@ -31,6 +31,7 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()  # empty when ignore_eos
     generator: Any = None  # torch.Generator of a seeded request; opaque to the scheduler
     grammar: Any = None  # the structured-output matcher of a constrained request; opaque to the scheduler
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never to complete (bad_words)
     skip_prefix_cache: bool = False  # prompt logprobs need every prompt position computed
     parent: "Request | None" = None  # a sibling of n>1 waits for the parent's prefill, then shares its blocks
     token_ids: list[int] = field(init=False)  # prompt then output: the "known" tokens

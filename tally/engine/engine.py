@@ -85,6 +85,7 @@ class Engine:
         now = time.monotonic() if arrival_time is None else arrival_time
         eos = () if params.ignore_eos else self._stop_token_ids
         seqs, parent = [], None
+        bad_words = self._bad_words(params.bad_words or ())
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             gen = None
@@ -95,7 +96,7 @@ class Engine:
                 grammar = self._grammars.matcher(params.structured_outputs)
             req = Request(rid, ids, max_tokens, now, sampling_params=params, cache_salt=cache_salt,
                           eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
-                          parent=parent, grammar=grammar)
+                          parent=parent, grammar=grammar, bad_words_token_ids=bad_words)
             parent = parent or req
             seq = Sequence(
                 request=req, index=i,
@@ -111,6 +112,12 @@ class Engine:
             self._seq_of[seq.request.request_id] = (seq, group)
         for seq in seqs:
             self.scheduler.add(seq.request)
+
+    def _bad_words(self, words: list[str] | tuple[()]) -> tuple[tuple[int, ...], ...]:
+        """Each word as it would start the output and as it would follow a space (vLLM's two spellings)."""
+        seqs = {tuple(self.tokenizer.encode(form, add_special_tokens=False))
+                for word in words for form in (word, " " + word.lstrip())}
+        return tuple(s for s in seqs if s)
 
     def _tokenize(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

@@ -68,6 +68,8 @@ class ModelRunner:
             eos_token_ids=[r.eos_token_ids for r in rows],
             allowed=(constrained, allowed_tokens([rows[i].grammar for i in constrained], logits.shape[1]))
             if constrained else None,
+            bad_words_token_ids=[r.bad_words_token_ids for r in rows] if any(r.bad_words_token_ids for r in rows)
+            else None,
         )
         return StepResult(reqs, inputs.sample_counts, self.sampler(logits, sampler_input), prompt_lp)
 
@@ -93,7 +95,7 @@ class ModelRunner:
 
 
 def _reads_outputs(req: Request) -> bool:
-    """Whether sampling reads the tokens generated so far (penalties, min_tokens): only then does a position after
-    proposals need its own copy of them."""
+    """Whether sampling reads the tokens generated so far (penalties, min_tokens, bad_words): only then does a
+    position after proposals need its own copy of them."""
     params = req.sampling_params
-    return params.has_penalties or params.min_tokens > req.num_output_tokens
+    return params.has_penalties or params.min_tokens > req.num_output_tokens or bool(req.bad_words_token_ids)

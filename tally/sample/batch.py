@@ -17,6 +17,7 @@ class SamplerInput:
     output_token_ids: list[list[int]]  # generated so far (penalties, min_tokens)
     prompt_token_ids: list[list[int]]  # the repetition penalty covers prompt + output, like vLLM
     eos_token_ids: list[tuple[int, ...]]  # masked until min_tokens; empty for ignore_eos rows
+    bad_words_token_ids: list[tuple[tuple[int, ...], ...]] | None = None  # per row; None when no row has any
     # Constrained rows (structured outputs): their indices and bool [len(rows), vocab] of the tokens allowed next.
     allowed: tuple[list[int], torch.Tensor] | None = None
 

@@ -10,7 +10,7 @@ from tally.sample.batch import SamplerInput, SamplerOutput
 from tally.sample.filters import apply_min_p, top_k_top_p
 from tally.sample.penalties import apply_min_tokens, apply_penalties
 from tally.sample.tensors import SamplingTensors
-from tally.sample.token_edits import apply_token_edits
+from tally.sample.token_edits import apply_bad_words, apply_token_edits
 
 _CPU_CHUNK_ELEMENTS = 1 << 20  # 4 MiB of float32 per temporary
 
@@ -38,10 +38,13 @@ class Sampler:
         batch, vocab = logits.shape
         short = t.min_tokens.active(inp.output_token_ids) if t.min_tokens is not None else []
         work = logits  # the raw logits stay intact for the logprobs
-        if t.penalties is not None or short or inp.allowed is not None or t.token_edits is not None:
+        edits = t.token_edits is not None or inp.bad_words_token_ids is not None
+        if t.penalties is not None or short or inp.allowed is not None or edits:
             work = self._buffer("work", batch, logits).copy_(logits)
             if t.token_edits is not None:
                 apply_token_edits(work, t.token_edits)
+            if inp.bad_words_token_ids is not None:
+                apply_bad_words(work, inp.bad_words_token_ids, inp.output_token_ids)
             if short:
                 apply_min_tokens(work, t.min_tokens, short)
             if t.penalties is not None:

@@ -1,6 +1,7 @@
-"""Logit edits fixed for a request's whole life: OpenAI's `logit_bias` (added to the named tokens' logits, clamped
-to ±100 as OpenAI does) and vLLM's `allowed_token_ids` (every other token masked out). Built once per batch
-composition with the rest of SamplingTensors; applied in place, one scatter and one masked_fill per step."""
+"""Logit edits a request asks for by token: OpenAI's `logit_bias` (added to the named tokens' logits, clamped
+to ±100 as OpenAI does) and vLLM's `allowed_token_ids` (every other token masked out), built once per batch
+composition with the rest of SamplingTensors and applied in place, one scatter and one masked_fill per step; and
+vLLM's `bad_words`, which depend on the output so far."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,6 +41,22 @@ class TokenEditTensors:
             allowed_rows=torch.tensor(limited, dtype=torch.long, device=device) if limited else None,
             allowed=allowed,
         )
+
+
+def apply_bad_words(logits: torch.Tensor, bad_words: list[tuple[tuple[int, ...], ...]],
+                    output_token_ids: list[list[int]]) -> None:
+    """vLLM's rule: a bad word's last token is banned when the output so far ends with the tokens before it (a
+    one-token word: always). One Python pass over the rows' words; the bans go in with one index_put."""
+    rows, cols = [], []
+    for row, (words, output) in enumerate(zip(bad_words, output_token_ids)):
+        for word in words:
+            prefix = word[:-1]
+            if not prefix or tuple(output[len(output) - len(prefix):]) == prefix:
+                rows.append(row)
+                cols.append(word[-1])
+    if rows:
+        logits.index_put_((torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)),
+                          torch.tensor(float("-inf"), device=logits.device))
 
 
 def apply_token_edits(logits: torch.Tensor, t: TokenEditTensors) -> None:

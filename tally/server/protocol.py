@@ -67,6 +67,7 @@ class SamplingFields(OpenAIModel):
     logit_bias: dict[str, float] | None = None  # OpenAI sends token ids as strings
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
+    bad_words: list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Constrained decoding: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -127,7 +128,7 @@ class SamplingFields(OpenAIModel):
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, max_tokens=max_tokens,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=self.structured(),
-            logit_bias=bias, allowed_token_ids=self.allowed_token_ids,
+            logit_bias=bias, allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             truncate_prompt_tokens=self.truncate_prompt_tokens, **given)
 
     @property
