@@ -44,7 +44,8 @@ def main(argv: list[str]) -> int:
         if ns.raw or not has_chat_template(tok):
             prompt: str | dict = ns.prompt
         else:
-            prompt = chat_prompt(tok, [{"role": "user", "content": ns.prompt}], without_template=refuse_without_template)
+            prompt = chat_prompt(tok, [{"role": "user", "content": ns.prompt}],
+                                 without_template=refuse_without_template)
         engine.add_request("cli", prompt, params)
     except TallyError as exc:
         print(f"tally generate: {exc.message}", file=sys.stderr)

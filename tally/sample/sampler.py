@@ -1,7 +1,8 @@
 """Next tokens for a batch of logits, vectorized over rows, in vLLM's order: allowed_token_ids and logit_bias,
-the min_tokens mask, penalties and the structured-output mask, then greedy rows take the argmax; random rows get
-temperature, min-p, top-k, top-p and an exponential race (argmax of probs / Exp(1) noise). The race lets every seeded row
-draw its noise from its own generator, so it samples the same tokens alone or in any batch."""
+bad_words, the min_tokens mask, penalties and the structured-output mask, then greedy rows take the argmax;
+random rows get temperature, min-p, top-k, top-p and an exponential race (argmax of probs / Exp(1) noise). The
+race lets every seeded row draw its noise from its own generator, so it samples the same tokens alone or in any
+batch."""
 from __future__ import annotations
 
 import torch
