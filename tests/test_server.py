@@ -408,3 +408,14 @@ def test_continuous_usage_stats_put_the_count_so_far_in_every_chunk(client):
     counted = [c.usage.completion_tokens for c in chunks if c.choices]
     assert counted == sorted(counted) and counted[-1] == chunks[-1].usage.completion_tokens == 6
     assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in chunks)
+
+
+def test_chat_echo_starts_the_answer_with_the_assistants_last_message(client):
+    convo = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Well,"}]
+    kw = dict(model=MODEL, messages=convo, max_tokens=4, temperature=0,
+              extra_body={"echo": True, "continue_final_message": True, "add_generation_prompt": False})
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**kw, stream=True))
+    plain = client.chat.completions.create(**{**kw, "extra_body": {"continue_final_message": True,
+                                                                   "add_generation_prompt": False}})
+    assert whole == streamed == "Well," + plain.choices[0].message.content

@@ -97,7 +97,7 @@ class ChatCompletions:
         mode = self._tool_mode(req)
         choices = []
         for d in deltas({}, outputs):
-            content, calls = mode.parse(d.text) if mode is not None else (d.text, [])
+            content, calls = mode.parse(d.text) if mode is not None else (_echoed(req) + d.text, [])
             message: dict[str, Any] = {"role": "assistant", "content": content}
             if calls:
                 message["tool_calls"] = [c.as_openai() for c in calls]
@@ -116,8 +116,9 @@ class ChatCompletions:
             logprobs = self._logprobs(d, ctx.req.top_logprobs or 0)
             if not (d.text or d.first or d.finish_reason or logprobs):
                 continue  # tokens whose text is still held back (a possible stop string, a partial character)
-            delta: dict = {"role": "assistant", "content": d.text} if d.first else {"content": d.text}
-            if not d.text and not d.first:
+            text = _echoed(ctx.req) + d.text if d.first else d.text
+            delta: dict = {"role": "assistant", "content": text} if d.first else {"content": text}
+            if not text and not d.first:
                 delta = {}
             out.append({"id": ctx.request_id, "object": self.chunk_object, "created": ctx.created_s,
                         "model": ctx.model, "choices": [{"index": d.choice.index, "delta": delta,
@@ -163,6 +164,11 @@ class ChatCompletions:
             top = sorted(entry.values(), key=lambda x: -x.logprob)[:top_k]
             content.append({**_token(chosen), "top_logprobs": [_token(t) for t in top]})
         return {"content": content}
+
+
+def _echoed(req: ChatCompletionRequest) -> str:
+    last = req.messages[-1]
+    return last.text() if req.echo and last.role == "assistant" else ""
 
 
 def _finish_reason(mode: ToolMode | None, calls: list, reason: str | None) -> str | None:

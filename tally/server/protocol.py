@@ -187,6 +187,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template: str | None = None  # vLLM's: this request's template instead of the model's
     chat_template_kwargs: dict[str, Any] | None = None  # reach the template, e.g. Qwen3's enable_thinking
     continue_final_message: bool = False
+    echo: bool = False  # vLLM's: the answer starts with the last message when that is the assistant's
     add_generation_prompt: bool = True
 
 
