@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tally.server.process import ServerProcess
 from tally.version import __version__
@@ -64,3 +65,16 @@ def test_a_vllm_command_line_runs_unchanged(tiny_llama):
         assert "ignoring vLLM flags that have no effect on this CPU engine: --gpu-memory-utilization, " \
                "--enforce-eager" in log
         assert "prompt + 2 output tokens, length" in log  # the access line at info, one per request
+
+
+def test_metrics_prefix_vllm_serves_vllms_names_and_no_created_series(tiny_llama):
+    with ServerProcess([str(tiny_llama), "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256",
+                        "--kv-cache-memory", "8MB", "--log-level", "warning", "--metrics-prefix", "vllm"]) as server:
+        httpx.post(server.base_url + "/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
+        text = httpx.get(server.url + "/metrics").text
+    names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+    for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:generation_tokens_total", "vllm:request_success_total", "vllm:prefix_cache_hits_total"):
+        assert name in names, name
+    assert not any(n.startswith("tally:") for n in names)
+    assert not any(n.endswith("_created") for n in names)

@@ -21,7 +21,7 @@ from tally.server.chat import ChatCompletions, render_chat
 from tally.server.completions import Completions
 from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
-from tally.server.metrics import ServerMetrics
+from tally.server.metrics import METRICS_PREFIXES, ServerMetrics
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
 from tally.server.request_log import RequestLog
 from tally.version import __version__
@@ -41,13 +41,15 @@ class ServerConfig:
     api_key: str | None = None  # --api-key: bearer authentication on /v1/*
     tool_call_parser: str | None = None  # --enable-auto-tool-choice --tool-call-parser NAME
     chat_template: str | None = None  # --chat-template: the template text used instead of the model's
+    metrics_prefix: str = "tally"  # --metrics-prefix vllm: the same series under vllm:
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     async_engine = AsyncEngine(engine, config.max_queue, config.restart_on_failure, config.max_queue_delay_s)
     tokenizer = copy.deepcopy(engine.tokenizer)  # the engine thread keeps the original to itself
     state = ServerState(
-        engine=async_engine, metrics=ServerMetrics(engine.model_name, lambda: async_engine.snapshot),
+        engine=async_engine, metrics=ServerMetrics(engine.model_name, lambda: async_engine.snapshot,
+                                                   METRICS_PREFIXES[config.metrics_prefix]),
         tokenizer=tokenizer, model_name=engine.model_name, model_names=engine.model_names,
         max_model_len=engine.max_model_len, sampling_defaults=engine.sampling_defaults,
         request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,

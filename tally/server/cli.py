@@ -15,6 +15,7 @@ from tally.engine.engine import Engine
 from tally.errors import TallyError
 from tally.server.app import ServerConfig, build_app
 from tally.server.connection_guard import guarded_protocol
+from tally.server.metrics import METRICS_PREFIXES
 from tally.server.request_log import RequestLog, redaction_hook
 from tally.server.tools import TOOL_CALL_PARSERS
 from tally.server.vllm_flags import add_vllm_flags, refuse_parallelism, warn_no_effect
@@ -71,6 +72,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--restart-on-failure", action="store_true",
                    help="when the engine loop dies, fail the requests in flight, reload the engine, serve again")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--metrics-prefix", default="tally", choices=sorted(METRICS_PREFIXES),
+                   help="vllm: /metrics names its series vllm:... so dashboards and alerts built for vLLM work")
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
                    help="a Jinja chat template (a file, or the template itself) used instead of the model's")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -126,7 +129,8 @@ def main(argv: list[str]) -> int:
                                          allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host),
                                          request_log=request_log, api_key=ns.api_key,
                                          tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice
-                                         else None, chat_template=ns.chat_template))
+                                         else None, chat_template=ns.chat_template,
+                                         metrics_prefix=ns.metrics_prefix))
     del engine  # the app owns it now: a restart (--restart-on-failure) must be able to let it go
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                             http=guarded_protocol(ns.max_connections, ns.header_timeout),

@@ -13,6 +13,7 @@ from prometheus_client import (
     Counter,
     Histogram,
     ProcessCollector,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -26,7 +27,8 @@ from tally.server.errors import REJECTION_REASONS
 TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                   1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000)
-PREFIX = "tally:"
+PREFIX = "tally:"  # --metrics-prefix vllm serves the same series as vllm:, for dashboards built for vLLM
+METRICS_PREFIXES = {"tally": "tally:", "vllm": "vllm:"}
 
 
 @dataclass
@@ -42,9 +44,10 @@ ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
 
 class EngineCollector:
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot], prefix: str = PREFIX) -> None:
         self.model_name = model_name
         self.snapshot = snapshot
+        self.prefix = prefix
 
     def collect(self) -> Iterator:
         s, labels = self.snapshot(), [self.model_name]
@@ -57,7 +60,7 @@ class EngineCollector:
             ("kv_cache_fragmentation_perc", "Allocated-but-unfilled KV slots / allocated slots (0-1).",
              s.num_unfilled_slots / used_slots if used_slots else 0.0),
         ):
-            g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            g = GaugeMetricFamily(self.prefix + name, doc, labels=["model_name"])
             g.add_metric(labels, value)
             yield g
         for name, doc, value in (
@@ -65,30 +68,30 @@ class EngineCollector:
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_hit_tokens),
             ("num_preemptions", "Requests preempted for lack of KV blocks.", s.num_preemptions),
         ):
-            c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            c = CounterMetricFamily(self.prefix + name, doc, labels=["model_name"])
             c.add_metric(labels, value)
             yield c
         if s.speculation is not None:
-            yield from _speculation_metrics(s.speculation, labels)
+            yield from _speculation_metrics(s.speculation, labels, self.prefix)
 
 
-def _speculation_metrics(spec: SpeculationStats, labels: list[str]) -> Iterator:
+def _speculation_metrics(spec: SpeculationStats, labels: list[str], prefix: str) -> Iterator:
     """vLLM's spec_decode metrics; only when speculative decoding is configured, as in vLLM."""
     for name, doc, value in (
         ("spec_decode_num_drafts", "Requests that verified proposals, summed over steps.", spec.num_drafts),
         ("spec_decode_num_draft_tokens", "Proposed tokens verified.", spec.num_draft_tokens),
         ("spec_decode_num_accepted_tokens", "Proposed tokens accepted.", spec.num_accepted_tokens),
     ):
-        c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        c = CounterMetricFamily(prefix + name, doc, labels=["model_name"])
         c.add_metric(labels, value)
         yield c
-    c = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+    c = CounterMetricFamily(prefix + "spec_decode_num_accepted_tokens_per_pos",
                             "Proposed tokens accepted, by position in the proposal (0 = first).",
                             labels=["model_name", "position"])
     for position, value in enumerate(spec.accepted_per_position):
         c.add_metric([*labels, str(position)], value)
     yield c
-    g = GaugeMetricFamily(PREFIX + "spec_decode_num_speculative_tokens",
+    g = GaugeMetricFamily(prefix + "spec_decode_num_speculative_tokens",
                           "Mean proposals verified per speculating request, the last step that had any "
                           "(chosen per step by the adaptive policy).", labels=["model_name"])
     g.add_metric(labels, spec.last_num_speculative_tokens)
@@ -96,18 +99,19 @@ def _speculation_metrics(spec: SpeculationStats, labels: list[str]) -> Iterator:
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot], prefix: str = PREFIX) -> None:
         self.model_name = model_name
+        disable_created_metrics()  # no *_created series: vLLM serves none, and dashboards never read them
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
-        r.register(EngineCollector(model_name, snapshot))
+        r.register(EngineCollector(model_name, snapshot, prefix))
         req = ["model_name", "endpoint"]
 
         def hist(name: str, doc: str, buckets: tuple = TIME_BUCKETS_S) -> Histogram:
-            return Histogram(PREFIX + name, doc, req, buckets=buckets, registry=r)
+            return Histogram(prefix + name, doc, req, buckets=buckets, registry=r)
 
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
-            return Counter(PREFIX + name, doc, req + list(extra), registry=r)
+            return Counter(prefix + name, doc, req + list(extra), registry=r)
 
         self.ttft = hist("time_to_first_token_seconds", "Arrival at the server to first token sent.")
         self.itl = hist("inter_token_latency_seconds", "Gap between two consecutive streamed tokens.")
