@@ -100,3 +100,17 @@ def test_progress_line_shows_sent_done_in_flight_and_failures():
     line = progress_line(state).plain
     assert "sent 3/10" in line and "done 2" in line and "in flight 1" in line
     assert "failed 1" in line and "250.0ms" in line
+
+
+def test_results_in_vllms_shape_and_as_csv(tmp_path):
+    with serve() as server:
+        for fmt in ("vllm", "csv"):
+            assert main(["--url", server.url, "--concurrency", "2", "--requests", "5", "--lengths", "fixed:20,4",
+                         "--format", fmt, "--out", str(tmp_path / f"run.{fmt}"), "--quiet"]) == 0
+    vllm = json.loads((tmp_path / "run.vllm").read_text())
+    assert vllm["completed"] == 5 and vllm["total_output_tokens"] == 20 and vllm["max_concurrency"] == 2
+    assert vllm["output_lens"] == [4] * 5 and len(vllm["ttfts"]) == 5 and len(vllm["itls"]) == 5
+    for key in ("ttft", "tpot", "itl", "e2el"):
+        assert vllm[f"mean_{key}_ms"] > 0 and vllm[f"p99_{key}_ms"] >= vllm[f"median_{key}_ms"]
+    rows = (tmp_path / "run.csv").read_text().splitlines()
+    assert rows[0].startswith("id,phase,warmup") and len(rows) == 6
