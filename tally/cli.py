@@ -14,6 +14,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "eval": ("tally.quality.cli", "quality gate: candidate vs baseline"),
     "alerts": ("tally.ops.alerts_cli", "Prometheus alert rules from a measured baseline run"),
     "dashboards": ("tally.ops.dashboards_cli", "Grafana dashboard and Prometheus recording rules"),
+    "route": ("tally.ops.route_cli", "one address in front of replicas: balancing, health checks, failover"),
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 PRESET = "Llama-3.1-8B"
-SERVE_ONLY = ("torch", "transformers", "fastapi", "uvicorn", "safetensors", "llguidance")
+SERVE_ONLY = ("torch", "transformers", "fastapi", "safetensors", "llguidance")
 
 
 def _name(requirement: str) -> str:
