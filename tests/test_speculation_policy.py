@@ -1,52 +1,52 @@
-"""The adaptive policy verifies proposals only where they raise expected tokens per second, from measured
-acceptance and measured step cost."""
+"""The adaptive policy keeps speculation on only where it measured more tokens per second with it than without,
+re-measures as the load changes, and verifies only the proposals each request's acceptance makes worth it."""
 from __future__ import annotations
 
-from tally.engine.speculation_policy import EXPLORE_EVERY, Acceptance, SpeculationPolicy
+from tally.engine.speculation_policy import EPOCH_STEPS, EXPLOIT_EPOCHS, MIN_GAIN, Acceptance, SpeculationPolicy
 
 
-def _policy(fixed_s: float, per_token_s: float, per_row_s: float = 0.0) -> SpeculationPolicy:
+def _epoch(policy: SpeculationPolicy, tokens_per_step: int, seconds_per_step: float, batch: int = 4) -> None:
+    for _ in range(EPOCH_STEPS):
+        policy.observe_step(tokens_per_step, seconds_per_step, batch)
+
+
+def _run(off_rate: float, on_rate: float) -> SpeculationPolicy:
+    """An off epoch, then an on epoch, at the given tokens/s."""
     policy = SpeculationPolicy()
-    for tokens, rows in ((1, 0), (5, 1), (3, 1), (8, 2), (2, 0), (12, 3), (6, 1), (9, 2), (4, 0), (16, 4)):
-        policy.observe_step(tokens, rows, fixed_s + per_token_s * tokens + per_row_s * rows)
+    assert not policy.speculate_now()  # off is measured first
+    _epoch(policy, 10, 10 / off_rate)
+    assert policy.speculate_now()
+    _epoch(policy, 10, 10 / on_rate)
     return policy
 
 
-def _choose(policy: SpeculationPolicy, decoding: int, proposals: list[tuple[int, float]]) -> list[int]:
-    policy._num_choices = 1  # not an exploring step
-    return policy.choose(decoding, proposals)
+def test_speculation_stays_on_where_it_measured_faster_and_off_where_not():
+    assert _run(off_rate=100, on_rate=250).speculate_now()
+    assert not _run(off_rate=100, on_rate=90).speculate_now()
+    assert not _run(off_rate=100, on_rate=101).speculate_now()  # a tie is not worth the rows
 
 
-def test_cheap_rows_and_good_proposals_verify_everything():
-    """One CPU decode step reads every weight once: 4 more rows cost little beside it."""
-    policy = _policy(0.050, 0.001)
-    assert _choose(policy, 1, [(4, 0.8)]) == [4]
+def test_the_choice_is_measured_again_after_a_while():
+    policy = _run(off_rate=100, on_rate=250)
+    for _ in range(EXPLOIT_EPOCHS):
+        assert policy.speculate_now()
+        _epoch(policy, 10, 0.04)
+    assert not policy.speculate_now()  # measuring off again
 
 
-def test_rows_as_dear_as_a_step_verify_nothing():
-    """At high concurrency a step is compute-bound: each row costs what a token is worth."""
-    policy = _policy(0.002, 0.004)
-    assert _choose(policy, 32, [(4, 0.6)] * 32) == [0] * 32
+def test_a_different_load_is_measured_again_at_once():
+    policy = _run(off_rate=100, on_rate=250)  # measured at 4 running requests
+    policy.observe_step(10, 0.04, 5)
+    assert policy.speculate_now()
+    policy.observe_step(10, 0.04, 32)  # eight times the batch: what held at 4 says nothing here
+    assert not policy.speculate_now()
 
 
-def test_poor_acceptance_is_not_worth_its_rows():
-    policy = _policy(0.050, 0.004, per_row_s=0.005)
-    assert _choose(policy, 1, [(4, 0.05)]) == [0]
-    assert _choose(policy, 1, [(4, 0.9)])[0] >= 2
-
-
-def test_proposals_are_taken_by_expected_gain_first():
-    policy = _policy(0.050, 0.006)
-    good, poor = _choose(policy, 2, [(4, 0.9), (4, 0.3)])
-    assert good > poor
-
-
-def test_every_proposal_is_verified_until_the_cost_is_known_and_on_exploring_steps():
-    policy = SpeculationPolicy()
-    assert policy.choose(1, [(3, 0.0)]) == [3]  # nothing measured yet
-    policy = _policy(0.002, 0.004)
-    policy._num_choices = EXPLORE_EVERY - 1
-    assert policy.choose(1, [(3, 0.0)]) == [3]
+def test_each_request_verifies_the_proposals_its_acceptance_makes_worth_it():
+    policy = _run(off_rate=100, on_rate=250)
+    counts = policy.choose([(4, 0.9), (4, 0.5), (4, MIN_GAIN / 2), (1, 0.9)])
+    assert counts == [4, 2, 0, 1]
+    assert _run(off_rate=100, on_rate=90).choose([(4, 0.9)]) == [0]
 
 
 def test_acceptance_counts_only_the_positions_that_were_judged():

@@ -179,8 +179,7 @@ class Engine:
         # The prompt chunks' tokens and the context they attend, read before the step advances them.
         chunks = [(s.num_new_tokens, s.request.num_computed_tokens) for s in out.scheduled
                   if s.num_new_tokens > 1 and not s.request.spec_token_ids]
-        verifying = sum(1 for s in out.scheduled if s.request.spec_token_ids)
-        step_tokens = sum(s.num_new_tokens for s in out.scheduled)
+        generated_before = self._num_generated_tokens
         self._num_steps += 1
         moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
         self._aborted.clear()
@@ -207,8 +206,9 @@ class Engine:
             mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
             seconds = time.perf_counter() - started_s
             self._step_cost.observe(prompt_tokens, mean_context, seconds)
-            if self.speculator is not None and not chunks:
-                self.speculator.observe_step(step_tokens, verifying, seconds)
+            if self.speculator is not None:
+                self.speculator.observe_step(self._num_generated_tokens - generated_before, seconds,
+                                             len(self.scheduler.running))
         return outputs
 
     def _verify(self, out: SchedulerOutput, result: StepResult) -> list[int]:

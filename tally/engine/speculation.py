@@ -33,6 +33,8 @@ class Speculator:
         for req in running:  # a request left out of the last step keeps no stale proposals
             if req.spec_token_ids:
                 req.spec_token_ids = []
+        if cfg.adaptive and not self.policy.speculate_now():
+            return
         decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1 and r.num_output_tokens > 0]
         candidates, proposals = [], []
         for req in decoding:
@@ -48,7 +50,7 @@ class Speculator:
             return
         if cfg.adaptive:
             rates = [self.policy.acceptance_rate(self._acceptance_of(r)) for r in candidates]
-            counts = self.policy.choose(len(decoding), [(len(p), rate) for p, rate in zip(proposals, rates)])
+            counts = self.policy.choose([(len(p), rate) for p, rate in zip(proposals, rates)])
         else:
             counts = [len(p) for p in proposals]
         for req, tokens, k in zip(candidates, proposals, counts):
@@ -79,8 +81,8 @@ class Speculator:
                     s.request.spec_token_ids = []
         return keep
 
-    def observe_step(self, tokens: int, verifying_rows: int, seconds: float) -> None:
-        self.policy.observe_step(tokens, verifying_rows, seconds)
+    def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
+        self.policy.observe_step(generated_tokens, seconds, batch)
 
     def forget(self, request_id: str) -> None:
         self._acceptance.pop(request_id, None)

@@ -1,28 +1,28 @@
-"""How many proposed tokens each request verifies this step (0 = speculation off for it), chosen to maximise
-expected tokens per second from what this machine and these requests have shown.
+"""Whether speculation pays on this machine under this load, decided by measuring it, and how many proposals
+each request verifies.
 
-Two measurements drive it:
-- **Acceptance.** For each request, the share of verified positions whose proposal was accepted, α (its own
-  counts, pulled toward the engine's recent average while it has few). Proposals accepted one after another
-  with probability α each: the j-th proposed token adds α^j expected tokens.
-- **Step cost.** A decode step (no prompt chunk) costs  a + b·T + d·R  seconds for T tokens in the step, R of
-  the requests verifying proposals (each such request's attention runs on its own, not in the batched decode
-  call): fitted by non-negative least squares over the last HISTORY decode steps.
+**On or off, measured.** Speculation turns a decode step into a verify step: more rows, each speculating request's
+attention run on its own instead of in the batched decode call. At one stream that is nearly free beside reading
+every weight once; at 32 streams on a CPU the step is compute-bound and it can cost more than the accepted tokens
+bring (measured: bench/speculative.py). A cost model fitted to steps missed the overheads that matter (the lost
+decode-only fast path, per-row sampling), so the policy measures the outcome itself: tokens generated per second
+with speculation off for one epoch of EPOCH_STEPS steps, then on for one, and it keeps the better for the next
+EXPLOIT_EPOCHS epochs before measuring again — or sooner, as soon as the batch it serves is half or twice the one it
+measured (the answer at 1 stream says nothing about 32). On must beat off by MARGIN to be kept, so a tie costs
+nothing; under a steady load the measuring epochs cost at most 2 / (2 + EXPLOIT_EPOCHS) of the time at the worse
+setting.
 
-Starting from no proposals (every decoding request yields one token), proposals are added in order of their
-gain α^j while the expected tokens per second rise. Every EXPLORE_EVERY-th step verifies every proposal, so the
-cost of proposals stays measured even while the policy has switched them off."""
+**How many proposals, per request.** A request's proposals are accepted one after another with its measured
+acceptance rate α (its own counts, pulled toward the engine's recent average while it has few): the j-th proposed
+token is worth α^j expected tokens, and proposals worth less than MIN_GAIN are not verified."""
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
-import numpy as np
-
-from tally.engine.step_cost import nonnegative_lstsq
-
-HISTORY = 64
-EXPLORE_EVERY = 16
+EPOCH_STEPS = 24
+EXPLOIT_EPOCHS = 20
+MARGIN = 1.02
+MIN_GAIN = 0.25
 PRIOR_ACCEPTANCE = 0.5  # the engine's acceptance before any proposal was verified
 PRIOR_WEIGHT = 4  # a request's own counts outweigh the engine's average after this many verified positions
 AVERAGE_DECAY = 0.98  # the engine's average acceptance, per verified position
@@ -34,18 +34,59 @@ class Acceptance:
     verified: int = 0
 
 
+@dataclass
+class Epoch:
+    speculate: bool
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    batch: int = 0  # running requests, summed over steps
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
 class SpeculationPolicy:
     def __init__(self) -> None:
-        self._steps: deque[tuple[int, int, float]] = deque(maxlen=HISTORY)  # (tokens, rows verifying, seconds)
-        self._fit: tuple[float, float, float] | None = None
         self._average = PRIOR_ACCEPTANCE
-        self._num_choices = 0
+        self._measured: dict[bool, float] = {}  # tokens/s with speculation off (False) and on (True)
+        self._measured_batch = 0.0  # the mean batch those were measured at
+        self._epoch = Epoch(speculate=False)  # measure off first
+        self._exploit_left = 0
+        self.speculating = False  # what this epoch does (read by the engine's metrics)
 
     # -- measurements ------------------------------------------------------------------------
-    def observe_step(self, tokens: int, verifying_rows: int, seconds: float) -> None:
-        """A step of decodes only: `tokens` in all, `verifying_rows` of its requests verifying proposals."""
-        self._steps.append((tokens, verifying_rows, seconds))
-        self._fit = self._refit()
+    def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
+        """Every step: the tokens it appended to outputs, how long it took, and how many requests were running."""
+        epoch = self._epoch
+        epoch.steps += 1
+        epoch.tokens += generated_tokens
+        epoch.seconds += seconds
+        epoch.batch += batch
+        if self._exploit_left and not 0.5 <= (batch + 1) / (self._measured_batch + 1) <= 2.0:
+            self._exploit_left, self._epoch = 0, Epoch(speculate=False)  # another load: measure again now
+            self._measured.clear()
+            self.speculating = False
+            return
+        if epoch.steps < EPOCH_STEPS:
+            return
+        if self._exploit_left:
+            self._exploit_left -= 1
+            self._epoch = Epoch(epoch.speculate)
+            if not self._exploit_left:  # measure again: the load may have changed
+                self._measured.clear()
+                self._epoch = Epoch(speculate=False)
+        else:
+            self._measured[epoch.speculate] = epoch.rate
+            self._measured_batch = epoch.batch / epoch.steps
+            if len(self._measured) < 2:
+                self._epoch = Epoch(speculate=not epoch.speculate)
+            else:
+                keep = self._measured[True] > MARGIN * self._measured[False]
+                self._epoch = Epoch(speculate=keep)
+                self._exploit_left = EXPLOIT_EPOCHS
+        self.speculating = self._epoch.speculate
 
     def observe_verified(self, acceptance: Acceptance, proposed: int, accepted: int) -> None:
         """A request verified `proposed` tokens and the first `accepted` of them held."""
@@ -60,34 +101,18 @@ class SpeculationPolicy:
                 / (acceptance.verified + PRIOR_WEIGHT))
 
     # -- the choice --------------------------------------------------------------------------
-    def choose(self, num_decoding: int, proposals: list[tuple[int, float]]) -> list[int]:
-        """For `num_decoding` requests decoding this step, of which some proposed tokens — (how many, their
-        acceptance rate) each — how many of each request's proposals to verify."""
-        self._num_choices += 1
-        if self._fit is None or self._num_choices % EXPLORE_EVERY == 0:
-            return [n for n, _ in proposals]
-        a, b, d = self._fit
-        gains = sorted(((rate ** j, i) for i, (n, rate) in enumerate(proposals) for j in range(1, n + 1)),
-                       reverse=True)
-        chosen = [0] * len(proposals)
-        tokens = expected = float(num_decoding)
-        rows = 0
-        seconds = a + b * tokens
-        for gain, i in gains:
-            # A request's j-th proposal is only worth anything with the j-1 before it: take them in order.
-            new_row = chosen[i] == 0
-            t = a + b * (tokens + 1) + d * (rows + new_row)
-            if (expected + gain) * seconds <= expected * t:
-                continue
-            chosen[i] += 1
-            tokens, rows, expected, seconds = tokens + 1, rows + new_row, expected + gain, t
-        return chosen
+    def speculate_now(self) -> bool:
+        """False in an epoch that measures (or keeps) speculation off: nothing need be proposed."""
+        return self._epoch.speculate
 
-    def _refit(self) -> tuple[float, float, float] | None:
-        if len(self._steps) < 8 or len({(t, r) for t, r, _ in self._steps}) < 3:
-            return None
-        t, r, s = (np.array(v, dtype=np.float64) for v in zip(*self._steps))
-        features = np.stack([np.ones_like(t), t, r], axis=1)
-        scale = np.maximum(features.max(axis=0), 1e-9)
-        a, b, d = nonnegative_lstsq(features / scale, s) / scale
-        return float(a), float(b), float(d)
+    def choose(self, proposals: list[tuple[int, float]]) -> list[int]:
+        """For requests that proposed tokens — (how many, their acceptance rate) each — how many to verify."""
+        if not self._epoch.speculate:
+            return [0] * len(proposals)
+        out = []
+        for n, rate in proposals:
+            k = 0
+            while k < n and rate ** (k + 1) >= MIN_GAIN:
+                k += 1
+            out.append(k)
+        return out
