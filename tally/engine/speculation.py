@@ -48,11 +48,9 @@ class Speculator:
                 proposals.append(tokens)
         if not candidates:
             return
+        counts = [len(p) for p in proposals]
         if cfg.adaptive:
-            rates = [self.policy.acceptance_rate(self._acceptance_of(r)) for r in candidates]
-            counts = self.policy.choose([(len(p), rate) for p, rate in zip(proposals, rates)])
-        else:
-            counts = [len(p) for p in proposals]
+            counts = self.policy.choose(counts)
         for req, tokens, k in zip(candidates, proposals, counts):
             req.spec_token_ids = tokens[:k]
 
