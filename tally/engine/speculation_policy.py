@@ -13,9 +13,10 @@ nothing; under a steady load the measuring epochs cost at most 2 / (2 + EXPLOIT_
 setting.
 
 While on, every proposal is verified. (A per-request cut — stop where α^j, the j-th proposal's expected worth at
-the request's acceptance α, falls below 0.25 — was tried and measured worse: on code completion at one stream it
-kept 1.06x of the 1.51x that verifying everything gave, because at one stream a verified row costs almost nothing;
-whether rows cost is what the on/off measurement already answers.) Each request's acceptance is still counted
+the request's acceptance α, falls below 0.25 — was tried: with it the policy got 1.06x on code completion at one
+stream where verifying everything got 1.51x (bench/speculative.py) — cut to one proposal, the measured epoch
+with speculation on no longer beat the one without. At one stream a verified row costs almost nothing; whether
+rows cost is what the on/off measurement already answers.) Each request's acceptance is still counted
 (its own counts, pulled toward the engine's recent average while it has few), for the metrics."""
 from __future__ import annotations
 
