@@ -206,7 +206,7 @@ class Engine:
             mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
             seconds = time.perf_counter() - started_s
             self._step_cost.observe(prompt_tokens, mean_context, seconds)
-            if self.speculator is not None:
+            if self.speculator is not None and not chunks:  # a prompt chunk's step says nothing about speculation
                 self.speculator.observe_step(self._num_generated_tokens - generated_before, seconds,
                                              len(self.scheduler.running))
         return outputs

@@ -60,7 +60,9 @@ class SpeculationPolicy:
 
     # -- measurements ------------------------------------------------------------------------
     def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
-        """Every step: the tokens it appended to outputs, how long it took, and how many requests were running."""
+        """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation, and one landing in
+        one epoch and not the other decided the comparison): the tokens it appended to outputs, how long it took,
+        and how many requests were running."""
         epoch = self._epoch
         epoch.steps += 1
         epoch.tokens += generated_tokens
