@@ -2,7 +2,7 @@
 re-measures as the load changes,, and verifies every proposal while on."""
 from __future__ import annotations
 
-from tally.engine.speculation_policy import EPOCH_STEPS, EXPLOIT_EPOCHS, Acceptance, SpeculationPolicy
+from tally.engine.speculation_policy import EPOCH_STEPS, EXPLOIT_EPOCHS, SpeculationPolicy
 
 
 def _epoch(policy: SpeculationPolicy, tokens_per_step: int, seconds_per_step: float, batch: int = 4) -> None:
@@ -45,13 +45,3 @@ def test_a_different_load_is_measured_again_at_once():
 def test_while_on_every_proposal_is_verified_and_while_off_none():
     assert _run(off_rate=100, on_rate=250).choose([4, 2, 1]) == [4, 2, 1]
     assert _run(off_rate=100, on_rate=90).choose([4, 2, 1]) == [0, 0, 0]
-
-
-def test_acceptance_counts_only_the_positions_that_were_judged():
-    policy = SpeculationPolicy()
-    a = Acceptance()
-    policy.observe_verified(a, proposed=4, accepted=1)  # positions 0 (held) and 1 (rejected); 2, 3 never judged
-    assert (a.accepted, a.verified) == (1, 2)
-    policy.observe_verified(a, proposed=4, accepted=4)
-    assert (a.accepted, a.verified) == (5, 6)
-    assert 0.5 < policy.acceptance_rate(a) < 5 / 6 + 1e-9

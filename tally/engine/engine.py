@@ -276,8 +276,6 @@ class Engine:
         self.groups.pop(group.request_id, None)
         for seq in group.sequences:
             self._seq_of.pop(seq.request.request_id, None)
-            if self.speculator is not None:
-                self.speculator.forget(seq.request.request_id)
 
     # -- introspection -------------------------------------------------------------------------
     def num_running(self) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from tally.core.request import Request
 from tally.core.scheduler import SchedulerOutput
 from tally.engine.ngram_proposer import propose_ngram
-from tally.engine.speculation_policy import Acceptance, SpeculationPolicy
+from tally.engine.speculation_policy import SpeculationPolicy
 from tally.engine.speculation_stats import SpeculationStats
 from tally.engine.speculative_config import SpeculativeConfig
 
@@ -25,7 +25,6 @@ class Speculator:
         self.max_model_len = max_model_len
         self.policy = SpeculationPolicy()
         self.stats = SpeculationStats(accepted_per_position=[0] * config.num_speculative_tokens)
-        self._acceptance: dict[str, Acceptance] = {}
 
     def propose(self, running: list[Request]) -> None:
         """Give decoding requests the proposals this step will verify."""
@@ -67,7 +66,7 @@ class Speculator:
             while accepted < len(proposed) and token_ids[row + accepted] == proposed[accepted]:
                 accepted += 1
             if proposed:
-                self._record(req, len(proposed), accepted)
+                self._record(len(proposed), accepted)
                 kept[id(req)] = accepted
             keep.append(accepted + 1)
             row += count
@@ -82,14 +81,7 @@ class Speculator:
     def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
         self.policy.observe_step(generated_tokens, seconds, batch)
 
-    def forget(self, request_id: str) -> None:
-        self._acceptance.pop(request_id, None)
-
-    def _acceptance_of(self, req: Request) -> Acceptance:
-        return self._acceptance.setdefault(req.request_id, Acceptance())
-
-    def _record(self, req: Request, proposed: int, accepted: int) -> None:
-        self.policy.observe_verified(self._acceptance_of(req), proposed, accepted)
+    def _record(self, proposed: int, accepted: int) -> None:
         st = self.stats
         st.num_drafts += 1
         st.num_draft_tokens += proposed

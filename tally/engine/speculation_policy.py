@@ -16,8 +16,7 @@ While on, every proposal is verified. (A per-request cut — stop where α^j, th
 the request's acceptance α, falls below 0.25 — was tried: with it the policy got 1.06x on code completion at one
 stream where verifying everything got 1.51x (bench/speculative.py) — cut to one proposal, the measured epoch
 with speculation on no longer beat the one without. At one stream a verified row costs almost nothing; whether
-rows cost is what the on/off measurement already answers.) Each request's acceptance is still counted
-(its own counts, pulled toward the engine's recent average while it has few), for the metrics."""
+rows cost is what the on/off measurement already answers.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -25,15 +24,6 @@ from dataclasses import dataclass
 EPOCH_STEPS = 24
 EXPLOIT_EPOCHS = 20
 MARGIN = 1.02
-PRIOR_ACCEPTANCE = 0.5  # the engine's acceptance before any proposal was verified
-PRIOR_WEIGHT = 4  # a request's own counts outweigh the engine's average after this many verified positions
-AVERAGE_DECAY = 0.98  # the engine's average acceptance, per verified position
-
-
-@dataclass
-class Acceptance:
-    accepted: int = 0
-    verified: int = 0
 
 
 @dataclass
@@ -51,7 +41,6 @@ class Epoch:
 
 class SpeculationPolicy:
     def __init__(self) -> None:
-        self._average = PRIOR_ACCEPTANCE
         self._measured: dict[bool, float] = {}  # tokens/s with speculation off (False) and on (True)
         self._measured_batch = 0.0  # the mean batch those were measured at
         self._epoch = Epoch(speculate=False)  # measure off first
@@ -91,18 +80,6 @@ class SpeculationPolicy:
                 self._epoch = Epoch(speculate=keep)
                 self._exploit_left = EXPLOIT_EPOCHS
         self.speculating = self._epoch.speculate
-
-    def observe_verified(self, acceptance: Acceptance, proposed: int, accepted: int) -> None:
-        """A request verified `proposed` tokens and the first `accepted` of them held."""
-        verified = min(proposed, accepted + 1)  # positions after the first rejection were never judged
-        acceptance.accepted += accepted
-        acceptance.verified += verified
-        for i in range(verified):
-            self._average = AVERAGE_DECAY * self._average + (1 - AVERAGE_DECAY) * (i < accepted)
-
-    def acceptance_rate(self, acceptance: Acceptance) -> float:
-        return ((acceptance.accepted + PRIOR_WEIGHT * self._average)
-                / (acceptance.verified + PRIOR_WEIGHT))
 
     # -- the choice --------------------------------------------------------------------------
     def speculate_now(self) -> bool:
