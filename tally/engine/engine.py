@@ -213,7 +213,7 @@ class Engine:
 
     def _verify(self, out: SchedulerOutput, result: StepResult) -> list[int]:
         """Rows of the sampler's output each sampled request keeps: 1, or with speculation, 1 + proposals kept."""
-        if self.speculator is None or len(result.sampled) == len(result.counts) == sum(result.counts):
+        if self.speculator is None or sum(result.counts) == len(result.counts):  # nobody verified proposals
             return [1] * len(result.sampled)
         return self.speculator.verify(out, result.sampled, result.counts, result.sampler_output.token_ids.tolist())
 

@@ -33,6 +33,7 @@ class StepCost:
     def __init__(self) -> None:
         self._steps: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)  # (tokens, mean context, s)
         self._fit: tuple[float, float, float, float] | None = None
+        self._jitter = 1.0  # kept with the fit: planning reads it every step, steps change it only when observed
 
     def observe(self, prompt_tokens: int, mean_context: float, seconds: float) -> None:
         """A step that carried `prompt_tokens` prompt tokens attending `mean_context` on average."""
@@ -40,6 +41,7 @@ class StepCost:
             return
         self._steps.append((prompt_tokens, mean_context, seconds))
         self._fit = self._refit() or self._fit  # a step too noisy to separate the parts keeps the last fit
+        self._jitter = self._measure_jitter()
 
     def prompt_tokens_within(self, seconds: float, context: int) -> int:
         """Prompt tokens, starting at `context`, a step beside the decodes may carry to take at most `seconds`
@@ -47,7 +49,7 @@ class StepCost:
         if self._fit is None:
             return PROBE_TOKENS >> (len(self._steps) % 2)
         a, f, b, e = self._fit
-        left = seconds / self.jitter() - a - f * context
+        left = seconds / self._jitter - a - f * context
         if left <= 0:
             return 0
         start = b + e * context  # c tokens from `context` cost c·start + e·c²/2 beyond a
@@ -57,6 +59,9 @@ class StepCost:
 
     def jitter(self) -> float:
         """How much slower than the fit a slow recent step ran (>= 1)."""
+        return self._jitter
+
+    def _measure_jitter(self) -> float:
         if self._fit is None:
             return 1.0
         a, f, b, e = self._fit
