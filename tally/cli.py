@@ -8,6 +8,7 @@ import sys
 VERBS: dict[str, tuple[str, str]] = {
     "serve": ("tally.server.cli", "OpenAI-compatible HTTP server"),
     "generate": ("tally.engine.cli", "generate text from a prompt, streamed to the terminal"),
+    "tune": ("tally.engine.tune_cli", "measure which projection path is fastest on this CPU (cached for starts)"),
     "plan": ("tally.ledger.cli", "memory and capacity plan before allocation"),
     "bench": ("tally.bench.cli", "load test any OpenAI-compatible server"),
     "quantize": ("tally.quantize.cli", "quantize a checkpoint (rtn / gptq / awq)"),

@@ -1,7 +1,8 @@
 """What this machine offers, asked in one place: the CPU's instruction sets and the memory left.
 
 Every path that picks a kernel or a dtype by the CPU asks here (tally/native/library.py, tally/quant/dispatch.py,
-EngineConfig.model_dtypes), so the answer cannot differ between them. Why the flags matter:
+EngineConfig.path_candidates), so the answer cannot differ between them; which of the possible paths is fastest
+is then measured, not inferred from the flags (tally/engine/path_tuning.py). Why the flags matter:
 - bf16 matmul is fast only with AVX-512 BF16 or AMX; on AVX2-only CPUs PyTorch emulates it and a bf16 decode step
   runs ~10x slower than fp32 (measured on the development machine);
 - `torch._int_mm` is a scalar loop without VNNI or AMX (~70x slower than fp32 there);
@@ -11,6 +12,7 @@ The flags come from /proc/cpuinfo; where it cannot be read (not Linux), no fast 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -26,6 +28,43 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name ("" where /proc/cpuinfo cannot be read): part of the key of measured choices."""
+    try:
+        for line in CPUINFO.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on (hyper-threads share a core's units, so a
+    second thread per core mostly waits): the default thread count of the model's kernels."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores, cpu, package = set(), None, "0"
+    try:
+        for line in CPUINFO.read_text().splitlines():
+            name, _, value = line.partition(":")
+            name, value = name.strip(), value.strip()
+            if name == "processor":
+                cpu = int(value)
+            elif name == "physical id":
+                package = value
+            elif name == "core id" and cpu in allowed:
+                cores.add((package, value))
+    except OSError:
+        pass
+    return max(len(cores), 1) if cores else max(len(allowed), 1)
+
+
+def cache_dir() -> Path:
+    """Where Tally keeps what it built or measured for this machine: $XDG_CACHE_HOME/tally (~/.cache/tally)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tally"
 
 
 def has_avx2() -> bool:

@@ -1,5 +1,5 @@
-"""The built-in SmolLM2-135M (GGUF Q4_1): greedy tokens identical to transformers loading the
-same file (dequantized) in fp32, logprobs within 1e-3."""
+"""The built-in SmolLM2-135M (GGUF Q4_1): dequantized (quantization="none") in fp32, greedy tokens identical to
+transformers loading the same file (dequantized) in fp32, logprobs within 1e-3."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(None, dtype="float32", max_model_len=512, kv_cache_memory=64_000_000)
+    return LLM(None, dtype="float32", quantization="none", max_model_len=512, kv_cache_memory=64_000_000)
 
 
 @pytest.fixture(scope="module")

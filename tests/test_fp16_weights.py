@@ -61,7 +61,7 @@ def test_float16_engine_matches_transformers_greedy(fp16_exact_llama):
     assert_no_block_leak(llm)
 
 
-def test_auto_picks_fp16_weights_for_half_precision_checkpoints_only(fp16_exact_llama, tmp_path):
+def test_auto_measures_the_path_for_half_precision_checkpoints_only(fp16_exact_llama, tmp_path):
     from tally.platform import has_fast_bf16
 
     bf16 = tmp_path / "bf16"
@@ -70,13 +70,18 @@ def test_auto_picks_fp16_weights_for_half_precision_checkpoints_only(fp16_exact_
     save_file(tensors, str(bf16 / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((bf16 / "config.json").read_text())
     (bf16 / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
-    half = LLM(str(bf16), kv_cache_memory=2_000_000).engine.model
-    full = LLM(str(fp16_exact_llama), kv_cache_memory=2_000_000).engine.model
-    assert isinstance(full.layers[0].o_proj, DenseLinear) and full.dtype == torch.float32
-    if has_fast_bf16():
-        assert half.dtype == torch.bfloat16
+    half = LLM(str(bf16), kv_cache_memory=2_000_000).engine
+    full = LLM(str(fp16_exact_llama), kv_cache_memory=2_000_000).engine
+    assert isinstance(full.model.layers[0].o_proj, DenseLinear) and full.model.dtype == torch.float32
+    assert not full.ledger.path["measured"]  # fp32 checkpoints stay fp32: nothing to choose
+    path = half.ledger.path
+    if path["dtype"] == "float16":
+        assert isinstance(half.model.layers[0].o_proj, Fp16WeightLinear) and half.model.dtype == torch.float32
     else:
-        assert isinstance(half.layers[0].o_proj, Fp16WeightLinear) and half.dtype == torch.float32
+        assert path["dtype"] == "bfloat16" and half.model.dtype == torch.bfloat16
+    if has_fast_bf16():  # two candidates, both measured; the ledger says which won and how fast each was
+        assert path["measured"] and len(path["tokens_per_s"]) == 2
+        assert "projections" in half.ledger.format()
 
 
 def test_quality_gate_corruption_reaches_packed_weights(fp16_exact_llama):

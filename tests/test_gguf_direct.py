@@ -45,10 +45,10 @@ def test_gguf_blocks_as_stored_give_the_dequantized_models_logits(torch_kernels)
 def test_gguf_direct_engine_greedy_tokens_equal_dense(torch_kernels):
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     outs = {}
-    for q in (None, "gguf"):
+    for q in ("none", "gguf"):  # dequantized, and as stored (the default)
         llm = LLM(None, dtype="float32", quantization=q, kv_cache_memory=16_000_000, max_model_len=256)
         outs[q] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-    assert outs["gguf"] == outs[None]
+    assert outs["gguf"] == outs["none"]
 
 
 def test_gguf_quantization_on_a_safetensors_checkpoint_says_what_to_use(tiny_llama):

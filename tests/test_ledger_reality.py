@@ -23,7 +23,7 @@ def rss():
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith('VmRSS'))
 before = rss()
 from tally import LLM
-llm = LLM(None, dtype='float32', max_model_len=512, kv_cache_memory={KV_BUDGET})
+llm = LLM(None, dtype='float32', quantization='none', max_model_len=512, kv_cache_memory={KV_BUDGET})
 after = rss()
 m = llm.engine
 kv_tensor_bytes = sum({{t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()

@@ -23,6 +23,25 @@ FP16_WEIGHT_NAMES = ("float16", "half", "fp16")
 QUANTIZATIONS = ("int8", "int4", "w8a8", "gguf")  # gguf: a GGUF file's blocks as stored
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 SCHEDULINGS = ("continuous", "static")
+_CANONICAL = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+@dataclass(frozen=True)
+class PathCandidate:
+    """A way to run the model's projections: `dtype` float32 | bfloat16 | float16 (fp16 weights under fp32
+    compute) and the quantization the builder gets."""
+    dtype: str
+    quantization: str | None
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, torch.dtype | None]:
+        """(compute dtype, weight dtype of dense projections, None: the compute dtype), as build_model takes."""
+        return (torch.float32, torch.float16) if self.dtype == "float16" else (DTYPES[self.dtype], None)
+
+    @property
+    def label(self) -> str:
+        compute = {"float16": "fp32 compute, fp16 dense", "float32": "fp32", "bfloat16": "bf16"}[self.dtype]
+        return f"{self.quantization or 'dense'}, {compute}"
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = (),
@@ -73,6 +92,8 @@ class EngineConfig:
                                             "that do not set them (vLLM's default); vllm: none; or a folder")
     max_logprobs: int = option(MAX_LOGPROBS, "the most logprobs (or prompt_logprobs) a request may ask for; each "
                                              "costs a top-k over the vocabulary per token")
+    threads: int | None = option(None, "CPU threads of the model's kernels (default: the physical cores this "
+                                       "process may run on)")
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")
@@ -110,6 +131,8 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_num_partial_prefills"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be ≥ 1, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be ≥ 1, got {self.max_model_len}")
         if self.max_itl_s is not None and not self.max_itl_s > 0:
@@ -117,19 +140,31 @@ class EngineConfig:
         if not 0 < self.kv_cache_memory_fraction <= 0.9:
             raise ConfigError("kv_cache_memory_fraction must be in (0, 0.9]")
 
-    def model_dtypes(self, checkpoint_dtype: str, is_gguf: bool) -> tuple[torch.dtype, torch.dtype | None]:
-        """(compute dtype, weight dtype of dense matmuls or None for the compute dtype).
+    def served_quantization(self, is_gguf: bool) -> str | None:
+        """What the builder gets: a GGUF file's blocks as stored (as llama.cpp and vLLM's GGUF loader serve them;
+        dequantizing a 4-bit file to 16 bits takes ~3.5x the memory), unless quantization="none" asks for the
+        file dequantized."""
+        if self.quantization is None and is_gguf:
+            return "gguf"
+        return None if self.quantization == "none" else self.quantization
 
-        float16: fp16 weights, fp32 compute (fp16 arithmetic is unusably slow on CPUs). auto, for half-precision
-        and GGUF checkpoints: bf16 where the CPU has bf16 instructions; elsewhere fp16 weights with fp32 compute,
-        which reads half of fp32's bytes per decode step (2.2x faster matmuls here) and computes like fp32.
-        fp32 checkpoints stay fp32."""
-        if self.dtype in FP16_WEIGHT_NAMES:
-            return torch.float32, torch.float16
+    def path_candidates(self, checkpoint_dtype: str, is_gguf: bool,
+                        prequantized: bool) -> tuple[list[PathCandidate], bool]:
+        """(the paths start-up may choose between, whether measuring may choose at all): tally/engine/
+        path_tuning.py times them, and may send many-row steps of an fp32-compute path to bf16. An explicit
+        dtype wins, unmeasured. fp32 checkpoints stay fp32, unmeasured: the exact path. Half-precision and GGUF
+        checkpoints: fp32 compute over fp16 weights (Tally's native kernels, the one-call decode step), and bf16
+        compute where the CPU has bf16 instructions (elsewhere PyTorch emulates bf16 10-20x slower than fp32: not
+        worth the time to measure). Pre-quantized checkpoints keep one path (bf16 where fast): their layers'
+        shapes are not described to the measurement yet."""
+        q = self.served_quantization(is_gguf)
         if self.dtype != "auto":
-            return DTYPES[self.dtype], None
+            name = "float16" if self.dtype in FP16_WEIGHT_NAMES else _CANONICAL[DTYPES[self.dtype]]
+            return [PathCandidate(name, q)], False
         if not (is_gguf or checkpoint_dtype in ("bfloat16", "float16")):
-            return torch.float32, None
-        if has_fast_bf16():
-            return torch.bfloat16, None
-        return torch.float32, torch.float16 if fp16_weights_supported() else None
+            return [PathCandidate("float32", q)], False
+        fp32_compute = PathCandidate("float16" if fp16_weights_supported() else "float32", q)
+        if not has_fast_bf16():
+            return [fp32_compute], not prequantized
+        bf16 = PathCandidate("bfloat16", q)
+        return ([bf16], False) if prequantized else ([fp32_compute, bf16], True)

@@ -9,7 +9,9 @@ import torch
 from tally.attention.backend import make_backend
 from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.engine.config import EngineConfig
+from tally.engine.path_tuning import PathChoice, choose_path
 from tally.errors import ConfigError
+from tally.layers.path_timing import use_bf16_many_tokens
 from tally.ledger.kv import KVLayout
 from tally.ledger.report import EngineLedger
 from tally.models.builder import build_model
@@ -17,9 +19,10 @@ from tally.models.config import ModelConfig
 from tally.models.generation_config import sampling_defaults
 from tally.models.key_smoothing import calibration_ids, measure_key_scales
 from tally.models.llama import CausalLM
-from tally.models.loader import load_checkpoint
+from tally.models.loader import Checkpoint, load_checkpoint
+from tally.models.projection_shapes import projection_shapes
 from tally.models.tokenizer import load_tokenizer, stop_token_ids
-from tally.platform import available_ram_bytes
+from tally.platform import available_ram_bytes, physical_cores
 
 DEFAULT_KV_CAP_BYTES = 2 * 2**30
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -42,10 +45,12 @@ class LoadedModel:
 
 def load_model(config: EngineConfig) -> LoadedModel:
     torch.manual_seed(config.seed)
+    torch.set_num_threads(config.threads or physical_cores())
     ckpt = load_checkpoint(config.model)
     cfg = ckpt.config
     tokenizer = load_tokenizer(ckpt)
-    dtype, weight_dtype = config.model_dtypes(cfg.torch_dtype, ckpt.format == "gguf")
+    path = measured_path(config, ckpt)
+    dtype, weight_dtype = path.candidate.dtypes
     max_model_len = config.max_model_len or cfg.max_position_embeddings
     if max_model_len > cfg.max_position_embeddings:
         raise ConfigError(
@@ -59,8 +64,10 @@ def load_model(config: EngineConfig) -> LoadedModel:
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window, compute_dtype=dtype,
     )
-    model = build_model(cfg, dict(ckpt.tensors()), dtype=dtype, quantization=config.quantization,
+    model = build_model(cfg, dict(ckpt.tensors()), dtype=dtype, quantization=path.candidate.quantization,
                         attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)
+    if path.many_tokens_from is not None:
+        use_bf16_many_tokens(list(model.modules()), path.many_tokens_from)
     weight_bytes = (sum(t.numel() * t.element_size() for t in _unique_tensors(model))
                     + sum(getattr(m, "packed_bytes", 0) for m in model.modules()))
 
@@ -91,12 +98,23 @@ def load_model(config: EngineConfig) -> LoadedModel:
         reserve_bytes=0,
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
+        path=path.to_dict(),
     )
     return LoadedModel(
         name=(config.served_model_names or (ckpt.name,))[0], config=cfg, tokenizer=tokenizer,
         stop_token_ids=stop_token_ids(tokenizer, cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
         num_blocks=num_blocks, max_model_len=max_model_len, ledger=ledger,
         sampling_defaults=sampling_defaults(config.generation_config, ckpt.path))
+
+
+def measured_path(config: EngineConfig, ckpt: Checkpoint, *, remeasure: bool = False) -> PathChoice:
+    """The projection path for this checkpoint and config: fixed by flags, or measured here (and cached)."""
+    candidates, open_choice = config.path_candidates(ckpt.config.torch_dtype, ckpt.format == "gguf",
+                                                     ckpt.quantization is not None)
+    if not open_choice:
+        return PathChoice(candidates[0])
+    shapes = {c.quantization or "": projection_shapes(ckpt.config, c.quantization, ckpt) for c in candidates}
+    return choose_path(candidates, shapes, remeasure=remeasure)
 
 
 def _allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int,

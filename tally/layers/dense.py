@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tally.native import ops as native
+from tally.quant.base import tiled_matmul
+from tally.quant.dispatch import NEVER
 
 
 class DenseLinear(nn.Module):
@@ -24,7 +26,11 @@ class Fp16WeightLinear(nn.Module):
     decode step reads half of fp32's bytes. On AVX2 CPUs the weights are the native kernel's panels
     (tally/native: converted with F16C, multiplied in fp32), which also lets the one-call decode step take this
     layer; `python bench/weight_formats.py --model smol --threads 1` measures it against FBGEMM's packed fp16 GEMM
-    (used where the native kernels are unavailable): faster up to 8 rows, within 7% to 128 rows, 15% slower at 512."""
+    (used where the native kernels are unavailable): faster up to 8 rows, within 7% to 128 rows, 15% slower at 512.
+    Where the CPU multiplies bf16 much faster (AVX-512 BF16, AMX), the start-up measurement may send rows from a
+    measured count on to a bf16 matmul over panels converted a few at a time (`use_many_tokens`)."""
+
+    many_tokens_from = NEVER
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -43,13 +49,28 @@ class Fp16WeightLinear(nn.Module):
         """What FBGEMM's packed weights hold (the ledger counts them; they are not a tensor of the module)."""
         return 0 if self._packed is None else self.out_features * self.in_features * 2
 
+    def use_many_tokens(self, from_rows: int, dtype: torch.dtype = torch.bfloat16) -> None:
+        """Rows from `from_rows` on multiply in bf16 (the only many-token dtype of the panels)."""
+        if self.panels is None or dtype != torch.bfloat16:
+            raise ValueError("the fp16 panels' many-token path needs the native kernels and bf16")
+        self.many_tokens_from = from_rows
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.panels is None:
             y = torch.ops.quantized.linear_dynamic_fp16(x, self._packed)
             return y if self.bias is None else y + self.bias
         x2 = x.reshape(-1, self.in_features).float().contiguous()
-        y = native.gemm_f16(x2, self.panels, self.out_features, self.bias)
+        if x2.shape[0] >= self.many_tokens_from:
+            y = tiled_matmul(x2, self.out_features, torch.bfloat16, self._weight_t, align=native.PANEL)
+            y = y[:, :self.out_features].float()
+            if self.bias is not None:
+                y += self.bias
+        else:
+            y = native.gemm_f16(x2, self.panels, self.out_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _weight_t(self, n0: int, n1: int) -> torch.Tensor:
+        return native.dequant_f16_bf16_t(self.panels[n0 // native.PANEL:n1 // native.PANEL])
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the weight as fp32 [len(ids), K]: a tied embedding read from the head's panels."""

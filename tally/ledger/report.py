@@ -2,7 +2,7 @@
 start-up log and GET /ledger (the server adds the live fields: used and cached blocks)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from tally.units import fmt_gb, fmt_gib, fmt_small_bytes
 
@@ -18,6 +18,8 @@ class EngineLedger:
     reserve_bytes: int
     max_model_len: int
     max_num_seqs: int
+    # how the projections run and why (tally/engine/path_tuning.py PathChoice.to_dict); empty when not known
+    path: dict = field(default_factory=dict)
 
     @property
     def kv_tokens(self) -> int:
@@ -38,6 +40,8 @@ class EngineLedger:
             f"ledger: {self.max_concurrency_at_max_len:,} request(s) of max_model_len {self.max_model_len:,} fit at once "
             f"(max_num_seqs {self.max_num_seqs:,})",
         ]
+        if self.path:
+            lines.append(f"ledger: projections {self.path['summary']}")
         if self.max_concurrency_at_max_len < self.max_num_seqs:
             lines.append(f"ledger: max_num_seqs {self.max_num_seqs:,} x max_model_len {self.max_model_len:,} exceeds "
                          "the KV pool: long requests will queue or be preempted")

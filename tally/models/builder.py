@@ -46,7 +46,7 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         if prequantized is not None and f"{names[0]}.qweight" in tensors:
             return linear_from_packed(prequantized, [_pop_packed(n, pop, tensors) for n in names], b, dtype)
         if quantization == "gguf":
-            return _gguf_proj(checkpoint, names, [pop(f"{n}.weight") for n in names], biases, dtype)
+            return _gguf_proj(checkpoint, names, [pop(f"{n}.weight") for n in names], biases, dtype, weight_dtype)
         weight = torch.cat([pop(f"{n}.weight") for n in names])
         return build_linear(weight, b, quantization=None if prequantized else quantization, dtype=dtype,
                             weight_dtype=weight_dtype)
@@ -56,7 +56,7 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         # one token per step SmolLM2's fp32 head alone reads 113 MB, as much as all its int4 layers together.
         name = "model.embed_tokens" if tied else "lm_head"
         if quantization == "gguf" and checkpoint.gguf_tensor(f"{name}.weight") is not None:
-            return _gguf_proj(checkpoint, [name], [weight], None, dtype)
+            return _gguf_proj(checkpoint, [name], [weight], None, dtype, weight_dtype)
         head_scheme = "int8" if quantization in ("int4", "int8") and not prequantized else None
         return build_linear(weight, None, quantization=head_scheme, dtype=dtype, weight_dtype=weight_dtype)
 
@@ -95,19 +95,20 @@ def _pop_packed(name: str, pop: Callable[[str], torch.Tensor],
 
 
 def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tensor],
-               biases: list[torch.Tensor] | None, dtype: torch.dtype) -> nn.Module:
+               biases: list[torch.Tensor] | None, dtype: torch.dtype, weight_dtype: torch.dtype | None) -> nn.Module:
     """One layer over the GGUF blocks of `names`: rows concatenated when their types match, else one layer per
-    name behind ConcatLinear. Types the quantized layers do not adopt (F16, K-quants) use the dequantized weight."""
+    name behind ConcatLinear. Types the quantized layers do not adopt (F16, Q5_0, Q6_K) use the dequantized
+    weight, in fp16 panels when `weight_dtype` says so (half of fp32's bytes per step)."""
     raws = [checkpoint.gguf_tensor(f"{n}.weight") for n in names]
     if len({r.ggml_type for r in raws}) == 1:
         b = None if biases is None else torch.cat(biases)
         return (linear_from_gguf(_concat_raw(raws), b, compute_dtype=dtype)
-                or build_linear(torch.cat(dense), b, quantization=None, dtype=dtype))
+                or build_linear(torch.cat(dense), b, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
     parts = []
     for i, (raw, w) in enumerate(zip(raws, dense)):
         b = None if biases is None else biases[i]
         parts.append(linear_from_gguf(raw, b, compute_dtype=dtype)
-                     or build_linear(w, b, quantization=None, dtype=dtype))
+                     or build_linear(w, b, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
     return ConcatLinear(parts)
 
 

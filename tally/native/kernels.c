@@ -569,3 +569,86 @@ void tally_decode_layers(const Model *md, float *h, int64_t n, const float *cos,
     }
     free(x); free(qkv); free(att); free(gu); free(act);
 }
+
+/* ---- Dequantizing to bf16 for a dense matmul: the many-token path of the integer and fp16 layers ----
+ * Where the CPU multiplies bf16 many times faster than the integer kernels work (AVX-512 BF16, AMX), a prompt's
+ * rows go through a bf16 matmul over weights dequantized per call, a few tiles at a time (no second copy).
+ * Out: W rows [8 (t1 - t0), K] (16 for f16 panels), bf16 bits, rounded to nearest even. */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+static inline void store_bf16x8(uint16_t *dst, __m256 v) {  /* 8 floats -> 8 bf16, rounded to nearest even */
+    __m256i u = _mm256_castps_si256(v);
+    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF),
+                                             _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+    u = _mm256_srli_epi32(u, 16);
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(u, u), 0x08);
+    _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(packed));
+}
+
+void tally_dequant_q4_bf16(const uint8_t *qs, const float *d, const float *m, uint16_t *w,
+                           int64_t n_tiles, int64_t K, int64_t group) {
+    int64_t G = K / group;
+    #pragma omp parallel for schedule(static) if (n_tiles * K * TILE >= PAR_MIN)
+    for (int64_t t = 0; t < n_tiles; t++)
+        for (int64_t g = 0; g < G; g++) {
+            __m256 dg[TILE], mg[TILE];
+            for (int j = 0; j < TILE; j++) {
+                dg[j] = _mm256_set1_ps(d[(t * G + g) * TILE + j]);
+                mg[j] = _mm256_set1_ps(m[(t * G + g) * TILE + j]);
+            }
+            for (int64_t c = g * group / 8; c < (g + 1) * group / 8; c++) {
+                /* 32 bytes: byte 4j + i holds (output j, k 8c + i) low and (j, 8c + 4 + i) high */
+                __m256i b = _mm256_loadu_si256((const __m256i *)(qs + (t * (K / 8) + c) * 32));
+                __m256i lo = _mm256_and_si256(b, _mm256_set1_epi8(15));
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15));
+                /* per 128-bit lane, 4-byte units: lo j, hi j side by side = output j's 8 k in order */
+                __m256i first = _mm256_unpacklo_epi32(lo, hi), second = _mm256_unpackhi_epi32(lo, hi);
+                const __m256i halves[2] = {first, second};
+                for (int h = 0; h < 2; h++)
+                    for (int lane = 0; lane < 2; lane++) {
+                        __m128i part = lane ? _mm256_extracti128_si256(halves[h], 1)
+                                            : _mm256_castsi256_si128(halves[h]);
+                        for (int u = 0; u < 2; u++) {
+                            int j = lane * 4 + h * 2 + u;  /* unpacklo: units 0,1 of the lane; unpackhi: 2,3 */
+                            __m128i bytes = u ? _mm_srli_si128(part, 8) : part;
+                            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+                            store_bf16x8(w + (t * TILE + j) * K + 8 * c, _mm256_fmadd_ps(v, dg[j], mg[j]));
+                        }
+                    }
+            }
+        }
+}
+
+void tally_dequant_q8_bf16(const int8_t *q, const float *s, uint16_t *w, int64_t n_tiles, int64_t K,
+                           int64_t group) {
+    int64_t G = K / group;
+    #pragma omp parallel for schedule(static) if (n_tiles * K * TILE >= PAR_MIN)
+    for (int64_t t = 0; t < n_tiles; t++)
+        for (int j = 0; j < TILE; j++) {
+            uint16_t *row = w + (t * TILE + j) * K;
+            for (int64_t g = 0; g < G; g++) {
+                float sg = s[(t * G + g) * TILE + j];
+                for (int64_t c = g * group / 4; c < (g + 1) * group / 4; c++) {
+                    const int8_t *b = q + (t * (K / 4) + c) * 32 + 4 * j;
+                    for (int i = 0; i < 4; i++) row[4 * c + i] = to_bf16((float)b[i] * sg);
+                }
+            }
+        }
+}
+
+void tally_dequant_f16_bf16(const uint16_t *panels, uint16_t *w_t, int64_t n_panels, int64_t K) {
+    /* out W^T [K, 16 P]: each (panel, k) holds 16 outputs side by side, so rows copy across whole */
+    int64_t n = n_panels * 16;
+    #pragma omp parallel for schedule(static) if (n_panels * K * 16 >= PAR_MIN)
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t p = 0; p < n_panels; p++) {
+            const uint16_t *src = panels + (p * K + k) * 16;
+            for (int h = 0; h < 2; h++)
+                store_bf16x8(w_t + k * n + p * 16 + 8 * h,
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8 * h))));
+        }
+}

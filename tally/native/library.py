@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tally.platform import has_avx2
+from tally.platform import cache_dir, has_avx2
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,10 @@ SIGNATURES = {
     "tally_rope_store": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P],
     "tally_decode_layers": [_P, _P, _I, _P, _P, _P, _P, _I, _P],
     "tally_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _P],
+    "tally_dequant_q4_bf16": [_P, _P, _P, _P, _I, _I, _I],
+    "tally_dequant_q8_bf16": [_P, _P, _P, _I, _I, _I],
+    "tally_dequant_f16_bf16": [_P, _P, _I, _I],
 }
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tally"
 
 
 def _unavailable_reason() -> str | None:
@@ -68,7 +67,7 @@ def load() -> ctypes.CDLL | None:
     reason = _unavailable_reason()
     if reason is None:
         digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-        target = _cache_dir() / f"tally_kernels_{digest}.so"
+        target = cache_dir() / f"tally_kernels_{digest}.so"
         try:
             if not target.exists():
                 _build(target)

@@ -69,6 +69,23 @@ def q8_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return packed.view(packed.shape[0], -1, TILE, 4)[rows // TILE, :, rows % TILE].reshape(len(rows), -1)
 
 
+def dequant_q4_bf16(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int) -> torch.Tensor:
+    """W [8 T, K] in bf16 from a run of whole tiles of pack_q4 / pack_tile_scales (rows past N come out as
+    their zero padding): the many-token path of a native int4 layer dequantizes a few tiles at a time."""
+    n_tiles, k = qs.shape[0], qs.shape[1] * 8
+    w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
+    load().tally_dequant_q4_bf16(qs.data_ptr(), d.data_ptr(), m.data_ptr(), w.data_ptr(), n_tiles, k, group_size)
+    return w
+
+
+def dequant_q8_bf16(q: torch.Tensor, s: torch.Tensor, group_size: int) -> torch.Tensor:
+    """W [8 T, K] in bf16 from tiles of pack_q8 / pack_tile_scales, as dequant_q4_bf16."""
+    n_tiles, k = q.shape[0], q.shape[1] * 4
+    w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
+    load().tally_dequant_q8_bf16(q.data_ptr(), s.data_ptr(), w.data_ptr(), n_tiles, k, group_size)
+    return w
+
+
 def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bias: torch.Tensor | None,
             group_size: int, out_features: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T, W = q * d + m per group: qs from pack_q4, d and m from pack_tile_scales.
@@ -103,6 +120,14 @@ def pack_f16(weight: torch.Tensor) -> torch.Tensor:
 def panel_rows(panels: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Rows of the weight packed by pack_f16, as fp32 [len(rows), K]: a tied embedding read from the LM head."""
     return panels[rows // PANEL, :, rows % PANEL].float()
+
+
+def dequant_f16_bf16_t(panels: torch.Tensor) -> torch.Tensor:
+    """W^T [K, 16 P] in bf16 from a run of whole panels of pack_f16 (the layout makes W^T the cheap one)."""
+    n_panels, k = panels.shape[0], panels.shape[1]
+    w_t = torch.empty(k, n_panels * PANEL, dtype=torch.bfloat16)
+    load().tally_dequant_f16_bf16(panels.data_ptr(), w_t.data_ptr(), n_panels, k)
+    return w_t
 
 
 def gemm_f16(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,

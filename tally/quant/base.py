@@ -16,6 +16,22 @@ from tally.quant.dispatch import matmul_dtype
 TILE_BYTES = 4 << 20
 
 
+def tiled_matmul(x: torch.Tensor, out_features: int, dtype: torch.dtype,
+                 weight_t: Callable[[int, int], torch.Tensor], align: int = 1) -> torch.Tensor:
+    """QuantLinear._tiled_matmul for any layer that can produce its W^T a few columns at a time."""
+    in_features = x.shape[1]
+    n_total = -(-out_features // align) * align
+    tile = max(align, TILE_BYTES // (in_features * dtype.itemsize) // align * align)
+    x = x.to(dtype)
+    if tile >= n_total:
+        return x @ weight_t(0, n_total)
+    out = torch.empty(x.shape[0], n_total, dtype=dtype, device=x.device)
+    for n0 in range(0, n_total, tile):
+        n1 = min(n0 + tile, n_total)
+        out[:, n0:n1] = x @ weight_t(n0, n1)
+    return out
+
+
 class QuantLinear(nn.Module):
     """Subclasses implement `_few_tokens` and `_many_tokens` on a contiguous 2-D input in `compute_dtype`;
     both return [M, out_features] in `compute_dtype` and must agree within the scheme's own tolerance.
@@ -44,6 +60,11 @@ class QuantLinear(nn.Module):
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
 
+    def use_many_tokens(self, from_rows: int, dtype: torch.dtype) -> None:
+        """Rows from `from_rows` on take the many-token path, multiplying in `dtype`: the start-up measurement's
+        choice (tally/engine/path_tuning.py) where it found one faster than the rule in dispatch.py."""
+        self.many_tokens_from, self.matmul_dtype = from_rows, dtype
+
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -54,14 +75,7 @@ class QuantLinear(nn.Module):
                       weight_t: Callable[[int, int], torch.Tensor], align: int = 1) -> torch.Tensor:
         """x @ W^T, with W^T produced `align`-multiple column tiles at a time by weight_t(n0, n1) -> [K, n1 - n0]
         (any strides) in `dtype`; the result is [M, n_total] in `dtype`, n_total = the rows weight_t covers."""
-        n_total = -(-self.out_features // align) * align
-        tile = max(align, TILE_BYTES // (self.in_features * dtype.itemsize) // align * align)
-        x = x.to(dtype)
-        out = torch.empty(x.shape[0], n_total, dtype=dtype, device=x.device)
-        for n0 in range(0, n_total, tile):
-            n1 = min(n0 + tile, n_total)
-            out[:, n0:n1] = x @ weight_t(n0, n1)
-        return out
+        return tiled_matmul(x, self.out_features, dtype, weight_t, align)
 
     def weight_nbytes(self) -> int:
         """Bytes this layer holds for its weight (bias excluded): what the memory ledger should charge."""

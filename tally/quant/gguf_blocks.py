@@ -71,6 +71,13 @@ def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     return torch.from_numpy(np.ascontiguousarray(q)), scale, minimum
 
 
+def adopted_storage(type_name: str) -> str | None:
+    """"int4" or "int8" for the block types read_blocks adopts (group 32), None for those it leaves dense."""
+    if type_name not in _BLOCK_BYTES:
+        return None
+    return "int8" if type_name == "Q8_0" else "int4"
+
+
 def read_blocks(raw: Any) -> Int4Blocks | Int8Blocks | None:
     """`raw`'s blocks as the integers and scales they store, exactly (Q4_0, Q4_1, Q4_K -> int4 group 32; Q8_0 ->
     int8 with block scales), or None for types that are not adopted (the caller dequantizes those). `raw` is

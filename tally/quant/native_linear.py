@@ -25,6 +25,13 @@ def native_supported(compute_dtype: torch.dtype, in_features: int, group_size: i
     return compute_dtype == torch.float32 and ops.available() and ops.integer_gemm_supported(in_features, group_size)
 
 
+def _dequantized_matmul(layer: NativeInt4Linear | NativeInt8Linear, x: torch.Tensor) -> torch.Tensor:
+    """The many-token path (off unless `use_many_tokens` was called): runs of whole 8-output weight tiles
+    dequantized into a bf16 matmul (tally/native/kernels.c); fp32 out, as the kernel's."""
+    y = layer._tiled_matmul(x, torch.bfloat16, layer._weight_t, align=ops.TILE)
+    return y[:, :layer.out_features].float()
+
+
 class NativeInt4Linear(QuantLinear):
     scheme = "int4"
 
@@ -48,14 +55,19 @@ class NativeInt4Linear(QuantLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The common case goes straight to the kernel (bias fused): QuantLinear.forward's reshapes and checks cost
         # more than the kernel's own call on a small layer.
-        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
+        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and x.shape[0] < self.many_tokens_from:
             return ops.gemm_q4(x, self.qs, self.d, self.m, self.bias, self.group_size, self.out_features)
         return super().forward(x)
 
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return ops.gemm_q4(x, self.qs, self.d, self.m, None, self.group_size, self.out_features)
 
-    _many_tokens = _few_tokens  # one kernel for every batch size (module docstring)
+    def _weight_t(self, n0: int, n1: int) -> torch.Tensor:
+        t = slice(n0 // ops.TILE, n1 // ops.TILE)
+        return ops.dequant_q4_bf16(self.qs[t], self.d[t], self.m[t], self.group_size).t()
+
+    def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return _dequantized_matmul(self, x)
 
 
 class NativeInt8Linear(QuantLinear):
@@ -71,7 +83,8 @@ class NativeInt8Linear(QuantLinear):
         self.register_buffer("s", ops.pack_tile_scales(s))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():  # as NativeInt4Linear.forward
+        if (x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # as NativeInt4Linear.forward
+                and x.shape[0] < self.many_tokens_from):
             return ops.gemm_q8(x, self.q, self.s, self.bias, self.group_size, self.out_features,
                                per_token=self.per_token)
         return super().forward(x)
@@ -79,12 +92,17 @@ class NativeInt8Linear(QuantLinear):
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return ops.gemm_q8(x, self.q, self.s, None, self.group_size, self.out_features, per_token=self.per_token)
 
+    def _weight_t(self, n0: int, n1: int) -> torch.Tensor:
+        t = slice(n0 // ops.TILE, n1 // ops.TILE)
+        return ops.dequant_q8_bf16(self.q[t], self.s[t], self.group_size).t()
+
+    def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        return _dequantized_matmul(self, x)
+
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the dequantized weight, fp32 [len(ids), K]: a tied embedding read from an int8 LM head."""
         rows = ops.q8_rows(self.q, ids).view(len(ids), -1, self.group_size).float()
         return rows.mul_(ops.tile_scale_rows(self.s, ids)[:, :, None]).view(len(ids), self.in_features)
-
-    _many_tokens = _few_tokens
 
 
 class NativeW8A8Linear(NativeInt8Linear):
