@@ -1,13 +1,16 @@
 """`tally route`'s proxy: `/v1/*` in front of replicas, streaming-safe.
 
-- **Balancing**: the healthy replica with the fewest requests in flight (then the fewest served); requests that share a prompt prefix (a
-  chat's system message, or a completion's first PREFIX_CHARS characters) prefer the same replica, so its prefix
-  cache hits, unless that replica has AFFINITY_SLACK more in flight than the least loaded one.
+- **Balancing**: the healthy replica with the fewest requests in flight (then the fewest served); requests that
+  share a prompt prefix (a chat's system message, or a completion's first PREFIX_CHARS characters) prefer the same
+  replica, so its prefix cache hits, unless that replica has AFFINITY_SLACK more in flight than the least loaded one.
 - **Health**: every replica's `/health` is polled each `health_interval_s`; one that fails it (or refuses a
   connection) is out until it answers again.
 - **Failover**: a request whose replica cannot be reached, or answers 5xx before any byte went to the client, is
   sent to the next replica; once a byte was streamed it is the client's, and a failure ends the stream.
 - Bodies and streams pass through byte for byte; the proxy's own `/metrics` counts requests by replica and outcome.
+- **Canary** (tally/ops/canary.py), when configured: it picks each request's side (canary or stable) and is handed
+  what the proxy measured of every generation response (tally/ops/response_meter.py); balancing and failover
+  work within that side first, then the other — a rolled-back canary is never tried.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -26,6 +30,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tally.ops.canary import CANARY, STABLE, Canary, CanaryConfig
+from tally.ops.canary_rules import Sample
+from tally.ops.response_meter import ResponseMeter
+
+log = logging.getLogger("tally.route")
 PREFIX_CHARS = 256
 AFFINITY_SLACK = 2
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
@@ -34,6 +43,7 @@ HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "kee
 @dataclass
 class Replica:
     url: str
+    side: str = STABLE
     healthy: bool = True
     in_flight: int = 0
     served: int = 0
@@ -47,6 +57,7 @@ class RouterConfig:
     replicas: list[str]
     health_interval_s: float = 1.0
     request_timeout_s: float = 600.0
+    canary: CanaryConfig | None = None
 
 
 @dataclass
@@ -55,19 +66,25 @@ class Router:
     replicas: list[Replica] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.replicas = [Replica(u.rstrip("/")) for u in self.config.replicas]
+        canary = self.config.canary.urls if self.config.canary else ()
+        self.replicas = [Replica(u.rstrip("/")) for u in self.config.replicas] + [Replica(u, CANARY) for u in canary]
 
-    def order(self, affinity_key: str | None) -> list[Replica]:
-        """Replicas to try, best first: healthy ones by load (the affine one first when not much busier), then
-        the unhealthy ones as a last resort."""
-        # Ties (an idle fleet) go to the replica that has served least, so sequential requests alternate.
-        healthy = sorted((r for r in self.replicas if r.healthy), key=lambda r: (r.in_flight, r.served))
-        if affinity_key is not None and healthy:
-            ring = sorted(self.replicas, key=lambda r: r.url)
-            affine = ring[int(hashlib.sha1(affinity_key.encode()).hexdigest(), 16) % len(ring)]
-            if affine.healthy and affine.in_flight <= healthy[0].in_flight + AFFINITY_SLACK:
-                healthy = [affine] + [r for r in healthy if r is not affine]
-        return healthy + [r for r in self.replicas if not r.healthy]
+    def order(self, affinity_key: str | None, sides: tuple[str, ...] = (STABLE,)) -> list[Replica]:
+        """Replicas to try, best first: each side's healthy ones in turn, by load (the affine one first when not
+        much busier), then the unhealthy ones as a last resort. Replicas of a side not named are never tried."""
+        healthy, unhealthy = [], []
+        for side in sides:
+            mine = [r for r in self.replicas if r.side == side]
+            # Ties (an idle fleet) go to the replica that has served least, so sequential requests alternate.
+            ranked = sorted((r for r in mine if r.healthy), key=lambda r: (r.in_flight, r.served))
+            if affinity_key is not None and ranked:
+                ring = sorted(mine, key=lambda r: r.url)
+                affine = ring[int(hashlib.sha1(affinity_key.encode()).hexdigest(), 16) % len(ring)]
+                if affine.healthy and affine.in_flight <= ranked[0].in_flight + AFFINITY_SLACK:
+                    ranked = [affine] + [r for r in ranked if r is not affine]
+            healthy += ranked
+            unhealthy += [r for r in mine if not r.healthy]
+        return healthy + unhealthy
 
 
 def affinity_key(body: bytes) -> str | None:
@@ -95,6 +112,7 @@ def build_router_app(config: RouterConfig) -> Starlette:
     healthy = Gauge("tally_route_replica_healthy", "1 while the replica passes its health check.", ["replica"],
                     registry=registry)
     client = httpx.AsyncClient(timeout=httpx.Timeout(config.request_timeout_s, connect=5.0))
+    canary = Canary(config.canary, time.monotonic(), registry) if config.canary else None
 
     async def check(replica: Replica) -> None:
         try:
@@ -111,12 +129,26 @@ def build_router_app(config: RouterConfig) -> Starlette:
             await asyncio.gather(*(check(r) for r in router.replicas))
             await asyncio.sleep(config.health_interval_s)
 
+    async def canary_loop(canary: Canary) -> None:
+        while canary.running:
+            await asyncio.sleep(canary.config.eval_interval_s)
+            try:
+                canary.evaluate(time.monotonic())
+            except Exception as exc:  # noqa: BLE001 — whatever broke, the canary must not run unwatched
+                log.exception("canary evaluation failed")
+                canary.fail_safe(repr(exc))
+
     async def proxy(request: Request) -> Response:
         body = await request.body()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        sides, measured = (STABLE,), False
+        if canary is not None:
+            sticky = canary.config.sticky_header
+            sides = canary.sides(request.headers.get(sticky) if sticky else None)
+            measured = request.method == "POST"  # the generations; not GET /v1/models
         last = None
-        for replica in router.order(affinity_key(body)):
+        for replica in router.order(affinity_key(body), sides):
             replica.in_flight += 1
             in_flight.labels(replica.url).inc()
             released = False
@@ -129,6 +161,7 @@ def build_router_app(config: RouterConfig) -> Starlette:
                     in_flight.labels(replica.url).dec()
                     requests.labels(replica.url, outcome).inc()
 
+            sent_s = time.monotonic()
             try:
                 upstream = await client.send(client.build_request(request.method, replica.url + path,
                                                                   headers=headers, content=body), stream=True)
@@ -136,30 +169,43 @@ def build_router_app(config: RouterConfig) -> Starlette:
                 replica.healthy, replica.failed, replica.last_error = False, replica.failed + 1, type(e).__name__
                 healthy.labels(replica.url).set(0)
                 release("unreachable")
+                if measured:
+                    canary.record(replica.side, Sample(time.monotonic(), error=True))
                 last = e
                 continue
             if upstream.status_code >= 500:  # nothing went to the client yet: another replica may do better
                 await upstream.aclose()
                 replica.failed += 1
                 release(f"http_{upstream.status_code}")
+                if measured:
+                    canary.record(replica.side, Sample(time.monotonic(), error=True))
                 last = upstream
                 continue
             replica.served += 1
+            meter = ResponseMeter(sent_s, upstream.status_code, upstream.headers.get("content-type", ""),
+                                  upstream.headers.get("content-encoding")) if measured else None
 
-            async def stream(upstream: httpx.Response = upstream, release=release) -> AsyncIterator[bytes]:
+            async def stream(upstream: httpx.Response = upstream, release=release, side: str = replica.side,
+                             meter: ResponseMeter | None = meter) -> AsyncIterator[bytes]:
+                outcome = "client_gone"  # unless the stream ends or the replica breaks it
                 try:
                     async for chunk in upstream.aiter_raw():
+                        arrived_s = time.monotonic()
                         yield chunk
-                    release("ok")
-                except (httpx.HTTPError, asyncio.CancelledError):
-                    release("broken")
+                        if meter is not None:  # read after the client has the bytes: never in their way
+                            meter.feed(chunk, arrived_s)
+                    outcome = "ok"
+                except httpx.HTTPError:
+                    outcome = "broken"
                     raise
                 finally:
                     await upstream.aclose()
-                    release("client_gone")
+                    release(outcome)
+                    if meter is not None and outcome != "client_gone":  # a client leaving says nothing of the replica
+                        canary.record(side, meter.sample(time.monotonic(), broken=outcome == "broken"))
 
-            passed = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS
-                      and k.lower() != "content-encoding"}
+            # Raw bytes go through, so their Content-Encoding must go with them.
+            passed = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
             return StreamingResponse(stream(), status_code=upstream.status_code, headers=passed)
         if isinstance(last, httpx.Response):
             return Response(status_code=last.status_code, content=b"", media_type="application/json")
@@ -173,21 +219,31 @@ def build_router_app(config: RouterConfig) -> Starlette:
                             status_code=200 if ok else 503)
 
     async def status(_: Request) -> Response:
-        return JSONResponse({"replicas": [vars(r) for r in router.replicas]})
+        return JSONResponse({"replicas": [vars(r) for r in router.replicas],
+                             **({"canary": canary.status()} if canary else {})})
+
+    async def canary_status(_: Request) -> Response:
+        if canary is None:
+            return JSONResponse({"error": "no canary: start tally route with --canary"}, status_code=404)
+        return JSONResponse(canary.status())
 
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        task = asyncio.create_task(health_loop())
+        tasks = [asyncio.create_task(health_loop())] + ([asyncio.create_task(canary_loop(canary))] if canary else [])
         try:
             yield
         finally:
-            task.cancel()
+            for task in tasks:
+                task.cancel()
             await client.aclose()
+            if canary is not None:
+                canary.close()
 
     return Starlette(routes=[
         Route("/health", health), Route("/metrics", metrics), Route("/router/status", status),
+        Route("/router/canary", canary_status),
         Route("/v1/{rest:path}", proxy, methods=["GET", "POST"]),
     ], lifespan=lifespan)
