@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -60,6 +61,24 @@ def physical_cores() -> int:
     except OSError:
         pass
     return max(len(cores), 1) if cores else max(len(allowed), 1)
+
+
+def parse_cpu_list(text: str) -> set[int]:
+    """"0-3,6" -> {0, 1, 2, 3, 6} (the kernel's cpulist format, as taskset -c takes it)."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", part)
+        if not match or (match[2] is not None and int(match[2]) < int(match[1])):
+            raise ValueError(f"CPU list {text!r}: write CPUs as 0-3,6")
+        cpus.update(range(int(match[1]), int(match[2] or match[1]) + 1))
+    return cpus
+
+
+def pin_process(cpus: set[int]) -> None:
+    """Every thread of this process (OpenMP's pool may exist already) onto `cpus`; threads made later inherit."""
+    tasks = Path("/proc/self/task")
+    for tid in (int(t) for t in os.listdir(tasks)) if tasks.exists() else (0,):
+        os.sched_setaffinity(tid, cpus)
 
 
 def cache_dir() -> Path:

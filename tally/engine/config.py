@@ -1,6 +1,7 @@
 """Engine configuration: vLLM's names, validated once at the edge (LLM(), CLI, server)."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from tally.core.scheduler import SchedulerConfig
 from tally.engine.speculative_config import SpeculativeConfig
 from tally.errors import ConfigError
 from tally.layers.linear import fp16_weights_supported
-from tally.platform import has_fast_bf16
+from tally.platform import has_fast_bf16, parse_cpu_list
 from tally.sampling_params import MAX_LOGPROBS
 from tally.units import parse_bytes
 
@@ -94,6 +95,8 @@ class EngineConfig:
                                              "costs a top-k over the vocabulary per token")
     threads: int | None = option(None, "CPU threads of the model's kernels (default: the physical cores this "
                                        "process may run on)")
+    cpu_affinity: str | None = option(None, "CPUs the engine may run on, e.g. 0-3 (taskset's list format): keeps "
+                                            "it off the cores a neighbour uses; threads default to its cores")
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")
@@ -131,6 +134,14 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_num_partial_prefills"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.cpu_affinity is not None:
+            try:
+                cpus = parse_cpu_list(self.cpu_affinity)
+            except ValueError as exc:
+                raise ConfigError(str(exc), param="cpu_affinity") from exc
+            if not cpus <= set(range(os.cpu_count() or 1)):
+                raise ConfigError(f"cpu_affinity {self.cpu_affinity!r} names CPUs this machine lacks (it has "
+                                  f"0-{(os.cpu_count() or 1) - 1})", param="cpu_affinity")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be ≥ 1, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -22,7 +22,7 @@ from tally.models.llama import CausalLM
 from tally.models.loader import Checkpoint, load_checkpoint
 from tally.models.projection_shapes import projection_shapes
 from tally.models.tokenizer import load_tokenizer, stop_token_ids
-from tally.platform import available_ram_bytes, physical_cores
+from tally.platform import available_ram_bytes, parse_cpu_list, physical_cores, pin_process
 
 DEFAULT_KV_CAP_BYTES = 2 * 2**30
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -45,6 +45,8 @@ class LoadedModel:
 
 def load_model(config: EngineConfig) -> LoadedModel:
     torch.manual_seed(config.seed)
+    if config.cpu_affinity is not None:
+        pin_process(parse_cpu_list(config.cpu_affinity))
     torch.set_num_threads(config.threads or physical_cores())
     ckpt = load_checkpoint(config.model)
     cfg = ckpt.config

@@ -3,7 +3,8 @@ its flags (the same flags rank the paths differently on different CPUs: docs/ben
 
 When the dtype is open (EngineConfig.path_candidates gives more than one path, or a path whose layers can send
 many-row steps to bf16), each candidate is timed on the model's own projection shapes at ROWS
-(tally/layers/path_timing.py). The path fastest at one row serves the model: decode steps are most steps and
+(tally/layers/path_timing.py), at one row first and then, for the fastest there, at the other row counts.
+The path fastest at one row serves the model: decode steps are most steps and
 what TPOT feels, and the one-call native decode step lives on that side. Then, where that path's layers can
 multiply in bf16 over weights dequantized per call, rows from the first measured count at which that is faster
 for every larger count take it (prompt chunks; no second copy of the weights). The choice is cached on disk by
@@ -60,7 +61,8 @@ class PathChoice:
         """Tokens per second of the projections alone, per candidate and row count."""
         lines = ["rows: " + " ".join(f"{r:>8}" for r in ROWS)]
         for label, t in self.times.items():
-            lines.append(f"{label}: " + " ".join(f"{r / t.own[r]:>8,.0f}" for r in ROWS))
+            lines.append(f"{label}: " + " ".join(f"{r / t.own[r]:>8,.0f}" if r in t.own else f"{'-':>8}"
+                                                 for r in ROWS))
             if t.bf16_many:
                 lines.append(f"{label}, bf16 from per-call dequant: " + " ".join(
                     f"{r / t.bf16_many[r]:>8,.0f}" if r in t.bf16_many else f"{'-':>8}" for r in ROWS))
@@ -90,15 +92,23 @@ def choose_path(candidates: list[PathCandidate], shapes: dict[str, list[Projecti
         if cached is not None:
             return cached
     start = time.perf_counter()
-    times = {}
-    for c in candidates:
-        compute, weight = c.dtypes
-        times[c.label] = time_path(shapes[c.quantization or ""], ComputePath(compute, weight or compute), ROWS,
-                                   BUDGET_BYTES, try_bf16_many=try_many and compute == torch.float32)
+    # one row for every candidate, then the other row counts for the winner only: the losers' many-row figures
+    # would decide nothing, and a path slow at one row is slow to measure
+    times = {c.label: time_path(shapes[c.quantization or ""], _compute_path(c), ROWS[:1], BUDGET_BYTES)
+             for c in candidates}
+    best = min(candidates, key=lambda c: times[c.label].own[1])
+    rest = time_path(shapes[best.quantization or ""], _compute_path(best), ROWS[1:], BUDGET_BYTES,
+                     try_bf16_many=try_many and best.dtypes[0] == torch.float32)
+    times[best.label] = PathTimes({**times[best.label].own, **rest.own}, rest.bf16_many)
     choice = _decide(candidates, times)
     choice.seconds = time.perf_counter() - start
     _write(cache_file, key, choice)
     return choice
+
+
+def _compute_path(c: PathCandidate) -> ComputePath:
+    compute, weight = c.dtypes
+    return ComputePath(compute, weight or compute)
 
 
 def _decide(candidates: list[PathCandidate], times: dict[str, PathTimes]) -> PathChoice:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tally.native import ops as native
-from tally.quant.base import tiled_matmul
+from tally.quant.base import BF16_TILE_BYTES, tiled_matmul
 from tally.quant.dispatch import NEVER
 
 
@@ -61,7 +61,7 @@ class Fp16WeightLinear(nn.Module):
             return y if self.bias is None else y + self.bias
         x2 = x.reshape(-1, self.in_features).float().contiguous()
         if x2.shape[0] >= self.many_tokens_from:
-            y = tiled_matmul(x2, self.out_features, torch.bfloat16, self._weight_t, align=native.PANEL)
+            y = tiled_matmul(x2, self.out_features, torch.bfloat16, self._weight_t, native.PANEL, BF16_TILE_BYTES)
             y = y[:, :self.out_features].float()
             if self.bias is not None:
                 y += self.bias

@@ -17,7 +17,7 @@ from tally.errors import ConfigError
 from tally.layers.dense import DenseLinear, Fp16WeightLinear
 from tally.native import ops as native
 from tally.quant.base import QuantLinear
-from tally.quant.gguf_blocks import Int4Blocks, read_blocks
+from tally.quant.gguf_blocks import Int4Blocks, Int8Blocks, read_blocks
 from tally.quant.group_int8 import GroupInt8Linear
 from tally.quant.int4 import Int4Linear
 from tally.quant.int8 import Int8Linear
@@ -105,7 +105,11 @@ def w8a8_from_float(weight: torch.Tensor, bias: torch.Tensor | None, compute_dty
 def linear_from_gguf(raw: Any, bias: torch.Tensor | None, *, compute_dtype: torch.dtype) -> nn.Module | None:
     """A layer holding a GGUF tensor's blocks exactly (tally/quant/gguf_blocks.py), or None for block types that
     are not adopted (the caller dequantizes those)."""
-    blocks = read_blocks(raw)
+    return linear_from_blocks(read_blocks(raw), bias, compute_dtype=compute_dtype)
+
+
+def linear_from_blocks(blocks: Int4Blocks | Int8Blocks | None, bias: torch.Tensor | None, *,
+                       compute_dtype: torch.dtype) -> nn.Module | None:
     if blocks is None:
         return None
     if isinstance(blocks, Int4Blocks):

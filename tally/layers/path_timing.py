@@ -23,6 +23,7 @@ from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
 STORAGES = ("dense", "int4", "int8", "w8a8")
 MIN_TIME_S = 0.02  # per (shape, rows): enough calls to see past timer and scheduler noise
 MAX_CALLS = 64
+ROW_BLOCK = 64
 
 
 @dataclass(frozen=True)
@@ -46,21 +47,32 @@ class ComputePath:
     weight_dtype: torch.dtype  # of dense projections: the compute dtype, or fp16 panels under fp32 compute
 
 
-def timing_layer(shape: ProjectionShape, path: ComputePath, gen: torch.Generator) -> nn.Module:
+def timing_layers(shape: ProjectionShape, path: ComputePath, copies: int, gen: torch.Generator) -> list[nn.Module]:
+    """`copies` layers of one shape, each with its own weight memory, packed per copy as the builder packs a
+    checkpoint's. The kernels' time does not depend on the values, and drawing 136 M random integers for a
+    large vocabulary's head takes longer than timing it: rows repeat a drawn block of ROW_BLOCK."""
     n, k = shape.out_features, shape.in_features
+
+    def rows(draw) -> torch.Tensor:
+        return draw((min(n, ROW_BLOCK), k)).repeat(-(-n // ROW_BLOCK), 1)[:n].contiguous()
+
     if shape.storage == "dense":
-        w = torch.randn(n, k, generator=gen) * 0.02
-        return build_linear(w, None, quantization=None, dtype=path.compute_dtype, weight_dtype=path.weight_dtype)
+        w = rows(lambda size: torch.randn(size, generator=gen) * 0.02)
+        return [build_linear(w.clone(), None, quantization=None, dtype=path.compute_dtype,
+                             weight_dtype=path.weight_dtype) for _ in range(copies)]
     if shape.storage == "int4":
-        q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
+        q = rows(lambda size: torch.randint(0, 16, size, dtype=torch.uint8, generator=gen))
         scale = torch.rand(n, k // shape.group_size, generator=gen) * 0.01
-        return int4_linear(q, scale, torch.zeros_like(scale), shape.group_size, None, path.compute_dtype)
-    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+        return [int4_linear(q, scale, torch.zeros_like(scale), shape.group_size, None, path.compute_dtype)
+                for _ in range(copies)]
+    q = rows(lambda size: torch.randint(-127, 128, size, dtype=torch.int8, generator=gen))
     if shape.storage == "w8a8":
-        return w8a8_linear(q, torch.rand(n, generator=gen) * 0.01, None, path.compute_dtype)
+        scale = torch.rand(n, generator=gen) * 0.01
+        return [w8a8_linear(q, scale, None, path.compute_dtype) for _ in range(copies)]
     groups = 1 if shape.group_size in (0, k) else k // shape.group_size
     scale = torch.rand(n, groups, generator=gen) * 0.01
-    return int8_linear(q, scale.squeeze(1) if groups == 1 else scale, None, path.compute_dtype)
+    return [int8_linear(q, scale.squeeze(1) if groups == 1 else scale, None, path.compute_dtype)
+            for _ in range(copies)]
 
 
 @dataclass
@@ -94,7 +106,7 @@ def time_path(shapes: list[ProjectionShape], path: ComputePath, rows: tuple[int,
         built = []
         for shape in shapes:
             copies = int(min(shape.count, max(1, per_shape_budget // shape.weight_bytes(path.weight_dtype))))
-            built.append((shape, [timing_layer(shape, path, gen) for _ in range(copies)]))
+            built.append((shape, timing_layers(shape, path, copies, gen)))
         if try_bf16_many and all(bf16_many_tokens_capable(layers[0]) for _, layers in built):
             times.bf16_many = {r: 0.0 for r in rows if r > 1}
         for shape, layers in built:

@@ -15,11 +15,12 @@ from torch import nn
 from tally.attention.interface import AttentionBackend
 from tally.errors import ConfigError, ModelLoadError
 from tally.layers.dense import ConcatLinear
-from tally.layers.linear import build_linear, linear_from_gguf
+from tally.layers.linear import build_linear, linear_from_blocks, linear_from_gguf
 from tally.models.config import ModelConfig
 from tally.models.llama import CausalLM
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.models.packed_checkpoint import linear_from_packed
+from tally.quant.gguf_blocks import concat_blocks, read_blocks
 
 if TYPE_CHECKING:
     from tally.models.loader import Checkpoint
@@ -96,19 +97,23 @@ def _pop_packed(name: str, pop: Callable[[str], torch.Tensor],
 
 def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tensor],
                biases: list[torch.Tensor] | None, dtype: torch.dtype, weight_dtype: torch.dtype | None) -> nn.Module:
-    """One layer over the GGUF blocks of `names`: rows concatenated when their types match, else one layer per
-    name behind ConcatLinear. Types the quantized layers do not adopt (F16, Q5_0, Q6_K) use the dequantized
-    weight, in fp16 panels when `weight_dtype` says so (half of fp32's bytes per step)."""
+    """One layer over the GGUF blocks of `names`: rows concatenated when their types (or the kernels they load
+    into) match, else one layer per name behind ConcatLinear. Types the quantized layers do not adopt (F16, Q6_K)
+    use the dequantized weight, in fp16 panels when `weight_dtype` says so (half of fp32's bytes per step)."""
     raws = [checkpoint.gguf_tensor(f"{n}.weight") for n in names]
+    b = None if biases is None else torch.cat(biases)
     if len({r.ggml_type for r in raws}) == 1:
-        b = None if biases is None else torch.cat(biases)
         return (linear_from_gguf(_concat_raw(raws), b, compute_dtype=dtype)
                 or build_linear(torch.cat(dense), b, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
+    blocks = [read_blocks(r) for r in raws]
+    merged = concat_blocks(blocks)  # e.g. Q5_0 and Q8_0 rows: both int8, still one layer
+    if merged is not None:
+        return linear_from_blocks(merged, b, compute_dtype=dtype)
     parts = []
-    for i, (raw, w) in enumerate(zip(raws, dense)):
-        b = None if biases is None else biases[i]
-        parts.append(linear_from_gguf(raw, b, compute_dtype=dtype)
-                     or build_linear(w, b, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
+    for i, (blk, w) in enumerate(zip(blocks, dense)):
+        bi = None if biases is None else biases[i]
+        parts.append(linear_from_blocks(blk, bi, compute_dtype=dtype)
+                     or build_linear(w, bi, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
     return ConcatLinear(parts)
 
 

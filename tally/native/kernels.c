@@ -91,6 +91,18 @@ static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc,
     }
 }
 
+/* VNNI (AVX-VNNI, or AVX-512 VNNI with VL) multiplies unsigned by signed bytes and adds each 4 products into
+ * an int32 lane in one instruction, where AVX2 needs maddubs, madd and add: the same sums, exactly (no int16
+ * stage to saturate). tally/native/library.py builds this file a second time with those flags where the CPU has
+ * them; everything else is the same source. */
+#if defined(__AVXVNNI__)
+#define TALLY_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TALLY_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#endif
+
 static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into every 32-bit lane */
     int32_t v;
     memcpy(&v, p, 4);
@@ -119,10 +131,14 @@ static inline __attribute__((always_inline)) void int_block_dots(
             __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + c * 32));
             __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
             _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++) {  /* int16 sums while in the block */
+            for (int i = 0; i < mr; i++) {  /* int16 sums while in the block (VNNI: int32 at once) */
                 const int8_t *xp = xq + i * K + c * 8;
+#ifdef TALLY_VNNI
+                dot[i] = DPBUSD(DPBUSD(dot[i], lo, broadcast4(xp)), hi, broadcast4(xp + 4));
+#else
                 dot[i] = _mm256_add_epi16(dot[i], _mm256_maddubs_epi16(lo, broadcast4(xp)));
                 dot[i] = _mm256_add_epi16(dot[i], _mm256_maddubs_epi16(hi, broadcast4(xp + 4)));
+#endif
             }
         }
     } else {
@@ -133,14 +149,21 @@ static inline __attribute__((always_inline)) void int_block_dots(
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) {
                 __m256i xs = _mm256_sign_epi8(broadcast4(xq + i * K + c * 4), raw);
+#ifdef TALLY_VNNI
+                dot[i] = DPBUSD(dot[i], mag, xs);
+#else
                 dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, xs), ones));
+#endif
             }
         }
     }
+#ifndef TALLY_VNNI
     if (int4) {
         _Pragma("GCC unroll 8")
         for (int i = 0; i < mr; i++) dot[i] = _mm256_madd_epi16(dot[i], ones);
     }
+#endif
+    (void)ones;
 }
 
 static inline __attribute__((always_inline)) void int_tile(
@@ -574,12 +597,6 @@ void tally_decode_layers(const Model *md, float *h, int64_t n, const float *cos,
  * Where the CPU multiplies bf16 many times faster than the integer kernels work (AVX-512 BF16, AMX), a prompt's
  * rows go through a bf16 matmul over weights dequantized per call, a few tiles at a time (no second copy).
  * Out: W rows [8 (t1 - t0), K] (16 for f16 panels), bf16 bits, rounded to nearest even. */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-}
-
 static inline void store_bf16x8(uint16_t *dst, __m256 v) {  /* 8 floats -> 8 bf16, rounded to nearest even */
     __m256i u = _mm256_castps_si256(v);
     u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF),
@@ -628,14 +645,26 @@ void tally_dequant_q8_bf16(const int8_t *q, const float *s, uint16_t *w, int64_t
     int64_t G = K / group;
     #pragma omp parallel for schedule(static) if (n_tiles * K * TILE >= PAR_MIN)
     for (int64_t t = 0; t < n_tiles; t++)
-        for (int j = 0; j < TILE; j++) {
-            uint16_t *row = w + (t * TILE + j) * K;
-            for (int64_t g = 0; g < G; g++) {
-                float sg = s[(t * G + g) * TILE + j];
-                for (int64_t c = g * group / 4; c < (g + 1) * group / 4; c++) {
-                    const int8_t *b = q + (t * (K / 4) + c) * 32 + 4 * j;
-                    for (int i = 0; i < 4; i++) row[4 * c + i] = to_bf16((float)b[i] * sg);
-                }
+        for (int64_t g = 0; g < G; g++) {
+            __m256 sg[TILE];
+            for (int j = 0; j < TILE; j++) sg[j] = _mm256_set1_ps(s[(t * G + g) * TILE + j]);
+            for (int64_t c = g * group / 4; c < (g + 1) * group / 4; c += 2) {
+                /* chunks c, c + 1: byte 4j + i holds (output j, k 4c + i); side by side, output j's 8 k */
+                const int8_t *base = q + (t * (K / 4) + c) * 32;
+                __m256i a = _mm256_loadu_si256((const __m256i *)base);
+                __m256i b = _mm256_loadu_si256((const __m256i *)(base + 32));
+                const __m256i halves[2] = {_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b)};
+                for (int h = 0; h < 2; h++)
+                    for (int lane = 0; lane < 2; lane++) {
+                        __m128i part = lane ? _mm256_extracti128_si256(halves[h], 1)
+                                            : _mm256_castsi256_si128(halves[h]);
+                        for (int u = 0; u < 2; u++) {
+                            int j = lane * 4 + h * 2 + u;
+                            __m128i bytes = u ? _mm_srli_si128(part, 8) : part;
+                            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                            store_bf16x8(w + (t * TILE + j) * K + 4 * c, _mm256_mul_ps(v, sg[j]));
+                        }
+                    }
             }
         }
 }

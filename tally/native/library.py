@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tally.platform import cache_dir, has_avx2
+from tally.platform import cache_dir, cpu_flags, has_avx2
 
 log = logging.getLogger(__name__)
 
@@ -52,26 +52,51 @@ def _unavailable_reason() -> str | None:
     return None
 
 
-def _build(target: Path) -> None:
+def isa_flags() -> list[str]:
+    """The wider instruction sets the same source uses where this CPU has them (kernels.c: TALLY_VNNI), on top
+    of FLAGS; TALLY_NATIVE_ISA=avx2 keeps the baseline build (for A/B measurements)."""
+    if os.environ.get("TALLY_NATIVE_ISA", "best") == "avx2":
+        return []
+    flags = cpu_flags()
+    if "avx_vnni" in flags:
+        return ["-mavxvnni"]
+    if {"avx512_vnni", "avx512vl"} <= flags:
+        return ["-mavx512vnni", "-mavx512vl"]
+    return []
+
+
+def _build(target: Path, flags: list[str]) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
-        subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE), "-lm"],
+        subprocess.run([compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"],
                        check=True, capture_output=True, text=True)
         os.replace(partial, target)  # atomic: a concurrent loader sees the old state or the whole file
+
+
+def _load_built(flags: list[str]) -> ctypes.CDLL:
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    target = cache_dir() / f"tally_kernels_{digest}.so"
+    if not target.exists():
+        _build(target, flags)
+    return ctypes.CDLL(str(target))
 
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
     reason = _unavailable_reason()
     if reason is None:
-        digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-        target = cache_dir() / f"tally_kernels_{digest}.so"
         try:
-            if not target.exists():
-                _build(target)
-            lib = ctypes.CDLL(str(target))
+            try:
+                lib = _load_built(FLAGS + isa_flags())
+            except (OSError, subprocess.CalledProcessError) as e:
+                if not isa_flags():
+                    raise
+                # an older compiler without the wider flags still builds the baseline
+                log.warning("native kernels: %s build failed (%s); using the AVX2 build", " ".join(isa_flags()),
+                            (getattr(e, "stderr", "") or str(e)).strip()[:200])
+                lib = _load_built(FLAGS)
         except (OSError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", "") or str(e)
             reason = f"building {SOURCE.name} failed: {detail.strip()[:500]}"

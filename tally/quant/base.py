@@ -14,14 +14,19 @@ from tally.quant.dispatch import matmul_dtype
 # int8 layer). Measured 1 thread, fp32 tiles: lm_head 576x49152 at M=1 143 ms whole vs 10.5 ms in 4 MiB tiles;
 # 896x4864 1.59 vs 0.87 ms; at M=64 19.3 vs 15.8 ms.
 TILE_BYTES = 4 << 20
+# The native layers' bf16 tiles (dequantized by tally/native/kernels.c, 2 threads, 512 rows, Qwen2.5-0.5B's
+# shapes): 4 / 16 / 64 MiB tiles 2.5 / 1.4 / 1.7 ms (1152x896), 22.1 / 17.0 / 25.6 (9728x896), 9.9 / 7.0 / 9.5
+# (896x4864): oneDNN's bf16 matmul wants wider tiles than the fp32 dequantize-and-multiply above.
+BF16_TILE_BYTES = 16 << 20
 
 
 def tiled_matmul(x: torch.Tensor, out_features: int, dtype: torch.dtype,
-                 weight_t: Callable[[int, int], torch.Tensor], align: int = 1) -> torch.Tensor:
+                 weight_t: Callable[[int, int], torch.Tensor], align: int = 1,
+                 tile_bytes: int = TILE_BYTES) -> torch.Tensor:
     """QuantLinear._tiled_matmul for any layer that can produce its W^T a few columns at a time."""
     in_features = x.shape[1]
     n_total = -(-out_features // align) * align
-    tile = max(align, TILE_BYTES // (in_features * dtype.itemsize) // align * align)
+    tile = max(align, tile_bytes // (in_features * dtype.itemsize) // align * align)
     x = x.to(dtype)
     if tile >= n_total:
         return x @ weight_t(0, n_total)

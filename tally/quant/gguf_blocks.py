@@ -7,6 +7,10 @@ Q4_K: super-blocks of 256 = 8 sub-blocks of 32: fp16 d, fp16 dmin, 12 bytes of 6
 128 bytes of nibbles (each 32 bytes: sub-block 2i in the low nibbles, 2i + 1 in the high); w = d*sc*q - dmin*mn,
 i.e. group-32 asymmetric int4 with scale d*sc and minimum -dmin*mn (both exact in fp32).
 In the int4 kernel's convention w = (q - 8) * scale + zero: Q4_0 is scale d, zero 0; Q4_1 is scale d, zero m + 8d.
+Q5_0: fp16 d, 4 bytes qh (bit j: the fifth bit of weight j), 16 bytes of nibbles as Q4_0; w = d * (q - 16), and
+q - 16 in -16..15 is an int8 value: Q5_0 is group-32 int8 with scale d, exactly (1 byte per weight held instead
+of 5.5 bits stored, against 2 bytes dequantized to fp16). Q6_K (scales per 16 weights) and Q5_1 (a minimum) fit
+neither kernel and are dequantized.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import numpy as np
 import torch
 
 BLOCK = 32
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q4_K": 144}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144}
 _WEIGHTS_PER_BLOCK = {"Q4_K": 256}
 
 
@@ -58,6 +62,14 @@ def _nibbles(blocks: np.ndarray, start: int) -> torch.Tensor:
     return torch.from_numpy(q.reshape(blocks.shape[0], -1))
 
 
+def _q5_0(blocks: np.ndarray) -> torch.Tensor:
+    """Q5_0 blocks [N, K/32, 22] -> int8 [N, K] in -16..15."""
+    qh = np.ascontiguousarray(blocks[..., 2:6]).view("<u4")  # [N, K/32, 1]
+    high = ((qh >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8) << 4  # [N, K/32, 32]
+    low = _nibbles(blocks, 6).numpy().reshape(high.shape)
+    return torch.from_numpy(((low | high).astype(np.int16) - 16).astype(np.int8).reshape(blocks.shape[0], -1))
+
+
 def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Q4_K super-blocks [N, S, 144] -> q uint8 [N, 256 S], scale and minimum fp32 [N, 8 S] per 32 weights."""
     d, dmin = _fp16(blocks, 0)[..., None], _fp16(blocks, 2)[..., None]
@@ -75,7 +87,17 @@ def adopted_storage(type_name: str) -> str | None:
     """"int4" or "int8" for the block types read_blocks adopts (group 32), None for those it leaves dense."""
     if type_name not in _BLOCK_BYTES:
         return None
-    return "int8" if type_name == "Q8_0" else "int4"
+    return "int8" if type_name in ("Q8_0", "Q5_0") else "int4"
+
+
+def concat_blocks(parts: list[Int4Blocks | Int8Blocks | None]) -> Int4Blocks | Int8Blocks | None:
+    """Several tensors' blocks stacked by output rows, when all are of one kind (Q5_0 and Q8_0 both int8: Qwen's
+    q, k and v in a Q4_K_M file), so a fused projection stays one layer; None for mixed kinds."""
+    if any(p is None for p in parts) or len({type(p) for p in parts}) != 1:
+        return None
+    if isinstance(parts[0], Int4Blocks):
+        return Int4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale", "zero")))
+    return Int8Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale")))
 
 
 def read_blocks(raw: Any) -> Int4Blocks | Int8Blocks | None:
@@ -91,6 +113,8 @@ def read_blocks(raw: Any) -> Int4Blocks | Int8Blocks | None:
     if type_name == "Q8_0":
         q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(blocks.shape[0], -1))
         return Int8Blocks(q, d)
+    if type_name == "Q5_0":
+        return Int8Blocks(_q5_0(blocks), d)
     if type_name == "Q4_K":
         q, scale, minimum = _q4_k(blocks)
         return Int4Blocks(q, scale, minimum + 8.0 * scale)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from tally.native import ops
-from tally.quant.base import QuantLinear
+from tally.quant.base import BF16_TILE_BYTES, QuantLinear, tiled_matmul
 from tally.quant.dispatch import NEVER
 
 
@@ -28,7 +28,7 @@ def native_supported(compute_dtype: torch.dtype, in_features: int, group_size: i
 def _dequantized_matmul(layer: NativeInt4Linear | NativeInt8Linear, x: torch.Tensor) -> torch.Tensor:
     """The many-token path (off unless `use_many_tokens` was called): runs of whole 8-output weight tiles
     dequantized into a bf16 matmul (tally/native/kernels.c); fp32 out, as the kernel's."""
-    y = layer._tiled_matmul(x, torch.bfloat16, layer._weight_t, align=ops.TILE)
+    y = tiled_matmul(x, layer.out_features, torch.bfloat16, layer._weight_t, ops.TILE, BF16_TILE_BYTES)
     return y[:, :layer.out_features].float()
 
 
