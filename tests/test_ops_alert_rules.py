@@ -10,7 +10,7 @@ from support.bench_servers import serve
 
 from tally.bench.cli import main as bench_main
 from tally.errors import ConfigError
-from tally.ops.alerts import LATENCY_FACTOR, rules_file
+from tally.ops.alerts import LATENCY_FACTOR, baseline_rules, rules_file
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +46,27 @@ def test_a_partial_run_is_not_a_baseline(baseline, tmp_path):
     partial.write_text(json.dumps(result))
     with pytest.raises(ConfigError, match="partial run"):
         rules_file(partial)
+
+
+def test_a_live_baseline_counts_what_finished_in_its_window():
+    from tally.bench.scrape import parse_metrics
+    from tally.ops.live_baseline import baseline_from_scrapes
+
+    def scrape(ok: int, failed: int, ttft_le_01: int) -> str:
+        return (f"# TYPE tally:request_success_total counter\ntally:request_success_total{{finished_reason=\"stop\"}} {ok}\n"
+                f"# TYPE tally:request_error_total counter\ntally:request_error_total{{code=\"500\"}} {failed}\n"
+                f"tally:request_error_total{{code=\"400\"}} 7\n"
+                f"# TYPE tally:time_to_first_token_seconds histogram\n"
+                f"tally:time_to_first_token_seconds_bucket{{le=\"0.1\"}} {ttft_le_01}\n"
+                f"tally:time_to_first_token_seconds_bucket{{le=\"+Inf\"}} {ok}\n"
+                f"tally:time_to_first_token_seconds_sum {ok * 0.05}\n"
+                f"tally:time_to_first_token_seconds_count {ok}\n")
+
+    result = baseline_from_scrapes(parse_metrics(scrape(10, 1, 10)), parse_metrics(scrape(110, 2, 110)), [0, 3])
+    summary = result["summary"]
+    assert summary["counts"]["requests"] == 101 and summary["errors"] == {"http_5xx": 1}  # 400s are clients'
+    assert summary["ttft_s"]["count"] == 100 and summary["ttft_s"]["p99"] <= 0.1
+    rules = {r.name: r for r in baseline_rules(result)}
+    assert "TallyTTFTP99High" in rules and "most waiting in the baseline 3" in rules["TallyRequestsWaiting"].baseline
+    with pytest.raises(ConfigError, match="no request finished"):
+        baseline_from_scrapes(parse_metrics(scrape(10, 1, 10)), parse_metrics(scrape(10, 1, 10)), [])

@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+import yaml
 from support.ledger_polling import expect_ledger
 from support.tiny_models import make_checkpoint
 
@@ -139,3 +140,21 @@ def test_an_overloaded_server_fires_the_rejection_alert(server, prometheus):
         release.set()
         for t in holders:
             t.join(NEVER_S)
+
+
+def test_a_live_window_of_the_server_is_a_baseline_too(server, tmp_path):
+    """`tally alerts --baseline URL`: the server's own /metrics over a window of normal traffic, no bench run."""
+    traffic = threading.Thread(target=bench_main, args=(["--url", server.url, "--rate", "4", "--duration", "3s",
+                                                         "--lengths", "fixed:16,8", "--quiet"],))
+    traffic.start()
+    try:
+        text = rules_file(server.url, window=WINDOW, for_s="0s", baseline_window_s=3.0)
+    finally:
+        traffic.join()
+    rules = {r["alert"]: r for group in yaml.safe_load(text)["groups"] for r in group["rules"]}
+    assert {"TallyTTFTP99High", "TallyE2EP99High", "TallyOutputLengthDrop"} <= set(rules)
+    assert all(server.url in r["annotations"]["baseline_run"] for r in rules.values())
+    path = tmp_path / "live.yml"
+    path.write_text(text)
+    check = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr

@@ -16,7 +16,8 @@ GAUGES = {
     "running": ("num_requests_running",),
     "waiting": ("num_requests_waiting",),
 }
-COUNTERS = {  # speculative decoding, same names in both families
+COUNTERS = {  # speculative decoding and outcomes, same names in both families
+    "success": ("request_success",),
     "spec_drafts": ("spec_decode_num_drafts",),
     "spec_draft_tokens": ("spec_decode_num_draft_tokens",),
     "spec_accepted_tokens": ("spec_decode_num_accepted_tokens",),
@@ -24,6 +25,10 @@ COUNTERS = {  # speculative decoding, same names in both families
 HISTOGRAMS = {
     "queue_time_s": ("request_queue_time_seconds",),
     "ttft_s": ("time_to_first_token_seconds",),
+    "tpot_s": ("request_time_per_output_token_seconds", "time_per_output_token_seconds"),
+    "itl_s": ("inter_token_latency_seconds",),
+    "e2e_s": ("e2e_request_latency_seconds",),
+    "output_tokens": ("request_generation_tokens",),
 }
 
 
@@ -39,6 +44,8 @@ class Snapshot:
     gauges: dict[str, float] = field(default_factory=dict)  # unprefixed for tally:/vllm: names
     histograms: dict[str, Histogram] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)  # unprefixed, summed over label sets
+    # unprefixed counter -> (labels, value) per label set, e.g. request_error by HTTP code
+    labeled: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
 
     def gauge(self, key: str) -> float | None:
         """One of GAUGES' keys, or `rss_bytes` (process_resident_memory_bytes)."""
@@ -73,7 +80,9 @@ def parse_metrics(text: str) -> Snapshot:
                 elif sample.name.endswith("_count"):
                     hist.count += sample.value
         elif family.type == "counter":
-            snapshot.counters[name] = sum(s.value for s in family.samples if s.name.endswith("_total"))
+            totals = [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")]
+            snapshot.counters[name] = sum(v for _, v in totals)
+            snapshot.labeled[name] = totals
         elif family.type in ("gauge", "unknown", "untyped"):
             for sample in family.samples:
                 total, n = seen.get(name, (0.0, 0))

@@ -3,7 +3,8 @@
 Each latency rule fires when a P99 over the window exceeds the baseline run's P99 × the signal's factor; the early
 signals fire before latency does (requests waiting, KV cache nearly full, rejections, timeouts, a drop in output
 length — a model that truncates looks fast). Every rule carries its baseline figure and factor as annotations,
-so whoever is paged sees what "normal" was. The baseline is a `tally bench --out` result (tally/bench).
+so whoever is paged sees what "normal" was. The baseline is a `tally bench --out` result (tally/bench), or a
+window of a live server's /metrics (tally/ops/live_baseline.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import yaml
 
 from tally.bench.report_json import load_result
 from tally.errors import ConfigError
+from tally.ops.live_baseline import live_baseline
 
 # Per signal: how far past the baseline it may go before anyone is told.
 LATENCY_FACTOR = 1.5
@@ -95,9 +97,15 @@ def baseline_rules(result: dict, prefix: str = "tally:", window: str = "5m") -> 
     return rules
 
 
-def rules_file(baseline: Path, prefix: str = "tally:", window: str = "5m", for_s: str = "5m") -> str:
-    """The YAML of a Prometheus rules file (`promtool check rules` accepts it)."""
-    result = load_result(baseline)
+def rules_file(baseline: Path | str, prefix: str = "tally:", window: str = "5m", for_s: str = "5m",
+               baseline_window_s: float = 300.0) -> str:
+    """The YAML of a Prometheus rules file (`promtool check rules` accepts it). `baseline`: a bench result file,
+    or a server's URL, scraped over `baseline_window_s`."""
+    if str(baseline).startswith(("http://", "https://")):
+        result = live_baseline(str(baseline), baseline_window_s)
+        baseline = f"{baseline} /metrics over {baseline_window_s:g} s"
+    else:
+        result = load_result(Path(baseline))
     if result.get("partial"):
         raise ConfigError(f"{baseline} is a partial run ({result['stopped']['reason']}); use a complete baseline")
     rules = [r.to_dict(for_s, str(baseline)) for r in baseline_rules(result, prefix, window)]
