@@ -58,11 +58,12 @@ class EngineConfig:
     (`--max-num-seqs` for max_num_seqs), and `LLM(**kwargs)` takes the same names."""
 
     model: str | None = option(None, "checkpoint dir, .gguf file, or alias (default: the built-in smollm2-135m)")
-    dtype: str = option("auto", "float16: fp16 weights, fp32 compute (auto picks it for half-precision and GGUF "
-                                "checkpoints on CPUs without bf16 instructions)",
+    dtype: str = option("auto", "auto: for half-precision and GGUF checkpoints, the path measured fastest on this "
+                                "CPU at first start (tally tune; cached); float16: fp16 weights, fp32 compute",
                         choices=("auto", "float32", "float", "bfloat16", "float16", "half"))
-    quantization: str | None = option(None, "quantize on the fly (int8, int4, w8a8), or gguf: run a GGUF file's "
-                                            "blocks as stored", choices=QUANTIZATIONS, aliases=("-q",))
+    quantization: str | None = option(None, "quantize on the fly (int8, int4, w8a8); gguf: a GGUF file's blocks "
+                                            "as stored (the default for GGUF files); none: dequantize them",
+                                      choices=(*QUANTIZATIONS, "none"), aliases=("-q",))
     max_model_len: int | None = option(None, "longest prompt + output in tokens (default: the model's context)")
     max_num_seqs: int = option(SchedulerConfig.max_num_seqs, "requests decoded together at most")
     max_num_batched_tokens: int = option(SchedulerConfig.max_num_batched_tokens, "tokens one step computes at most")
