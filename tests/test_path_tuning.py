@@ -26,15 +26,11 @@ def cache_home(tmp_path, monkeypatch):
     return tmp_path / "tally"
 
 
-def times(own: dict[int, float], many: dict[int, float] | None = None) -> PathTimes:
-    return PathTimes(own, many)
-
-
 def test_the_path_fastest_at_one_row_wins_and_bf16_takes_rows_from_where_it_wins_for_good():
     a, b = PathCandidate("float16", "gguf"), PathCandidate("bfloat16", "gguf")
-    measured = {a.label: times({1: 1.0, 8: 2.0, 32: 4.0, 128: 10.0, 512: 40.0},
+    measured = {a.label: PathTimes({1: 1.0, 8: 2.0, 32: 4.0, 128: 10.0, 512: 40.0},
                                {8: 3.0, 32: 3.9, 128: 5.0, 512: 9.0}),
-                b.label: times({1: 3.0, 8: 3.0, 32: 3.0, 128: 6.0, 512: 9.0})}
+                b.label: PathTimes({1: 3.0, 8: 3.0, 32: 3.0, 128: 6.0, 512: 9.0})}
     choice = _decide([a, b], measured)
     assert choice.candidate == a and choice.many_tokens_from == 32
     # a win at 8 rows that is lost again at 32 does not count: bf16 must stay ahead from its start on
@@ -150,7 +146,7 @@ def test_dequantizing_kernels_round_the_stored_weights_to_bf16():
 
 
 def test_a_choice_read_back_says_so_in_its_summary():
-    choice = PathChoice(PathCandidate("float16", "gguf"), 128, {"x": times({r: 1.0 for r in ROWS})},
+    choice = PathChoice(PathCandidate("float16", "gguf"), 128, {"x": PathTimes({r: 1.0 for r in ROWS})},
                         cache_hit=True)
     assert "rows ≥ 128 in bf16" in choice.summary() and "cached" in choice.summary()
     assert "not measured" in PathChoice(PathCandidate("float32", None)).summary()

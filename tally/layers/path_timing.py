@@ -20,7 +20,6 @@ from tally.layers.linear import build_linear, int4_linear, int8_linear, w8a8_lin
 from tally.quant.dispatch import NEVER
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
 
-STORAGES = ("dense", "int4", "int8", "w8a8")
 MIN_TIME_S = 0.02  # per (shape, rows): enough calls to see past timer and scheduler noise
 MAX_CALLS = 64
 ROW_BLOCK = 64
@@ -32,7 +31,7 @@ class ProjectionShape:
     out_features: int
     in_features: int
     count: int  # layers holding it
-    storage: str  # one of STORAGES
+    storage: str  # dense | int4 | int8 | w8a8
     group_size: int = 0  # int4 / int8 groups (0: per output channel)
     decode_only: bool = False  # the LM head sees one row per sequence, never a prompt's rows
 
