@@ -69,7 +69,9 @@ def test_pipeline_stages_split_the_layers(capsys):
                      "--max-model-len", "32768")
     stages = out["split"]["stage_weight_bytes"]
     assert len(stages) == 2 and out["weights"]["per_device_bytes"] == max(stages)
-    assert sum(stages) * 4 == pytest.approx(out["weights"]["total_bytes"], rel=1e-3)
+    # the fullest rank's share: 29,568 MLP columns in 128-wide units do not split 4 ways evenly (58, 58, 58, 57)
+    assert sum(stages) * 4 == pytest.approx(out["weights"]["total_bytes"], rel=1e-2)
+    assert sum(stages) * 4 >= out["weights"]["total_bytes"]
 
 
 def test_lengths_recommend_a_max_model_len(capsys):
@@ -123,7 +125,8 @@ def test_unknown_model_names_the_presets(capsys):
 
 def test_tensor_parallel_must_divide_the_heads(capsys):
     assert main(["plan", "--model", "Qwen2.5-0.5B", "--device", "l4", "--tp", "4"]) == 2
-    assert "choose --tp from [1, 2, 7, 14]" in capsys.readouterr().err
+    # 7 divides the heads, but not as whole KV groups (2 KV heads): the engine's rule, so the plan's too
+    assert "choose tensor_parallel_size from [1, 2, 14]" in capsys.readouterr().err
 
 
 def test_gguf_weights_need_a_gguf_file(capsys):

@@ -120,6 +120,8 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.engine is not None and (self._thread is None or not self._thread.is_alive()):
+            self.engine.shutdown()  # a tensor-parallel engine's other ranks
 
     @property
     def is_alive(self) -> bool:
@@ -231,6 +233,7 @@ class AsyncEngine:
         while not self._stop.is_set():
             self._drain_inbox()
             if not self.engine.has_unfinished_requests():
+                self.engine.check_health()
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
@@ -240,7 +243,7 @@ class AsyncEngine:
             except Exception as exc:  # noqa: BLE001 - one bad step must not take the server down
                 failures += 1
                 log.exception("engine step failed (%d in a row); failing the requests in flight", failures)
-                if failures >= MAX_CONSECUTIVE_STEP_FAILURES:
+                if failures >= MAX_CONSECUTIVE_STEP_FAILURES or isinstance(exc, EngineDeadError):
                     raise
                 self._fail_in_flight(exc)
                 continue

@@ -7,7 +7,9 @@ import sys
 import time
 
 from tally.engine.args import add_engine_args, config_from_args
+from tally.engine.distributed import is_follower
 from tally.engine.engine import Engine
+from tally.engine.follower import follow
 from tally.errors import TallyError
 from tally.models.chat_template import (
     chat_prompt,
@@ -33,7 +35,8 @@ def main(argv: list[str]) -> int:
     add_engine_args(p)
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(message)s")
-
+    if is_follower():  # torchrun's ranks 1..N-1 follow rank 0's steps
+        return follow(config_from_args(ns))
     try:
         engine = Engine(config_from_args(ns))
         params = SamplingParams(

@@ -77,6 +77,8 @@ class EngineConfig:
                                  choices=KV_CACHE_DTYPES)
     kv_cache_memory: int | None = option(None, "bytes for the KV pool, e.g. 2GiB (default: min(fraction of free "
                                                "RAM, 2 GiB))", parse=parse_bytes)
+    num_gpu_blocks_override: int | None = option(None, "KV blocks in the pool, whatever the memory budget says "
+                                                       "(vLLM's name; for tests of preemption)")
     kv_cache_memory_fraction: float = option(0.25, "share of free RAM the default KV pool may take")
     scheduling: str = option("continuous", "static exists only to show what continuous batching buys",
                              choices=SCHEDULINGS)
@@ -98,6 +100,9 @@ class EngineConfig:
                                        "process may run on)")
     cpu_affinity: str | None = option(None, "CPUs the engine may run on, e.g. 0-3 (taskset's list format): keeps "
                                             "it off the cores a neighbour uses; threads default to its cores")
+    tensor_parallel_size: int = option(1, "processes the model's layers are split over (heads, MLP columns, "
+                                          "vocabulary), torch.distributed gloo; under torchrun one per rank, "
+                                          "else started here on this machine's CPUs", aliases=("-tp",))
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")
@@ -132,6 +137,8 @@ class EngineConfig:
             raise ConfigError(f"scheduling must be one of {SCHEDULINGS}, got {self.scheduling!r}")
         if self.attention_backend not in BACKEND_NAMES:
             raise ConfigError(f"attention_backend {self.attention_backend!r} unknown; use one of {BACKEND_NAMES}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ConfigError(f"num_gpu_blocks_override must be ≥ 1, got {self.num_gpu_blocks_override}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_num_partial_prefills"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
@@ -143,6 +150,9 @@ class EngineConfig:
             if not cpus <= set(range(os.cpu_count() or 1)):
                 raise ConfigError(f"cpu_affinity {self.cpu_affinity!r} names CPUs this machine lacks (it has "
                                   f"0-{(os.cpu_count() or 1) - 1})", param="cpu_affinity")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be ≥ 1, got {self.tensor_parallel_size}",
+                              param="tensor_parallel_size")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be ≥ 1, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 1:

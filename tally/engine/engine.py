@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -16,8 +17,10 @@ from tally.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tally.core.static_scheduler import StaticBatchScheduler
 from tally.engine.config import EngineConfig
 from tally.engine.detokenizer import IncrementalDetokenizer
+from tally.engine.distributed import ParallelContext
 from tally.engine.group import RequestGroup
 from tally.engine.model_setup import LoadedModel, load_model
+from tally.engine.model_step import TPDriver
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
 from tally.engine.snapshot import EngineSnapshot
@@ -25,7 +28,7 @@ from tally.engine.speculation import Speculator
 from tally.engine.step_cost import StepCost
 from tally.engine.stop import StopChecker
 from tally.engine.structured_output import GrammarCompiler
-from tally.errors import InvalidRequestError
+from tally.errors import EngineDeadError, InvalidRequestError
 from tally.outputs import RequestMetrics, RequestOutput, logprob_entry
 from tally.sampling_params import SamplingParams
 
@@ -62,7 +65,11 @@ class Engine:
             max_num_partial_prefills=config.max_num_partial_prefills,
             enable_chunked_prefill=config.enable_chunked_prefill,
         ), self.kv)
-        self.runner = ModelRunner(m.model, self.kv, m.kv_caches)
+        self.parallel = m.parallel
+        peers = TPDriver(m.parallel.control, m.parallel.env.world_size) if m.parallel is not None else None
+        self.runner = ModelRunner(m.model, self.kv, m.kv_caches, peers)
+        # The other ranks stop with this engine: when it is shut down, collected, or the interpreter exits.
+        self._stop_ranks = weakref.finalize(self, _stop_ranks, peers, m.parallel) if peers is not None else None
         self._grammars = GrammarCompiler(m.tokenizer, m.config.vocab_size, m.stop_token_ids)
         spec = config.speculative
         self.speculator = Speculator(spec, self.max_model_len) if spec is not None else None
@@ -70,6 +77,21 @@ class Engine:
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
         self._aborted: list[RequestGroup] = []
         log.info("ledger:\n%s", m.ledger.format())
+
+    def check_health(self) -> None:
+        """EngineDeadError if a tensor-parallel rank this process started has exited (vLLM's check_health): the
+        next step could never run, so the server should say so now rather than at the next request."""
+        if self.parallel is None:
+            return
+        for rank, proc in enumerate(self.parallel.followers, start=1):
+            if proc.poll() is not None:
+                raise EngineDeadError(f"tensor-parallel rank {rank} exited with code {proc.returncode}; the engine "
+                                      "cannot run without it: restart the server")
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do for a single process)."""
+        if self._stop_ranks is not None:
+            self._stop_ranks()
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
@@ -307,3 +329,11 @@ class Engine:
                     if on_finished is not None:
                         on_finished(o)
         return final
+
+
+def _stop_ranks(peers: TPDriver, parallel: ParallelContext) -> None:
+    try:
+        peers.send(None)
+    except Exception:  # noqa: BLE001 - a rank already gone must not keep the others from being reaped
+        log.warning("could not tell every tensor-parallel rank to stop", exc_info=True)
+    parallel.close()

@@ -1,14 +1,19 @@
 """Start-up: checkpoint → model → KV pool sized by the ledger → the ledger the engine logs."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from tally.attention.backend import make_backend
 from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.engine.config import EngineConfig
+from tally.engine.distributed import ParallelContext, allowed_cpus, join, rank_cpus
 from tally.engine.path_tuning import PathChoice, choose_path
 from tally.errors import ConfigError
 from tally.layers.path_timing import use_bf16_many_tokens
@@ -21,9 +26,12 @@ from tally.models.key_smoothing import calibration_ids, measure_key_scales
 from tally.models.llama import CausalLM
 from tally.models.loader import Checkpoint, load_checkpoint
 from tally.models.projection_shapes import projection_shapes
+from tally.models.tensor_parallel import TPShard, plan_shards
 from tally.models.tokenizer import load_tokenizer, stop_token_ids
 from tally.platform import available_ram_bytes, parse_cpu_list, physical_cores, pin_process
 
+log = logging.getLogger("tally.engine")
+T = TypeVar("T")
 DEFAULT_KV_CAP_BYTES = 2 * 2**30
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
@@ -41,17 +49,32 @@ class LoadedModel:
     max_model_len: int
     ledger: EngineLedger
     sampling_defaults: dict[str, float]  # from generation_config.json (--generation-config)
+    parallel: ParallelContext | None = None  # tensor parallel: this process's rank and its group
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
+    """This process's model and KV pool; under tensor parallelism, this rank's slice of them (every rank runs
+    this function; rank 0's measured path and KV pool size are the ones all use)."""
     torch.manual_seed(config.seed)
-    if config.cpu_affinity is not None:
-        pin_process(parse_cpu_list(config.cpu_affinity))
-    torch.set_num_threads(config.threads or physical_cores())
     ckpt = load_checkpoint(config.model)
-    cfg = ckpt.config
+    if config.tensor_parallel_size == 1:
+        return _load(config, ckpt, None, None)
+    shards = plan_shards(ckpt.config, config.tensor_parallel_size)  # a split that cannot work is refused first
+    parallel = join(config)
+    try:
+        return _load(config, ckpt, shards[parallel.env.rank], parallel)
+    except BaseException:
+        parallel.abort()  # no rank may be left waiting for a model that will never run
+        raise
+
+
+def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None,
+          parallel: ParallelContext | None) -> LoadedModel:
+    full_cfg = ckpt.config
+    cfg = shard.local_config(full_cfg) if shard is not None else full_cfg
+    _place_threads(config, parallel)
     tokenizer = load_tokenizer(ckpt)
-    path = measured_path(config, ckpt)
+    path = _agreed(parallel, lambda: measured_path(config, ckpt))
     dtype, weight_dtype = path.candidate.dtypes
     max_model_len = config.max_model_len or cfg.max_position_embeddings
     if max_model_len > cfg.max_position_embeddings:
@@ -66,8 +89,11 @@ def load_model(config: EngineConfig) -> LoadedModel:
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window, compute_dtype=dtype,
     )
-    model = build_model(cfg, dict(ckpt.tensors()), dtype=dtype, quantization=path.candidate.quantization,
-                        attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)
+    # Each tensor is cut to this rank's slice as it is read: no rank ever holds the whole model.
+    tensors = {n: shard.shard(n, t) for n, t in ckpt.tensors()} if shard is not None else dict(ckpt.tensors())
+    model = build_model(cfg, tensors, dtype=dtype, quantization=path.candidate.quantization,
+                        attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype,
+                        parallel=(shard, parallel.tp) if parallel is not None else None)
     if path.many_tokens_from is not None:
         use_bf16_many_tokens(list(model.modules()), path.many_tokens_from)
     weight_bytes = (sum(t.numel() * t.element_size() for t in _unique_tensors(model))
@@ -83,7 +109,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
         # a pool larger than max_num_seqs full-length requests can never be used.
         useful = config.max_num_seqs * layout.bytes_for_tokens(max_model_len)
         budget = min(int(available_ram_bytes() * config.kv_cache_memory_fraction), DEFAULT_KV_CAP_BYTES, useful)
-    num_blocks = layout.num_blocks_for_budget(budget)
+    num_blocks = config.num_gpu_blocks_override or _agreed(
+        parallel, lambda: layout.num_blocks_for_budget(budget))  # rank 0 holds the most heads
     if num_blocks * config.block_size < max_model_len:
         raise ConfigError(
             f"the KV cache budget ({budget:,} bytes) holds {num_blocks * config.block_size:,} tokens, fewer than "
@@ -102,11 +129,52 @@ def load_model(config: EngineConfig) -> LoadedModel:
         max_num_seqs=config.max_num_seqs,
         path=path.to_dict(),
     )
+    if parallel is not None:
+        ledger = replace(ledger, ranks=_gather_ranks(parallel, weight_bytes, ledger.kv_pool_bytes))
     return LoadedModel(
-        name=(config.served_model_names or (ckpt.name,))[0], config=cfg, tokenizer=tokenizer,
-        stop_token_ids=stop_token_ids(tokenizer, cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
+        name=(config.served_model_names or (ckpt.name,))[0], config=full_cfg, tokenizer=tokenizer,
+        stop_token_ids=stop_token_ids(tokenizer, full_cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
         num_blocks=num_blocks, max_model_len=max_model_len, ledger=ledger,
-        sampling_defaults=sampling_defaults(config.generation_config, ckpt.path))
+        sampling_defaults=sampling_defaults(config.generation_config, ckpt.path), parallel=parallel)
+
+
+def _place_threads(config: EngineConfig, parallel: ParallelContext | None) -> None:
+    """Threads = physical cores of the CPUs this process runs on. Ranks sharing a machine each get a disjoint
+    share of its CPUs (tally/engine/distributed.py:rank_cpus); a single process is pinned only when asked."""
+    if parallel is None:
+        if config.cpu_affinity is not None:
+            pin_process(parse_cpu_list(config.cpu_affinity))
+        torch.set_num_threads(config.threads or physical_cores())
+        return
+    allowed = allowed_cpus(config)
+    cpus = rank_cpus(parallel.env, allowed)
+    parallel.saved_placement = (os.sched_getaffinity(0), torch.get_num_threads())
+    pin_process(cpus)
+    torch.set_num_threads(config.threads or physical_cores())
+    advice = ""
+    if parallel.env.local_world_size > len(allowed):
+        advice = (f"; {parallel.env.local_world_size} ranks share {len(allowed)} CPU(s) here and will wait on each "
+                  "other: run at most one rank per core")
+    log.info("rank %d of %d: %d thread(s) on CPUs %s%s", parallel.env.rank, parallel.env.world_size,
+             torch.get_num_threads(), ",".join(map(str, sorted(cpus))), advice)
+
+
+def _agreed(parallel: ParallelContext | None, decide: Callable[[], T]) -> T:
+    """decide() on rank 0, the same value on every rank (a path measured on one CPU set, one KV pool size)."""
+    if parallel is None:
+        return decide()
+    box = [decide() if parallel.env.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, group=parallel.control)
+    return box[0]
+
+
+def _gather_ranks(parallel: ParallelContext, weight_bytes: int, kv_pool_bytes: int) -> list[dict]:
+    """Every rank's own figures, for the ledger rank 0 shows."""
+    mine = {"rank": parallel.env.rank, "weight_bytes": weight_bytes, "kv_pool_bytes": kv_pool_bytes,
+            "threads": torch.get_num_threads()}
+    ranks: list[dict | None] = [None] * parallel.env.world_size
+    dist.all_gather_object(ranks, mine, group=parallel.control)
+    return ranks
 
 
 def measured_path(config: EngineConfig, ckpt: Checkpoint, *, remeasure: bool = False) -> PathChoice:

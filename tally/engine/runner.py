@@ -10,7 +10,9 @@ from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request
 from tally.core.scheduler import SchedulerOutput
 from tally.engine.inputs import build_step_inputs
+from tally.engine.model_step import ModelStep, TPDriver, run_model_step
 from tally.engine.structured_output import allowed_tokens
+from tally.errors import EngineDeadError
 from tally.models.llama import CausalLM
 from tally.sample.batch import SamplerInput, SamplerOutput
 from tally.sample.sampler import Sampler
@@ -36,20 +38,27 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv: KVCacheManager, kv_caches: list[tuple[KVCache, KVCache]]) -> None:
+    def __init__(self, model: CausalLM, kv: KVCacheManager, kv_caches: list[tuple[KVCache, KVCache]],
+                 peers: TPDriver | None = None) -> None:
         self.model = model
         self.kv = kv
         self.kv_caches = kv_caches
+        self.peers = peers  # tensor parallel: the other ranks run every step beside this one
         self.sampler = Sampler()  # keeps per-batch parameter tensors while the batch is unchanged
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> StepResult:
         inputs = build_step_inputs(out, self.kv)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        prompt_lp = self._prompt_logprobs(out, inputs.row_start, hidden)
+        spans = self._prompt_logprob_spans(out, inputs.row_start)
+        # Every row that needs logits goes through the head in one call (under tensor parallelism, one gather).
+        rows = torch.cat([torch.arange(start, start + n) for _, _, start, n in spans] + [inputs.sample_token_index])
+        step = ModelStep(inputs.input_ids, inputs.positions, inputs.meta, rows)
+        logits = self._run(step)
+        n_prompt = len(rows) - len(inputs.sample_token_index)
+        prompt_lp = self._prompt_logprobs(spans, logits[:n_prompt])
         if not inputs.sample_rows:
             return StepResult([], [], None, prompt_lp)
-        logits = self.model.compute_logits(hidden[inputs.sample_token_index])
+        logits = logits[n_prompt:]
         reqs = [out.scheduled[i].request for i in inputs.sample_rows]
         if len(reqs) == len(inputs.sample_token_index):  # no proposals to verify: one row per request
             rows, outputs = reqs, [r.output_token_ids for r in reqs]
@@ -73,19 +82,41 @@ class ModelRunner:
         )
         return StepResult(reqs, inputs.sample_counts, self.sampler(logits, sampler_input), prompt_lp)
 
-    def _prompt_logprobs(self, out: SchedulerOutput, row_start: list[int],
-                         hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
-        result = {}
+    def _run(self, step: ModelStep) -> torch.Tensor:
+        if self.peers is None:
+            return run_model_step(self.model, self.kv_caches, step)
+        self.peers.send(step)
+        try:
+            return run_model_step(self.model, self.kv_caches, step)
+        except Exception as exc:
+            # A step that failed on one rank leaves the ranks out of step with each other: none can go on.
+            raise EngineDeadError(f"a tensor-parallel step failed ({type(exc).__name__}: {exc}); every rank must "
+                                  "restart") from exc
+
+    @staticmethod
+    def _prompt_logprob_spans(out: SchedulerOutput, row_start: list[int]) -> list[tuple[Request, int, int, int]]:
+        """(request, first prompt position, its flat row, how many) of each request asking for prompt logprobs
+        whose rows this step computes: the positions that have a next prompt token."""
+        spans = []
         for row, s in enumerate(out.scheduled):
             req = s.request
-            k = req.sampling_params.prompt_logprobs
             c = req.num_computed_tokens
-            if k is None or c >= req.num_prompt_tokens - 1:
+            if req.sampling_params.prompt_logprobs is None or c >= req.num_prompt_tokens - 1:
                 continue
-            end = min(c + s.num_new_tokens, req.num_prompt_tokens - 1)  # positions with a next prompt token
-            logits = self.model.compute_logits(hidden[row_start[row]:row_start[row] + end - c])
-            logprobs = torch.log_softmax(logits, dim=-1)
-            targets = torch.tensor(req.token_ids[c + 1:end + 1])
+            end = min(c + s.num_new_tokens, req.num_prompt_tokens - 1)
+            spans.append((req, c, row_start[row], end - c))
+        return spans
+
+    @staticmethod
+    def _prompt_logprobs(spans: list[tuple[Request, int, int, int]],
+                         logits: torch.Tensor) -> dict[str, PromptLogprobs]:
+        result = {}
+        offset = 0
+        for req, c, _, n in spans:
+            k = req.sampling_params.prompt_logprobs
+            logprobs = torch.log_softmax(logits[offset:offset + n], dim=-1)
+            offset += n
+            targets = torch.tensor(req.token_ids[c + 1:c + n + 1])
             chosen = logprobs.gather(1, targets[:, None]).squeeze(1)
             ranks = (logprobs > chosen[:, None]).sum(1) + 1
             top = logprobs.topk(k, dim=-1) if k > 0 else None

@@ -1,5 +1,5 @@
 """vLLM options that mean nothing on a CPU engine. `LLM(...)` and `tally serve` accept them so vLLM code and
-command lines run unchanged, and say in one warning that they were ignored; parallelism above 1 is refused
+command lines run unchanged, and say in one warning that they were ignored; pipeline parallelism above 1 is refused
 (tally/server/vllm_flags.py, tally/engine/llm.py)."""
 from __future__ import annotations
 
@@ -10,4 +10,4 @@ NO_EFFECT = {
     "max_seq_len_to_capture": True, "device": True, "distributed_executor_backend": True,
     "worker_use_ray": False, "disable_frontend_multiprocessing": False, "uvicorn_log_level": True,
 }
-PARALLELISM = ("tensor_parallel_size", "pipeline_parallel_size")
+PARALLELISM = ("pipeline_parallel_size",)

@@ -1,9 +1,10 @@
 """Tensor and pipeline parallel split: what one device holds, and the buffers it spends on talking.
 
-TP shards every linear layer, the embedding and the head over `tp` ranks (K/V projections are
-replicated when there are fewer KV heads than ranks); norms are replicated. PP gives each stage a
-contiguous run of layers; the first stage holds the embedding, the last the final norm and the head
-(a copy of the embedding when tied). The plan is made for the fullest device.
+TP shards every linear layer, the embedding and the head over `tp` ranks as the engine does
+(tally/models/tensor_parallel.py:plan_shards: heads by whole KV groups, K/V projections replicated when
+there are fewer KV heads than ranks); norms are replicated. PP gives each stage a contiguous run of layers;
+the first stage holds the embedding, the last the final norm and the head (a copy of the embedding when
+tied). The plan is made for the fullest device: TP rank 0, which holds the largest slices.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from tally.ledger.weights import WeightFormat, WeightTensor
 from tally.models.config import ModelConfig
+from tally.models.tensor_parallel import TPShard, plan_shards
 from tally.units import MiB
 
 # NCCL keeps NCCL_BUFFSIZE (4 MiB) per channel and direction; budget 32 channels x 2 directions.
@@ -46,10 +48,9 @@ def stage_of_layer(layer: int, num_layers: int, pp: int) -> int:
 def split_model(tensors: list[WeightTensor], fmt: WeightFormat, config: ModelConfig, *, tp: int, pp: int,
                 max_batched_tokens: int, activation_bytes: int) -> DeviceSplit:
     stage_bytes = [0.0] * pp
-    kv_fraction = -(-config.num_kv_heads // tp) / config.num_kv_heads
+    fullest = plan_shards(config, tp)[0]
     for tensor in tensors:
-        fraction = 1.0 if tensor.tp_split is None else (kv_fraction if tensor.kv_projection else 1 / tp)
-        size = fmt.tensor_bytes(tensor) * fraction
+        size = fmt.tensor_bytes(tensor) * _held_fraction(tensor, config, fullest)
         for stage in _stages_holding(tensor, config, pp):
             stage_bytes[stage] += size
     hidden_bytes = max_batched_tokens * config.hidden_size * activation_bytes
@@ -58,6 +59,20 @@ def split_model(tensors: list[WeightTensor], fmt: WeightFormat, config: ModelCon
     activation = (2 * hidden_bytes if tp > 1 else 0) + (4 * hidden_bytes if pp > 1 else 0)
     nccl = NCCL_BYTES_PER_COMMUNICATOR * ((tp > 1) + (pp > 1))
     return DeviceSplit(tp, pp, tuple(int(round(b)) for b in stage_bytes), activation, nccl)
+
+
+def _held_fraction(tensor: WeightTensor, config: ModelConfig, shard: TPShard) -> float:
+    """The share of `tensor` that `shard` holds (1 for replicated tensors)."""
+    if tensor.tp_split is None or shard.size == 1:
+        return 1.0
+    if tensor.role in ("embedding", "lm_head"):
+        return shard.vocab_rows / config.vocab_size
+    split = tensor.rows if tensor.tp_split == "rows" else tensor.cols
+    if tensor.kv_projection:
+        return (shard.kv_heads[1] - shard.kv_heads[0]) / config.num_kv_heads
+    if split == config.q_size:
+        return (shard.q_heads[1] - shard.q_heads[0]) / config.num_heads
+    return (shard.intermediate[1] - shard.intermediate[0]) / config.intermediate_size
 
 
 def _stages_holding(tensor: WeightTensor, config: ModelConfig, pp: int) -> tuple[int, ...]:

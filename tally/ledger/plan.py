@@ -132,10 +132,6 @@ class Plan:
 
 def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
     config = source.config
-    if config.num_heads % opts.tp:
-        divisors = [n for n in range(1, config.num_heads + 1) if config.num_heads % n == 0]
-        raise ConfigError(f"--tp {opts.tp} does not divide the {config.num_heads} attention heads of {source.name}; "
-                          f"choose --tp from {divisors}")
     if opts.pp > config.num_layers:
         raise ConfigError(f"--pp {opts.pp} is more stages than the {config.num_layers} layers of {source.name}")
     fmt = WeightFormat(opts.weights or source.default_weights, opts.dtype, opts.group_size)

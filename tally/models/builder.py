@@ -16,11 +16,13 @@ from tally.attention.interface import AttentionBackend
 from tally.errors import ConfigError, ModelLoadError
 from tally.layers.dense import ConcatLinear
 from tally.layers.linear import build_linear, linear_from_blocks, linear_from_gguf
+from tally.layers.parallel import RowParallel, TPGroup, VocabParallelHead
 from tally.models.config import ModelConfig
 from tally.models.llama import CausalLM
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.models.packed_checkpoint import linear_from_packed
-from tally.quant.gguf_blocks import concat_blocks, read_blocks
+from tally.models.tensor_parallel import TPShard
+from tally.quant.gguf_blocks import BLOCK, Int4Blocks, Int8Blocks, concat_blocks, read_blocks
 
 if TYPE_CHECKING:
     from tally.models.loader import Checkpoint
@@ -28,12 +30,19 @@ if TYPE_CHECKING:
 
 def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype: torch.dtype,
                 quantization: str | None, attn: AttentionBackend, max_model_len: int,
-                checkpoint: Checkpoint | None = None, weight_dtype: torch.dtype | None = None) -> CausalLM:
+                checkpoint: Checkpoint | None = None, weight_dtype: torch.dtype | None = None,
+                parallel: tuple[TPShard, TPGroup] | None = None) -> CausalLM:
     """Consumes `tensors` (popped as used, so peak memory stays near one copy of the weights).
     `checkpoint` is needed for `quantization="gguf"` (its raw blocks) and for pre-quantized checkpoints.
-    `weight_dtype=torch.float16` stores dense projections, the embedding and the head in fp16 (fp32 compute)."""
+    `weight_dtype=torch.float16` stores dense projections, the embedding and the head in fp16 (fp32 compute).
+    `parallel`: this rank's slice under tensor parallelism; `config` and `tensors` are already that slice's
+    (TPShard.local_config, TPShard.shard), GGUF blocks are sliced here."""
     prequantized = checkpoint.quantization if checkpoint is not None else None
     _check_quantization(quantization, checkpoint, prequantized)
+    shard, tp = parallel if parallel is not None else (None, None)
+    if shard is not None and prequantized is not None:
+        raise ConfigError(f"{checkpoint.path} is pre-quantized ({prequantized}); tensor parallelism splits dense "
+                          "checkpoints, GGUF files and on-the-fly int8 / int4 / w8a8 so far", param="quantization")
 
     def pop(name: str) -> torch.Tensor:
         try:
@@ -42,22 +51,33 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
             raise ModelLoadError(f"checkpoint is missing tensor {name!r}") from exc
 
     def make_proj(names: list[str], bias: bool) -> nn.Module:
+        layer = _make_proj(names, bias)
+        if tp is not None and names[0].endswith(("o_proj", "down_proj")):
+            return RowParallel(layer, tp)
+        return layer
+
+    def _make_proj(names: list[str], bias: bool) -> nn.Module:
         biases = [pop(f"{n}.bias") for n in names] if bias else None
         b = None if biases is None else torch.cat(biases)
         if prequantized is not None and f"{names[0]}.qweight" in tensors:
             return linear_from_packed(prequantized, [_pop_packed(n, pop, tensors) for n in names], b, dtype)
         if quantization == "gguf":
-            return _gguf_proj(checkpoint, names, [pop(f"{n}.weight") for n in names], biases, dtype, weight_dtype)
+            return _gguf_proj(checkpoint, names, [pop(f"{n}.weight") for n in names], biases, dtype, weight_dtype,
+                              shard)
         weight = torch.cat([pop(f"{n}.weight") for n in names])
         return build_linear(weight, b, quantization=None if prequantized else quantization, dtype=dtype,
                             weight_dtype=weight_dtype)
 
     def make_head(weight: torch.Tensor, tied: bool) -> nn.Module:
+        head = _make_head(weight, tied)
+        return head if tp is None else VocabParallelHead(head, tp, shard.vocab_rows, config.vocab_size)
+
+    def _make_head(weight: torch.Tensor, tied: bool) -> nn.Module:
         # Quantized models quantize the LM head too, to int8 (llama.cpp's 4-bit files keep it at 6-8 bits): at
         # one token per step SmolLM2's fp32 head alone reads 113 MB, as much as all its int4 layers together.
         name = "model.embed_tokens" if tied else "lm_head"
         if quantization == "gguf" and checkpoint.gguf_tensor(f"{name}.weight") is not None:
-            return _gguf_proj(checkpoint, [name], [weight], None, dtype, weight_dtype)
+            return _gguf_proj(checkpoint, [name], [weight], None, dtype, weight_dtype, shard)
         head_scheme = "int8" if quantization in ("int4", "int8") and not prequantized else None
         return build_linear(weight, None, quantization=head_scheme, dtype=dtype, weight_dtype=weight_dtype)
 
@@ -66,7 +86,8 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         # The rotary table only needs the positions the engine will ever use.
         cfg = replace(cfg, max_position_embeddings=max_model_len)
     try:
-        model = CausalLM(cfg, tensors, make_proj, make_head, attn, dtype, weight_dtype)
+        model = CausalLM(cfg, tensors, make_proj, make_head, attn, dtype, weight_dtype, tp,
+                         shard.vocab[0] if shard is not None else 0)
     except KeyError as exc:
         raise ModelLoadError(f"checkpoint is missing tensor {exc.args[0]!r}") from exc
     leftover = [n for n in tensors if "rotary_emb" not in n]
@@ -96,16 +117,23 @@ def _pop_packed(name: str, pop: Callable[[str], torch.Tensor],
 
 
 def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tensor],
-               biases: list[torch.Tensor] | None, dtype: torch.dtype, weight_dtype: torch.dtype | None) -> nn.Module:
+               biases: list[torch.Tensor] | None, dtype: torch.dtype, weight_dtype: torch.dtype | None,
+               shard: TPShard | None = None) -> nn.Module:
     """One layer over the GGUF blocks of `names`: rows concatenated when their types (or the kernels they load
     into) match, else one layer per name behind ConcatLinear. Types the quantized layers do not adopt (F16, Q6_K)
-    use the dequantized weight, in fp16 panels when `weight_dtype` says so (half of fp32's bytes per step)."""
+    use the dequantized weight, in fp16 panels when `weight_dtype` says so (half of fp32's bytes per step).
+    `shard`: only this rank's slice of the blocks (`dense` and `biases` are sliced already)."""
     raws = [checkpoint.gguf_tensor(f"{n}.weight") for n in names]
     b = None if biases is None else torch.cat(biases)
-    if len({r.ggml_type for r in raws}) == 1:
+    if shard is None and len({r.ggml_type for r in raws}) == 1:
         return (linear_from_gguf(_concat_raw(raws), b, compute_dtype=dtype)
                 or build_linear(torch.cat(dense), b, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
     blocks = [read_blocks(r) for r in raws]
+    if shard is not None:
+        blocks = [_shard_blocks(blk, shard.rows(f"{n}.weight"), shard.columns(f"{n}.weight"))
+                  for blk, n in zip(blocks, names)]
+    if all(blk is None for blk in blocks):
+        return build_linear(torch.cat(dense), b, quantization=None, dtype=dtype, weight_dtype=weight_dtype)
     merged = concat_blocks(blocks)  # e.g. Q5_0 and Q8_0 rows: both int8, still one layer
     if merged is not None:
         return linear_from_blocks(merged, b, compute_dtype=dtype)
@@ -115,6 +143,21 @@ def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tenso
         parts.append(linear_from_blocks(blk, bi, compute_dtype=dtype)
                      or build_linear(w, bi, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
     return ConcatLinear(parts)
+
+
+def _shard_blocks(blocks: Int4Blocks | Int8Blocks | None, rows: slice | None,
+                  cols: slice | None) -> Int4Blocks | Int8Blocks | None:
+    """A rank's rows and columns of stored blocks; None (the caller uses the dense slice) where a column split
+    would cut a block of 32."""
+    if blocks is None or (cols is not None and (cols.start % BLOCK or cols.stop % BLOCK)):
+        return None
+    rows = rows or slice(None)
+    cols = cols or slice(0, blocks.q.shape[1])
+    groups = slice(cols.start // BLOCK, cols.stop // BLOCK)
+    q = blocks.q[rows, cols].contiguous()
+    if isinstance(blocks, Int4Blocks):
+        return Int4Blocks(q, blocks.scale[rows, groups].contiguous(), blocks.zero[rows, groups].contiguous())
+    return Int8Blocks(q, blocks.scale[rows, groups].contiguous())
 
 
 def _concat_raw(raws: list[Any]) -> Any:

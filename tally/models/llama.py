@@ -16,6 +16,7 @@ from tally.attention.interface import AttentionBackend
 from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.layers.norm import RMSNorm
+from tally.layers.parallel import TPGroup
 from tally.layers.rotary import RotaryEmbedding, apply_rotary
 from tally.models.config import ModelConfig
 from tally.models.native_decode_step import NativeDecodeStep
@@ -91,15 +92,21 @@ class CausalLM(nn.Module):
     """`weight_dtype=torch.float16` (with fp32 `dtype`): the embedding and the LM head are stored in fp16 too. A tied
     head whose module can return rows of its weight (`embedding_rows`: native fp16 panels, native int8) also
     serves the lookup, so the table is held once; otherwise (FBGEMM's packed layout, dense) the embedding is a
-    separate tensor."""
+    separate tensor.
+
+    Under tensor parallelism (`tp`) `cfg` is this rank's slice (tally/models/tensor_parallel.py), the factories
+    make row-parallel and vocabulary-parallel modules, and the embedding holds vocabulary rows [vocab_start, ...)."""
 
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
                  make_head: HeadFactory, attn: AttentionBackend, dtype: torch.dtype,
-                 weight_dtype: torch.dtype | None = None) -> None:
+                 weight_dtype: torch.dtype | None = None, tp: TPGroup | None = None, vocab_start: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
+        self.tp = tp
+        self.vocab_start = vocab_start
         embed = tensors.pop("model.embed_tokens.weight").to(weight_dtype or dtype)
+        self.vocab_rows = embed.shape[0]
         self.embed_tokens = nn.Parameter(embed, requires_grad=False)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, f"model.layers.{i}", tensors, make_proj, attn, dtype) for i in range(cfg.num_layers)
@@ -125,10 +132,7 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata) -> torch.Tensor:
-        if self.embed_tokens is None:
-            h = self.lm_head.embedding_rows(input_ids)
-        else:
-            h = F.embedding(input_ids, self.embed_tokens).to(self.dtype)
+        h = self._embed(input_ids)
         rope = self.rotary.lookup(positions)
         step = self.native_step
         if step is not None and meta.is_decode_only and step.applies(self, kv_caches):
@@ -136,6 +140,19 @@ class CausalLM(nn.Module):
         for layer, kv in zip(self.layers, kv_caches):
             h = layer(h, rope, kv, meta)
         return self.norm(h)
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is not None:  # vocabulary-parallel: each rank looks up its own rows, zeros elsewhere, summed
+            ids = ids - self.vocab_start
+            outside = (ids < 0) | (ids >= self.vocab_rows)
+            ids = ids.masked_fill(outside, 0)
+        if self.embed_tokens is None:
+            h = self.lm_head.embedding_rows(ids)
+        else:
+            h = F.embedding(ids, self.embed_tokens).to(self.dtype)
+        if self.tp is not None:
+            h = self.tp.all_reduce(h.masked_fill(outside[:, None], 0))
+        return h
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,8 @@ from types import FrameType
 import uvicorn
 
 from tally.engine.args import add_engine_args, config_from_args
+from tally.engine.distributed import is_follower
+from tally.engine.follower import follow
 from tally.engine.engine import Engine
 from tally.errors import TallyError
 from tally.server.app import ServerConfig, build_app
@@ -115,6 +117,8 @@ def main(argv: list[str]) -> int:
     ns = parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     warn_no_effect(ns)
+    if is_follower():  # torchrun's ranks 1..N-1 follow rank 0's steps and serve nothing
+        return follow(config_from_args(ns))
 
     try:
         request_log = None if ns.request_log is None else RequestLog(

@@ -1,6 +1,6 @@
 """vLLM flags that mean nothing on a CPU engine (tally/engine/vllm_compat.py), accepted so that a vLLM command line
 runs unchanged: each one given is named in one warning line instead of failing argparse. Flags whose meaning Tally
-cannot honour (--tensor-parallel-size above 1, --pipeline-parallel-size above 1) are refused with a message."""
+cannot honour yet (--pipeline-parallel-size above 1) are refused with a message."""
 from __future__ import annotations
 
 import argparse
@@ -18,14 +18,13 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     for flag, takes_value in NO_EFFECT_FLAGS.items():
         g.add_argument(flag, dest=_dest(flag), default=None,
                        **({"metavar": "VALUE"} if takes_value else {"action": "store_const", "const": True}))
-    g.add_argument("--tensor-parallel-size", "-tp", dest="tensor_parallel_size", type=int, default=1)
     g.add_argument("--pipeline-parallel-size", "-pp", dest="pipeline_parallel_size", type=int, default=1)
 
 
 def refuse_parallelism(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
-    if ns.tensor_parallel_size != 1 or ns.pipeline_parallel_size != 1:
-        p.error("tensor and pipeline parallelism are not supported yet; run with --tensor-parallel-size 1 "
-                "--pipeline-parallel-size 1 (the default)")
+    if ns.pipeline_parallel_size != 1:
+        p.error("pipeline parallelism is not supported yet; run with --pipeline-parallel-size 1 (the default), "
+                "or split the model with --tensor-parallel-size")
 
 
 def warn_no_effect(ns: argparse.Namespace) -> None:

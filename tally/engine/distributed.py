@@ -1,0 +1,135 @@
+"""The processes of a tensor-parallel engine, on torch.distributed (gloo on CPU).
+
+Two ways in, one code path after: under `torchrun` every rank runs the same `tally serve` command and reads its
+rank from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
+without it, `tensor_parallel_size=N` on one machine makes this process rank 0, and it starts ranks 1..N-1 as
+`python -m tally.engine.follower` with the same variables set (as vLLM's multiprocessing executor starts its
+workers). Rank 0 serves; the others follow its steps (tally/engine/follower.py).
+
+CPU placement: the ranks on one machine split the CPUs this process may use into equal, disjoint sets, each rank
+pinned to its own, with one thread per physical core in it: two ranks' OpenMP pools on the same cores would
+take turns instead of working.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from tally.engine.config import EngineConfig
+from tally.layers.parallel import TPGroup
+from tally.platform import parse_cpu_list, pin_process
+
+log = logging.getLogger("tally.engine")
+CONFIG_ENV = "TALLY_ENGINE_CONFIG"  # the engine config, as JSON, of a rank started here
+STORE_ENV = "TALLY_TP_STORE"  # host:port of rank 0's rendezvous store, for a rank started here
+# A rank gone mid-step is seen at once (its sockets close); the timeout bounds a rank that hangs instead.
+STEP_TIMEOUT = timedelta(minutes=5)
+# The other ranks wait for rank 0's next step for as long as the server is idle.
+IDLE_TIMEOUT = timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_environ(cls) -> RankEnv | None:
+        """This process's place when torchrun (or rank 0 here) started it; None for a process started by hand."""
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            return None
+        world = int(os.environ["WORLD_SIZE"])
+        return cls(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"])),
+                   int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+
+
+@dataclass
+class ParallelContext:
+    env: RankEnv
+    tp: TPGroup
+    control: dist.ProcessGroup  # rank 0's step broadcast (tally/engine/model_step.py)
+    followers: list[subprocess.Popen] = field(default_factory=list)  # ranks this process started
+    # rank 0 may be the user's own process (LLM(...)): its CPUs and threads before this rank was placed
+    saved_placement: tuple[set[int], int] | None = None
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        for proc in self.followers:
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self.saved_placement is not None:
+            cpus, threads = self.saved_placement
+            pin_process(cpus)
+            torch.set_num_threads(threads)
+
+    def abort(self) -> None:
+        """After a failed start: the ranks this process started are killed, the group is left."""
+        for proc in self.followers:
+            proc.kill()
+        self.close()
+
+
+def is_follower() -> bool:
+    """Whether this process is a rank other than 0 of a torchrun job: it follows rank 0 instead of serving."""
+    env = RankEnv.from_environ()
+    return env is not None and env.rank != 0
+
+
+def join(config: EngineConfig) -> ParallelContext:
+    """Join (or, as rank 0 outside torchrun, start) the `config.tensor_parallel_size` ranks."""
+    env = RankEnv.from_environ()
+    followers: list[subprocess.Popen] = []
+    if env is None:  # rank 0 here: it holds the rendezvous store and starts the others
+        env = RankEnv(0, config.tensor_parallel_size, 0, config.tensor_parallel_size)
+        store = dist.TCPStore("127.0.0.1", 0, env.world_size, is_master=True, timeout=STEP_TIMEOUT,
+                              wait_for_workers=False)
+        followers = [_start_follower(config, rank, env.world_size, store.port) for rank in range(1, env.world_size)]
+    elif STORE_ENV in os.environ:  # a rank started by rank 0 here
+        host, port = os.environ[STORE_ENV].rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), env.world_size, is_master=False, timeout=STEP_TIMEOUT)
+    else:  # torchrun's: its rendezvous
+        store = None
+        if env.world_size != config.tensor_parallel_size:
+            raise ValueError(f"torchrun started {env.world_size} processes but tensor_parallel_size is "
+                             f"{config.tensor_parallel_size}; they must be equal")
+    dist.init_process_group("gloo", init_method=None if store else "env://", store=store, rank=env.rank,
+                            world_size=env.world_size, timeout=STEP_TIMEOUT)
+    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    return ParallelContext(env, TPGroup(env.rank, env.world_size), control, followers)
+
+
+def rank_cpus(env: RankEnv, allowed: set[int]) -> set[int]:
+    """This rank's share of `allowed` (the CPUs the job may use on this machine): disjoint between the ranks of
+    one machine, all of them when there are more ranks than CPUs."""
+    cpus = sorted(allowed)
+    if env.local_world_size > len(cpus):
+        return set(cpus)
+    per = len(cpus) // env.local_world_size
+    return set(cpus[env.local_rank * per:(env.local_rank + 1) * per])
+
+
+def allowed_cpus(config: EngineConfig) -> set[int]:
+    if config.cpu_affinity is not None:
+        return parse_cpu_list(config.cpu_affinity)
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def _start_follower(config: EngineConfig, rank: int, world_size: int, port: int) -> subprocess.Popen:
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+               LOCAL_WORLD_SIZE=str(world_size))
+    env[STORE_ENV] = f"127.0.0.1:{port}"
+    env[CONFIG_ENV] = json.dumps(asdict(config))
+    return subprocess.Popen([sys.executable, "-m", "tally.engine.follower"], env=env)

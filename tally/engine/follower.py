@@ -1,0 +1,39 @@
+"""A tensor-parallel rank other than 0: load this rank's slice, then run every step rank 0 sends until it says
+stop. Started by rank 0 (`python -m tally.engine.follower`, tally/engine/distributed.py) or, under torchrun, by
+`tally serve` on ranks 1..N-1."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+from tally.engine.config import EngineConfig
+from tally.engine.distributed import CONFIG_ENV
+from tally.engine.model_setup import load_model
+from tally.engine.model_step import receive_step, run_model_step
+
+log = logging.getLogger("tally.engine")
+
+
+def follow(config: EngineConfig) -> int:
+    """The exit status: 0 when rank 0 said stop, 1 when it went away."""
+    m = load_model(config)
+    ctx = m.parallel
+    try:
+        while (step := receive_step(ctx.control)) is not None:
+            run_model_step(m.model, m.kv_caches, step)
+    except RuntimeError as exc:
+        log.error("tensor-parallel rank %d: lost rank 0 or a peer (%s); stopping", ctx.env.rank, exc)
+        return 1
+    ctx.close()
+    return 0
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return follow(EngineConfig(**json.loads(os.environ[CONFIG_ENV])))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""One forward step as data, so that under tensor parallelism rank 0 can hand it to every other rank.
+
+Rank 0 schedules and samples; the other ranks hold their slices of the weights and KV cache and run exactly the
+steps rank 0 runs (vLLM's driver / worker split). `TPDriver.send` broadcasts a step before rank 0 runs it, and
+`receive_step` is where the other ranks wait for the next one (tally/engine/follower.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from tally.attention.kv_cache import KVCache
+from tally.attention.metadata import AttentionMetadata
+from tally.errors import EngineDeadError
+from tally.models.llama import CausalLM
+
+
+@dataclass
+class ModelStep:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    logit_rows: torch.Tensor  # flat rows whose logits the step needs (prompt logprobs, then sampled positions)
+
+
+@torch.inference_mode()
+def run_model_step(model: CausalLM, kv_caches: list[tuple[KVCache, KVCache]], step: ModelStep) -> torch.Tensor:
+    """The forward pass, then float32 logits [len(logit_rows), V] (every rank gets them under tensor parallelism;
+    only rank 0 samples)."""
+    hidden = model(step.input_ids, step.positions, kv_caches, step.meta)
+    if not len(step.logit_rows):
+        return hidden.new_empty((0, model.cfg.vocab_size), dtype=torch.float32)
+    return model.compute_logits(hidden[step.logit_rows])
+
+
+class TPDriver:
+    """Rank 0's side of the step broadcast, over a process group of its own (`control`): the other ranks wait in
+    it between requests, for as long as the server is idle, while the model's collectives keep a bounded timeout."""
+
+    def __init__(self, control: dist.ProcessGroup, world_size: int) -> None:
+        self.control = control
+        self.world_size = world_size
+
+    def send(self, step: ModelStep | None) -> None:
+        """None tells the other ranks to stop."""
+        try:
+            dist.broadcast_object_list([step], src=0, group=self.control)
+        except RuntimeError as exc:
+            raise EngineDeadError(f"a tensor-parallel rank is gone ({exc}); the engine cannot run a step without "
+                                  "every rank: restart the server") from exc
+
+
+def receive_step(control: dist.ProcessGroup) -> ModelStep | None:
+    box: list[ModelStep | None] = [None]
+    dist.broadcast_object_list(box, src=0, group=control)
+    return box[0]

@@ -1,0 +1,121 @@
+"""Tensor parallel: which slice of each weight one rank holds (Megatron's split, as vLLM does it).
+
+Column-parallel (each rank computes some output features): the fused QKV projection by attention heads, gate/up
+by intermediate columns, the embedding and the LM head by vocabulary rows. Row-parallel (each rank owns some input
+features and its output is a partial sum, all-reduced): o_proj by the same heads, down_proj by the same columns.
+Norms are replicated. So a layer needs one all-reduce after attention and one after the MLP.
+
+Heads go to ranks by whole KV groups, as evenly as they divide: with 3 KV heads on 2 ranks rank 0 holds 2 groups
+and rank 1 one (vLLM refuses such a model; the sums do not care). With fewer KV heads than ranks, each KV head is
+replicated on size / num_kv_heads ranks, as vLLM does. Rank 0 holds the largest slices, so its KV pool is the
+largest and the pool it sizes fits every rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from tally.errors import ConfigError
+from tally.models.config import ModelConfig
+
+if TYPE_CHECKING:  # `tally plan` uses the split without torch
+    import torch
+
+# int4's groups and GGUF's 32-weight blocks: a row-parallel split of the intermediate columns falls on these
+_ALIGN = (128, 64, 32)
+
+
+@dataclass(frozen=True)
+class TPShard:
+    """Rank `rank` of `size`: [start, end) of the KV heads, query heads, intermediate columns and vocabulary rows
+    it holds. `vocab_rows` is every rank's padded vocabulary width (all-gathers need equal sizes)."""
+
+    rank: int
+    size: int
+    kv_heads: tuple[int, int]
+    q_heads: tuple[int, int]
+    intermediate: tuple[int, int]
+    vocab: tuple[int, int]
+    vocab_rows: int
+    head_dim: int
+
+    def local_config(self, cfg: ModelConfig) -> ModelConfig:
+        """The config of this rank's slice: a smaller Llama with the same hidden size."""
+        return replace(cfg, num_heads=_width(self.q_heads), num_kv_heads=_width(self.kv_heads),
+                       intermediate_size=_width(self.intermediate))
+
+    def rows(self, name: str) -> slice | None:
+        """The output rows of HF tensor `name` (weight or bias) this rank holds; None: not split by rows."""
+        if ".q_proj." in name:
+            return self._head_slice(self.q_heads)
+        if ".k_proj." in name or ".v_proj." in name:
+            return self._head_slice(self.kv_heads)
+        if ".gate_proj." in name or ".up_proj." in name:
+            return slice(*self.intermediate)
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            return slice(*self.vocab)
+        return None
+
+    def columns(self, name: str) -> slice | None:
+        """The input columns of HF tensor `name` this rank holds (row-parallel layers); None: all of them."""
+        if ".o_proj." in name:
+            return self._head_slice(self.q_heads)
+        if ".down_proj." in name:
+            return slice(*self.intermediate)
+        return None
+
+    def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of one checkpoint tensor, as its own storage (the full tensor can then be freed)."""
+        rows, cols = self.rows(name), self.columns(name)
+        if rows is not None:
+            tensor = tensor[rows]
+        if cols is not None:
+            tensor = tensor[:, cols]
+        return tensor.clone() if rows is not None or cols is not None else tensor
+
+    def _head_slice(self, heads: tuple[int, int]) -> slice:
+        return slice(heads[0] * self.head_dim, heads[1] * self.head_dim)
+
+
+def plan_shards(cfg: ModelConfig, size: int) -> list[TPShard]:
+    """Every rank's slice, or ConfigError naming why the model cannot be split `size` ways."""
+    if size < 1:
+        raise ConfigError(f"tensor_parallel_size must be ≥ 1, got {size}", param="tensor_parallel_size")
+    heads, kv = cfg.num_heads, cfg.num_kv_heads
+    group = heads // kv
+    if not _heads_split(heads, kv, size):
+        sizes = [n for n in range(1, heads + 1) if _heads_split(heads, kv, n)]
+        raise ConfigError(
+            f"tensor_parallel_size {size} cannot split this model's {heads} attention heads and {kv} KV heads (with "
+            f"fewer KV heads than ranks, the ranks must be a multiple of the KV heads and divide the attention "
+            f"heads); choose tensor_parallel_size from {sizes}", param="tensor_parallel_size")
+    if kv >= size:
+        kv_ranges = _even(kv, size)
+        q_ranges = [(a * group, b * group) for a, b in kv_ranges]
+    else:
+        per_kv = size // kv  # ranks sharing (replicating) one KV head
+        kv_ranges = [(r // per_kv, r // per_kv + 1) for r in range(size)]
+        q_ranges = [(r * heads // size, (r + 1) * heads // size) for r in range(size)]
+    unit = next((a for a in _ALIGN if cfg.intermediate_size % a == 0 and cfg.intermediate_size // a >= size), 1)
+    if cfg.intermediate_size // unit < size:
+        raise ConfigError(f"intermediate size {cfg.intermediate_size} cannot be split {size} ways",
+                          param="tensor_parallel_size")
+    inter = [(a * unit, b * unit) for a, b in _even(cfg.intermediate_size // unit, size)]
+    rows = -(-cfg.vocab_size // size)
+    vocab = [(min(r * rows, cfg.vocab_size), min((r + 1) * rows, cfg.vocab_size)) for r in range(size)]
+    return [TPShard(r, size, kv_ranges[r], q_ranges[r], inter[r], vocab[r], rows, cfg.head_dim)
+            for r in range(size)]
+
+
+def _heads_split(heads: int, kv: int, size: int) -> bool:
+    return kv >= size or (size % kv == 0 and heads % size == 0)
+
+
+def _even(n: int, parts: int) -> list[tuple[int, int]]:
+    """[0, n) in `parts` contiguous ranges, the first ones larger by one where it does not divide."""
+    bounds = [-(-n * r // parts) for r in range(parts + 1)]
+    return list(zip(bounds, bounds[1:]))
+
+
+def _width(span: tuple[int, int]) -> int:
+    return span[1] - span[0]
