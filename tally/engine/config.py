@@ -96,8 +96,9 @@ class EngineConfig:
                                             "that do not set them (vLLM's default); vllm: none; or a folder")
     max_logprobs: int = option(MAX_LOGPROBS, "the most logprobs (or prompt_logprobs) a request may ask for; each "
                                              "costs a top-k over the vocabulary per token")
-    threads: int | None = option(None, "CPU threads of the model's kernels (default: the physical cores this "
-                                       "process may run on)")
+    threads: int | None = option(None, "CPU threads of the model's kernels, per tensor-parallel rank (default: the "
+                                       "physical cores this process, or rank, may run on)",
+                                 aliases=("--cpu-threads",))
     cpu_affinity: str | None = option(None, "CPUs the engine may run on, e.g. 0-3 (taskset's list format): keeps "
                                             "it off the cores a neighbour uses; threads default to its cores")
     tensor_parallel_size: int = option(1, "processes the model's layers are split over (heads, MLP columns, "

@@ -1,0 +1,75 @@
+"""Tensor parallel against one process, same machine, same run: decode tokens/s at 1 and at 32 streams, and the
+share of each step spent in torch.distributed's collectives (the all-reduces after attention and the MLP, the
+embedding's all-reduce and the logits' all-gather), with the broadcast of each step to the other rank.
+
+On a 2-core machine TP=2 gives each rank one core where TP=1 gives its one process both: expect little gain; the
+point is what the split costs. The collectives' time is counted by rank 0 (tally/layers/parallel.py:TPGroup); it
+includes waiting for the other rank to reach the same collective, so it is an upper bound on the transfer itself.
+
+    python bench/tensor_parallel.py [--model PATH] [--dtype float32] [--quantization none|gguf|...]
+                                    [--concurrency 1,32] [--max-tokens 64]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from closed_loop import closed_loop  # bench/ is on sys.path when a script here runs
+
+from tally import LLM, SamplingParams
+from tally.traces import DATA_DIR
+
+
+def prompts(n: int) -> list[str]:
+    lines = [line for line in (DATA_DIR / "shakespeare.txt").read_text().splitlines() if len(line) > 40]
+    return [f"Continue the play: {lines[(97 * i) % len(lines)]}" for i in range(n)]
+
+
+def run(tp: int, ns: argparse.Namespace) -> dict[int, tuple[float, float, float]]:
+    """concurrency -> (tokens/s, seconds per step, seconds in collectives per step)."""
+    kw = dict(dtype=ns.dtype, max_model_len=512, kv_cache_memory=256 * 2**20, tensor_parallel_size=tp)
+    if ns.quantization:
+        kw["quantization"] = ns.quantization
+    llm = LLM(ns.model, **kw)
+    params = SamplingParams(temperature=0, max_tokens=ns.max_tokens, ignore_eos=True)
+    closed_loop(llm, prompts(2), 1, params)  # warm-up
+    out = {}
+    try:
+        for c in ns.concurrency:
+            tp_group = llm.engine.model.tp
+            comm0 = tp_group.comm_seconds if tp_group else 0.0
+            steps0 = llm.engine.snapshot().num_steps
+            started = time.perf_counter()
+            tps, _ = closed_loop(llm, prompts(max(2, 2 * c)), c, params)
+            elapsed = time.perf_counter() - started
+            steps = max(llm.engine.snapshot().num_steps - steps0, 1)
+            comm = (tp_group.comm_seconds - comm0) if tp_group else 0.0
+            out[c] = (tps, elapsed / steps, comm / steps)
+    finally:
+        llm.engine.shutdown()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--quantization", default=None)
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 32])
+    p.add_argument("--max-tokens", type=int, default=64)
+    ns = p.parse_args()
+    started = time.perf_counter()
+    one, two = run(1, ns), run(2, ns)
+    print(f"model {ns.model or 'smollm2-135m'}, dtype {ns.dtype}, quantization {ns.quantization or 'default'}, "
+          f"{ns.max_tokens} tokens per request")
+    print(f"{'streams':>8} {'TP=1 tok/s':>11} {'TP=2 tok/s':>11} {'ratio':>6} {'TP=2 ms/step':>13} "
+          f"{'in collectives':>15} {'share':>6}")
+    for c in ns.concurrency:
+        (t1, _, _), (t2, step_s, comm) = one[c], two[c]
+        print(f"{c:>8} {t1:>11.1f} {t2:>11.1f} {t2 / t1:>6.2f} {step_s * 1e3:>13.2f} {comm * 1e3:>15.2f} "
+              f"{comm / step_s:>6.0%}")
+    print(f"({time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
