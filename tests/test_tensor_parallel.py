@@ -17,6 +17,9 @@ from tally.errors import ConfigError, EngineDeadError
 from tally.models.config import ModelConfig
 from tally.models.registry import resolve_model
 from tally.models.tensor_parallel import plan_shards
+from tally.quantize.layer import QuantizeOptions
+from tally.quantize.pipeline import QuantizeJob, run
+from tally.quantize.scheme import parse_scheme
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 SHARED = "In a paged KV cache, blocks of tokens are shared between requests with a common prefix. " * 2
@@ -81,6 +84,29 @@ def test_two_ranks_give_the_greedy_tokens_of_one(arch, tiny_model_factory):
         assert snap.prefix_hit_tokens > 0  # the shared prefix was reused on every rank's cache
         if "sliding_window" not in ARCH_CONFIGS[arch]:  # a window gives blocks back as it slides
             assert snap.num_preemptions > 0  # the pool was small enough to preempt
+
+
+@pytest.mark.parametrize("scheme", ["w4a16-g32", "w8a16", "awq"])
+def test_stored_integers_split_like_their_weights(scheme, tiny_llama, tmp_path):
+    """A `tally quantize` checkpoint (packed int4 with group scales, int8 with per-channel scales) and an AWQ one:
+    each rank loads only its rows / columns of the stored integers, and the tokens are one process's."""
+    if scheme == "awq":
+        from test_quant_hf_layout import write_pair
+
+        ckpt, _ = write_pair(tiny_llama, tmp_path, "awq")
+    else:
+        ckpt = run(QuantizeJob(str(tiny_llama), tmp_path / "q", QuantizeOptions(parse_scheme(scheme), "rtn"))).out
+    expected = _tokens(LLM(str(ckpt), dtype="float32"), PROMPTS)
+    with _tp_llm(str(ckpt), dtype="float32") as llm:
+        assert llm.engine.model.layers[0].o_proj.inner.scheme == ("int8" if scheme == "w8a16" else "int4")
+        assert _tokens(llm, PROMPTS) == expected
+
+
+def test_a_group_that_straddles_two_ranks_is_refused(tiny_llama, tmp_path):
+    ckpt = run(QuantizeJob(str(tiny_llama), tmp_path / "q", QuantizeOptions(parse_scheme("w4a16-g128"), "rtn"))).out
+    with pytest.raises(ConfigError, match="cut one"):  # down_proj's 128 inputs are one group; each rank has 64
+        LLM(str(ckpt), tensor_parallel_size=2)
+    assert _tokens(LLM(str(ckpt)), PROMPTS[:1])  # the ranks it started are gone and this process is whole again
 
 
 def test_builtin_model_with_uneven_heads_matches_one_process():

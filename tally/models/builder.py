@@ -35,14 +35,11 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
     """Consumes `tensors` (popped as used, so peak memory stays near one copy of the weights).
     `checkpoint` is needed for `quantization="gguf"` (its raw blocks) and for pre-quantized checkpoints.
     `weight_dtype=torch.float16` stores dense projections, the embedding and the head in fp16 (fp32 compute).
-    `parallel`: this rank's slice under tensor parallelism; `config` and `tensors` are already that slice's
-    (TPShard.local_config, TPShard.shard), GGUF blocks are sliced here."""
+    `parallel`: this rank's slice under tensor parallelism; `config` and `tensors` (stored integers too) are
+    already that slice's (TPShard.local_config, TPShard.shard), GGUF blocks are sliced here."""
     prequantized = checkpoint.quantization if checkpoint is not None else None
     _check_quantization(quantization, checkpoint, prequantized)
     shard, tp = parallel if parallel is not None else (None, None)
-    if shard is not None and prequantized is not None:
-        raise ConfigError(f"{checkpoint.path} is pre-quantized ({prequantized}); tensor parallelism splits dense "
-                          "checkpoints, GGUF files and on-the-fly int8 / int4 / w8a8 so far", param="quantization")
 
     def pop(name: str) -> torch.Tensor:
         try:

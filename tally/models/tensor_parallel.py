@@ -38,6 +38,7 @@ class TPShard:
     vocab: tuple[int, int]
     vocab_rows: int
     head_dim: int
+    in_features: tuple[int, int]  # the whole model's inputs of o_proj and down_proj: q_size, intermediate_size
 
     def local_config(self, cfg: ModelConfig) -> ModelConfig:
         """The config of this rank's slice: a smaller Llama with the same hidden size."""
@@ -65,12 +66,19 @@ class TPShard:
         return None
 
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """This rank's part of one checkpoint tensor, as its own storage (the full tensor can then be freed)."""
+        """This rank's part of one checkpoint tensor, as its own storage (the full tensor can then be freed).
+        Stored integers split like the weight they hold: a packed int4 `qweight` [N, K/2] two columns per byte,
+        group `scales` / `zeros` [N, K/g] one per group; per-channel scales [N] only by rows."""
         rows, cols = self.rows(name), self.columns(name)
         if rows is not None:
             tensor = tensor[rows]
-        if cols is not None:
-            tensor = tensor[:, cols]
+        if cols is not None and tensor.dim() == 2:
+            unit = self.in_features[".down_proj." in name] // tensor.shape[1]  # weight columns per stored column
+            if cols.start % unit or cols.stop % unit:
+                raise ConfigError(f"{name} stores {unit} input columns per value, and this rank's columns "
+                                  f"[{cols.start}, {cols.stop}) cut one; choose another tensor_parallel_size",
+                                  param="tensor_parallel_size")
+            tensor = tensor[:, cols.start // unit:cols.stop // unit]
         return tensor.clone() if rows is not None or cols is not None else tensor
 
     def _head_slice(self, heads: tuple[int, int]) -> slice:
@@ -103,8 +111,8 @@ def plan_shards(cfg: ModelConfig, size: int) -> list[TPShard]:
     inter = [(a * unit, b * unit) for a, b in _even(cfg.intermediate_size // unit, size)]
     rows = -(-cfg.vocab_size // size)
     vocab = [(min(r * rows, cfg.vocab_size), min((r + 1) * rows, cfg.vocab_size)) for r in range(size)]
-    return [TPShard(r, size, kv_ranges[r], q_ranges[r], inter[r], vocab[r], rows, cfg.head_dim)
-            for r in range(size)]
+    return [TPShard(r, size, kv_ranges[r], q_ranges[r], inter[r], vocab[r], rows, cfg.head_dim,
+                    (cfg.q_size, cfg.intermediate_size)) for r in range(size)]
 
 
 def _heads_split(heads: int, kv: int, size: int) -> bool:
