@@ -142,10 +142,8 @@ def test_vllm_style_llm_arguments(tiny_llama, caplog):
 
     with caplog.at_level("WARNING", logger="tally"):
         llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, gpu_memory_utilization=0.9,
-                  enforce_eager=True, tensor_parallel_size=1)
+                  enforce_eager=True, tensor_parallel_size=1, pipeline_parallel_size=1)
     assert "enforce_eager, gpu_memory_utilization" in caplog.text
-    with pytest.raises(ConfigError, match="pipeline_parallel_size"):
-        LLM(str(tiny_llama), pipeline_parallel_size=2)
     prompts = [{"prompt_token_ids": list(range(3, 13 + i))} for i in range(3)]
     greedy = SamplingParams(temperature=0, max_tokens=4)
     with_bar, without = llm.generate(prompts, greedy), llm.generate(prompts, greedy, use_tqdm=False)

@@ -1,6 +1,7 @@
 """`tally serve --tensor-parallel-size 2` as users start it: one command that starts its second rank itself, and one
-command per "node" under torchrun (two torchrun agents on this machine, c10d rendezvous). Rank 0 serves the
-OpenAI API with the greedy text of one process; a rank that dies turns /health to 503, never a hang."""
+command per "node" under torchrun (two torchrun agents on this machine, c10d rendezvous); `-pp 2` the same way.
+Rank 0 serves the OpenAI API with the greedy text of one process; a rank that dies turns /health to 503, never a
+hang."""
 from __future__ import annotations
 
 import os
@@ -70,7 +71,14 @@ def test_one_command_serves_with_two_ranks_and_fails_cleanly_when_one_dies(tiny_
             _complete(server)
         assert failed.value.status_code == 503
         assert server.proc.poll() is None  # the server says so instead of vanishing
-        assert "tensor-parallel" in server.log()
+        assert "parallel rank 1 exited" in server.log()
+
+
+def test_one_command_serves_two_pipeline_stages(tiny_llama, expected):
+    with ServerProcess([str(tiny_llama), "-pp", "2"], startup_timeout_s=180) as server:
+        assert _complete(server) == expected
+        ranks = httpx.get(server.url + "/ledger").json()["plan"]["ranks"]
+        assert [(r["stage"], r["layers"]) for r in ranks] == [(0, [0, 1]), (1, [1, 2])]
 
 
 def test_two_torchrun_nodes_serve_as_one(tiny_llama, expected):

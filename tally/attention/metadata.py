@@ -40,6 +40,15 @@ class AttentionMetadata:
             self.step_cache[key] = build()
         return self.step_cache[key]  # type: ignore[return-value]
 
+    def sequences(self, start: int, end: int) -> AttentionMetadata:
+        """Sequences [start, end) as a batch of their own (a pipeline micro-batch): still decodes first."""
+        first, last = self.query_start_loc[start], self.query_start_loc[end]
+        return AttentionMetadata(
+            query_start_loc=[q - first for q in self.query_start_loc[start:end + 1]],
+            context_lens=self.context_lens[start:end], block_tables=self.block_tables[start:end],
+            slot_mapping=self.slot_mapping[first:last], block_size=self.block_size,
+            num_decode_tokens=max(0, min(self.num_decode_tokens, end) - start))
+
     @property
     def num_seqs(self) -> int:
         return len(self.context_lens)

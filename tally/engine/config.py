@@ -104,6 +104,9 @@ class EngineConfig:
     tensor_parallel_size: int = option(1, "processes the model's layers are split over (heads, MLP columns, "
                                           "vocabulary), torch.distributed gloo; under torchrun one per rank, "
                                           "else started here on this machine's CPUs", aliases=("-tp",))
+    pipeline_parallel_size: int = option(1, "stages the model's layers are split over, each a contiguous run of "
+                                            "layers, micro-batches flowing through them; with tensor_parallel_size "
+                                            "N, N x this many processes", aliases=("-pp",))
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")
@@ -115,6 +118,11 @@ class EngineConfig:
         """The names the API answers to, the reported one first; () for the checkpoint's own."""
         names = self.served_model_name
         return () if names is None else (names,) if isinstance(names, str) else tuple(names)
+
+    @property
+    def world_size(self) -> int:
+        """Processes of a parallel engine: tensor_parallel_size x pipeline_parallel_size."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -151,9 +159,13 @@ class EngineConfig:
             if not cpus <= set(range(os.cpu_count() or 1)):
                 raise ConfigError(f"cpu_affinity {self.cpu_affinity!r} names CPUs this machine lacks (it has "
                                   f"0-{(os.cpu_count() or 1) - 1})", param="cpu_affinity")
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size must be ≥ 1, got {self.tensor_parallel_size}",
-                              param="tensor_parallel_size")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}", param=name)
+        if self.pipeline_parallel_size > 1 and self.kv_cache_dtype == "int8":
+            # its key scales are measured by one prefill through the whole model (tally/models/key_smoothing.py)
+            raise ConfigError("kv_cache_dtype int8 does not run under pipeline parallelism yet; use auto, float32 or "
+                              "bfloat16, or split the model with tensor_parallel_size", param="kv_cache_dtype")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be ≥ 1, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 1:

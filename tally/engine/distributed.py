@@ -1,10 +1,10 @@
-"""The processes of a tensor-parallel engine, on torch.distributed (gloo on CPU).
+"""The processes of a parallel engine (tensor and pipeline), on torch.distributed (gloo on CPU).
 
 Two ways in, one code path after: under `torchrun` every rank runs the same `tally serve` command and reads its
 rank from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
-without it, `tensor_parallel_size=N` on one machine makes this process rank 0, and it starts ranks 1..N-1 as
-`python -m tally.engine.follower` with the same variables set (as vLLM's multiprocessing executor starts its
-workers). Rank 0 serves; the others follow its steps (tally/engine/follower.py).
+without it, N = tensor_parallel_size x pipeline_parallel_size on one machine makes this process rank 0, and it
+starts ranks 1..N-1 as `python -m tally.engine.follower` with the same variables set (as vLLM's multiprocessing
+executor starts its workers). Rank 0 serves; the others follow its steps (tally/engine/follower.py).
 
 CPU placement: the ranks on one machine split the CPUs this process may use into equal, disjoint sets, each rank
 pinned to its own, with one thread per physical core in it: two ranks' OpenMP pools on the same cores would
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from tally.engine.config import EngineConfig
+from tally.engine.pipeline import PipelinePeers
 from tally.layers.parallel import TPGroup
 from tally.platform import parse_cpu_list, pin_process
 
@@ -56,7 +57,8 @@ class RankEnv:
 @dataclass
 class ParallelContext:
     env: RankEnv
-    tp: TPGroup
+    tp: TPGroup | None  # None: one rank per pipeline stage
+    pipe: PipelinePeers | None  # None: no pipeline (one stage)
     control: dist.ProcessGroup  # rank 0's step broadcast (tally/engine/model_step.py)
     followers: list[subprocess.Popen] = field(default_factory=list)  # ranks this process started
     # rank 0 may be the user's own process (LLM(...)): its CPUs and threads before this rank was placed
@@ -89,11 +91,12 @@ def is_follower() -> bool:
 
 
 def join(config: EngineConfig) -> ParallelContext:
-    """Join (or, as rank 0 outside torchrun, start) the `config.tensor_parallel_size` ranks."""
+    """Join (or, as rank 0 outside torchrun, start) the tensor_parallel_size x pipeline_parallel_size ranks."""
     env = RankEnv.from_environ()
+    world = config.world_size
     followers: list[subprocess.Popen] = []
     if env is None:  # rank 0 here: it holds the rendezvous store and starts the others
-        env = RankEnv(0, config.tensor_parallel_size, 0, config.tensor_parallel_size)
+        env = RankEnv(0, world, 0, world)
         store = dist.TCPStore("127.0.0.1", 0, env.world_size, is_master=True, timeout=STEP_TIMEOUT,
                               wait_for_workers=False)
         followers = [_start_follower(config, rank, env.world_size, store.port) for rank in range(1, env.world_size)]
@@ -102,13 +105,28 @@ def join(config: EngineConfig) -> ParallelContext:
         store = dist.TCPStore(host, int(port), env.world_size, is_master=False, timeout=STEP_TIMEOUT)
     else:  # torchrun's: its rendezvous
         store = None
-        if env.world_size != config.tensor_parallel_size:
-            raise ValueError(f"torchrun started {env.world_size} processes but tensor_parallel_size is "
-                             f"{config.tensor_parallel_size}; they must be equal")
+        if env.world_size != world:
+            raise ValueError(f"torchrun started {env.world_size} processes but tensor_parallel_size x "
+                             f"pipeline_parallel_size is {world}; they must be equal")
     dist.init_process_group("gloo", init_method=None if store else "env://", store=store, rank=env.rank,
                             world_size=env.world_size, timeout=STEP_TIMEOUT)
+    tp = _tp_group(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    return ParallelContext(env, TPGroup(env.rank, env.world_size), control, followers)
+    pipe = (PipelinePeers(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size)
+            if config.pipeline_parallel_size > 1 else None)
+    return ParallelContext(env, tp, pipe, control, followers)
+
+
+def _tp_group(rank: int, tp: int, pp: int) -> TPGroup | None:
+    """This rank's TP group: the ranks of its pipeline stage. new_group is collective over the whole world, so
+    every rank makes every stage's group, in the same order."""
+    if tp == 1:
+        return None
+    if pp == 1:
+        return TPGroup(rank, tp)  # the default group: the whole world
+    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp)), backend="gloo", timeout=STEP_TIMEOUT)
+              for s in range(pp)]
+    return TPGroup(rank % tp, tp, groups[rank // tp])
 
 
 def rank_cpus(env: RankEnv, allowed: set[int]) -> set[int]:

@@ -67,7 +67,8 @@ class Engine:
         ), self.kv)
         self.parallel = m.parallel
         peers = TPDriver(m.parallel.control, m.parallel.env.world_size) if m.parallel is not None else None
-        self.runner = ModelRunner(m.model, self.kv, m.kv_caches, peers)
+        self.runner = ModelRunner(m.model, self.kv, m.kv_caches, peers,
+                                  m.parallel.pipe if m.parallel is not None else None)
         # The other ranks stop with this engine: when it is shut down, collected, or the interpreter exits.
         self._stop_ranks = weakref.finalize(self, _stop_ranks, peers, m.parallel) if peers is not None else None
         self._grammars = GrammarCompiler(m.tokenizer, m.config.vocab_size, m.stop_token_ids)
@@ -79,17 +80,18 @@ class Engine:
         log.info("ledger:\n%s", m.ledger.format())
 
     def check_health(self) -> None:
-        """EngineDeadError if a tensor-parallel rank this process started has exited (vLLM's check_health): the
-        next step could never run, so the server should say so now rather than at the next request."""
+        """EngineDeadError if a rank this process started (tensor / pipeline parallel) has exited (vLLM's
+        check_health): the next step could never run, so the server should say so now rather than at the next
+        request."""
         if self.parallel is None:
             return
         for rank, proc in enumerate(self.parallel.followers, start=1):
             if proc.poll() is not None:
-                raise EngineDeadError(f"tensor-parallel rank {rank} exited with code {proc.returncode}; the engine "
+                raise EngineDeadError(f"parallel rank {rank} exited with code {proc.returncode}; the engine "
                                       "cannot run without it: restart the server")
 
     def shutdown(self) -> None:
-        """Stop the other tensor-parallel ranks (nothing to do for a single process)."""
+        """Stop the other ranks of a parallel engine (nothing to do for a single process)."""
         if self._stop_ranks is not None:
             self._stop_ranks()
 
@@ -335,5 +337,5 @@ def _stop_ranks(peers: TPDriver, parallel: ParallelContext) -> None:
     try:
         peers.send(None)
     except Exception:  # noqa: BLE001 - a rank already gone must not keep the others from being reaped
-        log.warning("could not tell every tensor-parallel rank to stop", exc_info=True)
+        log.warning("could not tell every parallel rank to stop", exc_info=True)
     parallel.close()

@@ -1,5 +1,5 @@
-"""A tensor-parallel rank other than 0: load this rank's slice, then run every step rank 0 sends until it says
-stop. Started by rank 0 (`python -m tally.engine.follower`, tally/engine/distributed.py) or, under torchrun, by
+"""A rank other than 0 of a parallel engine: load this rank's slice, then run every step rank 0 sends until it
+says stop. Started by rank 0 (`python -m tally.engine.follower`, tally/engine/distributed.py) or, under torchrun, by
 `tally serve` on ranks 1..N-1."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import sys
 from tally.engine.config import EngineConfig
 from tally.engine.distributed import CONFIG_ENV
 from tally.engine.model_setup import load_model
-from tally.engine.model_step import receive_step, run_model_step
+from tally.engine.model_step import receive_step
+from tally.engine.pipeline import forward_step
 
 log = logging.getLogger("tally.engine")
 
@@ -22,9 +23,9 @@ def follow(config: EngineConfig) -> int:
     ctx = m.parallel
     try:
         while (step := receive_step(ctx.control)) is not None:
-            run_model_step(m.model, m.kv_caches, step)
+            forward_step(m.model, m.kv_caches, step, ctx.pipe)
     except RuntimeError as exc:
-        log.error("tensor-parallel rank %d: lost rank 0 or a peer (%s); stopping", ctx.env.rank, exc)
+        log.error("rank %d: lost rank 0 or a peer (%s); stopping", ctx.env.rank, exc)
         return 1
     ctx.close()
     return 0

@@ -11,7 +11,7 @@ from rich.progress import Progress
 
 from tally.engine.config import EngineConfig
 from tally.engine.engine import Engine
-from tally.engine.vllm_compat import NO_EFFECT, PARALLELISM
+from tally.engine.vllm_compat import NO_EFFECT
 from tally.errors import ConfigError, InvalidRequestError
 from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.outputs import RequestOutput
@@ -24,9 +24,6 @@ PromptType = str | dict[str, Any] | list[int]
 class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         known = {f.name for f in fields(EngineConfig)}
-        for name in PARALLELISM:
-            if kwargs.pop(name, 1) != 1:
-                raise ConfigError(f"{name} above 1 is not supported yet; leave it at 1")
         ignored = sorted(k for k in kwargs if k in NO_EFFECT)
         if ignored:
             log.warning("ignoring vLLM arguments that have no effect on this CPU engine: %s", ", ".join(ignored))

@@ -25,6 +25,7 @@ from tally.models.generation_config import sampling_defaults
 from tally.models.key_smoothing import calibration_ids, measure_key_scales
 from tally.models.llama import CausalLM
 from tally.models.loader import Checkpoint, load_checkpoint
+from tally.models.pipeline_split import PPStage, plan_stages
 from tally.models.projection_shapes import projection_shapes
 from tally.models.tensor_parallel import TPShard, plan_shards
 from tally.models.tokenizer import load_tokenizer, stop_token_ids
@@ -49,26 +50,31 @@ class LoadedModel:
     max_model_len: int
     ledger: EngineLedger
     sampling_defaults: dict[str, float]  # from generation_config.json (--generation-config)
-    parallel: ParallelContext | None = None  # tensor parallel: this process's rank and its group
+    parallel: ParallelContext | None = None  # tensor / pipeline parallel: this process's rank and its groups
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
-    """This process's model and KV pool; under tensor parallelism, this rank's slice of them (every rank runs
-    this function; rank 0's measured path and KV pool size are the ones all use)."""
+    """This process's model and KV pool; under tensor / pipeline parallelism, this rank's slice of them (every rank
+    runs this function; rank 0's measured path and KV pool size are the ones all use)."""
     torch.manual_seed(config.seed)
     ckpt = load_checkpoint(config.model)
-    if config.tensor_parallel_size == 1:
-        return _load(config, ckpt, None, None)
-    shards = plan_shards(ckpt.config, config.tensor_parallel_size)  # a split that cannot work is refused first
+    if config.world_size == 1:
+        return _load(config, ckpt, None, None, None)
+    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    # a split that cannot work is refused before any process starts
+    shards = plan_shards(ckpt.config, tp) if tp > 1 else None
+    stages = plan_stages(ckpt.config, pp) if pp > 1 else None
     parallel = join(config)
+    rank = parallel.env.rank
     try:
-        return _load(config, ckpt, shards[parallel.env.rank], parallel)
+        return _load(config, ckpt, shards[rank % tp] if shards else None, stages[rank // tp] if stages else None,
+                     parallel)
     except BaseException:
         parallel.abort()  # no rank may be left waiting for a model that will never run
         raise
 
 
-def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None,
+def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: PPStage | None,
           parallel: ParallelContext | None) -> LoadedModel:
     full_cfg = ckpt.config
     cfg = shard.local_config(full_cfg) if shard is not None else full_cfg
@@ -89,11 +95,13 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None,
         num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window, compute_dtype=dtype,
     )
-    # Each tensor is cut to this rank's slice as it is read: no rank ever holds the whole model.
-    tensors = {n: shard.shard(n, t) for n, t in ckpt.tensors()} if shard is not None else dict(ckpt.tensors())
+    # Each tensor is cut to this rank's slice as it is read, and a stage reads only its own: no rank ever holds the
+    # whole model.
+    tensors = {n: shard.shard(n, t) if shard is not None else t for n, t in ckpt.tensors()
+               if stage is None or stage.holds(n)}
     model = build_model(cfg, tensors, dtype=dtype, quantization=path.candidate.quantization,
                         attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype,
-                        parallel=(shard, parallel.tp) if parallel is not None else None)
+                        parallel=(shard, parallel.tp) if shard is not None else None, stage=stage)
     if path.many_tokens_from is not None:
         use_bf16_many_tokens(list(model.modules()), path.many_tokens_from)
     weight_bytes = (sum(t.numel() * t.element_size() for t in _unique_tensors(model))
@@ -102,7 +110,9 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None,
     kv_dtype_name = _DTYPE_NAMES[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
     if kv_dtype_name == "int8":
         model.set_key_smoothing(measure_key_scales(model, calibration_ids(tokenizer)))
-    layout = KVLayout.for_model(cfg, kv_dtype=kv_dtype_name, block_size=config.block_size)
+    # this stage's layers only; stage 0 holds the most, so the block count rank 0 sizes fits every stage
+    layout = KVLayout.for_model(replace(cfg, num_layers=stage.num_layers) if stage is not None else cfg,
+                                kv_dtype=kv_dtype_name, block_size=config.block_size)
     budget = config.kv_cache_memory
     if budget is None:
         # Like vLLM's CPU backend, a bounded default: zero-filling a pool costs ~2 s per GB here, and
@@ -130,7 +140,8 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None,
         path=path.to_dict(),
     )
     if parallel is not None:
-        ledger = replace(ledger, ranks=_gather_ranks(parallel, weight_bytes, ledger.kv_pool_bytes))
+        ledger = replace(ledger, ranks=_gather_ranks(parallel, stage or plan_stages(full_cfg, 1)[0], weight_bytes,
+                                                         ledger.kv_pool_bytes))
     return LoadedModel(
         name=(config.served_model_names or (ckpt.name,))[0], config=full_cfg, tokenizer=tokenizer,
         stop_token_ids=stop_token_ids(tokenizer, full_cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
@@ -168,10 +179,10 @@ def _agreed(parallel: ParallelContext | None, decide: Callable[[], T]) -> T:
     return box[0]
 
 
-def _gather_ranks(parallel: ParallelContext, weight_bytes: int, kv_pool_bytes: int) -> list[dict]:
+def _gather_ranks(parallel: ParallelContext, stage: PPStage, weight_bytes: int, kv_pool_bytes: int) -> list[dict]:
     """Every rank's own figures, for the ledger rank 0 shows."""
     mine = {"rank": parallel.env.rank, "weight_bytes": weight_bytes, "kv_pool_bytes": kv_pool_bytes,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "stage": stage.stage, "layers": list(stage.layers)}
     ranks: list[dict | None] = [None] * parallel.env.world_size
     dist.all_gather_object(ranks, mine, group=parallel.control)
     return ranks
@@ -191,15 +202,15 @@ def _allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int,
                  dtype: torch.dtype) -> list[tuple[KVCache, KVCache]]:
     """One pool for all layers, K and V, sized exactly num_blocks * layout.bytes_per_block; int8
     adds the ledger's float32 scale per (layer, K/V, block, KV head) beside the values."""
-    shape = (cfg.num_layers, 2, num_blocks, layout.block_size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (layout.num_layers, 2, num_blocks, layout.block_size, cfg.num_kv_heads, cfg.head_dim)
     if layout.kv_dtype == "int8":
         values = torch.zeros(shape, dtype=torch.int8)
         scales = torch.zeros(shape[:3] + shape[4:5], dtype=torch.float32)
         return [(Int8KVCache(values[i, 0], scales[i, 0]), Int8KVCache(values[i, 1], scales[i, 1]))
-                for i in range(cfg.num_layers)]
+                for i in range(layout.num_layers)]
     cache_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layout.kv_dtype]
     pool = torch.zeros(shape, dtype=cache_dtype)
-    return [(pool[i, 0], pool[i, 1]) for i in range(cfg.num_layers)]
+    return [(pool[i, 0], pool[i, 1]) for i in range(layout.num_layers)]
 
 
 def _unique_tensors(model: torch.nn.Module) -> list[torch.Tensor]:

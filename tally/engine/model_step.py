@@ -1,8 +1,9 @@
-"""One forward step as data, so that under tensor parallelism rank 0 can hand it to every other rank.
+"""One forward step as data, so that under tensor or pipeline parallelism rank 0 can hand it to every other rank.
 
 Rank 0 schedules and samples; the other ranks hold their slices of the weights and KV cache and run exactly the
 steps rank 0 runs (vLLM's driver / worker split). `TPDriver.send` broadcasts a step before rank 0 runs it, and
-`receive_step` is where the other ranks wait for the next one (tally/engine/follower.py).
+`receive_step` is where the other ranks wait for the next one (tally/engine/follower.py). Under pipeline
+parallelism each stage runs its part of the step (tally/engine/pipeline.py).
 """
 from __future__ import annotations
 
@@ -48,8 +49,8 @@ class TPDriver:
         try:
             dist.broadcast_object_list([step], src=0, group=self.control)
         except RuntimeError as exc:
-            raise EngineDeadError(f"a tensor-parallel rank is gone ({exc}); the engine cannot run a step without "
-                                  "every rank: restart the server") from exc
+            raise EngineDeadError(f"a parallel rank is gone ({exc}); the engine cannot run a step without every "
+                                  "rank: restart the server") from exc
 
 
 def receive_step(control: dist.ProcessGroup) -> ModelStep | None:

@@ -11,6 +11,7 @@ from tally.core.request import Request
 from tally.core.scheduler import SchedulerOutput
 from tally.engine.inputs import build_step_inputs
 from tally.engine.model_step import ModelStep, TPDriver, run_model_step
+from tally.engine.pipeline import PipelinePeers, forward_step
 from tally.engine.structured_output import allowed_tokens
 from tally.errors import EngineDeadError
 from tally.models.llama import CausalLM
@@ -39,11 +40,12 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCacheManager, kv_caches: list[tuple[KVCache, KVCache]],
-                 peers: TPDriver | None = None) -> None:
+                 peers: TPDriver | None = None, pipeline: PipelinePeers | None = None) -> None:
         self.model = model
         self.kv = kv
         self.kv_caches = kv_caches
-        self.peers = peers  # tensor parallel: the other ranks run every step beside this one
+        self.peers = peers  # tensor / pipeline parallel: the other ranks run every step beside this one
+        self.pipeline = pipeline  # pipeline parallel: this rank is stage 0 and gets the logits from the last
         self.sampler = Sampler()  # keeps per-batch parameter tensors while the batch is unchanged
 
     @torch.inference_mode()
@@ -87,10 +89,10 @@ class ModelRunner:
             return run_model_step(self.model, self.kv_caches, step)
         self.peers.send(step)
         try:
-            return run_model_step(self.model, self.kv_caches, step)
+            return forward_step(self.model, self.kv_caches, step, self.pipeline)
         except Exception as exc:
             # A step that failed on one rank leaves the ranks out of step with each other: none can go on.
-            raise EngineDeadError(f"a tensor-parallel step failed ({type(exc).__name__}: {exc}); every rank must "
+            raise EngineDeadError(f"a parallel step failed ({type(exc).__name__}: {exc}); every rank must "
                                   "restart") from exc
 
     @staticmethod

@@ -1,6 +1,6 @@
 """vLLM options that mean nothing on a CPU engine. `LLM(...)` and `tally serve` accept them so vLLM code and
-command lines run unchanged, and say in one warning that they were ignored; pipeline parallelism above 1 is refused
-(tally/server/vllm_flags.py, tally/engine/llm.py)."""
+command lines run unchanged, and say in one warning that they were ignored (tally/server/vllm_flags.py,
+tally/engine/llm.py)."""
 from __future__ import annotations
 
 # option name (LLM keyword / flag without dashes) -> takes a value (False: a switch)
@@ -10,4 +10,3 @@ NO_EFFECT = {
     "max_seq_len_to_capture": True, "device": True, "distributed_executor_backend": True,
     "worker_use_ray": False, "disable_frontend_multiprocessing": False, "uvicorn_log_level": True,
 }
-PARALLELISM = ("pipeline_parallel_size",)

@@ -2,9 +2,10 @@
 
 TP shards every linear layer, the embedding and the head over `tp` ranks as the engine does
 (tally/models/tensor_parallel.py:plan_shards: heads by whole KV groups, K/V projections replicated when
-there are fewer KV heads than ranks); norms are replicated. PP gives each stage a contiguous run of layers;
-the first stage holds the embedding, the last the final norm and the head (a copy of the embedding when
-tied). The plan is made for the fullest device: TP rank 0, which holds the largest slices.
+there are fewer KV heads than ranks); norms are replicated. PP gives each stage a contiguous run of layers, as the
+engine does (tally/models/pipeline_split.py): the first stage holds the embedding, the last the final norm and the
+head (a copy of the embedding when tied). The plan is made for the fullest device: TP rank 0, which holds the
+largest slices.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from tally.ledger.weights import WeightFormat, WeightTensor
 from tally.models.config import ModelConfig
+from tally.models.pipeline_split import stage_of_layer
 from tally.models.tensor_parallel import TPShard, plan_shards
 from tally.units import MiB
 
@@ -39,10 +41,6 @@ class DeviceSplit:
     @property
     def num_devices(self) -> int:
         return self.tp * self.pp
-
-
-def stage_of_layer(layer: int, num_layers: int, pp: int) -> int:
-    return layer * pp // num_layers
 
 
 def split_model(tensors: list[WeightTensor], fmt: WeightFormat, config: ModelConfig, *, tp: int, pp: int,

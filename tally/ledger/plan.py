@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from tally.errors import ConfigError
 from tally.ledger.capacity import (
     LongTailPlan,
     MemoryBudget,
@@ -29,6 +28,7 @@ from tally.ledger.weights import (
     canonical_dtype,
     matmul_params,
 )
+from tally.models.pipeline_split import plan_stages
 from tally.units import fmt_gib
 
 
@@ -132,8 +132,7 @@ class Plan:
 
 def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
     config = source.config
-    if opts.pp > config.num_layers:
-        raise ConfigError(f"--pp {opts.pp} is more stages than the {config.num_layers} layers of {source.name}")
+    plan_stages(config, opts.pp)  # refuses more stages than layers, as the engine does
     fmt = WeightFormat(opts.weights or source.default_weights, opts.dtype, opts.group_size)
     kv_dtype = opts.kv_dtype or opts.dtype
     layout = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size, tp_size=opts.tp, pp_size=opts.pp)

@@ -20,7 +20,8 @@ class EngineLedger:
     max_num_seqs: int
     # how the projections run and why (tally/engine/path_tuning.py PathChoice.to_dict); empty when not known
     path: dict = field(default_factory=dict)
-    # tensor parallel: each rank's own {rank, weight_bytes, kv_pool_bytes, threads}; the fields above are rank 0's
+    # tensor / pipeline parallel: each rank's own {rank, stage, layers: [first, end), weight_bytes, kv_pool_bytes,
+    # threads}; the fields above are rank 0's
     ranks: list[dict] = field(default_factory=list)
 
     @property
@@ -45,8 +46,10 @@ class EngineLedger:
         if self.path:
             lines.append(f"ledger: projections {self.path['summary']}")
         for r in self.ranks:
-            lines.append(f"ledger: tensor-parallel rank {r['rank']}: weights {fmt_gib(r['weight_bytes'])}, KV pool "
-                         f"{fmt_gib(r['kv_pool_bytes'])}, {r['threads']} thread(s)")
+            first, end = r["layers"]
+            lines.append(f"ledger: rank {r['rank']}: stage {r['stage']} (layers {first}-{end - 1}), weights "
+                         f"{fmt_gib(r['weight_bytes'])}, KV pool {fmt_gib(r['kv_pool_bytes'])}, "
+                         f"{r['threads']} thread(s)")
         if self.max_concurrency_at_max_len < self.max_num_seqs:
             lines.append(f"ledger: max_num_seqs {self.max_num_seqs:,} x max_model_len {self.max_model_len:,} exceeds "
                          "the KV pool: long requests will queue or be preempted")

@@ -21,6 +21,7 @@ from tally.models.config import ModelConfig
 from tally.models.llama import CausalLM
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.models.packed_checkpoint import linear_from_packed
+from tally.models.pipeline_split import PPStage
 from tally.models.tensor_parallel import TPShard
 from tally.quant.gguf_blocks import BLOCK, Int4Blocks, Int8Blocks, concat_blocks, read_blocks
 
@@ -31,12 +32,13 @@ if TYPE_CHECKING:
 def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype: torch.dtype,
                 quantization: str | None, attn: AttentionBackend, max_model_len: int,
                 checkpoint: Checkpoint | None = None, weight_dtype: torch.dtype | None = None,
-                parallel: tuple[TPShard, TPGroup] | None = None) -> CausalLM:
+                parallel: tuple[TPShard, TPGroup] | None = None, stage: PPStage | None = None) -> CausalLM:
     """Consumes `tensors` (popped as used, so peak memory stays near one copy of the weights).
     `checkpoint` is needed for `quantization="gguf"` (its raw blocks) and for pre-quantized checkpoints.
     `weight_dtype=torch.float16` stores dense projections, the embedding and the head in fp16 (fp32 compute).
     `parallel`: this rank's slice under tensor parallelism; `config` and `tensors` (stored integers too) are
-    already that slice's (TPShard.local_config, TPShard.shard), GGUF blocks are sliced here."""
+    already that slice's (TPShard.local_config, TPShard.shard), GGUF blocks are sliced here. `stage`: this
+    pipeline stage's layers; `tensors` holds only the stage's own (PPStage.holds)."""
     prequantized = checkpoint.quantization if checkpoint is not None else None
     _check_quantization(quantization, checkpoint, prequantized)
     shard, tp = parallel if parallel is not None else (None, None)
@@ -84,7 +86,7 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         cfg = replace(cfg, max_position_embeddings=max_model_len)
     try:
         model = CausalLM(cfg, tensors, make_proj, make_head, attn, dtype, weight_dtype, tp,
-                         shard.vocab[0] if shard is not None else 0)
+                         shard.vocab[0] if shard is not None else 0, stage)
     except KeyError as exc:
         raise ModelLoadError(f"checkpoint is missing tensor {exc.args[0]!r}") from exc
     leftover = [n for n in tensors if "rotary_emb" not in n]

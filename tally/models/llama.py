@@ -20,6 +20,7 @@ from tally.layers.parallel import TPGroup
 from tally.layers.rotary import RotaryEmbedding, apply_rotary
 from tally.models.config import ModelConfig
 from tally.models.native_decode_step import NativeDecodeStep
+from tally.models.pipeline_split import PPStage
 from tally.native import ops as native
 
 # (names of the HF tensors fused, bias?) → one module
@@ -95,27 +96,32 @@ class CausalLM(nn.Module):
     separate tensor.
 
     Under tensor parallelism (`tp`) `cfg` is this rank's slice (tally/models/tensor_parallel.py), the factories
-    make row-parallel and vocabulary-parallel modules, and the embedding holds vocabulary rows [vocab_start, ...)."""
+    make row-parallel and vocabulary-parallel modules, and the embedding holds vocabulary rows [vocab_start, ...).
+    Under pipeline parallelism (`stage`) it holds that stage's layers only: the embedding on the first stage, the
+    final norm and the head on the last (tally/models/pipeline_split.py)."""
 
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
                  make_head: HeadFactory, attn: AttentionBackend, dtype: torch.dtype,
-                 weight_dtype: torch.dtype | None = None, tp: TPGroup | None = None, vocab_start: int = 0) -> None:
+                 weight_dtype: torch.dtype | None = None, tp: TPGroup | None = None, vocab_start: int = 0,
+                 stage: PPStage | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
         self.tp = tp
         self.vocab_start = vocab_start
-        embed = tensors.pop("model.embed_tokens.weight").to(weight_dtype or dtype)
-        self.vocab_rows = embed.shape[0]
-        self.embed_tokens = nn.Parameter(embed, requires_grad=False)
+        first, last = stage is None or stage.first, stage is None or stage.last
+        head = tensors.pop("lm_head.weight", None) if last else None
+        tied = last and (cfg.tie_word_embeddings or head is None)
+        embed = tensors.pop("model.embed_tokens.weight").to(weight_dtype or dtype) if first or tied else None
+        self.vocab_rows = embed.shape[0] if embed is not None else 0
+        self.embed_tokens = nn.Parameter(embed, requires_grad=False) if first else None
+        layers = range(*stage.layers) if stage is not None else range(cfg.num_layers)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, f"model.layers.{i}", tensors, make_proj, attn, dtype) for i in range(cfg.num_layers)
+            DecoderLayer(cfg, f"model.layers.{i}", tensors, make_proj, attn, dtype) for i in layers
         )
-        self.norm = RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps, dtype)
-        head = tensors.pop("lm_head.weight", None)
-        tied = cfg.tie_word_embeddings or head is None
-        self.lm_head = make_head(embed if tied else head, tied)
-        if tied and getattr(self.lm_head, "embedding_rows", None) is not None:
+        self.norm = RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps, dtype) if last else None
+        self.lm_head = make_head(embed if tied else head, tied) if last else None
+        if first and tied and getattr(self.lm_head, "embedding_rows", None) is not None:
             self.embed_tokens = None  # the head serves the lookup: one copy of the table
         # every layer's decode step in one native call, where the model's formats allow (built after loading)
         self.native_step: NativeDecodeStep | None = None
@@ -131,15 +137,19 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata) -> torch.Tensor:
-        h = self._embed(input_ids)
+                kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata,
+                hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """`hidden`: the previous pipeline stage's output [T, H], which this stage's layers continue from instead of
+        the embedding. Returns the normed final hidden state, or on a stage before the last its layers' output."""
+        h = self._embed(input_ids) if hidden is None else hidden
         rope = self.rotary.lookup(positions)
         step = self.native_step
         if step is not None and meta.is_decode_only and step.applies(self, kv_caches):
-            return self.norm(step.run(h.contiguous(), rope, meta))
-        for layer, kv in zip(self.layers, kv_caches):
-            h = layer(h, rope, kv, meta)
-        return self.norm(h)
+            h = step.run(h.contiguous(), rope, meta)
+        else:
+            for layer, kv in zip(self.layers, kv_caches):
+                h = layer(h, rope, kv, meta)
+        return self.norm(h) if self.norm is not None else h
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:  # vocabulary-parallel: each rank looks up its own rows, zeros elsewhere, summed

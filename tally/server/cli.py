@@ -20,7 +20,7 @@ from tally.server.connection_guard import guarded_protocol
 from tally.server.metrics import METRICS_PREFIXES
 from tally.server.request_log import RequestLog, redaction_hook
 from tally.server.tools import TOOL_CALL_PARSERS
-from tally.server.vllm_flags import add_vllm_flags, refuse_parallelism, warn_no_effect
+from tally.server.vllm_flags import add_vllm_flags, warn_no_effect
 from tally.units import parse_bytes
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -87,7 +87,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_vllm_flags(p)
     p.set_defaults(max_itl_s=SERVE_MAX_ITL_S)
     ns = p.parse_args(argv)
-    refuse_parallelism(p, ns)
     if ns.model_tag is not None:
         if ns.model is not None and ns.model != ns.model_tag:
             p.error(f"the model is given twice ({ns.model_tag!r} and --model {ns.model!r}); give it once")

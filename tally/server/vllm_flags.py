@@ -1,6 +1,5 @@
 """vLLM flags that mean nothing on a CPU engine (tally/engine/vllm_compat.py), accepted so that a vLLM command line
-runs unchanged: each one given is named in one warning line instead of failing argparse. Flags whose meaning Tally
-cannot honour yet (--pipeline-parallel-size above 1) are refused with a message."""
+runs unchanged: each one given is named in one warning line instead of failing argparse."""
 from __future__ import annotations
 
 import argparse
@@ -18,13 +17,6 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     for flag, takes_value in NO_EFFECT_FLAGS.items():
         g.add_argument(flag, dest=_dest(flag), default=None,
                        **({"metavar": "VALUE"} if takes_value else {"action": "store_const", "const": True}))
-    g.add_argument("--pipeline-parallel-size", "-pp", dest="pipeline_parallel_size", type=int, default=1)
-
-
-def refuse_parallelism(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
-    if ns.pipeline_parallel_size != 1:
-        p.error("pipeline parallelism is not supported yet; run with --pipeline-parallel-size 1 (the default), "
-                "or split the model with --tensor-parallel-size")
 
 
 def warn_no_effect(ns: argparse.Namespace) -> None:
