@@ -16,6 +16,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "alerts": ("tally.ops.alerts_cli", "Prometheus alert rules from a measured baseline run"),
     "dashboards": ("tally.ops.dashboards_cli", "Grafana dashboard and Prometheus recording rules"),
     "route": ("tally.ops.route_cli", "one address in front of replicas: balancing, health checks, failover"),
+    "deploy": ("tally.deploy.cli", "Kubernetes manifests for the Tally image, pods sized by the ledger (deploy k8s)"),
 }
 
 

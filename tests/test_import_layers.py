@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tally.models",),
     ("tally.ledger",),
     ("tally.engine",),
-    ("tally.server", "tally.quality", "tally.quantize"),
+    ("tally.server", "tally.quality", "tally.quantize", "tally.deploy"),
     ("tally", "tally.cli"),  # the package's front door: `from tally import LLM`, the `tally` command
 ]
 # The load generator talks HTTP to any server: it may use the bottom layer's helpers and nothing of the engine.

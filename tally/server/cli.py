@@ -10,20 +10,18 @@ from types import FrameType
 
 import uvicorn
 
+from tally.deploy.ray_options import add_ray_args, check_ray_args
 from tally.engine.args import add_engine_args, config_from_args
 from tally.engine.distributed import is_follower
 from tally.engine.follower import follow
-from tally.engine.engine import Engine
 from tally.errors import TallyError
-from tally.server.app import ServerConfig, build_app
+from tally.server.app_args import app_from_args
 from tally.server.connection_guard import guarded_protocol
 from tally.server.metrics import METRICS_PREFIXES
-from tally.server.request_log import RequestLog, redaction_hook
 from tally.server.tools import TOOL_CALL_PARSERS
 from tally.server.vllm_flags import add_vllm_flags, warn_no_effect
 from tally.units import parse_bytes
 
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 # A server's clients stream, so it keeps their tokens flowing by default; LLM() (offline) has no latency target.
 SERVE_MAX_ITL_S = 0.3
 
@@ -85,8 +83,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "llama3_json (Llama 3's JSON)")
     add_engine_args(p)
     add_vllm_flags(p)
+    add_ray_args(p)
     p.set_defaults(max_itl_s=SERVE_MAX_ITL_S)
     ns = p.parse_args(argv)
+    check_ray_args(p, ns)
     if ns.model_tag is not None:
         if ns.model is not None and ns.model != ns.model_tag:
             p.error(f"the model is given twice ({ns.model_tag!r} and --model {ns.model!r}); give it once")
@@ -104,14 +104,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
-def allowed_hosts(flag: str | None, bind_host: str) -> tuple[str, ...]:
-    if flag is not None:
-        return tuple(h.strip() for h in flag.split(",") if h.strip())
-    if bind_host in ("127.0.0.1", "localhost", "::1"):
-        return LOOPBACK_NAMES
-    return ("*",)
-
-
 def main(argv: list[str]) -> int:
     ns = parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -119,22 +111,15 @@ def main(argv: list[str]) -> int:
     if is_follower():  # torchrun's ranks 1..N-1 follow rank 0's steps and serve nothing
         return follow(config_from_args(ns))
 
+    if ns.ray:
+        from tally.deploy.ray_serve import serve_on_ray
+
+        return serve_on_ray(ns)
     try:
-        request_log = None if ns.request_log is None else RequestLog(
-            ns.request_log, ns.request_log_max_bytes, ns.log_prompts, redaction_hook(ns.redact))
-        engine = Engine(config_from_args(ns))
+        app = app_from_args(ns)
     except TallyError as exc:
         print(f"tally serve: {exc.message}", file=sys.stderr)
         return 2
-    app = build_app(engine, ServerConfig(max_queue=ns.max_queue, request_timeout_s=ns.request_timeout,
-                                         max_queue_delay_s=ns.max_queue_delay, max_body_bytes=ns.max_body_bytes,
-                                         restart_on_failure=ns.restart_on_failure,
-                                         allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host),
-                                         request_log=request_log, api_key=ns.api_key,
-                                         tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice
-                                         else None, chat_template=ns.chat_template,
-                                         metrics_prefix=ns.metrics_prefix))
-    del engine  # the app owns it now: a restart (--restart-on-failure) must be able to let it go
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                             http=guarded_protocol(ns.max_connections, ns.header_timeout),
                             timeout_graceful_shutdown=ns.drain_timeout, access_log=ns.log_level == "debug")

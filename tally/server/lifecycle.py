@@ -134,22 +134,7 @@ async def read_json(request: Request, limit_bytes: int) -> dict:
     if content_type != "application/json" and not content_type.endswith("+json"):
         raise UnsupportedMediaTypeError(f"send the body as JSON with content-type: application/json, not "
                                         f"{content_type!r}")
-    declared = request.headers.get("content-length")
-    too_big = BodyTooLargeError(f"request body exceeds the server's limit of {limit_bytes:,} bytes; "
-                                f"send a shorter prompt or raise --max-body-bytes")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise too_big
-    parts, size = [], 0
-    try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):  # a body sent a byte a second would hold a connection forever
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit_bytes:
-                    raise too_big
-                parts.append(chunk)
-    except TimeoutError:
-        raise BodyTimeoutError(f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
-    raw = b"".join(parts)
+    raw = await read_body(request, limit_bytes)
     depth = json_depth(raw)
     if depth > MAX_JSON_DEPTH:
         raise InvalidRequestError(f"request body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted")
@@ -168,6 +153,27 @@ async def read_json(request: Request, limit_bytes: int) -> dict:
         raise InvalidRequestError("request body holds a lone UTF-16 surrogate escape (such as \\ud800) that is "
                                   "not valid Unicode; send valid text") from None
     return body
+
+
+async def read_body(request: Request, limit_bytes: int) -> bytes:
+    """The whole body, refused when it is larger than `limit_bytes` (by its declared length before reading) or
+    slower than BODY_TIMEOUT_S."""
+    declared = request.headers.get("content-length")
+    too_big = BodyTooLargeError(f"request body exceeds the server's limit of {limit_bytes:,} bytes; "
+                                f"send a shorter prompt or raise --max-body-bytes")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise too_big
+    parts, size = [], 0
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):  # a body sent a byte a second would hold a connection forever
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit_bytes:
+                    raise too_big
+                parts.append(chunk)
+    except TimeoutError:
+        raise BodyTimeoutError(f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
+    return b"".join(parts)
 
 
 def json_depth(raw: bytes) -> int:

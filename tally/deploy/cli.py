@@ -1,0 +1,106 @@
+"""`tally deploy k8s`: Kubernetes manifests for the Tally image, each pod's memory sized by the ledger."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+import yaml
+
+from tally.deploy.k8s_config import DTYPES, KV_CACHE_DTYPES, METRICS_PREFIXES, K8sConfig
+from tally.deploy.k8s_manifests import adapter_values, hpa_metric, manifests
+from tally.deploy.k8s_sizing import size_pod
+from tally.errors import TallyError
+from tally.units import parse_bytes, parse_pairs
+
+EPILOG = """examples:
+  tally deploy k8s --replicas 2 --out k8s/ && kubectl apply -f k8s/
+  tally deploy k8s --model Llama-3.2-1B --model-pvc models --max-model-len 8192 --cpus 8 | kubectl apply -f -
+"""
+ADAPTER_FILE = "prometheus-adapter/values.yaml"  # a folder down: `kubectl apply -f DIR` does not descend into it
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tally deploy", description=__doc__)
+    targets = p.add_subparsers(dest="target", required=True, metavar="k8s")
+    k = targets.add_parser("k8s", description=__doc__, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           help="Deployment, Service, HorizontalPodAutoscaler and PodMonitor")
+    k.add_argument("--model", default=K8sConfig.model,
+                   help="the built-in smollm2-135m (in the image; default), or a checkpoint dir, .gguf file or "
+                        "`tally plan` preset to size, served from --model-pvc")
+    k.add_argument("--replicas", type=int, default=1, help="pods to start with; the autoscaler's floor (default 1)")
+    k.add_argument("--max-replicas", type=int, help="the autoscaler's ceiling (default: twice --replicas)")
+    k.add_argument("--max-model-len", type=int, help="tokens per request (default: the model's context)")
+    k.add_argument("--concurrency", type=int, default=K8sConfig.concurrency,
+                   help="requests of --max-model-len tokens each pod's KV pool holds at once; shorter requests "
+                        "share it (default %(default)s)")
+    k.add_argument("--max-num-seqs", type=int, help="requests decoded together (default: tally serve's)")
+    k.add_argument("--dtype", choices=DTYPES,
+                   help="as tally serve; default: float32 for a .gguf or fp32 model, else float16 (fp16 weights, "
+                        "fp32 arithmetic: fast on any AVX2 CPU); bfloat16 where the nodes have bf16 instructions")
+    k.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+    k.add_argument("--cpus", type=int, default=K8sConfig.cpus, help="whole CPUs per pod (default %(default)s)")
+    k.add_argument("--reserve", default="1GiB",
+                   help="memory beyond weights and KV: Python, torch, the server, activations (default 1GiB)")
+    k.add_argument("--name", default=K8sConfig.name, help="of every object (default %(default)s)")
+    k.add_argument("--namespace", help="default: the one `kubectl apply` uses")
+    k.add_argument("--image", default=K8sConfig.image, help="built from the Dockerfile (default %(default)s)")
+    k.add_argument("--model-pvc", metavar="CLAIM", help="PersistentVolumeClaim with the checkpoint, at /models")
+    k.add_argument("--api-key-secret", metavar="SECRET", help="a Secret whose key `api-key` guards /v1/*")
+    k.add_argument("--metrics-prefix", default="tally", choices=sorted(METRICS_PREFIXES))
+    k.add_argument("--target-waiting", type=float, default=K8sConfig.target_waiting,
+                   help="requests waiting per pod above which the autoscaler adds pods (default %(default)s)")
+    k.add_argument("--monitor-label", action="append", default=[], metavar="KEY=VALUE",
+                   help="a label on the PodMonitor, for the Prometheus that selects by it (e.g. release=prometheus)")
+    k.add_argument("--startup-timeout", type=int, default=K8sConfig.startup_timeout_s,
+                   help="seconds a pod may take to load its model (default %(default)s)")
+    k.add_argument("--drain-timeout", type=int, default=K8sConfig.drain_timeout_s,
+                   help="seconds running requests may finish after SIGTERM (default %(default)s)")
+    k.add_argument("--out", type=Path, help="folder to write one file per object to (default: all to stdout)")
+    return p
+
+
+def config_from_args(ns: argparse.Namespace) -> K8sConfig:
+    labels = {}
+    for text in ns.monitor_label:
+        labels.update(parse_pairs(text, "--monitor-label"))
+    return K8sConfig(
+        model=ns.model, replicas=ns.replicas, max_replicas=ns.max_replicas, name=ns.name, namespace=ns.namespace,
+        image=ns.image, max_model_len=ns.max_model_len, concurrency=ns.concurrency, max_num_seqs=ns.max_num_seqs,
+        dtype=ns.dtype, kv_cache_dtype=ns.kv_cache_dtype, cpus=ns.cpus,
+        reserve_bytes=parse_bytes(ns.reserve, what="--reserve"), model_pvc=ns.model_pvc,
+        metrics_prefix=ns.metrics_prefix, target_waiting=ns.target_waiting,
+        startup_timeout_s=ns.startup_timeout, drain_timeout_s=ns.drain_timeout, api_key_secret=ns.api_key_secret,
+        monitor_labels=tuple(labels.items()))
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(ns)
+        sizing = size_pod(config)
+    except TallyError as exc:
+        print(f"tally deploy {ns.target}: {exc.message}", file=sys.stderr)
+        return 2
+    header = f"# written by: tally deploy {shlex.join(argv)}\n"
+    docs = manifests(config, sizing)
+    adapter = (f"the autoscaler reads {hpa_metric(config)}, which the Prometheus adapter makes of what the "
+               "PodMonitor scrapes")
+    if ns.out is None:
+        sys.stdout.write(header + yaml.safe_dump_all(docs, sort_keys=False))
+        print(f"{sizing.summary()}\n{adapter}: --out DIR writes the adapter's rule too (docs/deploy.md)",
+              file=sys.stderr)
+        return 0
+    if ns.out.exists() and not ns.out.is_dir():
+        print(f"tally deploy {ns.target}: --out {ns.out} is a file; give a folder", file=sys.stderr)
+        return 2
+    (ns.out / ADAPTER_FILE).parent.mkdir(parents=True, exist_ok=True)
+    for doc in docs:
+        (ns.out / f"{config.name}-{doc['kind'].lower()}.yaml").write_text(header + yaml.safe_dump(doc, sort_keys=False))
+    (ns.out / ADAPTER_FILE).write_text(header + yaml.safe_dump(adapter_values(config), sort_keys=False))
+    print(f"{sizing.summary()}\nwrote {len(docs)} manifests to {ns.out} (kubectl apply -f {ns.out}); {adapter}: "
+          f"its rule is {ns.out / ADAPTER_FILE} (helm upgrade prometheus-adapter "
+          "prometheus-community/prometheus-adapter -f that file)")
+    return 0

@@ -1,0 +1,81 @@
+"""What `tally deploy k8s` is asked for, validated once: the model, how many replicas, and each pod's shape."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tally.errors import ConfigError
+from tally.models.registry import DEFAULT_MODEL
+from tally.units import GiB
+from tally.version import __version__
+
+# What `tally serve --metrics-prefix` accepts (tally/server/metrics.py: METRICS_PREFIXES), kept here so that writing
+# manifests does not import the server; tests/test_deploy_k8s.py holds the two equal.
+METRICS_PREFIXES = {"tally": "tally:", "vllm": "vllm:"}
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")  # tally serve --kv-cache-dtype
+DTYPES = ("float32", "bfloat16", "float16")  # tally serve --dtype's choices but auto, one spelling each
+
+# Service names are DNS-1035 labels; the other objects take the same name, and namespaces DNS-1123 labels.
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+_DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+@dataclass(frozen=True)
+class K8sConfig:
+    model: str = DEFAULT_MODEL  # the built-in alias (in the image), or a checkpoint / .gguf / preset on model_pvc
+    replicas: int = 1  # the Deployment's replicas and the autoscaler's floor
+    max_replicas: int | None = None  # the autoscaler's ceiling; None: twice replicas
+    name: str = "tally"
+    namespace: str | None = None  # None: whatever `kubectl apply` is pointed at
+    image: str = f"tally:{__version__}"
+    max_model_len: int | None = None  # None: the model's context, as tally serve
+    concurrency: int = 8  # requests of max_model_len tokens the KV pool holds at once; shorter ones share it
+    max_num_seqs: int | None = None  # None: tally serve's default
+    dtype: str | None = None  # None: what --dtype auto serves on any AVX2 CPU (k8s_sizing.py)
+    kv_cache_dtype: str = "auto"
+    cpus: int = 2  # whole CPUs: requests = limits, so a static CPU manager can pin them
+    reserve_bytes: int = GiB  # Python, torch, the server, activations: 0.6-0.7 GiB on the built-in model
+    model_pvc: str | None = None  # a PersistentVolumeClaim holding checkpoints, mounted at /models
+    metrics_prefix: str = "tally"
+    target_waiting: float = 2.0  # requests waiting per pod above which the autoscaler adds one
+    startup_timeout_s: int = 600  # loading the model (from a volume, perhaps) before liveness applies
+    drain_timeout_s: int = 30  # tally serve --drain-timeout: running requests finish after SIGTERM
+    api_key_secret: str | None = None  # a Secret whose `api-key` becomes TALLY_API_KEY
+    monitor_labels: tuple[tuple[str, str], ...] = ()  # labels the Prometheus Operator selects PodMonitors by
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ConfigError(f"--replicas must be at least 1, got {self.replicas}")
+        if self.max_replicas is not None and self.max_replicas < self.replicas:
+            raise ConfigError(f"--max-replicas {self.max_replicas} is below --replicas {self.replicas}; the "
+                              "autoscaler's ceiling must be at least its floor")
+        for flag, value in (("--concurrency", self.concurrency), ("--cpus", self.cpus),
+                            ("--max-num-seqs", self.max_num_seqs), ("--max-model-len", self.max_model_len),
+                            ("--startup-timeout", self.startup_timeout_s)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} must be at least 1, got {value}")
+        if self.reserve_bytes < 0 or self.drain_timeout_s < 0:
+            raise ConfigError("--reserve and --drain-timeout cannot be negative")
+        if not self.target_waiting > 0:
+            raise ConfigError(f"--target-waiting must be above 0 requests per pod, got {self.target_waiting}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r}: choose {' or '.join(DTYPES)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.metrics_prefix not in METRICS_PREFIXES:
+            raise ConfigError(f"--metrics-prefix {self.metrics_prefix!r}: choose {' or '.join(METRICS_PREFIXES)}")
+        _check(_DNS_1035, "--name", self.name, 63)
+        _check(_DNS_1123, "--namespace", self.namespace, 63)
+        _check(_SUBDOMAIN, "--model-pvc", self.model_pvc, 253)
+        _check(_SUBDOMAIN, "--api-key-secret", self.api_key_secret, 253)
+
+    @property
+    def hpa_max_replicas(self) -> int:
+        return self.max_replicas if self.max_replicas is not None else 2 * self.replicas
+
+
+def _check(pattern: re.Pattern, flag: str, value: str | None, max_len: int) -> None:
+    if value is not None and not (pattern.fullmatch(value) and len(value) <= max_len):
+        raise ConfigError(f"{flag} {value!r} is not a Kubernetes name: lowercase letters, digits and '-', "
+                          f"starting with a letter or digit (a letter for --name), at most {max_len} characters")
