@@ -1,6 +1,6 @@
-"""Tensor parallel against one process, same machine, same run: decode tokens/s at 1 and at 32 streams, and the
-share of each step spent in torch.distributed's collectives (the all-reduces after attention and the MLP, the
-embedding's all-reduce and the logits' all-gather), with the broadcast of each step to the other rank.
+"""Tensor and pipeline parallel against one process, same machine, same run: decode tokens/s at 1 and at 32
+streams for TP=2 and PP=2, and for TP the share of each step spent in torch.distributed's collectives (the
+all-reduces after attention and the MLP, the embedding's all-reduce and the logits' all-gather).
 
 On a 2-core machine TP=2 gives each rank one core where TP=1 gives its one process both: expect little gain; the
 point is what the split costs. The collectives' time is counted by rank 0 (tally/layers/parallel.py:TPGroup); it
@@ -25,9 +25,10 @@ def prompts(n: int) -> list[str]:
     return [f"Continue the play: {lines[(97 * i) % len(lines)]}" for i in range(n)]
 
 
-def run(tp: int, ns: argparse.Namespace) -> dict[int, tuple[float, float, float]]:
+def run(tp: int, pp: int, ns: argparse.Namespace) -> dict[int, tuple[float, float, float]]:
     """concurrency -> (tokens/s, seconds per step, seconds in collectives per step)."""
-    kw = dict(dtype=ns.dtype, max_model_len=512, kv_cache_memory=256 * 2**20, tensor_parallel_size=tp)
+    kw = dict(dtype=ns.dtype, max_model_len=512, kv_cache_memory=256 * 2**20, tensor_parallel_size=tp,
+              pipeline_parallel_size=pp)
     if ns.quantization:
         kw["quantization"] = ns.quantization
     llm = LLM(ns.model, **kw)
@@ -59,15 +60,15 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     ns = p.parse_args()
     started = time.perf_counter()
-    one, two = run(1, ns), run(2, ns)
+    one, two, stages = run(1, 1, ns), run(2, 1, ns), run(1, 2, ns)
     print(f"model {ns.model or 'smollm2-135m'}, dtype {ns.dtype}, quantization {ns.quantization or 'default'}, "
           f"{ns.max_tokens} tokens per request")
-    print(f"{'streams':>8} {'TP=1 tok/s':>11} {'TP=2 tok/s':>11} {'ratio':>6} {'TP=2 ms/step':>13} "
-          f"{'in collectives':>15} {'share':>6}")
+    print(f"{'streams':>8} {'one tok/s':>10} {'TP=2 tok/s':>11} {'ratio':>6} {'PP=2 tok/s':>11} {'ratio':>6} "
+          f"{'TP=2 ms/step':>13} {'in collectives':>15} {'share':>6}")
     for c in ns.concurrency:
-        (t1, _, _), (t2, step_s, comm) = one[c], two[c]
-        print(f"{c:>8} {t1:>11.1f} {t2:>11.1f} {t2 / t1:>6.2f} {step_s * 1e3:>13.2f} {comm * 1e3:>15.2f} "
-              f"{comm / step_s:>6.0%}")
+        (t1, _, _), (t2, step_s, comm), (tp2, _, _) = one[c], two[c], stages[c]
+        print(f"{c:>8} {t1:>10.1f} {t2:>11.1f} {t2 / t1:>6.2f} {tp2:>11.1f} {tp2 / t1:>6.2f} {step_s * 1e3:>13.2f} "
+              f"{comm * 1e3:>15.2f} {comm / step_s:>6.0%}")
     print(f"({time.perf_counter() - started:.0f} s)")
 
 
