@@ -6,7 +6,7 @@
       upscale_delay_s: 10
 
 `cli` is a `tally serve` command line (--ray implied; --host/--port are the config's http_options); the other
-keys are RayServeOptions fields (tally/deploy/ray_options.py)."""
+keys are RayServeOptions fields (tally/server/ray_flags.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -17,10 +17,10 @@ from typing import Any
 
 from ray.serve import Application
 
-from tally.deploy.ray_options import RayServeOptions, ray_options
 from tally.deploy.ray_serve import application
 from tally.errors import ConfigError
 from tally.server.cli import parse_args
+from tally.server.ray_flags import RayServeOptions, ray_options
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -15,11 +15,11 @@ from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouter
 
 from tally.deploy.ray_autoscaling import EngineLoadPolicy
 from tally.deploy.ray_ingress import OpenAiIngress
-from tally.deploy.ray_options import RayServeOptions, ray_options
 from tally.deploy.ray_router import PrefixAffinityRouter
 from tally.deploy.ray_server import LLMServer
 from tally.engine.args import config_from_args
 from tally.errors import TallyError
+from tally.server.ray_flags import RayServeOptions, ray_options
 
 log = logging.getLogger("tally.deploy")
 APP_NAME = "tally"

@@ -10,7 +10,6 @@ from types import FrameType
 
 import uvicorn
 
-from tally.deploy.ray_options import add_ray_args, check_ray_args
 from tally.engine.args import add_engine_args, config_from_args
 from tally.engine.distributed import is_follower
 from tally.engine.follower import follow
@@ -18,6 +17,7 @@ from tally.errors import TallyError
 from tally.server.app_args import app_from_args
 from tally.server.connection_guard import guarded_protocol
 from tally.server.metrics import METRICS_PREFIXES
+from tally.server.ray_flags import add_ray_args, check_ray_args
 from tally.server.tools import TOOL_CALL_PARSERS
 from tally.server.vllm_flags import add_vllm_flags, warn_no_effect
 from tally.units import parse_bytes
@@ -105,16 +105,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    ns = parse_args(argv)
+    """`tally serve` in this process; with --ray, tally/deploy/serve_cli.py takes the command first."""
+    return serve(parse_args(argv))
+
+
+def start_logging(ns: argparse.Namespace) -> None:
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     warn_no_effect(ns)
+
+
+def serve(ns: argparse.Namespace) -> int:
+    start_logging(ns)
     if is_follower():  # torchrun's ranks 1..N-1 follow rank 0's steps and serve nothing
         return follow(config_from_args(ns))
-
-    if ns.ray:
-        from tally.deploy.ray_serve import serve_on_ray
-
-        return serve_on_ray(ns)
     try:
         app = app_from_args(ns)
     except TallyError as exc:

@@ -2,7 +2,8 @@
 
 The flags join tally serve's own parser (every engine and server flag keeps its meaning in each replica); the
 settings without a flag (delays, targets) are RayServeOptions fields, which `serve run`'s application builder
-takes by name (tally/deploy/ray_app.py). No Ray import here: a plain `tally serve` never loads Ray."""
+takes by name (tally/deploy/ray_app.py). No Ray import here: a plain `tally serve` never loads Ray, and the
+server parses these flags without importing tally.deploy (`tally serve --ray` starts in tally/deploy/serve_cli.py)."""
 from __future__ import annotations
 
 import argparse
