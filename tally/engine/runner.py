@@ -53,7 +53,9 @@ class ModelRunner:
         inputs = build_step_inputs(out, self.kv)
         spans = self._prompt_logprob_spans(out, inputs.row_start)
         # Every row that needs logits goes through the head in one call (under tensor parallelism, one gather).
-        rows = torch.cat([torch.arange(start, start + n) for _, _, start, n in spans] + [inputs.sample_token_index])
+        rows = inputs.sample_token_index
+        if spans:  # rare: a request asking for prompt logprobs
+            rows = torch.cat([torch.arange(start, start + n) for _, _, start, n in spans] + [rows])
         step = ModelStep(inputs.input_ids, inputs.positions, inputs.meta, rows)
         logits = self._run(step)
         n_prompt = len(rows) - len(inputs.sample_token_index)
