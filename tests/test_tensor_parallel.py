@@ -13,6 +13,8 @@ from support.tiny_models import ARCH_CONFIGS
 
 from tally import LLM, SamplingParams
 from tally.cli import main as tally_main
+from tally.engine.config import EngineConfig
+from tally.engine.distributed import is_follower
 from tally.errors import ConfigError, EngineDeadError
 from tally.models.config import ModelConfig
 from tally.models.registry import resolve_model
@@ -65,6 +67,16 @@ def test_fewer_kv_heads_than_ranks_replicates_them():
 def test_a_size_that_cannot_split_the_heads_is_refused_with_the_sizes_that_can():
     with pytest.raises(ConfigError, match=r"choose tensor_parallel_size from \[1, 2, 4\]"):
         plan_shards(_config(heads=4, kv=2), 3)
+
+
+def test_rank_variables_without_a_split_do_not_make_a_follower(monkeypatch):
+    """A pod of some training job may carry RANK / WORLD_SIZE: without a split to join, the process still serves."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not is_follower(EngineConfig())
+    assert is_follower(EngineConfig(tensor_parallel_size=2))
+    monkeypatch.setenv("RANK", "0")
+    assert not is_follower(EngineConfig(tensor_parallel_size=2))
 
 
 def test_llm_refuses_a_bad_size_before_starting_any_process(tiny_llama):

@@ -35,10 +35,11 @@ def main(argv: list[str]) -> int:
     add_engine_args(p)
     ns = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(message)s")
-    if is_follower():  # torchrun's ranks 1..N-1 follow rank 0's steps
-        return follow(config_from_args(ns))
     try:
-        engine = Engine(config_from_args(ns))
+        config = config_from_args(ns)
+        if is_follower(config):  # torchrun's ranks 1..N-1 follow rank 0's steps
+            return follow(config)
+        engine = Engine(config)
         params = SamplingParams(
             temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, min_p=ns.min_p,
             repetition_penalty=ns.repetition_penalty, seed=ns.sample_seed, max_tokens=ns.max_tokens, stop=ns.stop)

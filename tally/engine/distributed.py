@@ -84,10 +84,11 @@ class ParallelContext:
         self.close()
 
 
-def is_follower() -> bool:
-    """Whether this process is a rank other than 0 of a torchrun job: it follows rank 0 instead of serving."""
+def is_follower(config: EngineConfig) -> bool:
+    """Whether this process is a rank other than 0 of a torchrun job of this split: it follows rank 0 instead of
+    serving. RANK set for some other reason (a training job's pod, say) does not count without a split to join."""
     env = RankEnv.from_environ()
-    return env is not None and env.rank != 0
+    return config.world_size > 1 and env is not None and env.rank != 0
 
 
 def join(config: EngineConfig) -> ParallelContext:

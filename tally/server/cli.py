@@ -116,9 +116,10 @@ def start_logging(ns: argparse.Namespace) -> None:
 
 def serve(ns: argparse.Namespace) -> int:
     start_logging(ns)
-    if is_follower():  # torchrun's ranks 1..N-1 follow rank 0's steps and serve nothing
-        return follow(config_from_args(ns))
     try:
+        config = config_from_args(ns)
+        if is_follower(config):  # torchrun's ranks 1..N-1 follow rank 0's steps and serve nothing
+            return follow(config)
         app = app_from_args(ns)
     except TallyError as exc:
         print(f"tally serve: {exc.message}", file=sys.stderr)
