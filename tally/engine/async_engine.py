@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from tally.engine.engine import Engine
+from tally.engine.heap_trim import HeapTrimmer
 from tally.engine.queue_delay import QueueDelay
 from tally.engine.snapshot import EngineSnapshot
 from tally.engine.stats_log import StatsLog
@@ -97,6 +98,7 @@ class AsyncEngine:
         self._max_num_seqs = engine.config.max_num_seqs
         self.snapshot = EngineSnapshot()
         self._stats_log = None if engine.config.disable_log_stats else StatsLog()
+        self.heap_trimmer = HeapTrimmer()
         self._inbox: deque[Command] = deque()
         self._lock = threading.Lock()  # guards _inbox, _pending_adds and snapshot together
         self._pending_adds = 0
@@ -231,6 +233,7 @@ class AsyncEngine:
     def _serve(self) -> None:
         failures = 0
         while not self._stop.is_set():
+            self.heap_trimmer.maybe_trim()
             self._drain_inbox()
             if not self.engine.has_unfinished_requests():
                 self.engine.check_health()

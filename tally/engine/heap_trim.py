@@ -1,0 +1,47 @@
+"""Hand the pages the C heap holds free back to the OS, now and then (glibc only).
+
+A server's engine thread allocates buffers of a new size at nearly every step: batches, prompts and logits rows
+vary. glibc keeps freed chunks in the thread's malloc arena and returns only what sits at the top of a heap, so a
+long-running server's RSS climbs in steps of tens of MB an hour while nothing is live (the hour's soak in
+docs/benchmarks.md). `malloc_trim(0)` gives back the whole free pages inside every arena. It walks the arenas'
+free lists, so the engine thread calls it between steps (its own arena is then idle), at most once an interval.
+Where malloc_trim does not exist (musl, macOS) this does nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import time
+from collections.abc import Callable
+
+TRIM_INTERVAL_S = 10.0  # one trim costs ~ms (docs/benchmarks.md): under 0.1% of the engine's time
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+class HeapTrimmer:
+    def __init__(self, interval_s: float = TRIM_INTERVAL_S) -> None:
+        self.interval_s = interval_s
+        self._trim = _malloc_trim()
+        self._last = time.monotonic()
+        self.num_trims = 0
+        self.trim_seconds = 0.0  # time spent trimming, for the ledger of where the engine thread's time goes
+
+    @property
+    def available(self) -> bool:
+        return self._trim is not None
+
+    def maybe_trim(self) -> None:
+        """Trim if an interval has passed since the last trim."""
+        start = time.monotonic()
+        if self._trim is None or start - self._last < self.interval_s:
+            return
+        self._trim(0)
+        self._last = time.monotonic()
+        self.num_trims += 1
+        self.trim_seconds += self._last - start
