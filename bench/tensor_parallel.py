@@ -1,6 +1,8 @@
 """Tensor and pipeline parallel against one process, same machine, same run: decode tokens/s at 1 and at 32
 streams for TP=2 and PP=2, and for TP the share of each step spent in torch.distributed's collectives (the
-all-reduces after attention and the MLP, the embedding's all-reduce and the logits' all-gather).
+all-reduces after attention and the MLP, the embedding's all-reduce and the logits' all-gather), beside what the
+ledger predicts for them (tally/ledger/comm.py) from the gloo link measured in the same run
+(tally/ledger/link_probe.py).
 
 On a 2-core machine TP=2 gives each rank one core where TP=1 gives its one process both: expect little gain; the
 point is what the split costs. The collectives' time is counted by rank 0 (tally/layers/parallel.py:TPGroup); it
@@ -17,6 +19,9 @@ import time
 from closed_loop import closed_loop  # bench/ is on sys.path when a script here runs
 
 from tally import LLM, SamplingParams
+from tally.ledger.comm import Link, step_comm
+from tally.ledger.link_probe import measure_gloo_link
+from tally.models.config import ModelConfig
 from tally.traces import DATA_DIR
 
 
@@ -25,8 +30,8 @@ def prompts(n: int) -> list[str]:
     return [f"Continue the play: {lines[(97 * i) % len(lines)]}" for i in range(n)]
 
 
-def run(tp: int, pp: int, ns: argparse.Namespace) -> dict[int, tuple[float, float, float]]:
-    """concurrency -> (tokens/s, seconds per step, seconds in collectives per step)."""
+def run(tp: int, pp: int, ns: argparse.Namespace) -> tuple[dict[int, tuple[float, float, float]], ModelConfig]:
+    """concurrency -> (tokens/s, seconds per step, seconds in collectives per step); the model's config."""
     kw = dict(dtype=ns.dtype, max_model_len=512, kv_cache_memory=256 * 2**20, tensor_parallel_size=tp,
               pipeline_parallel_size=pp)
     if ns.quantization:
@@ -48,7 +53,13 @@ def run(tp: int, pp: int, ns: argparse.Namespace) -> dict[int, tuple[float, floa
             out[c] = (tps, elapsed / steps, comm / steps)
     finally:
         llm.engine.shutdown()
-    return out
+    return out, llm.engine.model.cfg
+
+
+def predicted_comm_s(cfg: ModelConfig, concurrency: int, link: Link) -> float:
+    """The ledger's TP=2 communication for a decode step of `concurrency` requests (fp32 activations)."""
+    return step_comm(cfg, tp=2, pp=1, tokens=concurrency, logit_rows=concurrency, activation_bytes=4,
+                     link=link).seconds
 
 
 def main() -> None:
@@ -60,15 +71,18 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     ns = p.parse_args()
     started = time.perf_counter()
-    one, two, stages = run(1, 1, ns), run(2, 1, ns), run(1, 2, ns)
+    link = measure_gloo_link()
+    (one, cfg), (two, _), (stages, _) = run(1, 1, ns), run(2, 1, ns), run(1, 2, ns)
     print(f"model {ns.model or 'smollm2-135m'}, dtype {ns.dtype}, quantization {ns.quantization or 'default'}, "
-          f"{ns.max_tokens} tokens per request")
+          f"{ns.max_tokens} tokens per request; gloo link measured: {link.latency_s * 1e3:.2f} ms a collective, "
+          f"{link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print(f"{'streams':>8} {'one tok/s':>10} {'TP=2 tok/s':>11} {'ratio':>6} {'PP=2 tok/s':>11} {'ratio':>6} "
-          f"{'TP=2 ms/step':>13} {'in collectives':>15} {'share':>6}")
+          f"{'TP=2 ms/step':>13} {'in collectives':>15} {'share':>6} {'ledger ms':>10} {'measured/ledger':>16}")
     for c in ns.concurrency:
         (t1, _, _), (t2, step_s, comm), (tp2, _, _) = one[c], two[c], stages[c]
+        predicted = predicted_comm_s(cfg, c, link)
         print(f"{c:>8} {t1:>10.1f} {t2:>11.1f} {t2 / t1:>6.2f} {tp2:>11.1f} {tp2 / t1:>6.2f} {step_s * 1e3:>13.2f} "
-              f"{comm * 1e3:>15.2f} {comm / step_s:>6.0%}")
+              f"{comm * 1e3:>15.2f} {comm / step_s:>6.0%} {predicted * 1e3:>10.2f} {comm / predicted:>16.2f}")
     print(f"({time.perf_counter() - started:.0f} s)")
 
 

@@ -139,22 +139,33 @@ def test_builtin_model_with_uneven_heads_matches_one_process():
     assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 0.2, diffs
 
 
-def test_each_rank_holds_what_the_plan_says():
+def test_each_rank_holds_and_talks_what_the_plan_says():
+    """Weights, KV and communication buffers per rank, and the collectives a step makes (each one a link latency in
+    the plan's communication time)."""
     gguf = str(resolve_model(None).path)
+    kw = dict(dtype="float32", quantization="none", max_model_len=256, kv_cache_memory=64 * 2**20)
+    with _tp_llm(None, **kw) as llm:
+        ledger = llm.engine.ledger
+        first, second = ledger.ranks
+        tp = llm.engine.model.tp
+        calls0, steps0 = tp.comm_calls, llm.engine.snapshot().num_steps
+        _tokens(llm, ["The capital of France is"])
+        calls_per_step = (tp.comm_calls - calls0) / (llm.engine.snapshot().num_steps - steps0)
+        batched_tokens = llm.engine.config.max_num_batched_tokens
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert tally_main(["plan", "--model", gguf, "--weights", "dense", "--dtype", "fp32", "--kv-dtype", "fp32",
                            "--max-model-len", "256", "--memory", "8GiB", "--bandwidth", "50GB/s", "--flops", "100G",
-                           "--tp", "2", "--json"]) == 0
+                           "--tp", "2", "--link", "pcie4", "--max-batched-tokens", str(batched_tokens),
+                           "--json"]) == 0
     plan = json.loads(buf.getvalue())
-    with _tp_llm(None, dtype="float32", quantization="none", max_model_len=256, kv_cache_memory=64 * 2**20) as llm:
-        ledger = llm.engine.ledger
-        first, second = ledger.ranks
     planned = plan["weights"]["per_device_bytes"]
     assert abs(first["weight_bytes"] - planned) / planned < 0.01
     assert second["weight_bytes"] < first["weight_bytes"]  # 3 of 9 heads against 6
     assert ledger.kv_pool_bytes == ledger.kv_blocks * plan["kv"]["bytes_per_block_per_device"]
     assert second["kv_pool_bytes"] * 2 == first["kv_pool_bytes"]  # 1 KV head against 2, same blocks
+    assert first["comm_buffer_bytes"] == plan["split"]["activation_buffer_bytes"] > 0
+    assert calls_per_step == plan["comm_one"]["collectives"] == 2 * 30 + 2  # SmolLM2's 30 layers
 
 
 def test_a_rank_that_dies_fails_the_engine_instead_of_hanging(tiny_llama):

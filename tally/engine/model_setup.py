@@ -18,6 +18,7 @@ from tally.engine.path_tuning import PathChoice, choose_path
 from tally.errors import ConfigError
 from tally.layers.path_timing import use_bf16_many_tokens
 from tally.ledger.kv import KVLayout
+from tally.ledger.parallel import activation_buffer_bytes
 from tally.ledger.report import EngineLedger
 from tally.models.builder import build_model
 from tally.models.config import ModelConfig
@@ -140,8 +141,11 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
         path=path.to_dict(),
     )
     if parallel is not None:
+        comm_bytes = activation_buffer_bytes(full_cfg, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size,
+                                             max_batched_tokens=config.max_num_batched_tokens,
+                                             activation_bytes=dtype.itemsize)
         ledger = replace(ledger, ranks=_gather_ranks(parallel, stage or plan_stages(full_cfg, 1)[0], weight_bytes,
-                                                         ledger.kv_pool_bytes))
+                                                         ledger.kv_pool_bytes, comm_bytes))
     return LoadedModel(
         name=(config.served_model_names or (ckpt.name,))[0], config=full_cfg, tokenizer=tokenizer,
         stop_token_ids=stop_token_ids(tokenizer, full_cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
@@ -179,9 +183,12 @@ def _agreed(parallel: ParallelContext | None, decide: Callable[[], T]) -> T:
     return box[0]
 
 
-def _gather_ranks(parallel: ParallelContext, stage: PPStage, weight_bytes: int, kv_pool_bytes: int) -> list[dict]:
-    """Every rank's own figures, for the ledger rank 0 shows."""
+def _gather_ranks(parallel: ParallelContext, stage: PPStage, weight_bytes: int, kv_pool_bytes: int,
+                  comm_buffer_bytes: int) -> list[dict]:
+    """Every rank's own figures, for the ledger rank 0 shows. The communication tensors are made per step (gloo
+    keeps no buffers of its own); comm_buffer_bytes is the largest step's, by the plan's rule."""
     mine = {"rank": parallel.env.rank, "weight_bytes": weight_bytes, "kv_pool_bytes": kv_pool_bytes,
+            "comm_buffer_bytes": comm_buffer_bytes,
             "threads": torch.get_num_threads(), "stage": stage.stage, "layers": list(stage.layers)}
     ranks: list[dict | None] = [None] * parallel.env.world_size
     dist.all_gather_object(ranks, mine, group=parallel.control)

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 
 from tally.errors import TallyError
+from tally.ledger.comm import LINKS, Link, find_link
 from tally.ledger.length_percentiles import load_lengths, summarize
 from tally.ledger.levers import compare_variants, render_comparison
+from tally.ledger.link_probe import measure_gloo_link
 from tally.ledger.model_source import resolve_model
 from tally.ledger.plan import PlanOptions, make_plan
 from tally.ledger.presets import Device, device_preset_names, find_device
@@ -45,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pp", type=int, default=1, help="pipeline parallel stages")
     p.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per step (sizes TP/PP buffers)")
+    p.add_argument("--link", help=f"between split devices: {', '.join(LINKS)}, or gloo (measures two processes "
+                   "here); default: gloo with --device cpu, else nvlink4")
     p.add_argument("--compare", action="store_true", help="show weight / KV / attention options side by side")
     p.add_argument("--json", action="store_true", help="print JSON only")
     return p
@@ -71,6 +76,22 @@ def _device(args: argparse.Namespace) -> Device:
     return Device(**{**device.__dict__, **overrides})
 
 
+def _link(args: argparse.Namespace) -> Link | None:
+    """What the split devices talk over; only a split model needs one."""
+    if args.tp * args.pp == 1:
+        return None
+    name = args.link or ("gloo" if args.device == "cpu" else "nvlink4")
+    if name != "gloo":
+        try:
+            return find_link(name)
+        except ValueError as exc:
+            raise TallyError(str(exc)) from None
+    if importlib.util.find_spec("torch") is None:
+        raise TallyError(f"measuring the gloo link needs torch (pip install 'tally[serve]'); or name a link with "
+                         f"--link ({', '.join(LINKS)})")
+    return measure_gloo_link()
+
+
 def _options(args: argparse.Namespace) -> PlanOptions:
     for name in ("tp", "pp", "block_size", "max_batched_tokens"):
         if getattr(args, name) < 1:
@@ -89,6 +110,7 @@ def _options(args: argparse.Namespace) -> PlanOptions:
         tp=args.tp,
         pp=args.pp,
         max_batched_tokens=args.max_batched_tokens,
+        link=_link(args),
         percentile=args.percentile,
         lengths=summarize(load_lengths(args.lengths)) if args.lengths else None,
     )

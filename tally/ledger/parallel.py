@@ -44,19 +44,27 @@ class DeviceSplit:
 
 
 def split_model(tensors: list[WeightTensor], fmt: WeightFormat, config: ModelConfig, *, tp: int, pp: int,
-                max_batched_tokens: int, activation_bytes: int) -> DeviceSplit:
+                max_batched_tokens: int, activation_bytes: int, nccl: bool = True) -> DeviceSplit:
+    """nccl: the devices talk through NCCL (GPUs), which keeps buffers of its own; gloo (CPU ranks) keeps none."""
     stage_bytes = [0.0] * pp
     fullest = plan_shards(config, tp)[0]
     for tensor in tensors:
         size = fmt.tensor_bytes(tensor) * _held_fraction(tensor, config, fullest)
         for stage in _stages_holding(tensor, config, pp):
             stage_bytes[stage] += size
+    activation = activation_buffer_bytes(config, tp=tp, pp=pp, max_batched_tokens=max_batched_tokens,
+                                         activation_bytes=activation_bytes)
+    nccl_bytes = NCCL_BYTES_PER_COMMUNICATOR * ((tp > 1) + (pp > 1)) if nccl else 0
+    return DeviceSplit(tp, pp, tuple(int(round(b)) for b in stage_bytes), activation, nccl_bytes)
+
+
+def activation_buffer_bytes(config: ModelConfig, *, tp: int, pp: int, max_batched_tokens: int,
+                            activation_bytes: int) -> int:
+    """The largest step's communication tensors: for TP an input and an output staging buffer of the all-reduce;
+    for PP send and receive of the hidden state and the residual stream. The engine's ledger shows the same
+    figure for each rank (tally/engine/model_setup.py)."""
     hidden_bytes = max_batched_tokens * config.hidden_size * activation_bytes
-    # TP: an input and an output staging buffer for the all-reduce; PP: send and receive of the
-    # hidden state and the residual stream.
-    activation = (2 * hidden_bytes if tp > 1 else 0) + (4 * hidden_bytes if pp > 1 else 0)
-    nccl = NCCL_BYTES_PER_COMMUNICATOR * ((tp > 1) + (pp > 1))
-    return DeviceSplit(tp, pp, tuple(int(round(b)) for b in stage_bytes), activation, nccl)
+    return (2 * hidden_bytes if tp > 1 else 0) + (4 * hidden_bytes if pp > 1 else 0)
 
 
 def _held_fraction(tensor: WeightTensor, config: ModelConfig, shard: TPShard) -> float:

@@ -11,6 +11,7 @@ from tally.ledger.capacity import (
     memory_budget,
     oversubscription_warning,
 )
+from tally.ledger.comm import CommEstimate, Link, step_comm
 from tally.ledger.kv import KVLayout, canonical_kv_dtype
 from tally.ledger.length_percentiles import LengthStats
 from tally.ledger.model_source import ModelSource
@@ -28,6 +29,7 @@ from tally.ledger.weights import (
     canonical_dtype,
     matmul_params,
 )
+from tally.models.config import ModelConfig
 from tally.models.pipeline_split import plan_stages
 from tally.units import fmt_gib
 
@@ -46,6 +48,7 @@ class PlanOptions:
     tp: int = 1
     pp: int = 1
     max_batched_tokens: int = 8192  # tokens per step: sizes the parallel communication buffers
+    link: Link | None = None  # between the devices of a split model; None: communication time not predicted
     percentile: float = 99.0  # share of requests the main pool serves when --lengths is given
     lengths: LengthStats | None = None
 
@@ -110,6 +113,7 @@ class Plan:
     concurrency: int  # what the throughput figures assume
     decode_one: DecodeEstimate
     decode_at_concurrency: DecodeEstimate
+    comm_one: CommEstimate | None  # a batch-1 decode step's collectives, when the model is split and a link given
     prefill: list[PrefillEstimate]
     lengths: LengthStats | None
     long_tail: LongTailPlan | None
@@ -137,7 +141,7 @@ def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
     kv_dtype = opts.kv_dtype or opts.dtype
     layout = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size, tp_size=opts.tp, pp_size=opts.pp)
     split = split_model(source.tensors, fmt, config, tp=opts.tp, pp=opts.pp, max_batched_tokens=opts.max_batched_tokens,
-                        activation_bytes=DTYPE_BYTES[fmt.dtype])
+                        activation_bytes=DTYPE_BYTES[fmt.dtype], nccl=opts.link is None or opts.link.backend == "nccl")
     device = opts.device
     reserve_bytes = int(opts.reserve * device.memory_bytes) if opts.reserve < 1 else int(opts.reserve)
     budget = memory_budget(layout, device_bytes=device.memory_bytes, weight_bytes=split.weight_bytes,
@@ -158,6 +162,7 @@ def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
     prompts = ([("p50 prompt", opts.lengths.prompt_tokens["p50"]), ("p99 prompt", opts.lengths.prompt_tokens["p99"])]
                if opts.lengths else [(f"{planned_len:,}-token prompt", planned_len)])
     whole_model_kv = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size)
+    comm = {c: _decode_comm(config, opts, c, DTYPE_BYTES[fmt.dtype]) for c in (1, concurrency)}
     return Plan(
         model=_model_summary(source),
         device=device,
@@ -170,13 +175,27 @@ def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
         planned_len=planned_len,
         max_concurrency=fits,
         concurrency=concurrency,
-        decode_one=decode_step(cost, concurrency=1, context_tokens=context, **rates),
-        decode_at_concurrency=decode_step(cost, concurrency=concurrency, context_tokens=context, **rates),
+        decode_one=decode_step(cost, concurrency=1, context_tokens=context, comm_s=_seconds(comm[1]), **rates),
+        decode_at_concurrency=decode_step(cost, concurrency=concurrency, context_tokens=context,
+                                          comm_s=_seconds(comm[concurrency]), **rates),
+        comm_one=comm[1],
         prefill=[PrefillEstimate(label, n, prefill_seconds(cost, prompt_tokens=n, **rates)) for label, n in prompts],
         lengths=opts.lengths,
         long_tail=long_tail,
         warnings=_warnings(source, opts, layout, budget, planned_len, fits, long_tail),
     )
+
+
+def _decode_comm(config: ModelConfig, opts: PlanOptions, concurrency: int,
+                 activation_bytes: int) -> CommEstimate | None:
+    if opts.link is None or opts.tp * opts.pp == 1:
+        return None
+    return step_comm(config, tp=opts.tp, pp=opts.pp, tokens=concurrency, logit_rows=concurrency,
+                     activation_bytes=activation_bytes, link=opts.link)
+
+
+def _seconds(comm: CommEstimate | None) -> float:
+    return comm.seconds if comm is not None else 0.0
 
 
 def _model_summary(source: ModelSource) -> ModelSummary:
@@ -188,7 +207,7 @@ def _model_summary(source: ModelSource) -> ModelSummary:
 
 def _per_device_cost(source: ModelSource, opts: PlanOptions, split: DeviceSplit, kv_dtype: str) -> ModelCost:
     """What one TP rank reads and computes per token; a token walks through every PP stage in turn,
-    so stages add up (communication time is not counted)."""
+    so stages add up (communication is added by tally/ledger/comm.py)."""
     config = source.config
     return ModelCost(
         weight_bytes=split.weight_bytes * opts.pp,

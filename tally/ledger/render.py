@@ -70,7 +70,16 @@ def _split_lines(plan: Plan) -> list[str]:
     return ["", f"Parallel: tp {s.tp} x pp {s.pp} = {s.num_devices} devices",
             _row("weights per device by stage", ", ".join(fmt_gib(b) for b in s.stage_weight_bytes)),
             _row("activation buffers", f"{fmt_gib(s.activation_buffer_bytes)} (all-reduce staging / stage send+recv)"),
-            _row("NCCL buffers", fmt_gib(s.nccl_bytes))]
+            *([_row("NCCL buffers", fmt_gib(s.nccl_bytes))] if s.nccl_bytes else []), *_comm_lines(plan)]
+
+
+def _comm_lines(plan: Plan) -> list[str]:
+    c = plan.comm_one
+    if c is None:
+        return [_row("communication per step", "not predicted (no --link)")]
+    return [_row("communication, 1 request", f"{c.seconds * 1e3:,.2f} ms a step: {c.collectives} collectives/sends "
+                 f"over {c.link}, {fmt_small_bytes(c.bytes_per_rank)} per rank; "
+                 f"{plan.decode_at_concurrency.comm_s * 1e3:,.2f} ms at {plan.decode_at_concurrency.concurrency}")]
 
 
 def _lengths_lines(plan: Plan) -> list[str]:

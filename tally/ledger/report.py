@@ -21,7 +21,7 @@ class EngineLedger:
     # how the projections run and why (tally/engine/path_tuning.py PathChoice.to_dict); empty when not known
     path: dict = field(default_factory=dict)
     # tensor / pipeline parallel: each rank's own {rank, stage, layers: [first, end), weight_bytes, kv_pool_bytes,
-    # threads}; the fields above are rank 0's
+    # comm_buffer_bytes, threads}; the fields above are rank 0's
     ranks: list[dict] = field(default_factory=list)
 
     @property
@@ -48,7 +48,8 @@ class EngineLedger:
         for r in self.ranks:
             first, end = r["layers"]
             lines.append(f"ledger: rank {r['rank']}: stage {r['stage']} (layers {first}-{end - 1}), weights "
-                         f"{fmt_gib(r['weight_bytes'])}, KV pool {fmt_gib(r['kv_pool_bytes'])}, "
+                         f"{fmt_gib(r['weight_bytes'])}, KV pool {fmt_gib(r['kv_pool_bytes'])}, communication "
+                         f"buffers {fmt_gib(r['comm_buffer_bytes'])}, "
                          f"{r['threads']} thread(s)")
         if self.max_concurrency_at_max_len < self.max_num_seqs:
             lines.append(f"ledger: max_num_seqs {self.max_num_seqs:,} x max_model_len {self.max_model_len:,} exceeds "
