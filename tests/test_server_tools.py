@@ -1,7 +1,8 @@
 """Function calling through the official openai client: forced calls (a named function, "required") always parse
 and validate; "auto" reads the model's text with the --tool-call-parser (here its text is steered into the
 parser's format with a regex constraint, as a random test model never calls on its own); streamed calls arrive
-whole; a server without --enable-auto-tool-choice says which flags to set."""
+as vLLM sends them, a first delta with the name and then the arguments in pieces that add up to the non-streamed
+answer's; a server without --enable-auto-tool-choice says which flags to set."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import openai
 import pytest
 
 from tally.server.process import ServerProcess
-from tally.server.tools import ToolMode
+from tally.server.tools import ToolMode, stream_delta
 
 FLAGS = ["--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory", "8MB",
          "--log-level", "warning"]
@@ -26,14 +27,26 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 HERMES_CALL = (r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Paris|Rome)", "days": [1-3]\}\}'
                r'\n</tool_call>')
+LLAMA3_CALLS = (r'\{"name": "get_weather", "parameters": \{"city": "(Paris|Rome)", "days": [1-3]\}\}; '
+                r'\{"name": "get_time", "parameters": \{"zone": "(UTC|CET)"\}\}')
+
+
+def _client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
 def servers(tiny_llama):
     with ServerProcess([str(tiny_llama), *FLAGS]) as plain, ServerProcess(
             [str(tiny_llama), *FLAGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]) as auto:
-        yield (openai.OpenAI(base_url=plain.base_url, api_key="x", max_retries=0, timeout=120),
-               openai.OpenAI(base_url=auto.base_url, api_key="x", max_retries=0, timeout=120))
+        yield _client(plain), _client(auto)
+
+
+@pytest.fixture(scope="module")
+def llama3_server(tiny_llama):
+    with ServerProcess([str(tiny_llama), *FLAGS, "--enable-auto-tool-choice", "--tool-call-parser",
+                        "llama3_json"]) as server:
+        yield _client(server)
 
 
 def _streamed(client, **kw) -> tuple[str, list[dict], str]:
@@ -49,6 +62,42 @@ def _streamed(client, **kw) -> tuple[str, list[dict], str]:
     return content, [calls[i] for i in sorted(calls)], reason
 
 
+def _stream_calls(client, **kw) -> tuple[str, list[dict], str]:
+    """content, and per call index: its id, name, the argument pieces in order, and whether the name came first."""
+    content, calls, reason = "", {}, None
+    for chunk in client.chat.completions.create(model="tiny", messages=ASK, max_tokens=220, stream=True, **kw):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for c in delta.tool_calls or []:
+            call = calls.setdefault(c.index, {"id": None, "name": None, "pieces": [], "name_first": False})
+            if c.id is not None:
+                assert call["id"] is None and c.type == "function"  # one header per call
+                call.update(id=c.id, name=c.function.name, name_first=not call["pieces"])
+            if c.function and c.function.arguments:
+                call["pieces"].append(c.function.arguments)
+        reason = chunk.choices[0].finish_reason or reason
+    return content, [calls[i] for i in sorted(calls)], reason
+
+
+@pytest.mark.parametrize("parser, steer", [("hermes", "Sure\\. " + HERMES_CALL + "\\n" + HERMES_CALL),
+                                           ("llama3_json", LLAMA3_CALLS)])
+def test_streamed_arguments_arrive_in_pieces_that_add_up_to_the_non_streamed_answer(servers, llama3_server,
+                                                                                    parser, steer):
+    client = servers[1] if parser == "hermes" else llama3_server
+    kw = {"tools": TOOLS, "temperature": 0, "extra_body": {"structured_outputs": {"regex": steer}}}
+    whole = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=220, **kw).choices[0]
+    content, calls, reason = _stream_calls(client, **kw)
+    assert reason == whole.finish_reason == "tool_calls" and len(whole.message.tool_calls) == 2
+    assert content.strip() == (whole.message.content or "")
+    for streamed, call in zip(calls, whole.message.tool_calls, strict=True):
+        assert streamed["name"] == call.function.name and streamed["name_first"]
+        assert streamed["id"].startswith("call_") and streamed["id"] != call.id
+        assert "".join(streamed["pieces"]) == call.function.arguments  # character for character
+        assert json.loads("".join(streamed["pieces"])) == json.loads(call.function.arguments)
+        assert len(streamed["pieces"]) > 1  # the arguments stream as they are generated
+    assert len({c["id"] for c in calls}) == 2
+
+
 def test_a_named_function_is_called_with_arguments_that_validate(servers):
     plain, _ = servers
     choice = {"type": "function", "function": {"name": "get_weather"}}
@@ -62,7 +111,7 @@ def test_a_named_function_is_called_with_arguments_that_validate(servers):
     r = plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=220, tools=TOOLS, tool_choice=choice,
                                       temperature=1.0, seed=5)
     assert content == "" and reason == "stop" and [c["name"] for c in calls] == ["get_weather"]
-    assert json.loads(calls[0]["arguments"]) == json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+    assert calls[0]["arguments"] == r.choices[0].message.tool_calls[0].function.arguments
 
 
 def test_required_gives_one_or_more_calls_of_the_tools_given(servers):
@@ -120,9 +169,31 @@ def test_the_parsers_read_their_formats():
     content, calls = hermes.parse(text)
     assert content == "Let me check." and [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"a": 1}),
                                                                                                  ("g", {})]
-    assert hermes.visible("Let me check.\n<tool_") == "Let me check.\n"  # a possible tag is held back
+    assert hermes.view("Let me check.\n<tool_", final=False).content == "Let me check.\n"  # a possible tag waits
     assert hermes.parse("no calls")[1] == [] and hermes.parse("<tool_call>{broken</tool_call>")[1] == []
     llama = ToolMode("auto", "llama3_json")
     content, calls = llama.parse('{"name": "f", "parameters": {"x": "y"}}; {"name": "g", "parameters": {}}')
     assert content is None and [c.name for c in calls] == ["f", "g"] and json.loads(calls[0].arguments) == {"x": "y"}
-    assert llama.visible('{"name"') == "" and llama.visible("Hello") == "Hello"
+    assert llama.view('{"name"', final=False).content == "" and llama.view("Hello", final=False).content == "Hello"
+
+
+@pytest.mark.parametrize("mode, text", [
+    (ToolMode("auto", "hermes"), 'Hi <tool_call>\n{"name": "f", "arguments": {"a": [1, {"b": "}]\\"x"}]}}\n</tool_call>'
+                                 '<tool_call>{"arguments": {"late": true}, "name": "g"}</tool_call>'),
+    (ToolMode("auto", "llama3_json"), '{"name": "f", "parameters": {"x": "y"}}; {"name": "g", "parameters": {}}'),
+    (ToolMode("required", None), '[{"name": "f", "parameters": {"zone": "UTC"}}, {"name": "g", "parameters": {}}]'),
+    (ToolMode("named", None, "f"), ' {"city": "Rome", "days": 3} \n'),
+])
+def test_stream_deltas_add_up_to_the_parse_wherever_the_text_is_cut(mode, text):
+    """Every cut of the text into two chunks: content and each call's arguments join to the non-streamed parse."""
+    content, expected = mode.parse(text)
+    for cut in range(len(text) + 1):
+        joined, args, names = "", {}, {}
+        for before, now, final in (("", text[:cut], False), (text[:cut], text, True)):
+            piece, deltas, called = stream_delta(mode, before, now, final)
+            joined += piece
+            for d in deltas:
+                names[d["index"]] = d.get("function", {}).get("name", names.get(d["index"]))
+                args[d["index"]] = args.get(d["index"], "") + d.get("function", {}).get("arguments", "")
+        assert called and (joined.strip() or None) == content
+        assert [(names[i], args[i]) for i in sorted(args)] == [(c.name, c.arguments) for c in expected], cut

@@ -1,5 +1,6 @@
-"""vLLM users' habits that work unchanged: `tally serve MODEL`, `--api-key` / `VLLM_API_KEY`, `/version`, and fields
-the server does not implement refused by name instead of silently dropped."""
+"""vLLM users' habits that work unchanged: `tally serve MODEL`, `--api-key` / `VLLM_API_KEY`, `/version`, fields
+the server does not implement refused by name instead of silently dropped, and `--metrics-prefix vllm` serving every
+series vLLM's own Grafana dashboard queries."""
 from __future__ import annotations
 
 import httpx
@@ -7,6 +8,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tally.engine.snapshot import EngineSnapshot, IterationTokens
+from tally.server.metrics import METRICS_PREFIXES, ServerMetrics
 from tally.server.process import ServerProcess
 from tally.version import __version__
 
@@ -67,14 +70,57 @@ def test_a_vllm_command_line_runs_unchanged(tiny_llama):
         assert "prompt + 2 output tokens, length" in log  # the access line at info, one per request
 
 
-def test_metrics_prefix_vllm_serves_vllms_names_and_no_created_series(tiny_llama):
+# Every series vLLM's own Grafana dashboard queries: the metric names in the PromQL of
+# examples/online_serving/prometheus_grafana/grafana.json in vllm-project/vllm (commit 004f771f3a6b), copied here;
+# vLLM is Apache-2.0 licensed (https://github.com/vllm-project/vllm/blob/main/LICENSE). Its model_name variable is
+# label_values({__name__=~"vllm:.*"}, model_name).
+VLLM_DASHBOARD_SERIES = (
+    "vllm:e2e_request_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_sum",
+    "vllm:time_per_output_token_seconds_count", "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count", "vllm:gpu_cache_usage_perc", "vllm:request_prompt_tokens_bucket",
+    "vllm:request_generation_tokens_bucket", "vllm:request_success_total", "vllm:request_queue_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum",
+    "vllm:request_max_num_generation_tokens_sum",
+)
+
+
+def test_metrics_prefix_vllm_serves_every_series_vllms_dashboard_queries(tiny_llama):
     with ServerProcess([str(tiny_llama), "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256",
                         "--kv-cache-memory", "8MB", "--log-level", "warning", "--metrics-prefix", "vllm"]) as server:
-        httpx.post(server.base_url + "/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
+        client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        client.completions.create(model="tiny", prompt="hi", max_tokens=3, n=2, extra_body={"ignore_eos": True})
+        for _ in client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4, stream=True):
+            pass
         text = httpx.get(server.url + "/metrics").text
-    names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
-    for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
-                 "vllm:generation_tokens_total", "vllm:request_success_total", "vllm:prefix_cache_hits_total"):
-        assert name in names, name
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    names = {s.name for s in samples}
+    assert set(VLLM_DASHBOARD_SERIES) <= names, sorted(set(VLLM_DASHBOARD_SERIES) - names)
+    assert all(s.labels.get("model_name") == "tiny" for s in samples if s.name.startswith("vllm:"))
+    value = {(s.name, s.labels.get("endpoint")): s.value for s in samples}
+    assert value["vllm:request_max_num_generation_tokens_sum", "/v1/completions"] == 3  # the longer of n=2
+    assert value["vllm:request_params_n_sum", "/v1/completions"] == 2
+    assert value["vllm:request_params_max_tokens_sum", "/v1/chat/completions"] == 4
+    assert value["vllm:request_inference_time_seconds_count", "/v1/chat/completions"] == 1
+    assert value["vllm:time_per_output_token_seconds_count", "/v1/chat/completions"] == \
+        value["vllm:inter_token_latency_seconds_count", "/v1/chat/completions"] > 0
+    (info,) = [s for s in samples if s.name == "vllm:cache_config_info"]
+    assert info.value == 1 and info.labels["block_size"] == "16" and int(info.labels["num_gpu_blocks"]) > 0
+    assert info.labels["cache_dtype"] == "auto" and info.labels["enable_prefix_caching"] == "True"
     assert not any(n.startswith("tally:") for n in names)
     assert not any(n.endswith("_created") for n in names)
+
+
+def test_iteration_tokens_are_served_in_vllms_buckets_under_either_prefix():
+    steps = IterationTokens().observe(1).observe(8).observe(9).observe(300)  # decodes, a chunk of prompt
+    for prefix in METRICS_PREFIXES.values():
+        text = ServerMetrics("m", lambda: EngineSnapshot(iteration_tokens=steps), prefix).render().decode()
+        buckets = {s.labels["le"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name == prefix + "iteration_tokens_total_bucket"}
+        assert (buckets["1.0"], buckets["8.0"], buckets["16.0"], buckets["256.0"], buckets["512.0"]) == (1, 2, 3, 3, 4)
+        assert buckets["+Inf"] == 4 and f"{prefix}iteration_tokens_total_sum{{model_name=\"m\"}} 318.0" in text
+        assert (prefix + "gpu_cache_usage_perc" in text) == (prefix == "vllm:")  # vLLM's old name, for its dashboard
+    assert "iteration_tokens_total" not in ServerMetrics("m", EngineSnapshot).render().decode()  # not counted

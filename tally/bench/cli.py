@@ -23,7 +23,7 @@ from tally.bench.length_samplers import (
     ks_statistic,
     parse_lengths,
 )
-from tally.bench.report_formats import FORMATS, as_csv, as_vllm
+from tally.bench.report_formats import FORMATS, render
 from tally.bench.runner import (
     DEFAULT_GRACE_S,
     INTERRUPTED,
@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     o.add_argument("--out", type=Path, help="JSON result with every request record")
     o.add_argument("--format", default="tally", choices=FORMATS,
                    help="what --out holds: tally's JSON (read by tally plan/alerts), vLLM's benchmark_serving.py "
-                        "result JSON, or one CSV row per request")
+                        "result JSON, GuideLLM's benchmarks.json report, or one CSV row per request")
     o.add_argument("--html", type=Path, help="self-contained HTML report with plots")
     o.add_argument("--quiet", action="store_true", help="no live progress line")
     return p
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             write_result(result, args.out)
         else:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(as_csv(result) if args.format == "csv" else json.dumps(as_vllm(result)))
+            args.out.write_text(render(result, args.format))
     if args.html:
         from tally.bench.report_html import write_html
         write_html(result, args.html)

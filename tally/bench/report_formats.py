@@ -1,14 +1,18 @@
 """A run's result in other tools' shapes, so comparison notebooks written for them read Tally's runs:
-vLLM's `benchmark_serving.py --save-result` JSON, and one CSV row per request."""
+vLLM's `benchmark_serving.py --save-result` JSON, GuideLLM's report (tally/bench/report_guidellm.py), and one CSV
+row per request."""
 from __future__ import annotations
 
 import csv
 import io
+import json
 import statistics
 
 import numpy as np
 
-FORMATS = ("tally", "vllm", "csv")
+from tally.bench.report_guidellm import as_guidellm
+
+FORMATS = ("tally", "vllm", "guidellm", "csv")
 CSV_FIELDS = ("id", "phase", "warmup", "scheduled_s", "sent_s", "first_token_s", "last_token_s", "end_s", "ttft_s",
               "tpot_s", "e2e_s", "prompt_tokens", "output_tokens", "error")
 
@@ -48,6 +52,13 @@ def as_vllm(result: dict) -> dict:
         out[f"std_{key}_ms"] = float(np.std(ms))
         out[f"p99_{key}_ms"] = float(np.percentile(ms, 99))
     return out
+
+
+def render(result: dict, fmt: str) -> str:
+    """The text `--out` holds in another tool's format (`tally` is report_json.write_result's)."""
+    if fmt == "csv":
+        return as_csv(result)
+    return json.dumps(as_vllm(result) if fmt == "vllm" else as_guidellm(result), allow_nan=False)
 
 
 def as_csv(result: dict) -> str:

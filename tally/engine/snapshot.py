@@ -1,9 +1,26 @@
 """The engine's counters at one moment, for /metrics, /ledger and benchmarks: read between steps, never mid-step."""
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from tally.engine.speculation_stats import SpeculationStats
+
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
+
+
+@dataclass(frozen=True)
+class IterationTokens:
+    """How many tokens each engine step computed (prompt + generated), counted in vLLM's buckets of
+    vllm:iteration_tokens_total. Immutable: observing returns the next value, which a snapshot holds as it is."""
+
+    counts: tuple[int, ...] = (0,) * (len(ITERATION_TOKEN_BUCKETS) + 1)  # per bucket, not cumulative; last: above all
+    total_tokens: int = 0
+
+    def observe(self, tokens: int) -> IterationTokens:
+        at = bisect_left(ITERATION_TOKEN_BUCKETS, tokens)
+        return IterationTokens(self.counts[:at] + (self.counts[at] + 1,) + self.counts[at + 1:],
+                               self.total_tokens + tokens)
 
 
 @dataclass(frozen=True)
@@ -24,6 +41,7 @@ class EngineSnapshot:
     prompt_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits not counted)
     generated_tokens: int = 0
     speculation: SpeculationStats | None = None  # a copy; None when speculative decoding is off
+    iteration_tokens: IterationTokens | None = None  # None: the engine does not count its steps' tokens
 
     @property
     def kv_usage(self) -> float:

@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-on", default="fail", choices=VERDICTS[1:], help="verdict from which the exit code is 1")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON here")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--quiet", action="store_true", help="no progress lines or bars on stderr (bars show only on a "
+                                                        "terminal)")
     return p
 
 
@@ -68,7 +69,7 @@ def main(argv: list[str]) -> int:
         baseline = ModelSpec(ns.baseline, ns.baseline_quantization, kv_cache_dtype=ns.baseline_kv_cache_dtype, **common)
         candidate = ModelSpec(ns.candidate, ns.candidate_quantization, kv_cache_dtype=ns.candidate_kv_cache_dtype,
                               corrupt=ns.candidate_corrupt, **common)
-        report = run_gate(baseline, candidate, settings, fail_on=ns.fail_on)
+        report = run_gate(baseline, candidate, settings, fail_on=ns.fail_on, progress=not ns.quiet)
     except TallyError as exc:
         print(f"tally eval: {exc.message}", file=sys.stderr)
         return EXIT_USAGE

@@ -41,7 +41,8 @@ def _load(spec: ModelSpec, settings: EvalSettings) -> tuple[Any, float]:
     return llm, load_s
 
 
-def run_gate(baseline: ModelSpec, candidate: ModelSpec, settings: EvalSettings, fail_on: str = "fail") -> GateReport:
+def run_gate(baseline: ModelSpec, candidate: ModelSpec, settings: EvalSettings, fail_on: str = "fail",
+             progress: bool = True) -> GateReport:
     s = settings
     llm, base_load_s = _load(baseline, s)
     tok, max_len = llm.get_tokenizer(), llm.engine.max_model_len
@@ -49,13 +50,13 @@ def run_gate(baseline: ModelSpec, candidate: ModelSpec, settings: EvalSettings, 
                               s.limit)
     log.info("workload: %d perplexity windows, %d items (%d skipped as too long)",
              sum(map(len, workload.ppl_windows.values())), len(workload.items), len(workload.skipped))
-    base = run_model(llm, baseline, workload, s.decoding)
+    base = run_model(llm, baseline, workload, s.decoding, progress)
     log.info("baseline ran in %.0f s", base.run_s)
     del llm
     gc.collect()  # one model in memory at a time
     llm, cand_load_s = _load(candidate, s)
     same_vocabulary(tok, llm.get_tokenizer())
-    cand = run_model(llm, candidate, workload, s.decoding)
+    cand = run_model(llm, candidate, workload, s.decoding, progress)
     log.info("candidate ran in %.0f s", cand.run_s)
     del llm
     gc.collect()

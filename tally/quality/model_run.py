@@ -63,14 +63,15 @@ def same_vocabulary(baseline_tok: Any, candidate_tok: Any) -> None:
                           "only compare models that share one (quantize the baseline to make the candidate)")
 
 
-def run_model(llm: LLM, spec: ModelSpec, workload: Workload, decoding: Decoding) -> ModelRun:
+def run_model(llm: LLM, spec: ModelSpec, workload: Workload, decoding: Decoding, progress: bool = True) -> ModelRun:
+    """`progress`: LLM.generate's bar (with an ETA) on a terminal's stderr, for the scoring and the decoding."""
     t0 = time.perf_counter()
     nll: dict[str, tuple[float, int]] = {}
     if workload.ppl_windows:
         names = [n for n, ws in workload.ppl_windows.items() for _ in ws]
         windows = [w for ws in workload.ppl_windows.values() for w in ws]
         score_only = SamplingParams(max_tokens=0, prompt_logprobs=0)  # the chosen token's logprob, no decoding
-        outs = llm.generate([{"prompt_token_ids": w} for w in windows], score_only)
+        outs = llm.generate([{"prompt_token_ids": w} for w in windows], score_only, use_tqdm=progress)
         for name, ids, out in zip(names, windows, outs):
             total, count = nll.get(name, (0.0, 0))
             scored = [-lp[ids[i]].logprob for i, lp in enumerate(out.prompt_logprobs) if lp is not None]
@@ -78,7 +79,8 @@ def run_model(llm: LLM, spec: ModelSpec, workload: Workload, decoding: Decoding)
     generations = {}
     if workload.items:
         params = SamplingParams(temperature=decoding.temperature, max_tokens=decoding.max_tokens)
-        outs = llm.generate([{"prompt_token_ids": it.prompt_token_ids} for it in workload.items], params)
+        outs = llm.generate([{"prompt_token_ids": it.prompt_token_ids} for it in workload.items], params,
+                            use_tqdm=progress)
         generations = {it.id: Generation(list(o.outputs[0].token_ids), o.outputs[0].text)
                        for it, o in zip(workload.items, outs)}
     return ModelRun(spec, nll, generations, run_s=time.perf_counter() - t0)

@@ -7,6 +7,7 @@ Per input site (a layer's qkv / o / gate_up / down input) it keeps: the Hessian 
 channel (AWQ), the max |x| per channel (SmoothQuant), and a few rows per sample (AWQ's grid search and the error figures)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -36,7 +37,7 @@ class SiteStats:
         return torch.cat(self.rows)
 
 
-def capture(model: CausalLM, samples: list[list[int]], *, hessian: bool,
+def capture(model: CausalLM, samples: Iterable[list[int]], *, hessian: bool,
             rows_per_sample: int = 32) -> dict[tuple[int, str], SiteStats]:
     """{(layer index, site): stats} over every token of every sample."""
     stats: dict[tuple[int, str], SiteStats] = {}

@@ -37,6 +37,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from tally.quantize.layer import QuantizeOptions
     from tally.quantize.pipeline import QuantizeJob, run
+    from tally.quantize.progress import on_stderr
     from tally.quantize.scheme import parse_scheme
 
     try:
@@ -44,7 +45,7 @@ def main(argv: list[str]) -> int:
                           max_tokens=args.max_tokens, keep_high_precision=args.keep_high_precision,
                           auto_mixed=args.auto_mixed, deployment_system_prompt=args.deployment_system_prompt,
                           options=QuantizeOptions(parse_scheme(args.scheme), args.method, args.act_order, args.alpha))
-        result = run(job, log=lambda line: print(line, file=sys.stderr))
+        result = run(job, log=lambda line: print(line, file=sys.stderr), track=on_stderr)
     except TallyError as exc:
         print(f"tally quantize: {exc.message}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ Tally (it is the tied embedding on the models we serve), so `lm_head` is accepte
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -70,7 +70,7 @@ def swap_in(model: CausalLM, cfg: ModelConfig, layer: LayerQuant) -> Callable[[]
 
 
 def layer_sensitivity(model: CausalLM, cfg: ModelConfig, samples: list[list[int]],
-                      layers: list[LayerQuant]) -> dict[int, float]:
+                      layers: Iterable[LayerQuant]) -> dict[int, float]:
     """{layer index: ||h_q - h||^2 / ||h||^2 of the final hidden states} with only that layer quantized."""
     reference = [prefill(model, ids) for ids in samples]
     norm = sum(float((h ** 2).sum()) for h in reference)

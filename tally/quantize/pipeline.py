@@ -27,6 +27,7 @@ from tally.quantize.layer import (
     quantize_layer,
 )
 from tally.quantize.mixed import layer_sensitivity, most_sensitive, parse_keep
+from tally.quantize.progress import Track, untracked
 from tally.quantize.writer import write_packed
 
 SENSITIVITY_SAMPLES = 8  # forwards per layer for --auto-mixed: enough to rank layers, cheap enough to run L times
@@ -56,7 +57,7 @@ class QuantizeResult:
     layers: list[LayerQuant] = field(default_factory=list)  # the quantized layers, in memory
 
 
-def run(job: QuantizeJob, log: Callable[[str], None] = lambda _: None) -> QuantizeResult:
+def run(job: QuantizeJob, log: Callable[[str], None] = lambda _: None, track: Track = untracked) -> QuantizeResult:
     ckpt = load_checkpoint(job.model)
     if ckpt.quantization:
         raise ConfigError(f"{ckpt.path} is already quantized ({ckpt.quantization}); quantize the original checkpoint")
@@ -77,15 +78,15 @@ def run(job: QuantizeJob, log: Callable[[str], None] = lambda _: None) -> Quanti
     original = dict(ckpt.tensors())
     weights = {n: t.float() for n, t in original.items()}
     model = fp_model(cfg, weights, job.max_tokens) if calib else None
-    stats = capture(model, calib.token_ids, hessian=job.options.method == "gptq") if calib else None
+    stats = capture(model, track(calib.token_ids, "calibration forwards"),
+                    hessian=job.options.method == "gptq") if calib else None
     todo = [i for i in range(cfg.num_layers) if i not in keep or job.auto_mixed]
-    layers = []
-    for i in todo:
-        layers.append(quantize_layer(i, weights, cfg, stats, job.options))
-        log(f"layer {i + 1}/{cfg.num_layers} quantized ({job.options.method}, {job.options.scheme.label()})")
+    layers = [quantize_layer(i, weights, cfg, stats, job.options)
+              for i in track(todo, f"layers quantized ({job.options.method}, {job.options.scheme.label()})")]
     sensitivity = {}
     if job.auto_mixed:
-        sensitivity = layer_sensitivity(model, cfg, calib.token_ids[:SENSITIVITY_SAMPLES], layers)
+        sensitivity = layer_sensitivity(model, cfg, calib.token_ids[:SENSITIVITY_SAMPLES],
+                                        track(layers, "layer sensitivity"))
         keep = keep | most_sensitive(sensitivity, job.auto_mixed)
     layers = [layer for layer in layers if layer.index not in keep]
     _write(job, ckpt, tokenizer, original, layers, sorted(keep), calib)

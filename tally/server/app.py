@@ -21,7 +21,7 @@ from tally.server.chat import ChatCompletions, render_chat
 from tally.server.completions import Completions
 from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
-from tally.server.metrics import METRICS_PREFIXES, ServerMetrics
+from tally.server.metrics import METRICS_PREFIXES, ServerMetrics, cache_config_info
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
 from tally.server.request_log import RequestLog
 from tally.version import __version__
@@ -49,7 +49,8 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     tokenizer = copy.deepcopy(engine.tokenizer)  # the engine thread keeps the original to itself
     state = ServerState(
         engine=async_engine, metrics=ServerMetrics(engine.model_name, lambda: async_engine.snapshot,
-                                                   METRICS_PREFIXES[config.metrics_prefix]),
+                                                   METRICS_PREFIXES[config.metrics_prefix],
+                                                   cache_config_info(engine.config)),
         tokenizer=tokenizer, model_name=engine.model_name, model_names=engine.model_names,
         max_model_len=engine.max_model_len, sampling_defaults=engine.sampling_defaults,
         request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,

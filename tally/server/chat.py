@@ -19,7 +19,7 @@ from tally.server.protocol import (
     refuse_unsupported,
 )
 from tally.server.streaming import Delta, deltas
-from tally.server.tools import HERMES_OPEN, ToolMode, check_tools, forced_output, tool_mode
+from tally.server.tools import ToolMode, check_tools, forced_output, stream_delta, tool_mode
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True,
@@ -103,7 +103,7 @@ class ChatCompletions:
                 message["tool_calls"] = [c.as_openai() for c in calls]
             choices.append({"index": d.choice.index, "message": message,
                             "logprobs": self._logprobs(d, req.top_logprobs or 0),
-                            "finish_reason": _finish_reason(mode, calls, d.finish_reason)})
+                            "finish_reason": _finish_reason(mode, bool(calls), d.finish_reason)})
         return {"id": ctx.request_id, "object": "chat.completion", "created": ctx.created_s, "model": ctx.model,
                 "choices": choices, "usage": usage(outputs)}
 
@@ -127,29 +127,23 @@ class ChatCompletions:
         return out
 
     def _tool_chunks(self, ctx: Ctx, outputs: list[RequestOutput | None], mode: ToolMode) -> list[dict]:
-        """Content streams as far as it cannot be the start of a call; calls go out whole when the choice ends."""
+        """Content streams as far as it cannot be the start of a call; a call's name as soon as it is complete, then
+        its arguments piece by piece (tally/server/tools.py:stream_delta)."""
         out = []
         for d in deltas(ctx.sent, outputs):
-            key = (d.prompt_index, d.choice.index)
-            shown = ctx.shown.get(key, 0)
+            text = d.choice.text
+            content, calls, called = stream_delta(mode, text[:len(text) - len(d.text)], text,
+                                                  d.finish_reason is not None)
             delta: dict[str, Any] = {"role": "assistant"} if d.first else {}
-            calls = []
-            if d.finish_reason is None:
-                visible = mode.visible(d.choice.text)
-            else:
-                content, calls = mode.parse(d.choice.text)
-                visible = d.choice.text if not calls else \
-                    d.choice.text[:max(0, d.choice.text.find(HERMES_OPEN))] if mode.parser == "hermes" else ""
-            if len(visible) > shown:
-                delta["content"] = visible[shown:]
-                ctx.shown[key] = len(visible)
+            if content:
+                delta["content"] = content
             if calls:
-                delta["tool_calls"] = [c.as_openai(i) for i, c in enumerate(calls)]
+                delta["tool_calls"] = calls
             if not delta and d.finish_reason is None:
                 continue
             out.append({"id": ctx.request_id, "object": self.chunk_object, "created": ctx.created_s,
                         "model": ctx.model, "choices": [{"index": d.choice.index, "delta": delta, "logprobs": None,
-                                                         "finish_reason": _finish_reason(mode, calls,
+                                                         "finish_reason": _finish_reason(mode, called,
                                                                                          d.finish_reason)}]})
         return out
 
@@ -171,9 +165,9 @@ def _echoed(req: ChatCompletionRequest) -> str:
     return last.text() if req.echo and last.role == "assistant" else ""
 
 
-def _finish_reason(mode: ToolMode | None, calls: list, reason: str | None) -> str | None:
+def _finish_reason(mode: ToolMode | None, called: bool, reason: str | None) -> str | None:
     """OpenAI's: "tool_calls" when the model chose to call (auto, required); a named function's call is "stop"."""
-    if reason is not None and calls and mode is not None and mode.choice != "named":
+    if reason is not None and called and mode is not None and mode.choice != "named":
         return "tool_calls"
     return reason
 

@@ -73,9 +73,9 @@ class Ctx:
     req: Any
     request_ids: list[str]  # engine request ids, one per prompt, in prompt order
     sent: dict[tuple[int, int], tuple[int, int, bool]] = field(default_factory=dict)  # see streaming.deltas
-    shown: dict[tuple[int, int], int] = field(default_factory=dict)  # content chars streamed, when calls hold back
     times: dict[str, StreamTimes] = field(default_factory=dict)
     arrival_unix_s: float = 0.0
+    max_tokens: list[int | None] = field(default_factory=list)  # per prompt; None: up to max_model_len
 
 
 class Handler(Protocol):
@@ -208,7 +208,8 @@ async def run_generation(request: Request, handler: Handler) -> Response:
         stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s)
         inflight = Inflight(state, request, stream, arrival_s)
         await stream.accepted
-        ctx = Ctx(request_id, int(arrival_unix_s), state.model_name, req, rids, arrival_unix_s=arrival_unix_s)
+        ctx = Ctx(request_id, int(arrival_unix_s), state.model_name, req, rids, arrival_unix_s=arrival_unix_s,
+                  max_tokens=[sp.max_tokens for _, sp in items])
         if req.stream:
             handed_off = True
             return EventStreamResponse(_events(state, handler, ctx, inflight))
@@ -260,8 +261,9 @@ async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Infl
 
 
 def _record_success(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[RequestOutput]) -> None:
-    for out in outputs:
-        state.metrics.observe_output(endpoint, out, ctx.times.get(out.request_id))
+    for out, max_tokens in zip(outputs, ctx.max_tokens, strict=True):
+        allowed = state.max_model_len - len(out.prompt_token_ids) if max_tokens is None else max_tokens
+        state.metrics.observe_output(endpoint, out, ctx.times.get(out.request_id), allowed)
         m = out.metrics
         log.info("%s %s: %d prompt + %d output tokens, %s, TTFT %.3f s, E2E %.3f s", endpoint, out.request_id,
                  len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs),

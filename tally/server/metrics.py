@@ -2,10 +2,14 @@
 
 Request metrics (labels model_name, endpoint) are observed when a request ends; engine gauges and
 counters (label model_name) are read from the engine loop's latest snapshot at scrape time.
-Every request to a generation endpoint ends in exactly one of success, rejected, error, timeout."""
+Every request to a generation endpoint ends in exactly one of success, rejected, error, timeout.
+Under `vllm:` two deprecated names that vLLM's own Grafana dashboard still queries are served as well:
+`gpu_cache_usage_perc` (now kv_cache_usage_perc) and `time_per_output_token_seconds` (now
+inter_token_latency_seconds)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Callable, Iterator
 
 from prometheus_client import (
@@ -16,9 +20,11 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.metrics_core import Metric
 
-from tally.engine.snapshot import EngineSnapshot
+from tally.engine.config import EngineConfig
+from tally.engine.snapshot import ITERATION_TOKEN_BUCKETS, EngineSnapshot, IterationTokens
 from tally.engine.speculation_stats import SpeculationStats
 from tally.outputs import RequestOutput
 from tally.server.errors import REJECTION_REASONS
@@ -27,6 +33,10 @@ from tally.server.errors import REJECTION_REASONS
 TIME_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                   1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000)
+# vLLM's buckets for its per-request phase times (request_latency_buckets in vllm/v1/metrics/loggers.py)
+REQUEST_TIME_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                          240.0, 480.0, 960.0, 1920.0, 7680.0)
+N_BUCKETS = (1, 2, 5, 10, 20)  # vLLM's for request_params_n
 PREFIX = "tally:"  # --metrics-prefix vllm serves the same series as vllm:, for dashboards built for vLLM
 METRICS_PREFIXES = {"tally": "tally:", "vllm": "vllm:"}
 
@@ -43,15 +53,26 @@ class StreamTimes:
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions")
 
 
+def cache_config_info(config: EngineConfig) -> dict[str, str]:
+    """The KV cache settings vLLM's cache_config_info carries as labels and that exist here (the block count and
+    size come from the engine's snapshot)."""
+    return {"cache_dtype": config.kv_cache_dtype, "enable_prefix_caching": str(config.enable_prefix_caching),
+            "num_gpu_blocks_override": str(config.num_gpu_blocks_override)}
+
+
 class EngineCollector:
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot], prefix: str = PREFIX) -> None:
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot], prefix: str = PREFIX,
+                 cache_config: dict[str, str] | None = None) -> None:
         self.model_name = model_name
         self.snapshot = snapshot
         self.prefix = prefix
+        self.cache_config = cache_config or {}
 
     def collect(self) -> Iterator:
         s, labels = self.snapshot(), [self.model_name]
         used_slots = s.num_used_blocks * s.block_size_tokens
+        deprecated = [("gpu_cache_usage_perc", "DEPRECATED vLLM name of kv_cache_usage_perc.", s.kv_usage)] \
+            if self.prefix == METRICS_PREFIXES["vllm"] else []
         for name, doc, value in (
             ("num_requests_running", "Requests in the running batch.", s.num_running),
             ("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
@@ -59,10 +80,19 @@ class EngineCollector:
              s.kv_usage),
             ("kv_cache_fragmentation_perc", "Allocated-but-unfilled KV slots / allocated slots (0-1).",
              s.num_unfilled_slots / used_slots if used_slots else 0.0),
+            *deprecated,
         ):
             g = GaugeMetricFamily(self.prefix + name, doc, labels=["model_name"])
             g.add_metric(labels, value)
             yield g
+        # vLLM's info gauge: always 1, the settings in its labels (the KV pool here is in host memory)
+        info = {**self.cache_config, "block_size": str(s.block_size_tokens), "num_gpu_blocks": str(s.num_blocks)}
+        g = GaugeMetricFamily(self.prefix + "cache_config_info", "Information of the engine's KV cache config.",
+                              labels=["model_name", *info])
+        g.add_metric([*labels, *info.values()], 1.0)
+        yield g
+        if s.iteration_tokens is not None:
+            yield _iteration_tokens(s.iteration_tokens, labels, self.prefix)
         for name, doc, value in (
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_queried_tokens),
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_hit_tokens),
@@ -73,6 +103,27 @@ class EngineCollector:
             yield c
         if s.speculation is not None:
             yield from _speculation_metrics(s.speculation, labels, self.prefix)
+
+
+def _iteration_tokens(steps: IterationTokens, labels: list[str], prefix: str) -> HistogramMetricFamily:
+    h = HistogramMetricFamily(prefix + "iteration_tokens_total", "Tokens per engine step (prompt + generated).",
+                              labels=["model_name"])
+    bounds = [str(float(b)) for b in ITERATION_TOKEN_BUCKETS] + ["+Inf"]
+    h.add_metric(labels, list(zip(bounds, accumulate(steps.counts))), steps.total_tokens)
+    return h
+
+
+class Renamed:
+    """A metric's series under a second name as well (a deprecated name a dashboard still queries)."""
+
+    def __init__(self, metric: Histogram, name: str) -> None:
+        self.metric, self.name = metric, name
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.metric.collect():
+            renamed = Metric(self.name, "DEPRECATED name of " + family.name, family.type)
+            renamed.samples = [x._replace(name=self.name + x.name[len(family.name):]) for x in family.samples]
+            yield renamed
 
 
 def _speculation_metrics(spec: SpeculationStats, labels: list[str], prefix: str) -> Iterator:
@@ -99,12 +150,14 @@ def _speculation_metrics(spec: SpeculationStats, labels: list[str], prefix: str)
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot], prefix: str = PREFIX) -> None:
+    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot], prefix: str = PREFIX,
+                 cache_config: dict[str, str] | None = None) -> None:
+        """cache_config: the labels of cache_config_info besides the block size and count (`cache_config_info`)."""
         self.model_name = model_name
         disable_created_metrics()  # no *_created series: vLLM serves none, and dashboards never read them
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)
-        r.register(EngineCollector(model_name, snapshot, prefix))
+        r.register(EngineCollector(model_name, snapshot, prefix, cache_config))
         req = ["model_name", "endpoint"]
 
         def hist(name: str, doc: str, buckets: tuple = TIME_BUCKETS_S) -> Histogram:
@@ -120,6 +173,13 @@ class ServerMetrics:
         self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled.")
         self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token.")
         self.decode = hist("request_decode_time_seconds", "First token to last token.")
+        self.inference = hist("request_inference_time_seconds", "First scheduled to last token (prefill + decode).",
+                              REQUEST_TIME_BUCKETS_S)
+        self.n = hist("request_params_n", "The n request parameter.", N_BUCKETS)
+        self.max_tokens = hist("request_params_max_tokens", "The max_tokens request parameter (when unset: "
+                               "max_model_len - prompt tokens, as the engine resolves it).", TOKEN_BUCKETS)
+        self.max_generation_tokens = hist("request_max_num_generation_tokens",
+                                          "Generated tokens of a request's longest sample (n > 1).", TOKEN_BUCKETS)
         self.prompt_tokens = hist("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
         self.generation_tokens = hist("request_generation_tokens", "Generated tokens per request.", TOKEN_BUCKETS)
         self.prompt_tokens_total = counter("prompt_tokens", "Prompt tokens processed.")
@@ -128,6 +188,8 @@ class ServerMetrics:
         self.rejected = counter("request_rejected", "Requests turned away by admission control.", ("reason",))
         self.timeouts = counter("request_timeout", "Requests that ran past --request-timeout.")
         self.errors = counter("request_error", "Requests that failed, by HTTP status.", ("code",))
+        if prefix == METRICS_PREFIXES["vllm"]:
+            r.register(Renamed(self.itl, prefix + "time_per_output_token_seconds"))
         # Rejections, timeouts and server errors start at 0, not at their first occurrence: Prometheus' rate()
         # and increase() cannot see a counter's step from nothing to its first value, so an alert on a burst of
         # 429s in one scrape interval would never fire (tests/test_ops_prometheus.py).
@@ -145,17 +207,22 @@ class ServerMetrics:
         for _ in range(num_tokens - 1):
             h.observe(0.0)
 
-    def observe_output(self, endpoint: str, out: RequestOutput, times: StreamTimes | None) -> None:
-        """One finished engine request (one prompt, n samples). Streaming requests pass the times
-        their tokens were sent; otherwise the engine's token times stand in (the body goes at the end)."""
+    def observe_output(self, endpoint: str, out: RequestOutput, times: StreamTimes | None, max_tokens: int) -> None:
+        """One finished engine request (one prompt, n samples) that was allowed `max_tokens` per sample. Streaming
+        requests pass the times their tokens were sent; otherwise the engine's token times stand in (the body goes
+        at the end)."""
         labels = (self.model_name, endpoint)
         m = out.metrics
         n_prompt = len(out.prompt_token_ids)
         n_gen = sum(len(c.token_ids) for c in out.outputs)
+        longest = max((len(c.token_ids) for c in out.outputs), default=0)
         self.prompt_tokens.labels(*labels).observe(n_prompt)
         self.generation_tokens.labels(*labels).observe(n_gen)
         self.prompt_tokens_total.labels(*labels).inc(n_prompt)
         self.generation_tokens_total.labels(*labels).inc(n_gen)
+        self.n.labels(*labels).observe(len(out.outputs))
+        self.max_tokens.labels(*labels).observe(max_tokens)
+        self.max_generation_tokens.labels(*labels).observe(longest)
         if m is None:
             return
         first = times.first_token_sent_s if times and times.first_token_sent_s else m.first_token_time
@@ -164,12 +231,12 @@ class ServerMetrics:
             self.queue.labels(*labels).observe(m.first_scheduled_time - m.arrival_time)
             if m.first_token_time is not None:
                 self.prefill.labels(*labels).observe(m.first_token_time - m.first_scheduled_time)
+                self.inference.labels(*labels).observe(m.last_token_time - m.first_scheduled_time)
         if first is None or last is None:
             return
         self.ttft.labels(*labels).observe(first - m.arrival_time)
         self.e2e.labels(*labels).observe(last - m.arrival_time)
         self.decode.labels(*labels).observe(last - first)
-        longest = max((len(c.token_ids) for c in out.outputs), default=0)
         if longest > 1:
             self.tpot.labels(*labels).observe((last - first) / (longest - 1))
 

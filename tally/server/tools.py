@@ -10,33 +10,34 @@
   `{"name": ..., "parameters": ...}` for the tools given (vLLM's form). Neither needs a parser.
 - `"none"`: the tools go to the chat template (so the model may know of them) and nothing is parsed.
 
-Streaming: text before a call streams as content; a call's text is held back and sent as one `tool_calls` delta
-(name and whole arguments) once the choice ends."""
+Streaming, as vLLM streams calls: text before a call streams as content; each call's first delta carries its
+index, id, type and function name as soon as the name is complete, then its `function.arguments` follow in pieces
+as they are generated (tally/server/tool_parsers.py reads the growing text). The pieces add up to the arguments of
+the same answer non-streamed, character for character: both are the text the model wrote."""
 from __future__ import annotations
 
-import json
-import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from tally.errors import InvalidRequestError
 from tally.sampling_params import StructuredOutputsParams
+from tally.server.tool_parsers import PartialCall, ToolView, hermes, llama3_json, required
 
-TOOL_CALL_PARSERS = ("hermes", "llama3_json")
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+TOOL_CALL_PARSERS = {"hermes": hermes, "llama3_json": llama3_json}
+
+
+def call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
 
 
 @dataclass
 class ToolCall:
     name: str
     arguments: str  # JSON text, as OpenAI sends it
-    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+    id: str = field(default_factory=call_id)
 
-    def as_openai(self, index: int | None = None) -> dict:
-        out = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        return out if index is None else {"index": index, **out}
+    def as_openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass(frozen=True)
@@ -51,35 +52,41 @@ class ToolMode:
     def forced(self) -> bool:
         return self.choice != "auto"
 
-    def visible(self, text: str) -> str:
-        """The part of a choice's text that is content, not (the start of) a call: safe to stream now."""
-        if self.forced:
-            return ""
-        if self.parser == "hermes":
-            cut = text.find(HERMES_OPEN)
-            if cut < 0:  # hold back a tail that may be the tag's beginning
-                cut = next((len(text) - k for k in range(min(len(HERMES_OPEN) - 1, len(text)), 0, -1)
-                            if HERMES_OPEN.startswith(text[-k:])), len(text))
-            return text[:cut]
-        return "" if text.lstrip().startswith("{") else text  # llama3_json: a call starts the output
+    def view(self, text: str, final: bool) -> ToolView:
+        """A choice's text so far as content and calls; `final`: the choice has ended, and a text whose calls do
+        not all parse is content (auto) or nothing (forced)."""
+        if self.choice == "named":  # the constrained output is the arguments; space at its end waits
+            if not (final or text.strip()):
+                return ToolView("")
+            return ToolView("", [PartialCall(self.function, text.strip(), len(text) if final else None)])
+        view = required(text) if self.choice == "required" else TOOL_CALL_PARSERS[self.parser](text)
+        if final and not view.called:
+            return ToolView("" if self.forced else text)
+        return view
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a finished choice."""
-        if self.choice == "named":
-            return None, [ToolCall(self.function, _compact(text))]
-        if self.choice == "required":
-            return None, [ToolCall(c["name"], json.dumps(c.get("parameters", {}))) for c in _loads(text) or []]
-        if self.parser == "hermes":
-            calls = [_call(_loads(m.group(1))) for m in _HERMES_CALL.finditer(text)]
-            if calls and all(calls):
-                return text[:text.find(HERMES_OPEN)].strip() or None, calls
-            return text, []
-        stripped = text.strip()
-        if stripped.startswith("{"):
-            calls = [_call(_loads(part)) for part in stripped.split(";") if part.strip()]
-            if calls and all(calls):
-                return None, calls
-        return text, []
+        view = self.view(text, final=True)
+        if not view.calls:
+            return (None if self.forced else text), []
+        return view.content.strip() or None, [ToolCall(c.name, c.arguments) for c in view.calls]
+
+
+def stream_delta(mode: ToolMode, before: str, text: str, final: bool) -> tuple[str, list[dict], bool]:
+    """What one chunk sends for a choice whose text grew from `before` to `text`: the new content, the
+    `tool_calls` deltas (a call's first one with its id, type and name), and whether the choice ended in calls."""
+    was, now = mode.view(before, final=False), mode.view(text, final)
+    calls = []
+    for i, call in enumerate(now.calls):
+        old = was.calls[i] if i < len(was.calls) else PartialCall()
+        delta: dict = {"index": i}
+        if call.name is not None and old.name is None:
+            delta.update(id=call_id(), type="function", function={"name": call.name})
+        if len(call.arguments) > len(old.arguments):
+            delta.setdefault("function", {})["arguments"] = call.arguments[len(old.arguments):]
+        if len(delta) > 1:
+            calls.append(delta)
+    return now.content[len(was.content):], calls, final and bool(now.calls)
 
 
 def tool_mode(tools: list[dict] | None, tool_choice: str | dict | None, parser: str | None) -> ToolMode | None:
@@ -137,22 +144,3 @@ def _function(tool: dict) -> dict:
 
 def _parameters(function: dict) -> dict:
     return function.get("parameters") or {"type": "object", "properties": {}}
-
-
-def _loads(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def _compact(text: str) -> str:
-    parsed = _loads(text)
-    return text if parsed is None else json.dumps(parsed)
-
-
-def _call(obj: Any) -> ToolCall | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    return ToolCall(obj["name"], args if isinstance(args, str) else json.dumps(args))
