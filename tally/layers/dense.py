@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tally.native import ops as native
-from tally.quant.base import BF16_TILE_BYTES, tiled_matmul
+from tally.quant.base import BF16_TILE_BYTES, CACHED_KERNEL_DTYPES, pad_rows, tiled_matmul
 from tally.quant.dispatch import NEVER
 
 
@@ -18,7 +18,10 @@ class DenseLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.weight.dtype not in CACHED_KERNEL_DTYPES:
+            return F.linear(x, self.weight, self.bias)
+        x2 = x.reshape(-1, x.shape[-1])  # padded rows keep oneDNN's kernel cache bounded (tally/quant/base.py)
+        return F.linear(pad_rows(x2), self.weight, self.bias)[:x2.shape[0]].view(*x.shape[:-1], -1)
 
 
 class Fp16WeightLinear(nn.Module):

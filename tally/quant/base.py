@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tally.quant.dispatch import matmul_dtype
@@ -20,21 +21,43 @@ TILE_BYTES = 4 << 20
 BF16_TILE_BYTES = 16 << 20
 
 
+# oneDNN, behind PyTorch's bf16 / fp16 matmuls on CPU, compiles and caches a kernel for each shape it meets: ~1.2 MB
+# and ~1.3 ms each (measured, 1536x576 bf16), up to 1,024 of them. Prefill steps take every row count, so a server
+# grew by ~10 MB a minute for an hour (docs/benchmarks.md). Rows are padded up to one of 8 sizes per octave (whole
+# AMX tiles of 16 rows below that): a layer meets ~80 shapes up to 8,192 rows, for at most 12.5% more rows.
+CACHED_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def bucketed_rows(rows: int) -> int:
+    """Rows padded for a cached-kernel matmul: a power of two up to 16, else a multiple of 1/8 of the octave."""
+    if rows <= 16:
+        return 1 << (rows - 1).bit_length()
+    step = 1 << (rows.bit_length() - 4)
+    return -(-rows // step) * step
+
+
+def pad_rows(x: torch.Tensor) -> torch.Tensor:
+    """A 2-D input with zero rows added up to `bucketed_rows` (the caller keeps the first x.shape[0] outputs)."""
+    return F.pad(x, (0, 0, 0, bucketed_rows(x.shape[0]) - x.shape[0]))
+
+
 def tiled_matmul(x: torch.Tensor, out_features: int, dtype: torch.dtype,
                  weight_t: Callable[[int, int], torch.Tensor], align: int = 1,
                  tile_bytes: int = TILE_BYTES) -> torch.Tensor:
     """QuantLinear._tiled_matmul for any layer that can produce its W^T a few columns at a time."""
-    in_features = x.shape[1]
+    rows, in_features = x.shape
     n_total = -(-out_features // align) * align
     tile = max(align, tile_bytes // (in_features * dtype.itemsize) // align * align)
     x = x.to(dtype)
+    if dtype in CACHED_KERNEL_DTYPES:
+        x = pad_rows(x)
     if tile >= n_total:
-        return x @ weight_t(0, n_total)
+        return (x @ weight_t(0, n_total))[:rows]
     out = torch.empty(x.shape[0], n_total, dtype=dtype, device=x.device)
     for n0 in range(0, n_total, tile):
         n1 = min(n0 + tile, n_total)
         out[:, n0:n1] = x @ weight_t(n0, n1)
-    return out
+    return out[:rows]
 
 
 class QuantLinear(nn.Module):
