@@ -1,6 +1,7 @@
 """`tally deploy k8s` end to end, through the CLI: the manifests pass Kubernetes' own schemas (the PodMonitor, a CRD
 they do not hold, a schema of ours), each pod asks for the memory `tally plan` prints, the pod's command line is one
-`tally serve` accepts and whose engine allocates that KV pool, and bad options are refused with what to fix."""
+`tally serve` accepts and whose engine allocates that KV pool, a canary comes with the `tally route` router in front
+whose command line `tally route` accepts, and bad options are refused with what to fix."""
 from __future__ import annotations
 
 import json
@@ -44,14 +45,17 @@ POD_MONITOR_SCHEMA = {
 }
 
 
-def _deploy(tmp_path, *args: str) -> dict[str, dict]:
+def _files(tmp_path, *args: str) -> dict[str, dict]:
+    """Each manifest written, by its file's name (tally-route-deployment)."""
     out = tmp_path / "k8s"
     assert main(["deploy", "k8s", *args, "--out", str(out)]) == 0
-    docs = {}
-    for path in sorted(out.glob("*.yaml")):
-        doc = yaml.safe_load(path.read_text())
-        docs[doc["kind"]] = doc
-    docs["adapter"] = yaml.safe_load((out / "prometheus-adapter" / "values.yaml").read_text())
+    return {path.stem: yaml.safe_load(path.read_text()) for path in sorted(out.glob("*.yaml"))}
+
+
+def _deploy(tmp_path, *args: str) -> dict[str, dict]:
+    """The manifests of one pod set, by kind, and the adapter's values."""
+    docs = {doc["kind"]: doc for doc in _files(tmp_path, *args).values()}
+    docs["adapter"] = yaml.safe_load((tmp_path / "k8s" / "prometheus-adapter" / "values.yaml").read_text())
     return docs
 
 
@@ -222,3 +226,143 @@ def test_bad_options_are_refused_with_what_to_fix(capsys, args, message):
     assert main(["deploy", "k8s", *args]) == 2
     captured = capsys.readouterr()
     assert message in captured.err and captured.out == ""
+
+
+RULES = """min_samples: 20
+window: 5m
+rules:
+  - {metric: ttft_p99, max_ratio: 1.5}
+  - {metric: error_rate, max_increase: 1%}
+"""
+PLAN = "5%:2h,20%:2h,100%"
+
+
+@pytest.fixture
+def rules(tmp_path):
+    path = tmp_path / "rules.yaml"
+    path.write_text(RULES)
+    return path
+
+
+def _canary(rules, *args: str) -> list[str]:
+    return ["--canary", "--max-num-seqs 32", "--canary-image", "tally:0.2.0", "--canary-plan", PLAN,
+            "--canary-rules", str(rules), *args]
+
+
+def _spec(doc: dict) -> dict:
+    return doc["spec"]["template"]["spec"]
+
+
+def _selects(service: dict, deployment: dict) -> bool:
+    return service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_a_canary_comes_with_its_own_pods_and_the_router_as_the_entry_point(tmp_path, rules):
+    files = _files(tmp_path, *_canary(rules, "--replicas", "2", "--namespace", "llm"))
+    stable, canary, router = (files[f"{name}-deployment"] for name in ("tally", "tally-canary", "tally-route"))
+    for name, doc in files.items():
+        if doc["kind"] == "PodMonitor":
+            jsonschema.validate(doc, POD_MONITOR_SCHEMA)
+        else:
+            for version in K8S_VERSIONS:
+                kubernetes_validate.validate(doc, version, strict=True)
+        assert doc["metadata"]["namespace"] == "llm", name
+    # Clients keep the name they used without a canary; it now reaches the router, and each side has its own.
+    assert _selects(files["tally-service"], router)
+    assert not _selects(files["tally-service"], stable) and not _selects(files["tally-service"], canary)
+    assert _selects(files["tally-stable-service"], stable) and not _selects(files["tally-stable-service"], canary)
+    assert _selects(files["tally-canary-service"], canary) and not _selects(files["tally-canary-service"], stable)
+    assert files["tally-canary-horizontalpodautoscaler"]["spec"]["scaleTargetRef"]["name"] == "tally-canary"
+    assert files["tally-canary-horizontalpodautoscaler"]["spec"]["maxReplicas"] == 4
+    # The canary's pods: the stable pod template, its image, its flags last, sized alike.
+    stable_pod, canary_pod = _spec(stable)["containers"][0], _spec(canary)["containers"][0]
+    assert (stable_pod["image"], canary_pod["image"]) == ("tally:0.1.0", "tally:0.2.0")
+    assert canary_pod["args"] == stable_pod["args"] + ["--max-num-seqs", "32"]
+    assert canary_pod["resources"] == stable_pod["resources"]
+    # The router: one pod, small and stated, its rules from the ConfigMap, probes that never restart it for a
+    # side with no healthy pod (/health is 503 then).
+    assert router["spec"]["replicas"] == 1
+    (route,) = _spec(router)["containers"]
+    assert route["command"] == ["tally", "route"] and route["image"] == stable_pod["image"]
+    assert route["resources"] == {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
+    assert route["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert route["livenessProbe"]["httpGet"]["path"] == "/router/status"
+    (volume,) = _spec(router)["volumes"]
+    assert volume["configMap"]["name"] == files["tally-route-configmap"]["metadata"]["name"]
+    assert files["tally-route-configmap"]["data"] == {"rules.yaml": RULES}
+    (mount,) = route["volumeMounts"]
+    assert _arg(route, "--rules") == f"{mount['mountPath']}/rules.yaml"
+    assert files["tally-route-podmonitor"]["spec"]["selector"]["matchLabels"].items() <= \
+        router["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_router_command_line_is_one_tally_route_accepts(tmp_path, rules, monkeypatch):
+    from tally.ops import route_cli
+
+    files = _files(tmp_path, *_canary(rules, "--canary-eval-interval", "10s", "--canary-sticky-header", "X-Session"))
+    (route,) = _spec(files["tally-route-deployment"])["containers"]
+    mounted = tmp_path / "mounted-rules.yaml"  # where the kubelet puts the ConfigMap's file
+    mounted.write_text(files["tally-route-configmap"]["data"]["rules.yaml"])
+    args = route["args"]
+    args[args.index("--rules") + 1] = str(mounted)
+    started = {}
+    monkeypatch.setattr(route_cli, "build_router_app", lambda config: started.setdefault("config", config))
+    monkeypatch.setattr(route_cli.uvicorn, "run", lambda app, **kwargs: started.update(kwargs))
+    assert route_cli.main(args) == 0
+    config = started["config"]
+    assert (started["host"], started["port"]) == ("0.0.0.0", route["ports"][0]["containerPort"])
+    port = files["tally-stable-service"]["spec"]["ports"][0]["port"]
+    assert config.replicas == [f"http://tally-stable:{port}"]
+    assert config.canary.urls == (f"http://tally-canary:{files['tally-canary-service']['spec']['ports'][0]['port']}",)
+    assert [step.weight for step in config.canary.plan] == [0.05, 0.2, 1.0]
+    assert (config.canary.eval_interval_s, config.canary.sticky_header) == (10.0, "X-Session")
+    assert [rule.metric for rule in config.canary.rules.rules] == ["ttft_p99", "error_rate"]
+
+
+def test_the_canary_pods_command_line_is_one_tally_serve_accepts_with_its_flags(tmp_path, rules):
+    from tally.server.cli import parse_args
+
+    files = _files(tmp_path, *_canary(rules, "--max-num-seqs", "8"))
+    stable, canary = (parse_args(_spec(files[f"{name}-deployment"])["containers"][0]["args"])
+                      for name in ("tally", "tally-canary"))
+    assert (stable.max_num_seqs, canary.max_num_seqs) == (8, 32)
+    assert canary.kv_cache_memory == stable.kv_cache_memory and canary.model == stable.model
+
+
+BAD_RULES = {
+    "unknown_metric": "rules:\n  - {metric: latency, max_ratio: 1.5}\n",
+    "backend": "rules:\n  - {metric: ttft_p99, max_ratio: 1.5, source: backend}\n",
+    "short_window": "window: 5s\nrules:\n  - {metric: ttft_p99, max_ratio: 1.5}\n",
+}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--canary-plan", PLAN], "--canary-plan, --canary-rules, --canary-replicas"),
+    (["--canary-image", "tally:0.2.0", "--canary-plan", PLAN], "a canary needs --canary-plan"),
+    (["--canary", "--max-num-seqs 32", "--canary-rules", "{rules}"], "a canary needs --canary-plan"),
+    (["--canary-image", "tally:0.1.0", "--canary-plan", PLAN, "--canary-rules", "{rules}"],
+     "the canary would run what the stable pods run"),
+    (_canary("/no/such/rules.yaml"), "--rules /no/such/rules.yaml: cannot read it"),
+    (_canary("{unknown_metric}"), "unknown metric 'latency'"),
+    (_canary("{backend}"), "source: backend"),
+    (_canary("{short_window}", "--canary-eval-interval", "10s"), "shorter than --eval-interval"),
+    (["--canary-image", "tally:0.2.0", "--canary-plan", "5%:2h,50%", "--canary-rules", "{rules}"],
+     "must end with a bare 100%"),
+    (["--canary", "--max-model-len 4096", "--canary-plan", PLAN, "--canary-rules", "{rules}"],
+     "--canary cannot set --max-model-len"),
+    (["--canary=--kv-cache-mem=1GB", "--canary-plan", PLAN, "--canary-rules", "{rules}"],
+     "--canary cannot set --kv-cache-memory"),
+    (["--canary", "--chat-template 'unclosed", "--canary-plan", PLAN, "--canary-rules", "{rules}"],
+     "cannot be split into flags"),
+    (_canary("{rules}", "--canary-replicas", "3"), "--canary-replicas 3 is above the autoscaler's ceiling (2"),
+    (_canary("{rules}", "--name", "t" * 60), "too long for a canary"),
+])
+def test_bad_canary_options_are_refused_before_any_manifest_is_written(tmp_path, rules, capsys, args, message):
+    for name, text in BAD_RULES.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    paths = {"rules": rules, **{name: tmp_path / f"{name}.yaml" for name in BAD_RULES}}
+    out = tmp_path / "k8s"
+    assert main(["deploy", "k8s", *(a.format(**paths) for a in args), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
+    assert not out.exists()

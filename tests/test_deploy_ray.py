@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
+import shlex
 import shutil
 import socket
 import tempfile
@@ -23,6 +24,7 @@ from support.tiny_models import make_checkpoint
 
 from tally.deploy.ray_forward import prompt_prefix
 from tally.errors import ConfigError
+from tally.server.app_args import allowed_hosts
 from tally.server.cli import parse_args
 from tally.server.process import ServerProcess
 
@@ -56,6 +58,7 @@ def poll(read: Callable[[], object], done: Callable[[object], bool], what: str, 
     (["--ray", "--cpu-affinity", "0"], "--cpu-affinity would pin every replica"),
     (["--ray", "--tensor-parallel-size", "2"], "each replica one process"),
     (["--ray", "--pipeline-parallel-size", "2"], "each replica one process"),
+    (["--ray", "--header-timeout", "5"], "--header-timeout cannot apply under --ray: Ray's HTTP proxy accepts"),
 ])
 def test_bad_ray_options_are_refused_with_what_to_write(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -80,6 +83,8 @@ def test_the_serve_run_config_in_the_docs_is_accepted():
     (app,) = config.applications
     assert app.import_path == "tally.deploy.ray_app:build_app"
     assert isinstance(build_app(app.args), serve.Application)
+    ns = parse_args(["--ray", *shlex.split(app.args["cli"])])
+    assert allowed_hosts(ns.allowed_hosts, ns.host) == ("*",)  # the proxy is on 0.0.0.0: clients use any name
 
 
 @pytest.mark.parametrize("body, prefix", [
@@ -191,6 +196,12 @@ class TestTwoReplicas:
         chat(url, "hello")
         assert len(replica_gauges(url)) == 2
         assert replica_gauges(url, "tally:request_success") != {}
+
+    def test_metrics_refuse_a_host_outside_the_allow_list_as_the_replicas_do(self, url):
+        rebound = {"Host": "rebound.example"}  # a page whose domain an attacker pointed at this loopback proxy
+        metrics, models = (httpx.get(url + path, headers=rebound, timeout=30) for path in ("/metrics", "/v1/models"))
+        assert (metrics.status_code, metrics.text) == (models.status_code, models.text) == (400, "Invalid host header")
+        assert httpx.get(url + "/metrics", headers={"Host": "localhost"}, timeout=30).status_code == 200
 
     def test_a_killed_replica_is_replaced_and_no_unstarted_request_is_lost(self, url):
         with concurrent.futures.ThreadPoolExecutor(6) as pool:

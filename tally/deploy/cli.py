@@ -8,8 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from tally.deploy.k8s_config import DTYPES, KV_CACHE_DTYPES, METRICS_PREFIXES, K8sConfig
+from tally.deploy.k8s_canary import CanaryRollout
+from tally.deploy.k8s_config import CANARY, DTYPES, KV_CACHE_DTYPES, METRICS_PREFIXES, STABLE, K8sConfig
 from tally.deploy.k8s_manifests import adapter_values, hpa_metric, manifests
+from tally.deploy.k8s_pod import PORT
 from tally.deploy.k8s_sizing import size_pod
 from tally.errors import TallyError
 from tally.units import parse_bytes, parse_pairs
@@ -17,8 +19,18 @@ from tally.units import parse_bytes, parse_pairs
 EPILOG = """examples:
   tally deploy k8s --replicas 2 --out k8s/ && kubectl apply -f k8s/
   tally deploy k8s --model Llama-3.2-1B --model-pvc models --max-model-len 8192 --cpus 8 | kubectl apply -f -
+  tally deploy k8s --replicas 2 --canary-image tally:0.2.0 --canary-plan 5%:2h,20%:2h,100% \
+      --canary-rules rules.yaml --out k8s/          # a canary behind the tally route router, judged by rules.yaml
 """
 ADAPTER_FILE = "prometheus-adapter/values.yaml"  # a folder down: `kubectl apply -f DIR` does not descend into it
+
+
+class ManifestDumper(yaml.SafeDumper):
+    """Text of several lines (the router's rules file in its ConfigMap) as a YAML block, readable as written."""
+
+
+ManifestDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--drain-timeout", type=int, default=K8sConfig.drain_timeout_s,
                    help="seconds running requests may finish after SIGTERM (default %(default)s)")
     k.add_argument("--out", type=Path, help="folder to write one file per object to (default: all to stdout)")
+    c = k.add_argument_group("canary release behind the `tally route` router (docs/deploy.md)")
+    c.add_argument("--canary", metavar="FLAGS",
+                   help="tally serve flags for the canary's pods, after the stable pods' own (e.g. '--max-num-seqs "
+                        "32'; one word as --canary=--flag); the router in front takes the Service name --name")
+    c.add_argument("--canary-image", metavar="IMAGE", help="the canary pods' image (default: --image)")
+    c.add_argument("--canary-replicas", type=int, help="canary pods to start with; its autoscaler's floor (default 1)")
+    c.add_argument("--canary-plan", metavar="PLAN", help="tally route --plan: weights and how long each must hold, "
+                                                          "e.g. 5%%:2h,20%%:2h,50%%:2h,100%%")
+    c.add_argument("--canary-rules", type=Path, metavar="FILE",
+                   help="tally route --rules: the rollback rules (YAML), checked now and put in a ConfigMap")
+    c.add_argument("--canary-eval-interval", metavar="DURATION", help="tally route --eval-interval (default 5s)")
+    c.add_argument("--canary-sticky-header", metavar="NAME", help="tally route --sticky-header, e.g. X-Session-Id")
     return p
 
 
@@ -73,7 +97,9 @@ def config_from_args(ns: argparse.Namespace) -> K8sConfig:
         reserve_bytes=parse_bytes(ns.reserve, what="--reserve"), model_pvc=ns.model_pvc,
         metrics_prefix=ns.metrics_prefix, target_waiting=ns.target_waiting,
         startup_timeout_s=ns.startup_timeout, drain_timeout_s=ns.drain_timeout, api_key_secret=ns.api_key_secret,
-        monitor_labels=tuple(labels.items()))
+        monitor_labels=tuple(labels.items()),
+        canary=CanaryRollout.from_args(ns.canary, ns.canary_image, ns.canary_replicas, ns.canary_plan,
+                                       ns.canary_rules, ns.canary_eval_interval, ns.canary_sticky_header))
 
 
 def main(argv: list[str]) -> int:
@@ -81,26 +107,31 @@ def main(argv: list[str]) -> int:
     try:
         config = config_from_args(ns)
         sizing = size_pod(config)
+        docs = manifests(config, sizing)
     except TallyError as exc:
         print(f"tally deploy {ns.target}: {exc.message}", file=sys.stderr)
         return 2
     header = f"# written by: tally deploy {shlex.join(argv)}\n"
-    docs = manifests(config, sizing)
     adapter = (f"the autoscaler reads {hpa_metric(config)}, which the Prometheus adapter makes of what the "
                "PodMonitor scrapes")
+    summary = sizing.summary()
+    if config.canary is not None:
+        summary += (f"\nclients use Service {config.name} (port {PORT}): the tally route router, which sends the "
+                    f"canary ({config.name}-{CANARY}) its share of new requests and the rest to the stable pods "
+                    f"({config.name}-{STABLE})")
     if ns.out is None:
-        sys.stdout.write(header + yaml.safe_dump_all(docs, sort_keys=False))
-        print(f"{sizing.summary()}\n{adapter}: --out DIR writes the adapter's rule too (docs/deploy.md)",
-              file=sys.stderr)
+        sys.stdout.write(header + yaml.dump_all(docs, Dumper=ManifestDumper, sort_keys=False))
+        print(f"{summary}\n{adapter}: --out DIR writes the adapter's rule too (docs/deploy.md)", file=sys.stderr)
         return 0
     if ns.out.exists() and not ns.out.is_dir():
         print(f"tally deploy {ns.target}: --out {ns.out} is a file; give a folder", file=sys.stderr)
         return 2
     (ns.out / ADAPTER_FILE).parent.mkdir(parents=True, exist_ok=True)
     for doc in docs:
-        (ns.out / f"{config.name}-{doc['kind'].lower()}.yaml").write_text(header + yaml.safe_dump(doc, sort_keys=False))
+        path = ns.out / f"{doc['metadata']['name']}-{doc['kind'].lower()}.yaml"
+        path.write_text(header + yaml.dump(doc, Dumper=ManifestDumper, sort_keys=False))
     (ns.out / ADAPTER_FILE).write_text(header + yaml.safe_dump(adapter_values(config), sort_keys=False))
-    print(f"{sizing.summary()}\nwrote {len(docs)} manifests to {ns.out} (kubectl apply -f {ns.out}); {adapter}: "
+    print(f"{summary}\nwrote {len(docs)} manifests to {ns.out} (kubectl apply -f {ns.out}); {adapter}: "
           f"its rule is {ns.out / ADAPTER_FILE} (helm upgrade prometheus-adapter "
           "prometheus-community/prometheus-adapter -f that file)")
     return 0

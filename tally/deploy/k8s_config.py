@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from tally.deploy.k8s_canary import CanaryRollout
 from tally.errors import ConfigError
 from tally.models.registry import DEFAULT_MODEL
 from tally.units import GiB
@@ -19,6 +20,9 @@ DTYPES = ("float32", "bfloat16", "float16")  # tally serve --dtype's choices but
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 _DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+# With a canary, the deployment's parts take NAME-suffix names: the stable pods' Service, the canary's objects and the
+# router's; the entry Service keeps NAME.
+STABLE, CANARY, ROUTE = "stable", "canary", "route"
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,8 @@ class K8sConfig:
     drain_timeout_s: int = 30  # tally serve --drain-timeout: running requests finish after SIGTERM
     api_key_secret: str | None = None  # a Secret whose `api-key` becomes TALLY_API_KEY
     monitor_labels: tuple[tuple[str, str], ...] = ()  # labels the Prometheus Operator selects PodMonitors by
+    serve_flags: tuple[str, ...] = ()  # tally serve flags after the ones written for the pod: the canary's
+    canary: CanaryRollout | None = None  # a canary beside these pods, and the `tally route` router in front
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -69,10 +75,27 @@ class K8sConfig:
         _check(_DNS_1123, "--namespace", self.namespace, 63)
         _check(_SUBDOMAIN, "--model-pvc", self.model_pvc, 253)
         _check(_SUBDOMAIN, "--api-key-secret", self.api_key_secret, 253)
+        if self.canary is not None:
+            self._check_canary(self.canary)
+
+    def _check_canary(self, canary: CanaryRollout) -> None:
+        if max(len(f"{self.name}-{part}") for part in (STABLE, CANARY, ROUTE)) > 63:
+            raise ConfigError(f"--name {self.name!r} is too long for a canary: its parts are named NAME-{STABLE}, "
+                              f"NAME-{CANARY} and NAME-{ROUTE}, at most 63 characters each")
+        if not canary.serve_flags and canary.image in (None, self.image):
+            raise ConfigError("the canary would run what the stable pods run: give it other tally serve flags "
+                              "(--canary '--max-num-seqs 32') or another image (--canary-image)")
+        if canary.replicas > self.hpa_max_replicas:
+            raise ConfigError(f"--canary-replicas {canary.replicas} is above the autoscaler's ceiling "
+                              f"({self.hpa_max_replicas}, --max-replicas), which the canary's autoscaler shares")
 
     @property
     def hpa_max_replicas(self) -> int:
         return self.max_replicas if self.max_replicas is not None else 2 * self.replicas
+
+    def part(self, suffix: str, **changes: object) -> K8sConfig:
+        """The same deployment's other part (the canary's pods, the router): its objects named NAME-suffix."""
+        return replace(self, name=f"{self.name}-{suffix}", canary=None, **changes)
 
 
 def _check(pattern: re.Pattern, flag: str, value: str | None, max_len: int) -> None:

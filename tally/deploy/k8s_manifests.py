@@ -1,10 +1,12 @@
 """The objects `tally deploy k8s` writes: Deployment, Service, HorizontalPodAutoscaler on the waiting queue,
 PodMonitor for the Prometheus Operator, and the Prometheus adapter rule that turns the scraped series into the
-autoscaler's metric."""
+autoscaler's metric. With a canary, the same four for the canary's pods, and the `tally route` router in front of
+both (tally/deploy/k8s_router.py), whose Service takes the name clients already use."""
 from __future__ import annotations
 
-from tally.deploy.k8s_config import METRICS_PREFIXES, K8sConfig
+from tally.deploy.k8s_config import CANARY, METRICS_PREFIXES, ROUTE, STABLE, K8sConfig
 from tally.deploy.k8s_pod import PORT, PORT_NAME, pod_template, selector_labels
+from tally.deploy.k8s_router import RULES_FILE, router_pod_template
 from tally.deploy.k8s_sizing import PodSizing
 from tally.version import __version__
 
@@ -23,7 +25,21 @@ def hpa_metric(config: K8sConfig) -> str:
 
 
 def manifests(config: K8sConfig, sizing: PodSizing) -> list[dict]:
-    return [_service(config), _deployment(config, sizing), _autoscaler(config), _pod_monitor(config)]
+    if config.canary is None:
+        return [_service(config), *_pods(config, sizing)]
+    rollout = config.canary
+    canary = config.part(CANARY, image=rollout.image or config.image, replicas=rollout.replicas,
+                         max_replicas=config.hpa_max_replicas, serve_flags=rollout.serve_flags)
+    route = config.part(ROUTE)
+    return [
+        # first, so `kubectl apply -f -` has it before the router's pod mounts it
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(route),
+         "data": {RULES_FILE: rollout.rules_yaml}},
+        # the entry point keeps the name clients use without a canary; the stable pods' Service moves aside
+        _service(route, config.name), _service(config, f"{config.name}-{STABLE}"), *_pods(config, sizing),
+        _service(canary), *_pods(canary, sizing),
+        _router_deployment(config, route), _pod_monitor(route),
+    ]
 
 
 def adapter_values(config: K8sConfig) -> dict:
@@ -37,17 +53,22 @@ def adapter_values(config: K8sConfig) -> dict:
     }]}}
 
 
-def _metadata(config: K8sConfig, **extra: dict) -> dict:
+def _metadata(config: K8sConfig, name: str | None = None, **extra: dict) -> dict:
     labels = {**selector_labels(config), "app.kubernetes.io/version": __version__,
               "app.kubernetes.io/managed-by": "tally-deploy"}
-    out = {"name": config.name, "labels": labels, **extra}
+    out = {"name": name or config.name, "labels": labels, **extra}
     if config.namespace is not None:
         out["namespace"] = config.namespace
     return out
 
 
-def _service(config: K8sConfig) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(config),
+def _pods(config: K8sConfig, sizing: PodSizing) -> list[dict]:
+    return [_deployment(config, sizing), _autoscaler(config), _pod_monitor(config)]
+
+
+def _service(config: K8sConfig, name: str | None = None) -> dict:
+    """A Service (named `name`, else as `config`) in front of `config`'s pods."""
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(config, name),
             "spec": {"type": "ClusterIP", "selector": selector_labels(config),
                      "ports": [{"name": PORT_NAME, "port": PORT, "targetPort": PORT_NAME, "protocol": "TCP"}]}}
 
@@ -62,6 +83,20 @@ def _deployment(config: K8sConfig, sizing: PodSizing) -> dict:
             # a new pod serves only once its model is loaded: keep every old one until then
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "template": pod_template(config, sizing),
+        },
+    }
+
+
+def _router_deployment(config: K8sConfig, route: K8sConfig) -> dict:
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(route),
+        "spec": {
+            # One router: each runs its own canary controller, on the responses it alone saw.
+            "replicas": 1,
+            "selector": {"matchLabels": selector_labels(route)},
+            # the entry point stays up while a new router starts (its plan starts over, as after any restart)
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": router_pod_template(config, route),
         },
     }
 

@@ -5,8 +5,9 @@
       cli: --model smollm2-135m --autoscale 1:4 --max-num-seqs 16
       upscale_delay_s: 10
 
-`cli` is a `tally serve` command line (--ray implied; --host/--port are the config's http_options); the other
-keys are RayServeOptions fields (tally/server/ray_flags.py)."""
+`cli` is a `tally serve` command line (--ray implied; where Ray's proxy listens is the config's http_options, and
+cli's --host sets only the Host allow-list's default, as in tally serve: loopback names for a loopback --host);
+the other keys are RayServeOptions fields (tally/server/ray_flags.py)."""
 from __future__ import annotations
 
 import contextlib

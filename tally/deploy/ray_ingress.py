@@ -5,15 +5,17 @@ forwards it to an engine replica through a handle whose router sees the prompt's
 Ray re-routes a request whose replica is gone before it accepts it; one accepted by a replica that then dies
 fails at the handle. The client has seen nothing until the replica's first body bytes (the response start is held
 back until then), so such a request is sent again, to a live replica, up to max_attempts times. GET /metrics is
-answered here: every replica's series, merged (tally/deploy/ray_metrics.py)."""
+answered here: every replica's series, merged (tally/deploy/ray_metrics.py), for a Host the replicas would serve."""
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
@@ -30,15 +32,18 @@ METRICS_TIMEOUT_S = 5.0  # a replica that does not answer within this is left ou
 
 
 class OpenAiIngress:
-    def __init__(self, server: DeploymentHandle, max_body_bytes: int, affinity_chars: int, max_attempts: int) -> None:
+    def __init__(self, server: DeploymentHandle, max_body_bytes: int, allowed_hosts: tuple[str, ...],
+                 affinity_chars: int, max_attempts: int) -> None:
+        """`allowed_hosts`: what each replica's app serves (tally/server/app_args.py:allowed_hosts)."""
         self.server = server
         self.streams = server.options(stream=True)
-        self.max_body_bytes, self.affinity_chars, self.max_attempts = max_body_bytes, affinity_chars, max_attempts
+        self.max_body_bytes, self.allowed_hosts = max_body_bytes, allowed_hosts
+        self.affinity_chars, self.max_attempts = affinity_chars, max_attempts
 
     async def __call__(self, request: Request) -> Response:
         path = request.scope["path"][len(request.scope.get("root_path", "")):] or "/"  # the app's own routes
         if request.method == "GET" and path == "/metrics":
-            return await self.metrics()
+            return HostChecked(self.allowed_hosts, self.metrics)
         try:
             body = await read_body(request, self.max_body_bytes)
         except TallyError as exc:
@@ -66,6 +71,22 @@ class OpenAiIngress:
                                                                                 return_exceptions=True)
         return Response(merge_metrics(r for r in results if not isinstance(r, BaseException)),
                         media_type=CONTENT_TYPE_LATEST)
+
+
+class HostChecked(Response):
+    """`respond()`'s response, for a Host the replicas serve; the check is the middleware a single `tally serve`
+    puts in front of its app (tally/server/app.py), with the same list, so any other Host gets the same 400 and is
+    asked nothing of the replicas."""
+
+    def __init__(self, allowed_hosts: tuple[str, ...], respond: Callable[[], Awaitable[Response]]) -> None:
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            await (await respond())(scope, receive, send)
+
+        self.app = TrustedHostMiddleware(app, allowed_hosts=list(allowed_hosts))  # "*": every Host
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 async def _head(messages: DeploymentResponseGenerator) -> list[Message]:

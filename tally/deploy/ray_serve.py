@@ -19,6 +19,7 @@ from tally.deploy.ray_router import PrefixAffinityRouter
 from tally.deploy.ray_server import LLMServer
 from tally.engine.args import config_from_args
 from tally.errors import TallyError
+from tally.server.app_args import allowed_hosts
 from tally.server.ray_flags import RayServeOptions, ray_options
 
 log = logging.getLogger("tally.deploy")
@@ -51,7 +52,8 @@ def application(ns: argparse.Namespace, options: RayServeOptions) -> Application
     # The ingress only moves bytes: no CPU reserved, so replicas get the cluster's CPUs.
     ingress = serve.deployment(OpenAiIngress).options(ray_actor_options={"num_cpus": 0},
                                                       max_ongoing_requests=ns.max_connections)
-    return ingress.bind(server.bind(replica_ns), ns.max_body_bytes, options.affinity_chars, options.max_attempts)
+    return ingress.bind(server.bind(replica_ns), ns.max_body_bytes, allowed_hosts(ns.allowed_hosts, ns.host),
+                        options.affinity_chars, options.max_attempts)
 
 
 def serve_on_ray(ns: argparse.Namespace) -> int:

@@ -80,6 +80,10 @@ def check_ray_args(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
     if ns.cpu_affinity is not None:
         p.error("--cpu-affinity would pin every replica on a node to the same CPUs; under --ray, Ray places the "
                 "replicas and each reserves --threads CPUs")
+    if ns.header_timeout != p.get_default("header_timeout"):
+        p.error("--header-timeout cannot apply under --ray: Ray's HTTP proxy accepts the connections, and it takes "
+                "no deadline for a request's headers; leave the flag out, and set such a deadline on the load "
+                "balancer in front of Ray's proxies")
     if ns.tensor_parallel_size != 1 or ns.pipeline_parallel_size != 1:
         p.error("--tensor-parallel-size and --pipeline-parallel-size start processes Ray does not place; under --ray "
                 "scale out with --replicas or --autoscale, each replica one process")
