@@ -1,6 +1,7 @@
 """`tally route --canary` in front of real `tally serve` replicas, with plan steps of seconds: an identical canary
 is walked to 100%, one that truncates its answers is rolled back at the first evaluation that has enough samples,
-no request is lost either way, and the audit log says why each step happened. Byte-for-byte streaming is pinned
+no request is lost either way, and the audit log says why each step happened — from the proxy's measurements
+and, as a second source, from each replica's own /metrics. Byte-for-byte streaming is pinned
 against an in-process upstream whose bytes are fixed (a real server's event boundaries vary with timing). Bad plans
 and rules files are refused before the proxy starts.
 
@@ -37,6 +38,11 @@ rules:
   - {metric: error_rate, max_increase: 0}
   - {metric: mean_output_tokens, min_ratio: 0.8}
   - {metric: length_share, max_increase: 5%}
+"""
+BACKEND_RULES = """\
+  - {metric: mean_output_tokens, min_ratio: 0.8, source: backend}
+  - {metric: length_share, max_increase: 5%, source: backend}
+  - {metric: error_rate, max_increase: 0, source: backend}
 """
 
 
@@ -129,7 +135,7 @@ def _audit(tmp_path: Path) -> list[dict]:
 
 def test_an_identical_canary_is_walked_to_100_percent_and_no_request_is_lost(servers, tmp_path):
     stable, twin, _ = servers
-    with _router(stable, twin, tmp_path, "30%:2s,60%:2s,100%") as router:
+    with _router(stable, twin, tmp_path, "30%:2s,60%:2s,100%", rules=RULES + BACKEND_RULES) as router:
         with Traffic(router.base_url) as traffic:
             status = _wait_until_decided(router)
         audit = _audit(tmp_path)
@@ -143,10 +149,16 @@ def test_an_identical_canary_is_walked_to_100_percent_and_no_request_is_lost(ser
         assert (advance["weight"], advance["next_weight"], done["weight"], done["next_weight"]) == (0.3, 0.6, 0.6, 1)
         for record in (advance, done):  # the figures behind the decision: both sides, every rule held
             assert all(r["verdict"] == "held" for r in record["rules"]), record
+            assert {r["source"] for r in record["rules"]} == {"proxy", "backend"}
             for side in ("canary", "stable"):
                 figures = record["sides"][side]
                 assert figures["requests"] >= 5 and figures["errors"] == 0 and figures["length_share"] == 1.0
                 assert figures["ttft_p99_s"] > 0 and figures["tpot_p99_s"] > 0 and figures["mean_output_tokens"] > 0
+                backend = record["backend"][side]  # the same window, from the replica's own /metrics
+                assert backend["prefix"] == "tally:" and backend["replicas"] == [(twin if side == "canary"
+                                                                                   else stable).url]
+                assert backend["requests"] >= 5 and backend["errors"] == 0 and backend["length_share"] == 1.0
+                assert backend["ttft_p99_s"] > 0 and backend["mean_output_tokens"] > 0
 
         before = _served(router)
         client = openai.OpenAI(base_url=router.base_url, api_key="x", max_retries=0)
@@ -159,9 +171,11 @@ def test_an_identical_canary_is_walked_to_100_percent_and_no_request_is_lost(ser
         assert 'tally_route_canary_decisions_total{decision="done"} 1.0' in metrics
 
 
-def test_a_canary_that_truncates_is_rolled_back_and_then_gets_no_traffic(servers, tmp_path):
+@pytest.mark.parametrize("source", ["proxy", "backend"])
+def test_a_canary_that_truncates_is_rolled_back_and_then_gets_no_traffic(servers, tmp_path, source):
     stable, _, short = servers
-    with _router(stable, short, tmp_path, "50%:1h,100%", "--sticky-header", "X-Session-Id") as router:
+    rules = RULES if source == "proxy" else RULES.replace("min_ratio: 0.8}", "min_ratio: 0.8, source: backend}")
+    with _router(stable, short, tmp_path, "50%:1h,100%", "--sticky-header", "X-Session-Id", rules=rules) as router:
         with Traffic(router.base_url, sticky=True) as traffic:
             status = _wait_until_decided(router)
             assert status["phase"] == "rolled_back", _audit(tmp_path)[-3:]
@@ -177,10 +191,11 @@ def test_a_canary_that_truncates_is_rolled_back_and_then_gets_no_traffic(servers
         assert set(decisions[1:-1]) <= {"hold"}
         rollback = audit[-1]
         assert rollback["next_weight"] == 0.0 and status["weight"] == 0.0
-        assert rollback["reason"].startswith("mean_output_tokens: canary") and status["reason"] == rollback["reason"]
+        name = "mean_output_tokens" + (" (backend)" if source == "backend" else "")
+        assert rollback["reason"].startswith(f"{name}: canary") and status["reason"] == rollback["reason"]
         verdicts = {r["metric"]: r["verdict"] for r in rollback["rules"]}
         assert verdicts == {"error_rate": "held", "mean_output_tokens": "broken", "length_share": "held"}
-        sides = rollback["sides"]
+        sides = rollback["sides" if source == "proxy" else "backend"]
         assert sides["canary"]["mean_output_tokens"] < 0.8 * sides["stable"]["mean_output_tokens"]
         metrics = httpx.get(router.url + "/metrics").text
         assert "tally_route_canary_weight_ratio 0.0" in metrics
@@ -236,9 +251,11 @@ def test_streams_pass_through_byte_for_byte_and_are_measured_on_the_way(tmp_path
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # the next evaluation reads what the proxy saw of the six streams
             last = httpx.get(router.url + "/router/canary").json()["last_decision"]
-            if last["decision"] == "hold" and last["sides"]["canary"]["requests"] == 3:
+            if last["decision"] == "hold" and all(last["sides"][s]["requests"] == 3 for s in ("canary", "stable")):
                 break
             time.sleep(0.1)
+        # no /metrics behind either side: nothing from that source, and the proxy's figures are unaffected
+        assert "/metrics answered 404" in last["backend"]["canary"]["no_data"]
         for side in ("canary", "stable"):
             assert last["sides"][side] | {"ttft_p99_s": 0, "tpot_p99_s": 0} == {
                 "requests": 3, "errors": 0, "error_rate": 0.0, "ttft_samples": 3, "ttft_p99_s": 0, "tpot_samples": 3,
@@ -252,13 +269,20 @@ def test_streams_pass_through_byte_for_byte_and_are_measured_on_the_way(tmp_path
     (["--canary", "http://127.0.0.1:2", "--plan", "50%:1h,20%:1h,100%", "--rules", "{rules}"], "must rise"),
     (["--canary", "http://127.0.0.1:2", "--plan", "5%:1x,100%", "--rules", "{rules}"], "is not a duration"),
     (["--canary", "http://127.0.0.1:2", "--plan", "5%:1h,100%", "--rules", "{bad_rules}"], "unknown metric"),
+    (["--canary", "http://127.0.0.1:2", "--plan", "5%:1h,100%", "--rules", "{bad_source}"],
+     "source 'metrics' is not one of proxy, backend"),
+    (["--canary", "http://127.0.0.1:2", "--plan", "5%:1h,100%", "--rules", "{bad_floor}"],
+     "min_delta_ms must be a number of milliseconds"),
     (["--canary", "http://127.0.0.1:1", "--plan", "5%:1h,100%", "--rules", "{rules}"], "both a --replica"),
     (["--plan", "5%:1h,100%", "--rules", "{rules}"], "go with --canary"),
 ])
 def test_the_route_command_refuses_a_canary_it_could_not_roll_back(tmp_path, capsys, args, says):
     (tmp_path / "rules.yaml").write_text(RULES)
     (tmp_path / "bad.yaml").write_text("rules: [{metric: latency, max_ratio: 2}]")
-    paths = {"missing": tmp_path / "nope.yaml", "rules": tmp_path / "rules.yaml", "bad_rules": tmp_path / "bad.yaml"}
+    (tmp_path / "source.yaml").write_text("rules: [{metric: ttft_p99, max_ratio: 2, source: metrics}]")
+    (tmp_path / "floor.yaml").write_text("rules: [{metric: ttft_p99, max_ratio: 2, min_delta_ms: 5ms}]")
+    paths = {"missing": tmp_path / "nope.yaml", "rules": tmp_path / "rules.yaml", "bad_rules": tmp_path / "bad.yaml",
+             "bad_source": tmp_path / "source.yaml", "bad_floor": tmp_path / "floor.yaml"}
     with pytest.raises(SystemExit) as exit_:
         route_cli.main(["--replica", "http://127.0.0.1:1", *(a.format(**paths) for a in args)])
     assert exit_.value.code == 2

@@ -4,6 +4,8 @@ holds, advances and rolls back on a clock the test turns."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -11,7 +13,17 @@ from prometheus_client import CollectorRegistry
 from tally.errors import ConfigError
 from tally.ops.canary import CANARY, STABLE, Canary, CanaryConfig
 from tally.ops.canary_plan import PlanStep, parse_plan
-from tally.ops.canary_rules import BROKEN, HELD, TOO_FEW, CanaryRules, Rule, Sample, figures, judge, load_rules
+from tally.ops.canary_rules import (
+    BROKEN,
+    HELD,
+    TOO_FEW,
+    CanaryRules,
+    Rule,
+    Sample,
+    figures,
+    judge,
+    load_rules,
+)
 from tally.ops.response_meter import ResponseMeter
 
 EXAMPLE_RULES = """\
@@ -77,6 +89,74 @@ def test_a_bad_rules_file_is_refused_with_what_to_write(tmp_path, text, says):
     path.write_text(text)
     with pytest.raises(ConfigError, match=says):
         load_rules(path)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("rules: [{metric: ttft_p99, max_ratio: 2, source: server}]", "source 'server' is not one of proxy, backend"),
+    ("rules: [{metric: ttft_p99, max_ratio: 2, source: [proxy]}]", "is not one of proxy, backend"),
+    ("rules: [{metric: error_rate, max_increase: 1%, min_delta_ms: 5}]", "min_delta_ms is a latency rule's floor"),
+    ("rules: [{metric: ttft_p99, max_ratio: 2, min_delta_ms: -1}]", "min_delta_ms must be a number of milliseconds"),
+    ("rules: [{metric: ttft_p99, max_ratio: 2, min_delta_ms: 10ms}]", "min_delta_ms must be a number of milliseconds"),
+    ("rules: [{metric: tpot_p99, max_ratio: 2, min_delta_ms: .nan}]", "min_delta_ms must be a number of milliseconds"),
+    ("rules: [{metric: tpot_p99, max_ratio: 2, min_delta_ms: true}]", "min_delta_ms must be a number of milliseconds"),
+    ("rules: [{metric: tpot_p99, source: backend}]", "takes exactly one threshold, max_ratio"),
+])
+def test_a_bad_source_or_floor_is_refused_at_start(tmp_path, text, says):
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=says):
+        load_rules(path)
+
+
+def test_sources_and_floors_are_read_with_their_defaults(tmp_path):
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n"
+                    "  - {metric: ttft_p99, max_ratio: 1.3}\n"
+                    "  - {metric: tpot_p99, max_ratio: 1.3, source: backend, min_delta_ms: 0}\n"
+                    "  - {metric: ttft_p99, max_ratio: 1.3, source: proxy, min_delta_ms: 25}\n"
+                    "  - {metric: length_share, max_increase: 5%, source: backend}\n")
+    rules = load_rules(path).rules
+    assert [(r.source, r.floor_s) for r in rules] == [
+        ("proxy", 0.010), ("backend", 0.0), ("proxy", 0.025), ("backend", None)]
+    assert load_rules(path).reads_backends
+    assert rules[0].describe() == {"metric": "ttft_p99", "source": "proxy", "max_ratio": 1.3, "min_delta_ms": 10.0}
+    assert rules[3].describe() == {"metric": "length_share", "source": "backend", "max_increase": 0.05}
+
+
+def _latency(n: int, ttft_s: float, tpot_s: float) -> list[Sample]:
+    return [Sample(0.0, False, ttft_s, tpot_s, 40, ("stop",)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("rule, canary_ms, stable_ms, verdict", [
+    # The issue's case: 3 ms against 2 ms is 1.5 x, but 1 ms is no regression anyone feels.
+    (Rule("ttft_p99", 1.3), 3, 2, HELD),
+    (Rule("ttft_p99", 1.3), 11.9, 2, HELD),  # within the 10 ms default floor
+    (Rule("ttft_p99", 1.3), 12.5, 2, BROKEN),  # worse by the ratio and by more than the floor
+    (Rule("ttft_p99", 1.3), 125, 100, HELD),  # worse by more than the floor, not by the ratio
+    (Rule("ttft_p99", 1.3), 131, 100, BROKEN),
+    (Rule("tpot_p99", 1.3), 3, 2, HELD),  # 2 ms default floor for TPOT
+    (Rule("tpot_p99", 1.3), 4.5, 2, BROKEN),
+    (Rule("tpot_p99", 1.3, min_delta_s=0.0), 3, 2, BROKEN),  # min_delta_ms: 0 — the ratio alone
+    (Rule("ttft_p99", 1.3, min_delta_s=0.05), 140, 100, HELD),
+])
+def test_a_latency_rule_breaks_only_past_its_ratio_and_its_floor(rule, canary_ms, stable_ms, verdict):
+    def side(ms: float):
+        ttft_s, tpot_s = (ms / 1000, 0.01) if rule.metric == "ttft_p99" else (0.1, ms / 1000)
+        return figures(_latency(30, ttft_s, tpot_s))
+
+    (judged,) = judge(CanaryRules((rule,), min_samples=20), side(canary_ms), side(stable_ms))
+    assert judged.verdict == verdict, judged.explain()
+    assert judged.limit == pytest.approx(max(stable_ms * 1.3, stable_ms + rule.floor_s * 1000) / 1000)
+    assert f"min_delta {rule.floor_s * 1000:g} ms" in judged.explain()
+
+
+def test_the_rules_file_in_the_docs_loads(tmp_path):
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)
+    assert blocks, "docs/operations.md shows no rules file"
+    for block in blocks:
+        (tmp_path / "rules.yaml").write_text(block)
+        assert load_rules(tmp_path / "rules.yaml").rules
 
 
 def test_a_missing_rules_file_asks_for_the_rollback_rules(tmp_path):
@@ -149,6 +229,9 @@ def test_the_meter_reads_a_json_body_and_calls_errors_errors():
     meter.feed(body[5:], 0.2)
     assert meter.sample(0.3, broken=False) == Sample(0.3, False, None, None, 2, ("stop",))
     assert ResponseMeter(0.0, 503, "application/json", None).sample(1.0, broken=False).error
+    refused = ResponseMeter(0.0, 400, "application/json", None)  # the client's mistake, not the replica's error
+    refused.feed(b'{"error": {"message": "prompt too long", "code": 400}}', 0.1)
+    assert refused.sample(0.2, broken=False) == Sample(0.2, False)
     broken = ResponseMeter(0.0, 200, "text/event-stream", None)
     broken.feed(b'data: {"error": {"message": "engine died"}}\n\n', 0.1)
     assert broken.sample(0.2, broken=False).error
@@ -191,8 +274,12 @@ def test_a_step_advances_only_after_its_rules_held_for_its_whole_duration(tmp_pa
     done = _audit(tmp_path)[-1]
     assert done["weight"] == 0.5 and done["next_weight"] == 1.0
     assert done["sides"]["canary"]["mean_output_tokens"] == 40.0
-    assert done["rules"][0] == {"metric": "mean_output_tokens", "min_ratio": 0.8, "canary": 40.0, "stable": 40.0,
-                                "limit": 32.0, "samples": {"canary": 15, "stable": 15}, "verdict": "held"}
+    assert done["rules"][0] == {"metric": "mean_output_tokens", "source": "proxy", "min_ratio": 0.8, "canary": 40.0,
+                                "stable": 40.0, "limit": 32.0, "samples": {"canary": 15, "stable": 15},
+                                "verdict": "held"}
+    # no backend was scraped: recorded as such, and no rule read it
+    assert done["backend"] == {"canary": {"no_data": "http://canary: not scraped yet"},
+                               "stable": {"no_data": "no backend on this side"}}
 
 
 def test_a_broken_rule_rolls_back_at_once_and_the_canary_gets_nothing_after(tmp_path):

@@ -1,9 +1,11 @@
 """The canary controller: which side each new request goes to, and — every evaluation interval — whether the
-current step holds, advances or rolls back, judged on the same window of both sides' responses.
+current step holds, advances or rolls back, judged on the same window of both sides' responses (as the proxy saw
+them) and of both sides' backends' own /metrics (tally/ops/backend_metrics.py), each rule on the source it names.
 
 A step advances once its rules have held, with enough samples, for its whole duration (time spent holding for want
-of samples does not count); the first broken rule sets the canary's weight to 0 for good. Requests already in
-flight finish where they are, so no weight change loses one. Every decision is one JSON line in the audit log.
+of samples, or of a backend's /metrics for a backend rule, does not count); the first broken rule sets the canary's
+weight to 0 for good. Requests already in flight finish where they are, so no weight change loses one. Every
+decision is one JSON line in the audit log, with both sources' figures.
 """
 from __future__ import annotations
 
@@ -20,8 +22,21 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
 from tally.errors import ConfigError
+from tally.ops.backend_metrics import BackendScrapes
 from tally.ops.canary_plan import PlanStep, parse_plan
-from tally.ops.canary_rules import BROKEN, TOO_FEW, CanaryRules, Sample, SideFigures, figures, judge, load_rules
+from tally.ops.canary_rules import (
+    BACKEND,
+    BROKEN,
+    NO_DATA,
+    PROXY,
+    TOO_FEW,
+    CanaryRules,
+    Sample,
+    SideFigures,
+    figures,
+    judge,
+    load_rules,
+)
 
 STABLE, CANARY = "stable", "canary"
 RUNNING, ROLLED_BACK, DONE = "running", "rolled_back", "done"
@@ -78,15 +93,22 @@ def _bucket(value: str) -> float:
     return int(hashlib.sha1(value.encode()).hexdigest()[:15], 16) / 16**15
 
 
-def _rounded(f: SideFigures) -> dict:
+def _rounded(f: SideFigures | str) -> dict:
+    if isinstance(f, str):
+        return {"no_data": f}
     return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(f).items()}
 
 
 class Canary:
-    def __init__(self, config: CanaryConfig, now_s: float, registry: CollectorRegistry) -> None:
+    def __init__(self, config: CanaryConfig, now_s: float, registry: CollectorRegistry,
+                 stable_urls: tuple[str, ...] = ()) -> None:
+        """`stable_urls`: the stable replicas, whose /metrics are the stable side's second source."""
         self.config = config
         self.state = CanaryState(config.plan[0].weight, now_s, now_s)
         self.samples: dict[str, deque[Sample]] = {STABLE: deque(), CANARY: deque()}
+        # Scrapes are kept a little past the window: its start is the first scrape inside it.
+        self.backends = BackendScrapes({CANARY: config.urls, STABLE: tuple(u.rstrip("/") for u in stable_urls)},
+                                       config.rules.window_s + 2 * config.eval_interval_s)
         self.audit = config.audit_log.open("a") if config.audit_log else None
         self.weight_gauge = Gauge("tally_route_canary_weight_ratio", "Share of new requests sent to the canary.",
                                   registry=registry)
@@ -94,12 +116,14 @@ class Canary:
                                 registry=registry)
         self.decisions = PromCounter("tally_route_canary_decisions", "Canary decisions, by kind.", ["decision"],
                                      registry=registry)
-        self.window = Gauge("tally_route_canary_window", "The last evaluation's figures, by side and figure.",
-                            ["side", "figure"], registry=registry)
+        self.window = Gauge("tally_route_canary_window",
+                            "The last evaluation's figures, by side, source (proxy, backend) and figure.",
+                            ["side", "source", "figure"], registry=registry)
         self.weight_gauge.set(self.state.weight)
         self._decide("start", {"plan": [asdict(s) for s in config.plan],
-                               "rules": [{"metric": r.metric, r.kind: r.threshold} for r in config.rules.rules],
-                               "min_samples": config.rules.min_samples, "window_s": config.rules.window_s})
+                               "rules": [r.describe() for r in config.rules.rules],
+                               "min_samples": config.rules.min_samples, "window_s": config.rules.window_s,
+                               "backends": {side: list(urls) for side, urls in self.backends.sides.items()}})
 
     @property
     def running(self) -> bool:
@@ -131,10 +155,11 @@ class Canary:
             while side and side[0].end_s < since_s:
                 side.popleft()
         canary, stable = figures(self.samples[CANARY]), figures(self.samples[STABLE])
-        verdicts = judge(self.config.rules, canary, stable)
+        backend = (self._backend(CANARY, since_s, now_s), self._backend(STABLE, since_s, now_s))
+        verdicts = judge(self.config.rules, canary, stable, backend)
         step, elapsed_s, s.last_eval_s = s.step, now_s - s.last_eval_s, now_s
         broken = [v for v in verdicts if v.verdict == BROKEN]
-        too_few = [v for v in verdicts if v.verdict == TOO_FEW]
+        too_few = [v for v in verdicts if v.verdict in (TOO_FEW, NO_DATA)]  # nothing to judge by: hold
         if broken:
             decision, reason = "rollback", "; ".join(v.explain() for v in broken)
             s.phase, s.weight, s.reason = ROLLED_BACK, 0.0, reason
@@ -147,18 +172,26 @@ class Canary:
         if decision == "continue" and held_s >= plan[step].hold_s:
             decision = self._next_step(now_s)
             reason = f"every rule held for {held_s:.1f} s at {plan[step].weight * 100:g}%"
-        for side, f in ((CANARY, canary), (STABLE, stable)):
-            for name in FIGURES:
-                value = getattr(f, name)
-                self.window.labels(side, name).set(float("nan") if value is None else value)
+        for source, pair in ((PROXY, (canary, stable)), (BACKEND, backend)):
+            for side, f in zip((CANARY, STABLE), pair):
+                for name in FIGURES:
+                    value = None if isinstance(f, str) else getattr(f, name)
+                    self.window.labels(side, source, name).set(float("nan") if value is None else value)
         return self._decide(decision, {
             "step": step, "weight": plan[step].weight, "next_weight": s.weight, "held_s": held_s,
             "step_hold_s": plan[step].hold_s, "window_s": now_s - since_s, "reason": reason,
             "sides": {CANARY: _rounded(canary), STABLE: _rounded(stable)},
-            "rules": [{"metric": v.rule.metric, v.rule.kind: v.rule.threshold, "canary": v.canary,
-                       "stable": v.stable, "limit": v.limit, "samples": {CANARY: v.canary_samples,
-                                                                         STABLE: v.stable_samples},
-                       "verdict": v.verdict} for v in verdicts]})
+            "backend": {CANARY: _rounded(backend[0]), STABLE: _rounded(backend[1])},
+            "rules": [v.describe() for v in verdicts]})
+
+    def _backend(self, side: str, since_s: float, now_s: float) -> SideFigures | str:
+        """The side's figures from its backends' /metrics, or why there are none; a backend whose scrapes cannot
+        be read is no data for the backend rules, not a failed evaluation."""
+        try:
+            return self.backends.side(side, since_s, now_s)
+        except Exception as exc:  # a bug reading one server's page must not roll a canary back
+            log.exception("canary: reading the %s backends' /metrics failed", side)
+            return f"reading its backends' /metrics failed: {exc!r}"
 
     def fail_safe(self, error: str) -> dict:
         """An evaluation that cannot run leaves nothing to judge the canary by: roll it back rather than keep
@@ -203,7 +236,10 @@ class Canary:
         return {"phase": s.phase, "weight": s.weight, "step": s.step, "held_s": s.held_s, "reason": s.reason,
                 "urls": list(self.config.urls), "plan": [asdict(p) for p in self.config.plan],
                 "sticky_header": self.config.sticky_header, "eval_interval_s": self.config.eval_interval_s,
-                "decisions": dict(s.decisions), "last_decision": s.last}
+                "decisions": dict(s.decisions), "last_decision": s.last,
+                "backends": {url: {"side": side, "scrapes": len(self.backends.history[url]),
+                                   "problem": self.backends.problem[url]}
+                             for side, urls in self.backends.sides.items() for url in urls}}
 
     def close(self) -> None:
         if self.audit is not None:

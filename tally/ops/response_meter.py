@@ -60,7 +60,7 @@ class ResponseMeter:
         return event if isinstance(event, dict) else None
 
     def _event(self, event: dict, now_s: float | None) -> None:
-        if "error" in event:
+        if "error" in event and self.stream:  # a JSON body's error goes with its status: a 400 is the client's
             self.error_event = True
         choices = event.get("choices") if isinstance(event.get("choices"), list) else []
         choices = [c for c in choices if isinstance(c, dict)]

@@ -1,4 +1,5 @@
-"""`tally route`'s proxy: `/v1/*` in front of replicas, streaming-safe.
+"""`tally route`'s proxy: `/v1/*` (and a Tally or vLLM server's `/tokenize`, `/detokenize`) in front of replicas,
+streaming-safe.
 
 - **Balancing**: the healthy replica with the fewest requests in flight (then the fewest served); requests that
   share a prompt prefix (a chat's system message, or a completion's first PREFIX_CHARS characters) prefer the same
@@ -10,7 +11,9 @@
 - Bodies and streams pass through byte for byte; the proxy's own `/metrics` counts requests by replica and outcome.
 - **Canary** (tally/ops/canary.py), when configured: it picks each request's side (canary or stable) and is handed
   what the proxy measured of every generation response (tally/ops/response_meter.py); balancing and failover
-  work within that side first, then the other — a rolled-back canary is never tried.
+  work within that side first, then the other — a rolled-back canary is never tried. While it runs, every
+  backend's `/metrics` is scraped once per evaluation interval, one loop per backend, so a slow or missing one
+  never delays an evaluation (tally/ops/backend_metrics.py).
 """
 from __future__ import annotations
 
@@ -112,7 +115,8 @@ def build_router_app(config: RouterConfig) -> Starlette:
     healthy = Gauge("tally_route_replica_healthy", "1 while the replica passes its health check.", ["replica"],
                     registry=registry)
     client = httpx.AsyncClient(timeout=httpx.Timeout(config.request_timeout_s, connect=5.0))
-    canary = Canary(config.canary, time.monotonic(), registry) if config.canary else None
+    canary = Canary(config.canary, time.monotonic(), registry,
+                    tuple(r.url for r in router.replicas if r.side == STABLE)) if config.canary else None
 
     async def check(replica: Replica) -> None:
         try:
@@ -134,9 +138,18 @@ def build_router_app(config: RouterConfig) -> Starlette:
             await asyncio.sleep(canary.config.eval_interval_s)
             try:
                 canary.evaluate(time.monotonic())
-            except Exception as exc:  # noqa: BLE001 — whatever broke, the canary must not run unwatched
+            except Exception as exc:  # whatever broke, the canary must not run unwatched
                 log.exception("canary evaluation failed")
                 canary.fail_safe(repr(exc))
+
+    async def scrape_loop(canary: Canary, url: str) -> None:
+        interval_s = canary.config.eval_interval_s
+        while canary.running:
+            try:
+                await canary.backends.scrape(client, url, time.monotonic, timeout_s=max(1.0, min(5.0, interval_s)))
+            except Exception as exc:  # an odd /metrics page is no data, never a dead loop
+                canary.backends.fail(url, f"scrape failed: {exc!r}")
+            await asyncio.sleep(interval_s)
 
     async def proxy(request: Request) -> Response:
         body = await request.body()
@@ -146,7 +159,7 @@ def build_router_app(config: RouterConfig) -> Starlette:
         if canary is not None:
             sticky = canary.config.sticky_header
             sides = canary.sides(request.headers.get(sticky) if sticky else None)
-            measured = request.method == "POST"  # the generations; not GET /v1/models
+            measured = request.method == "POST" and path.startswith("/v1/")  # generations; not /v1/models
         last = None
         for replica in router.order(affinity_key(body), sides):
             replica.in_flight += 1
@@ -232,7 +245,10 @@ def build_router_app(config: RouterConfig) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
-        tasks = [asyncio.create_task(health_loop())] + ([asyncio.create_task(canary_loop(canary))] if canary else [])
+        tasks = [asyncio.create_task(health_loop())]
+        if canary is not None:
+            tasks += [asyncio.create_task(canary_loop(canary))] + [
+                asyncio.create_task(scrape_loop(canary, url)) for url in canary.backends.urls]
         try:
             yield
         finally:
@@ -246,4 +262,6 @@ def build_router_app(config: RouterConfig) -> Starlette:
         Route("/health", health), Route("/metrics", metrics), Route("/router/status", status),
         Route("/router/canary", canary_status),
         Route("/v1/{rest:path}", proxy, methods=["GET", "POST"]),
+        # A Tally or vLLM server's tokenizer, so `tally bench --url` the proxy counts prompt tokens exactly.
+        Route("/tokenize", proxy, methods=["POST"]), Route("/detokenize", proxy, methods=["POST"]),
     ], lifespan=lifespan)
