@@ -1,5 +1,7 @@
-"""Speculative decoding on the built-in model: tokens/s with speculation off, prompt lookup at a fixed K, and
-prompt lookup with the adaptive policy, at several concurrencies, on two workloads. Greedy: in float32 every arm
+"""Speculative decoding on the built-in model (or --model): tokens/s with speculation off, prompt lookup at a fixed K,
+and prompt lookup with the adaptive policy, at several concurrencies, on two workloads; with --draft-model, a draft
+model at a fixed K and adaptive too (it must share the target's tokenizer: e.g. Qwen2.5-Coder-1.5B-Instruct with
+Qwen2.5-Coder-0.5B-Instruct). Greedy: in float32 every arm
 gives the same tokens; in bf16 a token computed in a verify row (several positions of one sequence) may round
 differently from one computed alone, as with any change of batch shape, so the share of requests whose tokens
 match `off` exactly is printed beside each figure.
@@ -12,6 +14,7 @@ A closed loop per concurrency C: C requests in flight on the offline engine, eac
 --requests-per-slot x C requests in all. Ratios are against `off` in the same run.
 
     python bench/speculative.py [--concurrency 1,4,16,32] [--workloads quote,code] [--k 4] [--max-tokens 96]
+                                [--model target.gguf --draft-model draft.gguf]
 """
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ ARMS = {
     "off": None,
     "ngram K fixed": {"method": "ngram", "adaptive": False},
     "ngram adaptive": {"method": "ngram"},
+}
+DRAFT_ARMS = {
+    "draft K fixed": {"method": "draft_model", "adaptive": False},
+    "draft adaptive": {"method": "draft_model"},
 }
 SOURCE_FILES = sorted((Path(__file__).resolve().parents[1] / "tally").rglob("*.py"))
 
@@ -67,11 +74,18 @@ def main() -> None:
     p.add_argument("--requests-per-slot", type=int, default=2)
     p.add_argument("--min-requests", type=int, default=6)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--model", default=None, help="the target (default: the built-in model)")
+    p.add_argument("--draft-model", default=None, help="adds the draft-model arms, this model proposing")
+    p.add_argument("--arms", default=None, help="comma-separated arms to run (default: all; off always runs)")
     a = p.parse_args()
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
-    llms = {arm: LLM(max_model_len=2048, kv_cache_memory=1 << 30, dtype=a.dtype,
+    arms = {**ARMS, **({arm: {**cfg, "model": a.draft_model} for arm, cfg in DRAFT_ARMS.items()}
+                       if a.draft_model else {})}
+    if a.arms:
+        arms = {arm: cfg for arm, cfg in arms.items() if arm == "off" or arm in a.arms.split(",")}
+    llms = {arm: LLM(a.model, max_model_len=2048, kv_cache_memory=1 << 30, dtype=a.dtype,
                      speculative_config=None if cfg is None else {**cfg, "num_speculative_tokens": a.k})
-            for arm, cfg in ARMS.items()}
+            for arm, cfg in arms.items()}
     rows = []
     for workload in a.workloads.split(","):
         for c in (int(x) for x in a.concurrency.split(",")):

@@ -1,5 +1,6 @@
 """`tally serve --speculative-config` (vLLM's flag): streamed text is exactly the plain server's, stop strings hold
-when they land inside a verified proposal, and the spec_decode counters reach /metrics and /ledger."""
+when they land inside a verified proposal, and the spec_decode counters reach /metrics and /ledger; the same with a
+draft model (the target as its own draft: every proposal holds), whose weights and KV show in /ledger."""
 from __future__ import annotations
 
 import json
@@ -27,6 +28,13 @@ def servers(tiny_llama):
         yield plain, spec
 
 
+@pytest.fixture(scope="module")
+def draft_server(tiny_llama):
+    draft = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3, "adaptive": False}
+    with ServerProcess([str(tiny_llama), *FLAGS, "--speculative-config", json.dumps(draft)]) as server:
+        yield server
+
+
 def _client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
 
@@ -51,6 +59,20 @@ def test_streamed_text_and_stops_are_the_plain_servers(servers):
             whole = _client(spec).completions.create(model="tiny", prompt=prompt, temperature=0,
                                                      max_tokens=40, stop=[stop])
             assert (whole.choices[0].text, whole.choices[0].finish_reason) == _streamed(plain, prompt, stop=[stop])
+
+
+def test_draft_model_streams_the_plain_servers_text(servers, draft_server):
+    plain, _ = servers
+    for prompt in PROMPTS:
+        full, _ = _streamed(plain, prompt)
+        assert _streamed(draft_server, prompt) == (full, "length")
+        stop = full[len(full) // 2:len(full) // 2 + 3]
+        assert _streamed(draft_server, prompt, stop=[stop]) == _streamed(plain, prompt, stop=[stop])
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(draft_server.url + "/metrics").text)}
+    drafts = families["tally:spec_decode_num_draft_tokens"].samples[0].value
+    assert drafts > 0 and families["tally:spec_decode_num_accepted_tokens"].samples[0].value == drafts
+    ledger = httpx.get(draft_server.url + "/ledger").json()
+    assert ledger["plan"]["draft"]["weight_bytes"] > 0 and ledger["plan"]["draft"]["kv_bytes_per_token"] > 0
 
 
 def test_spec_decode_counters_in_metrics_and_ledger(servers):

@@ -110,6 +110,8 @@ def test_metrics_prefix_vllm_serves_every_series_vllms_dashboard_queries(tiny_ll
     (info,) = [s for s in samples if s.name == "vllm:cache_config_info"]
     assert info.value == 1 and info.labels["block_size"] == "16" and int(info.labels["num_gpu_blocks"]) > 0
     assert info.labels["cache_dtype"] == "auto" and info.labels["enable_prefix_caching"] == "True"
+    # every step counted: at least the two prompts' steps and the tokens generated after them
+    assert value["vllm:iteration_tokens_total_count", None] >= 2 + 3 - 1 + 4 - 1
     assert not any(n.startswith("tally:") for n in names)
     assert not any(n.endswith("_created") for n in names)
 

@@ -180,7 +180,7 @@ def test_prompt_lookup_proposes_what_followed_the_longest_latest_match():
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      "prompt_lookup_min"),
     ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}, "unknown key"),
-    ({"method": "draft_model", "model": "x", "num_speculative_tokens": 2}, "not supported yet"),
+    ({"method": "eagle", "model": "x", "num_speculative_tokens": 2}, "not supported yet"),
     ("{not json", "not JSON"),
 ])
 def test_bad_settings_fail_at_start_with_what_to_fix(tiny_llama, config, message):

@@ -90,7 +90,9 @@ class EngineConfig:
                                      aliases=("--max-itl",))
     speculative_config: str | dict | None = option(
         None, "speculative decoding, vLLM's JSON form, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
-              "(prompt_lookup_min / _max: the n-gram sizes; \"adaptive\": false fixes how many are verified)")
+              "(prompt_lookup_min / _max: the n-gram sizes; \"adaptive\": false fixes how many are verified), or "
+              "'{\"method\": \"draft_model\", \"model\": PATH, \"num_speculative_tokens\": 3}' (a smaller model with the "
+              "same tokenizer)")
     generation_config: str = option("auto", "auto: the checkpoint's generation_config.json sets the default "
                                             "temperature / top_p / top_k / min_p / repetition_penalty of requests "
                                             "that do not set them (vLLM's default); vllm: none; or a folder")

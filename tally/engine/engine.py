@@ -18,12 +18,13 @@ from tally.core.static_scheduler import StaticBatchScheduler
 from tally.engine.config import EngineConfig
 from tally.engine.detokenizer import IncrementalDetokenizer
 from tally.engine.distributed import ParallelContext
+from tally.engine.draft_proposer import DraftProposer
 from tally.engine.group import RequestGroup
 from tally.engine.model_setup import LoadedModel, load_model
 from tally.engine.model_step import TPDriver
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
-from tally.engine.snapshot import EngineSnapshot
+from tally.engine.snapshot import EngineSnapshot, IterationTokens
 from tally.engine.speculation import Speculator
 from tally.engine.step_cost import StepCost
 from tally.engine.stop import StopChecker
@@ -52,6 +53,7 @@ class Engine:
         self._vocab_size = m.config.vocab_size
         self._num_steps = 0
         self._num_prompt_tokens = self._num_generated_tokens = 0
+        self._iteration_tokens = IterationTokens()  # tokens per step, for vLLM's iteration_tokens_total
         self._step_cost = StepCost()
         self.model_names = config.served_model_names or (m.name,)
         self.model_name = self.model_names[0]  # the name the API reports
@@ -73,7 +75,8 @@ class Engine:
         self._stop_ranks = weakref.finalize(self, _stop_ranks, peers, m.parallel) if peers is not None else None
         self._grammars = GrammarCompiler(m.tokenizer, m.config.vocab_size, m.stop_token_ids)
         spec = config.speculative
-        self.speculator = Speculator(spec, self.max_model_len) if spec is not None else None
+        draft = DraftProposer(m.draft, self.kv) if m.draft is not None else None
+        self.speculator = Speculator(spec, self.max_model_len, draft) if spec is not None else None
         self.groups: dict[str, RequestGroup] = {}
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
         self._aborted: list[RequestGroup] = []
@@ -208,8 +211,10 @@ class Engine:
         moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
         self._aborted.clear()
         if out.scheduled:
-            result = self.runner.execute(out)
+            result = self.runner.execute(out, self.speculator.draft_probs if self.speculator is not None else None)
             keep = self._verify(out, result)
+            if self.speculator is not None:
+                self.speculator.complete_blocks(out)
             self.scheduler.finish_step(out)
             now = time.monotonic()
             for s in out.scheduled:
@@ -227,6 +232,8 @@ class Engine:
         if out.scheduled:
             prompt_tokens = sum(n for n, _ in chunks)
             self._num_prompt_tokens += prompt_tokens
+            self._iteration_tokens = self._iteration_tokens.observe(
+                prompt_tokens + self._num_generated_tokens - generated_before)
             mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
             seconds = time.perf_counter() - started_s
             self._step_cost.observe(prompt_tokens, mean_context, seconds)
@@ -320,6 +327,7 @@ class Engine:
             num_started=self.scheduler.num_started,
             prompt_tokens=self._num_prompt_tokens, generated_tokens=self._num_generated_tokens,
             speculation=self.speculator.stats.copy() if self.speculator is not None else None,
+            iteration_tokens=self._iteration_tokens,
         )
 
     def run_until_done(self, on_finished: Callable[[RequestOutput], None] | None = None) -> dict[str, RequestOutput]:

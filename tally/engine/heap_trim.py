@@ -1,11 +1,11 @@
 """Hand the pages the C heap holds free back to the OS, now and then (glibc only).
 
-A server's engine thread allocates buffers of a new size at nearly every step: batches, prompts and logits rows
-vary. glibc keeps freed chunks in the thread's malloc arena and returns only what sits at the top of a heap, so a
-long-running server's RSS climbs in steps of tens of MB an hour while nothing is live (the hour's soak in
-docs/benchmarks.md). `malloc_trim(0)` gives back the whole free pages inside every arena. It walks the arenas'
-free lists, so the engine thread calls it between steps (its own arena is then idle), at most once an interval.
-Where malloc_trim does not exist (musl, macOS) this does nothing.
+glibc keeps freed chunks in each thread's malloc arena and returns only what sits at the top of a heap. A server
+frees a lot after start-up (loading, the path measurement) and its engine thread allocates buffers of a new size
+at nearly every step, so its RSS overstates what is live: on the built-in model the first trims gave back ~270 MB
+of ~1 GB (the soak in docs/benchmarks.md). `malloc_trim(0)` returns the whole free pages inside every arena. It
+walks the arenas' free lists, so the engine thread calls it between steps (its own arena is then idle), at most
+once an interval. Where malloc_trim does not exist (musl, macOS) this does nothing.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ class StepInputs:
 def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
     bs = kv.block_size
     ids: list[int] = []
-    starts, lens, ctx, tables = [], [], [], []
+    starts, lens, tables = [], [], []
     sample_rows, sample_counts, sample_index = [], [], []
     row_start = [0] * len(out.scheduled)
     qsl = [0]
@@ -44,7 +44,6 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
             ids.extend(req.spec_token_ids[:n - len(known)])
         starts.append(c)
         lens.append(n)
-        ctx.append(c + n)
         row_start[row] = qsl[-1]
         qsl.append(qsl[-1] + n)
         tables.append(kv.block_table(req.request_id))
@@ -55,6 +54,35 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
             sample_rows.append(row)
             sample_counts.append(count)
             sample_index.extend(range(qsl[-1] - count, qsl[-1]))
+    input_ids, positions, meta = _flat_batch(ids, starts, lens, tables, qsl, bs, num_decode)
+    return StepInputs(input_ids, positions, meta, row_start, sample_rows, sample_counts,
+                      torch.tensor(sample_index, dtype=torch.int64))
+
+
+def build_span_inputs(spans: list[tuple[list[int], int, list[int]]],
+                      block_size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """A forward pass over (block table, first position, token ids) spans, for a second model that keeps its KV in
+    the same blocks (a draft model): token ids, positions, metadata, and the flat row of each span's last token, in
+    the order given."""
+    ids: list[int] = []
+    starts, lens, tables, qsl, last_rows = [], [], [], [0], [0] * len(spans)
+    decodes_first = sorted(range(len(spans)), key=lambda i: len(spans[i][2]) > 1)
+    for i in decodes_first:
+        table, start, tokens = spans[i]
+        ids.extend(tokens)
+        starts.append(start)
+        lens.append(len(tokens))
+        tables.append(table)
+        qsl.append(qsl[-1] + len(tokens))
+        last_rows[i] = qsl[-1] - 1
+    num_decode = sum(n == 1 for n in lens)
+    input_ids, positions, meta = _flat_batch(ids, starts, lens, tables, qsl, block_size, num_decode)
+    return input_ids, positions, meta, torch.tensor(last_rows, dtype=torch.int64)
+
+
+def _flat_batch(ids: list[int], starts: list[int], lens: list[int], tables: list[list[int]], qsl: list[int],
+                bs: int, num_decode: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """Token ids, positions and attention metadata of sequences laid out one after another (decodes first)."""
     total = qsl[-1]
     lens_t = torch.tensor(lens)
     offsets = torch.arange(total) - torch.repeat_interleave(torch.tensor(qsl[:-1]), lens_t)
@@ -64,8 +92,7 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
     rows = torch.repeat_interleave(torch.arange(len(tables)), lens_t)
     slots = block_tables[rows, positions // bs] * bs + positions % bs
     meta = AttentionMetadata(
-        query_start_loc=qsl, context_lens=ctx, block_tables=block_tables, slot_mapping=slots,
-        block_size=bs, num_decode_tokens=num_decode,
+        query_start_loc=qsl, context_lens=[s + n for s, n in zip(starts, lens)], block_tables=block_tables,
+        slot_mapping=slots, block_size=bs, num_decode_tokens=num_decode,
     )
-    return StepInputs(torch.tensor(ids, dtype=torch.int64), positions, meta, row_start, sample_rows, sample_counts,
-                      torch.tensor(sample_index, dtype=torch.int64))
+    return torch.tensor(ids, dtype=torch.int64), positions, meta

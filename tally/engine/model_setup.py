@@ -14,6 +14,7 @@ from tally.attention.backend import make_backend
 from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.engine.config import EngineConfig
 from tally.engine.distributed import ParallelContext, allowed_cpus, join, rank_cpus
+from tally.engine.draft_model import DraftModel, load_draft, model_weight_bytes
 from tally.engine.path_tuning import PathChoice, choose_path
 from tally.errors import ConfigError
 from tally.layers.path_timing import use_bf16_many_tokens
@@ -52,6 +53,7 @@ class LoadedModel:
     ledger: EngineLedger
     sampling_defaults: dict[str, float]  # from generation_config.json (--generation-config)
     parallel: ParallelContext | None = None  # tensor / pipeline parallel: this process's rank and its groups
+    draft: DraftModel | None = None  # speculative decoding's draft model; its KV in the same pool blocks
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
@@ -105,8 +107,7 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
                         parallel=(shard, parallel.tp) if shard is not None else None, stage=stage)
     if path.many_tokens_from is not None:
         use_bf16_many_tokens(list(model.modules()), path.many_tokens_from)
-    weight_bytes = (sum(t.numel() * t.element_size() for t in _unique_tensors(model))
-                    + sum(getattr(m, "packed_bytes", 0) for m in model.modules()))
+    weight_bytes = model_weight_bytes(model)
 
     kv_dtype_name = _DTYPE_NAMES[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
     if kv_dtype_name == "int8":
@@ -114,31 +115,45 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
     # this stage's layers only; stage 0 holds the most, so the block count rank 0 sizes fits every stage
     layout = KVLayout.for_model(replace(cfg, num_layers=stage.num_layers) if stage is not None else cfg,
                                 kv_dtype=kv_dtype_name, block_size=config.block_size)
+    spec = config.speculative
+    draft = None
+    if spec is not None and spec.method == "draft_model":
+        draft = load_draft(config, full_cfg, tokenizer, dtype, weight_dtype, max_model_len, kv_dtype_name)
+    # A block holds its tokens' KV for the target and, with a draft model, for the draft too: one pool, one budget.
+    bytes_per_block = layout.bytes_per_block + (draft.layout.bytes_per_block if draft is not None else 0)
+    bytes_per_token = layout.bytes_per_token + (draft.layout.bytes_per_token if draft is not None else 0)
+    request_bytes = layout.blocks_for_tokens(max_model_len) * bytes_per_block  # one max_model_len request
     budget = config.kv_cache_memory
     if budget is None:
         # Like vLLM's CPU backend, a bounded default: zero-filling a pool costs ~2 s per GB here, and
         # a pool larger than max_num_seqs full-length requests can never be used.
-        useful = config.max_num_seqs * layout.bytes_for_tokens(max_model_len)
+        useful = config.max_num_seqs * request_bytes
         budget = min(int(available_ram_bytes() * config.kv_cache_memory_fraction), DEFAULT_KV_CAP_BYTES, useful)
     num_blocks = config.num_gpu_blocks_override or _agreed(
-        parallel, lambda: layout.num_blocks_for_budget(budget))  # rank 0 holds the most heads
+        parallel, lambda: max(budget, 0) // bytes_per_block)  # rank 0 holds the most heads
     if num_blocks * config.block_size < max_model_len:
+        drafts = (f" (the draft model {draft.name} takes {draft.layout.bytes_per_token:,} of its "
+                  f"{bytes_per_token:,} bytes per token)" if draft is not None else "")
         raise ConfigError(
-            f"the KV cache budget ({budget:,} bytes) holds {num_blocks * config.block_size:,} tokens, fewer than "
-            f"one request of max_model_len {max_model_len:,}; raise --kv-cache-memory to ≥ "
-            f"{layout.bytes_for_tokens(max_model_len):,} or lower --max-model-len")
+            f"the KV cache budget ({budget:,} bytes) holds {num_blocks * config.block_size:,} tokens{drafts}, fewer "
+            f"than one request of max_model_len {max_model_len:,}; raise --kv-cache-memory to ≥ "
+            f"{request_bytes:,} or lower --max-model-len")
     kv_caches = _allocate_kv(cfg, layout, num_blocks, dtype)
+    if draft is not None:
+        draft.kv_caches = _allocate_kv(draft.config, draft.layout, num_blocks, dtype)
     ledger = EngineLedger(
         model_name=(config.served_model_names or (ckpt.name,))[0],
         weight_bytes=weight_bytes,
         kv_blocks=num_blocks,
         block_size=config.block_size,
-        kv_bytes_per_token=layout.bytes_per_token,
-        kv_pool_bytes=num_blocks * layout.bytes_per_block,
+        kv_bytes_per_token=bytes_per_token,
+        kv_pool_bytes=num_blocks * bytes_per_block,
         reserve_bytes=0,
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
         path=path.to_dict(),
+        draft={} if draft is None else {"model_name": draft.name, "weight_bytes": draft.weight_bytes,
+                                        "kv_bytes_per_token": draft.layout.bytes_per_token},
     )
     if parallel is not None:
         comm_bytes = activation_buffer_bytes(full_cfg, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size,
@@ -150,7 +165,7 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
         name=(config.served_model_names or (ckpt.name,))[0], config=full_cfg, tokenizer=tokenizer,
         stop_token_ids=stop_token_ids(tokenizer, full_cfg), model=model, kv_caches=kv_caches, kv_layout=layout,
         num_blocks=num_blocks, max_model_len=max_model_len, ledger=ledger,
-        sampling_defaults=sampling_defaults(config.generation_config, ckpt.path), parallel=parallel)
+        sampling_defaults=sampling_defaults(config.generation_config, ckpt.path), parallel=parallel, draft=draft)
 
 
 def _place_threads(config: EngineConfig, parallel: ParallelContext | None) -> None:
@@ -218,12 +233,3 @@ def _allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int,
     cache_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layout.kv_dtype]
     pool = torch.zeros(shape, dtype=cache_dtype)
     return [(pool[i, 0], pool[i, 1]) for i in range(layout.num_layers)]
-
-
-def _unique_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    seen, out = set(), []
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            out.append(t)
-    return out

@@ -15,7 +15,7 @@ from tally.engine.pipeline import PipelinePeers, forward_step
 from tally.engine.structured_output import allowed_tokens
 from tally.errors import EngineDeadError
 from tally.models.llama import CausalLM
-from tally.sample.batch import SamplerInput, SamplerOutput
+from tally.sample.batch import DraftRows, SamplerInput, SamplerOutput
 from tally.sample.sampler import Sampler
 
 
@@ -49,7 +49,9 @@ class ModelRunner:
         self.sampler = Sampler()  # keeps per-batch parameter tensors while the batch is unchanged
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> StepResult:
+    def execute(self, out: SchedulerOutput, draft_probs: dict[str, torch.Tensor] | None = None) -> StepResult:
+        """`draft_probs`: request id → [k, V] the draft model's distributions its proposals were drawn from (sampled
+        requests speculating with a draft model): their rows are verified by rejection sampling."""
         inputs = build_step_inputs(out, self.kv)
         spans = self._prompt_logprob_spans(out, inputs.row_start)
         # Every row that needs logits goes through the head in one call (under tensor parallelism, one gather).
@@ -70,7 +72,7 @@ class ModelRunner:
             # Each sampled position is a row of its own, sampled from the target as if the proposals before it
             # had been generated (penalties and min_tokens see them): tally/engine/speculation.py verifies.
             rows = [r for r, count in zip(reqs, inputs.sample_counts) for _ in range(count)]
-            outputs = [r.output_token_ids + r.spec_token_ids[:j] if j and _reads_outputs(r) else r.output_token_ids
+            outputs = [r.output_token_ids + r.spec_token_ids[:j] if j and reads_outputs(r) else r.output_token_ids
                        for r, count in zip(reqs, inputs.sample_counts) for j in range(count)]
         constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
         sampler_input = SamplerInput(
@@ -83,6 +85,7 @@ class ModelRunner:
             if constrained else None,
             bad_words_token_ids=[r.bad_words_token_ids for r in rows] if any(r.bad_words_token_ids for r in rows)
             else None,
+            draft=_draft_rows(reqs, inputs.sample_counts, draft_probs) if draft_probs else None,
         )
         return StepResult(reqs, inputs.sample_counts, self.sampler(logits, sampler_input), prompt_lp)
 
@@ -129,7 +132,23 @@ class ModelRunner:
         return result
 
 
-def _reads_outputs(req: Request) -> bool:
+def _draft_rows(reqs: list[Request], counts: list[int], draft_probs: dict[str, torch.Tensor]) -> DraftRows | None:
+    """The sampler rows that verify draft-model proposals drawn from a distribution: all of a request's rows but the
+    last (the bonus token's)."""
+    rows, tokens, probs, row = [], [], [], 0
+    for req, count in zip(reqs, counts):
+        q = draft_probs.get(req.request_id)
+        if q is not None and count > 1:
+            rows.extend(range(row, row + count - 1))
+            tokens.extend(req.spec_token_ids[:count - 1])
+            probs.append(q[:count - 1])
+        row += count
+    if not rows:
+        return None
+    return DraftRows(torch.tensor(rows), torch.tensor(tokens), torch.cat(probs))
+
+
+def reads_outputs(req: Request) -> bool:
     """Whether sampling reads the tokens generated so far (penalties, min_tokens, bad_words): only then does a
     position after proposals need its own copy of them."""
     params = req.sampling_params

@@ -2,9 +2,12 @@
 
     --speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
                            "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
+    --speculative-config '{"method": "draft_model", "model": "/path/to/small-model", "num_speculative_tokens": 4}'
 
 `num_speculative_tokens` is the most tokens proposed per request and step; how many are proposed each step is the
-engine's choice (tally/engine/speculation_policy.py) unless "adaptive": false fixes it at that number.
+engine's choice (tally/engine/speculation_policy.py) unless "adaptive": false fixes it at that number. As in vLLM,
+a "model" without a "method" means "draft_model". Whether the draft model suits the target (same vocabulary, long
+enough context) is checked when it is loaded (tally/engine/draft_model.py).
 """
 from __future__ import annotations
 
@@ -14,10 +17,11 @@ from typing import Any
 
 from tally.errors import ConfigError
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 # vLLM's other methods, refused by name rather than as unknown words.
-NOT_YET = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "suffix")
+NOT_YET = ("eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "suffix")
 MAX_SPECULATIVE_TOKENS = 16  # every proposed token is a row of the verify step: a bound on its cost
+EXAMPLE = '\'{"method": "ngram", "num_speculative_tokens": 4}\''
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     adaptive: bool = True
+    model: str | None = None  # the draft model (method "draft_model"): a checkpoint dir, .gguf file or alias
 
     @classmethod
     def parse(cls, value: str | dict[str, Any] | None) -> SpeculativeConfig | None:
@@ -37,20 +42,26 @@ class SpeculativeConfig:
             try:
                 value = json.loads(value)
             except json.JSONDecodeError as e:
-                raise ConfigError(f"speculative_config is not JSON ({e.msg}); e.g. "
-                                  '\'{"method": "ngram", "num_speculative_tokens": 4}\'') from e
+                raise ConfigError(f"speculative_config is not JSON ({e.msg}); e.g. {EXAMPLE}") from e
         if not isinstance(value, dict):
-            raise ConfigError("speculative_config must be a JSON object, e.g. "
-                              '{"method": "ngram", "num_speculative_tokens": 4}')
-        method = value.get("method")
+            raise ConfigError(f"speculative_config must be a JSON object, e.g. {EXAMPLE}")
+        method = value.get("method", "draft_model" if "model" in value else None)
         if method in NOT_YET:
             raise ConfigError(f"speculative method {method!r} is not supported yet; use one of {METHODS}")
         if method not in METHODS:
             raise ConfigError(f"speculative_config needs a method, one of {METHODS}; got {method!r}")
         known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "adaptive"}
+        if method == "draft_model":
+            known.add("model")
         unknown = sorted(set(value) - known)
         if unknown:
-            raise ConfigError(f"speculative_config has unknown key(s) {unknown}; known: {sorted(known)}")
+            raise ConfigError(f"speculative_config has unknown key(s) {unknown} for method {method!r}; known: "
+                              f"{sorted(known)}")
+        model = value.get("model")
+        if method == "draft_model" and (not isinstance(model, str) or not model):
+            raise ConfigError('method "draft_model" needs "model": the draft checkpoint (a directory, .gguf file or '
+                              'alias) with the same tokenizer as the target, e.g. {"method": "draft_model", '
+                              '"model": "/models/small", "num_speculative_tokens": 4}')
         k = value.get("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
@@ -63,4 +74,4 @@ class SpeculativeConfig:
         adaptive = value.get("adaptive", True)
         if not isinstance(adaptive, bool):
             raise ConfigError(f"adaptive must be true or false, got {adaptive!r}")
-        return cls(method, k, lo, hi, adaptive)
+        return cls(method, k, lo, hi, adaptive, model)

@@ -23,6 +23,9 @@ class EngineLedger:
     # tensor / pipeline parallel: each rank's own {rank, stage, layers: [first, end), weight_bytes, kv_pool_bytes,
     # comm_buffer_bytes, threads}; the fields above are rank 0's
     ranks: list[dict] = field(default_factory=list)
+    # speculative decoding's draft model: {model_name, weight_bytes, kv_bytes_per_token}; its KV sits in the pool's
+    # blocks beside the target's, so kv_bytes_per_token and kv_pool_bytes above already count it; empty without one
+    draft: dict = field(default_factory=dict)
 
     @property
     def kv_tokens(self) -> int:
@@ -45,6 +48,11 @@ class EngineLedger:
         ]
         if self.path:
             lines.append(f"ledger: projections {self.path['summary']}")
+        if self.draft:
+            d = self.draft
+            lines.append(f"ledger: draft model {d['model_name']}: weights {fmt_gib(d['weight_bytes'])} "
+                         f"({fmt_gb(d['weight_bytes'])}); its KV, {fmt_small_bytes(d['kv_bytes_per_token'])} per "
+                         f"token, shares the pool's blocks (of the {fmt_small_bytes(self.kv_bytes_per_token)} above)")
         for r in self.ranks:
             first, end = r["layers"]
             lines.append(f"ledger: rank {r['rank']}: stage {r['stage']} (layers {first}-{end - 1}), weights "

@@ -9,6 +9,16 @@ from tally.sampling_params import SamplingParams
 
 
 @dataclass
+class DraftRows:
+    """Rows that verify a draft model's proposal (speculative decoding): the row's token is the proposal, kept with
+    probability min(1, p/q), else drawn from the residual (tally/sample/rejection.py)."""
+
+    rows: torch.Tensor  # [R] batch rows
+    token_ids: torch.Tensor  # [R] the proposals
+    probs: torch.Tensor  # [R, V] q: the draft's distribution each proposal was drawn from
+
+
+@dataclass
 class SamplerInput:
     """Built by the engine each step, one entry per row of the logits."""
 
@@ -20,6 +30,7 @@ class SamplerInput:
     bad_words_token_ids: list[tuple[tuple[int, ...], ...]] | None = None  # per row; None when no row has any
     # Constrained rows (structured outputs): their indices and bool [len(rows), vocab] of the tokens allowed next.
     allowed: tuple[list[int], torch.Tensor] | None = None
+    draft: DraftRows | None = None  # random rows verifying a draft model's proposals
 
 
 @dataclass

@@ -2,7 +2,8 @@
 bad_words, the min_tokens mask, penalties and the structured-output mask, then greedy rows take the argmax;
 random rows get temperature, min-p, top-k, top-p and an exponential race (argmax of probs / Exp(1) noise). The
 race lets every seeded row draw its noise from its own generator, so it samples the same tokens alone or in any
-batch."""
+batch. Rows verifying a draft model's proposals keep or replace them by rejection sampling
+(tally/sample/rejection.py); `distribution` gives the probabilities a draft model proposes from."""
 from __future__ import annotations
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from tally.sample.batch import SamplerInput, SamplerOutput
 from tally.sample.filters import apply_min_p, top_k_top_p
 from tally.sample.penalties import apply_min_tokens, apply_penalties
+from tally.sample.rejection import rejection_sample
 from tally.sample.tensors import SamplingTensors
 from tally.sample.token_edits import apply_bad_words, apply_token_edits
 
@@ -24,9 +26,12 @@ class Sampler:
         self._scratch: dict[str, torch.Tensor] = {}
 
     def __call__(self, logits: torch.Tensor, inp: SamplerInput) -> SamplerOutput:
+        return self._sample(logits.float(), inp, self._tensors_for(logits, inp))
+
+    def _tensors_for(self, logits: torch.Tensor, inp: SamplerInput) -> SamplingTensors:
         if self._tensors is None or not self._tensors.built_for(inp):
             self._tensors = SamplingTensors.build(inp, logits.shape[1], logits.device)
-        return self._sample(logits.float(), inp, self._tensors)
+        return self._tensors
 
     def _buffer(self, name: str, rows: int, like: torch.Tensor, cols: int | None = None) -> torch.Tensor:
         cols = like.shape[1] if cols is None else cols
@@ -35,26 +40,45 @@ class Sampler:
             buf = self._scratch[name] = torch.empty(rows, cols, dtype=like.dtype, device=like.device)
         return buf[:rows]
 
+    def distribution(self, logits: torch.Tensor, inp: SamplerInput) -> torch.Tensor:
+        """[B, V] the probabilities each row samples from: what a draft model proposes from (q). A greedy row is a
+        point mass on its argmax."""
+        t = self._tensors_for(logits, inp)
+        work = self._processed(logits.float(), inp, t)
+        probs = torch.zeros_like(work)
+        if t.greedy_rows.numel():
+            greedy = work.index_select(0, t.greedy_rows).argmax(dim=-1)
+            probs[t.greedy_rows, greedy] = 1.0
+        if t.random_rows.numel():
+            probs[t.random_rows] = self._random_probs(work, t, t.random_rows)
+        return probs
+
+    def _processed(self, logits: torch.Tensor, inp: SamplerInput, t: SamplingTensors) -> torch.Tensor:
+        """The logits after every per-request edit (token edits, bad words, min_tokens, penalties, the structured-
+        output mask); `logits` itself when none applies (the raw logits stay intact for the logprobs)."""
+        batch = logits.shape[0]
+        short = t.min_tokens.active(inp.output_token_ids) if t.min_tokens is not None else []
+        edits = t.token_edits is not None or inp.bad_words_token_ids is not None
+        if t.penalties is None and not short and inp.allowed is None and not edits:
+            return logits
+        work = self._buffer("work", batch, logits).copy_(logits)
+        if t.token_edits is not None:
+            apply_token_edits(work, t.token_edits)
+        if inp.bad_words_token_ids is not None:
+            apply_bad_words(work, inp.bad_words_token_ids, inp.output_token_ids)
+        if short:
+            apply_min_tokens(work, t.min_tokens, short)
+        if t.penalties is not None:
+            apply_penalties(work, t.penalties, inp.output_token_ids)
+        if inp.allowed is not None:
+            rows, allowed = inp.allowed
+            index = torch.tensor(rows, device=work.device)
+            work.index_copy_(0, index, work.index_select(0, index).masked_fill_(~allowed, float("-inf")))
+        return work
+
     def _sample(self, logits: torch.Tensor, inp: SamplerInput, t: SamplingTensors) -> SamplerOutput:
         batch, vocab = logits.shape
-        short = t.min_tokens.active(inp.output_token_ids) if t.min_tokens is not None else []
-        work = logits  # the raw logits stay intact for the logprobs
-        edits = t.token_edits is not None or inp.bad_words_token_ids is not None
-        if t.penalties is not None or short or inp.allowed is not None or edits:
-            work = self._buffer("work", batch, logits).copy_(logits)
-            if t.token_edits is not None:
-                apply_token_edits(work, t.token_edits)
-            if inp.bad_words_token_ids is not None:
-                apply_bad_words(work, inp.bad_words_token_ids, inp.output_token_ids)
-            if short:
-                apply_min_tokens(work, t.min_tokens, short)
-            if t.penalties is not None:
-                apply_penalties(work, t.penalties, inp.output_token_ids)
-            if inp.allowed is not None:
-                rows, allowed = inp.allowed
-                index = torch.tensor(rows, device=work.device)
-                work.index_copy_(0, index, work.index_select(0, index).masked_fill_(~allowed, float("-inf")))
-
+        work = self._processed(logits, inp, t)
         token_ids = torch.empty(batch, dtype=torch.long, device=logits.device)
         num_greedy = t.greedy_rows.numel()
         for rows in row_chunks(num_greedy, vocab, logits.device):
@@ -65,7 +89,29 @@ class Sampler:
             idx = t.random_rows[rows]
             x = torch.index_select(work, 0, idx, out=self._buffer("rows", idx.numel(), work))
             token_ids[idx] = self._sample_random_rows(x, t, rows, inp.generators)
+        if inp.draft is not None:  # before the logprobs: they are the kept tokens'
+            d = inp.draft
+            token_ids[d.rows] = rejection_sample(self._random_probs(work, t, d.rows), d.probs, d.token_ids,
+                                                 token_ids[d.rows])
         return _with_logprobs(logits, token_ids, t)
+
+    def _random_probs(self, work: torch.Tensor, t: SamplingTensors, batch_rows: torch.Tensor) -> torch.Tensor:
+        """[len(batch_rows), V] the distribution the random rows `batch_rows` sample from: softmax of their edited
+        logits after temperature, min-p, top-k and top-p (what the race in _sample_random_rows draws from)."""
+        where = torch.full((work.shape[0],), -1, dtype=torch.long, device=work.device)
+        where[t.random_rows] = torch.arange(t.random_rows.numel(), device=work.device)
+        pos = where[batch_rows]  # each row's index among the random rows, which the parameter tensors follow
+        x = work.index_select(0, batch_rows)
+        if t.temperature is not None:
+            x.div_(t.temperature[pos])
+        if t.log_min_p is not None:
+            apply_min_p(x, t.log_min_p[pos])
+        if t.filters is not None:
+            filters = t.filters.take(pos.tolist())
+            if num_candidates := filters.num_candidates(slice(0, len(pos))):
+                cand = top_k_top_p(x, filters.top_k, filters.top_p, num_candidates)
+                x.masked_fill_(x < cand.cutoff, float("-inf"))
+        return torch.softmax(x, dim=-1)
 
     def _sample_random_rows(
         self, x: torch.Tensor, t: SamplingTensors, rows: slice, generators: list[torch.Generator | None]

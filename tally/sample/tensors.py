@@ -29,6 +29,12 @@ class FilterTensors:
     top_p_on: list[bool]
     vocab_size: int
 
+    def take(self, positions: list[int]) -> FilterTensors:
+        """The filters of these random rows only, in this order."""
+        index = torch.tensor(positions, dtype=torch.long, device=self.top_k.device)
+        return FilterTensors(self.top_k[index], self.top_p[index], [self.top_k_list[i] for i in positions],
+                             [self.top_p_on[i] for i in positions], self.vocab_size)
+
     def num_candidates(self, rows: slice) -> int:
         """How many top logits rows[a:b] must look at; 0 when none of them filters."""
         vocab = self.vocab_size

@@ -1,0 +1,80 @@
+"""The draft model of `{"method": "draft_model"}` speculation, loaded beside the target and checked against it once,
+at start-up: the same vocabulary (its proposals are the target's token ids), a context as long as max_model_len,
+no sliding window (its KV shares the target's block tables, and a window would give blocks back under it), one
+process. Its weights run the projection path measured for the target; its KV cache has the target's dtype and
+lives in the same pool blocks (tally/engine/model_setup.py sizes the pool for both)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tally.attention.backend import make_backend
+from tally.attention.kv_cache import KVCache
+from tally.engine.config import EngineConfig
+from tally.errors import ConfigError, ModelLoadError
+from tally.ledger.kv import KVLayout
+from tally.models.builder import build_model
+from tally.models.config import ModelConfig
+from tally.models.key_smoothing import calibration_ids, measure_key_scales
+from tally.models.llama import CausalLM
+from tally.models.loader import load_checkpoint
+from tally.models.tokenizer import load_tokenizer
+
+
+@dataclass
+class DraftModel:
+    name: str
+    config: ModelConfig
+    model: CausalLM
+    layout: KVLayout  # its KV per block, which every pool block holds beside the target's
+    weight_bytes: int
+    kv_caches: list[tuple[KVCache, KVCache]] = field(default_factory=list)  # set once the pool is sized
+
+
+def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Any, dtype: torch.dtype,
+               weight_dtype: torch.dtype | None, max_model_len: int, kv_dtype_name: str) -> DraftModel:
+    spec = config.speculative
+    if config.world_size > 1:
+        raise ConfigError("draft_model speculation runs in one process; use tensor_parallel_size 1 and "
+                          "pipeline_parallel_size 1, or the ngram method")
+    try:
+        ckpt = load_checkpoint(spec.model)
+    except ModelLoadError as exc:
+        raise ConfigError(f"speculative_config's draft model: {exc}") from exc
+    cfg = ckpt.config
+    if cfg.vocab_size != target.vocab_size:
+        raise ConfigError(f"draft model {ckpt.name} has a vocabulary of {cfg.vocab_size:,} tokens, the target "
+                          f"{target.vocab_size:,}; a draft must share the target's tokenizer")
+    draft_vocab, target_vocab = load_tokenizer(ckpt).get_vocab(), target_tokenizer.get_vocab()
+    if draft_vocab != target_vocab:
+        differ = len(set(draft_vocab.items()) ^ set(target_vocab.items()))
+        raise ConfigError(f"draft model {ckpt.name}'s tokenizer differs from the target's ({differ:,} token "
+                          "entries differ); a draft must share the target's tokenizer")
+    if cfg.max_position_embeddings < max_model_len:
+        raise ConfigError(f"draft model {ckpt.name} has a context of {cfg.max_position_embeddings:,} tokens, "
+                          f"shorter than max_model_len {max_model_len:,}; lower --max-model-len to ≤ "
+                          f"{cfg.max_position_embeddings} or choose another draft")
+    if cfg.sliding_window is not None or target.sliding_window is not None:
+        raise ConfigError("draft_model speculation does not support sliding-window attention yet (the draft's KV "
+                          "shares the target's blocks); use the ngram method")
+    attn = make_backend(config.attention_backend, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+                        head_dim=cfg.head_dim, scale=cfg.head_dim ** -0.5, sliding_window=None,
+                        compute_dtype=dtype)
+    model = build_model(cfg, dict(ckpt.tensors()), dtype=dtype, quantization=config.served_quantization(
+        ckpt.format == "gguf"), attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)
+    if kv_dtype_name == "int8":
+        model.set_key_smoothing(measure_key_scales(model, calibration_ids(target_tokenizer)))
+    layout = KVLayout.for_model(cfg, kv_dtype=kv_dtype_name, block_size=config.block_size)
+    return DraftModel(ckpt.name, cfg, model, layout, model_weight_bytes(model))
+
+
+def model_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's weights: every distinct tensor once, plus packed integer panels held outside them."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total + sum(getattr(m, "packed_bytes", 0) for m in model.modules())

@@ -1,0 +1,186 @@
+"""Speculative decoding with a draft model: greedy outputs identical to plain decoding (batched, chunked, with prefix
+hits and preemption), sampled outputs from the target's own distribution when the draft's differs, the draft's KV in
+the pool's blocks and all of them back after requests finish or are aborted, bad drafts refused at start."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from support.draft_models import make_perturbed_draft, make_small_draft
+from support.engine_checks import _hf_model, assert_no_block_leak, bytes_for_blocks
+from support.tiny_models import make_checkpoint, make_tokenizer
+
+from tally import LLM, SamplingParams
+from tally.errors import ConfigError
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+KV = 4_000_000
+
+
+def _draft(path, k: int = 3, **more) -> dict:
+    return {"method": "draft_model", "model": str(path), "num_speculative_tokens": k, "adaptive": False, **more}
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny_llama, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("drafts")
+    return {"itself": tiny_llama, "small": make_small_draft(root / "small"),
+            "perturbed": make_perturbed_draft(tiny_llama, root / "perturbed")}
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama):
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, enable_prefix_caching=False)
+    rng = random.Random(0)
+    vocab = llm.get_tokenizer().vocab_size
+    prompts = [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(rng.randint(5, 60))]} for _ in range(12)]
+    return prompts, [llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+
+
+def _tokens(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+BATCHED, CHUNKED = {}, {"max_num_batched_tokens": 7, "max_num_partial_prefills": 2}  # chunks beside verify steps
+PREEMPTED = {"max_model_len": 128, "kv_cache_memory": 12}  # 12 blocks for 12 requests: preemption by recompute
+
+
+@pytest.mark.parametrize("engine_args, which", [
+    (BATCHED, "itself"), (BATCHED, "small"), (CHUNKED, "perturbed"), (PREEMPTED, "perturbed"), (PREEMPTED, "itself"),
+], ids=["batched-itself", "batched-small", "chunked-perturbed", "preempted-perturbed", "preempted-itself"])
+def test_greedy_tokens_are_those_of_plain_decoding(tiny_llama, drafts, reference, engine_args, which):
+    prompts, alone = reference
+    draft = drafts[which]
+    if engine_args.get("kv_cache_memory"):  # blocks hold the target's and the draft's KV
+        n = engine_args["kv_cache_memory"]
+        engine_args = {**engine_args, "kv_cache_memory": bytes_for_blocks(tiny_llama, n) + bytes_for_blocks(draft, n)}
+    llm = LLM(str(tiny_llama), dtype="float32", **{"kv_cache_memory": KV, **engine_args},
+              speculative_config=_draft(draft))
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    stats = llm.engine.speculator.stats
+    assert stats.num_draft_tokens > 0, stats
+    if which == "itself":  # the target as its own draft proposes exactly what it then samples
+        assert stats.num_accepted_tokens == stats.num_draft_tokens, stats
+    if which == "perturbed":
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens, stats
+    assert_no_block_leak(llm)
+    if "max_model_len" in engine_args:
+        assert llm.engine.scheduler.num_preemptions > 0
+
+
+def test_prefix_hits_and_the_adaptive_policy_keep_the_drafts_kv_whole(tiny_llama, reference):
+    """A block the prefix cache hands out must hold the draft's KV as well as the target's, and a draft that sat out
+    an epoch with speculation off must catch up: with the target as its own draft, a stale or missing draft entry
+    anywhere would show as a rejected proposal."""
+    prompts, alone = reference
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV,
+              speculative_config=_draft(tiny_llama, 4, adaptive=True))
+    for _ in range(3):  # later passes hit the cache; the policy measures an epoch off, then one on
+        assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    stats = llm.engine.speculator.stats
+    assert llm.engine.kv.stats.hit_tokens > 0
+    assert stats.num_accepted_tokens == stats.num_draft_tokens > 0, stats
+    assert_no_block_leak(llm)
+
+
+def test_stops_max_tokens_and_logprobs_hold_mid_proposal(tiny_llama, drafts, reference):
+    prompts, _ = reference
+    plain = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV)
+    spec = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, speculative_config=_draft(drafts["itself"], 4))
+    prompts = prompts[:6]
+    for p, text in zip(prompts, (o.outputs[0].text for o in plain.generate(prompts, GREEDY, use_tqdm=False))):
+        if len(text) < 8:
+            continue
+        middle = len(text) * 2 // 3
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[text[middle:middle + 3]],
+                                logprobs=2)
+        a = plain.generate(p, params, use_tqdm=False)[0].outputs[0]
+        b = spec.generate(p, params, use_tqdm=False)[0].outputs[0]
+        assert (b.text, b.token_ids, b.finish_reason) == (a.text, a.token_ids, a.finish_reason)
+        for da, db in zip(a.logprobs, b.logprobs):
+            assert sorted(da) == sorted(db)
+            for t in da:
+                assert db[t].logprob == pytest.approx(da[t].logprob, abs=1e-4)
+    for max_tokens in (1, 2, 3, 5):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        assert _tokens(spec.generate(prompts, params, use_tqdm=False)) == _tokens(
+            plain.generate(prompts, params, use_tqdm=False))
+    assert_no_block_leak(spec)
+
+
+def test_every_block_returns_after_aborts(tiny_llama, drafts, reference):
+    prompts, _ = reference
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, speculative_config=_draft(drafts["perturbed"]))
+    engine = llm.engine
+    params = SamplingParams(temperature=0.8, max_tokens=40, ignore_eos=True)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+    for _ in range(6):  # past the prompts: requests hold proposals' blocks when aborted
+        engine.step()
+    assert engine.speculator.stats.num_draft_tokens > 0
+    for i in range(0, len(prompts), 2):
+        engine.abort_request(str(i))
+    engine.run_until_done()
+    assert_no_block_leak(llm)
+
+
+def test_sampled_tokens_follow_the_target_distribution(tiny_llama, drafts):
+    """Rejection sampling with a draft whose distribution q differs from the target's p: the first two sampled tokens
+    (top-k 4, so 16 pairs), the second drawn by the draft and verified, 2,000 times, against the exact probabilities
+    from transformers' forward of the target's weights; a chi-square test at p = 0.001 (seeded: deterministic)."""
+    hf = _hf_model(tiny_llama)
+
+    def top4(ids: list[int]) -> dict[int, float]:
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0, -1].float()
+        values, idx = logits.topk(4)
+        return dict(zip(idx.tolist(), torch.softmax(values, -1).tolist()))
+
+    prompt = [5, 9, 14, 3, 22, 7]
+    expected = {(a, b): pa * pb for a, pa in top4(prompt).items() for b, pb in top4(prompt + [a]).items()}
+    params = SamplingParams(temperature=1.0, top_k=4, max_tokens=3, ignore_eos=True)
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=8_000_000, seed=1,
+              speculative_config=_draft(drafts["perturbed"], 2))
+    outs = llm.generate([{"prompt_token_ids": prompt}] * 2000, params, use_tqdm=False)
+    stats = llm.engine.speculator.stats
+    assert stats.num_drafts == 2000 and 200 < stats.accepted_per_position[0] < 1800, stats
+    counts: dict[tuple[int, int], int] = {}
+    for o in outs:
+        pair = tuple(o.outputs[0].token_ids[:2])
+        counts[pair] = counts.get(pair, 0) + 1
+    assert set(counts) <= set(expected)
+    chi2 = sum((counts.get(k, 0) - 2000 * p) ** 2 / (2000 * p) for k, p in expected.items())
+    dof = len(expected) - 1
+    limit = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3  # Wilson–Hilferty, 1 - 0.001
+    assert chi2 < limit, (chi2, limit, counts)
+    assert_no_block_leak(llm)
+
+
+def test_the_ledger_shows_the_drafts_weights_and_kv(tiny_llama, drafts):
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, speculative_config=_draft(drafts["small"]))
+    ledger = llm.engine.ledger
+    assert ledger.draft["weight_bytes"] > 0 and 0 < ledger.draft["kv_bytes_per_token"] < ledger.kv_bytes_per_token
+    assert ledger.kv_pool_bytes == ledger.kv_blocks * ledger.block_size * ledger.kv_bytes_per_token
+    assert "draft model" in ledger.format()
+
+
+def test_bad_drafts_fail_at_start_with_what_to_fix(tiny_llama, drafts, tmp_path):
+    other_vocab = make_checkpoint(tmp_path / "other", "llama")
+    make_tokenizer(other_vocab, vocab_size=300)  # another tokenizer over the same embedding size
+    short = make_checkpoint(tmp_path / "short", "llama", max_position_embeddings=64)
+    cases = [
+        ({"method": "draft_model", "num_speculative_tokens": 2}, 'needs "model"'),
+        (_draft(drafts["small"], 0), "num_speculative_tokens must be"),
+        (_draft(tmp_path / "missing"), "draft model: model .* not found"),
+        (_draft(other_vocab), "tokenizer differs"),
+        (_draft(short), "context of 64 tokens"),
+    ]
+    for spec, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, speculative_config=spec)
+    # a pool that holds one max_model_len request of the target alone, not with the draft beside it
+    with pytest.raises(ConfigError, match="the draft model .* takes"):
+        LLM(str(tiny_llama), dtype="float32", max_model_len=256, kv_cache_memory=bytes_for_blocks(tiny_llama, 16),
+            speculative_config=_draft(drafts["itself"]))
