@@ -7,6 +7,7 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 PREFIXES = ("tally:", "vllm:")
 # What the bench reads, by the name each server family uses for it.
@@ -37,6 +38,17 @@ class Histogram:
     buckets: dict[float, float] = field(default_factory=dict)  # upper bound -> cumulative count
     sum: float = 0.0
     count: float = 0.0
+
+    def add_samples(self, samples: list[Sample]) -> None:
+        """A histogram family's samples (several label sets add up)."""
+        for s in samples:
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                self.buckets[le] = self.buckets.get(le, 0.0) + s.value
+            elif s.name.endswith("_sum"):
+                self.sum += s.value
+            elif s.name.endswith("_count"):
+                self.count += s.value
 
 
 @dataclass
@@ -70,15 +82,7 @@ def parse_metrics(text: str) -> Snapshot:
     for family in text_string_to_metric_families(text):
         name = _unprefixed(family.name)
         if family.type == "histogram":
-            hist = snapshot.histograms.setdefault(name, Histogram())
-            for sample in family.samples:
-                if sample.name.endswith("_bucket"):
-                    le = float(sample.labels["le"])
-                    hist.buckets[le] = hist.buckets.get(le, 0.0) + sample.value
-                elif sample.name.endswith("_sum"):
-                    hist.sum += sample.value
-                elif sample.name.endswith("_count"):
-                    hist.count += sample.value
+            snapshot.histograms.setdefault(name, Histogram()).add_samples(family.samples)
         elif family.type == "counter":
             totals = [(s.labels, s.value) for s in family.samples if s.name.endswith("_total")]
             snapshot.counters[name] = sum(v for _, v in totals)

@@ -77,15 +77,7 @@ def parse_scrape(text: str, t_s: float) -> Scrape:
         else:
             continue  # process_*, python_*, the other prefix
         if family.type == "histogram":
-            hist = histograms.setdefault(name, Histogram())
-            for s in family.samples:
-                if s.name.endswith("_bucket"):
-                    le = float(s.labels["le"])
-                    hist.buckets[le] = hist.buckets.get(le, 0.0) + s.value
-                elif s.name.endswith("_sum"):
-                    hist.sum += s.value
-                elif s.name.endswith("_count"):
-                    hist.count += s.value
+            histograms.setdefault(name, Histogram()).add_samples(family.samples)
         elif family.type == "counter":
             counters[name] = [({k: v for k, v in s.labels.items()}, s.value) for s in family.samples
                               if s.name.endswith("_total") or s.name == family.name]
