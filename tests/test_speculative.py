@@ -3,12 +3,16 @@ hits and preemption), sampled outputs from the target's own distribution, every 
 refused at start."""
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
-import torch
-from support.engine_checks import _hf_model, assert_no_block_leak, bytes_for_blocks
+from support.engine_checks import (
+    assert_first_two_tokens_follow,
+    assert_no_block_leak,
+    bytes_for_blocks,
+    first_two_token_probs,
+    top_k_probs,
+)
 
 from tally import LLM, SamplingParams
 from tally.engine import speculation
@@ -131,20 +135,12 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_llama, monkeypatch):
     """Rejection sampling keeps the target's distribution: the first two sampled tokens (top-k 4, so 16 pairs),
     drawn 3,000 times with a proposal verified for the second, against the exact probabilities from transformers'
     forward of the same weights; a chi-square test at p = 0.001 (the engine's seed makes the run deterministic)."""
-    hf = _hf_model(tiny_llama)
-
-    def top4(ids: list[int]) -> dict[int, float]:
-        with torch.no_grad():
-            logits = hf(torch.tensor([ids])).logits[0, -1].float()
-        values, idx = logits.topk(4)
-        return dict(zip(idx.tolist(), torch.softmax(values, -1).tolist()))
-
     prompt = [5, 9, 14, 3, 22, 7]
     # Proposals the target often accepts and sometimes rejects: for each likely first token, the likeliest second
     # (a prompt that makes lookup propose them cannot be built for a random model: any change moves its guesses).
-    likeliest = {a: max(top4(prompt + [a]).items(), key=lambda kv: kv[1])[0] for a in top4(prompt)}
+    likeliest = {a: max(top_k_probs(tiny_llama, prompt + [a]).items(), key=lambda kv: kv[1])[0]
+                 for a in top_k_probs(tiny_llama, prompt)}
     monkeypatch.setattr(speculation, "propose_ngram", lambda ids, lo, hi, k: [likeliest[ids[-1]]])
-    expected = {(a, b): pa * pb for a, pa in top4(prompt).items() for b, pb in top4(prompt + [a]).items()}
 
     # max_tokens 3: after the first token, one proposal for the second (and the third comes free if it holds).
     params = SamplingParams(temperature=1.0, top_k=4, max_tokens=3, ignore_eos=True)
@@ -152,16 +148,7 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_llama, monkeypatch):
     outs = llm.generate([{"prompt_token_ids": prompt}] * 3000, params, use_tqdm=False)
     stats = llm.engine.speculator.stats
     assert stats.num_drafts == 3000 and 500 < stats.num_accepted_tokens < 2500, stats
-    counts: dict[tuple[int, int], int] = {}
-    for o in outs:
-        pair = tuple(o.outputs[0].token_ids[:2])
-        counts[pair] = counts.get(pair, 0) + 1
-    assert set(counts) <= set(expected)
-    chi2 = sum((counts.get(k, 0) - 3000 * p) ** 2 / (3000 * p) for k, p in expected.items())
-    dof = len(expected) - 1
-    # Wilson–Hilferty: the chi-square quantile at 1 - 0.001 for `dof` degrees of freedom.
-    limit = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 < limit, (chi2, limit, counts)
+    assert_first_two_tokens_follow(outs, first_two_token_probs(tiny_llama, prompt))
     assert_no_block_leak(llm)
 
 

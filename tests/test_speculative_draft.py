@@ -3,13 +3,16 @@ hits and preemption), sampled outputs from the target's own distribution when th
 the pool's blocks and all of them back after requests finish or are aborted, bad drafts refused at start."""
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
-import torch
 from support.draft_models import make_perturbed_draft, make_small_draft
-from support.engine_checks import _hf_model, assert_no_block_leak, bytes_for_blocks
+from support.engine_checks import (
+    assert_first_two_tokens_follow,
+    assert_no_block_leak,
+    bytes_for_blocks,
+    first_two_token_probs,
+)
 from support.tiny_models import make_checkpoint, make_tokenizer
 
 from tally import LLM, SamplingParams
@@ -130,31 +133,14 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_llama, drafts):
     """Rejection sampling with a draft whose distribution q differs from the target's p: the first two sampled tokens
     (top-k 4, so 16 pairs), the second drawn by the draft and verified, 2,000 times, against the exact probabilities
     from transformers' forward of the target's weights; a chi-square test at p = 0.001 (seeded: deterministic)."""
-    hf = _hf_model(tiny_llama)
-
-    def top4(ids: list[int]) -> dict[int, float]:
-        with torch.no_grad():
-            logits = hf(torch.tensor([ids])).logits[0, -1].float()
-        values, idx = logits.topk(4)
-        return dict(zip(idx.tolist(), torch.softmax(values, -1).tolist()))
-
     prompt = [5, 9, 14, 3, 22, 7]
-    expected = {(a, b): pa * pb for a, pa in top4(prompt).items() for b, pb in top4(prompt + [a]).items()}
     params = SamplingParams(temperature=1.0, top_k=4, max_tokens=3, ignore_eos=True)
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=8_000_000, seed=1,
               speculative_config=_draft(drafts["perturbed"], 2))
     outs = llm.generate([{"prompt_token_ids": prompt}] * 2000, params, use_tqdm=False)
     stats = llm.engine.speculator.stats
     assert stats.num_drafts == 2000 and 200 < stats.accepted_per_position[0] < 1800, stats
-    counts: dict[tuple[int, int], int] = {}
-    for o in outs:
-        pair = tuple(o.outputs[0].token_ids[:2])
-        counts[pair] = counts.get(pair, 0) + 1
-    assert set(counts) <= set(expected)
-    chi2 = sum((counts.get(k, 0) - 2000 * p) ** 2 / (2000 * p) for k, p in expected.items())
-    dof = len(expected) - 1
-    limit = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3  # Wilson–Hilferty, 1 - 0.001
-    assert chi2 < limit, (chi2, limit, counts)
+    assert_first_two_tokens_follow(outs, first_two_token_probs(tiny_llama, prompt))
     assert_no_block_leak(llm)
 
 

@@ -1,6 +1,9 @@
-"""Shared pieces of the engine tests: the transformers oracle and a block-leak check."""
+"""Shared pieces of the engine tests: the transformers oracle (greedy tokens, sampled distributions) and a block-leak
+check."""
 from __future__ import annotations
 
+import math
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -36,6 +39,31 @@ def _hf_model(model_dir: Path):
         _HF_CACHE[key] = transformers.AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     return _HF_CACHE[key]
+
+
+def top_k_probs(model_dir: Path, ids: list[int], k: int = 4) -> dict[int, float]:
+    """The next token's distribution after `ids` under top-k sampling at temperature 1, from transformers."""
+    with torch.no_grad():
+        logits = _hf_model(model_dir)(torch.tensor([ids])).logits[0, -1].float()
+    values, idx = logits.topk(k)
+    return dict(zip(idx.tolist(), torch.softmax(values, -1).tolist()))
+
+
+def first_two_token_probs(model_dir: Path, prompt: list[int], k: int = 4) -> dict[tuple[int, int], float]:
+    """The exact distribution of the first two sampled tokens (top-k, temperature 1), from transformers."""
+    return {(a, b): pa * pb for a, pa in top_k_probs(model_dir, prompt, k).items()
+            for b, pb in top_k_probs(model_dir, prompt + [a], k).items()}
+
+
+def assert_first_two_tokens_follow(outputs: list, expected: dict[tuple[int, int], float]) -> None:
+    """A chi-square test at p = 0.001 that the outputs' first two tokens are drawn from `expected`."""
+    n = len(outputs)
+    counts = Counter(tuple(o.outputs[0].token_ids[:2]) for o in outputs)
+    assert set(counts) <= set(expected)
+    chi2 = sum((counts.get(k, 0) - n * p) ** 2 / (n * p) for k, p in expected.items())
+    dof = len(expected) - 1
+    limit = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3  # Wilson–Hilferty: the 0.999 quantile
+    assert chi2 < limit, (chi2, limit, counts)
 
 
 def bytes_for_blocks(model_dir: Path, n: int, block_size: int = 16) -> int:
