@@ -9,6 +9,7 @@ import pytest
 from support.engine_checks import (
     assert_first_two_tokens_follow,
     assert_no_block_leak,
+    assert_speculation_stops_where_plain_decoding_does,
     bytes_for_blocks,
     first_two_token_probs,
     top_k_probs,
@@ -82,26 +83,7 @@ def test_stops_max_tokens_and_logprobs_hold_mid_proposal(tiny_llama, reference):
     prompts, _ = reference
     plain = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000)
     spec = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, speculative_config=FIXED)
-    texts = [o.outputs[0].text for o in plain.generate(prompts, GREEDY, use_tqdm=False)]
-    # A stop string from the second half of each greedy text: the speculative run must stop at the same place.
-    for p, text in zip(prompts, texts):
-        if len(text) < 8:
-            continue
-        middle = len(text) * 2 // 3
-        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[text[middle:middle + 3]],
-                                logprobs=2)
-        a = plain.generate(p, params, use_tqdm=False)[0].outputs[0]
-        b = spec.generate(p, params, use_tqdm=False)[0].outputs[0]
-        assert (b.text, b.token_ids, b.finish_reason, b.stop_reason) == (a.text, a.token_ids, a.finish_reason,
-                                                                          a.stop_reason)
-        assert [sorted(d) for d in b.logprobs] == [sorted(d) for d in a.logprobs]
-        for da, db in zip(a.logprobs, b.logprobs):
-            for t in da:
-                assert db[t].logprob == pytest.approx(da[t].logprob, abs=1e-4)
-    for max_tokens in (1, 2, 3, 5):
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        assert _tokens(spec.generate(prompts, params, use_tqdm=False)) == _tokens(
-            plain.generate(prompts, params, use_tqdm=False))
+    assert_speculation_stops_where_plain_decoding_does(plain, spec, prompts)
     _spoke(spec)
     assert_no_block_leak(spec)
 

@@ -10,6 +10,7 @@ from support.draft_models import make_perturbed_draft, make_small_draft
 from support.engine_checks import (
     assert_first_two_tokens_follow,
     assert_no_block_leak,
+    assert_speculation_stops_where_plain_decoding_does,
     bytes_for_blocks,
     first_two_token_probs,
 )
@@ -92,24 +93,7 @@ def test_stops_max_tokens_and_logprobs_hold_mid_proposal(tiny_llama, drafts, ref
     prompts, _ = reference
     plain = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV)
     spec = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, speculative_config=_draft(drafts["itself"], 4))
-    prompts = prompts[:6]
-    for p, text in zip(prompts, (o.outputs[0].text for o in plain.generate(prompts, GREEDY, use_tqdm=False))):
-        if len(text) < 8:
-            continue
-        middle = len(text) * 2 // 3
-        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[text[middle:middle + 3]],
-                                logprobs=2)
-        a = plain.generate(p, params, use_tqdm=False)[0].outputs[0]
-        b = spec.generate(p, params, use_tqdm=False)[0].outputs[0]
-        assert (b.text, b.token_ids, b.finish_reason) == (a.text, a.token_ids, a.finish_reason)
-        for da, db in zip(a.logprobs, b.logprobs):
-            assert sorted(da) == sorted(db)
-            for t in da:
-                assert db[t].logprob == pytest.approx(da[t].logprob, abs=1e-4)
-    for max_tokens in (1, 2, 3, 5):
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        assert _tokens(spec.generate(prompts, params, use_tqdm=False)) == _tokens(
-            plain.generate(prompts, params, use_tqdm=False))
+    assert_speculation_stops_where_plain_decoding_does(plain, spec, prompts[:6])
     assert_no_block_leak(spec)
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from tally import SamplingParams
+
 
 def hf_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
     """Greedy tokens and their logprobs from Hugging Face transformers' own forward and cache, one
@@ -64,6 +66,32 @@ def assert_first_two_tokens_follow(outputs: list, expected: dict[tuple[int, int]
     dof = len(expected) - 1
     limit = dof * (1 - 2 / (9 * dof) + 3.09 * math.sqrt(2 / (9 * dof))) ** 3  # Wilson–Hilferty: the 0.999 quantile
     assert chi2 < limit, (chi2, limit, counts)
+
+
+def assert_speculation_stops_where_plain_decoding_does(plain, spec, prompts: list[str]) -> None:
+    """Greedy runs of two LLMs, without and with speculation: a stop string from the second third of each plain
+    text, max_tokens of 1 to 5, and logprobs must give the same text, tokens, finish and stop reasons, even when
+    they fall inside a proposal."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    texts = [o.outputs[0].text for o in plain.generate(prompts, greedy, use_tqdm=False)]
+    for p, text in zip(prompts, texts):
+        if len(text) < 8:
+            continue
+        middle = len(text) * 2 // 3
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[text[middle:middle + 3]],
+                                logprobs=2)
+        a = plain.generate(p, params, use_tqdm=False)[0].outputs[0]
+        b = spec.generate(p, params, use_tqdm=False)[0].outputs[0]
+        assert (b.text, b.token_ids, b.finish_reason, b.stop_reason) == (a.text, a.token_ids, a.finish_reason,
+                                                                          a.stop_reason)
+        assert [sorted(d) for d in b.logprobs] == [sorted(d) for d in a.logprobs]
+        for da, db in zip(a.logprobs, b.logprobs):
+            for t in da:
+                assert abs(db[t].logprob - da[t].logprob) <= 1e-4
+    for max_tokens in (1, 2, 3, 5):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        assert [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)] == \
+            [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
 
 
 def bytes_for_blocks(model_dir: Path, n: int, block_size: int = 16) -> int:
