@@ -38,7 +38,8 @@ def bucketed_rows(rows: int) -> int:
 
 def pad_rows(x: torch.Tensor) -> torch.Tensor:
     """A 2-D input with zero rows added up to `bucketed_rows` (the caller keeps the first x.shape[0] outputs)."""
-    return F.pad(x, (0, 0, 0, bucketed_rows(x.shape[0]) - x.shape[0]))
+    extra = bucketed_rows(x.shape[0]) - x.shape[0]
+    return F.pad(x, (0, 0, 0, extra)) if extra else x  # no copy when the rows are a bucket already
 
 
 def tiled_matmul(x: torch.Tensor, out_features: int, dtype: torch.dtype,
