@@ -7,6 +7,7 @@ parallelism each stage runs its part of the step (tally/engine/pipeline.py).
 """
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.errors import EngineDeadError
+from tally.layers.spin_wait import wait_polling
 from tally.models.llama import CausalLM
 
 
@@ -46,14 +48,20 @@ class TPDriver:
 
     def send(self, step: ModelStep | None) -> None:
         """None tells the other ranks to stop."""
+        payload = torch.frombuffer(bytearray(pickle.dumps(step)), dtype=torch.uint8)
         try:
-            dist.broadcast_object_list([step], src=0, group=self.control)
+            dist.broadcast(torch.tensor([len(payload)]), src=0, group=self.control)
+            dist.broadcast(payload, src=0, group=self.control)
         except RuntimeError as exc:
             raise EngineDeadError(f"a parallel rank is gone ({exc}); the engine cannot run a step without every "
                                   "rank: restart the server") from exc
 
 
 def receive_step(control: dist.ProcessGroup) -> ModelStep | None:
-    box: list[ModelStep | None] = [None]
-    dist.broadcast_object_list(box, src=0, group=control)
-    return box[0]
+    """Polls for the next step a while before sleeping in the wait (tally/layers/spin_wait.py): under load the
+    next step comes within milliseconds, and a rank woken from sleep would start it late."""
+    size = torch.empty(1, dtype=torch.long)
+    wait_polling(dist.broadcast(size, src=0, group=control, async_op=True))
+    payload = torch.empty(int(size), dtype=torch.uint8)
+    wait_polling(dist.broadcast(payload, src=0, group=control, async_op=True))
+    return pickle.loads(payload.numpy().tobytes())

@@ -14,6 +14,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from tally.layers.spin_wait import wait_polling
+
 
 @dataclass
 class TPGroup:
@@ -25,7 +27,7 @@ class TPGroup:
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         start = time.perf_counter()
-        dist.all_reduce(t, group=self.group)
+        wait_polling(dist.all_reduce(t, group=self.group, async_op=True))
         self._count(start)
         return t
 
@@ -35,7 +37,7 @@ class TPGroup:
         if t.shape[1] < width:
             t = F.pad(t, (0, width - t.shape[1]))
         parts = [torch.empty_like(t) for _ in range(self.size)]
-        dist.all_gather(parts, t.contiguous(), group=self.group)
+        wait_polling(dist.all_gather(parts, t.contiguous(), group=self.group, async_op=True))
         self._count(start)
         return torch.cat(parts, dim=1)[:, :total]
 
