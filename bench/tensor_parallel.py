@@ -2,7 +2,8 @@
 streams for TP=2 and PP=2, and for TP the share of each step spent in torch.distributed's collectives (the
 all-reduces after attention and the MLP, the embedding's all-reduce and the logits' all-gather), beside what the
 ledger predicts for them (tally/ledger/comm.py) from the gloo link measured in the same run
-(tally/ledger/link_probe.py).
+(tally/ledger/link_probe.py). For PP, whose transfers wait on the other stage's work and so cannot be timed apart
+from it, the time a PP step takes beyond one process on one core (each stage's core) stands for its transfers.
 
 On a 2-core machine TP=2 gives each rank one core where TP=1 gives its one process both: expect little gain; the
 point is what the split costs. The collectives' time is counted by rank 0 (tally/layers/parallel.py:TPGroup); it
@@ -30,10 +31,11 @@ def prompts(n: int) -> list[str]:
     return [f"Continue the play: {lines[(97 * i) % len(lines)]}" for i in range(n)]
 
 
-def run(tp: int, pp: int, ns: argparse.Namespace) -> tuple[dict[int, tuple[float, float, float]], ModelConfig]:
+def run(tp: int, pp: int, ns: argparse.Namespace,
+        threads: int | None = None) -> tuple[dict[int, tuple[float, float, float]], ModelConfig]:
     """concurrency -> (tokens/s, seconds per step, seconds in collectives per step); the model's config."""
     kw = dict(dtype=ns.dtype, max_model_len=512, kv_cache_memory=256 * 2**20, tensor_parallel_size=tp,
-              pipeline_parallel_size=pp)
+              pipeline_parallel_size=pp, threads=threads)
     if ns.quantization:
         kw["quantization"] = ns.quantization
     llm = LLM(ns.model, **kw)
@@ -56,9 +58,9 @@ def run(tp: int, pp: int, ns: argparse.Namespace) -> tuple[dict[int, tuple[float
     return out, llm.engine.model.cfg
 
 
-def predicted_comm_s(cfg: ModelConfig, concurrency: int, link: Link) -> float:
-    """The ledger's TP=2 communication for a decode step of `concurrency` requests (fp32 activations)."""
-    return step_comm(cfg, tp=2, pp=1, tokens=concurrency, logit_rows=concurrency, activation_bytes=4,
+def predicted_comm_s(cfg: ModelConfig, concurrency: int, link: Link, *, tp: int = 1, pp: int = 1) -> float:
+    """The ledger's communication for a decode step of `concurrency` requests (fp32 activations)."""
+    return step_comm(cfg, tp=tp, pp=pp, tokens=concurrency, logit_rows=concurrency, activation_bytes=4,
                      link=link).seconds
 
 
@@ -73,6 +75,7 @@ def main() -> None:
     started = time.perf_counter()
     link = measure_gloo_link()
     (one, cfg), (two, _), (stages, _) = run(1, 1, ns), run(2, 1, ns), run(1, 2, ns)
+    one_core, _ = run(1, 1, ns, threads=1)
     print(f"model {ns.model or 'smollm2-135m'}, dtype {ns.dtype}, quantization {ns.quantization or 'default'}, "
           f"{ns.max_tokens} tokens per request; gloo link measured: {link.latency_s * 1e3:.2f} ms a collective, "
           f"{link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
@@ -80,9 +83,18 @@ def main() -> None:
           f"{'TP=2 ms/step':>13} {'in collectives':>15} {'share':>6} {'ledger ms':>10} {'measured/ledger':>16}")
     for c in ns.concurrency:
         (t1, _, _), (t2, step_s, comm), (tp2, _, _) = one[c], two[c], stages[c]
-        predicted = predicted_comm_s(cfg, c, link)
+        predicted = predicted_comm_s(cfg, c, link, tp=2)
         print(f"{c:>8} {t1:>10.1f} {t2:>11.1f} {t2 / t1:>6.2f} {tp2:>11.1f} {tp2 / t1:>6.2f} {step_s * 1e3:>13.2f} "
               f"{comm * 1e3:>15.2f} {comm / step_s:>6.0%} {predicted * 1e3:>10.2f} {comm / predicted:>16.2f}")
+    print("PP=2 at 1 stream: a stage's work is its share of the one-core step, so what a PP step takes beyond "
+          "the one-core step is its transfers (with more streams micro-batches overlap the stages: not shown)")
+    print(f"{'streams':>8} {'1-core ms/step':>15} {'PP=2 ms/step':>13} {'beyond':>8} {'ledger ms':>10} "
+          f"{'measured/ledger':>16}")
+    for c in (c for c in ns.concurrency if c == 1):
+        beyond = stages[c][1] - one_core[c][1]
+        predicted = predicted_comm_s(cfg, c, link, pp=2)
+        print(f"{c:>8} {one_core[c][1] * 1e3:>15.2f} {stages[c][1] * 1e3:>13.2f} {beyond * 1e3:>8.2f} "
+              f"{predicted * 1e3:>10.2f} {beyond / predicted:>16.2f}")
     print(f"({time.perf_counter() - started:.0f} s)")
 
 

@@ -17,7 +17,7 @@ import logging
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 
 import torch
@@ -113,8 +113,7 @@ def join(config: EngineConfig) -> ParallelContext:
                             world_size=env.world_size, timeout=STEP_TIMEOUT)
     tp = _tp_group(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    pipe = (PipelinePeers(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size)
-            if config.pipeline_parallel_size > 1 else None)
+    pipe = _pipeline_peers(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size)
     return ParallelContext(env, tp, pipe, control, followers)
 
 
@@ -128,6 +127,19 @@ def _tp_group(rank: int, tp: int, pp: int) -> TPGroup | None:
     groups = [dist.new_group(list(range(s * tp, (s + 1) * tp)), backend="gloo", timeout=STEP_TIMEOUT)
               for s in range(pp)]
     return TPGroup(rank % tp, tp, groups[rank // tp])
+
+
+def _pipeline_peers(rank: int, tp: int, pp: int) -> PipelinePeers | None:
+    """This rank's place in the pipeline, with its two-rank groups (tally/engine/pipeline.py). new_group is
+    collective over the whole world, so every rank makes every group, in the same order."""
+    if pp == 1:
+        return None
+    peers = PipelinePeers(rank, tp, pp)
+    pairs = [(s * tp + t, (s + 1) * tp + t) for s in range(pp - 1) for t in range(tp)]
+    groups = {pair: dist.new_group(list(pair), backend="gloo", timeout=STEP_TIMEOUT) for pair in pairs}
+    logits = dist.new_group([0, peers.logits_rank], backend="gloo", timeout=STEP_TIMEOUT)
+    return replace(peers, from_prev=groups.get((peers.prev_rank, rank)), to_next=groups.get((rank, peers.next_rank)),
+                   logits=logits if rank in (0, peers.logits_rank) else None)
 
 
 def rank_cpus(env: RankEnv, allowed: set[int]) -> set[int]:

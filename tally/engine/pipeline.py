@@ -2,10 +2,14 @@
 
 A step's sequences are cut into as many contiguous micro-batches as there are stages, by tokens (each keeps the
 decodes-first order attention needs). Stage s runs each micro-batch in turn: the hidden state [T, H] from stage s-1
-(point-to-point; stage 0 embeds instead), its own layers, then an isend to stage s+1, so it starts on the next
+(stage 0 embeds instead), its own layers, then an asynchronous send to stage s+1, so it starts on the next
 micro-batch while s+1 works on this one. The last stage computes each micro-batch's logit rows and sends them to
 rank 0, which puts them back in the step's order. Under TP x PP the hidden states go between the same TP rank of
 adjacent stages, and the last stage's TP rank 0 alone sends logits.
+
+A send is a broadcast in a process group of the two ranks (one group a direction, so each keeps its order), not
+gloo's point-to-point send: a receive is then a collective the receiver can poll (tally/layers/spin_wait.py), where
+gloo marks a point-to-point receive complete only inside its blocking wait, and a rank asleep there wakes late.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import torch.distributed as dist
 
 from tally.attention.kv_cache import KVCache
 from tally.engine.model_step import ModelStep, run_model_step
+from tally.layers.spin_wait import wait_polling
 from tally.models.llama import CausalLM
 
 
@@ -27,6 +32,9 @@ class PipelinePeers:
     rank: int
     tp_size: int
     num_stages: int
+    from_prev: dist.ProcessGroup | None = None  # {prev_rank, rank}: hidden states in
+    to_next: dist.ProcessGroup | None = None  # {rank, next_rank}: hidden states out
+    logits: dist.ProcessGroup | None = None  # {logits_rank, 0}, on those two ranks
 
     @property
     def stage(self) -> int:
@@ -86,15 +94,15 @@ def _run_stage(model: CausalLM, kv_caches: list[tuple[KVCache, KVCache]], step: 
         hidden = None
         if peers.prev_rank is not None:
             hidden = torch.empty(len(mb.step.input_ids), model.cfg.hidden_size, dtype=model.dtype)
-            dist.recv(hidden, src=peers.prev_rank)
+            wait_polling(dist.broadcast(hidden, src=peers.prev_rank, group=peers.from_prev, async_op=True))
         out = model(mb.step.input_ids, mb.step.positions, kv_caches, mb.step.meta, hidden)
         if peers.next_rank is not None:
             out = out.to(model.dtype).contiguous()  # the shape and dtype the next stage receives into
-            sending.append((dist.isend(out, dst=peers.next_rank), out))
+            sending.append((dist.broadcast(out, src=peers.rank, group=peers.to_next, async_op=True), out))
         elif len(mb.step.logit_rows):
             logits = model.compute_logits(out[mb.step.logit_rows]).contiguous()
             if peers.rank == peers.logits_rank:
-                sending.append((dist.isend(logits, dst=0), logits))
+                sending.append((dist.broadcast(logits, src=peers.rank, group=peers.logits, async_op=True), logits))
     for work, _ in sending:
         work.wait()
     if peers.rank != 0:
@@ -103,6 +111,6 @@ def _run_stage(model: CausalLM, kv_caches: list[tuple[KVCache, KVCache]], step: 
     for mb in batches:
         if len(mb.logit_index):
             part = torch.empty(len(mb.logit_index), vocab, dtype=torch.float32)
-            dist.recv(part, src=peers.logits_rank)
+            wait_polling(dist.broadcast(part, src=peers.logits_rank, group=peers.logits, async_op=True))
             logits[mb.logit_index] = part
     return logits
