@@ -4,11 +4,13 @@ from __future__ import annotations
 import time
 
 from tally import LLM, SamplingParams
+from tally.outputs import RequestOutput
 
 
-def closed_loop(llm: LLM, prompts: list[str], concurrency: int,
-                params: SamplingParams | list[SamplingParams]) -> tuple[float, list[list[int]]]:
-    """Tokens per second over the whole closed loop, and each prompt's tokens."""
+def closed_loop(llm: LLM, prompts: list[str], concurrency: int, params: SamplingParams | list[SamplingParams],
+                finished: list[RequestOutput] | None = None) -> tuple[float, list[list[int]]]:
+    """Tokens per second over the whole closed loop, and each prompt's tokens (each final output appended to
+    `finished` when given: its metrics have the request's timings)."""
     engine = llm.engine
     outputs: dict[str, list[int]] = {}
     pending = list(enumerate(prompts))
@@ -24,6 +26,8 @@ def closed_loop(llm: LLM, prompts: list[str], concurrency: int,
             if out.finished:
                 in_flight -= 1
                 outputs[out.request_id] = out.outputs[0].token_ids
+                if finished is not None:
+                    finished.append(out)
                 generated += len(out.outputs[0].token_ids)
     elapsed = time.perf_counter() - started
     return generated / elapsed, [outputs[str(i)] for i in range(len(prompts))]

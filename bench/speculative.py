@@ -1,20 +1,27 @@
 """Speculative decoding on the built-in model (or --model): tokens/s with speculation off, prompt lookup at a fixed K,
 and prompt lookup with the adaptive policy, at several concurrencies, on two workloads; with --draft-model, a draft
 model at a fixed K and adaptive too (it must share the target's tokenizer: e.g. Qwen2.5-Coder-1.5B-Instruct with
-Qwen2.5-Coder-0.5B-Instruct). Greedy: in float32 every arm
-gives the same tokens; in bf16 a token computed in a verify row (several positions of one sequence) may round
-differently from one computed alone, as with any change of batch shape, so the share of requests whose tokens
-match `off` exactly is printed beside each figure.
+Qwen2.5-Coder-0.5B-Instruct). Greedy: in float32 every arm gives the same tokens; in bf16 a token computed in a
+verify row (several positions of one sequence) may round differently from one computed alone, as with any change of
+batch shape, so the share of requests whose tokens match `off` exactly is printed beside each figure.
 
   quote   questions answered by quoting a document given in the prompt (a Shakespeare scene, asked to repeat a
           speech): the output copies the prompt, prompt lookup's best case
-  code    code completion: the first lines of a Python function from this repository, continued
+  code    code completion: the first lines of a Python function from this repository, after the lines before it
 
 A closed loop per concurrency C: C requests in flight on the offline engine, each replaced when it finishes,
---requests-per-slot x C requests in all. Ratios are against `off` in the same run.
+--requests-per-slot x C requests (at least --min-requests) in all; tokens/s counts every generated token over
+the loop's whole time, prompts' prefill included; TPOT is the mean time per output token after the first, per
+request (the prefill left out: what speculation shortens). Ratios are against `off` in the same run. Every arm
+runs on one engine (one copy of the weights; with --draft-model its KV pool holds both models' KV in every arm, so
+the arms have the same pool): each arm is its own Speculator, swapped in for its runs, its adaptive policy kept
+from one run to the next as a server's would be. Prefix caching is off, so no arm reuses another's prompts.
+Printed per arm: acceptance (accepted / proposed), the acceptance at each proposal position (proposals accepted
+there / requests that verified proposals, vLLM's per-position rate), the mean proposals verified per speculating
+request (K in effect), and preemptions (there should be none).
 
     python bench/speculative.py [--concurrency 1,4,16,32] [--workloads quote,code] [--k 4] [--max-tokens 96]
-                                [--model target.gguf --draft-model draft.gguf]
+                                [--model target.gguf --draft-model draft.gguf] [--arms "draft K fixed,..."]
 """
 from __future__ import annotations
 
@@ -25,6 +32,8 @@ from pathlib import Path
 from closed_loop import closed_loop  # bench/ is on sys.path when a script here runs
 
 from tally import LLM, SamplingParams
+from tally.engine.speculation import Speculator
+from tally.engine.speculative_config import SpeculativeConfig
 from tally.traces import DATA_DIR
 
 ARMS = {
@@ -39,30 +48,27 @@ DRAFT_ARMS = {
 SOURCE_FILES = sorted((Path(__file__).resolve().parents[1] / "tally").rglob("*.py"))
 
 
-def quote_prompts(n: int, rng: random.Random) -> list[str]:
+def quote_prompts(n: int, rng: random.Random, passage_chars: int = 1_500) -> list[str]:
     text = (DATA_DIR / "shakespeare.txt").read_text()
     prompts = []
     for _ in range(n):
         start = rng.randrange(10_000, len(text) - 3_000)
-        passage = text[start:start + 1_500]
-        opening = passage[600:680]
+        passage = text[start:start + passage_chars]
+        opening = passage[passage_chars * 2 // 5:passage_chars * 2 // 5 + 80]
         prompts.append(f"Read this scene.\n\n{passage}\n\nQuote the speech that begins \"{opening}\" word for word, "
                        f"to its end.\n\n{opening}")
     return prompts
 
 
-def code_prompts(n: int, rng: random.Random) -> list[str]:
+def code_prompts(n: int, rng: random.Random, context_lines: int = 40) -> list[str]:
     prompts = []
     while len(prompts) < n:
         lines = rng.choice(SOURCE_FILES).read_text().splitlines()
         starts = [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]
         if starts:
             i = rng.choice(starts)
-            prompts.append("\n".join(lines[max(0, i - 40):i + 4]) + "\n")
+            prompts.append("\n".join(lines[max(0, i - context_lines):i + 4]) + "\n")
     return prompts
-
-
-WORKLOADS = {"quote": quote_prompts, "code": code_prompts}
 
 
 def main() -> None:
@@ -73,6 +79,9 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--requests-per-slot", type=int, default=2)
     p.add_argument("--min-requests", type=int, default=6)
+    p.add_argument("--context-lines", type=int, default=40, help="code: lines of the file before the function")
+    p.add_argument("--passage-chars", type=int, default=1_500, help="quote: characters of the scene in the prompt")
+    p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--model", default=None, help="the target (default: the built-in model)")
     p.add_argument("--draft-model", default=None, help="adds the draft-model arms, this model proposing")
@@ -83,34 +92,71 @@ def main() -> None:
                        if a.draft_model else {})}
     if a.arms:
         arms = {arm: cfg for arm, cfg in arms.items() if arm == "off" or arm in a.arms.split(",")}
-    llms = {arm: LLM(a.model, max_model_len=2048, kv_cache_memory=1 << 30, dtype=a.dtype,
-                     speculative_config=None if cfg is None else {**cfg, "num_speculative_tokens": a.k})
-            for arm, cfg in arms.items()}
+    configs = {arm: None if cfg is None else SpeculativeConfig.parse({**cfg, "num_speculative_tokens": a.k})
+               for arm, cfg in arms.items()}
+    loaded = next((c for c in configs.values() if c is not None and c.model is not None), None)
+    llm = LLM(a.model, max_model_len=2048, kv_cache_memory=a.kv_cache_memory, dtype=a.dtype,
+              enable_prefix_caching=False, speculative_config=loaded and {"model": loaded.model,
+                                                                          "num_speculative_tokens": a.k})
+    engine = llm.engine
+    draft = engine.speculator.draft if engine.speculator is not None else None
+    speculators = {arm: None if c is None else Speculator(c, engine.max_model_len, draft if c.model else None)
+                   for arm, c in configs.items()}
+    workloads = {"quote": lambda n, rng: quote_prompts(n, rng, a.passage_chars),
+                 "code": lambda n, rng: code_prompts(n, rng, a.context_lines)}
     rows = []
     for workload in a.workloads.split(","):
         for c in (int(x) for x in a.concurrency.split(",")):
-            prompts = WORKLOADS[workload](max(a.min_requests, a.requests_per_slot * c), random.Random(c))
+            prompts = workloads[workload](max(a.min_requests, a.requests_per_slot * c), random.Random(c))
             results = {}
-            for arm, llm in llms.items():
-                spec = llm.engine.speculator
-                before = (spec.stats.num_draft_tokens, spec.stats.num_accepted_tokens) if spec else (0, 0)
-                tok_s, tokens = closed_loop(llm, prompts, c, params)
-                drafted = spec.stats.num_draft_tokens - before[0] if spec else 0
-                accepted = spec.stats.num_accepted_tokens - before[1] if spec else 0
-                results[arm] = (tok_s, tokens, drafted, accepted)
-            for arm, (tok_s, tokens, drafted, accepted) in results.items():
+            for arm, spec in speculators.items():
+                engine.speculator = spec
+                st = spec.stats.copy() if spec else None
+                preempted = engine.scheduler.num_preemptions
+                finished: list = []
+                tok_s, tokens = closed_loop(llm, prompts, c, params, finished)
+                results[arm] = (tok_s, tokens, _tpot_ms(finished), _spoke(st, spec.stats) if spec else None,
+                                engine.scheduler.num_preemptions - preempted)
+            for arm, (tok_s, tokens, tpot, spoke, preempted) in results.items():
                 same = sum(t == o for t, o in zip(tokens, results["off"][1])) / len(prompts)
-                rows.append((workload, c, arm, tok_s, tok_s / results["off"][0], drafted, accepted, same))
-                print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.1f} tok/s  {tok_s / results['off'][0]:5.2f}x  "
-                      f"proposed {drafted:6d}  accepted {accepted:6d}  same tokens: {same:.0%}", flush=True)
-    print("\n| workload | concurrency | arm | tok/s | vs off | proposed | accepted | acceptance | same tokens as off |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for workload, c, arm, tok_s, ratio, drafted, accepted, same in rows:
+                ratio = tok_s / results["off"][0]
+                rows.append((workload, c, arm, tok_s, ratio, tpot, spoke, same, preempted))
+                print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.2f} tok/s  {ratio:5.2f}x  TPOT {tpot:7.1f} ms  "
+                      f"{_describe(spoke)}  same tokens: {same:.0%}  preemptions {preempted}", flush=True)
+    print("\n| workload | concurrency | arm | tok/s | vs off | TPOT ms | proposed | accepted | acceptance | "
+          "per position | K in effect | same tokens as off |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for workload, c, arm, tok_s, ratio, tpot, spoke, same, _ in rows:
+        drafted, accepted, drafts, per_position = spoke or (0, 0, 0, [])
         rate = f"{accepted / drafted:.0%}" if drafted else "—"
-        print(f"| {workload} | {c} | {arm} | {tok_s:.1f} | {ratio:.2f}× | {drafted:,} | {accepted:,} | {rate} | "
-              f"{same:.0%} |")
-    flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items())
+        positions = " / ".join(f"{n / drafts:.0%}" for n in per_position) if drafts else "—"
+        k = f"{drafted / drafts:.1f}" if drafts else "—"
+        print(f"| {workload} | {c} | {arm} | {tok_s:.2f} | {ratio:.2f}× | {tpot:.1f} | {drafted:,} | {accepted:,} | "
+              f"{rate} | {positions} | {k} | {same:.0%} |")
+    flags = " ".join(f"--{k.replace('_', '-')} {v!r}" for k, v in vars(a).items() if v is not None)
     print(f"\ncommand: python bench/speculative.py {flags}")
+
+
+def _tpot_ms(finished: list) -> float:
+    """Mean time per output token after the first, over requests (what speculation shortens for each stream)."""
+    gaps = [(o.metrics.last_token_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
+            for o in finished if len(o.outputs[0].token_ids) > 1]
+    return 1000 * sum(gaps) / len(gaps) if gaps else 0.0
+
+
+def _spoke(before, after) -> tuple[int, int, int, list[int]]:
+    """(proposed, accepted, requests that verified proposals, accepted at each position) between two stats."""
+    return (after.num_draft_tokens - before.num_draft_tokens, after.num_accepted_tokens - before.num_accepted_tokens,
+            after.num_drafts - before.num_drafts,
+            [x - y for x, y in zip(after.accepted_per_position, before.accepted_per_position)])
+
+
+def _describe(spoke: tuple[int, int, int, list[int]] | None) -> str:
+    if not spoke or not spoke[2]:
+        return "proposed      0"
+    drafted, accepted, drafts, per_position = spoke
+    return (f"proposed {drafted:6d}  accepted {accepted:6d} ({accepted / drafted:.0%}; per position "
+            f"{' '.join(f'{n / drafts:.0%}' for n in per_position)}; K {drafted / drafts:.1f})")
 
 
 if __name__ == "__main__":

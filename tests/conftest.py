@@ -53,3 +53,14 @@ def torch_kernels(monkeypatch):
     yield
     monkeypatch.undo()
     load.cache_clear()
+
+
+@pytest.fixture
+def terminal(monkeypatch, capsys):
+    """stderr as a terminal, so progress shows as bars: capsys's stream (pytest swaps the streams between setup
+    and the test, hence the class)."""
+    import sys
+
+    monkeypatch.setattr(type(sys.stderr), "isatty", lambda _: True)
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setenv("COLUMNS", "120")

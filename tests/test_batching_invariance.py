@@ -81,7 +81,7 @@ def test_preemption_by_recompute_does_not_change_outputs(model_dir, reference):
     prompts, alone = reference
     # 12 blocks of 16 tokens for 16 requests of up to 70 tokens: the pool must preempt.
     llm = LLM(str(model_dir), dtype="float32", block_size=16, max_model_len=128,
-              kv_cache_memory=bytes_for_blocks(model_dir, 12), enable_prefix_caching=False)
+              kv_cache_memory=bytes_for_blocks(model_dir, 12), enable_prefix_caching=False, preemption_mode="recompute")
     assert _tokens(llm.generate(prompts, GREEDY)) == alone
     assert llm.engine.scheduler.num_preemptions > 0
     assert_no_block_leak(llm)

@@ -33,12 +33,22 @@ def test_a_guidellm_report_holds_each_request_with_guidellms_timings(run):
     assert len(requests["successful"]) == 6 and requests["errored"] == [] and requests["incomplete"] == []
     for r in requests["successful"]:
         assert r["prompt_tokens"] > 0 and r["output_tokens"] == 4 and r["total_tokens"] == r["prompt_tokens"] + 4
-        assert r["request_start_time"] <= r["first_token_time"] <= r["last_token_time"] <= r["request_end_time"]
-        assert r["time_to_first_token_ms"] == pytest.approx(1e3 * (r["first_token_time"] - r["request_start_time"]))
-        assert r["inter_token_latency_ms"] == pytest.approx(1e3 * (r["last_token_time"] - r["first_token_time"]) / 3)
+        assert r["input_metrics"]["text_tokens"] == r["prompt_tokens"] and r["output_metrics"]["text_tokens"] == 4
+        t = r["info"]["timings"]  # what GuideLLM's loader computes the figures below from
+        first, last = t["first_token_iteration"], t["last_token_iteration"]
+        assert r["request_start_time"] == t["request_start"] <= first <= last <= t["request_end"]
+        assert t["request_end"] == r["request_end_time"]
+        assert r["time_to_first_token_ms"] == pytest.approx(1e3 * (first - r["request_start_time"]))
+        assert r["inter_token_latency_ms"] == pytest.approx(1e3 * (last - first) / 3)
         # GuideLLM's time per output token spans the whole request, the first token's wait included.
-        assert r["time_per_output_token_ms"] == pytest.approx(1e3 * (r["last_token_time"] - r["request_start_time"]) / 4)
+        assert r["time_per_output_token_ms"] == pytest.approx(1e3 * (last - r["request_start_time"]) / 4)
     assert benchmark["start_time"] < benchmark["end_time"] and benchmark["duration"] > 0
+    # GuideLLM's scenario: the arrival process as its profile, the lengths sent as its synthetic data
+    spec = report["config"]["spec"]
+    assert spec["profile"] == {"kind": "concurrent", "streams": [2]}
+    assert spec["data"] == [{"kind": "synthetic_text", "prompt_tokens": 20, "prompt_tokens_stdev": None,
+                             "prompt_tokens_min": 20, "prompt_tokens_max": 20, "output_tokens": 4,
+                             "output_tokens_stdev": None, "output_tokens_min": 4, "output_tokens_max": 4}]
 
 
 def test_a_guidellm_report_has_the_metrics_a_notebook_reads(run):

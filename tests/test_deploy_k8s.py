@@ -70,7 +70,7 @@ def _arg(container: dict, flag: str) -> str:
 
 def _planned_memory(capsys, case: dict, concurrency: int, reserve: str) -> tuple[int, int, int]:
     """What `tally plan` says one pod needs: weights, KV for `concurrency` requests of max_model_len, the reserve."""
-    assert main(["plan", "--model", case["plan_model"], "--dtype", case["dtype"], "--kv-dtype", case["kv_dtype"],
+    assert main(["plan", "--model", case["plan_model"], "--dtype", case["dtype"], "--kv-cache-dtype", case["kv_dtype"],
                  "--max-model-len", str(case["max_model_len"]), "--concurrency", str(concurrency),
                  "--reserve", reserve, "--memory", "1TiB", "--bandwidth", "100GB/s", "--flops", "1T", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)

@@ -25,10 +25,10 @@ def test_no_flags_give_the_dataclass_defaults():
 def test_every_field_is_a_flag_with_help():
     p = argparse.ArgumentParser()
     add_engine_args(p)
-    flags = {opt for action in p._actions for opt in action.option_strings}
+    actions = {action.dest: action for action in p._actions}
     for f in fields(EngineConfig):
-        assert "--" + f.name.replace("_", "-") in flags
-        assert f.metadata["help"]
+        assert "--" + f.name.replace("_", "-") in actions[f.name].option_strings
+        assert actions[f.name].help
 
 
 def test_flags_convert_to_the_field_types():

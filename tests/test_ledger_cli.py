@@ -1,4 +1,4 @@
-"""`tally plan` end to end: table and JSON, presets and real files, --compare, --lengths, --tp."""
+"""`tally plan` end to end: table and JSON, presets and real files, --compare, --lengths, -tp."""
 from __future__ import annotations
 
 import importlib.util
@@ -49,14 +49,14 @@ def test_oversubscribed_concurrency_is_warned(capsys):
 def test_weights_that_do_not_fit_are_warned(capsys):
     out = _plan_json(capsys, "--model", "Llama-3.1-70B", "--device", "a100-80gb", "--max-model-len", "4096")
     assert out["max_concurrency"] == 0
-    assert any("--tp" in w for w in out["warnings"])
+    assert any("-tp" in w for w in out["warnings"])
 
 
 def test_tensor_parallel_halves_weights_and_kv_and_adds_buffers(capsys):
     one = _plan_json(capsys, "--model", "Llama-3.1-70B", "--device", "h100-80gb", "--max-model-len", "8192",
-                     "--tp", "2")
+                     "-tp", "2")
     four = _plan_json(capsys, "--model", "Llama-3.1-70B", "--device", "h100-80gb", "--max-model-len", "8192",
-                      "--tp", "4")
+                      "-tp", "4")
     assert one["kv"]["bytes_per_token_per_device"] == 2 * four["kv"]["bytes_per_token_per_device"]
     assert one["kv"]["bytes_per_token"] == four["kv"]["bytes_per_token"] == 2 * 80 * 8 * 128 * 2
     assert four["weights"]["per_device_bytes"] == pytest.approx(one["weights"]["per_device_bytes"] / 2, rel=1e-3)
@@ -65,7 +65,7 @@ def test_tensor_parallel_halves_weights_and_kv_and_adds_buffers(capsys):
 
 
 def test_pipeline_stages_split_the_layers(capsys):
-    out = _plan_json(capsys, "--model", "Qwen2.5-72B", "--device", "h100-80gb", "--tp", "4", "--pp", "2",
+    out = _plan_json(capsys, "--model", "Qwen2.5-72B", "--device", "h100-80gb", "-tp", "4", "-pp", "2",
                      "--max-model-len", "32768")
     stages = out["split"]["stage_weight_bytes"]
     assert len(stages) == 2 and out["weights"]["per_device_bytes"] == max(stages)
@@ -124,7 +124,7 @@ def test_unknown_model_names_the_presets(capsys):
 
 
 def test_tensor_parallel_must_divide_the_heads(capsys):
-    assert main(["plan", "--model", "Qwen2.5-0.5B", "--device", "l4", "--tp", "4"]) == 2
+    assert main(["plan", "--model", "Qwen2.5-0.5B", "--device", "l4", "-tp", "4"]) == 2
     # 7 divides the heads, but not as whole KV groups (2 KV heads): the engine's rule, so the plan's too
     assert "choose tensor_parallel_size from [1, 2, 14]" in capsys.readouterr().err
 

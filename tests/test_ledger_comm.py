@@ -41,7 +41,7 @@ def _plan(capsys, *args: str) -> dict:
 
 def test_a_split_plan_adds_communication_to_the_decode_step(capsys):
     one = _plan(capsys)["decode_one"]
-    split = _plan(capsys, "--tp", "2", "--link", "pcie4")
+    split = _plan(capsys, "-tp", "2", "--link", "pcie4")
     d = split["decode_one"]
     assert split["comm_one"]["collectives"] == 62 and split["comm_one"]["link"] == "pcie4"
     assert d["comm_s"] == split["comm_one"]["seconds"] >= 62 * LINKS["pcie4"].latency_s
@@ -51,7 +51,7 @@ def test_a_split_plan_adds_communication_to_the_decode_step(capsys):
 
 
 def test_an_unknown_link_is_refused_with_the_names_that_work(capsys):
-    assert main(["plan", "--model", "SmolLM2-135M", "--device", "l4", "--tp", "2", "--link", "carrier-pigeon"]) == 2
+    assert main(["plan", "--model", "SmolLM2-135M", "--device", "l4", "-tp", "2", "--link", "carrier-pigeon"]) == 2
     err = capsys.readouterr().err
     assert "carrier-pigeon" in err and "nvlink4" in err and "gloo" in err
 

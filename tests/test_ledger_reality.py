@@ -37,7 +37,7 @@ def test_engine_memory_matches_the_plan():
     gguf = str(resolve_model(None).path)
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert tally_main(["plan", "--model", gguf, "--weights", "dense", "--dtype", "fp32", "--kv-dtype", "fp32",
+        assert tally_main(["plan", "--model", gguf, "--weights", "dense", "--dtype", "fp32", "--kv-cache-dtype", "fp32",
                            "--max-model-len", "512", "--memory", "8GiB", "--bandwidth", "50GB/s",
                            "--flops", "100G", "--json"]) == 0
     plan = json.loads(buf.getvalue())

@@ -1,6 +1,6 @@
 """Pipeline parallelism on torch.distributed (gloo): two stages (and two stages of two TP ranks) in real processes
 give the greedy tokens of one process on every tiny architecture and the built-in model, batched with chunked
-prefill, prefix hits and preemption; each stage holds what `tally plan --pp` says; a stage that dies fails the
+prefill, prefix hits and preemption; each stage holds what `tally plan -pp` says; a stage that dies fails the
 engine cleanly; more stages than layers is refused."""
 from __future__ import annotations
 
@@ -116,8 +116,8 @@ def test_builtin_model_in_two_stages_matches_one_process_and_holds_what_the_plan
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert tally_main(["plan", "--model", str(resolve_model(None).path), "--weights", "dense", "--dtype", "fp32",
-                           "--kv-dtype", "fp32", "--max-model-len", "256", "--memory", "8GiB", "--bandwidth", "50GB/s",
-                           "--flops", "100G", "--pp", "2", "--json"]) == 0
+                           "--kv-cache-dtype", "fp32", "--max-model-len", "256", "--memory", "8GiB", "--bandwidth", "50GB/s",
+                           "--flops", "100G", "-pp", "2", "--json"]) == 0
     plan = json.loads(buf.getvalue())
     with _parallel_llm(None, pipeline_parallel_size=2, **BUILTIN) as llm:
         assert _tokens(llm, prompts) == expected

@@ -2,24 +2,14 @@
 the way elsewhere; `tally eval` shows LLM.generate's bar, and none with --quiet. Off a terminal no bar is drawn."""
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from tally.engine.llm import LLM
+from tally.progress import on_stderr
 from tally.quality.model_run import ModelSpec, run_model
 from tally.quality.settings import Decoding
 from tally.quality.suites import Item, Workload
 from tally.quantize.cli import main as quantize
-from tally.quantize.progress import on_stderr
-
-
-@pytest.fixture
-def terminal(monkeypatch, capsys):
-    """stderr as a terminal: capsys's streams (pytest swaps them between setup and the test, hence the class)."""
-    monkeypatch.setattr(type(sys.stderr), "isatty", lambda _: True)
-    monkeypatch.setenv("TERM", "xterm")
-    monkeypatch.setenv("COLUMNS", "120")
 
 
 def test_quantize_reports_its_layers_line_by_line_off_a_terminal(tiny_llama, tmp_path, capsys):

@@ -34,7 +34,7 @@ def _zeroed_copy(src, dst, layer: int):
 
 def test_unchanged_model_passes_with_zero_deltas_and_json_holds_the_decoding(tiny_llama, tmp_path):
     out = tmp_path / "report.json"
-    rc = main(["--baseline", str(tiny_llama), "--candidate", str(tiny_llama), *SMALL, "--json", str(out)])
+    rc = main(["--baseline", str(tiny_llama), "--candidate", str(tiny_llama), *SMALL, "--out", str(out)])
     report = json.loads(out.read_text())
     assert rc == 0
     assert report["overall"] == "pass" and report["go"] is True
@@ -51,7 +51,7 @@ def test_unchanged_model_passes_with_zero_deltas_and_json_holds_the_decoding(tin
 def test_model_with_a_zeroed_layer_fails_the_gate(tiny_llama, tmp_path, capsys):
     broken = _zeroed_copy(tiny_llama, tmp_path / "broken", layer=0)
     out = tmp_path / "report.json"
-    rc = main(["--baseline", str(tiny_llama), "--candidate", str(broken), *SMALL, "--json", str(out)])
+    rc = main(["--baseline", str(tiny_llama), "--candidate", str(broken), *SMALL, "--out", str(out)])
     report = json.loads(out.read_text())
     assert rc == EXIT_NO_GO
     assert report["overall"] == "fail" and report["go"] is False
@@ -77,7 +77,7 @@ def test_bad_settings_exit_with_usage_code_before_loading_a_model(bad, capsys):
 def test_int8_kv_candidate_changes_only_the_kv_cache(tiny_llama, tmp_path):
     out = tmp_path / "report.json"
     main(["--baseline", str(tiny_llama), "--candidate", str(tiny_llama), "--candidate-kv-cache-dtype", "int8",
-          *SMALL, "--suites", "ppl", "--json", str(out)])
+          *SMALL, "--suites", "ppl", "--out", str(out)])
     report = json.loads(out.read_text())
     assert "kv int8" in report["candidate"]["label"] and report["candidate"]["kv_cache_dtype"] == "int8"
     ppl = report["suites"][0]

@@ -1,47 +1,116 @@
-"""The adaptive policy keeps speculation on only where it measured more tokens per second with it than without,
-re-measures as the load changes,, and verifies every proposal while on."""
+"""The adaptive policy prices a proposal from measured step times (off, then every proposal verified), gives each
+request as many proposals as its own acceptance pays for at that price, turns speculation off where following the
+price fell below off, measures a load again after a while, and answers a heavier load where speculating did not pay
+at a lighter one without measuring."""
 from __future__ import annotations
 
-from tally.engine.speculation_policy import EPOCH_STEPS, EXPLOIT_EPOCHS, SpeculationPolicy
+import numpy as np
+
+from tally.core.request import Request
+from tally.core.scheduler import ScheduledRequest, SchedulerOutput
+from tally.engine.speculation import Speculator
+from tally.engine.speculation_policy import (
+    EPOCH_STEPS,
+    KEEP_STEPS,
+    SpeculationPolicy,
+    proposals_worth_verifying,
+)
+from tally.engine.speculative_config import SpeculativeConfig
+
+ALPHA, LIMITS = np.array([0.9, 0.5]), np.array([4, 4])
 
 
-def _epoch(policy: SpeculationPolicy, tokens_per_step: int, seconds_per_step: float, batch: int = 4) -> None:
-    for _ in range(EPOCH_STEPS):
-        policy.observe_step(tokens_per_step, seconds_per_step, batch)
+def _steps(policy: SpeculationPolicy, n: int, seconds: float, tokens: int = 4, batch: int = 4,
+           proposals: int = 0) -> None:
+    for _ in range(n):
+        policy.observe_step(tokens, seconds, batch, proposals)
 
 
-def _run(off_rate: float, on_rate: float) -> SpeculationPolicy:
-    """An off epoch, then an on epoch, at the given tokens/s."""
-    policy = SpeculationPolicy()
+def _priced(on_seconds: float, batch: int = 4, policy: SpeculationPolicy | None = None) -> SpeculationPolicy:
+    """Off: 4 tokens per 0.1 s step (40 tokens/s); on: 8 proposals per step, each step `on_seconds`."""
+    policy = policy or SpeculationPolicy()
     assert not policy.speculate_now()  # off is measured first
-    _epoch(policy, 10, 10 / off_rate)
+    _steps(policy, EPOCH_STEPS, 0.1, batch=batch)
     assert policy.speculate_now()
-    _epoch(policy, 10, 10 / on_rate)
+    assert policy.choose(ALPHA, LIMITS).tolist() == [4, 4]  # measuring: every proposal verified (fixed K)
+    _steps(policy, EPOCH_STEPS, on_seconds, tokens=12, batch=batch, proposals=8)
     return policy
 
 
-def test_speculation_stays_on_where_it_measured_faster_and_off_where_not():
-    assert _run(off_rate=100, on_rate=250).speculate_now()
-    assert not _run(off_rate=100, on_rate=90).speculate_now()
-    assert not _run(off_rate=100, on_rate=101).speculate_now()  # a tie is not worth the rows
+def test_each_proposal_is_verified_while_its_expected_worth_meets_its_price():
+    # 1.25 ms a proposal at 40 tokens/s: theta 0.05, every proposal of both requests pays
+    assert _priced(on_seconds=0.11).choose(ALPHA, LIMITS).tolist() == [4, 4]
+    # 12.5 ms a proposal: theta 0.5; 0.9^4 = 0.66 pays, 0.5^2 = 0.25 does not
+    assert _priced(on_seconds=0.2).choose(ALPHA, LIMITS).tolist() == [4, 1]
+    # 50 ms a proposal: theta 2, no guess is worth it: nothing is proposed
+    assert _priced(on_seconds=0.5).choose(ALPHA, LIMITS).tolist() == [0, 0]
 
 
-def test_the_choice_is_measured_again_after_a_while():
-    policy = _run(off_rate=100, on_rate=250)
-    for _ in range(EXPLOIT_EPOCHS):
-        assert policy.speculate_now()
-        _epoch(policy, 10, 0.04)
+def test_proposals_worth_verifying():
+    alpha, limits = np.array([0.95, 0.8, 0.5, 0.0, 1.0]), np.array([4, 4, 4, 4, 3])
+    assert proposals_worth_verifying(alpha, limits, 0.0).tolist() == [4, 4, 4, 4, 3]  # rows cost nothing
+    assert proposals_worth_verifying(alpha, limits, 0.6).tolist() == [4, 2, 0, 0, 3]  # 0.8^2 = 0.64 >= 0.6 > 0.8^3
+    assert proposals_worth_verifying(alpha, limits, 1.5).tolist() == [0, 0, 0, 0, 0]
+
+
+def test_speculation_stops_where_following_the_price_fell_below_off_or_nothing_was_worth_verifying():
+    policy = _priced(on_seconds=0.11)
+    _steps(policy, 2 * EPOCH_STEPS, 0.1, tokens=3, proposals=8)  # 30 tokens/s: below off's 40
+    assert not policy.speculate_now() and policy.choose(ALPHA, LIMITS).tolist() == [0, 0]
+    policy = _priced(on_seconds=0.5)  # theta 2: no proposal is worth its price
+    _steps(policy, 2 * EPOCH_STEPS, 0.1, tokens=4)
+    assert not policy.speculate_now()
+    policy = _priced(on_seconds=0.11)
+    _steps(policy, 2 * EPOCH_STEPS, 0.1, tokens=6, proposals=8)  # 60 tokens/s
+    assert policy.speculate_now()
+
+
+def test_the_price_is_measured_again_after_a_while():
+    policy = _priced(on_seconds=0.11)
+    _steps(policy, KEEP_STEPS - 1, 0.1, tokens=6, proposals=8)
+    assert policy.speculate_now()
+    _steps(policy, 1, 0.1, tokens=6, proposals=8)
     assert not policy.speculate_now()  # measuring off again
 
 
-def test_a_different_load_is_measured_again_at_once():
-    policy = _run(off_rate=100, on_rate=250)  # measured at 4 running requests
-    policy.observe_step(10, 0.04, 5)
-    assert policy.speculate_now()
-    policy.observe_step(10, 0.04, 32)  # eight times the batch: what held at 4 says nothing here
+def test_another_load_is_measured_unless_a_lighter_one_did_not_pay():
+    policy = _priced(on_seconds=0.11, batch=4)
+    _steps(policy, 1, 0.1, tokens=6, batch=5, proposals=8)
+    assert policy.speculate_now()  # the same load
+    _steps(policy, 1, 0.1, batch=32)  # eight times the batch: what held at 4 says nothing here
+    assert not policy.speculate_now()  # measuring off
+    _steps(policy, EPOCH_STEPS, 0.4, tokens=32, batch=32)
+    _steps(policy, EPOCH_STEPS, 0.5, tokens=32, batch=32, proposals=64)
+    _steps(policy, 2 * EPOCH_STEPS, 0.5, tokens=32, batch=32, proposals=64)  # 64 tokens/s, off had 80
+    assert not policy.speculate_now()
+    _steps(policy, 1, 0.1, batch=4)  # back at 4: its price holds, no measuring
+    assert policy.speculate_now() and policy.choose(ALPHA, LIMITS).tolist() == [4, 4]
+    _steps(policy, 1, 0.4, batch=100)  # heavier than a load where it did not pay: off, no measuring
+    assert not policy.speculate_now()
+    _steps(policy, EPOCH_STEPS, 0.4, batch=100)
     assert not policy.speculate_now()
 
 
-def test_while_on_every_proposal_is_verified_and_while_off_none():
-    assert _run(off_rate=100, on_rate=250).choose([4, 2, 1]) == [4, 2, 1]
-    assert _run(off_rate=100, on_rate=90).choose([4, 2, 1]) == [0, 0, 0]
+def _decoding(rid: str, motif: list[int]) -> Request:
+    """A request whose last token has yet to be computed, with a repetitive text prompt lookup always matches."""
+    req = Request(rid, motif * 4, max_tokens=100, arrival_time=0.0)
+    req.append_token(motif[0])
+    req.num_computed_tokens = req.num_tokens - 1
+    return req
+
+
+def test_each_request_verifies_what_its_own_acceptance_pays_for():
+    spec = Speculator(SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4}), max_model_len=1_000)
+    good, bad = _decoding("good", [5, 6, 7, 8, 9]), _decoding("bad", [11, 12, 13, 14, 15])
+    _steps(spec.policy, EPOCH_STEPS, 0.1, batch=2)
+    for _ in range(EPOCH_STEPS):
+        spec.propose([good, bad])
+        assert len(good.spec_token_ids) == len(bad.spec_token_ids) == 4  # measuring: every proposal verified
+        # good's proposals all hold; bad's first never does
+        sampled = good.spec_token_ids + [1] + [0] * 5
+        out = SchedulerOutput([ScheduledRequest(good, 5), ScheduledRequest(bad, 5)])
+        assert spec.verify(out, [good, bad], [5, 5], sampled) == [5, 1]
+        spec.policy.observe_step(6, 0.2, 2, 8)
+    # a proposal costs 12.5 ms at 40 tokens/s: theta 0.5, above what bad's first proposal is worth
+    spec.propose([good, bad])
+    assert (len(good.spec_token_ids), len(bad.spec_token_ids)) == (4, 0)

@@ -19,6 +19,7 @@ from tally import LLM, SamplingParams
 from tally.engine import speculation
 from tally.engine.ngram_proposer import propose_ngram
 from tally.errors import ConfigError
+from tally.native import ops
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 FIXED = {**NGRAM, "adaptive": False}  # every proposal verified: the tests check verification, not the policy
@@ -68,6 +69,25 @@ def test_greedy_tokens_are_those_of_plain_decoding(tiny_llama, reference, engine
     assert_no_block_leak(llm)
     if "max_model_len" in engine_args:
         assert llm.engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
+def test_verify_rows_take_the_native_decode_step(tiny_llama, reference):
+    """A verify's positions go in as decode rows, so with native int4 layers the one-call decode step runs them; its
+    rows do not depend on their batch, so the tokens are exactly those of plain decoding on the same path."""
+    prompts, _ = reference
+    plain = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory=4_000_000)
+    alone = _tokens(plain.generate(prompts, GREEDY, use_tqdm=False))
+    llm = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory=4_000_000,
+              speculative_config=FIXED)
+    step, running = llm.engine.model.native_step, llm.engine.scheduler.running
+    verify_steps = []  # native steps with more rows than requests: proposals among them
+    run = step.run
+    step.run = lambda h, rope, meta: verify_steps.append(h.shape[0] > len(running)) or run(h, rope, meta)
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    _spoke(llm)
+    assert any(verify_steps)
+    assert_no_block_leak(llm)
 
 
 def test_greedy_with_prefix_hits_and_the_adaptive_policy(tiny_llama, reference):

@@ -75,9 +75,9 @@ def test_greedy_tokens_are_those_of_plain_decoding(tiny_llama, drafts, reference
 
 
 def test_prefix_hits_and_the_adaptive_policy_keep_the_drafts_kv_whole(tiny_llama, reference):
-    """A block the prefix cache hands out must hold the draft's KV as well as the target's, and a draft that sat out
-    an epoch with speculation off must catch up: with the target as its own draft, a stale or missing draft entry
-    anywhere would show as a rejected proposal."""
+    """A prefix hit gives the target's KV, not the draft's (the draft never wrote it for this request), and a draft
+    that sat out an epoch with speculation off must catch up: with the target as its own draft, a stale or missing
+    draft entry anywhere would show as a rejected proposal."""
     prompts, alone = reference
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV,
               speculative_config=_draft(tiny_llama, 4, adaptive=True))
@@ -86,6 +86,31 @@ def test_prefix_hits_and_the_adaptive_policy_keep_the_drafts_kv_whole(tiny_llama
     stats = llm.engine.speculator.stats
     assert llm.engine.kv.stats.hit_tokens > 0
     assert stats.num_accepted_tokens == stats.num_draft_tokens > 0, stats
+    assert_no_block_leak(llm)
+
+
+def test_while_speculation_is_off_the_draft_does_not_run_and_then_catches_up_in_one_pass(tiny_llama, reference):
+    """"Off" costs the draft nothing: while the policy measures speculation off, no draft pass runs. Measuring it on
+    speculates one request in four, the one the draft is least behind on (here: the shortest), whose every token the
+    first proposal runs in one pass; with the target as its own draft every proposal then holds."""
+    prompts, alone = reference
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV,
+              speculative_config=_draft(tiny_llama, 4, adaptive=True))
+    engine, spec = llm.engine, llm.engine.speculator
+    passes = []  # tokens in each of the draft's forward passes
+    forward = spec.draft._forward
+    spec.draft._forward = lambda spans: passes.append(sum(len(t) for _, _, t in spans)) or forward(spans)
+    for i, p in enumerate(prompts[:4]):
+        engine.add_request(str(i), p, GREEDY)
+    while not spec.policy.speculate_now():
+        engine.step()
+    assert passes == [] and spec.stats.num_draft_tokens == 0
+    shortest = min(r.num_tokens for r in engine.scheduler.running)
+    engine.step()
+    assert len(engine.scheduler.running) == 4 and passes[0] == shortest and spec.stats.num_drafts == 1
+    final = engine.run_until_done()
+    assert [final[str(i)].outputs[0].token_ids for i in range(4)] == alone[:4]
+    assert spec.stats.num_accepted_tokens == spec.stats.num_draft_tokens > 0, spec.stats
     assert_no_block_leak(llm)
 
 

@@ -154,9 +154,9 @@ def test_each_rank_holds_and_talks_what_the_plan_says():
         batched_tokens = llm.engine.config.max_num_batched_tokens
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert tally_main(["plan", "--model", gguf, "--weights", "dense", "--dtype", "fp32", "--kv-dtype", "fp32",
+        assert tally_main(["plan", "--model", gguf, "--weights", "dense", "--dtype", "fp32", "--kv-cache-dtype", "fp32",
                            "--max-model-len", "256", "--memory", "8GiB", "--bandwidth", "50GB/s", "--flops", "100G",
-                           "--tp", "2", "--link", "pcie4", "--max-batched-tokens", str(batched_tokens),
+                           "-tp", "2", "--link", "pcie4", "--max-num-batched-tokens", str(batched_tokens),
                            "--json"]) == 0
     plan = json.loads(buf.getvalue())
     planned = plan["weights"]["per_device_bytes"]

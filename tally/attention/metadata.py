@@ -13,9 +13,9 @@ T = TypeVar("T")
 class AttentionMetadata:
     """A flat varlen batch of B sequences with T = sum(query_lens) new tokens this step.
 
-    The batch is ordered decodes first (query_len == 1), then prefills / prefill chunks /
-    multi-token verify rows; `num_decode_tokens` counts the decodes, which are also the first
-    `num_decode_tokens` sequences.
+    The batch is ordered decodes first (query_len == 1; a speculative verify's positions come as
+    decodes too, one query each: tally/engine/inputs.py), then prefills / prefill chunks;
+    `num_decode_tokens` counts the decodes, which are also the first `num_decode_tokens` sequences.
     """
 
     query_start_loc: list[int]

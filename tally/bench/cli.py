@@ -33,6 +33,7 @@ from tally.bench.runner import (
 from tally.bench.stats import Slo
 from tally.bench.workload import WorkloadConfig
 from tally.errors import ConfigError, TallyError
+from tally.flags import CONCURRENCY, OUT, QUIET, parser
 from tally.traces import load_trace
 from tally.units import parse_duration_s, parse_rate_per_s
 
@@ -62,20 +63,21 @@ def _typed(parse: Callable[[str], object]) -> Callable[[str], object]:
     return convert
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tally bench", description=__doc__, epilog=EXAMPLES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tally bench", __doc__, EXAMPLES)
     p.add_argument("--url", help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="model name to request (default: the server's first model)")
-    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions",
+                   help="/v1/completions or /v1/chat/completions")
     w = p.add_argument_group("workload")
     w.add_argument("--lengths", help="lognormal:k=v,... | fixed:PROMPT,OUTPUT | trace:FILE "
                    f"(default {LogNormalLengths().spec()})")
     w.add_argument("--fit", metavar="FILE", help="fit log-normal lengths to a log, print, exit")
-    w.add_argument("--system-prompt-tokens", type=int, default=0)
+    w.add_argument("--system-prompt-tokens", type=int, default=0,
+                   help="tokens of the system prompt the --prefix-share requests start with")
     w.add_argument("--prefix-share", type=float, default=0.0,
                    help="fraction of requests that start with the shared system prompt")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--seed", type=int, default=0, help="seed of the workload: lengths, prompts and arrivals")
     a = p.add_argument_group("arrivals (one of; default --concurrency 1; --concurrency with an open-loop one caps "
                              "the requests in flight, as vLLM's --max-concurrency)")
     a.add_argument("--rate", type=_typed(parse_rate_per_s), help="Poisson arrivals, requests/s")
@@ -84,34 +86,36 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--phases", type=_typed(parse_phases), help='contiguous rates, "5/s:10s,50/s:2s"')
     a.add_argument("--replay", metavar="FILE", help="send at a trace's timestamps")
     a.add_argument("--time-scale", type=float, default=1.0, help="replay gaps × this")
-    a.add_argument("--concurrency", type=int, help="closed loop with N workers; with --rate, --phases or --replay: "
-                                                   "at most N requests in flight (a request waits for a slot; "
-                                                   "the wait shows as lateness, not latency)")
+    CONCURRENCY.add(a, note=": a closed loop with N workers; with --rate, --phases or --replay at most N (a "
+                            "request waits for a slot; the wait shows as lateness, not latency)")
     r = p.add_argument_group("run")
-    r.add_argument("--duration", type=_typed(parse_duration_s))
+    r.add_argument("--duration", type=_typed(parse_duration_s),
+                   help="how long to send, e.g. 60s (default: 60s, unless --requests, --phases or --replay end the "
+                        "run)")
     r.add_argument("--requests", type=int, help="measured requests (warmup comes on top)")
-    r.add_argument("--warmup", type=_typed(parse_duration_s), default=0.0)
-    r.add_argument("--timeout", type=_typed(parse_duration_s), default=300.0, help="per request")
+    r.add_argument("--warmup", type=_typed(parse_duration_s), default="0s",
+                   help="time sent before measuring starts; its requests are not reported")
+    r.add_argument("--timeout", type=_typed(parse_duration_s), default="300s", help="seconds one request may take")
     r.add_argument("--slo", type=_typed(Slo.parse), help="e.g. ttft=2s,tpot=100ms,e2e=20s")
     r.add_argument("--time-limit", type=_typed(parse_duration_s),
                    help="stop sending after this much run time and report what finished "
                         "(partial; exit status 3)")
     r.add_argument("--grace", type=_typed(parse_duration_s), default=DEFAULT_GRACE_S,
                    help="after Ctrl-C or --time-limit, how long requests in flight may finish "
-                        f"before they are cancelled (default {DEFAULT_GRACE_S:g}s)")
+                        "before they are cancelled")
     r.add_argument("--soak", type=_typed(parse_duration_s), help="long run with sampling and a verdict")
     r.add_argument("--sample", type=_typed(parse_duration_s), help="sampling interval (soak: 30s)")
     r.add_argument("--server-pid", type=int, help="read this local process's RSS when sampling")
     r.add_argument("--tokenizer", type=Path, help="local tokenizer.json (default: /tokenize)")
-    r.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    r.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' (default: $OPENAI_API_KEY)")
     r.add_argument("--extra-body", type=json.loads, default={}, help="JSON merged into requests")
     o = p.add_argument_group("output")
-    o.add_argument("--out", type=Path, help="JSON result with every request record")
+    OUT.add(o, note=": a JSON result with every request record, in --format's shape")
     o.add_argument("--format", default="tally", choices=FORMATS,
                    help="what --out holds: tally's JSON (read by tally plan/alerts), vLLM's benchmark_serving.py "
                         "result JSON, GuideLLM's benchmarks.json report, or one CSV row per request")
     o.add_argument("--html", type=Path, help="self-contained HTML report with plots")
-    o.add_argument("--quiet", action="store_true", help="no live progress line")
+    QUIET.add(o)
     return p
 
 
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             from tally.bench.run_diff import main as compare_main
             return compare_main(argv[1:])
         try:
-            args = _parser().parse_args(argv)
+            args = build_parser().parse_args(argv)
         except SystemExit as exc:  # --help, or a usage error argparse already printed
             return int(exc.code or 0)
         if args.fit:
@@ -191,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         config = BenchConfig(
             url=args.url.rstrip("/"), workload=workload_from_args(args), model=args.model,
             endpoint=args.endpoint, slo=args.slo, timeout_s=args.timeout,
-            tokenizer_path=args.tokenizer, api_key=args.api_key,
+            tokenizer_path=args.tokenizer, api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
             extra_body=tuple(args.extra_body.items()), sample_s=sample_s,
             server_pid=args.server_pid, progress=not args.quiet and sys.stderr.isatty(),
             time_limit_s=args.time_limit, grace_s=args.grace, stop_on_sigint=True)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tally.bench.report_json import load_result
+from tally.flags import parser
 from tally.units import format_s, parse_fraction
 
 
@@ -62,13 +63,16 @@ def _workload_differences(a: dict, b: dict) -> list[str]:
     return sorted(k for k in set(wa) | set(wb) if wa.get(k) != wb.get(k))
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tally bench compare", __doc__)
+    p.add_argument("a", type=Path, help="baseline result (tally bench --out)")
+    p.add_argument("b", type=Path, help="candidate result")
+    p.add_argument("--threshold", default="10%", help="flag changes for the worse beyond this")
+    return p
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tally bench compare", description=__doc__)
-    parser.add_argument("a", type=Path, help="baseline result (tally bench --out)")
-    parser.add_argument("b", type=Path, help="candidate result")
-    parser.add_argument("--threshold", default="10%",
-                        help="flag changes for the worse beyond this (default 10%%)")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     a, b = load_result(args.a), load_result(args.b)
     threshold = parse_fraction(args.threshold, "--threshold")
     rows = compare(a, b, threshold)

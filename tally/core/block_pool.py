@@ -61,12 +61,13 @@ class BlockPool:
             del self._free_cached[block.block_id]
         block.ref_count += 1
 
-    def register(self, block: Block, block_hash: int, token_ids: tuple[int, ...]) -> None:
-        """Make a full block findable by its chained hash (first writer wins)."""
+    def register(self, block: Block, block_hash: int, token_ids: tuple[int, ...]) -> bool:
+        """Make a full block findable by its chained hash (first writer wins); whether this block became it."""
         if block.block_hash is not None or block_hash in self._by_hash:
-            return
+            return False
         block.block_hash, block.token_ids = block_hash, token_ids
         self._by_hash[block_hash] = block.block_id
+        return True
 
     def release(self, blocks: list[Block]) -> None:
         """Drop one reference from each; pass blocks tail first so tails are evicted first."""

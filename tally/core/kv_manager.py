@@ -8,12 +8,17 @@ prefix caching is enabled or the request is such a sibling.
 With a sliding window, blocks every future query is too far ahead to see are given back while the request
 runs (they stay in the prefix cache if registered). Such blocks are always a prefix of the table, so the
 table keeps their places (attention never reads them: it starts at the first query's window) and a count
-says how many leading entries no longer belong to the request."""
+says how many leading entries no longer belong to the request.
+
+With a prefix tier below the pool (tally/core/kv_tiers.py: files on disk), a lookup that misses in the pool goes on
+there: blocks it holds are read into free pool blocks and registered, and are hits like the pool's own; every
+block newly registered is handed to the tier to keep."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tally.core.block_pool import Block, BlockPool
+from tally.core.kv_tiers import PrefixTier, extend_block_keys
 from tally.core.request import Request
 
 
@@ -25,12 +30,13 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, prefix_tier: PrefixTier | None = None) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.sliding_window = sliding_window
         self.stats = PrefixCacheStats()
+        self.prefix_tier = prefix_tier if enable_prefix_caching else None
         self._blocks: dict[str, list[Block]] = {}
         self._num_registered: dict[str, int] = {}
         self._filled_tokens: dict[str, int] = {}  # tokens each request's blocks will hold after this step
@@ -53,6 +59,13 @@ class KVCacheManager:
     def num_held_blocks(self, request_id: str) -> int:
         """Blocks the request holds a reference to (its table minus entries released behind the window)."""
         return len(self._blocks.get(request_id, ())) - self._num_released.get(request_id, 0)
+
+    def swappable_blocks(self, req: Request) -> list[int]:
+        """The request's blocks holding computed tokens, for the swap space; none once leading blocks went back
+        behind a sliding window (a swap-in could not give them back again)."""
+        if self._num_released.get(req.request_id, 0):
+            return []
+        return self.block_table(req.request_id)[:self.blocks_needed(req.num_computed_tokens)]
 
     def _filled(self, request_id: str) -> int:
         return self._filled_tokens.get(request_id, 0)
@@ -79,7 +92,31 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
+        if self.prefix_tier is not None and len(hits) < max_blocks:
+            hits += self._promote(req, hits, max_blocks)
         return hits
+
+    def _promote(self, req: Request, hits: list[Block], max_blocks: int) -> list[Block]:
+        """The prefix tier's run of blocks after the pool's hits, read into blocks free now and registered (ref count
+        0, newest in the LRU). The pool's hits are held meanwhile, so taking free blocks never evicts them."""
+        first, bs = len(hits), self.block_size
+        keys = extend_block_keys(req, bs, max_blocks)
+        last = first
+        while last < max_blocks and self.prefix_tier.holds(keys[last]):
+            last += 1
+        if last == first:
+            return []
+        for block in hits:
+            self.pool.touch(block)
+        blocks = self.pool.allocate(min(last - first, self.pool.num_free_blocks))
+        loaded = self.prefix_tier.load(keys[first:first + len(blocks)], [b.block_id for b in blocks])
+        promoted = 0
+        for i, block in enumerate(blocks[:loaded], first):
+            if not self.pool.register(block, req.block_hashes[i], tuple(req.token_ids[i * bs:(i + 1) * bs])):
+                break  # the pool holds this block after all (a later one than its first miss): the run ends here
+            promoted += 1
+        self.pool.release(list(reversed(hits + blocks)))
+        return blocks[:promoted]
 
     # -- allocation ----------------------------------------------------------------------------
     def allocate(self, req: Request, num_new_tokens: int, cached: list[Block] = ()) -> bool:
@@ -111,9 +148,12 @@ class KVCacheManager:
         start = max(self._num_registered.get(req.request_id, 0), self._num_released.get(req.request_id, 0))
         end = min(req.num_computed_tokens // self.block_size, len(req.block_hashes))
         bs = self.block_size
-        for i in range(start, end):
-            self.pool.register(blocks[i], req.block_hashes[i], tuple(req.token_ids[i * bs:(i + 1) * bs]))
+        new = [i for i in range(start, end)
+               if self.pool.register(blocks[i], req.block_hashes[i], tuple(req.token_ids[i * bs:(i + 1) * bs]))]
         self._num_registered[req.request_id] = max(start, end)
+        if new and self.prefix_tier is not None:
+            keys = extend_block_keys(req, bs, end)
+            self.prefix_tier.store([keys[i] for i in new], [blocks[i].block_id for i in new])
 
     def release_out_of_window(self, req: Request) -> None:
         """Give back the leading blocks no query from position num_computed_tokens on can see: a query at

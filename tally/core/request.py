@@ -41,6 +41,7 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     status: RequestStatus = RequestStatus.WAITING
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks, filled lazily
+    block_keys: list[bytes] = field(default_factory=list)  # the same chain, stable across processes (kv_tiers.py)
     num_cached_tokens: int = -1  # prefix-cache hit at first admission (-1: not admitted yet)
     num_preemptions: int = 0
     first_scheduled_time: float | None = None

@@ -2,7 +2,8 @@
 (prompt + output, and any speculative proposals after them). Prefill chunks and decode tokens share the step;
 requests that fit whole go before chunks of long prompts, so a short prompt never waits behind a long one; the
 queue is otherwise admitted first-come-first-served while the KV pool has room; when it runs out, the newest
-running request is preempted by recompute (proposals are dropped first: nobody is preempted for a bet)."""
+running request is preempted (proposals are dropped first: nobody is preempted for a bet): its blocks go to the swap
+space where that is measured cheaper than recomputing them (tally/core/kv_tiers.py), else it recomputes."""
 from __future__ import annotations
 
 import time
@@ -10,15 +11,17 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tally.core.kv_manager import KVCacheManager
+from tally.core.kv_tiers import SwapTier
 from tally.core.request import Request, RequestStatus
+from tally.flags import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Defaults here are EngineConfig's too (tally/engine/config.py reads them)."""
+    """Defaults here are EngineConfig's too (tally/engine/config.py reads them); the flags' own are every verb's."""
 
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = MAX_NUM_SEQS.default
+    max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS.default
     max_num_partial_prefills: int = 1  # requests whose prefill is split across steps, at once
     enable_chunked_prefill: bool = True
 
@@ -36,9 +39,10 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, swap: SwapTier | None = None) -> None:
         self.config = config
         self.kv = kv
+        self.swap = swap
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -134,15 +138,20 @@ class Scheduler:
             if req.parent is not None and not (req.parent.prefill_done or req.parent.status.finished):
                 i += 1  # an n>1 sibling waits to share its parent's prompt blocks
                 continue
-            cached = self.kv.find_cached_prefix(req)
+            swapped = self.swap.swapped_tokens(req.request_id) if self.swap is not None else 0
+            cached = [] if swapped else self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
-            remaining = req.num_tokens - req.num_computed_tokens - num_cached
+            remaining = req.num_tokens - req.num_computed_tokens - num_cached - swapped
             n = 0 if whole_only and remaining > budget else self._num_new_tokens(remaining, budget, partial)
             if n == 0:
                 i += 1
                 continue
+            req.num_computed_tokens += swapped  # computed again once copied back, before the step runs
             if not self.kv.allocate(req, n, cached):
+                req.num_computed_tokens -= swapped
                 break
+            if swapped:
+                self.swap.swap_in(req.request_id, self.kv.block_table(req.request_id))
             del self.waiting[i]
             if req.num_cached_tokens < 0:  # first admission: preemption recomputes are not hits
                 req.num_cached_tokens = num_cached
@@ -158,8 +167,11 @@ class Scheduler:
         return budget, partial
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> int:
-        """Free req's blocks and requeue it at the front; returns the budget it had taken."""
+        """Free req's blocks (copied to the swap space first, where that measured cheaper than recomputing them) and
+        requeue it at the front; returns the budget it had taken."""
         self.running.remove(req)
+        if self.swap is not None:
+            self.swap.swap_out(req, self.kv.swappable_blocks(req))
         self.kv.free(req)
         req.spec_token_ids.clear()
         req.num_computed_tokens = 0
@@ -190,3 +202,5 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = status
         self.kv.free(req)
+        if self.swap is not None:
+            self.swap.discard(req.request_id)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -9,11 +10,24 @@ from pathlib import Path
 import yaml
 
 from tally.deploy.k8s_canary import CanaryRollout
-from tally.deploy.k8s_config import CANARY, DTYPES, KV_CACHE_DTYPES, METRICS_PREFIXES, STABLE, K8sConfig
+from tally.deploy.k8s_config import CANARY, STABLE, K8sConfig
 from tally.deploy.k8s_manifests import adapter_values, hpa_metric, manifests
 from tally.deploy.k8s_pod import PORT
 from tally.deploy.k8s_sizing import size_pod
 from tally.errors import TallyError
+from tally.flags import (
+    CONCURRENCY,
+    DRAIN_TIMEOUT,
+    DTYPE,
+    KV_CACHE_DTYPE,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    METRICS_PREFIX,
+    OUT,
+    REPLICAS,
+    HelpFormatter,
+    parser,
+)
 from tally.units import parse_bytes, parse_pairs
 
 EPILOG = """examples:
@@ -34,43 +48,39 @@ ManifestDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tally deploy", description=__doc__)
+    p = parser("tally deploy", __doc__)
     targets = p.add_subparsers(dest="target", required=True, metavar="k8s")
-    k = targets.add_parser("k8s", description=__doc__, epilog=EPILOG,
-                           formatter_class=argparse.RawDescriptionHelpFormatter,
+    k = targets.add_parser("k8s", description=__doc__, epilog=EPILOG, formatter_class=HelpFormatter,
                            help="Deployment, Service, HorizontalPodAutoscaler and PodMonitor")
     k.add_argument("--model", default=K8sConfig.model,
                    help="the built-in smollm2-135m (in the image; default), or a checkpoint dir, .gguf file or "
                         "`tally plan` preset to size, served from --model-pvc")
-    k.add_argument("--replicas", type=int, default=1, help="pods to start with; the autoscaler's floor (default 1)")
+    REPLICAS.add(k, default=K8sConfig.replicas, note=": pods to start with; the autoscaler's floor")
     k.add_argument("--max-replicas", type=int, help="the autoscaler's ceiling (default: twice --replicas)")
-    k.add_argument("--max-model-len", type=int, help="tokens per request (default: the model's context)")
-    k.add_argument("--concurrency", type=int, default=K8sConfig.concurrency,
-                   help="requests of --max-model-len tokens each pod's KV pool holds at once; shorter requests "
-                        "share it (default %(default)s)")
-    k.add_argument("--max-num-seqs", type=int, help="requests decoded together (default: tally serve's)")
-    k.add_argument("--dtype", choices=DTYPES,
-                   help="as tally serve; default: float32 for a .gguf or fp32 model, else float16 (fp16 weights, "
-                        "fp32 arithmetic: fast on any AVX2 CPU); bfloat16 where the nodes have bf16 instructions")
-    k.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
-    k.add_argument("--cpus", type=int, default=K8sConfig.cpus, help="whole CPUs per pod (default %(default)s)")
-    k.add_argument("--reserve", default="1GiB",
-                   help="memory beyond weights and KV: Python, torch, the server, activations (default 1GiB)")
-    k.add_argument("--name", default=K8sConfig.name, help="of every object (default %(default)s)")
+    MAX_MODEL_LEN.add(k)
+    CONCURRENCY.add(k, default=K8sConfig.concurrency, note=" in each pod: its KV pool holds this many requests of "
+                                                           "--max-model-len tokens; shorter requests share it")
+    MAX_NUM_SEQS.add(k, default=None, note=" (default: tally serve's)")
+    DTYPE.add(k, note="; the pods are sized for auto as fp32 arithmetic on any AVX2 CPU: float32 for a .gguf or "
+                      "fp32 model, else float16; give bfloat16 where the nodes have bf16 instructions")
+    KV_CACHE_DTYPE.add(k)
+    k.add_argument("--cpus", type=int, default=K8sConfig.cpus, help="whole CPUs per pod")
+    k.add_argument("--reserve", default="1GiB", help="memory beyond weights and KV: Python, torch, the server, "
+                                                     "activations")
+    k.add_argument("--name", default=K8sConfig.name, help="of every object")
     k.add_argument("--namespace", help="default: the one `kubectl apply` uses")
-    k.add_argument("--image", default=K8sConfig.image, help="built from the Dockerfile (default %(default)s)")
+    k.add_argument("--image", default=K8sConfig.image, help="built from the Dockerfile")
     k.add_argument("--model-pvc", metavar="CLAIM", help="PersistentVolumeClaim with the checkpoint, at /models")
     k.add_argument("--api-key-secret", metavar="SECRET", help="a Secret whose key `api-key` guards /v1/*")
-    k.add_argument("--metrics-prefix", default="tally", choices=sorted(METRICS_PREFIXES))
+    METRICS_PREFIX.add(k)
     k.add_argument("--target-waiting", type=float, default=K8sConfig.target_waiting,
-                   help="requests waiting per pod above which the autoscaler adds pods (default %(default)s)")
+                   help="requests waiting per pod above which the autoscaler adds pods")
     k.add_argument("--monitor-label", action="append", default=[], metavar="KEY=VALUE",
                    help="a label on the PodMonitor, for the Prometheus that selects by it (e.g. release=prometheus)")
     k.add_argument("--startup-timeout", type=int, default=K8sConfig.startup_timeout_s,
-                   help="seconds a pod may take to load its model (default %(default)s)")
-    k.add_argument("--drain-timeout", type=int, default=K8sConfig.drain_timeout_s,
-                   help="seconds running requests may finish after SIGTERM (default %(default)s)")
-    k.add_argument("--out", type=Path, help="folder to write one file per object to (default: all to stdout)")
+                   help="seconds a pod may take to load its model")
+    DRAIN_TIMEOUT.add(k, note="; the pods' tally serve --drain-timeout")
+    OUT.add(k, note=": a folder, one file per object (default: all to stdout)")
     c = k.add_argument_group("canary release behind the `tally route` router (docs/deploy.md)")
     c.add_argument("--canary", metavar="FLAGS",
                    help="tally serve flags for the canary's pods, after the stable pods' own (e.g. '--max-num-seqs "
@@ -93,10 +103,11 @@ def config_from_args(ns: argparse.Namespace) -> K8sConfig:
     return K8sConfig(
         model=ns.model, replicas=ns.replicas, max_replicas=ns.max_replicas, name=ns.name, namespace=ns.namespace,
         image=ns.image, max_model_len=ns.max_model_len, concurrency=ns.concurrency, max_num_seqs=ns.max_num_seqs,
-        dtype=ns.dtype, kv_cache_dtype=ns.kv_cache_dtype, cpus=ns.cpus,
+        dtype=None if ns.dtype == "auto" else ns.dtype, kv_cache_dtype=ns.kv_cache_dtype, cpus=ns.cpus,
         reserve_bytes=parse_bytes(ns.reserve, what="--reserve"), model_pvc=ns.model_pvc,
         metrics_prefix=ns.metrics_prefix, target_waiting=ns.target_waiting,
-        startup_timeout_s=ns.startup_timeout, drain_timeout_s=ns.drain_timeout, api_key_secret=ns.api_key_secret,
+        startup_timeout_s=ns.startup_timeout, drain_timeout_s=math.ceil(ns.drain_timeout),
+        api_key_secret=ns.api_key_secret,
         monitor_labels=tuple(labels.items()),
         canary=CanaryRollout.from_args(ns.canary, ns.canary_image, ns.canary_replicas, ns.canary_plan,
                                        ns.canary_rules, ns.canary_eval_interval, ns.canary_sticky_header))

@@ -6,15 +6,12 @@ from dataclasses import dataclass, replace
 
 from tally.deploy.k8s_canary import CanaryRollout
 from tally.errors import ConfigError
+from tally.flags import DTYPES, ENGINE_KV_CACHE_DTYPES, METRICS_PREFIXES
 from tally.models.registry import DEFAULT_MODEL
 from tally.units import GiB
 from tally.version import __version__
 
-# What `tally serve --metrics-prefix` accepts (tally/server/metrics.py: METRICS_PREFIXES), kept here so that writing
-# manifests does not import the server; tests/test_deploy_k8s.py holds the two equal.
-METRICS_PREFIXES = {"tally": "tally:", "vllm": "vllm:"}
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")  # tally serve --kv-cache-dtype
-DTYPES = ("float32", "bfloat16", "float16")  # tally serve --dtype's choices but auto, one spelling each
+SIZED_DTYPES = tuple(d for d in DTYPES if d != "auto")  # auto is None here, sized as k8s_sizing.py says
 
 # Service names are DNS-1035 labels; the other objects take the same name, and namespaces DNS-1123 labels.
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
@@ -65,10 +62,11 @@ class K8sConfig:
             raise ConfigError("--reserve and --drain-timeout cannot be negative")
         if not self.target_waiting > 0:
             raise ConfigError(f"--target-waiting must be above 0 requests per pod, got {self.target_waiting}")
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ConfigError(f"--dtype {self.dtype!r}: choose {' or '.join(DTYPES)}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: choose one of {', '.join(KV_CACHE_DTYPES)}")
+        if self.dtype is not None and self.dtype not in SIZED_DTYPES:
+            raise ConfigError(f"--dtype {self.dtype!r}: choose {' or '.join(SIZED_DTYPES)}")
+        if self.kv_cache_dtype not in ENGINE_KV_CACHE_DTYPES:
+            raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: the pods' CPU engine stores one of "
+                              f"{', '.join(ENGINE_KV_CACHE_DTYPES)}")
         if self.metrics_prefix not in METRICS_PREFIXES:
             raise ConfigError(f"--metrics-prefix {self.metrics_prefix!r}: choose {' or '.join(METRICS_PREFIXES)}")
         _check(_DNS_1035, "--name", self.name, 63)

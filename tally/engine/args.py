@@ -1,33 +1,34 @@
-"""Engine flags for `tally generate` and `tally serve`, made from EngineConfig's fields: one source for each
-option's name, default, choices and help (tally/engine/config.py)."""
+"""Engine flags for `tally generate`, `tally serve` and `tally tune`, made from EngineConfig's fields: one source for
+each option's name, default, choices and help (tally/engine/config.py; the ones other verbs take too, from
+tally/flags.py)."""
 from __future__ import annotations
 
 import argparse
 import types
 import typing
-from dataclasses import fields
+from dataclasses import Field, fields
 
 from tally.engine.config import EngineConfig
+from tally.flags import Flag
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     hints = typing.get_type_hints(EngineConfig)
     for f in fields(EngineConfig):
-        meta = f.metadata
-        names = [*meta["aliases"], "--" + f.name.replace("_", "-")]  # an alias reads first (--max-itl)
-        kind = hints[f.name]
-        if kind is bool:
-            g.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                           help=meta["help"])
-            continue
-        g.add_argument(*names, dest=f.name, type=meta["parse"] or _value_type(kind), default=f.default,
-                       choices=meta["choices"], nargs=meta["nargs"],
-                       help=meta["help"] + ("" if f.default is None else " (default: %(default)s)"))
+        (f.metadata.get("flag") or _flag(f, hints[f.name])).add(g)
 
 
 def config_from_args(ns: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**{f.name: getattr(ns, f.name) for f in fields(EngineConfig)})
+
+
+def _flag(f: Field, kind: object) -> Flag:
+    meta = f.metadata
+    if kind is bool:
+        return Flag(f.name, meta["help"], f.default, aliases=meta["aliases"], action=argparse.BooleanOptionalAction)
+    return Flag(f.name, meta["help"], f.default, type=meta["parse"] or _value_type(kind), choices=meta["choices"],
+                aliases=meta["aliases"], nargs=meta["nargs"])
 
 
 def _value_type(kind: object) -> type:

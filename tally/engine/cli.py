@@ -11,6 +11,7 @@ from tally.engine.distributed import is_follower
 from tally.engine.engine import Engine
 from tally.engine.follower import follow
 from tally.errors import TallyError
+from tally.flags import MAX_TOKENS, parser
 from tally.models.chat_template import (
     chat_prompt,
     has_chat_template,
@@ -19,21 +20,25 @@ from tally.models.chat_template import (
 from tally.sampling_params import SamplingParams
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tally generate", description=__doc__)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tally generate", __doc__)
+    p.add_argument("--prompt", required=True, help="the user message (the prompt as is with --raw)")
+    MAX_TOKENS.add(p, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the smallest set of tokens this likely")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens; 0: all")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than this times the likeliest")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1: none; >1 discourages repeats")
     p.add_argument("--sample-seed", type=int, default=None, help="seed of this request's sampling")
-    p.add_argument("--stop", action="append", default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop at this text (repeat for several)")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     p.add_argument("--verbose", "-v", action="store_true", help="log the ledger and timings")
     add_engine_args(p)
-    ns = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if ns.verbose else logging.WARNING, format="%(message)s")
     try:
         config = config_from_args(ns)

@@ -12,18 +12,35 @@ from tally.attention.backend import BACKEND_NAMES
 from tally.core.scheduler import SchedulerConfig
 from tally.engine.speculative_config import SpeculativeConfig
 from tally.errors import ConfigError
+from tally.flags import (
+    BLOCK_SIZE,
+    DTYPE,
+    ENGINE_KV_CACHE_DTYPES,
+    KV_CACHE_DTYPE,
+    KV_CACHE_MEMORY,
+    MAX_MODEL_LEN,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    MODEL,
+    PIPELINE_PARALLEL_SIZE,
+    QUANTIZATION,
+    QUANTIZATIONS,
+    TENSOR_PARALLEL_SIZE,
+    THREADS,
+    Flag,
+)
 from tally.layers.linear import fp16_weights_supported
 from tally.platform import has_fast_bf16, parse_cpu_list
+from tally.progress import Track, on_stderr, untracked
 from tally.sampling_params import MAX_LOGPROBS
-from tally.units import parse_bytes
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16}  # "float" and "half" (below) are vLLM's spellings
 # fp16 weights with fp32 compute (tally/layers/dense.py Fp16WeightLinear): never fp16 arithmetic on CPU
 FP16_WEIGHT_NAMES = ("float16", "half", "fp16")
-QUANTIZATIONS = ("int8", "int4", "w8a8", "gguf")  # gguf: a GGUF file's blocks as stored
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
 SCHEDULINGS = ("continuous", "static")
+PREEMPTION_MODES = ("auto", "swap", "recompute")  # vLLM's swap and recompute; auto: measured per preemption
+SWAP_SPACE_DTYPES = ("auto", "int8")
 _CANONICAL = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
@@ -52,34 +69,46 @@ def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, a
                                             "nargs": nargs})
 
 
+def shared(flag: Flag) -> Any:
+    """A field whose flag other verbs take too (tally plan's --kv-cache-dtype): defined once in tally/flags.py."""
+    return field(default=flag.default, metadata={"flag": flag})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Every engine option, with vLLM's names; `tally serve` and `tally generate` flags are made from these fields
     (`--max-num-seqs` for max_num_seqs), and `LLM(**kwargs)` takes the same names."""
 
-    model: str | None = option(None, "checkpoint dir, .gguf file, or alias (default: the built-in smollm2-135m)")
-    dtype: str = option("auto", "auto: for half-precision and GGUF checkpoints, the path measured fastest on this "
-                                "CPU at first start (tally tune; cached); float16: fp16 weights, fp32 compute",
-                        choices=("auto", "float32", "float", "bfloat16", "float16", "half"))
-    quantization: str | None = option(None, "quantize on the fly (int8, int4, w8a8); gguf: a GGUF file's blocks "
-                                            "as stored (the default for GGUF files); none: dequantize them",
-                                      choices=(*QUANTIZATIONS, "none"), aliases=("-q",))
-    max_model_len: int | None = option(None, "longest prompt + output in tokens (default: the model's context)")
-    max_num_seqs: int = option(SchedulerConfig.max_num_seqs, "requests decoded together at most")
-    max_num_batched_tokens: int = option(SchedulerConfig.max_num_batched_tokens, "tokens one step computes at most")
+    model: str | None = shared(MODEL)
+    dtype: str = shared(DTYPE)
+    quantization: str | None = shared(QUANTIZATION)
+    max_model_len: int | None = shared(MAX_MODEL_LEN)
+    max_num_seqs: int = shared(MAX_NUM_SEQS)
+    max_num_batched_tokens: int = shared(MAX_NUM_BATCHED_TOKENS)
     max_num_partial_prefills: int = option(SchedulerConfig.max_num_partial_prefills,
                                            "prompts whose prefill is split across steps, at once")
     enable_chunked_prefill: bool = option(SchedulerConfig.enable_chunked_prefill,
                                           "split long prompts across steps beside running decodes")
     enable_prefix_caching: bool = option(True, "reuse the KV blocks of a prompt prefix seen before")
-    block_size: int = option(16, "tokens per KV cache block")
-    kv_cache_dtype: str = option("auto", "int8 stores the KV cache in int8 (twice the tokens of bf16)",
-                                 choices=KV_CACHE_DTYPES)
-    kv_cache_memory: int | None = option(None, "bytes for the KV pool, e.g. 2GiB (default: min(fraction of free "
-                                               "RAM, 2 GiB))", parse=parse_bytes)
+    block_size: int = shared(BLOCK_SIZE)
+    kv_cache_dtype: str = shared(KV_CACHE_DTYPE)
+    kv_cache_memory: int | None = shared(KV_CACHE_MEMORY)
     num_gpu_blocks_override: int | None = option(None, "KV blocks in the pool, whatever the memory budget says "
                                                        "(vLLM's name; for tests of preemption)")
     kv_cache_memory_fraction: float = option(0.25, "share of free RAM the default KV pool may take")
+    swap_space: float = option(4.0, "GiB of RAM beside the KV pool where preempted requests' KV blocks may wait "
+                                    "instead of being recomputed (vLLM's flag); taken only while they wait; 0: off")
+    preemption_mode: str = option("auto", "auto: a preempted request's blocks go to the swap space when copying them "
+                                          "out and back is measured cheaper than recomputing them; swap / recompute: "
+                                          "always that", choices=PREEMPTION_MODES)
+    swap_space_dtype: str = option("auto", "auto: blocks swapped as the pool holds them (exact); int8: a float pool's "
+                                           "blocks swapped in int8 (2-4x more fit, but lossy: a swapped request's "
+                                           "output may change)", choices=SWAP_SPACE_DTYPES)
+    kv_disk_cache_dir: str | None = option(None, "folder of a second prefix cache on disk: full KV blocks by their "
+                                                 "tokens, read back on a prefix-cache miss, also after a restart (a "
+                                                 "sub-folder per model and settings; servers may share it)")
+    kv_disk_cache_size: float = option(10.0, "GiB the disk prefix cache may take in its folder; the least recently "
+                                             "used blocks go first")
     scheduling: str = option("continuous", "static exists only to show what continuous batching buys",
                              choices=SCHEDULINGS)
     attention_backend: str = option("auto", "auto: the reference kernel for plain causal prefills, tiled for "
@@ -98,20 +127,16 @@ class EngineConfig:
                                             "that do not set them (vLLM's default); vllm: none; or a folder")
     max_logprobs: int = option(MAX_LOGPROBS, "the most logprobs (or prompt_logprobs) a request may ask for; each "
                                              "costs a top-k over the vocabulary per token")
-    threads: int | None = option(None, "CPU threads of the model's kernels, per tensor-parallel rank (default: the "
-                                       "physical cores this process, or rank, may run on)",
-                                 aliases=("--cpu-threads",))
+    threads: int | None = shared(THREADS)
     cpu_affinity: str | None = option(None, "CPUs the engine may run on, e.g. 0-3 (taskset's list format): keeps "
                                             "it off the cores a neighbour uses; threads default to its cores")
-    tensor_parallel_size: int = option(1, "processes the model's layers are split over (heads, MLP columns, "
-                                          "vocabulary), torch.distributed gloo; under torchrun one per rank, "
-                                          "else started here on this machine's CPUs", aliases=("-tp",))
-    pipeline_parallel_size: int = option(1, "stages the model's layers are split over, each a contiguous run of "
-                                            "layers, micro-batches flowing through them; with tensor_parallel_size "
-                                            "N, N x this many processes", aliases=("-pp",))
+    tensor_parallel_size: int = shared(TENSOR_PARALLEL_SIZE)
+    pipeline_parallel_size: int = shared(PIPELINE_PARALLEL_SIZE)
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")
+    use_tqdm_on_load: bool = option(True, "a progress bar on stderr while the weights load and dequantize (a line per "
+                                          "tenth of the way where stderr is not a terminal); vLLM's flag")
     served_model_name: str | list[str] | None = option(
         None, "the name(s) the API answers to; the first is reported (default: the checkpoint's)", nargs="+")
 
@@ -142,8 +167,9 @@ class EngineConfig:
                                   "build lacks; use float32 or bfloat16")
         if self.quantization not in (None, "none", *QUANTIZATIONS):
             raise ConfigError(f"quantization {self.quantization!r} unknown; use one of {', '.join(QUANTIZATIONS)}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} unknown; use one of {KV_CACHE_DTYPES}")
+        if self.kv_cache_dtype not in ENGINE_KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one this CPU engine stores; use one of "
+                              f"{', '.join(ENGINE_KV_CACHE_DTYPES)}", param="kv_cache_dtype")
         if self.scheduling not in SCHEDULINGS:
             raise ConfigError(f"scheduling must be one of {SCHEDULINGS}, got {self.scheduling!r}")
         if self.attention_backend not in BACKEND_NAMES:
@@ -176,6 +202,32 @@ class EngineConfig:
             raise ConfigError(f"max_itl_s must be > 0 seconds, got {self.max_itl_s}")
         if not 0 < self.kv_cache_memory_fraction <= 0.9:
             raise ConfigError("kv_cache_memory_fraction must be in (0, 0.9]")
+        self._check_kv_tiers()
+
+    def _check_kv_tiers(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ConfigError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.swap_space_dtype not in SWAP_SPACE_DTYPES:
+            raise ConfigError(f"swap_space_dtype must be one of {SWAP_SPACE_DTYPES}, got {self.swap_space_dtype!r}")
+        if not self.swap_space >= 0:
+            raise ConfigError(f"swap_space must be ≥ 0 GiB, got {self.swap_space}", param="swap_space")
+        if not self.kv_disk_cache_size > 0:
+            raise ConfigError(f"kv_disk_cache_size must be > 0 GiB, got {self.kv_disk_cache_size}",
+                              param="kv_disk_cache_size")
+        if self.preemption_mode == "swap" and self.swap_space == 0:
+            raise ConfigError("preemption_mode swap needs a swap space: set swap_space > 0 GiB", param="swap_space")
+        if self.kv_disk_cache_dir is not None and not self.enable_prefix_caching:
+            raise ConfigError("kv_disk_cache_dir is a second prefix cache: it needs enable_prefix_caching",
+                              param="kv_disk_cache_dir")
+        if self.world_size > 1 and (self.kv_disk_cache_dir is not None or self.preemption_mode == "swap"):
+            # each rank's KV slice lives in its own process; the tiers move rank 0's only
+            raise ConfigError("the swap space and the disk prefix cache do not run under tensor / pipeline "
+                              "parallelism yet; leave preemption_mode and kv_disk_cache_dir unset",
+                              param="kv_disk_cache_dir" if self.kv_disk_cache_dir is not None else "preemption_mode")
+
+    def load_progress(self, rank: int = 0) -> Track:
+        """How reading the checkpoint shows its progress: on rank 0 only, as vLLM, unless use_tqdm_on_load is off."""
+        return on_stderr if self.use_tqdm_on_load and rank == 0 else untracked
 
     def served_quantization(self, is_gguf: bool) -> str | None:
         """What the builder gets: a GGUF file's blocks as stored (as llama.cpp and vLLM's GGUF loader serve them;

@@ -62,8 +62,9 @@ def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Any,
     attn = make_backend(config.attention_backend, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
                         head_dim=cfg.head_dim, scale=cfg.head_dim ** -0.5, sliding_window=None,
                         compute_dtype=dtype)
-    model = build_model(cfg, dict(ckpt.tensors()), dtype=dtype, quantization=config.served_quantization(
-        ckpt.format == "gguf"), attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)
+    tensors = dict(ckpt.tensors(config.load_progress()))
+    model = build_model(cfg, tensors, dtype=dtype, quantization=config.served_quantization(ckpt.format == "gguf"),
+                        attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)
     if kv_dtype_name == "int8":
         model.set_key_smoothing(measure_key_scales(model, calibration_ids(target_tokenizer)))
     layout = KVLayout.for_model(cfg, kv_dtype=kv_dtype_name, block_size=config.block_size)

@@ -1,26 +1,29 @@
-"""The draft model's side of speculative decoding: per step it proposes up to K tokens for each request it is given,
-in K forward passes of its own (the first also catches up on the request's tokens it has not run yet), each token
-drawn from its own distribution q (the argmax for a greedy request), whose rows it keeps for rejection sampling.
+"""The draft model's side of speculative decoding: per step it proposes up to k tokens for each request it is given
+(k chosen per request, tally/engine/speculation_policy.py), in max k forward passes of its own (the first also
+catches up on the request's tokens it has not run yet), each token drawn from its own distribution q (the argmax for
+a greedy request), whose rows it keeps for rejection sampling.
 
 Its KV lives in the target's blocks: the same block table, position for position, in tensors of its own shape
-(tally/engine/model_setup.py sizes the pool for both). Per request it counts the leading positions that hold its KV
-of known tokens (DraftState.computed). Proposing writes past them, in the blocks the scheduler would allocate for the
-verify step anyway (taken here, one step early, only while a block per running request stays free: nobody is
-preempted for a bet). After verification only the accepted proposals' KV counts: a rejected one's is rolled back by
-not counting it, and written over later. Before the target's blocks are registered in the prefix cache,
-`complete_blocks` runs the draft over whatever it lacks in the blocks this step filled, so every block the prefix
-cache can hand out holds both models' KV; tokens in a block not yet full may lag behind, and the next catch-up
-runs them."""
+(tally/engine/model_setup.py sizes the pool for both). Per request it counts the leading positions holding KV it
+wrote for that request (DraftState.computed). Proposing writes past them, in the blocks the scheduler would
+allocate for the verify step anyway (taken here, one step early, only while a block per running request stays
+free: nobody is preempted for a bet). After verification only the kept proposals' KV counts: a rejected one's is
+rolled back by not counting it, and written over later.
+
+The draft runs only for requests that propose: while the policy keeps speculation off (for every request, or for
+one whose guesses do not pay) it costs nothing, and the next proposal first runs the draft over every token it
+missed, in one pass. So the draft's KV in a block is whole only where the draft wrote it for that request, and it
+never reads KV it did not write itself: a new request, or one preempted (its blocks freed, or swapped out and
+back), starts from position 0 even where the target's KV came from the prefix cache, the swap space or disk."""
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request
-from tally.core.scheduler import SchedulerOutput
 from tally.engine.draft_model import DraftModel
 from tally.engine.inputs import build_span_inputs
 from tally.engine.model_step import ModelStep, run_model_step
@@ -29,13 +32,15 @@ from tally.sample.batch import SamplerInput
 from tally.sample.sampler import Sampler
 from tally.sampling_params import SamplingType
 
+SHORT_SPAN = 16  # a catch-up of at most this many tokens runs as decode rows (build_span_inputs)
+
 
 @dataclass
 class DraftState:
-    computed: int  # leading positions holding the draft's KV of the request's known tokens
     preemptions: int  # the request's num_preemptions when counted: preemption frees the blocks
-    proposed: list[int] = field(default_factory=list)  # the last proposals; KV written for all but the last
-    proposed_at: int = -1  # the request's num_tokens when proposed: they are verified only before it grows
+    computed: int = 0  # leading positions holding the KV this draft wrote of the request's known tokens
+    proposed: int = 0  # how many it proposed last (their KV written for all but the last), not yet verified
+    proposed_at: int = 0  # the request's num_tokens then: the first proposal's position
 
 
 class DraftProposer:
@@ -44,6 +49,7 @@ class DraftProposer:
         self.kv = kv
         self.sampler = Sampler()  # its own: the draft's batches are not the target's
         self._states: weakref.WeakKeyDictionary[Request, DraftState] = weakref.WeakKeyDictionary()
+        self.longest_span = 0  # tokens of the longest span the last proposal's first pass ran (catch-up included)
 
     @torch.inference_mode()
     def propose(self, reqs: list[Request], ks: list[int],
@@ -54,11 +60,14 @@ class DraftProposer:
         if not chosen:
             return {}, {}
         tables = [self.kv.block_table(r.request_id) for r, _ in chosen]
+        states = [self._state(r) for r, _ in chosen]
         spans = []
-        for (req, _), table in zip(chosen, tables):
-            start = min(self._state(req).computed, req.num_tokens - 1)  # at least the last token: its logits
+        for (req, _), table, state in zip(chosen, tables, states):
+            start = min(state.computed, req.num_tokens - 1)  # at least the last token: its logits
             spans.append((table, start, req.token_ids[start:]))
+        self.longest_span = max(len(tokens) for _, _, tokens in spans)
         logits = self._forward(spans)
+        sampled = {i for i, (req, _) in enumerate(chosen) if req.sampling_params.sampling_type != SamplingType.GREEDY}
         proposals: list[list[int]] = [[] for _ in chosen]
         q_rows: list[list[torch.Tensor]] = [[] for _ in chosen]
         active = list(range(len(chosen)))
@@ -69,45 +78,40 @@ class DraftProposer:
                                         for i in active])
             q = self.sampler.distribution(logits, self._sampler_input([chosen[i][0] for i in active],
                                                                       [proposals[i] for i in active]))
-            tokens = torch.multinomial(q, 1).squeeze(1).tolist()  # a greedy row's q is its argmax's point mass
-            for row, i in enumerate(active):
-                proposals[i].append(tokens[row])
-                if chosen[i][0].sampling_params.sampling_type != SamplingType.GREEDY:
+            tokens = q.argmax(dim=1)  # a greedy row's q is the point mass on its argmax
+            rows = [row for row, i in enumerate(active) if i in sampled]
+            if rows:
+                tokens[rows] = torch.multinomial(q[rows], 1).squeeze(1)
+            for row, (i, token) in enumerate(zip(active, tokens.tolist())):
+                proposals[i].append(token)
+                if i in sampled:
                     q_rows[i].append(q[row])
-        for (req, _), tokens in zip(chosen, proposals):
-            state = self._state(req)
-            state.computed, state.proposed, state.proposed_at = req.num_tokens, tokens, req.num_tokens
+        for (req, _), state, tokens in zip(chosen, states, proposals):
+            state.computed, state.proposed, state.proposed_at = req.num_tokens, len(tokens), req.num_tokens
         ids = {req.request_id: tokens for (req, _), tokens in zip(chosen, proposals)}
         probs = {req.request_id: torch.stack(rows) for (req, _), rows in zip(chosen, q_rows) if rows}
         return ids, probs
 
-    @torch.inference_mode()
-    def complete_blocks(self, out: SchedulerOutput) -> None:
-        """After verification (scheduled counts lowered to what was kept), before the blocks are registered: count the
-        accepted proposals' KV, and run the draft over what it lacks in every block the target fills this step."""
-        bs, spans = self.kv.block_size, []
-        for s in out.scheduled:
-            req = s.request
-            state = self._state(req)
-            end = req.num_computed_tokens + s.num_new_tokens  # what the target holds after this step
-            n, proposed = req.num_tokens, state.proposed if state.proposed_at == req.num_tokens else []
-            if proposed:  # this step's: the accepted ones (up to `end`) are the tokens after the known ones
-                state.computed = max(state.computed, min(n + len(proposed) - 1, end))
-            state.proposed = []
-            full = end // bs * bs
-            if state.computed < full:
-                tokens = req.token_ids[state.computed:full] + proposed[max(0, state.computed - n):max(0, full - n)]
-                spans.append((self.kv.block_table(req.request_id), state.computed, tokens))
-                state.computed = full
-        if spans:
-            self._forward(spans, logits=False)
+    def record_kept(self, req: Request, kept: int) -> None:
+        """Verification kept the request's first `kept` proposals: the KV the draft wrote for them now counts (all
+        but the last proposal's: that one was never run through the draft)."""
+        state = self._states.get(req)
+        if state is not None and state.proposed and state.proposed_at == req.num_tokens:
+            state.computed = state.proposed_at + min(kept, state.proposed - 1)
+            state.proposed = 0
+
+    def lag(self, req: Request) -> int:
+        """The request's tokens the draft has yet to run: what its next proposal first catches up on."""
+        state = self._states.get(req)
+        computed = state.computed if state is not None and state.preemptions == req.num_preemptions else 0
+        return req.num_tokens - computed
 
     def _state(self, req: Request) -> DraftState:
-        """The request's draft state; a new or preempted request's starts at its computed tokens, which then hold
-        only prefix-cache hits: blocks registered with the draft's KV in them."""
+        """The request's draft state; a new or preempted request's starts at 0, whatever the target's cache holds."""
         state = self._states.get(req)
         if state is None or state.preemptions != req.num_preemptions:
-            state = self._states[req] = DraftState(req.num_computed_tokens, req.num_preemptions)
+            state = self._states[req] = DraftState(req.num_preemptions)
+        state.proposed = 0  # proposals not verified (trimmed by the scheduler, or not scheduled) count for nothing
         return state
 
     def _allocate(self, req: Request, k: int, reserve_blocks: int) -> bool:
@@ -117,11 +121,11 @@ class DraftProposer:
             return False
         return self.kv.allocate(req, req.num_tokens + k - req.num_computed_tokens)
 
-    def _forward(self, spans: list[tuple[list[int], int, list[int]]], logits: bool = True) -> torch.Tensor:
-        """The draft over the spans; float32 logits at each span's last token."""
-        ids, positions, meta, last_rows = build_span_inputs(spans, self.kv.block_size)
-        rows = last_rows if logits else last_rows[:0]
-        return run_model_step(self.draft.model, self.draft.kv_caches, ModelStep(ids, positions, meta, rows))
+    def _forward(self, spans: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
+        """The draft over the spans; float32 logits at each span's last token. A short span (what the last
+        verification kept, and the token after) runs as decode rows, by the native one-call step where it applies."""
+        ids, positions, meta, last_rows = build_span_inputs(spans, self.kv.block_size, as_decodes=SHORT_SPAN)
+        return run_model_step(self.draft.model, self.draft.kv_caches, ModelStep(ids, positions, meta, last_rows))
 
     @staticmethod
     def _sampler_input(reqs: list[Request], proposed: list[list[int]]) -> SamplerInput:

@@ -8,6 +8,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -20,6 +21,7 @@ from tally.engine.detokenizer import IncrementalDetokenizer
 from tally.engine.distributed import ParallelContext
 from tally.engine.draft_proposer import DraftProposer
 from tally.engine.group import RequestGroup
+from tally.engine.kv_spill import build_kv_tiers
 from tally.engine.model_setup import LoadedModel, load_model
 from tally.engine.model_step import TPDriver
 from tally.engine.runner import ModelRunner, StepResult
@@ -44,7 +46,6 @@ class Engine:
         self.config = config
         m: LoadedModel = load_model(config)
         self.model = m.model  # for what runs beside the engine: the quality gate's self-test, benchmarks
-        self.ledger = m.ledger
         self.kv_layout = m.kv_layout
         self.kv_caches = m.kv_caches  # the pool's tensors, per layer (K, V)
         self.tokenizer = m.tokenizer
@@ -58,15 +59,17 @@ class Engine:
         self.model_names = config.served_model_names or (m.name,)
         self.model_name = self.model_names[0]  # the name the API reports
         self.max_model_len = m.max_model_len
+        self.kv_tiers = build_kv_tiers(config, m, self._step_cost.prefill_seconds)  # swap space, disk prefix tier
+        self.ledger = replace(m.ledger, kv_tiers=self.kv_tiers.ledger())
         self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
-                                 sliding_window=m.config.sliding_window)
+                                 sliding_window=m.config.sliding_window, prefix_tier=self.kv_tiers.disk)
         scheduler_cls = StaticBatchScheduler if config.scheduling == "static" else Scheduler
         self.scheduler = scheduler_cls(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_partial_prefills=config.max_num_partial_prefills,
             enable_chunked_prefill=config.enable_chunked_prefill,
-        ), self.kv)
+        ), self.kv, self.kv_tiers.swap)
         self.parallel = m.parallel
         peers = TPDriver(m.parallel.control, m.parallel.env.world_size) if m.parallel is not None else None
         self.runner = ModelRunner(m.model, self.kv, m.kv_caches, peers,
@@ -80,7 +83,7 @@ class Engine:
         self.groups: dict[str, RequestGroup] = {}
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
         self._aborted: list[RequestGroup] = []
-        log.info("ledger:\n%s", m.ledger.format())
+        log.info("ledger:\n%s", self.ledger.format())
 
     def check_health(self) -> None:
         """EngineDeadError if a rank this process started (tensor / pipeline parallel) has exited (vLLM's
@@ -94,7 +97,8 @@ class Engine:
                                       "cannot run without it: restart the server")
 
     def shutdown(self) -> None:
-        """Stop the other ranks of a parallel engine (nothing to do for a single process)."""
+        """Stop the other ranks of a parallel engine; write the disk prefix tier's queued blocks."""
+        self.kv_tiers.close()
         if self._stop_ranks is not None:
             self._stop_ranks()
 
@@ -213,8 +217,6 @@ class Engine:
         if out.scheduled:
             result = self.runner.execute(out, self.speculator.draft_probs if self.speculator is not None else None)
             keep = self._verify(out, result)
-            if self.speculator is not None:
-                self.speculator.complete_blocks(out)
             self.scheduler.finish_step(out)
             now = time.monotonic()
             for s in out.scheduled:
@@ -328,6 +330,7 @@ class Engine:
             prompt_tokens=self._num_prompt_tokens, generated_tokens=self._num_generated_tokens,
             speculation=self.speculator.stats.copy() if self.speculator is not None else None,
             iteration_tokens=self._iteration_tokens,
+            swap=self.kv_tiers.swap_stats(), disk_cache=self.kv_tiers.disk_stats(),
         )
 
     def run_until_done(self, on_finished: Callable[[RequestOutput], None] | None = None) -> dict[str, RequestOutput]:

@@ -25,6 +25,7 @@ class RequestGroup:
         """Fold one prefill chunk's prompt logprobs in (entry i+1 scores prompt token i+1)."""
         if self.prompt_logprobs is None:
             self.prompt_logprobs = [None]
+        del self.prompt_logprobs[step.start + 1:]  # a request preempted by recompute scores its prompt again
         ids = self.prompt_token_ids
         chosen, ranks = step.token_logprobs.tolist(), step.ranks.tolist()
         top_ids = step.top_ids.tolist() if step.top_ids is not None else [()] * len(chosen)

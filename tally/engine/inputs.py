@@ -1,11 +1,12 @@
 """SchedulerOutput → the flat tensors of one forward pass (token ids, positions, slot mapping,
 block tables), built with a loop over requests, never over tokens.
 
-Rows are laid out one-token rows (decodes) first: the attention backends batch the leading
-`num_decode_tokens` rows into one decode call (tally/attention/metadata.py)."""
+Rows are laid out one-token rows (decodes, and a verify's or a short draft span's tokens, one query each) first:
+the attention backends batch the leading `num_decode_tokens` rows into one decode call
+(tally/attention/metadata.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,12 +29,14 @@ class StepInputs:
 def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
     bs = kv.block_size
     ids: list[int] = []
-    starts, lens, tables = [], [], []
+    rows = _Rows()
     sample_rows, sample_counts, sample_index = [], [], []
     row_start = [0] * len(out.scheduled)
-    qsl = [0]
-    num_decode = 0
-    decodes_first = sorted(range(len(out.scheduled)), key=lambda row: out.scheduled[row].num_new_tokens > 1)
+    # A verify (a decoding request's last token and its proposals) goes in as decode rows (_Rows.add).
+    verify = [bool(s.request.spec_token_ids) and s.request.num_computed_tokens == s.request.num_tokens - 1
+              for s in out.scheduled]
+    decodes_first = sorted(range(len(out.scheduled)),
+                           key=lambda row: out.scheduled[row].num_new_tokens > 1 and not verify[row])
     for row in decodes_first:
         s = out.scheduled[row]
         req, n = s.request, s.num_new_tokens
@@ -42,42 +45,65 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
         ids.extend(known)
         if len(known) < n:  # speculative proposals after the known tokens
             ids.extend(req.spec_token_ids[:n - len(known)])
-        starts.append(c)
-        lens.append(n)
-        row_start[row] = qsl[-1]
-        qsl.append(qsl[-1] + n)
-        tables.append(kv.block_table(req.request_id))
-        num_decode += n == 1
+        row_start[row] = rows.qsl[-1]
+        rows.add(kv.block_table(req.request_id), c, n, verify[row])
         if c + n == req.num_tokens_with_spec:
             # A speculating request samples at its last known token and after each proposal, to verify them.
             count = 1 + len(req.spec_token_ids)
             sample_rows.append(row)
             sample_counts.append(count)
-            sample_index.extend(range(qsl[-1] - count, qsl[-1]))
-    input_ids, positions, meta = _flat_batch(ids, starts, lens, tables, qsl, bs, num_decode)
+            sample_index.extend(range(rows.qsl[-1] - count, rows.qsl[-1]))
+    input_ids, positions, meta = rows.flat_batch(ids, bs)
     return StepInputs(input_ids, positions, meta, row_start, sample_rows, sample_counts,
                       torch.tensor(sample_index, dtype=torch.int64))
 
 
-def build_span_inputs(spans: list[tuple[list[int], int, list[int]]],
-                      block_size: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+def build_span_inputs(spans: list[tuple[list[int], int, list[int]]], block_size: int,
+                      as_decodes: int = 0) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
     """A forward pass over (block table, first position, token ids) spans, for a second model that keeps its KV in
     the same blocks (a draft model): token ids, positions, metadata, and the flat row of each span's last token, in
-    the order given."""
+    the order given. Spans of at most `as_decodes` tokens go in as decode rows (_Rows.add)."""
     ids: list[int] = []
-    starts, lens, tables, qsl, last_rows = [], [], [], [0], [0] * len(spans)
-    decodes_first = sorted(range(len(spans)), key=lambda i: len(spans[i][2]) > 1)
+    rows, last_rows = _Rows(), [0] * len(spans)
+    decodes_first = sorted(range(len(spans)), key=lambda i: len(spans[i][2]) > max(1, as_decodes))
     for i in decodes_first:
         table, start, tokens = spans[i]
         ids.extend(tokens)
-        starts.append(start)
-        lens.append(len(tokens))
-        tables.append(table)
-        qsl.append(qsl[-1] + len(tokens))
-        last_rows[i] = qsl[-1] - 1
-    num_decode = sum(n == 1 for n in lens)
-    input_ids, positions, meta = _flat_batch(ids, starts, lens, tables, qsl, block_size, num_decode)
+        rows.add(table, start, len(tokens), len(tokens) <= as_decodes)
+        last_rows[i] = rows.qsl[-1] - 1
+    input_ids, positions, meta = rows.flat_batch(ids, block_size)
     return input_ids, positions, meta, torch.tensor(last_rows, dtype=torch.int64)
+
+
+@dataclass
+class _Rows:
+    """Sequences laid out one after another, decodes first (the caller adds them in that order)."""
+
+    starts: list[int] = field(default_factory=list)
+    lens: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    qsl: list[int] = field(default_factory=lambda: [0])
+    num_decode: int = 0
+
+    def add(self, table: list[int], start: int, n: int, as_decodes: bool = False) -> None:
+        """n tokens from position `start`; with `as_decodes`, as n single-token queries, each attending to the
+        positions up to its own: the batched decode path (the native one-call step included) runs them. Exact:
+        every row's K/V is written before any row attends, so each sees the tokens before it."""
+        if as_decodes:
+            self.starts.extend(range(start, start + n))
+            self.lens.extend([1] * n)
+            self.tables.extend([table] * n)
+            self.qsl.extend(range(self.qsl[-1] + 1, self.qsl[-1] + n + 1))
+            self.num_decode += n
+        else:
+            self.starts.append(start)
+            self.lens.append(n)
+            self.tables.append(table)
+            self.qsl.append(self.qsl[-1] + n)
+            self.num_decode += n == 1
+
+    def flat_batch(self, ids: list[int], bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        return _flat_batch(ids, self.starts, self.lens, self.tables, self.qsl, bs, self.num_decode)
 
 
 def _flat_batch(ids: list[int], starts: list[int], lens: list[int], tables: list[list[int]], qsl: list[int],

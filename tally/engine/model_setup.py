@@ -100,7 +100,8 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
     )
     # Each tensor is cut to this rank's slice as it is read, and a stage reads only its own: no rank ever holds the
     # whole model.
-    tensors = {n: shard.shard(n, t) if shard is not None else t for n, t in ckpt.tensors()
+    progress = config.load_progress(parallel.env.rank if parallel is not None else 0)
+    tensors = {n: shard.shard(n, t) if shard is not None else t for n, t in ckpt.tensors(progress)
                if stage is None or stage.holds(n)}
     model = build_model(cfg, tensors, dtype=dtype, quantization=path.candidate.quantization,
                         attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype,

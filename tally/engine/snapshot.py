@@ -4,6 +4,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
+from tally.engine.kv_tier_stats import DiskCacheStats, SwapStats
 from tally.engine.speculation_stats import SpeculationStats
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
@@ -42,6 +43,8 @@ class EngineSnapshot:
     generated_tokens: int = 0
     speculation: SpeculationStats | None = None  # a copy; None when speculative decoding is off
     iteration_tokens: IterationTokens | None = None  # None: the engine does not count its steps' tokens
+    swap: SwapStats | None = None  # a copy; None without a swap space
+    disk_cache: DiskCacheStats | None = None  # a copy; None without a disk prefix tier
 
     @property
     def kv_usage(self) -> float:

@@ -15,6 +15,11 @@ request is never speculated, so its tokens stay reproducible; nor is a constrain
 check the proposals first)."""
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+from itertools import takewhile
+
+import numpy as np
 import torch
 
 from tally.core.request import Request
@@ -25,6 +30,18 @@ from tally.engine.speculation_policy import SpeculationPolicy
 from tally.engine.speculation_stats import SpeculationStats
 from tally.engine.speculative_config import SpeculativeConfig
 
+# A request's acceptance per position: its own verifications, older ones fading by DECAY each, beside PRIOR
+# verifications' worth of every request's (a new request starts from what the others measured).
+DECAY = 0.9
+PRIOR = 4.0
+MEASURE_SHARE = 4  # with a draft model the price is measured on one request in this many (the least behind)
+
+
+@dataclass
+class Acceptance:
+    accepted: float = 0.0  # proposals kept
+    judged: float = 0.0  # positions verified up to and including the first rejected one
+
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftProposer | None = None) -> None:
@@ -34,6 +51,10 @@ class Speculator:
         self.draft_probs: dict[str, torch.Tensor] = {}  # this step's q rows of sampled requests (draft model)
         self.policy = SpeculationPolicy()
         self.stats = SpeculationStats(accepted_per_position=[0] * config.num_speculative_tokens)
+        self._acceptance: weakref.WeakKeyDictionary[Request, Acceptance] = weakref.WeakKeyDictionary()
+        self._overall = Acceptance()  # every request's, undecayed
+        self._step_proposals = 0  # proposals the current step verifies
+        self._step_prefilled_draft = False  # the current step ran the draft over a request's missed tokens
 
     def propose(self, running: list[Request]) -> None:
         """Give decoding requests the proposals this step will verify."""
@@ -42,28 +63,50 @@ class Speculator:
             if req.spec_token_ids:
                 req.spec_token_ids = []
         self.draft_probs = {}
+        self._step_proposals, self._step_prefilled_draft = 0, False
         if cfg.adaptive and not self.policy.speculate_now():
             return
-        decoding = [r for r in running if r.num_computed_tokens == r.num_tokens - 1 and r.num_output_tokens > 0]
         candidates, limits = [], []
-        for req in decoding:
+        for req in running:
             room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens) - 1
-            if req.generator is None and req.grammar is None and room > 0:
+            if (req.num_computed_tokens == req.num_tokens - 1 and req.num_output_tokens > 0 and room > 0
+                    and req.generator is None and req.grammar is None):
                 candidates.append(req)
                 limits.append(min(room, cfg.num_speculative_tokens))
         if not candidates:
             return
         if self.draft is not None:  # the draft's forward passes cost: how many to verify is chosen first
-            ks = self.policy.choose(limits) if cfg.adaptive else limits
-            proposals, self.draft_probs = self.draft.propose(candidates, ks, reserve_blocks=len(running))
+            ks = self._verified(candidates, np.array(limits))
+            proposals, self.draft_probs = self.draft.propose(candidates, ks.tolist(), reserve_blocks=len(running))
+            # More than the kept proposals' and the bonus token's worth: a new request's prompt, or an off spell
+            self._step_prefilled_draft = bool(proposals) and self.draft.longest_span > cfg.num_speculative_tokens + 1
             for req in candidates:
                 req.spec_token_ids = list(proposals.get(req.request_id, ()))  # the scheduler may trim it
             return
         proposals = [propose_ngram(req.token_ids, cfg.prompt_lookup_min, cfg.prompt_lookup_max, k)
                      for req, k in zip(candidates, limits)]
-        counts = self.policy.choose([len(p) for p in proposals]) if cfg.adaptive else [len(p) for p in proposals]
-        for req, tokens, k in zip(candidates, proposals, counts):
+        ks = self._verified(candidates, np.array([len(p) for p in proposals]))
+        for req, tokens, k in zip(candidates, proposals, ks.tolist()):
             req.spec_token_ids = tokens[:k]
+
+    def _verified(self, reqs: list[Request], limits: np.ndarray) -> np.ndarray:
+        """How many proposals each request verifies, at most its limit: the policy's choice from each request's
+        acceptance, or every one with "adaptive": false."""
+        if not self.config.adaptive:
+            return limits
+        overall = self._overall
+        prior = (overall.accepted + 1) / (overall.judged + 2)
+        counts = np.array([(a.accepted, a.judged) if (a := self._acceptance.get(r)) else (0.0, 0.0) for r in reqs])
+        alpha = (counts[:, 0] + PRIOR * prior) / (counts[:, 1] + PRIOR)
+        ks = self.policy.choose(alpha, limits)
+        if self.draft is not None and self.policy.measuring and len(reqs) >= MEASURE_SHARE:
+            # A sample prices a proposal as well as every request would, and the draft's catch-up over the rest's
+            # tokens would cost more than the measurement: those it has least to catch up on speculate.
+            lags = np.array([self.draft.lag(r) for r in reqs])
+            sample = np.zeros(len(reqs), dtype=bool)
+            sample[np.argsort(lags, kind="stable")[:len(reqs) // MEASURE_SHARE]] = True
+            ks = np.where(sample, ks, 0)
+        return ks
 
     def verify(self, out: SchedulerOutput, sampled: list[Request], counts: list[int],
                token_ids: list[int]) -> list[int]:
@@ -74,35 +117,38 @@ class Speculator:
         kept: dict[int, int] = {}  # id(request) -> proposals kept, for requests that proposed
         for req, count in zip(sampled, counts):
             proposed = req.spec_token_ids
-            accepted = 0
-            while accepted < len(proposed) and token_ids[row + accepted] == proposed[accepted]:
-                accepted += 1
+            accepted = sum(1 for _ in takewhile(bool, map(int.__eq__, proposed, token_ids[row:row + count])))
             if proposed:
-                self._record(len(proposed), accepted)
+                self._record(req, len(proposed), accepted)
                 kept[id(req)] = accepted
+                if self.draft is not None:
+                    self.draft.record_kept(req, accepted)
             keep.append(accepted + 1)
             row += count
         if kept:
-            self.stats.last_num_speculative_tokens = sum(len(r.spec_token_ids) for r in sampled) / len(kept)
+            self._step_proposals = sum(len(r.spec_token_ids) for r in sampled)
+            self.stats.last_num_speculative_tokens = self._step_proposals / len(kept)
             for s in out.scheduled:
                 if id(s.request) in kept:
                     s.num_new_tokens = s.request.num_tokens - s.request.num_computed_tokens + kept[id(s.request)]
                     s.request.spec_token_ids = []
         return keep
 
-    def complete_blocks(self, out: SchedulerOutput) -> None:
-        """After verify, before Scheduler.finish_step registers full blocks: a draft model's KV joins the target's in
-        every block this step filled."""
-        if self.draft is not None:
-            self.draft.complete_blocks(out)
-
     def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
-        self.policy.observe_step(generated_tokens, seconds, batch)
+        """A step without a prompt chunk, for the policy; unless the draft prefilled a request in it: as a prompt
+        chunk's, that cost comes once per request, or once after an off spell the measurement itself imposed."""
+        if not self._step_prefilled_draft:
+            self.policy.observe_step(generated_tokens, seconds, batch, self._step_proposals)
 
-    def _record(self, proposed: int, accepted: int) -> None:
+    def _record(self, req: Request, proposed: int, accepted: int) -> None:
         st = self.stats
         st.num_drafts += 1
         st.num_draft_tokens += proposed
         st.num_accepted_tokens += accepted
         for j in range(accepted):
             st.accepted_per_position[j] += 1
+        judged = min(accepted + 1, proposed)
+        mine = self._acceptance.setdefault(req, Acceptance())
+        mine.accepted, mine.judged = DECAY * mine.accepted + accepted, DECAY * mine.judged + judged
+        self._overall.accepted += accepted
+        self._overall.judged += judged

@@ -1,91 +1,169 @@
-"""Whether speculation pays on this machine under this load, decided by measuring it, and how many proposals
-each request verifies.
+"""How many proposals each request verifies (0: none), from that request's measured acceptance and the price of a
+proposal measured on this machine at this load; and, measured too, whether speculating at that price pays at all.
 
-**On or off, measured.** Speculation turns a decode step into a verify step: more rows, each speculating request's
-attention run on its own instead of in the batched decode call. At one stream that is nearly free beside reading
-every weight once; at 32 streams on a CPU the step is compute-bound and it can cost more than the accepted tokens
-bring (measured: bench/speculative.py). A cost model fitted to steps missed the overheads that matter (the lost
-decode-only fast path, per-row sampling), so the policy measures the outcome itself: tokens generated per second
-with speculation off for one epoch of EPOCH_STEPS steps, then on for one, and it keeps the better for the next
-EXPLOIT_EPOCHS epochs before measuring again — or sooner, as soon as the batch it serves is half or twice the one it
-measured (the answer at 1 stream says nothing about 32). On must beat off by MARGIN to be kept, so a tie costs
-nothing; under a steady load the measuring epochs cost at most 2 / (2 + EXPLOIT_EPOCHS) of the time at the worse
-setting.
+**The price, measured.** Speculation turns a decode step into a verify step: more rows and, with a draft model, its
+passes. At one stream a row is cheap beside reading every weight once; at 16-32 streams on a CPU the step is
+compute-bound and a row costs its share (bench/speculative.py). A cost model fitted to steps missed overheads that
+matter, so the policy measures what speculating adds to a step: an epoch of EPOCH_STEPS steps with speculation off,
+then one with every proposal verified (the fixed-K setting), and c = (t_on - t_off) / p seconds per proposal, from
+the epochs' median step times and p, the proposals verified per step while on — all a proposal costs here: its row
+in the verify pass, the draft pass that made it, its sampling. Step times, not tokens: how many proposals hold
+swings from one stretch of text to the next, and a short epoch's tokens said more about the stretch than about
+speculation (an epoch that met the start of a quote measured "off" at one stream, where speculating gave 1.5x).
 
-While on, every proposal is verified. (A per-request cut — stop where α^j, the j-th proposal's expected worth at
-the request's acceptance α, falls below 0.25 — was tried: with it the policy got 1.06x on code completion at one
-stream where verifying everything got 1.51x (bench/speculative.py) — cut to one proposal, the measured epoch
-with speculation on no longer beat the one without. At one stream a verified row costs almost nothing; whether
-rows cost is what the on/off measurement already answers.)"""
+**How many per request (the cost model).** Request r's j-th proposal is worth α_r^j expected tokens (it counts only
+if the j - 1 before it held; α_r is the request's acceptance per position, tally/engine/speculation.py), and a step's
+time buys `rate` tokens a second (measured since the price was, or off's rate until a full epoch has run). So the
+j-th proposal pays while α_r^j ≥ θ = c · rate, and each request verifies K_r = ⌊log θ / log α_r⌋ proposals, at most
+num_speculative_tokens, 0 when even its first does not pay (the draft model then does not run for it at all). A row
+costing little beside the step (one stream) keeps every proposal of every request; a costly row keeps only those of
+requests whose guesses hold, and at a price no request's acceptance meets, none. (A fixed cut, θ = 0.25, was tried
+before the price was measured: at one stream it cut code completion to one proposal, 1.06x where all gave 1.51x.)
+
+**Checked against the outcome.** The price is a straight line through two measurements, and a request's acceptance
+an estimate: if after 2 x EPOCH_STEPS steps of following them the tokens per second fall by MARGIN below off's, or
+no proposal was worth verifying, speculation is off at that load until it is measured again. A price holds
+KEEP_STEPS steps at its load, then is measured again; a batch half or twice the measured one is another load. A load
+with no price of its own is measured, unless speculation did not pay at a lighter load (each row costs more as the
+CPU saturates): then it is off there too, unmeasured. (With a draft model, measuring speculation on costs the draft's
+catch-up over every token of the requests it speculates for: tally/engine/speculation.py measures with a sample.)"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import statistics
+from dataclasses import dataclass, field
 
-EPOCH_STEPS = 24
-EXPLOIT_EPOCHS = 20
-MARGIN = 1.02
+import numpy as np
+
+EPOCH_STEPS = 12  # steps of a measuring epoch (steps carrying a prompt chunk are not counted)
+KEEP_STEPS = 240  # counted steps a price holds before its load is measured again
+MARGIN = 1.02  # following the price must not fall this many times below off's tokens per second
+LOAD_RATIO = 2.0  # a batch this many times larger or smaller than a price's is another load
 
 
 @dataclass
 class Epoch:
     speculate: bool
-    steps: int = 0
+    seconds: list[float] = field(default_factory=list)  # per step (the median prices a proposal)
+    elapsed: float = 0.0
     tokens: int = 0
-    seconds: float = 0.0
     batch: int = 0  # running requests, summed over steps
+    proposals: int = 0  # proposals verified, summed over steps
+
+    @property
+    def steps(self) -> int:
+        return len(self.seconds)
 
     @property
     def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return self.tokens / self.elapsed if self.elapsed > 0 else 0.0
+
+    def add(self, tokens: int, seconds: float, batch: int, proposals: int) -> None:
+        self.seconds.append(seconds)
+        self.elapsed += seconds
+        self.tokens += tokens
+        self.batch += batch
+        self.proposals += proposals
+
+
+@dataclass
+class Price:
+    """What a proposal cost at one load, measured at counted step `step`."""
+
+    batch: float  # the mean batch it was measured at
+    step: int
+    proposal_seconds: float  # c
+    off_rate: float  # tokens/s with speculation off
+    pays: bool = True  # False once following it fell below off, or nothing was worth verifying
+
+
+def same_load(batch: float, measured: float) -> bool:
+    return 1 / LOAD_RATIO <= (batch + 1) / (measured + 1) <= LOAD_RATIO
+
+
+def proposals_worth_verifying(alpha: np.ndarray, limits: np.ndarray, theta: float) -> np.ndarray:
+    """Per request the largest k ≤ its limit with alpha ** k ≥ theta (0 when alpha < theta)."""
+    if theta <= 0:
+        return limits
+    with np.errstate(divide="ignore"):
+        k = np.floor(math.log(theta) / np.log(np.clip(alpha, 1e-9, 1 - 1e-9)) + 1e-9)
+    return np.clip(k, 0, limits).astype(np.int64)
 
 
 class SpeculationPolicy:
     def __init__(self) -> None:
-        self._measured: dict[bool, float] = {}  # tokens/s with speculation off (False) and on (True)
-        self._measured_batch = 0.0  # the mean batch those were measured at
-        self._epoch = Epoch(speculate=False)  # measure off first
-        self._exploit_left = 0
-        self.speculating = False  # what this epoch does (read by the engine's metrics)
+        self._steps = 0  # counted steps so far
+        self._prices: list[Price] = []  # one per load measured
+        self._price: Price | None = None  # the one followed now; None while measuring
+        self._load = 0.0  # the batch the price is followed at (a load unlike it is looked at again)
+        self._off: Epoch | None = None  # while measuring: the finished off epoch
+        self._epoch = Epoch(speculate=False)  # while measuring, the epoch; else everything since the price
+        self.speculating = False  # whether proposals may be verified now (read by the engine's metrics)
 
     # -- measurements ------------------------------------------------------------------------
-    def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
-        """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation, and one landing in
-        one epoch and not the other decided the comparison): the tokens it appended to outputs, how long it took,
-        and how many requests were running."""
+    def observe_step(self, generated_tokens: int, seconds: float, batch: int, proposals: int) -> None:
+        """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation): the tokens it
+        appended to outputs, how long it took, how many requests were running and how many proposals it verified."""
+        self._steps += 1
         epoch = self._epoch
-        epoch.steps += 1
-        epoch.tokens += generated_tokens
-        epoch.seconds += seconds
-        epoch.batch += batch
-        if self._exploit_left and not 0.5 <= (batch + 1) / (self._measured_batch + 1) <= 2.0:
-            self._exploit_left, self._epoch = 0, Epoch(speculate=False)  # another load: measure again now
-            self._measured.clear()
-            self.speculating = False
+        epoch.add(generated_tokens, seconds, batch, proposals)
+        price = self._price
+        if price is not None:
+            if self._steps - price.step >= KEEP_STEPS or not same_load(batch, self._load):
+                self._follow(batch)
+            elif price.pays and epoch.steps >= 2 * EPOCH_STEPS and (
+                    epoch.proposals == 0 or epoch.rate * MARGIN < price.off_rate):
+                price.pays = False
+                self._apply(price, self._load)
             return
-        if epoch.steps < EPOCH_STEPS:
-            return
-        if self._exploit_left:
-            self._exploit_left -= 1
-            self._epoch = Epoch(epoch.speculate)
-            if not self._exploit_left:  # measure again: the load may have changed
-                self._measured.clear()
-                self._epoch = Epoch(speculate=False)
-        else:
-            self._measured[epoch.speculate] = epoch.rate
-            self._measured_batch = epoch.batch / epoch.steps
-            if len(self._measured) < 2:
-                self._epoch = Epoch(speculate=not epoch.speculate)
+        if self._off is not None and not same_load(batch, self._off.batch / self._off.steps):
+            self._follow(batch)  # the load moved under the measurement
+        elif epoch.steps >= EPOCH_STEPS:
+            if self._off is None:
+                self._off, self._epoch, self.speculating = epoch, Epoch(speculate=True), True
             else:
-                keep = self._measured[True] > MARGIN * self._measured[False]
-                self._epoch = Epoch(speculate=keep)
-                self._exploit_left = EXPLOIT_EPOCHS
-        self.speculating = self._epoch.speculate
+                self._measured(self._off, epoch)
+
+    def _measured(self, off: Epoch, on: Epoch) -> None:
+        added = statistics.median(on.seconds) - statistics.median(off.seconds)
+        price = Price((off.batch + on.batch) / (off.steps + on.steps), self._steps,
+                      max(0.0, added) * on.steps / on.proposals if on.proposals else 0.0, off.rate)
+        self._prices = [p for p in self._prices if not same_load(p.batch, price.batch)] + [price]
+        self._apply(price, price.batch)
+
+    def _follow(self, batch: float) -> None:
+        """A new load, or the price for this one expired: follow the price measured for it, or measure."""
+        self._prices = [p for p in self._prices if self._steps - p.step < KEEP_STEPS]
+        near = [p for p in self._prices if same_load(batch, p.batch)]
+        price = min(near, key=lambda p: abs(math.log((batch + 1) / (p.batch + 1))), default=None)
+        if price is None:  # what did not pay at a lighter load does not pay here
+            price = next((p for p in self._prices if not p.pays and p.batch <= batch), None)
+        if price is None:
+            self._price, self._off, self._epoch, self.speculating = None, None, Epoch(speculate=False), False
+        else:
+            self._apply(price, batch)
+
+    def _apply(self, price: Price, load: float) -> None:
+        self._price, self._off, self._load = price, None, load
+        self._epoch = Epoch(speculate=price.pays)
+        self.speculating = price.pays
 
     # -- the choice --------------------------------------------------------------------------
     def speculate_now(self) -> bool:
-        """False in an epoch that measures (or keeps) speculation off: nothing need be proposed."""
+        """False while speculation is measured (or known) not to pay: nothing need be proposed."""
         return self._epoch.speculate
 
-    def choose(self, proposals: list[int]) -> list[int]:
-        """For requests that proposed tokens (how many each), how many to verify."""
-        return list(proposals) if self._epoch.speculate else [0] * len(proposals)
+    @property
+    def measuring(self) -> bool:
+        """Whether this step measures speculation on (every proposal verified) to price a proposal."""
+        return self._price is None and self._epoch.speculate
+
+    def choose(self, alpha: np.ndarray, limits: np.ndarray) -> np.ndarray:
+        """Per request (its acceptance per position, the most proposals it may have): how many to verify."""
+        if not self._epoch.speculate:
+            return np.zeros_like(limits)
+        price = self._price
+        if price is None:  # measuring the price: the fixed-K setting
+            return limits
+        rate = self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
+        return proposals_worth_verifying(alpha, limits, price.proposal_seconds * rate)

@@ -57,6 +57,17 @@ class StepCost:
             return int(left / start)
         return int((math.sqrt(start * start + 2 * e * left) - start) / e)
 
+    def prefill_seconds(self, tokens: int) -> float | None:
+        """What computing `tokens` prompt tokens from the start costs (the swap space prices a recompute with it): by
+        the fit, as one step (chunked over several, each adds its fixed part); before a fit, at the mean seconds per
+        prompt token of the steps seen; None before any."""
+        if self._fit is not None:
+            a, f, b, e = self._fit
+            return a + f * tokens / 2 + b * tokens + e * tokens * tokens / 2
+        if not self._steps:
+            return None
+        return sum(s for _, _, s in self._steps) / sum(c for c, _, _ in self._steps) * tokens
+
     def jitter(self) -> float:
         """How much slower than the fit a slow recent step ran (>= 1)."""
         return self._jitter

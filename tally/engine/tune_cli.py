@@ -11,14 +11,19 @@ import torch
 from tally.engine.args import add_engine_args, config_from_args
 from tally.engine.model_setup import measured_path
 from tally.errors import TallyError
+from tally.flags import parser
 from tally.models.loader import load_checkpoint
 from tally.platform import physical_cores
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tally tune", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tally tune", __doc__)
     add_engine_args(p)
-    ns = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
     try:
         config = config_from_args(ns)
         torch.set_num_threads(config.threads or physical_cores())

@@ -52,7 +52,7 @@ def oversubscription_warning(layout: KVLayout, budget: MemoryBudget, *, concurre
             f"the pool holds {fmt_gib(max(budget.kv_pool_bytes, 0))}: only {fits} fit at that length. "
             f"Lower --concurrency to {fits}, or --max-model-len to "
             f"{max_len_for_concurrency(layout, budget.kv_blocks, concurrency):,}, or make room "
-            "(quantized KV or weights, --tp, bigger devices)")
+            "(quantized KV or weights, -tp, bigger devices)")
 
 
 @dataclass(frozen=True)

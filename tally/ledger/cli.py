@@ -7,11 +7,23 @@ import json
 import sys
 
 from tally.errors import TallyError
+from tally.flags import (
+    BLOCK_SIZE,
+    CONCURRENCY,
+    DTYPE,
+    JSON,
+    KV_CACHE_DTYPE,
+    MAX_MODEL_LEN,
+    MAX_NUM_BATCHED_TOKENS,
+    PIPELINE_PARALLEL_SIZE,
+    TENSOR_PARALLEL_SIZE,
+    parser,
+)
 from tally.ledger.comm import LINKS, Link, find_link
 from tally.ledger.length_percentiles import load_lengths, summarize
 from tally.ledger.levers import compare_variants, render_comparison
 from tally.ledger.link_probe import measure_gloo_link
-from tally.ledger.model_source import resolve_model
+from tally.ledger.model_source import ModelSource, resolve_model
 from tally.ledger.plan import PlanOptions, make_plan
 from tally.ledger.presets import Device, device_preset_names, find_device
 from tally.ledger.render import render_plan
@@ -19,39 +31,38 @@ from tally.units import parse_bandwidth, parse_bytes, parse_flops
 
 EPILOG = """examples:
   tally plan --model Llama-3.1-8B --device h100-80gb --max-model-len 8192 --concurrency 64
-  tally plan --model SmolLM2-135M --device cpu --weights int4 --kv-dtype int8
-  tally plan --model Qwen2.5-72B --device h100-80gb --tp 4 --lengths trace.csv --compare --json
+  tally plan --model SmolLM2-135M --device cpu --weights int4 --kv-cache-dtype int8
+  tally plan --model Qwen2.5-72B --device h100-80gb -tp 4 --lengths trace.csv --compare --json
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tally plan", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("tally plan", __doc__, EPILOG)
     p.add_argument("--model", required=True, help="checkpoint dir, .gguf file, config.json, or a preset name")
     p.add_argument("--device", help=f"{', '.join(device_preset_names())}, or cpu (measures this machine)")
-    p.add_argument("--probe-size", default="1GiB", help="array the --device cpu bandwidth probe sums (default 1GiB)")
+    p.add_argument("--probe-size", default="1GiB", help="array the --device cpu bandwidth probe sums")
     p.add_argument("--memory", help="device memory, e.g. 80GiB (overrides the preset)")
     p.add_argument("--bandwidth", help="memory bandwidth, e.g. 3.35TB/s (overrides the preset)")
     p.add_argument("--flops", help="dense bf16 FLOP/s, e.g. 989T (overrides the preset)")
-    p.add_argument("--dtype", default="bf16", help="compute dtype: bf16 | fp16 | fp32 (default bf16)")
+    DTYPE.add(p)
     p.add_argument("--weights", choices=("dense", "int8", "int4", "w8a8", "gguf", "stored"),
                    help="weight format (default: what the model holds: dense at --dtype; a .gguf file or a "
                         "`tally quantize` checkpoint: as stored)")
-    p.add_argument("--group-size", type=int, default=128, help="int4 group size (default 128)")
-    p.add_argument("--kv-dtype", help="KV cache dtype: bf16 | fp16 | fp32 | int8 | fp8 (default: --dtype)")
-    p.add_argument("--max-model-len", type=int, help="tokens per request (prompt + output) to plan for")
+    p.add_argument("--group-size", type=int, default=128, help="int4 group size")
+    KV_CACHE_DTYPE.add(p)
+    MAX_MODEL_LEN.add(p, note=" to plan for; with --lengths, the length --percentile of them need")
     p.add_argument("--lengths", help="CSV/JSONL trace, `tally bench` result, or a shipped trace: conv, code")
     p.add_argument("--percentile", type=float, default=99.0, help="share of --lengths the main pool serves")
-    p.add_argument("--concurrency", type=int, help="requests you want in flight")
+    CONCURRENCY.add(p, note=" to plan for (default: as many as fit)")
     p.add_argument("--reserve", default="0.12", help="runtime reserve: a fraction of memory (0.12) or a size (12GiB)")
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel devices")
-    p.add_argument("--pp", type=int, default=1, help="pipeline parallel stages")
-    p.add_argument("--block-size", type=int, default=16, help="KV block size in tokens")
-    p.add_argument("--max-batched-tokens", type=int, default=8192, help="tokens per step (sizes TP/PP buffers)")
+    TENSOR_PARALLEL_SIZE.add(p)
+    PIPELINE_PARALLEL_SIZE.add(p)
+    BLOCK_SIZE.add(p)
+    MAX_NUM_BATCHED_TOKENS.add(p, note="; sizes the tensor / pipeline parallel buffers")
     p.add_argument("--link", help=f"between split devices: {', '.join(LINKS)}, or gloo (measures two processes "
                    "here); default: gloo with --device cpu, else nvlink4")
     p.add_argument("--compare", action="store_true", help="show weight / KV / attention options side by side")
-    p.add_argument("--json", action="store_true", help="print JSON only")
+    JSON.add(p)
     return p
 
 
@@ -78,7 +89,7 @@ def _device(args: argparse.Namespace) -> Device:
 
 def _link(args: argparse.Namespace) -> Link | None:
     """What the split devices talk over; only a split model needs one."""
-    if args.tp * args.pp == 1:
+    if args.tensor_parallel_size * args.pipeline_parallel_size == 1:
         return None
     name = args.link or ("gloo" if args.device == "cpu" else "nvlink4")
     if name != "gloo":
@@ -92,24 +103,24 @@ def _link(args: argparse.Namespace) -> Link | None:
     return measure_gloo_link()
 
 
-def _options(args: argparse.Namespace) -> PlanOptions:
-    for name in ("tp", "pp", "block_size", "max_batched_tokens"):
+def _options(args: argparse.Namespace, source: ModelSource) -> PlanOptions:
+    for name in ("tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
             raise TallyError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     reserve = float(args.reserve) if _is_number(args.reserve) else parse_bytes(args.reserve, what="--reserve")
     return PlanOptions(
         device=_device(args),
-        dtype=args.dtype,
+        dtype=source.auto_dtype if args.dtype == "auto" else args.dtype,
         weights=args.weights,
         group_size=args.group_size,
-        kv_dtype=args.kv_dtype,
+        kv_dtype=None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype,
         block_size=args.block_size,
         max_model_len=args.max_model_len,
         concurrency=args.concurrency,
         reserve=reserve,
-        tp=args.tp,
-        pp=args.pp,
-        max_batched_tokens=args.max_batched_tokens,
+        tp=args.tensor_parallel_size,
+        pp=args.pipeline_parallel_size,
+        max_batched_tokens=args.max_num_batched_tokens,
         link=_link(args),
         percentile=args.percentile,
         lengths=summarize(load_lengths(args.lengths)) if args.lengths else None,
@@ -128,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         source = resolve_model(args.model)
-        opts = _options(args)
+        opts = _options(args, source)
         if args.compare:
             rows = compare_variants(source, opts)
             if args.json:

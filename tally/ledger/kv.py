@@ -10,18 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tally.errors import ConfigError
+from tally.flags import KV_CACHE_DTYPE_ALIASES
 from tally.ledger.weights import canonical_name
 from tally.models.config import ModelConfig
 
 KV_DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}
 SCALED_KV_DTYPES = frozenset({"int8", "fp8"})
 SCALE_BYTES = 4  # float32 scale per (layer, K/V, block, KV head) for int8/fp8 KV
-_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16",
-            "float8": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8"}
 
 
 def canonical_kv_dtype(name: str) -> str:
-    return canonical_name(name, _ALIASES, KV_DTYPE_BYTES, "KV cache dtype")
+    return canonical_name(name, KV_CACHE_DTYPE_ALIASES, KV_DTYPE_BYTES, "KV cache dtype")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ class ModelSource:
     tensors: list[WeightTensor]
     gguf_tensor_types: dict[str, int] = field(default_factory=dict)  # ggml type -> tensors, GGUF only
     quantized: bool = False  # a `tally quantize` checkpoint: packed projections carry stored_bytes
+    stored_dtype: str | None = None  # config.json's torch_dtype, where it states one
 
     @property
     def is_gguf(self) -> bool:
@@ -31,6 +32,13 @@ class ModelSource:
     def default_weights(self) -> str:
         """The weight format when --weights is not given: what the file holds."""
         return "gguf" if self.is_gguf else "stored" if self.quantized else "dense"
+
+    @property
+    def auto_dtype(self) -> str:
+        """What --dtype auto computes in, as tally serve chooses: a checkpoint whose config.json says float32 stays
+        fp32; half-precision and GGUF checkpoints, presets, and configs that state no dtype are counted in bfloat16
+        (serve's measured path keeps their 2-byte weights)."""
+        return "float32" if self.stored_dtype == "float32" else "bfloat16"
 
     def with_config(self, config: ModelConfig, name: str) -> "ModelSource":
         """The same model reshaped (e.g. full multi-head attention for a comparison); priced by shape."""
@@ -45,23 +53,31 @@ def resolve_model(spec: str) -> ModelSource:
             return _from_gguf(ggufs[0])
         config = ModelConfig.from_json_file(path / "config.json")
         tensors = model_tensors(config)
-        quant = json.loads((path / "config.json").read_text()).get("quantization_config") or {}
+        raw = json.loads((path / "config.json").read_text())
+        quant = raw.get("quantization_config") or {}
         if quant.get("quant_method") != "tally":
-            return ModelSource(path.name, "checkpoint", config, tensors)
+            return ModelSource(path.name, "checkpoint", config, tensors, stored_dtype=_stored_dtype(raw))
         packed = _packed_bytes(path)
         return ModelSource(path.name, "checkpoint", config,
-                           [replace(t, stored_bytes=packed.get(t.name)) for t in tensors], quantized=True)
+                           [replace(t, stored_bytes=packed.get(t.name)) for t in tensors], quantized=True,
+                           stored_dtype=_stored_dtype(raw))
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return _from_gguf(path)
         config = ModelConfig.from_json_file(path)
-        return ModelSource(path.parent.name or path.name, "config", config, model_tensors(config))
+        return ModelSource(path.parent.name or path.name, "config", config, model_tensors(config),
+                           stored_dtype=_stored_dtype(json.loads(path.read_text())))
     preset = find_model_preset(spec)
     if preset is None:
         raise ModelLoadError(f"--model {spec!r} is neither a checkpoint directory, a .gguf file, a config.json "
                              f"nor a preset; presets: {', '.join(model_preset_names())}")
     name, config = preset
     return ModelSource(name, "preset", config, model_tensors(config))
+
+
+def _stored_dtype(raw: dict) -> str | None:
+    """config.json's torch_dtype (transformers 5 writes `dtype`), None where it states none."""
+    return raw.get("torch_dtype") or raw.get("dtype")
 
 
 def _from_gguf(path: Path) -> ModelSource:

@@ -228,7 +228,7 @@ def _warnings(source: ModelSource, opts: PlanOptions, layout: KVLayout, budget: 
         out.append(f"weights ({fmt_gib(budget.weight_bytes)}) + reserve ({fmt_gib(budget.reserve_bytes)}) + buffers "
                    f"leave {fmt_gib(max(budget.kv_pool_bytes, 0))} for KV, not enough for one {planned_len:,}-token "
                    f"request ({fmt_gib(layout.bytes_for_tokens(planned_len))}); quantize the weights, shorten "
-                   "--max-model-len, or split the model with --tp / --pp")
+                   "--max-model-len, or split the model with -tp / -pp")
     elif opts.concurrency:
         warning = oversubscription_warning(layout, budget, concurrency=opts.concurrency, max_len=planned_len)
         if warning:

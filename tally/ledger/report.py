@@ -26,6 +26,10 @@ class EngineLedger:
     # speculative decoding's draft model: {model_name, weight_bytes, kv_bytes_per_token}; its KV sits in the pool's
     # blocks beside the target's, so kv_bytes_per_token and kv_pool_bytes above already count it; empty without one
     draft: dict = field(default_factory=dict)
+    # the KV tiers below the pool (tally/engine/kv_spill.py KVTiers.ledger): "swap_space" {capacity_bytes,
+    # preemption_mode, dtype, bytes_per_block, out_s_per_block, in_s_per_block} and "disk_prefix_cache" {dir,
+    # capacity_bytes, held_bytes_at_start, files_at_start, bytes_per_block, write_queue_bytes}; each only when on
+    kv_tiers: dict = field(default_factory=dict)
 
     @property
     def kv_tokens(self) -> int:
@@ -53,6 +57,7 @@ class EngineLedger:
             lines.append(f"ledger: draft model {d['model_name']}: weights {fmt_gib(d['weight_bytes'])} "
                          f"({fmt_gb(d['weight_bytes'])}); its KV, {fmt_small_bytes(d['kv_bytes_per_token'])} per "
                          f"token, shares the pool's blocks (of the {fmt_small_bytes(self.kv_bytes_per_token)} above)")
+        lines += self._kv_tier_lines()
         for r in self.ranks:
             first, end = r["layers"]
             lines.append(f"ledger: rank {r['rank']}: stage {r['stage']} (layers {first}-{end - 1}), weights "
@@ -63,6 +68,23 @@ class EngineLedger:
             lines.append(f"ledger: max_num_seqs {self.max_num_seqs:,} x max_model_len {self.max_model_len:,} exceeds "
                          "the KV pool: long requests will queue or be preempted")
         return "\n".join(lines)
+
+    def _kv_tier_lines(self) -> list[str]:
+        lines = []
+        swap = self.kv_tiers.get("swap_space")
+        if swap:
+            round_trip_ms = (swap["out_s_per_block"] + swap["in_s_per_block"]) * 1e3
+            lines.append(f"ledger: swap space up to {fmt_gib(swap['capacity_bytes'])} beside the pool, taken only "
+                         f"while preempted requests wait; blocks {swap['dtype']}, "
+                         f"{fmt_small_bytes(swap['bytes_per_block'])} each, out and back measured {round_trip_ms:.3f} "
+                         f"ms per block (preemption {swap['preemption_mode']})")
+        disk = self.kv_tiers.get("disk_prefix_cache")
+        if disk:
+            lines.append(f"ledger: disk prefix cache {disk['dir']}: {fmt_gib(disk['held_bytes_at_start'])} of "
+                         f"{fmt_gib(disk['capacity_bytes'])} in use at start ({disk['files_at_start']:,} blocks, every "
+                         f"model's), {fmt_small_bytes(disk['bytes_per_block'])} per block; up to "
+                         f"{fmt_small_bytes(disk['write_queue_bytes'])} of RAM for blocks waiting to be written")
+        return lines
 
     def to_dict(self) -> dict:
         return {**asdict(self), "kv_tokens": self.kv_tokens,

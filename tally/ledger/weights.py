@@ -14,17 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tally.errors import ConfigError
+from tally.flags import DTYPE_ALIASES
 from tally.models.config import ModelConfig
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
-_DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 QUANT_SCHEMES = ("int8", "w8a8", "int4", "gguf", "stored")
 _ROW_SCALE_BYTES = {"int8": 2, "w8a8": 4}
 _GROUP_PARAM_BYTES = 2 * 2  # bf16 scale + bf16 zero per int4 group
 
 
 def canonical_dtype(name: str) -> str:
-    return canonical_name(name, _DTYPE_ALIASES, DTYPE_BYTES, "compute dtype")
+    return canonical_name(name, DTYPE_ALIASES, DTYPE_BYTES, "compute dtype")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
 from tally.models.gguf_header import GGUFHeader, gguf_config, read_header
 from tally.models.hf_checkpoint import check_tensor_shapes, expected_tensor_shapes
+from tally.progress import Track
 
 # convert_hf_to_gguf permutes q/k rows for these (rotary pairs interleaved, as llama.cpp wants).
 _PERMUTED_ARCHS = {"llama", "mistral"}
@@ -75,8 +76,8 @@ class GGUFTensorSource:
         self._infos = {hf_name(t.name): t for t in header.tensors if hf_name(t.name) in wanted}
         self._row_order = _unpermute_orders(config) if config.architecture in _PERMUTED_ARCHS else {}
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for name in self._infos:
+    def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
+        for name in track(list(self._infos), "Loading GGUF tensors (dequantizing)"):
             raw = self.raw(name)
             if raw.ggml_type in _FLOAT_TYPES:
                 # numpy has no bfloat16, so floats go through torch as bytes and are reinterpreted.

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 
 import torch
@@ -12,7 +14,9 @@ from safetensors import SafetensorError, safe_open
 
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
+from tally.progress import Track
 
+LOADING = "Loading safetensors tensors"  # the load progress bar's words (vLLM: "Loading safetensors checkpoint shards")
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _FLOAT_DTYPES = {"F32", "F16", "BF16"}
@@ -85,16 +89,14 @@ def _first(names: list[str], count: int = 5) -> str:
 class HFTensorSource:
     """Streams the tensors of a checkpoint directory, one safetensors file open at a time."""
 
-    def __init__(self, files: list[Path], wanted: set[str]) -> None:
-        self._files = files
-        self._wanted = wanted
+    def __init__(self, order: list[tuple[Path, str]]) -> None:
+        self._order = order  # (file, tensor name) of every tensor the model takes, file by file
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        for file in self._files:
+    def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
+        for file, names in groupby(track(self._order, LOADING), key=itemgetter(0)):
             with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    if name in self._wanted:
-                        yield name, f.get_tensor(name)
+                for _, name in names:
+                    yield name, f.get_tensor(name)
 
 
 def open_hf(path: Path) -> tuple[ModelConfig, HFTensorSource]:
@@ -104,8 +106,10 @@ def open_hf(path: Path) -> tuple[ModelConfig, HFTensorSource]:
     files, weight_map = weight_files(path)
     wanted = set(expected_tensor_shapes(config))
     found: dict[str, tuple[int, ...]] = {}
+    order: list[tuple[Path, str]] = []
     for file in files:
         header = read_header(file)
+        order += [(file, name) for name in header if name in wanted]
         for name, file_name in (weight_map or {}).items():
             if file_name == file.name and name not in header:
                 raise ModelLoadError(f"{path / INDEX_FILE} says {name} is in {file.name}, but that shard lacks it")
@@ -117,7 +121,7 @@ def open_hf(path: Path) -> tuple[ModelConfig, HFTensorSource]:
                 )
             found[name] = shape
     check_tensor_shapes(found, config, str(path))
-    return config, HFTensorSource(files, wanted)
+    return config, HFTensorSource(order)
 
 
 def weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:

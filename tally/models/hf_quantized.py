@@ -31,12 +31,14 @@ from safetensors import safe_open
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
 from tally.models.hf_checkpoint import (
+    LOADING,
     expected_tensor_shapes,
     merged_eos_ids,
     read_header,
     weight_files,
 )
 from tally.models.packed_checkpoint import pack_int4
+from tally.progress import Track
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +83,20 @@ class HFQuantizedSource:
                  block: dict[str, Any]) -> None:
         self._files, self._shapes, self._packed, self._block = files, shapes, packed, block
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
         handles = [safe_open(str(f), framework="pt") for f in self._files]
         where = {name: h for h in handles for name in h.keys()}
-        for name in self._shapes:
-            if name in where:
-                yield name, where[name].get_tensor(name)
         dense_fallbacks = 0
-        for base in self._packed:
-            parts = {s: where[f"{base}.{s}"].get_tensor(f"{base}.{s}")
-                     for s in ("qweight", "qzeros", "scales", "g_idx") if f"{base}.{s}" in where}
+        for name in track([*self._shapes, *self._packed], LOADING):  # dense tensors, then packed projections
+            if name in self._shapes:
+                yield name, where[name].get_tensor(name)
+                continue
+            parts = {s: where[f"{name}.{s}"].get_tensor(f"{name}.{s}")
+                     for s in ("qweight", "qzeros", "scales", "g_idx") if f"{name}.{s}" in where}
             converted = self._convert(parts)
             dense_fallbacks += "weight" in converted
             for suffix, tensor in converted.items():
-                yield f"{base}.{suffix}", tensor
+                yield f"{name}.{suffix}", tensor
         if dense_fallbacks:
             log.warning("%d GPTQ projection(s) use act-order (desc_act): their groups interleave over the "
                         "inputs, so they are served dequantized (dense fp32, exact, no memory saving)",

@@ -20,6 +20,7 @@ from tally.models.packed_checkpoint import (
     quantization_block,
 )
 from tally.models.registry import resolve_model
+from tally.progress import Track, untracked
 
 __all__ = ["Checkpoint", "GGUFRawTensor", "load_checkpoint"]
 
@@ -35,11 +36,12 @@ class Checkpoint:
     # read as w4a16 (tally/models/hf_quantized.py)
     quantization: str | None = None
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, track: Track = untracked) -> Iterator[tuple[str, torch.Tensor]]:
         """(HF name, tensor) one at a time, in the file's dtype (quantized GGUF types → float32; a `tally
         quantize` checkpoint yields its packed `*.qweight`, `*.scales`, `*.zeros` as stored).
-        Tied checkpoints yield no lm_head.weight."""
-        return self._source.tensors()
+        Tied checkpoints yield no lm_head.weight. `track` shows the reading (and dequantizing) going on, out of a
+        total the headers give (tally/progress.py: on_stderr)."""
+        return self._source.tensors(track)
 
     def gguf_tensor(self, hf_name: str) -> GGUFRawTensor | None:
         """The stored blocks of one tensor (GGUF only; q/k rows un-permuted), else None."""

@@ -21,7 +21,8 @@ from torch import nn
 from tally.errors import ModelLoadError
 from tally.layers.linear import int4_linear, int8_linear, w8a8_linear
 from tally.models.config import ModelConfig
-from tally.models.hf_checkpoint import SINGLE_FILE, expected_tensor_shapes
+from tally.models.hf_checkpoint import LOADING, SINGLE_FILE, expected_tensor_shapes
+from tally.progress import Track
 
 QUANT_METHOD = "tally"
 SCHEMES = ("w4a16", "w8a16", "w8a8")
@@ -62,12 +63,12 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 class PackedTensorSource:
-    def __init__(self, file: Path) -> None:
-        self._file = file
+    def __init__(self, file: Path, names: list[str]) -> None:
+        self._file, self._names = file, names
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
         with safe_open(str(self._file), framework="pt") as f:
-            for name in f.keys():
+            for name in track(self._names, LOADING):
                 yield name, f.get_tensor(name)
 
 
@@ -91,7 +92,7 @@ def open_packed(path: Path) -> tuple[ModelConfig, PackedTensorSource]:
             found = shapes.get(name)
             raise ModelLoadError(f"{file}: tensor {name} is {'missing' if found is None else f'shaped {list(found)}'}"
                                  f"; expected {list(shape)} dense or {base}.qweight packed")
-    return config, PackedTensorSource(file)
+    return config, PackedTensorSource(file, list(shapes))
 
 
 def _check_packed(base: str, shape: tuple[int, ...], shapes: dict, scheme: str, file: Path) -> None:

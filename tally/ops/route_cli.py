@@ -8,6 +8,7 @@ from pathlib import Path
 import uvicorn
 
 from tally.errors import ConfigError
+from tally.flags import HOST, LOG_LEVEL, PORT, REQUEST_TIMEOUT, parser
 from tally.ops.canary import DEFAULT_EVAL_INTERVAL_S, CanaryConfig
 from tally.ops.router import RouterConfig, build_router_app
 from tally.units import parse_duration_s
@@ -15,15 +16,15 @@ from tally.units import parse_duration_s
 CANARY_FLAGS = ("plan", "rules", "eval_interval", "audit_log", "sticky_header")
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tally route", description=__doc__)
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tally route", __doc__)
     p.add_argument("--replica", action="append", required=True, metavar="URL",
                    help="a replica's base URL, e.g. http://10.0.0.5:8000 (repeat for each)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    HOST.add(p)
+    PORT.add(p, default=8080, note=" (8080, beside the replicas' 8000)")
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds a replica may take")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    REQUEST_TIMEOUT.add(p, default=600.0, note="; the router gives its replica up")
+    LOG_LEVEL.add(p, default="warning")
     canary = p.add_argument_group("canary release (docs/operations.md)")
     canary.add_argument("--canary", action="append", metavar="URL",
                         help="the new version's base URL (repeat for several); the --replica ones are the stable")
@@ -33,6 +34,11 @@ def main(argv: list[str]) -> int:
     canary.add_argument("--audit-log", type=Path, help="append every canary decision here as a JSON line")
     canary.add_argument("--sticky-header", metavar="NAME",
                         help="requests with the same value of this header (e.g. X-Session-Id) stay on one side")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = build_parser()
     ns = p.parse_args(argv)
     if ns.health_interval <= 0:
         p.error("--health-interval must be > 0 seconds")

@@ -33,9 +33,9 @@ class GateReport:
         return VERDICTS.index(self.overall) < VERDICTS.index(self.fail_on)
 
 
-def _load(spec: ModelSpec, settings: EvalSettings) -> tuple[Any, float]:
+def _load(spec: ModelSpec, settings: EvalSettings, progress: bool) -> tuple[Any, float]:
     t0 = time.perf_counter()
-    llm = open_model(spec, settings.decoding)
+    llm = open_model(spec, settings.decoding, progress)
     load_s = time.perf_counter() - t0
     log.info("loaded %s in %.0f s", spec.label(), load_s)
     return llm, load_s
@@ -44,7 +44,7 @@ def _load(spec: ModelSpec, settings: EvalSettings) -> tuple[Any, float]:
 def run_gate(baseline: ModelSpec, candidate: ModelSpec, settings: EvalSettings, fail_on: str = "fail",
              progress: bool = True) -> GateReport:
     s = settings
-    llm, base_load_s = _load(baseline, s)
+    llm, base_load_s = _load(baseline, s, progress)
     tok, max_len = llm.get_tokenizer(), llm.engine.max_model_len
     workload = build_workload(tok, max_len, s.suites, s.ppl_tokens, s.ppl_window_tokens, s.decoding.max_tokens,
                               s.limit)
@@ -54,7 +54,7 @@ def run_gate(baseline: ModelSpec, candidate: ModelSpec, settings: EvalSettings, 
     log.info("baseline ran in %.0f s", base.run_s)
     del llm
     gc.collect()  # one model in memory at a time
-    llm, cand_load_s = _load(candidate, s)
+    llm, cand_load_s = _load(candidate, s, progress)
     same_vocabulary(tok, llm.get_tokenizer())
     cand = run_model(llm, candidate, workload, s.decoding, progress)
     log.info("candidate ran in %.0f s", cand.run_s)

@@ -26,6 +26,7 @@ class ModelSpec:
     kv_cache_memory: int | None = None
     kv_cache_dtype: str = "auto"
     corrupt: str | None = None  # e.g. "zero-layer:0"; see corrupt.py
+    threads: int | None = None  # as LLM(threads=...): None, the physical cores
 
     def label(self) -> str:
         name = self.model or "built-in SmolLM2-135M"
@@ -48,10 +49,12 @@ class ModelRun:
     run_s: float = 0.0
 
 
-def open_model(spec: ModelSpec, decoding: Decoding) -> LLM:
+def open_model(spec: ModelSpec, decoding: Decoding, progress: bool = True) -> LLM:
+    """`progress`: the weights' loading bar (vLLM's use_tqdm_on_load)."""
     llm = LLM(spec.model, dtype=spec.dtype, quantization=spec.quantization, max_model_len=spec.max_model_len,
               kv_cache_memory=spec.kv_cache_memory, kv_cache_dtype=spec.kv_cache_dtype, max_num_seqs=decoding.batch_size,
-              max_num_batched_tokens=decoding.max_num_batched_tokens)
+              max_num_batched_tokens=decoding.max_num_batched_tokens, threads=spec.threads,
+              use_tqdm_on_load=progress)
     if spec.corrupt:
         corrupt(llm, spec.corrupt)
     return llm

@@ -29,10 +29,8 @@ def to_json(report: GateReport, command: str) -> dict[str, Any]:
     }
 
 
-def write_json(report: GateReport, path: str, command: str) -> None:
-    with open(path, "w") as f:
-        json.dump(to_json(report, command), f, indent=2, ensure_ascii=False)
-        f.write("\n")
+def json_text(report: GateReport, command: str) -> str:
+    return json.dumps(to_json(report, command), indent=2, ensure_ascii=False) + "\n"
 
 
 def _fmt(metric: str, value: float) -> str:

@@ -18,6 +18,7 @@ from tally.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from tally.models.llama import CausalLM
 from tally.models.loader import Checkpoint, load_checkpoint
 from tally.models.tokenizer import load_tokenizer
+from tally.progress import Track, untracked
 from tally.quantize.calibrate import CalibrationSet, load_calibration
 from tally.quantize.capture import capture
 from tally.quantize.layer import (
@@ -27,7 +28,6 @@ from tally.quantize.layer import (
     quantize_layer,
 )
 from tally.quantize.mixed import layer_sensitivity, most_sensitive, parse_keep
-from tally.quantize.progress import Track, untracked
 from tally.quantize.writer import write_packed
 
 SENSITIVITY_SAMPLES = 8  # forwards per layer for --auto-mixed: enough to rank layers, cheap enough to run L times
@@ -75,7 +75,7 @@ def run(job: QuantizeJob, log: Callable[[str], None] = lambda _: None, track: Tr
                                  deployment_system_prompt=job.deployment_system_prompt)
         for w in calib.warnings:
             log(f"warning: {w}")
-    original = dict(ckpt.tensors())
+    original = dict(ckpt.tensors(track))
     weights = {n: t.float() for n, t in original.items()}
     model = fp_model(cfg, weights, job.max_tokens) if calib else None
     stats = capture(model, track(calib.token_ids, "calibration forwards"),

@@ -181,5 +181,18 @@ def ledger_view(ledger: dict, async_engine: AsyncEngine) -> dict:
             "acceptance_rate": s.speculation.acceptance_rate,
             "accepted_per_position": s.speculation.accepted_per_position,
             "num_speculative_tokens": s.speculation.last_num_speculative_tokens},
+        "swap_space": None if s.swap is None else {
+            "capacity_bytes": s.swap.capacity_bytes, "held_bytes": s.swap.held_bytes,
+            "usage_perc": s.swap.usage, "requests": s.swap.num_requests,
+            "swapped_out_blocks": s.swap.swapped_out_blocks, "swapped_in_blocks": s.swap.swapped_in_blocks,
+            "preemptions_swapped": s.swap.num_swapped,
+            "out_s_per_block": s.swap.out_s_per_block, "in_s_per_block": s.swap.in_s_per_block,
+            "last_swap_s": s.swap.last_swap_s, "last_recompute_s": s.swap.last_recompute_s},
+        "disk_prefix_cache": None if s.disk_cache is None else {
+            "capacity_bytes": s.disk_cache.capacity_bytes, "held_bytes": s.disk_cache.held_bytes,
+            "files": s.disk_cache.num_files, "queried_tokens": s.disk_cache.queried_tokens,
+            "hit_tokens": s.disk_cache.hit_tokens, "written_blocks": s.disk_cache.written_blocks,
+            "dropped_blocks": s.disk_cache.dropped_writes, "damaged_files": s.disk_cache.damaged_files,
+            "write_errors": s.disk_cache.write_errors},
         "plan": ledger,
     }

@@ -14,9 +14,9 @@ from tally.engine.args import add_engine_args, config_from_args
 from tally.engine.distributed import is_follower
 from tally.engine.follower import follow
 from tally.errors import TallyError
+from tally.flags import DRAIN_TIMEOUT, HOST, LOG_LEVEL, METRICS_PREFIX, PORT, REQUEST_TIMEOUT, parser
 from tally.server.app_args import app_from_args
 from tally.server.connection_guard import guarded_protocol
-from tally.server.metrics import METRICS_PREFIXES
 from tally.server.ray_flags import add_ray_args, check_ray_args
 from tally.server.tools import TOOL_CALL_PARSERS
 from tally.server.vllm_flags import add_vllm_flags, warn_no_effect
@@ -36,23 +36,22 @@ class DrainingServer(uvicorn.Server):
         self._captured_signals.clear()  # uvicorn would re-raise the signal after shutdown; we exit cleanly
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="tally serve", description="OpenAI-compatible HTTP server.")
+def build_parser() -> argparse.ArgumentParser:
+    p = parser("tally serve", "OpenAI-compatible HTTP server.")
     p.add_argument("model_tag", nargs="?", metavar="MODEL", help="as --model (vLLM's `vllm serve MODEL`)")
-    p.add_argument("--api-key", default=os.environ.get("TALLY_API_KEY") or os.environ.get("VLLM_API_KEY"),
+    p.add_argument("--api-key", default=None,  # read from the environment after parsing: --help never shows it
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: $TALLY_API_KEY or $VLLM_API_KEY)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    HOST.add(p)
+    PORT.add(p)
     p.add_argument("--max-queue", type=int, default=None,
-                   help="requests allowed to wait for a batch slot; beyond it: 429 with Retry-After")
+                   help="requests allowed to wait for a batch slot; beyond it: 429 with Retry-After (default: no "
+                        "limit)")
     p.add_argument("--max-queue-delay", type=float, default=None, metavar="SECONDS",
                    help="refuse (429, Retry-After) a request whose predicted wait for a batch slot, from the rate "
                         "requests started at lately, is longer (default: no limit)")
-    p.add_argument("--request-timeout", type=float, default=None,
-                   help="seconds a request may run before it is aborted with 504 (default: no limit)")
-    p.add_argument("--max-body-bytes", type=parse_bytes, default=16 * 2**20, help="larger bodies get 413")
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds SIGTERM waits for running requests before cancelling them")
+    REQUEST_TIMEOUT.add(p, note="; the engine aborts it")
+    p.add_argument("--max-body-bytes", type=parse_bytes, default="16MiB", help="larger bodies get 413")
+    DRAIN_TIMEOUT.add(p)
     p.add_argument("--max-connections", type=int, default=1024,
                    help="open connections at most; one more is closed as it is accepted")
     p.add_argument("--header-timeout", type=float, default=10.0,
@@ -64,16 +63,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="write one JSON line per finished request (token counts, finish reason, latencies) to "
                         "files in DIR rotated by --request-log-max-bytes; read by tally plan --lengths DIR, "
                         "tally bench --replay DIR, tally quantize --calib DIR")
-    p.add_argument("--request-log-max-bytes", type=parse_bytes, default=64 * 2**20)
+    p.add_argument("--request-log-max-bytes", type=parse_bytes, default="64MiB",
+                   help="a --request-log file this large is closed and the next one begun")
     p.add_argument("--log-prompts", action="store_true",
                    help="also log the prompt text / chat messages, through --redact")
     p.add_argument("--redact", default=None, metavar="MODULE:FUNCTION",
                    help="str -> str applied to logged prompts (default: e-mails, long numbers, key-like strings)")
     p.add_argument("--restart-on-failure", action="store_true",
                    help="when the engine loop dies, fail the requests in flight, reload the engine, serve again")
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--metrics-prefix", default="tally", choices=sorted(METRICS_PREFIXES),
-                   help="vllm: /metrics names its series vllm:... so dashboards and alerts built for vLLM work")
+    LOG_LEVEL.add(p)
+    METRICS_PREFIX.add(p)
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
                    help="a Jinja chat template (a file, or the template itself) used instead of the model's")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
@@ -85,7 +84,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_vllm_flags(p)
     add_ray_args(p)
     p.set_defaults(max_itl_s=SERVE_MAX_ITL_S)
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = build_parser()
     ns = p.parse_args(argv)
+    ns.api_key = ns.api_key or os.environ.get("TALLY_API_KEY") or os.environ.get("VLLM_API_KEY")
     check_ray_args(p, ns)
     if ns.model_tag is not None:
         if ns.model is not None and ns.model != ns.model_tag:

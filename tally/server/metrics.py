@@ -24,8 +24,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 
 from tally.engine.config import EngineConfig
+from tally.engine.kv_tier_stats import DiskCacheStats, SwapStats
 from tally.engine.snapshot import ITERATION_TOKEN_BUCKETS, EngineSnapshot, IterationTokens
 from tally.engine.speculation_stats import SpeculationStats
+from tally.flags import METRICS_PREFIXES
 from tally.outputs import RequestOutput
 from tally.server.errors import REJECTION_REASONS
 
@@ -38,7 +40,6 @@ REQUEST_TIME_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20
                           240.0, 480.0, 960.0, 1920.0, 7680.0)
 N_BUCKETS = (1, 2, 5, 10, 20)  # vLLM's for request_params_n
 PREFIX = "tally:"  # --metrics-prefix vllm serves the same series as vllm:, for dashboards built for vLLM
-METRICS_PREFIXES = {"tally": "tally:", "vllm": "vllm:"}
 
 
 @dataclass
@@ -73,7 +74,7 @@ class EngineCollector:
         used_slots = s.num_used_blocks * s.block_size_tokens
         deprecated = [("gpu_cache_usage_perc", "DEPRECATED vLLM name of kv_cache_usage_perc.", s.kv_usage)] \
             if self.prefix == METRICS_PREFIXES["vllm"] else []
-        for name, doc, value in (
+        yield from _families((
             ("num_requests_running", "Requests in the running batch.", s.num_running),
             ("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
             ("kv_cache_usage_perc", "Used KV blocks / total KV blocks (0-1).",
@@ -81,10 +82,7 @@ class EngineCollector:
             ("kv_cache_fragmentation_perc", "Allocated-but-unfilled KV slots / allocated slots (0-1).",
              s.num_unfilled_slots / used_slots if used_slots else 0.0),
             *deprecated,
-        ):
-            g = GaugeMetricFamily(self.prefix + name, doc, labels=["model_name"])
-            g.add_metric(labels, value)
-            yield g
+        ), (), labels, self.prefix)
         # vLLM's info gauge: always 1, the settings in its labels (the KV pool here is in host memory)
         info = {**self.cache_config, "block_size": str(s.block_size_tokens), "num_gpu_blocks": str(s.num_blocks)}
         g = GaugeMetricFamily(self.prefix + "cache_config_info", "Information of the engine's KV cache config.",
@@ -93,16 +91,18 @@ class EngineCollector:
         yield g
         if s.iteration_tokens is not None:
             yield _iteration_tokens(s.iteration_tokens, labels, self.prefix)
-        for name, doc, value in (
+        yield from _families((), (
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_queried_tokens),
-            ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_hit_tokens),
+            ("prefix_cache_hits", "Prompt tokens found in the prefix cache (the disk tier's included).",
+             s.prefix_hit_tokens),
             ("num_preemptions", "Requests preempted for lack of KV blocks.", s.num_preemptions),
-        ):
-            c = CounterMetricFamily(self.prefix + name, doc, labels=["model_name"])
-            c.add_metric(labels, value)
-            yield c
+        ), labels, self.prefix)
         if s.speculation is not None:
             yield from _speculation_metrics(s.speculation, labels, self.prefix)
+        if s.swap is not None:
+            yield from _swap_metrics(s.swap, labels, self.prefix)
+        if s.disk_cache is not None:
+            yield from _disk_cache_metrics(s.disk_cache, labels, self.prefix)
 
 
 def _iteration_tokens(steps: IterationTokens, labels: list[str], prefix: str) -> HistogramMetricFamily:
@@ -111,6 +111,46 @@ def _iteration_tokens(steps: IterationTokens, labels: list[str], prefix: str) ->
     bounds = [str(float(b)) for b in ITERATION_TOKEN_BUCKETS] + ["+Inf"]
     h.add_metric(labels, list(zip(bounds, accumulate(steps.counts))), steps.total_tokens)
     return h
+
+
+def _families(gauges: tuple, counters: tuple, labels: list[str], prefix: str) -> Iterator:
+    """(name, help, value) rows as gauge, then counter, families of the one label model_name."""
+    for family, rows in ((GaugeMetricFamily, gauges), (CounterMetricFamily, counters)):
+        for name, doc, value in rows:
+            f = family(prefix + name, doc, labels=["model_name"])
+            f.add_metric(labels, value)
+            yield f
+
+
+def _swap_metrics(swap: SwapStats, labels: list[str], prefix: str) -> Iterator:
+    """The swap space (--swap-space); num_requests_swapped and cpu_cache_usage_perc are vLLM V0's names for it."""
+    yield from _families((
+        ("num_requests_swapped", "Preempted requests whose KV blocks wait in the swap space.", swap.num_requests),
+        ("cpu_cache_usage_perc", "Swap space held / its capacity (0-1).", swap.usage),
+        ("kv_swap_space_bytes", "Bytes of KV blocks held in the swap space.", swap.held_bytes),
+    ), (
+        ("kv_swapped_out_blocks", "KV blocks copied to the swap space at preemption.", swap.swapped_out_blocks),
+        ("kv_swapped_in_blocks", "KV blocks copied back from the swap space at resumption.", swap.swapped_in_blocks),
+        ("kv_swap_preemptions", "Preemptions whose blocks went to the swap space (the rest of num_preemptions "
+                                "recomputed).", swap.num_swapped),
+    ), labels, prefix)
+
+
+def _disk_cache_metrics(disk: DiskCacheStats, labels: list[str], prefix: str) -> Iterator:
+    """The disk prefix tier (--kv-disk-cache-dir); external_prefix_cache_* are vLLM's names for a prefix cache
+    outside the pool (its KV connectors')."""
+    yield from _families((
+        ("kv_disk_cache_bytes", "Bytes of KV block files in the disk prefix cache's folder (every model's).",
+         disk.held_bytes),
+    ), (
+        ("external_prefix_cache_queries", "Prompt tokens looked up in the disk prefix cache after a prefix-cache miss.",
+         disk.queried_tokens),
+        ("external_prefix_cache_hits", "Prompt tokens read back from the disk prefix cache.", disk.hit_tokens),
+        ("kv_disk_cache_written_blocks", "KV blocks written to the disk prefix cache.", disk.written_blocks),
+        ("kv_disk_cache_dropped_blocks", "KV blocks not written: the write queue was full.", disk.dropped_writes),
+        ("kv_disk_cache_damaged_files", "Disk prefix cache files that failed their check when read (a miss).",
+         disk.damaged_files),
+    ), labels, prefix)
 
 
 class Renamed:
@@ -128,14 +168,11 @@ class Renamed:
 
 def _speculation_metrics(spec: SpeculationStats, labels: list[str], prefix: str) -> Iterator:
     """vLLM's spec_decode metrics; only when speculative decoding is configured, as in vLLM."""
-    for name, doc, value in (
+    yield from _families((), (
         ("spec_decode_num_drafts", "Requests that verified proposals, summed over steps.", spec.num_drafts),
         ("spec_decode_num_draft_tokens", "Proposed tokens verified.", spec.num_draft_tokens),
         ("spec_decode_num_accepted_tokens", "Proposed tokens accepted.", spec.num_accepted_tokens),
-    ):
-        c = CounterMetricFamily(prefix + name, doc, labels=["model_name"])
-        c.add_metric(labels, value)
-        yield c
+    ), labels, prefix)
     c = CounterMetricFamily(prefix + "spec_decode_num_accepted_tokens_per_pos",
                             "Proposed tokens accepted, by position in the proposal (0 = first).",
                             labels=["model_name", "position"])

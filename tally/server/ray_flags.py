@@ -10,6 +10,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from tally.errors import ConfigError
+from tally.flags import REPLICAS
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def add_ray_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ray", action="store_true",
                    help="serve through Ray Serve: engine replicas behind Ray's HTTP proxy on --host/--port, on the "
                         "cluster at $RAY_ADDRESS or a local one; each replica reserves --threads CPUs (default 1)")
-    g.add_argument("--replicas", type=int, default=None, metavar="N", help="engine replicas (default 1)")
+    REPLICAS.add(g, note=" through Ray Serve (default 1)")
     g.add_argument("--autoscale", type=_min_max, default=None, metavar="MIN:MAX",
                    help="between MIN and MAX replicas, by the engines' queue depth and KV usage")
 

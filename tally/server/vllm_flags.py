@@ -15,7 +15,7 @@ NO_EFFECT_FLAGS = {"--" + name.replace("_", "-"): takes_value for name, takes_va
 def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("vLLM flags with no effect here (accepted with a warning)")
     for flag, takes_value in NO_EFFECT_FLAGS.items():
-        g.add_argument(flag, dest=_dest(flag), default=None,
+        g.add_argument(flag, dest=_dest(flag), default=None, help="vLLM's; no effect here",
                        **({"metavar": "VALUE"} if takes_value else {"action": "store_const", "const": True}))
 
 

@@ -1,5 +1,7 @@
-"""Progress through `tally quantize`'s long loops (calibration forwards, layers, sensitivity): a bar with an ETA on a
-terminal, a line per tenth of the way elsewhere (a log file), nothing where a caller passes `untracked`."""
+"""Progress through long loops (a checkpoint's tensors as they load and dequantize, `tally quantize`'s calibration
+forwards and layers): a bar with an ETA on a terminal, a line per tenth of the way elsewhere (a log file), nothing
+where a caller passes `untracked`. The total comes from the items' length, known before the first is read (a
+checkpoint's from its headers)."""
 from __future__ import annotations
 
 import sys
