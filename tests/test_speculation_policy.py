@@ -10,6 +10,7 @@ from tally.core.request import Request
 from tally.core.scheduler import ScheduledRequest, SchedulerOutput
 from tally.engine.speculation import Speculator
 from tally.engine.speculation_policy import (
+    CHECK_STEPS,
     EPOCH_STEPS,
     KEEP_STEPS,
     SpeculationPolicy,
@@ -55,13 +56,13 @@ def test_proposals_worth_verifying():
 
 def test_speculation_stops_where_following_the_price_fell_below_off_or_nothing_was_worth_verifying():
     policy = _priced(on_seconds=0.11)
-    _steps(policy, 2 * EPOCH_STEPS, 0.1, tokens=3, proposals=8)  # 30 tokens/s: below off's 40
+    _steps(policy, CHECK_STEPS, 0.1, tokens=3, proposals=8)  # 30 tokens/s: below off's 40
     assert not policy.speculate_now() and policy.choose(ALPHA, LIMITS).tolist() == [0, 0]
     policy = _priced(on_seconds=0.5)  # theta 2: no proposal is worth its price
-    _steps(policy, 2 * EPOCH_STEPS, 0.1, tokens=4)
+    _steps(policy, CHECK_STEPS, 0.1, tokens=4)
     assert not policy.speculate_now()
     policy = _priced(on_seconds=0.11)
-    _steps(policy, 2 * EPOCH_STEPS, 0.1, tokens=6, proposals=8)  # 60 tokens/s
+    _steps(policy, CHECK_STEPS, 0.1, tokens=6, proposals=8)  # 60 tokens/s
     assert policy.speculate_now()
 
 
@@ -81,7 +82,7 @@ def test_another_load_is_measured_unless_a_lighter_one_did_not_pay():
     assert not policy.speculate_now()  # measuring off
     _steps(policy, EPOCH_STEPS, 0.4, tokens=32, batch=32)
     _steps(policy, EPOCH_STEPS, 0.5, tokens=32, batch=32, proposals=64)
-    _steps(policy, 2 * EPOCH_STEPS, 0.5, tokens=32, batch=32, proposals=64)  # 64 tokens/s, off had 80
+    _steps(policy, CHECK_STEPS, 0.5, tokens=32, batch=32, proposals=64)  # 64 tokens/s, off had 80
     assert not policy.speculate_now()
     _steps(policy, 1, 0.1, batch=4)  # back at 4: its price holds, no measuring
     assert policy.speculate_now() and policy.choose(ALPHA, LIMITS).tolist() == [4, 4]

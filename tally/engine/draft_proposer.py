@@ -49,7 +49,6 @@ class DraftProposer:
         self.kv = kv
         self.sampler = Sampler()  # its own: the draft's batches are not the target's
         self._states: weakref.WeakKeyDictionary[Request, DraftState] = weakref.WeakKeyDictionary()
-        self.longest_span = 0  # tokens of the longest span the last proposal's first pass ran (catch-up included)
 
     @torch.inference_mode()
     def propose(self, reqs: list[Request], ks: list[int],
@@ -65,7 +64,6 @@ class DraftProposer:
         for (req, _), table, state in zip(chosen, tables, states):
             start = min(state.computed, req.num_tokens - 1)  # at least the last token: its logits
             spans.append((table, start, req.token_ids[start:]))
-        self.longest_span = max(len(tokens) for _, _, tokens in spans)
         logits = self._forward(spans)
         sampled = {i for i, (req, _) in enumerate(chosen) if req.sampling_params.sampling_type != SamplingType.GREEDY}
         proposals: list[list[int]] = [[] for _ in chosen]

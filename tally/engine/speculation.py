@@ -34,7 +34,11 @@ from tally.engine.speculative_config import SpeculativeConfig
 # verifications' worth of every request's (a new request starts from what the others measured).
 DECAY = 0.9
 PRIOR = 4.0
-MEASURE_SHARE = 4  # with a draft model the price is measured on one request in this many (the least behind)
+# With a draft model, at most one running request in DRAFT_SHARE speculates: those the draft is least behind on. A
+# request it is far behind on (new, or back from an off spell) costs a catch-up over its whole context, and on a CPU
+# speculating many streams loses anyway (bench/speculative.py); a price measured on a few requests also holds for a
+# few, where extrapolating it to every one did not (32 streams: 0.76x of off).
+DRAFT_SHARE = 4
 
 
 @dataclass
@@ -54,7 +58,6 @@ class Speculator:
         self._acceptance: weakref.WeakKeyDictionary[Request, Acceptance] = weakref.WeakKeyDictionary()
         self._overall = Acceptance()  # every request's, undecayed
         self._step_proposals = 0  # proposals the current step verifies
-        self._step_prefilled_draft = False  # the current step ran the draft over a request's missed tokens
 
     def propose(self, running: list[Request]) -> None:
         """Give decoding requests the proposals this step will verify."""
@@ -63,7 +66,7 @@ class Speculator:
             if req.spec_token_ids:
                 req.spec_token_ids = []
         self.draft_probs = {}
-        self._step_proposals, self._step_prefilled_draft = 0, False
+        self._step_proposals = 0
         if cfg.adaptive and not self.policy.speculate_now():
             return
         candidates, limits = [], []
@@ -78,8 +81,6 @@ class Speculator:
         if self.draft is not None:  # the draft's forward passes cost: how many to verify is chosen first
             ks = self._verified(candidates, np.array(limits))
             proposals, self.draft_probs = self.draft.propose(candidates, ks.tolist(), reserve_blocks=len(running))
-            # More than the kept proposals' and the bonus token's worth: a new request's prompt, or an off spell
-            self._step_prefilled_draft = bool(proposals) and self.draft.longest_span > cfg.num_speculative_tokens + 1
             for req in candidates:
                 req.spec_token_ids = list(proposals.get(req.request_id, ()))  # the scheduler may trim it
             return
@@ -99,13 +100,11 @@ class Speculator:
         counts = np.array([(a.accepted, a.judged) if (a := self._acceptance.get(r)) else (0.0, 0.0) for r in reqs])
         alpha = (counts[:, 0] + PRIOR * prior) / (counts[:, 1] + PRIOR)
         ks = self.policy.choose(alpha, limits)
-        if self.draft is not None and self.policy.measuring and len(reqs) >= MEASURE_SHARE:
-            # A sample prices a proposal as well as every request would, and the draft's catch-up over the rest's
-            # tokens would cost more than the measurement: those it has least to catch up on speculate.
+        if self.draft is not None and len(reqs) >= DRAFT_SHARE:
             lags = np.array([self.draft.lag(r) for r in reqs])
-            sample = np.zeros(len(reqs), dtype=bool)
-            sample[np.argsort(lags, kind="stable")[:len(reqs) // MEASURE_SHARE]] = True
-            ks = np.where(sample, ks, 0)
+            few = np.zeros(len(reqs), dtype=bool)
+            few[np.argsort(lags, kind="stable")[:len(reqs) // DRAFT_SHARE]] = True
+            ks = np.where(few, ks, 0)
         return ks
 
     def verify(self, out: SchedulerOutput, sampled: list[Request], counts: list[int],
@@ -135,10 +134,9 @@ class Speculator:
         return keep
 
     def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
-        """A step without a prompt chunk, for the policy; unless the draft prefilled a request in it: as a prompt
-        chunk's, that cost comes once per request, or once after an off spell the measurement itself imposed."""
-        if not self._step_prefilled_draft:
-            self.policy.observe_step(generated_tokens, seconds, batch, self._step_proposals)
+        """A step without a prompt chunk, for the policy (a draft's catch-up over a request's context counts: it is
+        what speculating that request costs)."""
+        self.policy.observe_step(generated_tokens, seconds, batch, self._step_proposals)
 
     def _record(self, req: Request, proposed: int, accepted: int) -> None:
         st = self.stats

@@ -21,12 +21,11 @@ requests whose guesses hold, and at a price no request's acceptance meets, none.
 before the price was measured: at one stream it cut code completion to one proposal, 1.06x where all gave 1.51x.)
 
 **Checked against the outcome.** The price is a straight line through two measurements, and a request's acceptance
-an estimate: if after 2 x EPOCH_STEPS steps of following them the tokens per second fall by MARGIN below off's, or
+an estimate: if after CHECK_STEPS steps of following them the tokens per second fall by MARGIN below off's, or
 no proposal was worth verifying, speculation is off at that load until it is measured again. A price holds
 KEEP_STEPS steps at its load, then is measured again; a batch half or twice the measured one is another load. A load
 with no price of its own is measured, unless speculation did not pay at a lighter load (each row costs more as the
-CPU saturates): then it is off there too, unmeasured. (With a draft model, measuring speculation on costs the draft's
-catch-up over every token of the requests it speculates for: tally/engine/speculation.py measures with a sample.)"""
+CPU saturates): then it is off there too, unmeasured."""
 from __future__ import annotations
 
 import math
@@ -35,8 +34,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-EPOCH_STEPS = 12  # steps of a measuring epoch (steps carrying a prompt chunk are not counted)
-KEEP_STEPS = 240  # counted steps a price holds before its load is measured again
+EPOCH_STEPS = 8  # steps of a measuring epoch (steps carrying a prompt chunk are not counted)
+CHECK_STEPS = 24  # steps of following a price before its outcome is compared with off's
+KEEP_STEPS = 500  # counted steps a price holds before its load is measured again
 MARGIN = 1.02  # following the price must not fall this many times below off's tokens per second
 LOAD_RATIO = 2.0  # a batch this many times larger or smaller than a price's is another load
 
@@ -111,7 +111,7 @@ class SpeculationPolicy:
         if price is not None:
             if self._steps - price.step >= KEEP_STEPS or not same_load(batch, self._load):
                 self._follow(batch)
-            elif price.pays and epoch.steps >= 2 * EPOCH_STEPS and (
+            elif price.pays and epoch.steps >= CHECK_STEPS and (
                     epoch.proposals == 0 or epoch.rate * MARGIN < price.off_rate):
                 price.pays = False
                 self._apply(price, self._load)
@@ -152,11 +152,6 @@ class SpeculationPolicy:
     def speculate_now(self) -> bool:
         """False while speculation is measured (or known) not to pay: nothing need be proposed."""
         return self._epoch.speculate
-
-    @property
-    def measuring(self) -> bool:
-        """Whether this step measures speculation on (every proposal verified) to price a proposal."""
-        return self._price is None and self._epoch.speculate
 
     def choose(self, alpha: np.ndarray, limits: np.ndarray) -> np.ndarray:
         """Per request (its acceptance per position, the most proposals it may have): how many to verify."""
