@@ -1,9 +1,11 @@
 """Tensor and pipeline parallel against one process, same machine, same run: decode tokens/s at 1 and at 32
-streams for TP=2 and PP=2, and for TP the share of each step spent in torch.distributed's collectives (the
-all-reduces after attention and the MLP, the embedding's all-reduce and the logits' all-gather), beside what the
-ledger predicts for them (tally/ledger/comm.py) from the gloo link measured in the same run
-(tally/ledger/link_probe.py). For PP, whose transfers wait on the other stage's work and so cannot be timed apart
-from it, the time a PP step takes beyond one process on one core (each stage's core) stands for its transfers.
+streams for TP=2 and PP=2, and the time each step spends communicating, beside what the ledger predicts for it
+(tally/ledger/comm.py) from the gloo link measured in the same run (tally/ledger/link_probe.py). For TP: the time in
+torch.distributed's collectives (the all-reduces after attention and the MLP, the embedding's all-reduce and the
+logits' all-gather). For PP: the stage boundaries' transfers (hidden states, then logits to rank 0), each timed by
+its receiver from the moment both sides were ready (tally/engine/pipeline.py: the sender's clock travels with the
+rows), so the other stage's work is not counted. Also for PP at 1 stream: the time a PP step takes beyond one
+process on one core (each stage's core), which holds the transfers and whatever else the split costs.
 
 On a 2-core machine TP=2 gives each rank one core where TP=1 gives its one process both: expect little gain; the
 point is what the split costs. The collectives' time is counted by rank 0 (tally/layers/parallel.py:TPGroup); it
@@ -33,7 +35,7 @@ def prompts(n: int) -> list[str]:
 
 def run(tp: int, pp: int, ns: argparse.Namespace,
         threads: int | None = None) -> tuple[dict[int, tuple[float, float, float]], ModelConfig]:
-    """concurrency -> (tokens/s, seconds per step, seconds in collectives per step); the model's config."""
+    """concurrency -> (tokens/s, seconds per step, seconds communicating per step); the model's config."""
     kw = dict(dtype=ns.dtype, max_model_len=512, kv_cache_memory=256 * 2**20, tensor_parallel_size=tp,
               pipeline_parallel_size=pp, threads=threads)
     if ns.quantization:
@@ -44,18 +46,24 @@ def run(tp: int, pp: int, ns: argparse.Namespace,
     out = {}
     try:
         for c in ns.concurrency:
-            tp_group = llm.engine.model.tp
-            comm0 = tp_group.comm_seconds if tp_group else 0.0
+            comm0 = _comm_seconds(llm)
             steps0 = llm.engine.snapshot().num_steps
             started = time.perf_counter()
             tps, _ = closed_loop(llm, prompts(max(2, 2 * c)), c, params)
             elapsed = time.perf_counter() - started
             steps = max(llm.engine.snapshot().num_steps - steps0, 1)
-            comm = (tp_group.comm_seconds - comm0) if tp_group else 0.0
+            comm = _comm_seconds(llm) - comm0
             out[c] = (tps, elapsed / steps, comm / steps)
     finally:
         llm.engine.shutdown()
     return out, llm.engine.model.cfg
+
+
+def _comm_seconds(llm: LLM) -> float:
+    """Rank 0's count of time spent communicating since start: TP collectives and PP transfers."""
+    tp_group, parallel = llm.engine.model.tp, llm.engine.parallel
+    pipe = parallel.pipe if parallel is not None else None
+    return (tp_group.comm_seconds if tp_group else 0.0) + (pipe.clock.seconds if pipe else 0.0)
 
 
 def predicted_comm_s(cfg: ModelConfig, concurrency: int, link: Link, *, tp: int = 1, pp: int = 1) -> float:
@@ -79,22 +87,25 @@ def main() -> None:
     print(f"model {ns.model or 'smollm2-135m'}, dtype {ns.dtype}, quantization {ns.quantization or 'default'}, "
           f"{ns.max_tokens} tokens per request; gloo link measured: {link.latency_s * 1e3:.2f} ms a collective, "
           f"{link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
-    print(f"{'streams':>8} {'one tok/s':>10} {'TP=2 tok/s':>11} {'ratio':>6} {'PP=2 tok/s':>11} {'ratio':>6} "
-          f"{'TP=2 ms/step':>13} {'in collectives':>15} {'share':>6} {'ledger ms':>10} {'measured/ledger':>16}")
+    print(f"{'streams':>8} {'one tok/s':>10} {'TP=2 tok/s':>11} {'ratio':>6} {'PP=2 tok/s':>11} {'ratio':>6}")
     for c in ns.concurrency:
-        (t1, _, _), (t2, step_s, comm), (tp2, _, _) = one[c], two[c], stages[c]
-        predicted = predicted_comm_s(cfg, c, link, tp=2)
-        print(f"{c:>8} {t1:>10.1f} {t2:>11.1f} {t2 / t1:>6.2f} {tp2:>11.1f} {tp2 / t1:>6.2f} {step_s * 1e3:>13.2f} "
-              f"{comm * 1e3:>15.2f} {comm / step_s:>6.0%} {predicted * 1e3:>10.2f} {comm / predicted:>16.2f}")
-    print("PP=2 at 1 stream: a stage's work is its share of the one-core step, so what a PP step takes beyond "
-          "the one-core step is its transfers (with more streams micro-batches overlap the stages: not shown)")
-    print(f"{'streams':>8} {'1-core ms/step':>15} {'PP=2 ms/step':>13} {'beyond':>8} {'ledger ms':>10} "
+        t1, t2, tp2 = one[c][0], two[c][0], stages[c][0]
+        print(f"{c:>8} {t1:>10.1f} {t2:>11.1f} {t2 / t1:>6.2f} {tp2:>11.1f} {tp2 / t1:>6.2f}")
+    print("communication per step, measured by rank 0 (TP: inside collectives; PP: transfers from both sides ready)")
+    print(f"{'split':>6} {'streams':>8} {'ms/step':>8} {'comm ms':>8} {'share':>6} {'ledger ms':>10} "
           f"{'measured/ledger':>16}")
+    for split, runs, kw in (("TP=2", two, {"tp": 2}), ("PP=2", stages, {"pp": 2})):
+        for c in ns.concurrency:
+            _, step_s, comm = runs[c]
+            predicted = predicted_comm_s(cfg, c, link, **kw)
+            print(f"{split:>6} {c:>8} {step_s * 1e3:>8.2f} {comm * 1e3:>8.2f} {comm / step_s:>6.0%} "
+                  f"{predicted * 1e3:>10.2f} {comm / predicted:>16.2f}")
+    print("PP=2 at 1 stream beside one process on one core (each stage's core): what the split costs in all")
+    print(f"{'streams':>8} {'1-core ms/step':>15} {'PP=2 ms/step':>13} {'beyond':>8} {'of it, transfers':>17}")
     for c in (c for c in ns.concurrency if c == 1):
         beyond = stages[c][1] - one_core[c][1]
-        predicted = predicted_comm_s(cfg, c, link, pp=2)
         print(f"{c:>8} {one_core[c][1] * 1e3:>15.2f} {stages[c][1] * 1e3:>13.2f} {beyond * 1e3:>8.2f} "
-              f"{predicted * 1e3:>10.2f} {beyond / predicted:>16.2f}")
+              f"{stages[c][2] * 1e3:>17.2f}")
     print(f"({time.perf_counter() - started:.0f} s)")
 
 

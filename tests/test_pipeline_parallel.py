@@ -19,7 +19,7 @@ from tally import LLM, SamplingParams
 from tally.attention.metadata import AttentionMetadata
 from tally.cli import main as tally_main
 from tally.engine.model_step import ModelStep
-from tally.engine.pipeline import split_step
+from tally.engine.pipeline import read_clock, split_step, write_clock
 from tally.errors import ConfigError, EngineDeadError
 from tally.models.config import ModelConfig
 from tally.models.pipeline_split import plan_stages, stage_of_layer
@@ -73,6 +73,13 @@ def test_micro_batches_keep_decodes_first_and_put_every_logit_row_back():
     assert all(b.step.meta.num_seqs for b in many) and sum(b.step.meta.num_seqs for b in many) == 5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_clock_row_carries_two_float64s_through_any_activation_dtype(dtype):
+    buf = torch.randn(4, 9, dtype=torch.float32).to(dtype)  # odd width: the last row starts unaligned for float64
+    write_clock(buf[-1], 123456.789012345, 0.00042)
+    assert read_clock(buf.clone()[-1]) == (123456.789012345, 0.00042)
+
+
 def test_more_stages_than_layers_is_refused_before_any_process_starts(tiny_llama):
     with pytest.raises(ConfigError, match="3 pipeline stages cannot split the model's 2 layers"):
         LLM(str(tiny_llama), pipeline_parallel_size=3)
@@ -100,6 +107,7 @@ def test_two_stages_of_two_tensor_parallel_ranks_match_one_process(tiny_llama):
     one = LLM(str(tiny_llama), **BUSY).generate(PROMPTS, params, use_tqdm=False)
     with _parallel_llm(str(tiny_llama), tensor_parallel_size=2, pipeline_parallel_size=2, **BUSY) as llm:
         four = llm.generate(PROMPTS, params, use_tqdm=False)
+        assert llm.engine.parallel.pipe.clock.seconds > 0  # rank 0 holds the boundaries' transfer time
         assert [(r["stage"], r["layers"]) for r in llm.engine.ledger.ranks] == [
             (0, [0, 1]), (0, [0, 1]), (1, [1, 2]), (1, [1, 2])]
     assert [o.outputs[0].token_ids for o in four] == [o.outputs[0].token_ids for o in one]

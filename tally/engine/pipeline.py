@@ -10,11 +10,18 @@ adjacent stages, and the last stage's TP rank 0 alone sends logits.
 A send is a broadcast in a process group of the two ranks (one group a direction, so each keeps its order), not
 gloo's point-to-point send: a receive is then a collective the receiver can poll (tally/layers/spin_wait.py), where
 gloo marks a point-to-point receive complete only inside its blocking wait, and a rank asleep there wakes late.
+
+Every transfer carries one extra row: the sender's clock when it started the send, and the transfer time the
+micro-batch met upstream. The receiver counts what it waited beyond the moment both sides were ready (its own arrival
+or the send's start, whichever was later): the transfer, without the other stage's work. The last stage forwards the
+sum with the logits, so rank 0 holds every stage boundary's time (`TransferClock`), as TPGroup holds its collectives'.
+The clocks are CLOCK_MONOTONIC, one clock for the ranks of one machine; across machines the figure is not a transfer.
 """
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -23,6 +30,12 @@ from tally.attention.kv_cache import KVCache
 from tally.engine.model_step import ModelStep, run_model_step
 from tally.layers.spin_wait import wait_polling
 from tally.models.llama import CausalLM
+
+
+@dataclass
+class TransferClock:
+    seconds: float = 0.0  # rank 0: transfer time of every micro-batch at every boundary, since start
+    carried: float = 0.0  # the last stage: transfer time met by micro-batches that sent no logits yet
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,7 @@ class PipelinePeers:
     from_prev: dist.ProcessGroup | None = None  # {prev_rank, rank}: hidden states in
     to_next: dist.ProcessGroup | None = None  # {rank, next_rank}: hidden states out
     logits: dist.ProcessGroup | None = None  # {logits_rank, 0}, on those two ranks
+    clock: TransferClock = field(default_factory=TransferClock)
 
     @property
     def stage(self) -> int:
@@ -88,29 +102,60 @@ def forward_step(model: CausalLM, kv_caches: list[tuple[KVCache, KVCache]], step
 def _run_stage(model: CausalLM, kv_caches: list[tuple[KVCache, KVCache]], step: ModelStep,
                peers: PipelinePeers) -> torch.Tensor | None:
     batches = split_step(step, peers.num_stages)
-    vocab = model.cfg.vocab_size
     sending = []  # (work, the tensor it reads): a tensor must live until its send completes
     for mb in batches:
-        hidden = None
+        hidden, upstream = None, 0.0
         if peers.prev_rank is not None:
-            hidden = torch.empty(len(mb.step.input_ids), model.cfg.hidden_size, dtype=model.dtype)
-            wait_polling(dist.broadcast(hidden, src=peers.prev_rank, group=peers.from_prev, async_op=True))
+            hidden, upstream = _receive(len(mb.step.input_ids), model.cfg.hidden_size, model.dtype, peers.prev_rank,
+                                        peers.from_prev)
         out = model(mb.step.input_ids, mb.step.positions, kv_caches, mb.step.meta, hidden)
         if peers.next_rank is not None:
-            out = out.to(model.dtype).contiguous()  # the shape and dtype the next stage receives into
-            sending.append((dist.broadcast(out, src=peers.rank, group=peers.to_next, async_op=True), out))
-        elif len(mb.step.logit_rows):
-            logits = model.compute_logits(out[mb.step.logit_rows]).contiguous()
-            if peers.rank == peers.logits_rank:
-                sending.append((dist.broadcast(logits, src=peers.rank, group=peers.logits, async_op=True), logits))
+            sending.append(_send(out, model.dtype, upstream, peers.rank, peers.to_next))
+        else:
+            peers.clock.carried += upstream
+            if len(mb.step.logit_rows):
+                logits = model.compute_logits(out[mb.step.logit_rows])
+                if peers.rank == peers.logits_rank:
+                    sending.append(_send(logits, torch.float32, peers.clock.carried, peers.rank, peers.logits))
+                peers.clock.carried = 0.0
     for work, _ in sending:
         work.wait()
     if peers.rank != 0:
         return None
-    logits = torch.empty(len(step.logit_rows), vocab, dtype=torch.float32)
+    logits = torch.empty(len(step.logit_rows), model.cfg.vocab_size, dtype=torch.float32)
     for mb in batches:
         if len(mb.logit_index):
-            part = torch.empty(len(mb.logit_index), vocab, dtype=torch.float32)
-            wait_polling(dist.broadcast(part, src=peers.logits_rank, group=peers.logits, async_op=True))
-            logits[mb.logit_index] = part
+            logits[mb.logit_index], upstream = _receive(len(mb.logit_index), model.cfg.vocab_size, torch.float32,
+                                                        peers.logits_rank, peers.logits)
+            peers.clock.seconds += upstream
     return logits
+
+
+def _send(rows: torch.Tensor, dtype: torch.dtype, upstream: float, rank: int,
+          group: dist.ProcessGroup) -> tuple[dist.Work, torch.Tensor]:
+    """Start sending `rows` and the clock row; the tensor the send reads, to keep until it completes."""
+    buf = torch.empty(len(rows) + 1, rows.shape[1], dtype=dtype)
+    buf[:-1] = rows
+    write_clock(buf[-1], time.monotonic(), upstream)
+    return dist.broadcast(buf, src=rank, group=group, async_op=True), buf
+
+
+def _receive(n: int, width: int, dtype: torch.dtype, src: int, group: dist.ProcessGroup) -> tuple[torch.Tensor, float]:
+    """The `n` rows `src` sends, and the transfer time met so far: upstream's and this wait's beyond the moment both
+    sides were ready."""
+    buf = torch.empty(n + 1, width, dtype=dtype)
+    arrived = time.monotonic()
+    wait_polling(dist.broadcast(buf, src=src, group=group, async_op=True))
+    done = time.monotonic()
+    sent, upstream = read_clock(buf[-1])
+    return buf[:-1], upstream + max(done - max(sent, arrived), 0.0)
+
+
+def write_clock(row: torch.Tensor, sent: float, upstream: float) -> None:
+    """Two float64s in the first 16 bytes of a row of any dtype (a row is never narrower: hidden sizes are ≥ 8)."""
+    row.view(torch.uint8)[:16] = torch.tensor([sent, upstream], dtype=torch.float64).view(torch.uint8)
+
+
+def read_clock(row: torch.Tensor) -> tuple[float, float]:
+    sent, upstream = row.view(torch.uint8)[:16].clone().view(torch.float64).tolist()  # clone: 8-byte aligned
+    return sent, upstream
