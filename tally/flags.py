@@ -105,6 +105,9 @@ MAX_NUM_SEQS = Flag("max_num_seqs", "requests decoded together at most", default
                     type=int)
 MAX_NUM_BATCHED_TOKENS = Flag("max_num_batched_tokens", "tokens one step computes at most",
                               default=2048, type=int)
+SWAP_SPACE = Flag("swap_space", "GiB of RAM beside the KV pool where preempted requests' KV blocks may wait instead "
+                  "of being recomputed (vLLM's flag); taken only while they wait; 0: off", default=4.0, type=float,
+                  metavar="GiB")
 BLOCK_SIZE = Flag("block_size", "tokens per KV cache block", default=16, type=int)
 KV_CACHE_MEMORY = Flag("kv_cache_memory", "bytes for the KV pool, e.g. 2GiB", type=parse_bytes,
                        none_means="min(fraction of free RAM, 2 GiB)")

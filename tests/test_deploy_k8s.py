@@ -129,7 +129,9 @@ def test_the_memory_request_is_the_ledgers_figure(tmp_path, capsys, model_case):
     container = _container(docs)
     reserve = "2GiB" if "--reserve" in model_case["args"] else "1GiB"
     weights, kv, reserved = _planned_memory(capsys, model_case, 8, reserve)
-    assert int(container["resources"]["requests"]["memory"]) == weights + kv + reserved
+    swap = min(4.0, kv / 2**30)  # a pool's worth of preempted blocks, at most tally serve's default
+    assert float(_arg(container, "--swap-space")) == swap
+    assert int(container["resources"]["requests"]["memory"]) == weights + kv + int(swap * 2**30) + reserved
     assert container["resources"]["limits"] == container["resources"]["requests"]
     assert int(_arg(container, "--kv-cache-memory")) == kv  # the pool the engine allocates, not one of its choosing
     assert _arg(container, "--dtype") == model_case["dtype"]
@@ -151,8 +153,20 @@ def test_the_pod_command_line_starts_an_engine_with_the_planned_kv_pool(tmp_path
     assert (ns.host, ns.port) == ("0.0.0.0", container["ports"][0]["containerPort"])
     ledger = Engine(config_from_args(ns)).ledger
     assert ledger.kv_pool_bytes == int(_arg(container, "--kv-cache-memory"))
+    swap = ledger.kv_tiers["swap_space"]["capacity_bytes"]
+    assert swap == ledger.kv_pool_bytes  # the pod's swap space: its pool's worth, in its memory request
+    assert ledger.weight_bytes + ledger.kv_pool_bytes + swap < int(container["resources"]["requests"]["memory"])
     assert ledger.max_concurrency_at_max_len == 3
     assert ledger.weight_bytes + ledger.kv_pool_bytes < int(container["resources"]["requests"]["memory"])
+
+
+def test_swap_space_is_the_users_and_in_the_memory_request(tmp_path):
+    memory = {}
+    for swap in ("0", "0.5"):
+        container = _container(_deploy(tmp_path / swap, "--swap-space", swap))
+        assert float(_arg(container, "--swap-space")) == float(swap)
+        memory[swap] = int(container["resources"]["requests"]["memory"])
+    assert memory["0.5"] - memory["0"] == 2**29
 
 
 def test_probes_and_monitor_point_at_the_servers_port_and_health(tmp_path):

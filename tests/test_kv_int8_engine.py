@@ -111,3 +111,10 @@ def test_key_smoothing_keeps_int8_kv_accurate_when_keys_have_outlier_channels(ti
     err_smoothed = (prompt_logits(smoothed, ids) - want).abs().mean().item()
     err_plain = (prompt_logits(plain, ids) - want).abs().mean().item()
     assert err_smoothed < 0.5 * err_plain, (err_smoothed, err_plain)
+
+
+def test_int8_kv_starts_with_a_context_shorter_than_the_calibration_text(tiny_llama):
+    """Key smoothing calibrates on 256 tokens of shipped text; a 64-token context takes its first 64."""
+    llm = LLM(str(tiny_llama), kv_cache_dtype="int8", max_model_len=64)
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], GREEDY)
+    assert len(out[0].outputs[0].token_ids) == MAX_TOKENS

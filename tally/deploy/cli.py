@@ -25,6 +25,7 @@ from tally.flags import (
     METRICS_PREFIX,
     OUT,
     REPLICAS,
+    SWAP_SPACE,
     HelpFormatter,
     parser,
 )
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--cpus", type=int, default=K8sConfig.cpus, help="whole CPUs per pod")
     k.add_argument("--reserve", default="1GiB", help="memory beyond weights and KV: Python, torch, the server, "
                                                      "activations")
+    SWAP_SPACE.add(k, default=None, note="; in each pod's memory request (default: the KV pool's size, at most "
+                                         f"tally serve's {SWAP_SPACE.default:g} GiB)")
     k.add_argument("--name", default=K8sConfig.name, help="of every object")
     k.add_argument("--namespace", help="default: the one `kubectl apply` uses")
     k.add_argument("--image", default=K8sConfig.image, help="built from the Dockerfile")
@@ -104,7 +107,7 @@ def config_from_args(ns: argparse.Namespace) -> K8sConfig:
         model=ns.model, replicas=ns.replicas, max_replicas=ns.max_replicas, name=ns.name, namespace=ns.namespace,
         image=ns.image, max_model_len=ns.max_model_len, concurrency=ns.concurrency, max_num_seqs=ns.max_num_seqs,
         dtype=None if ns.dtype == "auto" else ns.dtype, kv_cache_dtype=ns.kv_cache_dtype, cpus=ns.cpus,
-        reserve_bytes=parse_bytes(ns.reserve, what="--reserve"), model_pvc=ns.model_pvc,
+        reserve_bytes=parse_bytes(ns.reserve, what="--reserve"), swap_space_gib=ns.swap_space, model_pvc=ns.model_pvc,
         metrics_prefix=ns.metrics_prefix, target_waiting=ns.target_waiting,
         startup_timeout_s=ns.startup_timeout, drain_timeout_s=math.ceil(ns.drain_timeout),
         api_key_secret=ns.api_key_secret,

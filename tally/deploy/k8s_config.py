@@ -37,6 +37,7 @@ class K8sConfig:
     kv_cache_dtype: str = "auto"
     cpus: int = 2  # whole CPUs: requests = limits, so a static CPU manager can pin them
     reserve_bytes: int = GiB  # Python, torch, the server, activations: 0.6-0.7 GiB on the built-in model
+    swap_space_gib: float | None = None  # tally serve --swap-space; None: the KV pool's size, at most serve's default
     model_pvc: str | None = None  # a PersistentVolumeClaim holding checkpoints, mounted at /models
     metrics_prefix: str = "tally"
     target_waiting: float = 2.0  # requests waiting per pod above which the autoscaler adds one
@@ -53,6 +54,8 @@ class K8sConfig:
         if self.max_replicas is not None and self.max_replicas < self.replicas:
             raise ConfigError(f"--max-replicas {self.max_replicas} is below --replicas {self.replicas}; the "
                               "autoscaler's ceiling must be at least its floor")
+        if self.swap_space_gib is not None and not self.swap_space_gib >= 0:
+            raise ConfigError(f"--swap-space must be ≥ 0 GiB, got {self.swap_space_gib}")
         for flag, value in (("--concurrency", self.concurrency), ("--cpus", self.cpus),
                             ("--max-num-seqs", self.max_num_seqs), ("--max-model-len", self.max_model_len),
                             ("--startup-timeout", self.startup_timeout_s)):

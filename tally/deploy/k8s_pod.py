@@ -24,7 +24,7 @@ def server_args(config: K8sConfig, sizing: PodSizing) -> list[str]:
     dtype and sizes its pool from the node's free RAM, neither of which the request can know."""
     shape = ["--host", "0.0.0.0", "--port", str(PORT), "--model", sizing.model_arg,
              "--max-model-len", str(sizing.max_model_len), "--dtype", sizing.dtype,
-             "--kv-cache-memory", str(sizing.kv_pool_bytes),
+             "--kv-cache-memory", str(sizing.kv_pool_bytes), "--swap-space", repr(sizing.swap_space_gib),
              # a container sees the node's cores; its threads should match the CPUs it may use
              "--threads", str(config.cpus),
              "--metrics-prefix", config.metrics_prefix, "--drain-timeout", str(config.drain_timeout_s)]

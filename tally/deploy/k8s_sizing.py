@@ -1,4 +1,5 @@
-"""A pod's memory from the ledger: weights + a KV pool of `concurrency` requests at max_model_len + a reserve.
+"""A pod's memory from the ledger: weights + a KV pool of `concurrency` requests at max_model_len + the swap space
+preempted requests' blocks may wait in + a reserve.
 
 The figures come from `tally plan`'s own make_plan, so the pod asks for what the plan prints; the pod's server is
 then started with the same dtype, max_model_len and `--kv-cache-memory` (the KV pool in bytes), so the engine
@@ -9,13 +10,14 @@ from dataclasses import dataclass
 
 from tally.deploy.k8s_config import K8sConfig
 from tally.errors import ConfigError
+from tally.flags import SWAP_SPACE
 from tally.ledger.model_source import ModelSource
 from tally.ledger.model_source import resolve_model as resolve_ledger_model
 from tally.ledger.plan import PlanOptions, make_plan
 from tally.ledger.presets import Device
 from tally.models.registry import ALIASES
 from tally.models.registry import resolve_model as resolve_packaged_model
-from tally.units import fmt_gb, fmt_gib
+from tally.units import GiB, fmt_gb, fmt_gib
 
 MODEL_MOUNT = "/models"
 # make_plan's per-device bytes (weights, KV per request, a reserve given in bytes) do not depend on the device;
@@ -37,15 +39,21 @@ class PodSizing:
     weight_bytes: int
     kv_pool_bytes: int
     reserve_bytes: int
+    swap_space_gib: float  # tally serve --swap-space: RAM where preempted requests' blocks wait
+
+    @property
+    def swap_space_bytes(self) -> int:
+        return int(self.swap_space_gib * GiB)  # as the engine reads the flag (tally/engine/kv_spill.py)
 
     @property
     def memory_bytes(self) -> int:
-        return self.weight_bytes + self.kv_pool_bytes + self.reserve_bytes
+        return self.weight_bytes + self.kv_pool_bytes + self.swap_space_bytes + self.reserve_bytes
 
     def summary(self) -> str:
         return (f"{self.model_name}: weights {fmt_gb(self.weight_bytes)} + KV {fmt_gib(self.kv_pool_bytes)} "
-                f"({self.concurrency} x {self.max_model_len:,} tokens, {self.dtype}) + reserve "
-                f"{fmt_gib(self.reserve_bytes)} = {fmt_gib(self.memory_bytes)} ({self.memory_bytes:,} bytes) per pod")
+                f"({self.concurrency} x {self.max_model_len:,} tokens, {self.dtype}) + swap space "
+                f"{fmt_gib(self.swap_space_bytes)} + reserve {fmt_gib(self.reserve_bytes)} = "
+                f"{fmt_gib(self.memory_bytes)} ({self.memory_bytes:,} bytes) per pod")
 
 
 def size_pod(config: K8sConfig) -> PodSizing:
@@ -60,11 +68,14 @@ def size_pod(config: K8sConfig) -> PodSizing:
         device=POD_DEVICE, dtype=dtype,
         kv_dtype=COMPUTE_DTYPES[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
         max_model_len=max_model_len, concurrency=config.concurrency, reserve=float(config.reserve_bytes)))
+    kv_pool_bytes = plan.concurrency * plan.kv.bytes_per_request_per_device
+    # A pool's worth of preempted blocks may wait; serve's default (4 GiB) would outweigh a small model's pod.
+    swap = config.swap_space_gib if config.swap_space_gib is not None else min(SWAP_SPACE.default,
+                                                                                   kv_pool_bytes / GiB)
     return PodSizing(
         model_arg=model_arg, model_name=source.name, dtype=dtype, max_model_len=max_model_len,
-        concurrency=plan.concurrency, weight_bytes=plan.memory.weight_bytes,
-        kv_pool_bytes=plan.concurrency * plan.kv.bytes_per_request_per_device,
-        reserve_bytes=plan.memory.reserve_bytes)
+        concurrency=plan.concurrency, weight_bytes=plan.memory.weight_bytes, kv_pool_bytes=kv_pool_bytes,
+        reserve_bytes=plan.memory.reserve_bytes, swap_space_gib=swap)
 
 
 def _default_dtype(source: ModelSource) -> str:

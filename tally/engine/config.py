@@ -25,6 +25,7 @@ from tally.flags import (
     PIPELINE_PARALLEL_SIZE,
     QUANTIZATION,
     QUANTIZATIONS,
+    SWAP_SPACE,
     TENSOR_PARALLEL_SIZE,
     THREADS,
     Flag,
@@ -96,8 +97,7 @@ class EngineConfig:
     num_gpu_blocks_override: int | None = option(None, "KV blocks in the pool, whatever the memory budget says "
                                                        "(vLLM's name; for tests of preemption)")
     kv_cache_memory_fraction: float = option(0.25, "share of free RAM the default KV pool may take")
-    swap_space: float = option(4.0, "GiB of RAM beside the KV pool where preempted requests' KV blocks may wait "
-                                    "instead of being recomputed (vLLM's flag); taken only while they wait; 0: off")
+    swap_space: float = shared(SWAP_SPACE)
     preemption_mode: str = option("auto", "auto: a preempted request's blocks go to the swap space when copying them "
                                           "out and back is measured cheaper than recomputing them; swap / recompute: "
                                           "always that", choices=PREEMPTION_MODES)

@@ -43,7 +43,7 @@ def measure_key_scales(model: CausalLM, token_ids: list[int], alpha: float = ALP
             maxima[i] = k.abs().amax(0)
         handles.append(layer.qkv_proj.register_forward_hook(record))
     try:
-        prefill(model, token_ids)
+        prefill(model, token_ids[:cfg.max_position_embeddings])  # the rotary table stops at max_model_len
     finally:
         for h in handles:
             h.remove()
