@@ -13,6 +13,7 @@ from tally.engine.speculation_policy import (
     CHECK_STEPS,
     EPOCH_STEPS,
     KEEP_STEPS,
+    RETRY_STEPS,
     SpeculationPolicy,
     proposals_worth_verifying,
 )
@@ -72,6 +73,22 @@ def test_the_price_is_measured_again_after_a_while():
     assert policy.speculate_now()
     _steps(policy, 1, 0.1, tokens=6, proposals=8)
     assert not policy.speculate_now()  # measuring off again
+
+
+def test_a_price_that_did_not_pay_is_measured_again_soon_then_ever_later():
+    """One noisy epoch must not keep speculation off for good, and a load where it truly loses is measured ever
+    more rarely."""
+    policy = _priced(on_seconds=0.11)
+    for failures in (1, 2, 3):
+        _steps(policy, CHECK_STEPS, 0.1, tokens=3, proposals=8)  # below off's 40 tokens/s: off from here
+        _steps(policy, RETRY_STEPS * 2 ** (failures - 1) + EPOCH_STEPS - 1, 0.1)
+        assert not policy.speculate_now()
+        _steps(policy, 1, 0.1)  # the off epoch of measuring again is full
+        assert policy.speculate_now()  # measuring the on epoch
+        _steps(policy, EPOCH_STEPS, 0.11, tokens=12, proposals=8)
+    _steps(policy, CHECK_STEPS, 0.1, tokens=6, proposals=8)  # this time it pays: on for good
+    _steps(policy, KEEP_STEPS - CHECK_STEPS - 1, 0.1, tokens=6, proposals=8)
+    assert policy.speculate_now()
 
 
 def test_another_load_is_measured_unless_a_lighter_one_did_not_pay():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from support.draft_models import make_perturbed_draft, make_small_draft
 from support.engine_checks import (
     assert_first_two_tokens_follow,
@@ -17,7 +18,12 @@ from support.engine_checks import (
 from support.tiny_models import make_checkpoint, make_tokenizer
 
 from tally import LLM, SamplingParams
+from tally.engine.config import EngineConfig
+from tally.engine.draft_model import load_draft
 from tally.errors import ConfigError
+from tally.layers.path_timing import bf16_many_tokens_capable
+from tally.models.loader import load_checkpoint
+from tally.models.tokenizer import load_tokenizer
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 KV = 4_000_000
@@ -179,3 +185,14 @@ def test_bad_drafts_fail_at_start_with_what_to_fix(tiny_llama, drafts, tmp_path)
     with pytest.raises(ConfigError, match="the draft model .* takes"):
         LLM(str(tiny_llama), dtype="float32", max_model_len=256, kv_cache_memory=bytes_for_blocks(tiny_llama, 16),
             speculative_config=_draft(drafts["itself"]))
+
+
+def test_the_draft_takes_the_many_token_path_measured_for_the_target(tiny_llama, drafts):
+    """Its catch-up over a prompt is hundreds of rows: on the one-token integer kernels it cost 2-3 s a request."""
+    target = load_checkpoint(str(tiny_llama))
+    config = EngineConfig(model=str(tiny_llama), quantization="int8", dtype="float32",
+                          speculative_config=_draft(drafts["small"]))
+    draft = load_draft(config, target.config, load_tokenizer(target), torch.float32, None, 256, "float32",
+                       many_tokens_from=8)
+    capable = [m for m in draft.model.modules() if bf16_many_tokens_capable(m)]
+    assert capable and all(m.many_tokens_from == 8 for m in capable)

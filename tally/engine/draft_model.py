@@ -14,6 +14,7 @@ from tally.attention.backend import make_backend
 from tally.attention.kv_cache import KVCache
 from tally.engine.config import EngineConfig
 from tally.errors import ConfigError, ModelLoadError
+from tally.layers.path_timing import use_bf16_many_tokens
 from tally.ledger.kv import KVLayout
 from tally.models.builder import build_model
 from tally.models.config import ModelConfig
@@ -34,7 +35,11 @@ class DraftModel:
 
 
 def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Any, dtype: torch.dtype,
-               weight_dtype: torch.dtype | None, max_model_len: int, kv_dtype_name: str) -> DraftModel:
+               weight_dtype: torch.dtype | None, max_model_len: int, kv_dtype_name: str,
+               many_tokens_from: int | None = None) -> DraftModel:
+    """`many_tokens_from`: the rows from which the target's projections take the bf16 path (PathChoice); the draft's
+    do too, or its catch-up over a prompt (hundreds of rows) runs on the one-token integer kernels: 2-3 s a request
+    for Qwen2.5-Coder-0.5B here."""
     spec = config.speculative
     if config.world_size > 1:
         raise ConfigError("draft_model speculation runs in one process; use tensor_parallel_size 1 and "
@@ -65,6 +70,8 @@ def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Any,
     tensors = dict(ckpt.tensors(config.load_progress()))
     model = build_model(cfg, tensors, dtype=dtype, quantization=config.served_quantization(ckpt.format == "gguf"),
                         attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)
+    if many_tokens_from is not None:
+        use_bf16_many_tokens(list(model.modules()), many_tokens_from)
     if kv_dtype_name == "int8":
         model.set_key_smoothing(measure_key_scales(model, calibration_ids(target_tokenizer)))
     layout = KVLayout.for_model(cfg, kv_dtype=kv_dtype_name, block_size=config.block_size)

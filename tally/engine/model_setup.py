@@ -119,7 +119,8 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
     spec = config.speculative
     draft = None
     if spec is not None and spec.method == "draft_model":
-        draft = load_draft(config, full_cfg, tokenizer, dtype, weight_dtype, max_model_len, kv_dtype_name)
+        draft = load_draft(config, full_cfg, tokenizer, dtype, weight_dtype, max_model_len, kv_dtype_name,
+                           path.many_tokens_from)
     # A block holds its tokens' KV for the target and, with a draft model, for the draft too: one pool, one budget.
     bytes_per_block = layout.bytes_per_block + (draft.layout.bytes_per_block if draft is not None else 0)
     bytes_per_token = layout.bytes_per_token + (draft.layout.bytes_per_token if draft is not None else 0)

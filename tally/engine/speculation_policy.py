@@ -21,11 +21,14 @@ requests whose guesses hold, and at a price no request's acceptance meets, none.
 before the price was measured: at one stream it cut code completion to one proposal, 1.06x where all gave 1.51x.)
 
 **Checked against the outcome.** The price is a straight line through two measurements, and a request's acceptance
-an estimate: if after CHECK_STEPS steps of following them the tokens per second fall by MARGIN below off's, or
-no proposal was worth verifying, speculation is off at that load until it is measured again. A price holds
-KEEP_STEPS steps at its load, then is measured again; a batch half or twice the measured one is another load. A load
-with no price of its own is measured, unless speculation did not pay at a lighter load (each row costs more as the
-CPU saturates): then it is off there too, unmeasured."""
+an estimate: if after CHECK_STEPS steps of following them the tokens per second fall by MARGIN below off's, or no
+proposal was worth verifying, speculation is off at that load until it is measured again. A price holds KEEP_STEPS
+steps at its load, then is measured again; a batch half or twice the measured one is another load. A price that did
+not pay holds only RETRY_STEPS steps from then, twice as many after each further failure at that load (up to
+KEEP_STEPS): epochs of 8 steps on a shared CPU are noisy, and one unlucky measurement once kept prompt lookup off
+for a whole run at one stream where it gives 1.4-1.7x; where speculating truly loses, measuring again costs one
+epoch in every RETRY_STEPS, then ever fewer. A load with no price of its own is measured, unless speculation did not
+pay at a lighter load (each row costs more as the CPU saturates): then it is off there too, unmeasured."""
 from __future__ import annotations
 
 import math
@@ -37,6 +40,7 @@ import numpy as np
 EPOCH_STEPS = 8  # steps of a measuring epoch (steps carrying a prompt chunk are not counted)
 CHECK_STEPS = 24  # steps of following a price before its outcome is compared with off's
 KEEP_STEPS = 500  # counted steps a price holds before its load is measured again
+RETRY_STEPS = 48  # counted steps a price that did not pay holds, doubling with each failure in a row at its load
 MARGIN = 1.02  # following the price must not fall this many times below off's tokens per second
 LOAD_RATIO = 2.0  # a batch this many times larger or smaller than a price's is another load
 
@@ -68,13 +72,22 @@ class Epoch:
 
 @dataclass
 class Price:
-    """What a proposal cost at one load, measured at counted step `step`."""
+    """What a proposal cost at one load."""
 
     batch: float  # the mean batch it was measured at
-    step: int
+    step: int  # when it was measured, or when it stopped paying: what it holds from
     proposal_seconds: float  # c
     off_rate: float  # tokens/s with speculation off
     pays: bool = True  # False once following it fell below off, or nothing was worth verifying
+    failures: int = 0  # measurements in a row at this load that did not pay, this one's included
+
+    @property
+    def holds_steps(self) -> int:
+        return KEEP_STEPS if self.pays else min(KEEP_STEPS, RETRY_STEPS << max(self.failures - 1, 0))
+
+    def fail(self, step: int) -> None:
+        self.pays, self.step = False, step
+        self.failures += 1
 
 
 def same_load(batch: float, measured: float) -> bool:
@@ -109,11 +122,11 @@ class SpeculationPolicy:
         epoch.add(generated_tokens, seconds, batch, proposals)
         price = self._price
         if price is not None:
-            if self._steps - price.step >= KEEP_STEPS or not same_load(batch, self._load):
+            if self._steps - price.step >= price.holds_steps or not same_load(batch, self._load):
                 self._follow(batch)
             elif price.pays and epoch.steps >= CHECK_STEPS and (
                     epoch.proposals == 0 or epoch.rate * MARGIN < price.off_rate):
-                price.pays = False
+                price.fail(self._steps)
                 self._apply(price, self._load)
             return
         if self._off is not None and not same_load(batch, self._off.batch / self._off.steps):
@@ -128,15 +141,19 @@ class SpeculationPolicy:
         added = statistics.median(on.seconds) - statistics.median(off.seconds)
         price = Price((off.batch + on.batch) / (off.steps + on.steps), self._steps,
                       max(0.0, added) * on.steps / on.proposals if on.proposals else 0.0, off.rate)
+        replaced = [p for p in self._prices if same_load(p.batch, price.batch)]
+        price.failures = max((p.failures for p in replaced if not p.pays), default=0)  # after one that paid: 0
         self._prices = [p for p in self._prices if not same_load(p.batch, price.batch)] + [price]
         self._apply(price, price.batch)
 
     def _follow(self, batch: float) -> None:
         """A new load, or the price for this one expired: follow the price measured for it, or measure."""
-        self._prices = [p for p in self._prices if self._steps - p.step < KEEP_STEPS]
-        near = [p for p in self._prices if same_load(batch, p.batch)]
+        # An expired price stays listed (the latest of each load) until its load is measured again: its failures
+        # count on, and what did not pay at a lighter load (the last time it was measured) does not pay here.
+        live = [p for p in self._prices if self._steps - p.step < p.holds_steps]
+        near = [p for p in live if same_load(batch, p.batch)]
         price = min(near, key=lambda p: abs(math.log((batch + 1) / (p.batch + 1))), default=None)
-        if price is None:  # what did not pay at a lighter load does not pay here
+        if price is None and not any(same_load(batch, p.batch) for p in self._prices):
             price = next((p for p in self._prices if not p.pays and p.batch <= batch), None)
         if price is None:
             self._price, self._off, self._epoch, self.speculating = None, None, Epoch(speculate=False), False
