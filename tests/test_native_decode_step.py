@@ -5,6 +5,9 @@ import pytest
 import torch
 
 from tally import LLM, SamplingParams
+from tally.layers.dense import ConcatLinear
+from tally.layers.linear import build_linear
+from tally.models.native_decode_step import NativeDecodeStep
 from tally.native import ops
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
@@ -102,3 +105,29 @@ def test_int8_kv_cache_in_the_one_call_step_equals_the_layer_by_layer_path(tiny_
         for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
             tok = next(iter(la))
             assert abs(la[tok].logprob - lb[tok].logprob) < 0.05
+
+
+def test_a_fused_projection_of_parts_in_different_formats_runs_in_the_one_call_step(tiny_model_factory):
+    """A GGUF's q and k in Q4_K beside v in Q6_K load as int4 beside fp16 panels (ConcatLinear): the one-call step
+    takes them too (Qwen2.5-Coder-1.5B's Q4_K_M file has such layers), and computes what the layers compute."""
+    llm = LLM(str(tiny_model_factory("qwen2")), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
+    model = llm.engine.model
+    cfg = model.cfg
+    with torch.inference_mode():
+        for layer in model.layers:
+            fused = layer.qkv_proj
+            bias = fused(torch.zeros(1, cfg.hidden_size))[0]
+            weight = (fused(torch.eye(cfg.hidden_size)) - bias).T.contiguous()  # [q + k + v, hidden]
+            qk = cfg.q_size + cfg.kv_size
+            layer.qkv_proj = ConcatLinear([
+                build_linear(weight[:qk], bias[:qk], quantization="int4", dtype=torch.float32),
+                build_linear(weight[qk:], bias[qk:], quantization=None, dtype=torch.float32,
+                             weight_dtype=torch.float16)])
+    model.native_step = NativeDecodeStep.build(model)
+    assert model.native_step is not None
+    fused, layered = run(llm, PROMPTS, True), run(llm, PROMPTS, False)
+    for a, b in zip(fused, layered):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            tok = next(iter(la))
+            assert abs(la[tok].logprob - lb[tok].logprob) < 1e-5

@@ -4,7 +4,8 @@ At one token per step a layer's Python and dispatch cost rivals its arithmetic: 
 per-layer path spends ~7 ms a step outside the kernels, as measured on a 30-layer model of width 64. This plan
 describes the model to C once — weight pointers, norms, cache pointers — and a decode-only step is then a single
 call. It applies when every projection is a native int4 / int8 / W8A8 layer (tally/quant/native_linear.py) or
-fp16 panels (tally/layers/dense.py), the caches are fp32 or int8 (with its key smoothing) and no layer needs
+fp16 panels (tally/layers/dense.py), or several of them side by side (ConcatLinear: a GGUF's fused q/k/v whose
+parts are stored in different block types), the caches are fp32 or int8 (with its key smoothing) and no layer needs
 per-head q/k norms; otherwise `build` returns None (or `applies` says no) and the model runs layer by layer.
 
 The structs hold raw pointers: they stay valid because the model's tensors are never replaced after loading
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from tally.attention.kv_cache import Int8KVCache
-from tally.layers.dense import Fp16WeightLinear
+from tally.layers.dense import ConcatLinear, Fp16WeightLinear
 from tally.native.library import load
 from tally.quant.native_linear import (
     NativeInt4Linear,
@@ -27,7 +28,7 @@ from tally.quant.native_linear import (
 )
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8 = 1, 2, 3, 4
+PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT = 1, 2, 3, 4, 5
 
 
 class _Proj(ctypes.Structure):
@@ -47,7 +48,16 @@ class _Model(ctypes.Structure):
                 ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer))]
 
 
-def _proj(module: torch.nn.Module) -> _Proj | None:
+def _proj(module: torch.nn.Module, keep: list[Any]) -> _Proj | None:
+    """`keep`: where the C arrays the struct points at are held for as long as the step lives."""
+    if isinstance(module, ConcatLinear):  # outputs side by side, each part in its own native format
+        parts = [_proj(part, keep) for part in module.parts]
+        if any(p is None for p in parts):
+            return None
+        array = (_Proj * len(parts))(*parts)
+        keep.append(array)
+        return _Proj(PROJ_CONCAT, sum(p.n for p in parts), parts[0].k, len(parts), ctypes.addressof(array), None,
+                     None, None)
     if isinstance(module, Fp16WeightLinear) and module.panels is not None:
         bias = None if module.bias is None else module.bias.data_ptr()
         return _Proj(PROJ_F16, module.out_features, module.in_features, 0, module.panels.data_ptr(), None, None,
@@ -65,8 +75,9 @@ def _proj(module: torch.nn.Module) -> _Proj | None:
 
 
 class NativeDecodeStep:
-    def __init__(self, model: Any, layers: list[_Layer]) -> None:
+    def __init__(self, model: Any, layers: list[_Layer], keep: list[Any]) -> None:
         cfg = model.cfg
+        self._keep = keep  # the parts of concatenated projections, which the layers point at
         self._layers = (_Layer * len(layers))(*layers)
         self._model = _Model(len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, 0, cfg.sliding_window or 0, cfg.head_dim ** -0.5,
@@ -77,14 +88,14 @@ class NativeDecodeStep:
     def build(cls, model: Any) -> NativeDecodeStep | None:
         if load() is None or not all(layer.native for layer in model.layers):
             return None
-        layers = []
+        layers, keep = [], []
         for layer in model.layers:
-            projs = [_proj(m) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+            projs = [_proj(m, keep) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
             if any(p is None for p in projs):
                 return None
             layers.append(_Layer(layer.input_norm.weight.data_ptr(), layer.post_attn_norm.weight.data_ptr(),
                                  *projs))
-        return cls(model, layers)
+        return cls(model, layers, keep)
 
     def applies(self, model: Any, kv_caches: list[tuple[Any, Any]]) -> bool:
         """Whether this step can run: fp32 caches, or the int8 cache (with its key smoothing)."""

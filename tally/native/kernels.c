@@ -524,11 +524,11 @@ void tally_decode_attention(const float *q, int64_t q_stride, const float *k_cac
  * DecoderLayer._forward_native (norm, qkv, rotary + cache write, paged attention, o into the residual, norm,
  * gate/up, SiLU-and-multiply, down into the residual), with no interpreter between the steps. The Python side
  * (tally/native/decode_step.py) fills these structs once, from the loaded model's tensors. */
-enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4 };
+enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5 };
 
 typedef struct {
-    int64_t kind, n, k, group;
-    const void *w;
+    int64_t kind, n, k, group;       /* concat: `group` parts */
+    const void *w;                   /* concat: the parts, an array of Proj */
     const float *scale, *min, *bias; /* q4: d, m; q8 / w8a8: s, unused; f16: unused */
 } Proj;
 
@@ -547,6 +547,26 @@ typedef struct {
 } Model;
 
 static void project(const Proj *p, const float *x, float *y, int64_t M, int accumulate) {
+    if (p->kind == PROJ_CONCAT) {  /* parts in different formats (a GGUF's q/k in Q4_K, v in Q6_K) side by side */
+        const Proj *parts = (const Proj *)p->w;
+        int64_t offset = 0;
+        for (int64_t i = 0; i < p->group; i++) {
+            const Proj *part = parts + i;
+            float *out = malloc(sizeof(float) * M * part->n);
+            project(part, x, out, M, 0);
+            for (int64_t r = 0; r < M; r++) {
+                float *dst = y + r * p->n + offset;
+                const float *src = out + r * part->n;
+                if (accumulate)
+                    for (int64_t j = 0; j < part->n; j++) dst[j] += src[j];
+                else
+                    memcpy(dst, src, sizeof(float) * part->n);
+            }
+            free(out);
+            offset += part->n;
+        }
+        return;
+    }
     if (p->kind == PROJ_Q4)
         tally_gemm_q4(x, p->w, p->scale, p->min, p->bias, y, M, p->n, p->k, p->group, accumulate);
     else if (p->kind == PROJ_Q8 || p->kind == PROJ_W8A8)
