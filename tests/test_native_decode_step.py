@@ -26,6 +26,15 @@ def run(llm: LLM, prompts: list[str], use_step: bool) -> list:
         model.native_step = saved
 
 
+def assert_step_matches_layers(llm: LLM) -> None:
+    """The same greedy tokens, and logprobs within 1e-5, with the one-call step and layer by layer."""
+    for a, b in zip(run(llm, PROMPTS, True), run(llm, PROMPTS, False)):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            tok = next(iter(la))
+            assert abs(la[tok].logprob - lb[tok].logprob) < 1e-5
+
+
 @pytest.mark.parametrize("arch, dtype, quantization", [
     ("llama", "float32", "int4"), ("mistral", "float32", "int8"), ("qwen2", "float32", "int4"),
     ("llama", "float32", "w8a8"), ("llama_tied_mqa", "float16", None),
@@ -38,12 +47,7 @@ def test_native_step_equals_the_layer_by_layer_path(tiny_model_factory, arch, dt
         assert model.embed_tokens is None
         ids = torch.tensor([3, 7, 3])
         assert model.lm_head.embedding_rows(ids).shape == (3, model.cfg.hidden_size)
-    fused, layered = run(llm, PROMPTS, True), run(llm, PROMPTS, False)
-    for a, b in zip(fused, layered):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
-            tok = next(iter(la))
-            assert abs(la[tok].logprob - lb[tok].logprob) < 1e-5
+    assert_step_matches_layers(llm)
 
 
 def test_native_step_rows_do_not_depend_on_their_batch(tiny_llama):
@@ -125,9 +129,4 @@ def test_a_fused_projection_of_parts_in_different_formats_runs_in_the_one_call_s
                              weight_dtype=torch.float16)])
     model.native_step = NativeDecodeStep.build(model)
     assert model.native_step is not None
-    fused, layered = run(llm, PROMPTS, True), run(llm, PROMPTS, False)
-    for a, b in zip(fused, layered):
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
-            tok = next(iter(la))
-            assert abs(la[tok].logprob - lb[tok].logprob) < 1e-5
+    assert_step_matches_layers(llm)
