@@ -9,6 +9,7 @@ from tally.layers.dense import ConcatLinear
 from tally.layers.linear import build_linear
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.native import ops
+from tally.quant.native_linear import NativeInt4Linear
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
 
@@ -111,9 +112,18 @@ def test_int8_kv_cache_in_the_one_call_step_equals_the_layer_by_layer_path(tiny_
             assert abs(la[tok].logprob - lb[tok].logprob) < 0.05
 
 
+def _int6(weight: torch.Tensor, bias: torch.Tensor) -> NativeInt4Linear:
+    """Q6_K's form: 6-bit values in groups of 16, w = d * (q - 32)."""
+    groups = weight.view(weight.shape[0], -1, 16)
+    d = groups.abs().amax(dim=-1).clamp(min=1e-8) / 31
+    q = (groups / d[:, :, None]).round().clamp(-32, 31) + 32
+    return NativeInt4Linear(q.to(torch.uint8).view_as(weight), d, None, 16, bias, bits=6)
+
+
 def test_a_fused_projection_of_parts_in_different_formats_runs_in_the_one_call_step(tiny_model_factory):
-    """A GGUF's q and k in Q4_K beside v in Q6_K load as int4 beside fp16 panels (ConcatLinear): the one-call step
-    takes them too (Qwen2.5-Coder-1.5B's Q4_K_M file has such layers), and computes what the layers compute."""
+    """A GGUF's q and k in Q4_K beside v in Q6_K (Qwen2.5-Coder-1.5B's Q4_K_M file has such layers) load as int4
+    beside 6-bit values (ConcatLinear); with fp16 panels as a third part, the one-call step takes them all and
+    computes what the layers compute."""
     llm = LLM(str(tiny_model_factory("qwen2")), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
     model = llm.engine.model
     cfg = model.cfg
@@ -122,9 +132,10 @@ def test_a_fused_projection_of_parts_in_different_formats_runs_in_the_one_call_s
             fused = layer.qkv_proj
             bias = fused(torch.zeros(1, cfg.hidden_size))[0]
             weight = (fused(torch.eye(cfg.hidden_size)) - bias).T.contiguous()  # [q + k + v, hidden]
-            qk = cfg.q_size + cfg.kv_size
+            q, qk = cfg.q_size, cfg.q_size + cfg.kv_size
             layer.qkv_proj = ConcatLinear([
-                build_linear(weight[:qk], bias[:qk], quantization="int4", dtype=torch.float32),
+                build_linear(weight[:q], bias[:q], quantization="int4", dtype=torch.float32),
+                _int6(weight[q:qk], bias[q:qk]),
                 build_linear(weight[qk:], bias[qk:], quantization=None, dtype=torch.float32,
                              weight_dtype=torch.float16)])
     model.native_step = NativeDecodeStep.build(model)

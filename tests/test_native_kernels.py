@@ -22,6 +22,12 @@ def test_rows_read_back_from_integer_tiles() -> None:
     rows = torch.tensor([20, 0, 9])
     assert torch.equal(ops.q8_rows(ops.pack_q8(q8), rows), q8[rows].to(torch.int8))
     assert torch.equal(ops.tile_scale_rows(ops.pack_tile_scales(s), rows), s[rows])
+    q4 = torch.randint(0, 16, (21, 64), dtype=torch.uint8)
+    assert torch.equal(ops.q4_rows(ops.pack_q4(q4), rows), q4[rows])
+    for bits in (5, 6):
+        q = torch.randint(0, 1 << bits, (21, 64), dtype=torch.uint8)
+        qs, qh = ops.pack_planes(q, bits)
+        assert torch.equal(ops.q4_rows(qs, rows, qh), q[rows])
 
 
 # m covers 1..4 rows and a remainder after whole blocks of 4; n a partial tile of 8 outputs
@@ -41,6 +47,27 @@ def test_gemm_q4_matches_dequantized_weights(m: int, group: int) -> None:
     torch.testing.assert_close(ops.gemm_q4(x, qs, dt, mt, bias, group, n), expected + bias, atol=1e-4, rtol=1e-4)
     y = rand(m, n)
     torch.testing.assert_close(ops.gemm_q4(x, qs, dt, mt, None, group, n, out=y.clone()), y + expected,
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("m", [1, 4, 7])
+@pytest.mark.parametrize("bits,group", [(5, 32), (6, 16), (6, 64)])
+def test_gemm_with_high_bit_planes_matches_dequantized_weights(m: int, bits: int, group: int) -> None:
+    """GGUF Q5_0's 5-bit values in groups of 32 and Q6_K's 6-bit values in groups of 16 (nibbles plus planes of
+    high bits), w = d * (q - 2**(bits - 1))."""
+    n, k = 42, 192
+    q = torch.randint(0, 1 << bits, (n, k), dtype=torch.uint8, generator=gen)
+    q[0] = (1 << bits) - 1  # the largest byte products: each chunk's int16 pairs must widen before they add up
+    d = rand(n, k // group).abs()
+    w = (q.float() - (1 << (bits - 1))) * d.repeat_interleave(group, 1)
+    x, bias = rand(m, k), rand(n)
+    x[0, :32] = 1.0
+    (qs, qh), dt = ops.pack_planes(q, bits), ops.pack_tile_scales(d)
+    expected = int8_blocks(x) @ w.t()
+    torch.testing.assert_close(ops.gemm_q4(x, qs, dt, None, bias, group, n, qh=qh), expected + bias,
+                               atol=1e-4, rtol=1e-4)
+    y = rand(m, n)
+    torch.testing.assert_close(ops.gemm_q4(x, qs, dt, None, None, group, n, out=y.clone(), qh=qh), y + expected,
                                atol=1e-4, rtol=1e-4)
 
 
@@ -117,6 +144,8 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
     x = rand(3, k)
     q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
     d, m = ops.pack_tile_scales(rand(n, k // 32).abs()), ops.pack_tile_scales(rand(n, k // 32))
+    q6, qh = ops.pack_planes(torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=gen), 6)
+    d16 = ops.pack_tile_scales(rand(n, k // 16).abs())
     q8 = ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen))
     s = ops.pack_tile_scales(rand(n, 1).abs())
     panels = ops.pack_f16(rand(n, k))
@@ -124,7 +153,8 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
     tables, lens, q = torch.arange(64).view(2, 32), torch.tensor([500, 300]), rand(2, 8, 64)
 
     def run_all() -> list[torch.Tensor]:
-        return [ops.gemm_q4(x, q4, d, m, None, 32, n), ops.gemm_q8(x, q8, s, None, k, n), ops.gemm_f16(x, panels, n, None),
+        return [ops.gemm_q4(x, q4, d, m, None, 32, n), ops.gemm_q4(x, q6, d16, None, None, 16, n, qh=qh),
+                ops.gemm_q8(x, q8, s, None, k, n), ops.gemm_f16(x, panels, n, None),
                 ops.decode_attention(q, kc, vc, tables, lens, None, 0.125)]
 
     before = torch.get_num_threads()

@@ -1,4 +1,4 @@
-"""GGUF Q4_0 / Q4_1 / Q8_0 blocks adopted as quantized layers, exactly, against gguf's own dequantizer."""
+"""GGUF Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks adopted as quantized layers, exactly, against gguf's dequantizer."""
 from __future__ import annotations
 
 import importlib.util
@@ -87,13 +87,21 @@ def test_q4_0_blocks_are_the_int4_layer_exactly():
     check_exact(layer, raw)
 
 
-def test_q5_0_blocks_are_the_int8_layer_exactly():
-    """Five-bit values minus 16 are int8 values: Q5_0 (most of Qwen2.5's Q4_K_M file) runs on the int8 kernel."""
+def test_q5_0_blocks_are_the_5_bit_layer_exactly_and_its_rows_the_embedding():
+    """Q5_0 (most of Qwen2.5's Q4_K_M file, its tied embedding too) on the native 5-bit kernel; under bf16 compute
+    five-bit values minus 16 are int8 values, the PyTorch int8 layer's."""
     w = np.random.default_rng(1).standard_normal((40, 128)).astype(np.float32)
     raw = raw_tensor(Q.Q5_0, w.shape, quantize(w, Q.Q5_0))
     layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
-    assert layer.scheme == "q8_0"
+    assert layer.scheme == "q5_0"
     check_exact(layer, raw)
+    ids = torch.tensor([39, 0, 17])
+    stored = torch.from_numpy(dequantize(raw.data, raw.ggml_type).reshape(raw.shape).astype(np.float32))
+    assert torch.equal(layer.embedding_rows(ids), stored[ids])
+    bf16 = linear_from_gguf(raw, None, compute_dtype=torch.bfloat16)
+    x = torch.randn(2, 128, generator=torch.Generator().manual_seed(3))
+    ref = x @ stored.T
+    assert ((bf16(x.bfloat16()).float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 def test_q5_0_and_q8_0_rows_of_one_fused_projection_stay_one_int8_layer():
@@ -110,6 +118,7 @@ def test_q5_0_and_q8_0_rows_of_one_fused_projection_stay_one_int8_layer():
     assert ((layer(x) - ref).abs().max() / ref.abs().max()).item() < 1e-5
     q4 = raw_tensor(Q.Q4_0, (8, 64), quantize(rng.standard_normal((8, 64)).astype(np.float32), Q.Q4_0))
     assert concat_blocks([read_blocks(parts[0]), read_blocks(q4)]) is None
+    assert concat_blocks([read_blocks(r) for r in parts[:1] * 2]).bits == 5  # one kind: stays 5-bit
 
 
 def test_builtin_q4_1_layer_in_bf16_stays_within_half_a_percent(builtin_header):
@@ -124,6 +133,24 @@ def test_builtin_q4_1_layer_in_bf16_stays_within_half_a_percent(builtin_header):
 def test_types_it_does_not_adopt_come_back_as_none():
     w = np.zeros((4, 32), dtype=np.float16)
     assert linear_from_gguf(raw_tensor(Q.F16, w.shape, w.view(np.uint8)), None, compute_dtype=torch.float32) is None
+
+
+def test_q6_k_blocks_are_the_6_bit_layer_exactly_and_dequantized_off_the_native_kernels():
+    """Random super-blocks (any bytes are a valid Q6_K block once d is finite) against gguf's dequantizer: 6-bit
+    values in groups of 16 on the native kernel (and its rows the embedding); under bf16 compute no PyTorch layer
+    takes groups of 16, so the loader dequantizes it (None here)."""
+    rng = np.random.default_rng(4)
+    n, k = 40, 512
+    blocks = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
+    blocks[..., 208:210] = np.float16(0.001 + rng.random((n, k // 256)) * 0.002)[..., None].view(np.uint8)
+    raw = raw_tensor(Q.Q6_K, (n, k), blocks.reshape(n, -1))
+    layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
+    assert layer.scheme == "q6_k" and layer.group_size == 16
+    check_exact(layer, raw)
+    stored = torch.from_numpy(dequantize(raw.data, raw.ggml_type).reshape(raw.shape).astype(np.float32))
+    ids = torch.tensor([0, 39, 8])
+    assert torch.equal(layer.embedding_rows(ids), stored[ids])
+    assert linear_from_gguf(raw, None, compute_dtype=torch.bfloat16) is None
 
 
 def test_q4_k_blocks_are_the_int4_layer_exactly():

@@ -17,7 +17,7 @@ from tally.errors import ConfigError
 from tally.layers.dense import DenseLinear, Fp16WeightLinear
 from tally.native import ops as native
 from tally.quant.base import QuantLinear
-from tally.quant.gguf_blocks import Int4Blocks, Int8Blocks, read_blocks
+from tally.quant.gguf_blocks import Blocks, Int4Blocks, OffsetBlocks, read_blocks
 from tally.quant.group_int8 import GroupInt8Linear
 from tally.quant.int4 import Int4Linear
 from tally.quant.int8 import Int8Linear
@@ -74,6 +74,18 @@ def int4_linear(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_
     return Int4Linear(q, scale, zero, group_size, bias, compute_dtype)
 
 
+def offset_linear(blocks: OffsetBlocks, bias: torch.Tensor | None, compute_dtype: torch.dtype) -> QuantLinear | None:
+    """GGUF Q5_0 / Q6_K values as a layer: on the native kernels as stored; else Q5_0 as the int8 layer of the same
+    values, and None for Q6_K (its groups of 16 suit no PyTorch layer: the caller dequantizes it)."""
+    group_size = blocks.q.shape[1] // blocks.scale.shape[1]
+    if native_supported(compute_dtype, blocks.q.shape[1], group_size):
+        return NativeInt4Linear(blocks.q, blocks.scale, None, group_size, bias, blocks.bits)
+    if blocks.bits != 5:
+        return None
+    as_int8 = blocks.as_int8()
+    return int8_linear(as_int8.q, as_int8.scale, bias, compute_dtype)
+
+
 def int8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                 compute_dtype: torch.dtype) -> QuantLinear:
     """Stored int8 integers as a layer: scale [N] per output channel, or [N, K/32] per block of 32."""
@@ -104,16 +116,18 @@ def w8a8_from_float(weight: torch.Tensor, bias: torch.Tensor | None, compute_dty
 
 def linear_from_gguf(raw: Any, bias: torch.Tensor | None, *, compute_dtype: torch.dtype) -> nn.Module | None:
     """A layer holding a GGUF tensor's blocks exactly (tally/quant/gguf_blocks.py), or None for block types that
-    are not adopted (the caller dequantizes those)."""
+    are not adopted here (the caller dequantizes those)."""
     return linear_from_blocks(read_blocks(raw), bias, compute_dtype=compute_dtype)
 
 
-def linear_from_blocks(blocks: Int4Blocks | Int8Blocks | None, bias: torch.Tensor | None, *,
+def linear_from_blocks(blocks: Blocks | None, bias: torch.Tensor | None, *,
                        compute_dtype: torch.dtype) -> nn.Module | None:
     if blocks is None:
         return None
     if isinstance(blocks, Int4Blocks):
         return int4_linear(blocks.q, blocks.scale, blocks.zero, 32, bias, compute_dtype)
+    if isinstance(blocks, OffsetBlocks):
+        return offset_linear(blocks, bias, compute_dtype)
     return int8_linear(blocks.q, blocks.scale, bias, compute_dtype)
 
 

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from tally.layers.dense import Fp16WeightLinear
-from tally.layers.linear import build_linear, int4_linear, int8_linear, w8a8_linear
+from tally.layers.linear import build_linear, int4_linear, int8_linear, offset_linear, w8a8_linear
 from tally.quant.dispatch import NEVER
+from tally.quant.gguf_blocks import OffsetBlocks
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
 
 MIN_TIME_S = 0.02  # per (shape, rows): enough calls to see past timer and scheduler noise
@@ -31,12 +32,13 @@ class ProjectionShape:
     out_features: int
     in_features: int
     count: int  # layers holding it
-    storage: str  # dense | int4 | int8 | w8a8
-    group_size: int = 0  # int4 / int8 groups (0: per output channel)
+    storage: str  # dense | int4 | int5 | int6 | int8 | w8a8 (int5 / int6: GGUF's Q5_0 / Q6_K)
+    group_size: int = 0  # int4 / int5 / int6 / int8 groups (0: per output channel)
     decode_only: bool = False  # the LM head sees one row per sequence, never a prompt's rows
 
     def weight_bytes(self, weight_dtype: torch.dtype) -> float:
-        per_weight = {"dense": weight_dtype.itemsize, "int4": 0.5, "int8": 1.0, "w8a8": 1.0}[self.storage]
+        per_weight = {"dense": weight_dtype.itemsize, "int4": 0.5, "int5": 0.625, "int6": 0.75, "int8": 1.0,
+                      "w8a8": 1.0}[self.storage]
         return self.out_features * self.in_features * per_weight
 
 
@@ -64,6 +66,13 @@ def timing_layers(shape: ProjectionShape, path: ComputePath, copies: int, gen: t
         scale = torch.rand(n, k // shape.group_size, generator=gen) * 0.01
         return [int4_linear(q, scale, torch.zeros_like(scale), shape.group_size, None, path.compute_dtype)
                 for _ in range(copies)]
+    if shape.storage in ("int5", "int6"):
+        bits = int(shape.storage[-1])
+        q = rows(lambda size: torch.randint(0, 1 << bits, size, dtype=torch.uint8, generator=gen))
+        blocks = OffsetBlocks(q, torch.rand(n, k // shape.group_size, generator=gen) * 0.01, bits)
+        return [offset_linear(blocks, None, path.compute_dtype)
+                or build_linear(blocks.q.float(), None, quantization=None, dtype=path.compute_dtype,
+                                weight_dtype=path.weight_dtype) for _ in range(copies)]
     q = rows(lambda size: torch.randint(-127, 128, size, dtype=torch.int8, generator=gen))
     if shape.storage == "w8a8":
         scale = torch.rand(n, generator=gen) * 0.01

@@ -23,7 +23,7 @@ from tally.models.native_decode_step import NativeDecodeStep
 from tally.models.packed_checkpoint import linear_from_packed
 from tally.models.pipeline_split import PPStage
 from tally.models.tensor_parallel import TPShard
-from tally.quant.gguf_blocks import BLOCK, Int4Blocks, Int8Blocks, concat_blocks, read_blocks
+from tally.quant.gguf_blocks import BLOCK, Blocks, concat_blocks, read_blocks
 
 if TYPE_CHECKING:
     from tally.models.loader import Checkpoint
@@ -135,7 +135,8 @@ def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tenso
         return build_linear(torch.cat(dense), b, quantization=None, dtype=dtype, weight_dtype=weight_dtype)
     merged = concat_blocks(blocks)  # e.g. Q5_0 and Q8_0 rows: both int8, still one layer
     if merged is not None:
-        return linear_from_blocks(merged, b, compute_dtype=dtype)
+        return (linear_from_blocks(merged, b, compute_dtype=dtype)
+                or build_linear(torch.cat(dense), b, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
     parts = []
     for i, (blk, w) in enumerate(zip(blocks, dense)):
         bi = None if biases is None else biases[i]
@@ -144,19 +145,17 @@ def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tenso
     return ConcatLinear(parts)
 
 
-def _shard_blocks(blocks: Int4Blocks | Int8Blocks | None, rows: slice | None,
-                  cols: slice | None) -> Int4Blocks | Int8Blocks | None:
+def _shard_blocks(blocks: Blocks | None, rows: slice | None, cols: slice | None) -> Blocks | None:
     """A rank's rows and columns of stored blocks; None (the caller uses the dense slice) where a column split
     would cut a block of 32."""
     if blocks is None or (cols is not None and (cols.start % BLOCK or cols.stop % BLOCK)):
         return None
     rows = rows or slice(None)
     cols = cols or slice(0, blocks.q.shape[1])
-    groups = slice(cols.start // BLOCK, cols.stop // BLOCK)
-    q = blocks.q[rows, cols].contiguous()
-    if isinstance(blocks, Int4Blocks):
-        return Int4Blocks(q, blocks.scale[rows, groups].contiguous(), blocks.zero[rows, groups].contiguous())
-    return Int8Blocks(q, blocks.scale[rows, groups].contiguous())
+    group = blocks.q.shape[1] // blocks.scale.shape[1]
+    groups = slice(cols.start // group, cols.stop // group)
+    per_group = [getattr(blocks, f)[rows, groups].contiguous() for f in ("scale", "zero") if hasattr(blocks, f)]
+    return replace(blocks, q=blocks.q[rows, cols].contiguous(), **dict(zip(("scale", "zero"), per_group)))
 
 
 def _concat_raw(raws: list[Any]) -> Any:

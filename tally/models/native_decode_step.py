@@ -32,8 +32,8 @@ PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT = 1, 2, 3, 4, 5
 
 
 class _Proj(ctypes.Structure):
-    _fields_ = [("kind", _I), ("n", _I), ("k", _I), ("group", _I), ("w", _P), ("scale", _P), ("min", _P),
-                ("bias", _P)]
+    _fields_ = [("kind", _I), ("n", _I), ("k", _I), ("group", _I), ("bits", _I), ("w", _P), ("scale", _P),
+                ("min", _P), ("bias", _P), ("high", _P)]
 
 
 class _Layer(ctypes.Structure):
@@ -56,11 +56,10 @@ def _proj(module: torch.nn.Module, keep: list[Any]) -> _Proj | None:
             return None
         array = (_Proj * len(parts))(*parts)
         keep.append(array)
-        return _Proj(PROJ_CONCAT, sum(p.n for p in parts), parts[0].k, len(parts), ctypes.addressof(array), None,
-                     None, None)
+        return _Proj(PROJ_CONCAT, sum(p.n for p in parts), parts[0].k, len(parts), 0, ctypes.addressof(array))
     if isinstance(module, Fp16WeightLinear) and module.panels is not None:
         bias = None if module.bias is None else module.bias.data_ptr()
-        return _Proj(PROJ_F16, module.out_features, module.in_features, 0, module.panels.data_ptr(), None, None,
+        return _Proj(PROJ_F16, module.out_features, module.in_features, 0, 0, module.panels.data_ptr(), None, None,
                      bias)
     if not isinstance(module, (NativeInt4Linear, NativeInt8Linear)):
         return None
@@ -68,10 +67,11 @@ def _proj(module: torch.nn.Module, keep: list[Any]) -> _Proj | None:
         return None  # its smoothing is a step of its own
     bias = None if module.bias is None else module.bias.data_ptr()
     if isinstance(module, NativeInt4Linear):
-        return _Proj(PROJ_Q4, module.out_features, module.in_features, module.group_size, module.qs.data_ptr(),
-                     module.d.data_ptr(), module.m.data_ptr(), bias)
+        m, qh = (None if a is None else a.data_ptr() for a in (module.m, module.qh))
+        return _Proj(PROJ_Q4, module.out_features, module.in_features, module.group_size, module.bits,
+                     module.qs.data_ptr(), module.d.data_ptr(), m, bias, qh)
     return _Proj(PROJ_W8A8 if module.per_token else PROJ_Q8, module.out_features, module.in_features,
-                 module.group_size, module.q.data_ptr(), module.s.data_ptr(), None, bias)
+                 module.group_size, 8, module.q.data_ptr(), module.s.data_ptr(), None, bias)
 
 
 class NativeDecodeStep:

@@ -35,8 +35,8 @@ def _storage(quantization: str | None, checkpoint: Checkpoint | None, name: str,
     """(storage, group size) as the builder chooses them (tally/layers/linear.py, builder.make_head)."""
     if quantization == "gguf":
         raw = checkpoint.gguf_tensor(f"{name}.weight") if checkpoint is not None else None
-        storage = adopted_storage(getattr(raw.ggml_type, "name", "")) if raw is not None else None
-        return (storage, 32) if storage else ("dense", 0)
+        adopted = adopted_storage(getattr(raw.ggml_type, "name", "")) if raw is not None else None
+        return adopted or ("dense", 0)
     if quantization in ("int4", "int8") and head:  # the builder's int8 head for on-the-fly int4 / int8
         return "int8", 0
     if quantization == "int4":

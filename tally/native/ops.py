@@ -24,8 +24,9 @@ def _output(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
 
 
 def integer_gemm_supported(in_features: int, group_size: int) -> bool:
-    """gemm_q4 / gemm_q8 work in blocks of 32 (the activations' int8 blocks), whole groups per row."""
-    return group_size % 32 == 0 and in_features % group_size == 0
+    """gemm_q4 / gemm_q8 work in blocks of 32 (the activations' int8 blocks), whole groups per row; gemm_q4 with
+    high-bit planes also in groups of 16 (Q6_K's), two to a block."""
+    return group_size in (16, *range(32, in_features + 1, 32)) and in_features % max(group_size, 32) == 0
 
 
 TILE = 8  # outputs per integer weight tile (kernels.c): one fp32 lane each
@@ -58,6 +59,40 @@ def pack_q4(q: torch.Tensor) -> torch.Tensor:
     return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n_tiles, k // 8, 32).contiguous()
 
 
+def pack_planes(q: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """5- or 6-bit values [N, K] (uint8 below 2**bits) -> pack_q4's tiles of their low nibbles, and their high
+    bits uint8 [T, K/32, 32 * (bits - 4)]: per block of 32 k, one plane of 32 bytes per bit above the nibble; bit s
+    of byte b of plane p is bit 4 + p of the weight that byte b of the block's nibble vector s holds (vector s:
+    chunk s // 2's low nibbles for even s, high for odd)."""
+    q = q.to(torch.uint8)
+    n_tiles, k = -(-q.shape[0] // TILE), q.shape[1]
+    weights = (1 << torch.arange(8, dtype=torch.int32)).view(4, 2)
+    planes = []
+    for p in range(bits - 4):
+        t = _tiles((q >> (4 + p)) & 1).view(n_tiles, TILE, k // 32, 4, 2, 4)
+        bit = t.permute(0, 2, 1, 5, 3, 4).to(torch.int32)  # [T, K/32, output, i, chunk, half]
+        planes.append((bit * weights).sum(dim=(-2, -1)).to(torch.uint8).reshape(n_tiles, k // 32, 32))
+    return pack_q4(q & 15), torch.cat(planes, dim=2).contiguous()
+
+
+def _bits(qh: torch.Tensor | None) -> int:
+    """4 for plain nibbles, else 4 + pack_planes' planes."""
+    return 4 if qh is None else 4 + qh.shape[2] // 32
+
+
+def q4_rows(qs: torch.Tensor, rows: torch.Tensor, qh: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows of pack_q4's (with `qh`: pack_planes') input, uint8 [len(rows), K]."""
+    n_tiles, chunks = qs.shape[0], qs.shape[1]
+    b = qs.view(n_tiles, chunks, TILE, 4)[rows // TILE, :, rows % TILE]  # [R, K/8, 4]
+    q = torch.stack([b & 15, b >> 4], dim=2)  # [R, K/8, half, i]
+    shifts = torch.arange(8, dtype=torch.uint8).view(1, 1, 4, 2, 1)  # bit 2 chunk + half
+    for p in range(_bits(qh) - 4):
+        h = qh.view(n_tiles, chunks // 4, -1, TILE, 4)[rows // TILE, :, p, rows % TILE]  # [R, K/32, i]
+        bit = (h[:, :, None, None, :] >> shifts) & 1  # [R, K/32, chunk, half, i]
+        q = q | (bit.view(q.shape) << (4 + p))
+    return q.reshape(len(rows), -1)
+
+
 def pack_q8(q: torch.Tensor) -> torch.Tensor:
     """int8 [N, K] -> gemm_q8's tiles int8 [T, K/4, 32]: per 4 k, byte 4j + i holds (output j, k i)."""
     t = _tiles(q.to(torch.int8))
@@ -69,12 +104,15 @@ def q8_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return packed.view(packed.shape[0], -1, TILE, 4)[rows // TILE, :, rows % TILE].reshape(len(rows), -1)
 
 
-def dequant_q4_bf16(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int) -> torch.Tensor:
+def dequant_q4_bf16(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, group_size: int,
+                    qh: torch.Tensor | None = None) -> torch.Tensor:
     """W [8 T, K] in bf16 from a run of whole tiles of pack_q4 / pack_tile_scales (rows past N come out as
-    their zero padding): the many-token path of a native int4 layer dequantizes a few tiles at a time."""
+    their zero padding): the many-token path of a native int4 layer dequantizes a few tiles at a time. With
+    `qh` (pack_planes' high bits) the values have 5 or 6 bits and m is None: w = d * (q - 2**(bits - 1))."""
     n_tiles, k = qs.shape[0], qs.shape[1] * 8
     w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
-    load().tally_dequant_q4_bf16(qs.data_ptr(), d.data_ptr(), m.data_ptr(), w.data_ptr(), n_tiles, k, group_size)
+    load().tally_dequant_q4_bf16(qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), w.data_ptr(), n_tiles, k,
+                                 group_size, _bits(qh))
     return w
 
 
@@ -86,13 +124,15 @@ def dequant_q8_bf16(q: torch.Tensor, s: torch.Tensor, group_size: int) -> torch.
     return w
 
 
-def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor, bias: torch.Tensor | None,
-            group_size: int, out_features: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ W^T, W = q * d + m per group: qs from pack_q4, d and m from pack_tile_scales.
-    With `out` given, the product is added to it (a residual stream)."""
+def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
+            bias: torch.Tensor | None, group_size: int, out_features: int, out: torch.Tensor | None = None,
+            qh: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T, W = q * d + m per group: qs from pack_q4, d and m from pack_tile_scales. With `qh`
+    (qs and qh from pack_planes) the values have 5 or 6 bits and m is None: W = d * (q - 2**(bits - 1)), GGUF's
+    Q5_0 (groups of 32) and Q6_K (16). With `out` given, the product is added to it (a residual stream)."""
     y = _output(x, out_features, out)
-    load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), d.data_ptr(), m.data_ptr(), _ptr(bias), y.data_ptr(),
-                         x.shape[0], out_features, x.shape[1], group_size, out is not None)
+    load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), _ptr(bias), y.data_ptr(),
+                         x.shape[0], out_features, x.shape[1], group_size, _bits(qh), out is not None)
     return y
 
 

@@ -7,10 +7,12 @@ Q4_K: super-blocks of 256 = 8 sub-blocks of 32: fp16 d, fp16 dmin, 12 bytes of 6
 128 bytes of nibbles (each 32 bytes: sub-block 2i in the low nibbles, 2i + 1 in the high); w = d*sc*q - dmin*mn,
 i.e. group-32 asymmetric int4 with scale d*sc and minimum -dmin*mn (both exact in fp32).
 In the int4 kernel's convention w = (q - 8) * scale + zero: Q4_0 is scale d, zero 0; Q4_1 is scale d, zero m + 8d.
-Q5_0: fp16 d, 4 bytes qh (bit j: the fifth bit of weight j), 16 bytes of nibbles as Q4_0; w = d * (q - 16), and
-q - 16 in -16..15 is an int8 value: Q5_0 is group-32 int8 with scale d, exactly (1 byte per weight held instead
-of 5.5 bits stored, against 2 bytes dequantized to fp16). Q6_K (scales per 16 weights) and Q5_1 (a minimum) fit
-neither kernel and are dequantized.
+Q5_0: fp16 d, 4 bytes qh (bit j: the fifth bit of weight j), 16 bytes of nibbles as Q4_0; w = d * (q - 16).
+Q6_K: super-blocks of 256 = 16 sub-blocks of 16: 128 bytes ql (low nibbles), 64 bytes qh (2 high bits each),
+16 int8 scales sc, fp16 d; w = d * sc * (q - 32), q in 0..63, i.e. group-16 6-bit values with scale d*sc.
+The native kernels hold both as their values (nibbles plus planes of high bits, tally/native/ops.py): Q5_0 in 6
+bits a weight with its scale (5.5 stored), Q6_K in 8 (6.56 stored, 16 as fp16). Elsewhere Q5_0's q - 16 is an
+int8 value (group-32 int8, exactly) and Q6_K is dequantized, as Q5_1 (a minimum) always is.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ import numpy as np
 import torch
 
 BLOCK = 32
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144}
-_WEIGHTS_PER_BLOCK = {"Q4_K": 256}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
+_WEIGHTS_PER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,22 @@ class Int8Blocks:
 
     q: torch.Tensor
     scale: torch.Tensor  # [N, K/32]
+
+
+@dataclass(frozen=True)
+class OffsetBlocks:
+    """Q5_0 (bits 5, groups of 32) and Q6_K (bits 6, groups of 16): q uint8 [N, K] below 2**bits,
+    w = (q - 2**(bits - 1)) * scale[n, k // group]."""
+
+    q: torch.Tensor
+    scale: torch.Tensor  # [N, K/group]
+    bits: int
+
+    def as_int8(self) -> Int8Blocks:
+        return Int8Blocks((self.q.to(torch.int16) - (1 << (self.bits - 1))).to(torch.int8), self.scale)
+
+
+Blocks = Int4Blocks | OffsetBlocks | Int8Blocks
 
 
 def _blocks(raw: Any, type_name: str) -> np.ndarray:
@@ -63,11 +81,11 @@ def _nibbles(blocks: np.ndarray, start: int) -> torch.Tensor:
 
 
 def _q5_0(blocks: np.ndarray) -> torch.Tensor:
-    """Q5_0 blocks [N, K/32, 22] -> int8 [N, K] in -16..15."""
+    """Q5_0 blocks [N, K/32, 22] -> uint8 [N, K] in 0..31."""
     qh = np.ascontiguousarray(blocks[..., 2:6]).view("<u4")  # [N, K/32, 1]
     high = ((qh >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8) << 4  # [N, K/32, 32]
     low = _nibbles(blocks, 6).numpy().reshape(high.shape)
-    return torch.from_numpy(((low | high).astype(np.int16) - 16).astype(np.int8).reshape(blocks.shape[0], -1))
+    return torch.from_numpy((low | high).reshape(blocks.shape[0], -1))
 
 
 def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -83,38 +101,58 @@ def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     return torch.from_numpy(np.ascontiguousarray(q)), scale, minimum
 
 
-def adopted_storage(type_name: str) -> str | None:
-    """"int4" or "int8" for the block types read_blocks adopts (group 32), None for those it leaves dense."""
+def _q6_k(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K super-blocks [N, S, 210] -> q uint8 [N, 256 S] in 0..63, scale fp32 [N, 16 S] per 16 weights."""
+    n, s = blocks.shape[:2]
+    ql = blocks[..., :128].reshape(n, s, 2, 2, 32)  # [half, which 32 bytes, l]: nibbles of quarters (0, 1), (2, 3)
+    qh = blocks[..., 128:192].reshape(n, s, 2, 1, 32)
+    low = np.stack([ql[:, :, :, 0] & 15, ql[:, :, :, 1] & 15, ql[:, :, :, 0] >> 4, ql[:, :, :, 1] >> 4], axis=3)
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 3  # [n, s, half, quarter, l]
+    q = (low | (high << 4)).reshape(n, -1)
+    sc = blocks[..., 192:208].view(np.int8).astype(np.float32)
+    scale = _fp16(blocks, 208)[..., None] * torch.from_numpy(sc)
+    return torch.from_numpy(np.ascontiguousarray(q)), scale.reshape(n, -1)
+
+
+def adopted_storage(type_name: str) -> tuple[str, int] | None:
+    """(storage, group size) for the block types read_blocks adopts, None for those it leaves dense."""
     if type_name not in _BLOCK_BYTES:
         return None
-    return "int8" if type_name in ("Q8_0", "Q5_0") else "int4"
+    return {"Q8_0": ("int8", 32), "Q5_0": ("int5", 32), "Q6_K": ("int6", 16)}.get(type_name, ("int4", 32))
 
 
-def concat_blocks(parts: list[Int4Blocks | Int8Blocks | None]) -> Int4Blocks | Int8Blocks | None:
-    """Several tensors' blocks stacked by output rows, when all are of one kind (Q5_0 and Q8_0 both int8: Qwen's
-    q, k and v in a Q4_K_M file), so a fused projection stays one layer; None for mixed kinds."""
-    if any(p is None for p in parts) or len({type(p) for p in parts}) != 1:
+def concat_blocks(parts: list[Blocks | None]) -> Blocks | None:
+    """Several tensors' blocks stacked by output rows, so a fused projection stays one layer: when all are of one
+    kind, or Q5_0 beside Q8_0 (Qwen's q, k and v in a Q4_K_M file), which int8 holds both of exactly; None for
+    other mixes (their parts stay apart)."""
+    if any(p is None for p in parts):
         return None
-    if isinstance(parts[0], Int4Blocks):
-        return Int4Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale", "zero")))
-    return Int8Blocks(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale")))
+    kinds = {(type(p), getattr(p, "bits", 8)) for p in parts}
+    if kinds == {(OffsetBlocks, 5), (Int8Blocks, 8)}:
+        parts = [p.as_int8() if isinstance(p, OffsetBlocks) else p for p in parts]
+    elif len(kinds) != 1:
+        return None
+    merged = [torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale", "zero") if hasattr(parts[0], f)]
+    return OffsetBlocks(*merged, parts[0].bits) if isinstance(parts[0], OffsetBlocks) else type(parts[0])(*merged)
 
 
-def read_blocks(raw: Any) -> Int4Blocks | Int8Blocks | None:
-    """`raw`'s blocks as the integers and scales they store, exactly (Q4_0, Q4_1, Q4_K -> int4 group 32; Q8_0 ->
-    int8 with block scales), or None for types that are not adopted (the caller dequantizes those). `raw` is
-    duck-typed: fields ggml_type (gguf.GGMLQuantizationType), shape (out, in) in HF orientation, data (uint8
-    blocks, rows in HF order). tally/layers/linear.py turns them into a layer."""
+def read_blocks(raw: Any) -> Blocks | None:
+    """`raw`'s blocks as the integers and scales they store, exactly (Q4_0, Q4_1, Q4_K -> int4 group 32; Q5_0,
+    Q6_K -> 5- and 6-bit values; Q8_0 -> int8 with block scales), or None for types that are not adopted (the
+    caller dequantizes those). `raw` is duck-typed: fields ggml_type (gguf.GGMLQuantizationType), shape (out, in)
+    in HF orientation, data (uint8 blocks, rows in HF order). tally/layers/linear.py turns them into a layer."""
     type_name = getattr(raw.ggml_type, "name", str(raw.ggml_type))
     if type_name not in _BLOCK_BYTES or len(raw.shape) != 2:
         return None
     blocks = _blocks(raw, type_name)
+    if type_name == "Q6_K":
+        return OffsetBlocks(*_q6_k(blocks), 6)
     d = _fp16(blocks, 0)
     if type_name == "Q8_0":
         q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(blocks.shape[0], -1))
         return Int8Blocks(q, d)
     if type_name == "Q5_0":
-        return Int8Blocks(_q5_0(blocks), d)
+        return OffsetBlocks(_q5_0(blocks), d, 5)
     if type_name == "Q4_K":
         q, scale, minimum = _q4_k(blocks)
         return Int4Blocks(q, scale, minimum + 8.0 * scale)

@@ -7,10 +7,12 @@ does). One kernel serves every batch size: in tiles of 8 outputs that share thei
 rows, it beats dequantizing into an fp32 matmul from 1 to 512 rows (`python bench/weight_formats.py --model smol
 --threads 1`), so there is no many-token path, and a token's bits never depend on its batch.
 
-Weights are held in the kernels' tiles of 8 outputs (tally/native/ops.py: pack_q4, pack_q8,
-pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m fp32 [T, G, 8] (w = q * d + m per group); int8 q
-[T, K/4, 32] with s [T, G, 8] (group = K: one scale per output channel; 32: GGUF Q8_0). Loading GGUF
-Q4_0/Q4_1/Q4_K/Q8_0 blocks into them only rearranges the stored integers.
+Weights are held in the kernels' tiles of 8 outputs (tally/native/ops.py: pack_q4, pack_planes, pack_q8,
+pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m fp32 [T, G, 8] (w = q * d + m per group); GGUF's
+Q5_0 and Q6_K as the same nibbles plus planes of high bits qh [T, K/32, 32 per bit] with d (w = d * (q - 16),
+groups of 32; w = d * (q - 32), groups of 16: no m);
+int8 q [T, K/4, 32] with s [T, G, 8] (group = K: one scale per output channel; 32: GGUF Q8_0). Loading GGUF
+Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks into them only rearranges the stored integers.
 """
 from __future__ import annotations
 
@@ -33,17 +35,22 @@ def _dequantized_matmul(layer: NativeInt4Linear | NativeInt8Linear, x: torch.Ten
 
 
 class NativeInt4Linear(QuantLinear):
-    scheme = "int4"
+    """Nibbles per weight: int4 (w = q * d + m), or with high bits GGUF's Q5_0 / Q6_K (w = d * (q - 2**(bits-1)))."""
 
-    def __init__(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor, group_size: int,
-                 bias: torch.Tensor | None) -> None:
-        """q uint8 [N, K] in 0..15; d, m [N, K/group]: w = q * d + m."""
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, group_size: int,
+                 bias: torch.Tensor | None, bits: int = 4) -> None:
+        """q uint8 [N, K] in 0..15; d, m [N, K/group]: w = q * d + m. bits 5 or 6: q below 2**bits, m None,
+        w = d * (q - 2**(bits - 1))."""
         out_features, in_features = q.shape
         super().__init__(in_features, out_features, bias, torch.float32, NEVER)
         self.group_size = group_size
-        self.register_buffer("qs", ops.pack_q4(q))
+        self.scheme = {4: "int4", 5: "q5_0", 6: "q6_k"}[bits]
+        qs, qh = (ops.pack_q4(q), None) if bits == 4 else ops.pack_planes(q, bits)
+        self.register_buffer("qs", qs)
+        self.register_buffer("qh", qh)
+        self.bits = bits
         self.register_buffer("d", ops.pack_tile_scales(d))
-        self.register_buffer("m", ops.pack_tile_scales(m))
+        self.register_buffer("m", None if m is None else ops.pack_tile_scales(m))
 
     @classmethod
     def from_q(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
@@ -56,18 +63,26 @@ class NativeInt4Linear(QuantLinear):
         # The common case goes straight to the kernel (bias fused): QuantLinear.forward's reshapes and checks cost
         # more than the kernel's own call on a small layer.
         if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and x.shape[0] < self.many_tokens_from:
-            return ops.gemm_q4(x, self.qs, self.d, self.m, self.bias, self.group_size, self.out_features)
+            return ops.gemm_q4(x, self.qs, self.d, self.m, self.bias, self.group_size, self.out_features, qh=self.qh)
         return super().forward(x)
 
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.gemm_q4(x, self.qs, self.d, self.m, None, self.group_size, self.out_features)
+        return ops.gemm_q4(x, self.qs, self.d, self.m, None, self.group_size, self.out_features, qh=self.qh)
 
     def _weight_t(self, n0: int, n1: int) -> torch.Tensor:
         t = slice(n0 // ops.TILE, n1 // ops.TILE)
-        return ops.dequant_q4_bf16(self.qs[t], self.d[t], self.m[t], self.group_size).t()
+        m, qh = (None if a is None else a[t] for a in (self.m, self.qh))
+        return ops.dequant_q4_bf16(self.qs[t], self.d[t], m, self.group_size, qh=qh).t()
 
     def _many_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return _dequantized_matmul(self, x)
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the dequantized weight, fp32 [len(ids), K]: a tied embedding read from the LM head's blocks."""
+        q = ops.q4_rows(self.qs, ids, self.qh).view(len(ids), -1, self.group_size).float()
+        d = ops.tile_scale_rows(self.d, ids)[:, :, None]
+        m = ops.tile_scale_rows(self.m, ids)[:, :, None] if self.qh is None else -(2.0 ** (self.bits - 1)) * d
+        return (q * d + m).view(len(ids), self.in_features)
 
 
 class NativeInt8Linear(QuantLinear):
