@@ -28,8 +28,9 @@ def _timed(fn) -> float:
 def weight_bytes_read_per_step(model: torch.nn.Module, weight_bytes: int) -> int:
     """A decode step reads every weight once, except the embedding table when the LM head is a separate copy
     (untied, or fp16 weights, where the packed head cannot serve the lookup): it reads one row of it."""
-    if model.embed_tokens is None:  # looked up in the fp16 head's panels: one copy
-        return weight_bytes
+    if model.embed_tokens is None:  # looked up in the head (one copy), or in a GGUF table's own blocks
+        blocks = getattr(model, "embed_blocks", None)
+        return weight_bytes - (blocks.weight_nbytes() if blocks is not None else 0)
     head = getattr(model.lm_head, "weight", None)
     if head is not None and head.data_ptr() == model.embed_tokens.data_ptr():
         return weight_bytes

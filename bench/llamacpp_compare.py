@@ -1,19 +1,22 @@
 """Tally vs llama.cpp's server on the same GGUF file, the same workloads, the same client (`tally bench`).
 
-llama.cpp runs as `python -m llama_cpp.server` from llama-cpp-python (an sdist: it compiles llama.cpp, ~25 min on
-2 cores; install it in its own virtual environment and pass its interpreter with --llama-python). Both servers get
-one thread (OMP_NUM_THREADS=1 / --n_threads 1; on this shared 2-core machine two threads mostly wait on each
-other) and the built-in SmolLM2-135M Q4_1 GGUF. Tally runs its default on CPUs without AVX-512 BF16: the weights
-dequantized and stored in fp16, fp32 compute; llama.cpp runs on the Q4_1 blocks with its own AVX2 kernels. Prompts are cut with the
-same local tokenizer (the GGUF's), and output lengths are forced on both (ignore_eos for Tally, a -inf logit
-bias on the end-of-turn tokens for llama.cpp, whose OpenAI server has no ignore_eos).
+llama.cpp runs as its C++ `llama-server` (--llama-server PATH: built from llama.cpp's source with cmake, target
+llama-server; --parallel 16 slots sharing a 16 x 2048-token context), or as `python -m llama_cpp.server` from
+llama-cpp-python (--llama-python: an sdist that compiles llama.cpp, ~25 min on 2 cores, in its own virtual
+environment). Both servers get --threads threads (default 1: on a shared 2-core machine two threads mostly waited on
+each other) and the built-in SmolLM2-135M Q4_1 GGUF. Tally runs its default (the path measured at start);
+llama.cpp runs on the Q4_1 blocks with its own kernels. Prompts are cut with the same local tokenizer (the GGUF's),
+and output lengths are forced on both (ignore_eos for Tally, a -inf logit bias on the end-of-turn tokens for
+llama.cpp, whose OpenAI server has no ignore_eos).
 
 Workloads:
   single    one client, fixed 64-token prompts and 64 output tokens: batch-1 decode speed as users see it
   streams   8 clients in a closed loop, fixed 64 / 32: what batching buys
   trace     Poisson arrivals at --rate with the Azure conversation trace's lengths / 16, SLO ttft=5s,tpot=1s
+  trace16   16 clients in a closed loop with the trace's lengths / 16: serving throughput at 16 streams
 
-    python bench/llamacpp_compare.py --llama-python /path/to/llama-venv/bin/python [--duration 60] [--rate 0.3]
+    python bench/llamacpp_compare.py (--llama-server PATH | --llama-python PATH) [--threads 1] [--duration 60]
+        [--rate 0.3] [--only single,streams,trace,trace16]
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ def workloads(ns: argparse.Namespace, trace: Path) -> dict[str, list[str]]:
         "single": ["--lengths", "fixed:64,64", "--concurrency", "1", "--requests", str(ns.single_requests)],
         "streams": ["--lengths", "fixed:64,32", "--concurrency", "8", "--duration", f"{ns.duration}s"],
         "trace": ["--lengths", f"trace:{trace}", "--rate", f"{ns.rate:g}", "--duration", f"{ns.duration}s"],
+        "trace16": ["--lengths", f"trace:{trace}", "--concurrency", "16", "--duration", f"{ns.duration}s"],
     }
 
 
@@ -84,27 +88,37 @@ def figures(result: dict) -> dict[str, float | None]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--llama-python", required=True, help="python of a venv with llama-cpp-python[server]")
+    peer = p.add_mutually_exclusive_group(required=True)
+    peer.add_argument("--llama-server", help="llama.cpp's C++ llama-server binary")
+    peer.add_argument("--llama-python", help="python of a venv with llama-cpp-python[server]")
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--duration", type=int, default=60)
     p.add_argument("--rate", type=float, default=0.3)
     p.add_argument("--single-requests", type=int, default=6)
-    p.add_argument("--only", default="single,streams,trace")
+    p.add_argument("--only", default="single,streams,trace,trace16")
     p.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "tally_llamacpp")
     ns = p.parse_args()
     ns.out_dir.mkdir(parents=True, exist_ok=True)
-    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["OMP_NUM_THREADS"] = str(ns.threads)
     trace, _, _ = scaled_trace(ns.out_dir / "conv_div16.csv", 16)
     tokenizer, eos = write_tokenizer(ns.out_dir / "tokenizer")
     gguf = builtin_gguf()
     ban_eos = json.dumps({"logit_bias": {str(i): -1e9 for i in eos}})
+    threads = str(ns.threads)
+
+    def llama_command(port: int) -> list[str]:
+        if ns.llama_server:
+            return [ns.llama_server, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-t", threads,
+                    "-tb", threads, "--parallel", "16", "-c", str(16 * 2048), "--log-disable"]
+        return [ns.llama_python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
+                str(port), "--n_threads", threads, "--n_threads_batch", threads, "--n_ctx", "2048", "--verbose",
+                "False", "--interrupt_requests", "False"]
+
     servers = {
-        "tally": (ServerProcess(["--max-model-len", "2048", "--kv-cache-memory", "512MiB", "--log-level", "warning"]),
+        "tally": (ServerProcess(["--max-model-len", "2048", "--kv-cache-memory", "512MiB", "--log-level", "warning",
+                                 "--threads", threads]),
                   ["--extra-body", '{"ignore_eos": true}']),
-        "llama.cpp": (ServerProcess([], command=lambda port: [
-            ns.llama_python, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port",
-            str(port), "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", "2048", "--verbose", "False",
-            "--interrupt_requests", "False"],
-            health_path="/v1/models"), ["--extra-body", ban_eos]),
+        "llama.cpp": (ServerProcess([], command=llama_command, health_path="/v1/models"), ["--extra-body", ban_eos]),
     }
     chosen = [w for w in ns.only.split(",") if w]
     results: dict[str, dict[str, dict]] = {}
@@ -121,7 +135,7 @@ def main() -> int:
                     print(f"{name} {wl}: {json.dumps(figures(res))} ({time.monotonic() - t0:.0f} s)", flush=True)
         finally:
             server.stop()
-    print(f"\nmodel: {gguf.name}; 1 thread each; load average {os.getloadavg()[0]:.1f}; SLO {SLO}\n")
+    print(f"\nmodel: {gguf.name}; {ns.threads} thread(s) each; load average {os.getloadavg()[0]:.1f}; SLO {SLO}\n")
     for wl, by_server in results.items():
         print(f"### {wl}: {' '.join(workloads(ns, trace)[wl])}\n")
         cols = list(figures(next(iter(by_server.values()))))

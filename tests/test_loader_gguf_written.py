@@ -15,7 +15,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
 
+from tally.attention.backend import make_backend
 from tally.errors import ModelLoadError
+from tally.models.builder import build_model
 from tally.models.gguf_header import read_header
 from tally.models.loader import load_checkpoint
 
@@ -228,3 +230,19 @@ def test_dequantize_matches_transformers(kind, half_offsets):
     ours = dequantize(blocks.reshape(4, -1), kind)
     theirs = hf_dequantize(torch.from_numpy(blocks.reshape(-1).copy()), int(kind)).reshape(4, -1)
     torch.testing.assert_close(torch.from_numpy(ours), theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_a_quantized_untied_embedding_is_looked_up_from_its_blocks(tiny_llama, tiny_gguf):
+    """A GGUF's quantized token table serves the lookup as stored (Qwen2.5-0.5B's Q5_0 table: 102 MB instead of
+    a 544 MB fp32 tensor), and gives the dequantized rows exactly."""
+    ckpt = load_checkpoint(str(tiny_gguf("llama")))
+    cfg = ckpt.config
+    attn = make_backend("reference", num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                        scale=cfg.head_dim ** -0.5, sliding_window=None)
+    model = build_model(cfg, dict(ckpt.tensors()), dtype=torch.float32, quantization="gguf", attn=attn,
+                        max_model_len=64, checkpoint=ckpt)
+    assert model.embed_tokens is None and model.embed_blocks is not None
+    ids = torch.tensor([3, 0, cfg.vocab_size - 1])
+    table = expected_from_hf("model.embed_tokens.weight", load_file(tiny_llama / "model.safetensors")[
+        "model.embed_tokens.weight"])
+    assert torch.equal(model._embed(ids), table[ids])

@@ -80,13 +80,19 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         head_scheme = "int8" if quantization in ("int4", "int8") and not prequantized else None
         return build_linear(weight, None, quantization=head_scheme, dtype=dtype, weight_dtype=weight_dtype)
 
+    def make_embedding(weight: torch.Tensor) -> nn.Module | None:
+        # A GGUF's quantized table is served from its blocks, as its head would be (unsharded models only)
+        raw = checkpoint.gguf_tensor("model.embed_tokens.weight") if quantization == "gguf" and shard is None else None
+        layer = linear_from_gguf(raw, None, compute_dtype=dtype) if raw is not None else None
+        return layer if hasattr(layer, "embedding_rows") else None
+
     cfg = config
     if max_model_len < cfg.max_position_embeddings:
         # The rotary table only needs the positions the engine will ever use.
         cfg = replace(cfg, max_position_embeddings=max_model_len)
     try:
         model = CausalLM(cfg, tensors, make_proj, make_head, attn, dtype, weight_dtype, tp,
-                         shard.vocab[0] if shard is not None else 0, stage)
+                         shard.vocab[0] if shard is not None else 0, stage, make_embedding)
     except KeyError as exc:
         raise ModelLoadError(f"checkpoint is missing tensor {exc.args[0]!r}") from exc
     leftover = [n for n in tensors if "rotary_emb" not in n]

@@ -27,6 +27,8 @@ from tally.native import ops as native
 ProjectionFactory = Callable[[list[str], bool], nn.Module]
 # (head weight [V, H], tied to the embedding?) -> the LM head module
 HeadFactory = Callable[[torch.Tensor, bool], nn.Module]
+# embedding [V, H] -> a module whose `embedding_rows` serve the lookup from the checkpoint's stored blocks, or None
+EmbeddingFactory = Callable[[torch.Tensor], nn.Module | None]
 
 
 class DecoderLayer(nn.Module):
@@ -92,8 +94,9 @@ class DecoderLayer(nn.Module):
 class CausalLM(nn.Module):
     """`weight_dtype=torch.float16` (with fp32 `dtype`): the embedding and the LM head are stored in fp16 too. A tied
     head whose module can return rows of its weight (`embedding_rows`: native fp16 panels, native int8) also
-    serves the lookup, so the table is held once; otherwise (FBGEMM's packed layout, dense) the embedding is a
-    separate tensor.
+    serves the lookup, so the table is held once; otherwise `make_embedding` may hold it as the checkpoint stores it
+    (a GGUF's blocks: Qwen2.5-0.5B's Q5_0 table is 102 MB held so, 544 MB as an fp32 tensor), else (FBGEMM's packed
+    layout, dense) the embedding is a separate tensor.
 
     Under tensor parallelism (`tp`) `cfg` is this rank's slice (tally/models/tensor_parallel.py), the factories
     make row-parallel and vocabulary-parallel modules, and the embedding holds vocabulary rows [vocab_start, ...).
@@ -103,7 +106,7 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
                  make_head: HeadFactory, attn: AttentionBackend, dtype: torch.dtype,
                  weight_dtype: torch.dtype | None = None, tp: TPGroup | None = None, vocab_start: int = 0,
-                 stage: PPStage | None = None) -> None:
+                 stage: PPStage | None = None, make_embedding: EmbeddingFactory | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
@@ -121,8 +124,13 @@ class CausalLM(nn.Module):
         )
         self.norm = RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps, dtype) if last else None
         self.lm_head = make_head(embed if tied else head, tied) if last else None
+        self.embed_blocks = None  # the stored blocks serving the lookup, when neither a table nor the head does
         if first and tied and getattr(self.lm_head, "embedding_rows", None) is not None:
             self.embed_tokens = None  # the head serves the lookup: one copy of the table
+        elif first and make_embedding is not None:
+            self.embed_blocks = make_embedding(embed)
+            if self.embed_blocks is not None:
+                self.embed_tokens = None
         # every layer's decode step in one native call, where the model's formats allow (built after loading)
         self.native_step: NativeDecodeStep | None = None
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
@@ -157,7 +165,7 @@ class CausalLM(nn.Module):
             outside = (ids < 0) | (ids >= self.vocab_rows)
             ids = ids.masked_fill(outside, 0)
         if self.embed_tokens is None:
-            h = self.lm_head.embedding_rows(ids)
+            h = (self.embed_blocks if self.embed_blocks is not None else self.lm_head).embedding_rows(ids)
         else:
             h = F.embedding(ids, self.embed_tokens).to(self.dtype)
         if self.tp is not None:

@@ -66,12 +66,14 @@ def pack_planes(q: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]
     chunk s // 2's low nibbles for even s, high for odd)."""
     q = q.to(torch.uint8)
     n_tiles, k = -(-q.shape[0] // TILE), q.shape[1]
-    weights = (1 << torch.arange(8, dtype=torch.int32)).view(4, 2)
     planes = []
     for p in range(bits - 4):
-        t = _tiles((q >> (4 + p)) & 1).view(n_tiles, TILE, k // 32, 4, 2, 4)
-        bit = t.permute(0, 2, 1, 5, 3, 4).to(torch.int32)  # [T, K/32, output, i, chunk, half]
-        planes.append((bit * weights).sum(dim=(-2, -1)).to(torch.uint8).reshape(n_tiles, k // 32, 32))
+        bit = _tiles((q >> (4 + p)) & 1).view(n_tiles, TILE, k // 32, 4, 2, 4)  # [T, output, block, chunk, half, i]
+        plane = torch.zeros(n_tiles, k // 32, TILE, 4, dtype=torch.uint8)
+        for c in range(4):  # uint8 shifts and ors: a large table packs in a fraction of a second
+            for half in range(2):
+                plane |= bit[:, :, :, c, half].transpose(1, 2) << (2 * c + half)
+        planes.append(plane.view(n_tiles, k // 32, 32))
     return pack_q4(q & 15), torch.cat(planes, dim=2).contiguous()
 
 

@@ -1,0 +1,53 @@
+"""Tally's default path against llama.cpp's own `llama-bench` on the same GGUF file, in the same run: prefill of
+512 tokens and batch-1 decode of 128 (llama-bench's pp512 / tg128), the same threads (issue: fast on whatever CPU).
+
+llama-bench is built from llama.cpp's source with cmake (GGML_NATIVE=ON: the CPU at hand), e.g. from a PyPI sdist
+that vendors it; this script only runs it. Tally runs with default settings (the path measured at start), random
+prompt tokens, ignore_eos, medians of 3 (bench/cpu_paths.py's measurement); llama-bench its default 5
+repetitions, averaged. Runs alternate (llama.cpp, Tally, llama.cpp) so a drifting machine shows in the spread.
+
+    python bench/llama_bench_compare.py --llama-bench PATH/llama-bench [--model PATH.gguf] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+from cpu_paths import measure  # bench/ is on sys.path when a script here runs
+
+
+def llama_bench(binary: str, model: str, threads: int, prefill: int, decode: int) -> tuple[float, float]:
+    """(decode, prefill) tokens per second, llama-bench's averages."""
+    out = subprocess.run([binary, "-m", model, "-t", str(threads), "-p", str(prefill), "-n", str(decode), "-o",
+                          "json"], check=True, capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    by_kind = {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
+    return by_kind["decode"], by_kind["prefill"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--llama-bench", required=True, help="path to llama.cpp's llama-bench binary")
+    p.add_argument("--model", required=True, help="a .gguf file")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--decode", type=int, default=128)
+    a = p.parse_args()
+    peer = [llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode)]
+    decode, prefill, path = measure(a.model, a.threads, a.prefill, a.decode, {})
+    peer.append(llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode))
+    for name, (d, pf) in (("llama.cpp (first)", peer[0]), ("tally default", (decode, prefill)),
+                          ("llama.cpp (last)", peer[1])):
+        print(f"{name:<18} decode {d:7.1f} tok/s   prefill {pf:8.1f} tok/s")
+    print(f"tally path: {path}")
+    best = max(peer, key=lambda r: r[0]), max(peer, key=lambda r: r[1])
+    print(f"tally / llama.cpp (the faster of its two runs): decode {decode / best[0][0]:.2f}x, "
+          f"prefill {prefill / best[1][1]:.2f}x")
+    print("command: python " + " ".join(sys.argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
