@@ -26,7 +26,7 @@ def _output(x: torch.Tensor, n: int, out: torch.Tensor | None) -> torch.Tensor:
 def integer_gemm_supported(in_features: int, group_size: int) -> bool:
     """gemm_q4 / gemm_q8 work in blocks of 32 (the activations' int8 blocks), whole groups per row; gemm_q4 with
     high-bit planes also in groups of 16 (Q6_K's), two to a block."""
-    return group_size in (16, *range(32, in_features + 1, 32)) and in_features % max(group_size, 32) == 0
+    return (group_size % 32 == 0 or group_size == 16) and in_features % max(group_size, 32) == 0
 
 
 TILE = 8  # outputs per integer weight tile (kernels.c): one fp32 lane each

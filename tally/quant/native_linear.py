@@ -78,7 +78,8 @@ class NativeInt4Linear(QuantLinear):
         return _dequantized_matmul(self, x)
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of the dequantized weight, fp32 [len(ids), K]: a tied embedding read from the LM head's blocks."""
+        """Rows of the dequantized weight, fp32 [len(ids), K]: a token table read from its blocks (a tied LM head's,
+        or a GGUF table's own)."""
         q = ops.q4_rows(self.qs, ids, self.qh).view(len(ids), -1, self.group_size).float()
         d = ops.tile_scale_rows(self.d, ids)[:, :, None]
         m = ops.tile_scale_rows(self.m, ids)[:, :, None] if self.qh is None else -(2.0 ** (self.bits - 1)) * d
