@@ -9,7 +9,9 @@ is compute-bound and one copy serves. Times are per model pass: a shape's call t
 """
 from __future__ import annotations
 
+import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +19,7 @@ from torch import nn
 
 from tally.layers.dense import Fp16WeightLinear
 from tally.layers.linear import build_linear, int4_linear, int8_linear, offset_linear, w8a8_linear
+from tally.quant.base import QuantLinear
 from tally.quant.dispatch import NEVER
 from tally.quant.gguf_blocks import OffsetBlocks
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
@@ -49,8 +52,8 @@ class ComputePath:
 
 
 def timing_layers(shape: ProjectionShape, path: ComputePath, copies: int, gen: torch.Generator) -> list[nn.Module]:
-    """`copies` layers of one shape, each with its own weight memory, packed per copy as the builder packs a
-    checkpoint's. The kernels' time does not depend on the values, and drawing 136 M random integers for a
+    """`copies` layers of one shape, each with its own weight memory, packed as the builder packs a checkpoint's
+    (quantized ones once, then copied). The kernels' time does not depend on the values, and drawing 136 M random integers for a
     large vocabulary's head takes longer than timing it: rows repeat a drawn block of ROW_BLOCK."""
     n, k = shape.out_features, shape.in_features
 
@@ -61,26 +64,31 @@ def timing_layers(shape: ProjectionShape, path: ComputePath, copies: int, gen: t
         w = rows(lambda size: torch.randn(size, generator=gen) * 0.02)
         return [build_linear(w.clone(), None, quantization=None, dtype=path.compute_dtype,
                              weight_dtype=path.weight_dtype) for _ in range(copies)]
+    first = _quantized_layer(shape, path, rows, gen)
+    if isinstance(first, QuantLinear):  # packing once and copying the buffers is many times faster than packing each
+        return [first, *(copy.deepcopy(first) for _ in range(copies - 1))]
+    return [first, *(_quantized_layer(shape, path, rows, gen) for _ in range(copies - 1))]
+
+
+def _quantized_layer(shape: ProjectionShape, path: ComputePath, rows: Callable, gen: torch.Generator) -> nn.Module:
+    """One layer of `shape`'s quantized storage, as the builder would make it on `path`."""
+    n, k = shape.out_features, shape.in_features
     if shape.storage == "int4":
         q = rows(lambda size: torch.randint(0, 16, size, dtype=torch.uint8, generator=gen))
         scale = torch.rand(n, k // shape.group_size, generator=gen) * 0.01
-        return [int4_linear(q, scale, torch.zeros_like(scale), shape.group_size, None, path.compute_dtype)
-                for _ in range(copies)]
+        return int4_linear(q, scale, torch.zeros_like(scale), shape.group_size, None, path.compute_dtype)
     if shape.storage in ("int5", "int6"):
         bits = int(shape.storage[-1])
         q = rows(lambda size: torch.randint(0, 1 << bits, size, dtype=torch.uint8, generator=gen))
         blocks = OffsetBlocks(q, torch.rand(n, k // shape.group_size, generator=gen) * 0.01, bits)
-        return [offset_linear(blocks, None, path.compute_dtype)
-                or build_linear(blocks.q.float(), None, quantization=None, dtype=path.compute_dtype,
-                                weight_dtype=path.weight_dtype) for _ in range(copies)]
+        return offset_linear(blocks, None, path.compute_dtype) or build_linear(
+            blocks.q.float(), None, quantization=None, dtype=path.compute_dtype, weight_dtype=path.weight_dtype)
     q = rows(lambda size: torch.randint(-127, 128, size, dtype=torch.int8, generator=gen))
     if shape.storage == "w8a8":
-        scale = torch.rand(n, generator=gen) * 0.01
-        return [w8a8_linear(q, scale, None, path.compute_dtype) for _ in range(copies)]
+        return w8a8_linear(q, torch.rand(n, generator=gen) * 0.01, None, path.compute_dtype)
     groups = 1 if shape.group_size in (0, k) else k // shape.group_size
     scale = torch.rand(n, groups, generator=gen) * 0.01
-    return [int8_linear(q, scale.squeeze(1) if groups == 1 else scale, None, path.compute_dtype)
-            for _ in range(copies)]
+    return int8_linear(q, scale.squeeze(1) if groups == 1 else scale, None, path.compute_dtype)
 
 
 @dataclass
