@@ -217,8 +217,8 @@ static inline __attribute__((always_inline)) void int_tile(
             int64_t b = k0 / 32;
             int c0 = (int)(k0 % 32) / 8;
             __m256i dot[MR];
-            int_block_dots(xq + b * 32, K, w + b * block_bytes, hb + b * plane_bytes, bits, c0, c0 + (int)span / 8,
-                           mr, dot);
+            int_block_dots(xq + b * 32, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL, bits, c0,
+                           c0 + (int)span / 8, mr, dot);
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++)
                 acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
