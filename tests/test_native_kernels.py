@@ -1,6 +1,9 @@
 """Each native kernel against the PyTorch arithmetic it replaces (fp32; tolerances are summation order)."""
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -138,8 +141,8 @@ def test_decode_attention_matches_sdpa_over_gathered_keys(window: int | None) ->
 
 
 def test_threaded_kernels_give_the_single_thread_bits() -> None:
-    """Large enough calls split their outputs over OpenMP threads (torch's pool); every output is still computed by
-    one thread in one order, so the bits do not depend on the thread count."""
+    """Large enough calls split their outputs over the kernels' threads (tally/native/pool.h, as many as torch's
+    count); every output is still computed by one thread in one order, so the bits do not depend on the count."""
     n, k = 512, 1024
     x = rand(3, k)
     q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
@@ -167,3 +170,52 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
         torch.set_num_threads(before)
     for a, b in zip(one, two):
         assert torch.equal(a, b)
+
+
+def _threaded_q4_case() -> tuple:
+    n, k = 1024, 1024
+    x = rand(2, k)
+    q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
+    d, m = ops.pack_tile_scales(rand(n, k // 32).abs()), ops.pack_tile_scales(rand(n, k // 32))
+    return x, q4, d, m, n
+
+
+def test_two_python_threads_calling_at_once_get_their_own_results() -> None:
+    """One caller holds the kernels' threads at a time; a second one (another Python thread: ctypes lets go of the
+    GIL) runs its loop alone meanwhile, and both get the bits of a call made alone."""
+    x, q4, d, m, n = _threaded_q4_case()
+    x2 = x.flip(1).contiguous()
+    want = [ops.gemm_q4(x, q4, d, m, None, 32, n), ops.gemm_q4(x2, q4, d, m, None, 32, n)]
+    got: list[list[bool]] = [[], []]
+
+    def hammer(i: int, xi: torch.Tensor) -> None:
+        for _ in range(200):
+            got[i].append(torch.equal(ops.gemm_q4(xi, q4, d, m, None, 32, n), want[i]))
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        threads = [threading.Thread(target=hammer, args=(i, xi)) for i, xi in enumerate([x, x2])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        torch.set_num_threads(before)
+    assert got[0] == [True] * 200 and got[1] == [True] * 200
+
+
+def test_a_forked_child_computes_without_the_parents_threads() -> None:
+    """A child of fork() has none of its parent's helper threads; its calls still finish, with the same bits."""
+    x, q4, d, m, n = _threaded_q4_case()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        want = ops.gemm_q4(x, q4, d, m, None, 32, n)  # the parent's helpers exist now
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only with the parent's bits
+            os._exit(0 if torch.equal(ops.gemm_q4(x, q4, d, m, None, 32, n), want) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        torch.set_num_threads(before)
+    assert os.waitstatus_to_exitcode(status) == 0

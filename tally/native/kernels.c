@@ -10,16 +10,18 @@
  * Conventions: row-major, contiguous; activations and outputs fp32; x [M, K], weights [N, K] (fp16: panels,
  * see tally_gemm_f16), y [M, N].
  * `accumulate` != 0 adds into y (a projection that feeds the residual stream writes straight into it).
- * Threads: OpenMP over output rows; the library links the libgomp torch has already loaded, so
- * torch.set_num_threads governs it too.
+ * Threads: pool.h's parallel loop over output tiles, as many as torch.set_num_threads asks (OpenMP's count: the
+ * library links the libgomp torch has already loaded).
  */
 #include <immintrin.h>
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define PAR_MIN (1 << 18) /* multiply-adds per call below which threading costs more than it saves */
+#include "pool.h"
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -68,22 +70,6 @@ static QuantizedRows quantize_rows(const float *x, int64_t M, int64_t K, int64_t
  * with it the LM head (151936 x 896, int8) took 7.7 instead of 11.6 ms, measured at 512-4096 bytes (2048 best). */
 #define PREFETCH 2048
 #define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
-#define TILE_DRIVER(TILE_CALL)                                                                             \
-    for (int64_t m0 = 0; m0 < M; m0 += INT_MB) {                                                          \
-        int64_t m1 = M - m0 < INT_MB ? M : m0 + INT_MB;                                                   \
-        _Pragma("omp parallel for schedule(static) if (N * K * (m1 - m0) >= PAR_MIN)")                    \
-        for (int64_t t = 0; t < (N + TILE - 1) / TILE; t++) {                                             \
-            for (int64_t r = m0; r < m1; r += MR) {                                                       \
-                switch (m1 - r < MR ? (int)(m1 - r) : MR) {                                               \
-                    case 4: TILE_CALL(4); break;                                                          \
-                    case 3: TILE_CALL(3); break;                                                          \
-                    case 2: TILE_CALL(2); break;                                                          \
-                    default: TILE_CALL(1); break;                                                         \
-                }                                                                                         \
-            }                                                                                             \
-        }                                                                                                 \
-    }
-
 /* Rows r.. r + mr of y, outputs of tile t, from one fp32 lane per output */
 static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc, int mr, const float *bias,
                               int accumulate) {
@@ -234,6 +220,50 @@ static inline __attribute__((always_inline)) void int_tile(
     store_tile(y, N, t, acc, mr, bias, accumulate);
 }
 
+/* One integer product, the argument of its tiles' range function: rows m0..m1 against every tile */
+typedef struct {
+    const int8_t *xq;
+    const float *dx, *xsum;        /* per row: block scales [K/32]; per group sums of the int8 values (nibbles) */
+    const uint8_t *w, *hb;         /* tiles; high-bit planes (int5 / int6) or NULL */
+    const float *scale, *min, *bias;
+    float *y;
+    int64_t K, N, group, m0, m1;
+    int accumulate;
+} IntJob;
+
+static inline __attribute__((always_inline)) void int_tiles(const IntJob *j, int64_t t0, int64_t t1, int bits) {
+    int64_t K = j->K, G = K / j->group, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t *w = j->w + t * tile_bytes, *hb = j->hb ? j->hb + t * K * (bits - 4) : NULL;
+        const float *d = j->scale + t * G * TILE, *m = j->min ? j->min + t * G * TILE : NULL;
+        for (int64_t r = j->m0; r < j->m1; r += MR) {
+            int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
+#define INT_TILE(MR_) int_tile(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
+                               w, hb, d, m, bits, MR_, j->y + r * j->N, j->N, t, j->bias, j->accumulate)
+            switch (mr) {
+                case 4: INT_TILE(4); break;
+                case 3: INT_TILE(3); break;
+                case 2: INT_TILE(2); break;
+                default: INT_TILE(1); break;
+            }
+#undef INT_TILE
+        }
+    }
+}
+
+static void q4_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 4); }
+static void q5_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 5); }
+static void q6_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 6); }
+static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 8); }
+
+/* Activation rows in blocks of INT_MB, each block's int8 copy in L2 while every tile passes over it */
+static void int_gemm(IntJob job, int64_t M, RangeFn tiles) {
+    for (job.m0 = 0; job.m0 < M; job.m0 += INT_MB) {
+        job.m1 = M - job.m0 < INT_MB ? M : job.m0 + INT_MB;
+        parallel_for((job.N + TILE - 1) / TILE, job.N * job.K * (job.m1 - job.m0), tiles, &job);
+    }
+}
+
 /* bits 4: qs, d, m (qh NULL); bits 5 or 6: qs, qh, d (m NULL); group 16 or a multiple of 32 */
 void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const float *d, const float *m,
                    const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
@@ -251,19 +281,8 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const f
             }
             xsum[r * G + g] = s;
         }
-#define NIBBLE_CALL(mr, B) int_tile(xq.xq + r * K, xq.dx + r * (K / 32), xsum + r * G, K, group,                   \
-                                    qs + t * TILE * (K / 2), qh ? qh + t * K * (B - 4) : NULL, d + t * G * TILE,     \
-                                    m ? m + t * G * TILE : NULL, B, mr, y + r * N, N, t, bias, accumulate)
-#define Q4_CALL(mr) NIBBLE_CALL(mr, 4)
-#define Q5_CALL(mr) NIBBLE_CALL(mr, 5)
-#define Q6_CALL(mr) NIBBLE_CALL(mr, 6)
-    if (bits == 6) {
-        TILE_DRIVER(Q6_CALL)
-    } else if (bits == 5) {
-        TILE_DRIVER(Q5_CALL)
-    } else {
-        TILE_DRIVER(Q4_CALL)
-    }
+    IntJob job = {xq.xq, xq.dx, xsum, qs, qh, d, m, bias, y, K, N, group, 0, 0, accumulate};
+    int_gemm(job, M, bits == 6 ? q6_tiles : bits == 5 ? q5_tiles : q4_tiles);
     free(xsum);
     free(xq.xq);
     free(xq.dx);
@@ -272,11 +291,9 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const f
 /* per_token != 0: activations get one scale per row (W8A8), else one per block of 32 */
 void tally_gemm_q8(const float *x, const int8_t *q, const float *s, const float *bias, float *y,
                    int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token) {
-    int64_t G = K / group;
     QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
-#define Q8_CALL(mr) int_tile(xq.xq + r * K, xq.dx + r * (K / 32), NULL, K, group, (const uint8_t *)q + t * TILE * K, \
-                             NULL, s + t * G * TILE, NULL, 8, mr, y + r * N, N, t, bias, accumulate)
-    TILE_DRIVER(Q8_CALL)
+    IntJob job = {xq.xq, xq.dx, NULL, (const uint8_t *)q, NULL, s, NULL, bias, y, K, N, group, 0, 0, accumulate};
+    int_gemm(job, M, q8_tiles);
     free(xq.xq);
     free(xq.dx);
 }
@@ -329,31 +346,45 @@ static inline __attribute__((always_inline)) void f16_panel(
     }
 }
 
+typedef struct {
+    const float *x, *bias;
+    const uint16_t *w;
+    float *y;
+    int64_t N, K, m0, m1;
+    int accumulate;
+} F16Job;
+
+static void f16_panels(const void *job, int64_t p0, int64_t p1) {
+    const F16Job *j = job;
+    int64_t K = j->K, N = j->N;
+    for (int64_t p = p0; p < p1; p++) {
+        const uint16_t *wp = j->w + p * K * PANEL;
+        int64_t n0 = p * PANEL, nr = N - n0 < PANEL ? N - n0 : PANEL;
+        for (int64_t r0 = j->m0; r0 < j->m1; r0 += F16_MR) {
+            float out[F16_MR][PANEL];
+            int mr = j->m1 - r0 < F16_MR ? (int)(j->m1 - r0) : F16_MR;
+            const float *xr = j->x + r0 * K;
+            switch (mr) {
+                case 6: f16_panel(xr, K, wp, 6, out); break;
+                case 5: f16_panel(xr, K, wp, 5, out); break;
+                case 4: f16_panel(xr, K, wp, 4, out); break;
+                case 3: f16_panel(xr, K, wp, 3, out); break;
+                case 2: f16_panel(xr, K, wp, 2, out); break;
+                default: f16_panel(xr, K, wp, 1, out); break;
+            }
+            for (int r = 0; r < mr; r++)
+                for (int64_t c = 0; c < nr; c++)
+                    store_out(j->y + (r0 + r) * N + n0 + c, out[r][c], j->bias, n0 + c, j->accumulate);
+        }
+    }
+}
+
 void tally_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y,
                     int64_t M, int64_t N, int64_t K, int accumulate) {
-    int64_t panels = (N + PANEL - 1) / PANEL;
-    for (int64_t m0 = 0; m0 < M; m0 += F16_MB) {
-        int64_t m1 = M - m0 < F16_MB ? M : m0 + F16_MB;
-        #pragma omp parallel for schedule(static) if (N * K * (m1 - m0) >= PAR_MIN)
-        for (int64_t p = 0; p < panels; p++) {
-            const uint16_t *wp = w + p * K * PANEL;
-            int64_t n0 = p * PANEL, nr = N - n0 < PANEL ? N - n0 : PANEL;
-            for (int64_t r0 = m0; r0 < m1; r0 += F16_MR) {
-                float out[F16_MR][PANEL];
-                int mr = m1 - r0 < F16_MR ? (int)(m1 - r0) : F16_MR;
-                const float *xr = x + r0 * K;
-                switch (mr) {
-                    case 6: f16_panel(xr, K, wp, 6, out); break;
-                    case 5: f16_panel(xr, K, wp, 5, out); break;
-                    case 4: f16_panel(xr, K, wp, 4, out); break;
-                    case 3: f16_panel(xr, K, wp, 3, out); break;
-                    case 2: f16_panel(xr, K, wp, 2, out); break;
-                    default: f16_panel(xr, K, wp, 1, out); break;
-                }
-                for (int r = 0; r < mr; r++)
-                    for (int64_t j = 0; j < nr; j++) store_out(y + (r0 + r) * N + n0 + j, out[r][j], bias, n0 + j, accumulate);
-            }
-        }
+    F16Job job = {x, bias, w, y, N, K, 0, 0, accumulate};
+    for (job.m0 = 0; job.m0 < M; job.m0 += F16_MB) {
+        job.m1 = M - job.m0 < F16_MB ? M : job.m0 + F16_MB;
+        parallel_for((N + PANEL - 1) / PANEL, N * K * (job.m1 - job.m0), f16_panels, &job);
     }
 }
 
@@ -527,40 +558,54 @@ static void weighted_v(const float *p, const int64_t *slots, int64_t len, const 
     }
 }
 
+typedef struct {
+    const float *q, *k_scales, *v_scales;
+    const void *k_cache, *v_cache;
+    const int64_t *block_tables, *ctx;
+    int64_t q_stride, bt_stride, Hq, Hkv, D, block_size, window;
+    float scale;
+    float *out;
+} AttentionJob;
+
+static void attention_heads(const void *job, int64_t i0, int64_t i1) {  /* items: (sequence, kv head) */
+    const AttentionJob *a = job;
+    int64_t Hkv = a->Hkv, D = a->D, group = a->Hq / Hkv, block_size = a->block_size;
+    int int8 = a->k_scales != NULL;
+    int64_t esize = int8 ? 1 : sizeof(float);
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t b = i / Hkv, h = i % Hkv;
+        int64_t L = a->ctx[b], start = (a->window > 0 && L > a->window) ? L - a->window : 0, len = L - start;
+        const int64_t *bt = a->block_tables + b * a->bt_stride;
+        int64_t *slots = malloc(sizeof(int64_t) * len);
+        float *p = malloc(sizeof(float) * len * group), *vs = int8 ? malloc(sizeof(float) * len) : NULL;
+        for (int64_t t = 0; t < len; t++) {
+            int64_t pos = start + t, block = bt[pos / block_size];
+            slots[t] = (block * block_size + pos % block_size) * Hkv + h;  /* row of [slots*Hkv, D] */
+            float ks = int8 ? a->k_scales[block * Hkv + h] * a->scale : a->scale;
+            if (int8) vs[t] = a->v_scales[block * Hkv + h];
+            const void *kp = (const char *)a->k_cache + slots[t] * D * esize;
+            for (int64_t j = 0; j < group; j++) p[j * len + t] = dot(a->q + b * a->q_stride + (h * group + j) * D, kp, D, int8) * ks;
+        }
+        for (int64_t j = 0; j < group; j++) {
+            float *pj = p + j * len;
+            softmax(pj, len);
+            if (int8)
+                for (int64_t t = 0; t < len; t++) pj[t] *= vs[t];
+            weighted_v(pj, slots, len, a->v_cache, int8, D, a->out + (b * a->Hq + h * group + j) * D);
+        }
+        free(slots);
+        free(p);
+        free(vs);
+    }
+}
+
 static void decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                              const float *k_scales, const float *v_scales, const int64_t *block_tables,
                              int64_t bt_stride, const int64_t *ctx, int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
                              int64_t block_size, int64_t window, float scale, float *out) {
-    int64_t group = Hq / Hkv;
-    int int8 = k_scales != NULL;
-    int64_t esize = int8 ? 1 : sizeof(float);
-    #pragma omp parallel for schedule(dynamic) collapse(2) if (n * Hkv > 1 && n * ctx[0] * Hq * D >= PAR_MIN)
-    for (int64_t b = 0; b < n; b++) {
-        for (int64_t h = 0; h < Hkv; h++) {
-            int64_t L = ctx[b], start = (window > 0 && L > window) ? L - window : 0, len = L - start;
-            const int64_t *bt = block_tables + b * bt_stride;
-            int64_t *slots = malloc(sizeof(int64_t) * len);
-            float *p = malloc(sizeof(float) * len * group), *vs = int8 ? malloc(sizeof(float) * len) : NULL;
-            for (int64_t t = 0; t < len; t++) {
-                int64_t pos = start + t, block = bt[pos / block_size];
-                slots[t] = (block * block_size + pos % block_size) * Hkv + h;  /* row of [slots*Hkv, D] */
-                float ks = int8 ? k_scales[block * Hkv + h] * scale : scale;
-                if (int8) vs[t] = v_scales[block * Hkv + h];
-                const void *kp = (const char *)k_cache + slots[t] * D * esize;
-                for (int64_t j = 0; j < group; j++) p[j * len + t] = dot(q + b * q_stride + (h * group + j) * D, kp, D, int8) * ks;
-            }
-            for (int64_t j = 0; j < group; j++) {
-                float *pj = p + j * len;
-                softmax(pj, len);
-                if (int8)
-                    for (int64_t t = 0; t < len; t++) pj[t] *= vs[t];
-                weighted_v(pj, slots, len, v_cache, int8, D, out + (b * Hq + h * group + j) * D);
-            }
-            free(slots);
-            free(p);
-            free(vs);
-        }
-    }
+    AttentionJob job = {q, k_scales, v_scales, k_cache, v_cache, block_tables, ctx, q_stride, bt_stride, Hq, Hkv,
+                        D, block_size, window, scale, out};
+    parallel_for(n * Hkv, n * ctx[0] * Hq * D, attention_heads, &job);
 }
 
 void tally_decode_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
@@ -679,11 +724,21 @@ static inline void store_bf16x8(uint16_t *dst, __m256 v) {  /* 8 floats -> 8 bf1
     _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(packed));
 }
 
-void tally_dequant_q4_bf16(const uint8_t *qs, const uint8_t *qh, const float *d, const float *m, uint16_t *w,
-                           int64_t n_tiles, int64_t K, int64_t group, int64_t bits) {  /* as tally_gemm_q4 */
-    int64_t G = K / group;
-    #pragma omp parallel for schedule(static) if (n_tiles * K * TILE >= PAR_MIN)
-    for (int64_t t = 0; t < n_tiles; t++)
+typedef struct {  /* one dequantization: tiles (panels) of the stored weights, bf16 out */
+    const void *q;
+    const uint8_t *qh;
+    const float *d, *m;
+    uint16_t *w;
+    int64_t K, group, bits, n;
+} DequantJob;
+
+static void dequant_q4_tiles(const void *job, int64_t t0, int64_t t1) {
+    const DequantJob *j = job;
+    const uint8_t *qs = j->q, *qh = j->qh;
+    const float *d = j->d, *m = j->m;
+    uint16_t *w = j->w;
+    int64_t K = j->K, group = j->group, bits = j->bits, G = K / group;
+    for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < G; g++) {
             __m256 dg[TILE], mg[TILE];
             for (int j = 0; j < TILE; j++) {
@@ -720,11 +775,13 @@ void tally_dequant_q4_bf16(const uint8_t *qs, const uint8_t *qh, const float *d,
         }
 }
 
-void tally_dequant_q8_bf16(const int8_t *q, const float *s, uint16_t *w, int64_t n_tiles, int64_t K,
-                           int64_t group) {
-    int64_t G = K / group;
-    #pragma omp parallel for schedule(static) if (n_tiles * K * TILE >= PAR_MIN)
-    for (int64_t t = 0; t < n_tiles; t++)
+static void dequant_q8_tiles(const void *job, int64_t t0, int64_t t1) {
+    const DequantJob *j = job;
+    const int8_t *q = j->q;
+    const float *s = j->d;
+    uint16_t *w = j->w;
+    int64_t K = j->K, group = j->group, G = K / group;
+    for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < G; g++) {
             __m256 sg[TILE];
             for (int j = 0; j < TILE; j++) sg[j] = _mm256_set1_ps(s[(t * G + g) * TILE + j]);
@@ -749,15 +806,34 @@ void tally_dequant_q8_bf16(const int8_t *q, const float *s, uint16_t *w, int64_t
         }
 }
 
-void tally_dequant_f16_bf16(const uint16_t *panels, uint16_t *w_t, int64_t n_panels, int64_t K) {
+static void dequant_f16_rows(const void *job, int64_t k0, int64_t k1) {
     /* out W^T [K, 16 P]: each (panel, k) holds 16 outputs side by side, so rows copy across whole */
-    int64_t n = n_panels * 16;
-    #pragma omp parallel for schedule(static) if (n_panels * K * 16 >= PAR_MIN)
-    for (int64_t k = 0; k < K; k++)
+    const DequantJob *j = job;
+    const uint16_t *panels = j->q;
+    uint16_t *w_t = j->w;
+    int64_t K = j->K, n_panels = j->n, n = n_panels * 16;
+    for (int64_t k = k0; k < k1; k++)
         for (int64_t p = 0; p < n_panels; p++) {
             const uint16_t *src = panels + (p * K + k) * 16;
             for (int h = 0; h < 2; h++)
                 store_bf16x8(w_t + k * n + p * 16 + 8 * h,
                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 8 * h))));
         }
+}
+
+void tally_dequant_q4_bf16(const uint8_t *qs, const uint8_t *qh, const float *d, const float *m, uint16_t *w,
+                           int64_t n_tiles, int64_t K, int64_t group, int64_t bits) {  /* as tally_gemm_q4 */
+    DequantJob job = {qs, qh, d, m, w, K, group, bits, n_tiles};
+    parallel_for(n_tiles, n_tiles * K * TILE, dequant_q4_tiles, &job);
+}
+
+void tally_dequant_q8_bf16(const int8_t *q, const float *s, uint16_t *w, int64_t n_tiles, int64_t K,
+                           int64_t group) {
+    DequantJob job = {q, NULL, s, NULL, w, K, group, 8, n_tiles};
+    parallel_for(n_tiles, n_tiles * K * TILE, dequant_q8_tiles, &job);
+}
+
+void tally_dequant_f16_bf16(const uint16_t *panels, uint16_t *w_t, int64_t n_panels, int64_t K) {
+    DequantJob job = {panels, NULL, NULL, NULL, w_t, K, 0, 16, n_panels};
+    parallel_for(K, n_panels * K * 16, dequant_f16_rows, &job);
 }

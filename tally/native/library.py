@@ -1,6 +1,6 @@
 """Builds tally/native/kernels.c with the machine's C compiler on first use and loads it with ctypes.
 
-The shared object is cached under $XDG_CACHE_HOME/tally (default ~/.cache/tally), named by a hash of the
+pool.h, which it includes, holds the kernels' own threads. The shared object is cached under $XDG_CACHE_HOME/tally (default ~/.cache/tally), named by a hash of the
 source and flags, so an edit rebuilds and concurrent processes never load a half-written file. `load()`
 returns None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C
 come with it on every x86 CPU that has it), or when no compiler is found; the reason is logged once.
@@ -24,7 +24,8 @@ from tally.platform import cache_dir, cpu_flags, has_avx2
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-Wall"]
+HEADERS = [Path(__file__).with_name("pool.h")]  # included by SOURCE: part of what names the build
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
@@ -76,7 +77,8 @@ def _build(target: Path, flags: list[str]) -> None:
 
 
 def _load_built(flags: list[str]) -> ctypes.CDLL:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    code = b"".join(path.read_bytes() for path in [SOURCE, *HEADERS])
+    digest = hashlib.sha256(code + " ".join(flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"tally_kernels_{digest}.so"
     if not target.exists():
         _build(target, flags)
