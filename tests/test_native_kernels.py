@@ -219,3 +219,40 @@ def test_a_forked_child_computes_without_the_parents_threads() -> None:
     finally:
         torch.set_num_threads(before)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
+    """The wider builds (AVX-VNNI, AVX-512) are the same source with other flags and form the same integer sums: on
+    whichever CPU runs the tests, each build it can run matches the AVX2 build bit for bit, over every integer
+    format, row counts around the 4-row micro-tile and a group of 16."""
+    from tally.native import library
+
+    n, k = 72, 256
+    q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
+    d, m = ops.pack_tile_scales(rand(n, k // 32).abs()), ops.pack_tile_scales(rand(n, k // 32))
+    q5, qh5 = ops.pack_planes(torch.randint(0, 32, (n, k), dtype=torch.uint8, generator=gen), 5)
+    q6, qh6 = ops.pack_planes(torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=gen), 6)
+    d16 = ops.pack_tile_scales(rand(n, k // 16).abs())
+    q8 = ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen))
+
+    def run(lib, x: torch.Tensor) -> list[torch.Tensor]:
+        outs = []
+        for qs, qh, scales, mins, group, bits in ((q4, None, d, m, 32, 4), (q5, qh5, d, None, 32, 5),
+                                                  (q6, qh6, d16, None, 16, 6)):
+            y = torch.empty(x.shape[0], n)
+            lib.tally_gemm_q4(x.data_ptr(), qs.data_ptr(), None if qh is None else qh.data_ptr(), scales.data_ptr(),
+                              None if mins is None else mins.data_ptr(), None, y.data_ptr(), x.shape[0], n, k, group,
+                              bits, 0)
+            outs.append(y)
+        y = torch.empty(x.shape[0], n)
+        lib.tally_gemm_q8(x.data_ptr(), q8.data_ptr(), d.data_ptr(), None, y.data_ptr(), x.shape[0], n, k, 32, 0, 0)
+        return outs + [y]
+
+    found = library.builds()
+    baseline = library.load_build(found.pop("avx2"))
+    for rows in (1, 3, 5):
+        x = rand(rows, k)
+        want = run(baseline, x)
+        for name, flags in found.items():
+            for w, g in zip(want, run(library.load_build(flags), x)):
+                assert torch.equal(w, g), name

@@ -26,13 +26,14 @@ import torch
 from tally.engine.config import PathCandidate
 from tally.layers.path_timing import ComputePath, PathTimes, ProjectionShape, time_path
 from tally.native import ops as native
+from tally.native.library import build_name
 from tally.platform import cache_dir, cpu_flags, cpu_model, has_fast_bf16
 
 log = logging.getLogger(__name__)
 
 ROWS = (1, 8, 32, 128, 512)  # decode (1, 8: a few streams), then prompt-chunk sizes
 BUDGET_BYTES = 256 * 2**20  # weight copies per candidate at few rows: past most last-level caches
-VERSION = 1  # bump when what is measured or how it is chosen changes: old cache entries are ignored
+VERSION = 2  # bump when what is measured or how it is chosen changes: old cache entries are ignored
 KEY_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
@@ -55,7 +56,8 @@ class PathChoice:
         if not self.measured:
             return f"{self.candidate.label}{split} (set by flags or checkpoint dtype, not measured)"
         how = "cached measurement" if self.cache_hit else f"measured in {self.seconds:.1f} s"
-        return f"{self.candidate.label}{split} ({how})"
+        kernels = f"; native {build_name()} kernels" if build_name() else ""
+        return f"{self.candidate.label}{split}{kernels} ({how})"
 
     def table_lines(self) -> list[str]:
         """Tokens per second of the projections alone, per candidate and row count."""
@@ -125,7 +127,7 @@ def _decide(candidates: list[PathCandidate], times: dict[str, PathTimes]) -> Pat
 
 def _key(candidates: list[PathCandidate], shapes: dict[str, list[ProjectionShape]]) -> dict:
     return {"version": VERSION, "cpu": cpu_model(), "flags": sorted(set(KEY_FLAGS) & cpu_flags()),
-            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "native": build_name(),
             "candidates": [c.label for c in candidates],
             "shapes": {q: [asdict(s) for s in ss] for q, ss in sorted(shapes.items())}}
 

@@ -122,8 +122,88 @@ static inline __m256i high_bits(__m256i plane, int s, int p) {  /* 16 << p in ea
     return p ? _mm256_slli_epi16(v, 1) : v;
 }
 
+/* AVX-512 (VNNI and BW: Zen 4/5, Intel since Ice Lake): two chunks side by side in one 64-byte vector, the same
+ * layout and the same integer sums as the 256-bit loop below, in half its instructions. Lanes 0-7 hold chunk c's
+ * 8 outputs, lanes 8-15 chunk c + 1's; the halves add up at the end. A row's activations for both chunks come
+ * from one 16-byte load, their 4-byte units spread over the halves by one permute. High bits: the plane, in the
+ * upper half shifted right by 2, puts chunk c + 1's vectors (2c + 2, 2c + 3) where the lower half has chunk c's,
+ * so one uniform shift serves both halves (high_bits' rule; the bits a 16-bit shift by 2 brings in from the
+ * neighbouring byte land at bits 6-7, never read). library.py builds this where the CPU has the flags. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define TALLY_AVX512 1
+static inline __m512i high_bits512(__m512i plane, int s, int p) {
+    __m512i v = s <= 4 ? _mm512_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
+                       : _mm512_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
+    v = _mm512_and_si512(v, _mm512_set1_epi8(0x10));
+    return p ? _mm512_slli_epi16(v, 1) : v;
+}
+
+static inline __m512i plane_pair(const uint8_t *plane) {  /* [plane, plane >> 2]: see above */
+    __m256i v = _mm256_loadu_si256((const __m256i *)plane);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 2), 1);
+}
+
+static inline __m512i units_apart(const void *x, int64_t bytes, __m512i which) {  /* 4-byte units a, b: halves */
+    __m128i u = bytes == 16 ? _mm_loadu_si128((const __m128i *)x) : _mm_loadl_epi64((const __m128i *)x);
+    return _mm512_permutexvar_epi32(which, _mm512_castsi128_si512(u));
+}
+
+static inline __attribute__((always_inline)) void int_block_dots512(
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
+    __m256i *dot) {
+    __m512i acc[MR];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_si512();
+    if (bits != 8) {
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        const __m512i lo_units = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+        const __m512i hi_units = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+        if (bits > 4) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
+        __m512i p4 = bits > 4 ? plane_pair(hb) : _mm512_setzero_si512();
+        __m512i p5 = bits > 5 ? plane_pair(hb + 32) : _mm512_setzero_si512();
+        _Pragma("GCC unroll 1")
+        for (int c = c0; c < c1; c += 2) {
+            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+            __m512i raw = _mm512_loadu_si512((const void *)(wb + c * 32));
+            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            if (bits > 4) {
+                lo = _mm512_or_si512(lo, high_bits512(p4, 2 * c, 0));
+                hi = _mm512_or_si512(hi, high_bits512(p4, 2 * c + 1, 0));
+            }
+            if (bits > 5) {
+                lo = _mm512_or_si512(lo, high_bits512(p5, 2 * c, 1));
+                hi = _mm512_or_si512(hi, high_bits512(p5, 2 * c + 1, 1));
+            }
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {
+                const int8_t *xp = xq + i * K + c * 8;
+                acc[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i], lo, units_apart(xp, 16, lo_units)), hi,
+                                             units_apart(xp, 16, hi_units));
+            }
+        }
+    } else {
+        const __m512i units = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        _Pragma("GCC unroll 1")
+        for (int c = 0; c < 8; c += 2) {
+            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+            __m512i raw = _mm512_loadu_si512((const void *)(wb + c * 32));
+            __m512i mag = _mm512_abs_epi8(raw);
+            __mmask64 negative = _mm512_movepi8_mask(raw);
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {  /* x with w's sign: where w is 0, |w| makes the product 0 */
+                __m512i xs = units_apart(xq + i * K + c * 4, 8, units);
+                acc[i] = _mm512_dpbusd_epi32(acc[i], mag, _mm512_mask_sub_epi8(xs, negative, _mm512_setzero_si512(), xs));
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++)
+        dot[i] = _mm256_add_epi32(_mm512_castsi512_si256(acc[i]), _mm512_extracti64x4_epi64(acc[i], 1));
+}
+#endif
+
 /* Nibble formats: chunks c0..c1 of the block (a group of 16 is two chunks); int8: the whole block */
-static inline __attribute__((always_inline)) void int_block_dots(
+static inline __attribute__((always_inline)) void int_block_dots256(
     const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
     __m256i *dot) {
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
@@ -184,6 +264,16 @@ static inline __attribute__((always_inline)) void int_block_dots(
     }
 #endif
     (void)ones;
+}
+
+static inline __attribute__((always_inline)) void int_block_dots(
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
+    __m256i *dot) {
+#ifdef TALLY_AVX512
+    int_block_dots512(xq, K, wb, hb, bits, c0, c1, mr, dot);
+#else
+    int_block_dots256(xq, K, wb, hb, bits, c0, c1, mr, dot);
+#endif
 }
 
 static inline int64_t span_of(int64_t group) { return group < 32 ? group : 32; }  /* a group's part in one block */

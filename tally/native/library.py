@@ -53,17 +53,36 @@ def _unavailable_reason() -> str | None:
     return None
 
 
-def isa_flags() -> list[str]:
-    """The wider instruction sets the same source uses where this CPU has them (kernels.c: TALLY_VNNI), on top
-    of FLAGS; TALLY_NATIVE_ISA=avx2 keeps the baseline build (for A/B measurements)."""
-    if os.environ.get("TALLY_NATIVE_ISA", "best") == "avx2":
-        return []
-    flags = cpu_flags()
+def builds() -> dict[str, list[str]]:
+    """Every build of the same source this CPU runs, by name, narrowest first: its flags on top of FLAGS. avx512:
+    AVX-512 with VNNI (kernels.c: TALLY_AVX512, 64-byte integer dot products); vnni256: AVX-VNNI, or AVX-512 VNNI on
+    32-byte vectors (TALLY_VNNI)."""
+    flags, found = cpu_flags(), {"avx2": []}
     if "avx_vnni" in flags:
-        return ["-mavxvnni"]
-    if {"avx512_vnni", "avx512vl"} <= flags:
-        return ["-mavx512vnni", "-mavx512vl"]
-    return []
+        found["vnni256"] = ["-mavxvnni"]
+    elif {"avx512_vnni", "avx512vl"} <= flags:
+        found["vnni256"] = ["-mavx512vnni", "-mavx512vl"]
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
+        found["avx512"] = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
+    return found
+
+
+def isa_flags() -> list[str]:
+    """The widest build's flags, or the one TALLY_NATIVE_ISA names (avx2, vnni256, avx512: for A/B measurements)."""
+    return builds()[build_wanted()]
+
+
+def build_wanted() -> str:
+    found = builds()
+    wanted = os.environ.get("TALLY_NATIVE_ISA", "")
+    return wanted if wanted in found else list(found)[-1]
+
+
+def build_name() -> str | None:
+    """The name (builds()) of the build load() returns, or None with the kernels off: the path measurement's cache
+    key and the start-up ledger carry it, since each build times differently."""
+    lib = load()
+    return None if lib is None else lib.isa
 
 
 def _build(target: Path, flags: list[str]) -> None:
@@ -76,13 +95,18 @@ def _build(target: Path, flags: list[str]) -> None:
         os.replace(partial, target)  # atomic: a concurrent loader sees the old state or the whole file
 
 
-def _load_built(flags: list[str]) -> ctypes.CDLL:
+def load_build(flags: list[str]) -> ctypes.CDLL:
+    """The build of SOURCE with FLAGS + `flags` (compiled on first use), its functions typed."""
     code = b"".join(path.read_bytes() for path in [SOURCE, *HEADERS])
-    digest = hashlib.sha256(code + " ".join(flags).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(code + " ".join(FLAGS + flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"tally_kernels_{digest}.so"
     if not target.exists():
-        _build(target, flags)
-    return ctypes.CDLL(str(target))
+        _build(target, FLAGS + flags)
+    lib = ctypes.CDLL(str(target))
+    for name, argtypes in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, None
+    return lib
 
 
 @functools.cache
@@ -91,14 +115,16 @@ def load() -> ctypes.CDLL | None:
     if reason is None:
         try:
             try:
-                lib = _load_built(FLAGS + isa_flags())
+                lib = load_build(isa_flags())
+                lib.isa = build_wanted()
             except (OSError, subprocess.CalledProcessError) as e:
                 if not isa_flags():
                     raise
                 # an older compiler without the wider flags still builds the baseline
                 log.warning("native kernels: %s build failed (%s); using the AVX2 build", " ".join(isa_flags()),
                             (getattr(e, "stderr", "") or str(e)).strip()[:200])
-                lib = _load_built(FLAGS)
+                lib = load_build([])
+                lib.isa = "avx2"
         except (OSError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", "") or str(e)
             reason = f"building {SOURCE.name} failed: {detail.strip()[:500]}"
@@ -106,7 +132,4 @@ def load() -> ctypes.CDLL | None:
         level = logging.INFO if reason == "TALLY_NATIVE=0" else logging.WARNING
         log.log(level, "native CPU kernels off (%s); using PyTorch kernels", reason)
         return None
-    for name, argtypes in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
     return lib
