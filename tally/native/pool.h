@@ -38,6 +38,7 @@ static struct {
     _Atomic int64_t done;       /* chunks of the current job finished */
     _Atomic int sleepers, busy; /* helpers asleep; a caller holds the pool */
     int helpers;                /* started */
+    _Atomic int active;         /* helpers the current job may use: the caller's thread count - 1 */
     int64_t skip, skip_next;    /* jobs still to run alone; how many the next late probe earns */
     RangeFn fn;                 /* the current job: read by a helper only after it claimed one of its chunks */
     const void *ctx;
@@ -65,10 +66,10 @@ static int64_t run_chunks(uint32_t gen) {  /* claim and run chunks of job `gen` 
 }
 
 static void *helper_main(void *arg) {
-    (void)arg;
+    int index = (int)(intptr_t)arg;
     uint32_t seen = (uint32_t)(atomic_load(&pool.claim) >> 32);
     for (;;) {
-        int64_t deadline = now_ns() + SPIN_NS;
+        int64_t deadline = now_ns() + (index < pool.active ? SPIN_NS : 0);  /* one left out sleeps at once */
         uint32_t gen;
         for (int i = 0; (gen = (uint32_t)(atomic_load(&pool.claim) >> 32)) == seen; i++) {
             _mm_pause();
@@ -82,7 +83,7 @@ static void *helper_main(void *arg) {
             }
         }
         seen = gen;
-        run_chunks(gen);
+        if (index < pool.active) run_chunks(gen);
     }
     return NULL;
 }
@@ -100,7 +101,7 @@ static void start_helpers(int wanted) {
     if (!registered) registered = !pthread_atfork(NULL, NULL, pool_after_fork);
     while (pool.helpers < wanted) {
         pthread_t t;
-        if (pthread_create(&t, NULL, helper_main, NULL)) return;  /* fewer helpers: the caller does the rest */
+        if (pthread_create(&t, NULL, helper_main, (void *)(intptr_t)pool.helpers)) return;  /* fewer helpers: the caller does the rest */
         pthread_detach(t);
         pool.helpers++;
     }
@@ -121,7 +122,8 @@ static void parallel_for(int64_t n, int64_t work, RangeFn fn, const void *ctx) {
         return;
     }
     start_helpers(threads - 1 < POOL_MAX ? threads - 1 : POOL_MAX);
-    int64_t chunks = (int64_t)(pool.helpers + 1) * CHUNKS_PER_THREAD;
+    pool.active = threads - 1 < pool.helpers ? threads - 1 : pool.helpers;
+    int64_t chunks = (int64_t)(pool.active + 1) * CHUNKS_PER_THREAD;
     if (chunks > n) chunks = n;
     pool.fn = fn, pool.ctx = ctx, pool.n = n, pool.chunk = (n + chunks - 1) / chunks;
     chunks = (n + pool.chunk - 1) / pool.chunk;
