@@ -14,6 +14,7 @@ import statistics
 import sys
 import time
 
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 from torch.profiler import ProfilerActivity, profile
 

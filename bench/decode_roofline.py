@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 
 

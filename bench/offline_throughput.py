@@ -13,6 +13,7 @@ import argparse
 import sys
 import time
 
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 from workload import hf_model_from_gguf, make_requests, trace_lengths
 

@@ -9,6 +9,7 @@ import argparse
 import statistics
 import sys
 
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 from workload import corpus_token_ids
 

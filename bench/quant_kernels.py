@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 import torch.nn.functional as F
 

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 
 from tally import LLM, SamplingParams

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 from workload import corpus_token_ids
 

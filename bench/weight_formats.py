@@ -19,6 +19,7 @@ import sys
 import time
 import warnings
 
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 import torch.nn.functional as F
 

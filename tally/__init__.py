@@ -1,12 +1,18 @@
 """Tally: an LLM inference engine that counts before it optimises."""
 from __future__ import annotations
 
+import logging
 import os
+import sys
 
 # OpenMP's waiting threads spin by default: with one other busy process on the machine they take the core from
 # the thread doing the work, and a 5 ms pass over SmolLM2's projections took 246 ms (2 threads, load 3; 16 ms
 # passive). libgomp reads this once, when torch loads it, so it is set before anything imports torch; a value
 # the user set wins. docs/benchmarks.md has quiet and busy figures for both.
+if "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ:  # too late: libgomp has read it
+    logging.getLogger(__name__).warning(
+        "torch was imported before tally, so its OpenMP threads spin between operations and slow the native "
+        "kernels' own threads; import tally first or set OMP_WAIT_POLICY=PASSIVE")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tally.outputs import CompletionOutput, RequestOutput

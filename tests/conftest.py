@@ -3,6 +3,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+import tally  # noqa: F401  before torch, as a user's process: it sets OpenMP's waiting policy (tally/__init__.py)
 from support.tiny_models import ARCH_CONFIGS, make_checkpoint
 
 

@@ -130,7 +130,8 @@ static void parallel_for(int64_t n, int64_t work, RangeFn fn, const void *ctx) {
     atomic_store(&pool.done, 0);
     uint32_t gen = (uint32_t)(atomic_load(&pool.claim) >> 32) + 1;
     atomic_store(&pool.claim, ((uint64_t)gen << 32) | (uint64_t)chunks);
-    if (atomic_load(&pool.sleepers) > 0) {
+    int woken = atomic_load(&pool.sleepers) > 0;  /* then a late helper was waking up, not descheduled */
+    if (woken) {
         pthread_mutex_lock(&pool.lock);
         pthread_cond_broadcast(&pool.wake);
         pthread_mutex_unlock(&pool.lock);
@@ -139,10 +140,11 @@ static void parallel_for(int64_t n, int64_t work, RangeFn fn, const void *ctx) {
     for (int i = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < chunks; i++)
         if ((i & 1023) == 1023) sched_yield(); else _mm_pause();  /* a descheduled helper gets its core back */
     int64_t waited = now_ns() - finished;
-    if (waited > LATE_SLACK_NS && waited > 2 * (finished - start) / (ran > 0 ? ran : 1)) {
+    int late = !woken && waited > LATE_SLACK_NS && waited > 2 * (finished - start) / (ran > 0 ? ran : 1);
+    if (late) {
         pool.skip = pool.skip_next;
         pool.skip_next = pool.skip_next * 2 < LATE_SKIP_MAX ? pool.skip_next * 2 : LATE_SKIP_MAX;
-    } else if (pool.skip_next > LATE_SKIP) {
+    } else if (!woken && pool.skip_next > LATE_SKIP) {
         pool.skip_next /= 2;  /* a probe on time earns trust back slowly: beside a busy process some are */
     }
     atomic_store(&pool.busy, 0);
