@@ -914,16 +914,16 @@ static void dequant_f16_rows(const void *job, int64_t k0, int64_t k1) {
 void tally_dequant_q4_bf16(const uint8_t *qs, const uint8_t *qh, const float *d, const float *m, uint16_t *w,
                            int64_t n_tiles, int64_t K, int64_t group, int64_t bits) {  /* as tally_gemm_q4 */
     DequantJob job = {qs, qh, d, m, w, K, group, bits, n_tiles};
-    parallel_for(n_tiles, n_tiles * K * TILE, dequant_q4_tiles, &job);
+    parallel_for_then(n_tiles, n_tiles * K * TILE, dequant_q4_tiles, &job, 0);
 }
 
 void tally_dequant_q8_bf16(const int8_t *q, const float *s, uint16_t *w, int64_t n_tiles, int64_t K,
                            int64_t group) {
     DequantJob job = {q, NULL, s, NULL, w, K, group, 8, n_tiles};
-    parallel_for(n_tiles, n_tiles * K * TILE, dequant_q8_tiles, &job);
+    parallel_for_then(n_tiles, n_tiles * K * TILE, dequant_q8_tiles, &job, 0);
 }
 
 void tally_dequant_f16_bf16(const uint16_t *panels, uint16_t *w_t, int64_t n_panels, int64_t K) {
     DequantJob job = {panels, NULL, NULL, NULL, w_t, K, 0, 16, n_panels};
-    parallel_for(K, n_panels * K * 16, dequant_f16_rows, &job);
+    parallel_for_then(K, n_panels * K * 16, dequant_f16_rows, &job, 0);
 }

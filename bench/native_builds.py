@@ -1,0 +1,89 @@
+"""Every build of the native kernels this CPU runs (tally/native/library.py:builds: avx2, vnni256, avx512), against
+each other in one process on the integer projections of a real model's shapes: ms per call, best of several
+alternating runs, and each build's time over the widest one's (issue: fast on whatever CPU, native kernels for the
+CPU at hand). Random weights: the kernels' time does not depend on the values.
+
+    python bench/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
+import torch
+
+from tally.native import library, ops
+
+
+def best_ms(fn: Callable[[], None], calls: int, rounds: int = 7) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e3
+
+
+def formats(n: int, k: int) -> dict[str, tuple]:
+    """name -> (qs, qh, scales, mins, group, bits) for tally_gemm_q4, or (q, scales) for tally_gemm_q8"""
+    d, m = ops.pack_tile_scales(torch.rand(n, k // 32)), ops.pack_tile_scales(torch.rand(n, k // 32))
+    q5, qh5 = ops.pack_planes(torch.randint(0, 32, (n, k), dtype=torch.uint8), 5)
+    q6, qh6 = ops.pack_planes(torch.randint(0, 64, (n, k), dtype=torch.uint8), 6)
+    return {"int4 (Q4_K/Q4_1)": (ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8)), None, d, m, 32, 4),
+            "int5 (Q5_0)": (q5, qh5, d, None, 32, 5),
+            "int6 (Q6_K)": (q6, qh6, ops.pack_tile_scales(torch.rand(n, k // 16)), None, 16, 6),
+            "int8 (Q8_0)": (ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8)), d)}
+
+
+def ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def call(lib, x: torch.Tensor, y: torch.Tensor, n: int, fmt: tuple) -> Callable[[], None]:
+    if len(fmt) == 2:
+        q, s = fmt
+        return lambda: lib.tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), None, y.data_ptr(), x.shape[0], n,
+                                         x.shape[1], 32, 0, 0)
+    qs, qh, d, m, group, bits = fmt
+    return lambda: lib.tally_gemm_q4(x.data_ptr(), qs.data_ptr(), ptr(qh), d.data_ptr(), ptr(m), None, y.data_ptr(),
+                                     x.shape[0], n, x.shape[1], group, bits, 0)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rows", default="1,4")
+    p.add_argument("--shapes", default="9728x896,896x4864,151936x896", help="NxK: outputs x inputs (Qwen 0.5B's "
+                   "gate/up, down and LM head by default)")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    names = list(library.builds())
+    libs = {name: library.load_build(flags) for name, flags in library.builds().items()}
+    widest = names[-1]
+    print(f"builds: {', '.join(names)}; {a.threads} thread(s); ms per call, best of 7 x 2 alternating; "
+          f"each build / {widest}")
+    for shape in a.shapes.split(","):
+        n, k = map(int, shape.split("x"))
+        fmts = formats(n, k)
+        for rows in map(int, a.rows.split(",")):
+            x, y = torch.randn(rows, k), torch.empty(rows, n)
+            for fmt_name, fmt in fmts.items():
+                calls = max(3, int(2e7 // (n * k)))
+                times = {name: float("inf") for name in names}
+                for _ in range(2):
+                    for name in names:
+                        times[name] = min(times[name], best_ms(call(libs[name], x, y, n, fmt), calls))
+                cells = "  ".join(f"{name} {times[name]:7.3f}" + (f" ({times[name] / times[widest]:.2f}x)"
+                                                                  if name != widest else "") for name in names)
+                print(f"{n}x{k} rows {rows:<3} {fmt_name:<17} {cells}", flush=True)
+    print("command: python " + " ".join(sys.argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
