@@ -86,3 +86,16 @@ def test_plan_and_bench_run_without_the_engines_packages(tmp_path):
     serve = subprocess.run([sys.executable, "-c", script, "serve", "--help"], capture_output=True, text=True,
                            cwd=ROOT, timeout=120)
     assert serve.returncode == 2 and "not available in this build" in serve.stderr
+
+
+def test_the_native_kernels_sources_ship_in_the_package():
+    """An installed (not editable) Tally compiles its kernels from the files tally/native/library.py reads; each must
+    match a package-data pattern, or there the kernels would fail to build and every path fall back to PyTorch."""
+    from fnmatch import fnmatch
+
+    from tally.native import library
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["tally"]
+    for path in [library.SOURCE, *library.HEADERS]:
+        relative = path.relative_to(ROOT / "tally").as_posix()
+        assert any(fnmatch(relative, p) for p in patterns), relative

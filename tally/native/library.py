@@ -1,8 +1,9 @@
 """Builds tally/native/kernels.c with the machine's C compiler on first use and loads it with ctypes.
 
-pool.h, which it includes, holds the kernels' own threads. The shared object is cached under $XDG_CACHE_HOME/tally (default ~/.cache/tally), named by a hash of the
-source and flags, so an edit rebuilds and concurrent processes never load a half-written file. `load()`
-returns None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C
+pool.h and int_dots.h, which it includes, hold the kernels' own threads and the integer formats' dot products
+(pyproject.toml's package data ships them). The shared object is cached under $XDG_CACHE_HOME/tally (default
+~/.cache/tally), named by a hash of the sources and flags, so an edit rebuilds and concurrent processes never load
+a half-written file. `load()` returns None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C
 come with it on every x86 CPU that has it), or when no compiler is found; the reason is logged once.
 A C file and the system compiler, not a torch C++ extension: it builds in about a second instead of a
 minute, and needs no Python headers.
@@ -24,7 +25,7 @@ from tally.platform import cache_dir, cpu_flags, has_avx2
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-HEADERS = [Path(__file__).with_name("pool.h")]  # included by SOURCE: part of what names the build
+HEADERS = [Path(__file__).with_name(name) for name in ("pool.h", "int_dots.h")]  # SOURCE includes them
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float

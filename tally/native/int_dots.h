@@ -1,0 +1,198 @@
+/* The integer weight formats' block dot products (kernels.c: int_tile), in the widths this build has: AVX2, VNNI on
+ * 32-byte vectors, AVX-512 VNNI on 64-byte ones. Included by kernels.c after its tile constants (TILE, MR,
+ * PREFETCH); every build forms the same integer sums (tests/test_native_kernels.py holds them to the AVX2 bits). */
+
+/* VNNI (AVX-VNNI, or AVX-512 VNNI with VL) multiplies unsigned by signed bytes and adds each 4 products into
+ * an int32 lane in one instruction, where AVX2 needs maddubs, madd and add: the same sums, exactly (no int16
+ * stage to saturate). tally/native/library.py builds this file a second time with those flags where the CPU has
+ * them; everything else is the same source. */
+#if defined(__AVXVNNI__)
+#define TALLY_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TALLY_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#endif
+
+static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into every 32-bit lane */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* The integer formats differ only in how a 32-block's byte products are formed (int_block_dots); around that,
+ * one body (`bits` a constant after inlining): per group g, acc += (block dot) * scale_g * dx_block, and the
+ * unsigned formats add their group minima, m_g * sum(x_g).
+ * int4, asymmetric per group: w = q * d + m, q in 0..15. qs [T][K/8][32]: chunk c of tile t holds k = 8c..8c+7
+ * of outputs 8t..8t+7; byte 4j + i: low nibble (8t + j, 8c + i), high nibble (8t + j, 8c + 4 + i). 0..15 times
+ * -127..127 fits maddubs' int16 pairs (|.| <= 3810), so a 32-block's 8 products add up in int16 (<= 30480)
+ * before one widening.
+ * int5 / int6 (GGUF Q5_0: w = d * (q - 16), q in 0..31, groups of 32; Q6_K: w = d * (q - 32), q in 0..63, groups
+ * of 16): int4's nibbles plus one or two planes of high bits, qh [T][K/32][32 * planes]: per block, bit s of
+ * byte b of plane p is bit 4 + p of the value byte b of the block's vector s holds (chunk s / 2; its low nibbles
+ * for even s, high for odd), so one shift and mask put it in place. m = -2^(bits - 1) d, not stored (NULL).
+ * Pairs reach 2 * 63 * 127, two of them 32004: each chunk widens at once. Held per weight: 0.75 bytes (int5,
+ * against int8's 1.125) and 1 byte (int6, against fp16's 2).
+ * int8, symmetric per group: w = q * s (group = K: per output channel). q [T][K/4][32]: chunk c of tile t holds
+ * k = 4c..4c+3 of outputs 8t..8t+7, byte 4j + i = (8t + j, 4c + i). maddubs wants one unsigned operand, so it
+ * gets |w| and x with w's sign (llama.cpp's trick); its pairs reach 2 * 127 * 127, so each widens at once. */
+static inline __m256i high_bits(__m256i plane, int s, int p) {  /* 16 << p in each byte whose bit s is set */
+    __m256i v = s <= 4 ? _mm256_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
+                       : _mm256_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
+    v = _mm256_and_si256(v, _mm256_set1_epi8(0x10));  /* 16-bit shifts by <= 4 move no neighbour into bit 4 */
+    return p ? _mm256_slli_epi16(v, 1) : v;
+}
+
+/* AVX-512 (VNNI and BW: Zen 4/5, Intel since Ice Lake): two chunks side by side in one 64-byte vector, the same
+ * layout and the same integer sums as the 256-bit loop below, in half its instructions. Lanes 0-7 hold chunk c's
+ * 8 outputs, lanes 8-15 chunk c + 1's; the halves add up at the end. A row's activations for both chunks come
+ * from one 16-byte load, their 4-byte units spread over the halves by one permute. High bits: the plane, in the
+ * upper half shifted right by 2, puts chunk c + 1's vectors (2c + 2, 2c + 3) where the lower half has chunk c's,
+ * so one uniform shift serves both halves (high_bits' rule; the bits a 16-bit shift by 2 brings in from the
+ * neighbouring byte land at bits 6-7, never read). library.py builds this where the CPU has the flags. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define TALLY_AVX512 1
+static inline __m512i high_bits512(__m512i plane, int s, int p) {
+    __m512i v = s <= 4 ? _mm512_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
+                       : _mm512_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
+    v = _mm512_and_si512(v, _mm512_set1_epi8(0x10));
+    return p ? _mm512_slli_epi16(v, 1) : v;
+}
+
+static inline __m512i plane_pair(const uint8_t *plane) {  /* [plane, plane >> 2]: see above */
+    __m256i v = _mm256_loadu_si256((const __m256i *)plane);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 2), 1);
+}
+
+static inline __m512i units_apart(const void *x, int64_t bytes, __m512i which) {  /* 4-byte units a, b: halves */
+    __m128i u = bytes == 16 ? _mm_loadu_si128((const __m128i *)x) : _mm_loadl_epi64((const __m128i *)x);
+    return _mm512_permutexvar_epi32(which, _mm512_castsi128_si512(u));
+}
+
+static inline __attribute__((always_inline)) void int_block_dots512(
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
+    __m256i *dot) {
+    __m512i acc[MR];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_si512();
+    if (bits != 8) {
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        const __m512i lo_units = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+        const __m512i hi_units = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+        if (bits > 4) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
+        __m512i p4 = bits > 4 ? plane_pair(hb) : _mm512_setzero_si512();
+        __m512i p5 = bits > 5 ? plane_pair(hb + 32) : _mm512_setzero_si512();
+        _Pragma("GCC unroll 1")
+        for (int c = c0; c < c1; c += 2) {
+            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+            __m512i raw = _mm512_loadu_si512((const void *)(wb + c * 32));
+            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            if (bits > 4) {
+                lo = _mm512_or_si512(lo, high_bits512(p4, 2 * c, 0));
+                hi = _mm512_or_si512(hi, high_bits512(p4, 2 * c + 1, 0));
+            }
+            if (bits > 5) {
+                lo = _mm512_or_si512(lo, high_bits512(p5, 2 * c, 1));
+                hi = _mm512_or_si512(hi, high_bits512(p5, 2 * c + 1, 1));
+            }
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {
+                const int8_t *xp = xq + i * K + c * 8;
+                acc[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i], lo, units_apart(xp, 16, lo_units)), hi,
+                                             units_apart(xp, 16, hi_units));
+            }
+        }
+    } else {
+        const __m512i units = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        _Pragma("GCC unroll 1")
+        for (int c = 0; c < 8; c += 2) {
+            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+            __m512i raw = _mm512_loadu_si512((const void *)(wb + c * 32));
+            __m512i mag = _mm512_abs_epi8(raw);
+            __mmask64 negative = _mm512_movepi8_mask(raw);
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {  /* x with w's sign: where w is 0, |w| makes the product 0 */
+                __m512i xs = units_apart(xq + i * K + c * 4, 8, units);
+                acc[i] = _mm512_dpbusd_epi32(acc[i], mag, _mm512_mask_sub_epi8(xs, negative, _mm512_setzero_si512(), xs));
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++)
+        dot[i] = _mm256_add_epi32(_mm512_castsi512_si256(acc[i]), _mm512_extracti64x4_epi64(acc[i], 1));
+}
+#endif
+
+/* Nibble formats: chunks c0..c1 of the block (a group of 16 is two chunks); int8: the whole block */
+static inline __attribute__((always_inline)) void int_block_dots256(
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
+    __m256i *dot) {
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) dot[i] = _mm256_setzero_si256();
+    /* the chunk loops stay rolled: unrolled, GCC hoists every product first and spills them */
+    if (bits != 8) {
+        if (bits > 4) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
+        __m256i p4 = bits > 4 ? _mm256_loadu_si256((const __m256i *)hb) : _mm256_setzero_si256();
+        __m256i p5 = bits > 5 ? _mm256_loadu_si256((const __m256i *)(hb + 32)) : _mm256_setzero_si256();
+        _Pragma("GCC unroll 1")
+        for (int c = c0; c < c1; c++) {
+            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + c * 32));
+            __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+            if (bits > 4) {
+                lo = _mm256_or_si256(lo, high_bits(p4, 2 * c, 0));
+                hi = _mm256_or_si256(hi, high_bits(p4, 2 * c + 1, 0));
+            }
+            if (bits > 5) {
+                lo = _mm256_or_si256(lo, high_bits(p5, 2 * c, 1));
+                hi = _mm256_or_si256(hi, high_bits(p5, 2 * c + 1, 1));
+            }
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {  /* int4: int16 sums while in the block (VNNI: int32 at once) */
+                const int8_t *xp = xq + i * K + c * 8;
+#ifdef TALLY_VNNI
+                dot[i] = DPBUSD(DPBUSD(dot[i], lo, broadcast4(xp)), hi, broadcast4(xp + 4));
+#else
+                __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(xp)),
+                                                 _mm256_maddubs_epi16(hi, broadcast4(xp + 4)));
+                dot[i] = bits > 4 ? _mm256_add_epi32(dot[i], _mm256_madd_epi16(pairs, ones))
+                                  : _mm256_add_epi16(dot[i], pairs);
+#endif
+            }
+        }
+    } else {
+        _Pragma("GCC unroll 1")
+        for (int c = 0; c < 8; c++) {
+            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+            __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + c * 32));
+            __m256i mag = _mm256_sign_epi8(raw, raw);
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {
+                __m256i xs = _mm256_sign_epi8(broadcast4(xq + i * K + c * 4), raw);
+#ifdef TALLY_VNNI
+                dot[i] = DPBUSD(dot[i], mag, xs);
+#else
+                dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, xs), ones));
+#endif
+            }
+        }
+    }
+#ifndef TALLY_VNNI
+    if (bits == 4) {
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) dot[i] = _mm256_madd_epi16(dot[i], ones);
+    }
+#endif
+    (void)ones;
+}
+
+static inline __attribute__((always_inline)) void int_block_dots(
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
+    __m256i *dot) {
+#ifdef TALLY_AVX512
+    int_block_dots512(xq, K, wb, hb, bits, c0, c1, mr, dot);
+#else
+    int_block_dots256(xq, K, wb, hb, bits, c0, c1, mr, dot);
+#endif
+}
