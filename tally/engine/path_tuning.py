@@ -56,7 +56,8 @@ class PathChoice:
         if not self.measured:
             return f"{self.candidate.label}{split} (set by flags or checkpoint dtype, not measured)"
         how = "cached measurement" if self.cache_hit else f"measured in {self.seconds:.1f} s"
-        kernels = f"; native {build_name()} kernels" if build_name() else ""
+        build = build_name()
+        kernels = f"; native {build} kernels" if build else ""
         return f"{self.candidate.label}{split}{kernels} ({how})"
 
     def table_lines(self) -> list[str]:

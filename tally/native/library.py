@@ -3,8 +3,9 @@
 pool.h and int_dots.h, which it includes, hold the kernels' own threads and the integer formats' dot products
 (pyproject.toml's package data ships them). The shared object is cached under $XDG_CACHE_HOME/tally (default
 ~/.cache/tally), named by a hash of the sources and flags, so an edit rebuilds and concurrent processes never load
-a half-written file. `load()` returns None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C
-come with it on every x86 CPU that has it), or when no compiler is found; the reason is logged once.
+a half-written file. `load()` returns None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU
+lacks AVX2 (FMA and F16C come with it on every x86 CPU that has it), or when no compiler is found; the reason is
+logged once.
 A C file and the system compiler, not a torch C++ extension: it builds in about a second instead of a
 minute, and needs no Python headers.
 """
@@ -68,12 +69,8 @@ def builds() -> dict[str, list[str]]:
     return found
 
 
-def isa_flags() -> list[str]:
-    """The widest build's flags, or the one TALLY_NATIVE_ISA names (avx2, vnni256, avx512: for A/B measurements)."""
-    return builds()[build_wanted()]
-
-
 def build_wanted() -> str:
+    """The widest build, or the one TALLY_NATIVE_ISA names (avx2, vnni256, avx512: for A/B measurements)."""
     found = builds()
     wanted = os.environ.get("TALLY_NATIVE_ISA", "")
     return wanted if wanted in found else list(found)[-1]
@@ -115,14 +112,15 @@ def load() -> ctypes.CDLL | None:
     reason = _unavailable_reason()
     if reason is None:
         try:
+            name = build_wanted()
             try:
-                lib = load_build(isa_flags())
-                lib.isa = build_wanted()
+                lib = load_build(builds()[name])
+                lib.isa = name
             except (OSError, subprocess.CalledProcessError) as e:
-                if not isa_flags():
+                if name == "avx2":
                     raise
                 # an older compiler without the wider flags still builds the baseline
-                log.warning("native kernels: %s build failed (%s); using the AVX2 build", " ".join(isa_flags()),
+                log.warning("native kernels: the %s build failed (%s); using the AVX2 build", name,
                             (getattr(e, "stderr", "") or str(e)).strip()[:200])
                 lib = load_build([])
                 lib.isa = "avx2"
