@@ -23,6 +23,7 @@ request (K in effect), and preemptions (there should be none).
 
     python bench/speculative.py [--concurrency 1,4,16,32] [--workloads quote,code] [--k 4] [--max-tokens 96]
                                 [--model target.gguf --draft-model draft.gguf] [--arms "draft K fixed,..."]
+                                [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ from pathlib import Path
 from closed_loop import closed_loop  # bench/ is on sys.path when a script here runs
 
 from tally import LLM, SamplingParams
+from tally.engine.draft_proposer import DraftProposer
 from tally.engine.speculation import Speculator
-from tally.engine.speculative_config import SpeculativeConfig
+from tally.engine.speculative_config import DRAFT_CONTEXT_TOKENS, SpeculativeConfig
 from tally.traces import DATA_DIR
 
 ARMS = {
@@ -88,16 +90,21 @@ def main() -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--model", default=None, help="the target (default: the built-in model)")
     p.add_argument("--draft-model", default=None, help="adds the draft-model arms, this model proposing")
+    p.add_argument("--draft-context", default=str(DRAFT_CONTEXT_TOKENS),
+                   help="draft_context_tokens of the draft arms; several (comma-separated) give arms of each")
     p.add_argument("--arms", default=None, help="comma-separated arms to run (default: all; off always runs)")
     p.add_argument("--step-costs", action="store_true",
                    help="instead: one stream, what a step costs off and at each fixed K up to --k (the first "
                         "workload, the draft model if given, else prompt lookup)")
     a = p.parse_args()
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
-    arms = {**ARMS, **({arm: {**cfg, "model": a.draft_model} for arm, cfg in DRAFT_ARMS.items()}
-                       if a.draft_model else {})}
+    windows = [int(w) for w in a.draft_context.split(",")]
+    arms = {**ARMS, **({f"{arm} ctx {w}" if len(windows) > 1 else arm: {**cfg, "model": a.draft_model,
+                                                                         "draft_context_tokens": w}
+                        for arm, cfg in DRAFT_ARMS.items() for w in windows} if a.draft_model else {})}
     if a.arms:
-        arms = {arm: cfg for arm, cfg in arms.items() if arm == "off" or arm in a.arms.split(",")}
+        arms = {arm: cfg for arm, cfg in arms.items()
+                if arm == "off" or any(arm.startswith(name) for name in a.arms.split(","))}
     configs = {arm: None if cfg is None else SpeculativeConfig.parse({**cfg, "num_speculative_tokens": a.k})
                for arm, cfg in arms.items()}
     loaded = next((c for c in configs.values() if c is not None and c.model is not None), None)
@@ -106,8 +113,8 @@ def main() -> None:
                                                                           "num_speculative_tokens": a.k})
     engine = llm.engine
     draft = engine.speculator.draft if engine.speculator is not None else None
-    speculators = {arm: None if c is None else Speculator(c, engine.max_model_len, draft if c.model else None)
-                   for arm, c in configs.items()}
+    speculators = {arm: None if c is None else Speculator(c, engine.max_model_len, DraftProposer(
+        draft.draft, draft.kv, c.draft_context_tokens) if c.model else None) for arm, c in configs.items()}
     workloads = {"quote": lambda n, rng: quote_prompts(n, rng, a.passage_chars),
                  "code": lambda n, rng: code_prompts(n, rng, a.context_lines)}
     if a.step_costs:

@@ -16,6 +16,7 @@ from tally.engine.speculation_policy import (
     RETRY_STEPS,
     SpeculationPolicy,
     proposals_worth_verifying,
+    start_repaid,
 )
 from tally.engine.speculative_config import SpeculativeConfig
 
@@ -46,6 +47,17 @@ def test_each_proposal_is_verified_while_its_expected_worth_meets_its_price():
     assert _priced(on_seconds=0.2).choose(ALPHA, LIMITS).tolist() == [4, 1]
     # 50 ms a proposal: theta 2, no guess is worth it: nothing is proposed
     assert _priced(on_seconds=0.5).choose(ALPHA, LIMITS).tolist() == [0, 0]
+
+
+def test_a_request_the_draft_must_first_catch_up_on_starts_only_where_its_remaining_tokens_repay_that():
+    policy = _priced(on_seconds=0.11)  # theta 0.05 at 40 tokens/s: every proposal pays once started
+    alpha, limits = np.array([0.9, 0.9, 0.9]), np.array([4, 4, 4])
+    # 0.5 s of catch-up is 20 tokens' worth; E = 0.9 + ... + 0.9^4 = 3.1 tokens a step, 2.9 net: a request with
+    # 64 tokens to go makes 15.6 steps, 45 tokens gained; with 16 to go, 11; one already current costs nothing
+    starts, remaining = np.array([0.5, 0.5, 0.0]), np.array([64.0, 16.0, 16.0])
+    assert policy.choose(alpha, limits, starts, remaining).tolist() == [4, 0, 4]
+    assert start_repaid(alpha, np.array([0, 0, 0]), 0.05, np.array([1.0, 1.0, 0.0]),
+                        np.array([1e6, 1e6, 1e6])).tolist() == [False, False, True]  # no proposal repays anything
 
 
 def test_proposals_worth_verifying():

@@ -170,6 +170,8 @@ def test_prompt_lookup_proposes_what_followed_the_longest_latest_match():
      "prompt_lookup_min"),
     ({"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 1}, "unknown key"),
     ({"method": "eagle", "model": "x", "num_speculative_tokens": 2}, "not supported yet"),
+    ({"model": "x", "num_speculative_tokens": 2, "draft_context_tokens": -1}, "draft_context_tokens must be"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "draft_context_tokens": 64}, "unknown key"),
     ("{not json", "not JSON"),
 ])
 def test_bad_settings_fail_at_start_with_what_to_fix(tiny_llama, config, message):

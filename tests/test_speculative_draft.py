@@ -120,6 +120,70 @@ def test_while_speculation_is_off_the_draft_does_not_run_and_then_catches_up_in_
     assert_no_block_leak(llm)
 
 
+@pytest.mark.parametrize("engine_args", [CHUNKED, PREEMPTED], ids=["chunked", "preempted"])
+def test_a_draft_that_reads_only_the_last_tokens_changes_no_output(tiny_llama, reference, engine_args):
+    """draft_context_tokens: a fresh start on a request runs the draft over its last tokens only, with chunked
+    prefill or preemption in play; the outputs are plain decoding's."""
+    prompts, alone = reference
+    window = 8
+    if engine_args.get("kv_cache_memory"):  # the target is its own draft: blocks hold its KV twice
+        engine_args = {**engine_args, "kv_cache_memory": 2 * bytes_for_blocks(tiny_llama, engine_args["kv_cache_memory"])}
+    llm = LLM(str(tiny_llama), dtype="float32", **{"kv_cache_memory": KV, **engine_args},
+              speculative_config=_draft(tiny_llama, 3, draft_context_tokens=window))
+    spec = llm.engine.speculator
+    passes = []
+    forward = spec.draft._forward
+    spec.draft._forward = lambda spans: passes.append(max(len(t) for _, _, t in spans)) or forward(spans)
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    assert 0 < max(passes) < window + llm.engine.kv.block_size and spec.stats.num_draft_tokens > 0
+    assert (llm.engine.scheduler.num_preemptions > 0) == ("max_model_len" in engine_args)
+    assert_no_block_leak(llm)
+
+
+def test_a_fresh_start_proposes_what_the_draft_alone_continues_from_the_last_tokens(tiny_llama):
+    """The window starts at a block boundary (the draft's KV for position p stays in p's slot) and counts positions
+    from there: the proposals are the draft's own greedy continuation of those tokens as a prompt of their own."""
+    rng = random.Random(3)
+    plain = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, enable_prefix_caching=False)
+    three = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    block = plain.engine.kv.block_size
+    for n in (block + 7, 2 * block + 8, 4 * block + 6):
+        prompt = [rng.randrange(3, plain.get_tokenizer().vocab_size) for _ in range(n)]
+        llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV,
+                  speculative_config=_draft(tiny_llama, 3, draft_context_tokens=8))
+        draft, seen = llm.engine.speculator.draft, []
+        propose = draft.propose
+
+        def recorded(reqs, ks, **kw):
+            out = propose(reqs, ks, **kw)
+            seen.append((reqs[0].token_ids[:], out[0]))
+            return out
+        draft.propose = recorded
+        llm.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                     use_tqdm=False)
+        tokens, proposals = seen[0]
+        start = (len(tokens) - 8) // block * block
+        alone = plain.generate({"prompt_token_ids": tokens[start:]}, three, use_tqdm=False)[0].outputs[0].token_ids
+        (proposed,) = proposals.values()
+        assert proposed == alone[:len(proposed)] and len(proposed) == 2, (n, proposed, alone)
+
+
+def test_the_policy_learns_what_a_catch_up_costs_and_how_long_outputs_run(tiny_llama):
+    """The adaptive policy's price for starting on a request: the draft's measured seconds per catch-up token
+    (timed on catch-ups of 64 tokens or more) and the finished requests' mean output."""
+    rng = random.Random(5)
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV,
+              speculative_config=_draft(tiny_llama, 3, adaptive=False))
+    vocab = llm.get_tokenizer().vocab_size
+    prompts = [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(90)]} for _ in range(2)]
+    spec = llm.engine.speculator
+    assert spec.draft.catch_up_seconds_per_token is None and spec.mean_output_tokens is None
+    llm.generate(prompts, GREEDY, use_tqdm=False)
+    llm.generate(prompts[:1], GREEDY, use_tqdm=False)  # the next request's first step sees the others finished
+    assert spec.draft.catch_up_seconds_per_token > 0
+    assert spec.mean_output_tokens == pytest.approx(GREEDY.max_tokens)
+
+
 def test_stops_max_tokens_and_logprobs_hold_mid_proposal(tiny_llama, drafts, reference):
     prompts, _ = reference
     plain = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV)

@@ -14,9 +14,15 @@ The draft runs only for requests that propose: while the policy keeps speculatio
 one whose guesses do not pay) it costs nothing, and the next proposal first runs the draft over every token it
 missed, in one pass. So the draft's KV in a block is whole only where the draft wrote it for that request, and it
 never reads KV it did not write itself: a new request, or one preempted (its blocks freed, or swapped out and
-back), starts from position 0 even where the target's KV came from the prefix cache, the swap space or disk."""
+back), starts afresh even where the target's KV came from the prefix cache, the swap space or disk.
+
+Starting afresh, the draft reads only the request's last tokens: from `offset`, the block boundary at or before
+draft_context_tokens from its end (tally/engine/speculative_config.py), with that block's table entry as its first
+and positions counted from there, so position p of the request still lives in p's own slot. A request the draft
+fell further behind on than that (a spell without proposals) starts afresh too: its catch-up is bounded either way."""
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -33,20 +39,24 @@ from tally.sample.sampler import Sampler
 from tally.sampling_params import SamplingType
 
 SHORT_SPAN = 16  # a catch-up of at most this many tokens runs as decode rows (build_span_inputs)
+TIMED_CATCH_UP = 64  # a first pass catching up on at least this many tokens measures catch_up_seconds_per_token
 
 
 @dataclass
 class DraftState:
     preemptions: int  # the request's num_preemptions when counted: preemption frees the blocks
-    computed: int = 0  # leading positions holding the KV this draft wrote of the request's known tokens
+    offset: int = 0  # the request's leading tokens the draft never read (whole blocks): its position 0 is there
+    computed: int = 0  # the request's positions (from 0) up to which this draft wrote the KV of its known tokens
     proposed: int = 0  # how many it proposed last (their KV written for all but the last), not yet verified
     proposed_at: int = 0  # the request's num_tokens then: the first proposal's position
 
 
 class DraftProposer:
-    def __init__(self, draft: DraftModel, kv: KVCacheManager) -> None:
+    def __init__(self, draft: DraftModel, kv: KVCacheManager, context_tokens: int = 0) -> None:
         self.draft = draft
         self.kv = kv
+        self.context_tokens = context_tokens  # draft_context_tokens; 0: the whole context
+        self.catch_up_seconds_per_token: float | None = None  # measured on long catch-ups, averaged with the last
         self.sampler = Sampler()  # its own: the draft's batches are not the target's
         self._states: weakref.WeakKeyDictionary[Request, DraftState] = weakref.WeakKeyDictionary()
 
@@ -58,13 +68,17 @@ class DraftProposer:
         chosen = [(r, k) for r, k in zip(reqs, ks) if k > 0 and self._allocate(r, k, reserve_blocks)]
         if not chosen:
             return {}, {}
-        tables = [self.kv.block_table(r.request_id) for r, _ in chosen]
         states = [self._state(r) for r, _ in chosen]
+        bs = self.kv.block_size
+        tables = [self.kv.block_table(r.request_id)[state.offset // bs:] for (r, _), state in zip(chosen, states)]
+        offsets = [state.offset for state in states]
         spans = []
         for (req, _), table, state in zip(chosen, tables, states):
             start = min(state.computed, req.num_tokens - 1)  # at least the last token: its logits
-            spans.append((table, start, req.token_ids[start:]))
+            spans.append((table, start - state.offset, req.token_ids[start:]))
+        started = time.perf_counter()
         logits = self._forward(spans)
+        self._timed(sum(len(tokens) for _, _, tokens in spans) - len(spans), time.perf_counter() - started)
         sampled = {i for i, (req, _) in enumerate(chosen) if req.sampling_params.sampling_type != SamplingType.GREEDY}
         proposals: list[list[int]] = [[] for _ in chosen]
         q_rows: list[list[torch.Tensor]] = [[] for _ in chosen]
@@ -72,8 +86,8 @@ class DraftProposer:
         for depth in range(max(k for _, k in chosen)):
             if depth:
                 active = [i for i in active if chosen[i][1] > depth]
-                logits = self._forward([(tables[i], chosen[i][0].num_tokens + depth - 1, proposals[i][-1:])
-                                        for i in active])
+                logits = self._forward([(tables[i], chosen[i][0].num_tokens + depth - 1 - offsets[i],
+                                         proposals[i][-1:]) for i in active])
             q = self.sampler.distribution(logits, self._sampler_input([chosen[i][0] for i in active],
                                                                       [proposals[i] for i in active]))
             tokens = q.argmax(dim=1)  # a greedy row's q is the point mass on its argmax
@@ -98,19 +112,42 @@ class DraftProposer:
             state.computed = state.proposed_at + min(kept, state.proposed - 1)
             state.proposed = 0
 
+    def start_seconds(self, req: Request) -> float:
+        """What catching up on the request before its next proposal is expected to cost (0 for the one or two
+        tokens of a request the draft is current on, and before any catch-up was timed)."""
+        lag = self.lag(req)
+        d = self.catch_up_seconds_per_token
+        return lag * d if lag > SHORT_SPAN and d is not None else 0.0
+
+    def _timed(self, tokens: int, seconds: float) -> None:
+        if tokens >= TIMED_CATCH_UP:
+            d, per = self.catch_up_seconds_per_token, seconds / tokens
+            self.catch_up_seconds_per_token = per if d is None else (d + per) / 2
+
     def lag(self, req: Request) -> int:
         """The request's tokens the draft has yet to run: what its next proposal first catches up on."""
         state = self._states.get(req)
-        computed = state.computed if state is not None and state.preemptions == req.num_preemptions else 0
-        return req.num_tokens - computed
+        fresh = self._fresh_offset(req.num_tokens)
+        if state is None or state.preemptions != req.num_preemptions or state.computed < fresh:
+            return req.num_tokens - fresh
+        return req.num_tokens - state.computed
 
     def _state(self, req: Request) -> DraftState:
-        """The request's draft state; a new or preempted request's starts at 0, whatever the target's cache holds."""
+        """The request's draft state: afresh (whatever the target's cache holds) for a new or preempted request, and
+        for one the draft is further behind on than a fresh start would read."""
         state = self._states.get(req)
-        if state is None or state.preemptions != req.num_preemptions:
-            state = self._states[req] = DraftState(req.num_preemptions)
+        fresh = self._fresh_offset(req.num_tokens)
+        if state is None or state.preemptions != req.num_preemptions or state.computed < fresh:
+            state = self._states[req] = DraftState(req.num_preemptions, offset=fresh, computed=fresh)
         state.proposed = 0  # proposals not verified (trimmed by the scheduler, or not scheduled) count for nothing
         return state
+
+    def _fresh_offset(self, num_tokens: int) -> int:
+        """Where a fresh start on a request of num_tokens tokens begins: a block boundary, context_tokens or a
+        little more before its end."""
+        if not self.context_tokens:
+            return 0
+        return max(0, num_tokens - self.context_tokens) // self.kv.block_size * self.kv.block_size
 
     def _allocate(self, req: Request, k: int, reserve_blocks: int) -> bool:
         """The blocks for the request's verify step with k proposals (what the scheduler would allocate)."""

@@ -22,7 +22,7 @@ from itertools import takewhile
 import numpy as np
 import torch
 
-from tally.core.request import Request
+from tally.core.request import Request, RequestStatus
 from tally.core.scheduler import SchedulerOutput
 from tally.engine.draft_proposer import DraftProposer
 from tally.engine.ngram_proposer import propose_ngram
@@ -58,6 +58,8 @@ class Speculator:
         self._acceptance: weakref.WeakKeyDictionary[Request, Acceptance] = weakref.WeakKeyDictionary()
         self._overall = Acceptance()  # every request's, undecayed
         self._step_proposals = 0  # proposals the current step verifies
+        self._running: list[Request] = []  # the last step's, to see which finished since
+        self.mean_output_tokens: float | None = None  # finished requests' outputs, recent ones weighing most
 
     def propose(self, running: list[Request]) -> None:
         """Give decoding requests the proposals this step will verify."""
@@ -65,21 +67,23 @@ class Speculator:
         for req in running:  # a request left out of the last step keeps no stale proposals
             if req.spec_token_ids:
                 req.spec_token_ids = []
+        self._count_finished(running)
         self.draft_probs = {}
         self._step_proposals = 0
         if cfg.adaptive and not self.policy.speculate_now():
             return
-        candidates, limits = [], []
+        candidates, limits, rooms = [], [], []
         for req in running:
             room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens) - 1
             if (req.num_computed_tokens == req.num_tokens - 1 and req.num_output_tokens > 0 and room > 0
                     and req.generator is None and req.grammar is None):
                 candidates.append(req)
                 limits.append(min(room, cfg.num_speculative_tokens))
+                rooms.append(room)
         if not candidates:
             return
         if self.draft is not None:  # the draft's forward passes cost: how many to verify is chosen first
-            ks = self._verified(candidates, np.array(limits))
+            ks = self._verified(candidates, np.array(limits), np.array(rooms, dtype=np.float64))
             proposals, self.draft_probs = self.draft.propose(candidates, ks.tolist(), reserve_blocks=len(running))
             for req in candidates:
                 req.spec_token_ids = list(proposals.get(req.request_id, ()))  # the scheduler may trim it
@@ -90,16 +94,30 @@ class Speculator:
         for req, tokens, k in zip(candidates, proposals, ks.tolist()):
             req.spec_token_ids = tokens[:k]
 
-    def _verified(self, reqs: list[Request], limits: np.ndarray) -> np.ndarray:
+    def _count_finished(self, running: list[Request]) -> None:
+        for req in self._running:
+            if req.status.finished and req.status != RequestStatus.FINISHED_ABORTED:
+                mean = self.mean_output_tokens
+                n = req.num_output_tokens
+                self.mean_output_tokens = n if mean is None else DECAY * mean + (1 - DECAY) * n
+        self._running = list(running)
+
+    def _verified(self, reqs: list[Request], limits: np.ndarray, rooms: np.ndarray | None = None) -> np.ndarray:
         """How many proposals each request verifies, at most its limit: the policy's choice from each request's
-        acceptance, or every one with "adaptive": false."""
+        acceptance (and, with a draft model, what starting on it costs against the tokens it may still make), or
+        every one with "adaptive": false."""
         if not self.config.adaptive:
             return limits
         overall = self._overall
         prior = (overall.accepted + 1) / (overall.judged + 2)
         counts = np.array([(a.accepted, a.judged) if (a := self._acceptance.get(r)) else (0.0, 0.0) for r in reqs])
         alpha = (counts[:, 0] + PRIOR * prior) / (counts[:, 1] + PRIOR)
-        ks = self.policy.choose(alpha, limits)
+        if self.draft is not None and rooms is not None:
+            starts = np.array([self.draft.start_seconds(r) for r in reqs])
+            mean = self.mean_output_tokens
+            ks = self.policy.choose(alpha, limits, starts, rooms if mean is None else np.minimum(rooms, mean))
+        else:
+            ks = self.policy.choose(alpha, limits)
         if self.draft is not None and len(reqs) >= DRAFT_SHARE:
             lags = np.array([self.draft.lag(r) for r in reqs])
             few = np.zeros(len(reqs), dtype=bool)

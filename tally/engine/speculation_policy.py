@@ -20,6 +20,15 @@ costing little beside the step (one stream) keeps every proposal of every reques
 requests whose guesses hold, and at a price no request's acceptance meets, none. (A fixed cut, θ = 0.25, was tried
 before the price was measured: at one stream it cut code completion to one proposal, 1.06x where all gave 1.51x.)
 
+**What starting costs (a draft model).** A request the draft has not run on yet (new, or back from a spell without
+proposals) costs a catch-up first: the draft over its last tokens, S_r = lag_r · d seconds, d the draft's measured
+seconds per catch-up token (tally/engine/draft_proposer.py). The price above leaves it out (a median step does), and
+at one stream it is what decided: a 256-token catch-up took ~0.6 s, more than a 64-token answer's proposals saved.
+So a request starts only if its expected gain repays it: at K_r proposals a step brings E_r = Σ_j α_r^j more tokens
+for a cost worth K_r · θ tokens, so G_r = E_r − K_r · θ tokens net; over its remaining R_r tokens (its room, at most
+the mean output of finished requests: as likely to go on as a new one) that is R_r / (1 + E_r) steps; it starts
+where R_r / (1 + E_r) · G_r > S_r · rate, the tokens the batch makes while the catch-up runs.
+
 **Checked against the outcome.** The price is a straight line through two measurements, and a request's acceptance
 an estimate: if after CHECK_STEPS steps of following them the tokens per second fall by MARGIN below off's, or no
 proposal was worth verifying, speculation is off at that load until it is measured again. A price holds KEEP_STEPS
@@ -103,6 +112,15 @@ def proposals_worth_verifying(alpha: np.ndarray, limits: np.ndarray, theta: floa
     return np.clip(k, 0, limits).astype(np.int64)
 
 
+def start_repaid(alpha: np.ndarray, ks: np.ndarray, theta: float, start_tokens: np.ndarray,
+                 remaining: np.ndarray) -> np.ndarray:
+    """Per request: whether k proposals a step, each costing theta tokens' worth of time, repay a start that costs
+    start_tokens' worth over the remaining tokens (a request that costs nothing to start always is)."""
+    powers = alpha[:, None] ** np.arange(1, max(int(ks.max(initial=0)), 1) + 1)
+    expected = np.where(np.arange(powers.shape[1]) < ks[:, None], powers, 0.0).sum(axis=1)  # E: tokens a step
+    return (start_tokens <= 0) | (remaining / (1 + expected) * (expected - ks * theta) > start_tokens)
+
+
 class SpeculationPolicy:
     def __init__(self) -> None:
         self._steps = 0  # counted steps so far
@@ -170,12 +188,18 @@ class SpeculationPolicy:
         """False while speculation is measured (or known) not to pay: nothing need be proposed."""
         return self._epoch.speculate
 
-    def choose(self, alpha: np.ndarray, limits: np.ndarray) -> np.ndarray:
-        """Per request (its acceptance per position, the most proposals it may have): how many to verify."""
+    def choose(self, alpha: np.ndarray, limits: np.ndarray, start_seconds: np.ndarray | None = None,
+               remaining: np.ndarray | None = None) -> np.ndarray:
+        """Per request (its acceptance per position, the most proposals it may have, and with a draft model what
+        starting on it costs and the tokens it may still generate): how many to verify."""
         if not self._epoch.speculate:
             return np.zeros_like(limits)
         price = self._price
         if price is None:  # measuring the price: the fixed-K setting
             return limits
         rate = self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
-        return proposals_worth_verifying(alpha, limits, price.proposal_seconds * rate)
+        theta = price.proposal_seconds * rate
+        ks = proposals_worth_verifying(alpha, limits, theta)
+        if start_seconds is not None and remaining is not None:
+            ks = np.where(start_repaid(alpha, ks, theta, start_seconds * rate, remaining), ks, 0)
+        return ks

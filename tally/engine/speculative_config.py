@@ -21,6 +21,7 @@ METHODS = ("ngram", "draft_model")
 # vLLM's other methods, refused by name rather than as unknown words.
 NOT_YET = ("eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "suffix")
 MAX_SPECULATIVE_TOKENS = 16  # every proposed token is a row of the verify step: a bound on its cost
+DRAFT_CONTEXT_TOKENS = 256  # the default bound (bench/speculative.py --draft-context, docs/benchmarks.md)
 EXAMPLE = '\'{"method": "ngram", "num_speculative_tokens": 4}\''
 
 
@@ -32,6 +33,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 5
     adaptive: bool = True
     model: str | None = None  # the draft model (method "draft_model"): a checkpoint dir, .gguf file or alias
+    draft_context_tokens: int = DRAFT_CONTEXT_TOKENS  # the most of a request's last tokens a draft starts from; 0: all
 
     @classmethod
     def parse(cls, value: str | dict[str, Any] | None) -> SpeculativeConfig | None:
@@ -52,7 +54,7 @@ class SpeculativeConfig:
             raise ConfigError(f"speculative_config needs a method, one of {METHODS}; got {method!r}")
         known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "adaptive"}
         if method == "draft_model":
-            known.add("model")
+            known |= {"model", "draft_context_tokens"}
         unknown = sorted(set(value) - known)
         if unknown:
             raise ConfigError(f"speculative_config has unknown key(s) {unknown} for method {method!r}; known: "
@@ -74,4 +76,7 @@ class SpeculativeConfig:
         adaptive = value.get("adaptive", True)
         if not isinstance(adaptive, bool):
             raise ConfigError(f"adaptive must be true or false, got {adaptive!r}")
-        return cls(method, k, lo, hi, adaptive, model)
+        window = value.get("draft_context_tokens", cls.draft_context_tokens)
+        if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+            raise ConfigError(f"draft_context_tokens must be an integer >= 0 (0: the whole context), got {window!r}")
+        return cls(method, k, lo, hi, adaptive, model, window)
