@@ -10,10 +10,11 @@ batch shape, so the share of requests whose tokens match `off` exactly is printe
   code    code completion: the first lines of a Python function from this repository, after the lines before it
 
 A closed loop per concurrency C: C requests in flight on the offline engine, each replaced when it finishes,
---requests-per-slot x C requests (at least --min-requests) in all; tokens/s counts every generated token over
-the loop's whole time, prompts' prefill included; TPOT is the mean time per output token after the first, per
-request (the prefill left out: what speculation shortens). Ratios are against `off` in the same run, the faster of
-its two runs (first and last at each concurrency, so that no arm gains from kernels another compiled). Every arm
+--requests-per-slot x C requests (at least --min-requests) a loop; tokens/s counts every generated token over
+the loops' whole time, prompts' prefill included; TPOT is the mean time per output token after the first, per
+request (the prefill left out: what speculation shortens). After a warm-up loop, every arm runs --rounds loops,
+each round over new prompts and with the arms' order rotated by one, so that drift in this VM's speed falls on
+every arm alike; ratios are against `off`'s tokens/s over its rounds. Every arm
 runs on one engine (one copy of the weights; with --draft-model its KV pool holds both models' KV in every arm, so
 the arms have the same pool): each arm is its own Speculator, swapped in for its runs, its adaptive policy kept
 from one run to the next as a server's would be. Prefix caching is off, so no arm reuses another's prompts.
@@ -23,6 +24,7 @@ request (K in effect), and preemptions (there should be none).
 
     python bench/speculative.py [--concurrency 1,4,16,32] [--workloads quote,code] [--k 4] [--max-tokens 96]
                                 [--model target.gguf --draft-model draft.gguf] [--arms "draft K fixed,..."]
+                                [--rounds 3]
                                 [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
 """
 from __future__ import annotations
@@ -84,6 +86,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--requests-per-slot", type=int, default=2)
     p.add_argument("--min-requests", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=3, help="rounds of every arm, each over new prompts, the arms' "
+                                                          "order rotated by one each round")
     p.add_argument("--context-lines", type=int, default=40, help="code: lines of the file before the function")
     p.add_argument("--passage-chars", type=int, default=1_500, help="quote: characters of the scene in the prompt")
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
@@ -125,24 +129,37 @@ def main() -> None:
     rows = []
     for workload in a.workloads.split(","):
         for c in (int(x) for x in a.concurrency.split(",")):
-            prompts = workloads[workload](max(a.min_requests, a.requests_per_slot * c), random.Random(c))
-            results = {}
-            # `off` runs first and again last, and the faster of the two is the reference: the first arm at a new
-            # concurrency meets matmul shapes (row counts) the CPU library has not compiled kernels for yet, and
-            # the arms after it would gain from that alone (seen: 1.36x with speculation almost never on).
-            for arm, spec in [*speculators.items(), ("off", None)]:
-                engine.speculator = spec
-                st = spec.stats.copy() if spec else None
-                preempted = engine.scheduler.num_preemptions
-                finished: list = []
-                tok_s, tokens = closed_loop(llm, prompts, c, params, finished)
-                if arm in results and results[arm][0] >= tok_s:
-                    continue
-                results[arm] = (tok_s, tokens, _tpot_ms(finished), _spoke(st, spec.stats) if spec else None,
-                                engine.scheduler.num_preemptions - preempted)
-            for arm, (tok_s, tokens, tpot, spoke, preempted) in results.items():
-                same = sum(t == o for t, o in zip(tokens, results["off"][1])) / len(prompts)
-                ratio = tok_s / results["off"][0]
+            n = max(a.min_requests, a.requests_per_slot * c)
+            # A warm-up loop first (discarded): the first arm at a new concurrency meets matmul shapes (row counts)
+            # the CPU library has not compiled kernels for yet, and the arms after it would gain from that alone
+            # (seen: 1.36x with speculation almost never on). Then --rounds rounds, each over prompts of its own
+            # with the arms in an order rotated by one: this VM's speed drifts by 10-30% within minutes, and arms
+            # run back to back in a fixed order would carry that drift into their ratios.
+            engine.speculator = None
+            closed_loop(llm, workloads[workload](c, random.Random(-c)), c, params)
+            totals = {arm: [0.0, 0, [], [], None, 0] for arm in speculators}  # seconds, tokens, ids, finished, ...
+            names = list(speculators)
+            for r in range(a.rounds):
+                prompts = workloads[workload](n, random.Random(c + 1000 * r))
+                for arm in names[r % len(names):] + names[:r % len(names)]:
+                    spec = engine.speculator = speculators[arm]
+                    st = spec.stats.copy() if spec else None
+                    preempted = engine.scheduler.num_preemptions
+                    started = time.perf_counter()
+                    tok_s, tokens = closed_loop(llm, prompts, c, params, totals[arm][3])
+                    seconds = time.perf_counter() - started
+                    t = totals[arm]
+                    t[0] += seconds
+                    t[1] += round(tok_s * seconds)
+                    t[2] += tokens
+                    t[4] = _sum_spoke(t[4], _spoke(st, spec.stats)) if spec else None
+                    t[5] += engine.scheduler.num_preemptions - preempted
+            off_rate = totals["off"][1] / totals["off"][0]
+            for arm, (seconds, generated, tokens, finished, spoke, preempted) in totals.items():
+                same = sum(t == o for t, o in zip(tokens, totals["off"][2])) / len(tokens)
+                tok_s = generated / seconds
+                ratio = tok_s / off_rate
+                tpot = _tpot_ms(finished)
                 rows.append((workload, c, arm, tok_s, ratio, tpot, spoke, same, preempted))
                 print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.2f} tok/s  {ratio:5.2f}x  TPOT {tpot:7.1f} ms  "
                       f"{_describe(spoke)}  same tokens: {same:.0%}  preemptions {preempted}", flush=True)
@@ -192,6 +209,13 @@ def _spoke(before, after) -> tuple[int, int, int, list[int]]:
     return (after.num_draft_tokens - before.num_draft_tokens, after.num_accepted_tokens - before.num_accepted_tokens,
             after.num_drafts - before.num_drafts,
             [x - y for x, y in zip(after.accepted_per_position, before.accepted_per_position)])
+
+
+def _sum_spoke(a: tuple[int, int, int, list[int]] | None,
+               b: tuple[int, int, int, list[int]]) -> tuple[int, int, int, list[int]]:
+    if a is None:
+        return b
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2], [x + y for x, y in zip(a[3], b[3])]
 
 
 def _describe(spoke: tuple[int, int, int, list[int]] | None) -> str:

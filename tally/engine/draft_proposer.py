@@ -126,18 +126,22 @@ class DraftProposer:
 
     def lag(self, req: Request) -> int:
         """The request's tokens the draft has yet to run: what its next proposal first catches up on."""
+        state = self._current(req)
+        return req.num_tokens - (state.computed if state is not None else self._fresh_offset(req.num_tokens))
+
+    def _current(self, req: Request) -> DraftState | None:
+        """The request's draft state, unless it must start afresh (whatever the target's cache holds): new,
+        preempted, or further behind than a fresh start would read."""
         state = self._states.get(req)
-        fresh = self._fresh_offset(req.num_tokens)
-        if state is None or state.preemptions != req.num_preemptions or state.computed < fresh:
-            return req.num_tokens - fresh
-        return req.num_tokens - state.computed
+        if state is None or state.preemptions != req.num_preemptions or state.computed < self._fresh_offset(
+                req.num_tokens):
+            return None
+        return state
 
     def _state(self, req: Request) -> DraftState:
-        """The request's draft state: afresh (whatever the target's cache holds) for a new or preempted request, and
-        for one the draft is further behind on than a fresh start would read."""
-        state = self._states.get(req)
-        fresh = self._fresh_offset(req.num_tokens)
-        if state is None or state.preemptions != req.num_preemptions or state.computed < fresh:
+        state = self._current(req)
+        if state is None:
+            fresh = self._fresh_offset(req.num_tokens)
             state = self._states[req] = DraftState(req.num_preemptions, offset=fresh, computed=fresh)
         state.proposed = 0  # proposals not verified (trimmed by the scheduler, or not scheduled) count for nothing
         return state
