@@ -7,6 +7,10 @@ prompt tokens, ignore_eos, medians of 3 (bench/cpu_paths.py's measurement); llam
 repetitions, averaged. Runs alternate (llama.cpp, Tally, llama.cpp) so a drifting machine shows in the spread.
 
     python bench/llama_bench_compare.py --llama-bench PATH/llama-bench [--model PATH.gguf] [--threads 2]
+                                        [--llama-bench-args "-rtr 1"]
+
+The same script measures ik_llama.cpp (github ikawrakow/ik_llama.cpp, cmake GGML_NATIVE=ON, target llama-bench):
+its llama-bench takes the same flags, and "-rtr 1" repacks the quantized tensors at load for its fastest kernels.
 """
 from __future__ import annotations
 
@@ -18,10 +22,11 @@ import sys
 from cpu_paths import measure  # bench/ is on sys.path when a script here runs
 
 
-def llama_bench(binary: str, model: str, threads: int, prefill: int, decode: int) -> tuple[float, float]:
+def llama_bench(binary: str, model: str, threads: int, prefill: int, decode: int,
+                extra: list[str]) -> tuple[float, float]:
     """(decode, prefill) tokens per second, llama-bench's averages."""
     out = subprocess.run([binary, "-m", model, "-t", str(threads), "-p", str(prefill), "-n", str(decode), "-o",
-                          "json"], check=True, capture_output=True, text=True).stdout
+                          "json", *extra], check=True, capture_output=True, text=True).stdout
     rows = json.loads(out)
     by_kind = {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
     return by_kind["decode"], by_kind["prefill"]
@@ -34,10 +39,13 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--decode", type=int, default=128)
+    p.add_argument("--llama-bench-args", default="",
+                   help='more llama-bench flags, e.g. "-rtr 1" (ik_llama.cpp\'s run-time repacking)')
     a = p.parse_args()
-    peer = [llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode)]
+    extra = a.llama_bench_args.split()
+    peer = [llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode, extra)]
     decode, prefill, path = measure(a.model, a.threads, a.prefill, a.decode, {})
-    peer.append(llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode))
+    peer.append(llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode, extra))
     for name, (d, pf) in (("llama.cpp (first)", peer[0]), ("tally default", (decode, prefill)),
                           ("llama.cpp (last)", peer[1])):
         print(f"{name:<18} decode {d:7.1f} tok/s   prefill {pf:8.1f} tok/s")
