@@ -171,7 +171,7 @@ def test_min_tokens_masks_eos_and_stop_tokens_until_reached():
 def test_chosen_logprob_is_log_softmax_of_the_raw_logits():
     logits = random_logits(5, 400)
     params = [
-        SamplingParams(temperature=0.0, repetition_penalty=2.0),
+        SamplingParams(temperature=0.0, repetition_penalty=2.0, logprobs=0),
         SamplingParams(temperature=0.7, top_k=10),
         SamplingParams(temperature=1.3, top_p=0.8, seed=1),
         SamplingParams(min_p=0.2, frequency_penalty=1.0),
@@ -180,6 +180,13 @@ def test_chosen_logprob_is_log_softmax_of_the_raw_logits():
     out = sample(logits, make_input(params, outputs=[[1, 2]] * 5))
     expected = logits.log_softmax(-1).gather(1, out.token_ids[:, None]).squeeze(1)
     torch.testing.assert_close(out.logprobs, expected)
+
+
+def test_a_batch_that_asked_for_no_logprobs_gets_none_computed():
+    """No logsumexp over the vocabulary when no row asked (cumulative_logprob is only reported with logprobs)."""
+    out = sample(random_logits(3, 400), make_input([SamplingParams(temperature=0.0), SamplingParams(),
+                                                    SamplingParams(top_k=5)]))
+    assert out.logprobs.tolist() == [0.0, 0.0, 0.0] and out.top_logprobs is None and out.ranks is None
 
 
 def test_top_logprobs_are_sorted_with_right_ranks():
@@ -231,7 +238,7 @@ def test_logit_bias_and_allowed_token_ids_steer_each_row_alone():
     logits[:, 2] = 5.0  # every row's argmax is token 2
     params = [SamplingParams(temperature=0.0, logit_bias={7: 100.0}),  # bias wins over 5
               SamplingParams(temperature=0.0, allowed_token_ids=[4, 9]),
-              SamplingParams(temperature=0.0)]
+              SamplingParams(temperature=0.0, logprobs=0)]
     inp = SamplerInput(params=params, generators=[None] * 3, output_token_ids=[[]] * 3, prompt_token_ids=[[1]] * 3,
                        eos_token_ids=[()] * 3)
     out = sample(logits, inp)

@@ -36,6 +36,6 @@ class SamplerInput:
 @dataclass
 class SamplerOutput:
     token_ids: torch.Tensor  # [B] int64
-    logprobs: torch.Tensor  # [B] float32: chosen token under log_softmax of the raw logits
+    logprobs: torch.Tensor  # [B] float32: chosen token under log_softmax of the raw logits (0 if no row asked)
     top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # ([B, k] ids, [B, k] logprobs), rank j+1
     ranks: torch.Tensor | None  # [B] rank of the chosen token (1 = top); 0 in rows without logprobs
