@@ -60,6 +60,19 @@ def test_a_request_the_draft_must_first_catch_up_on_starts_only_where_its_remain
                         np.array([1e6, 1e6, 1e6])).tolist() == [False, False, True]  # no proposal repays anything
 
 
+def test_measuring_another_load_starts_only_what_the_last_price_repays_and_none_means_off():
+    policy = _priced(on_seconds=0.11)  # a price at 4 requests
+    _steps(policy, KEEP_STEPS, 0.1, tokens=8, proposals=8)  # it expires: the load is measured again
+    _steps(policy, EPOCH_STEPS, 0.1)  # off
+    assert policy.speculate_now()
+    alpha, limits = np.array([0.9, 0.9]), np.array([4, 4])
+    starts, remaining = np.array([0.5, 0.0]), np.array([16.0, 16.0])
+    assert policy.choose(alpha, limits, starts, remaining).tolist() == [0, 4]  # the fresh one does not repay
+    assert policy.choose(alpha, limits).tolist() == [4, 4]  # prompt lookup: nothing to start
+    _steps(policy, EPOCH_STEPS, 0.1)  # the "on" epoch verified nothing
+    assert not policy.speculate_now()
+
+
 def test_proposals_worth_verifying():
     alpha, limits = np.array([0.95, 0.8, 0.5, 0.0, 1.0]), np.array([4, 4, 4, 4, 3])
     assert proposals_worth_verifying(alpha, limits, 0.0).tolist() == [4, 4, 4, 4, 3]  # rows cost nothing

@@ -27,7 +27,10 @@ at one stream it is what decided: a 256-token catch-up took ~0.6 s, more than a 
 So a request starts only if its expected gain repays it: at K_r proposals a step brings E_r = Σ_j α_r^j more tokens
 for a cost worth K_r · θ tokens, so G_r = E_r − K_r · θ tokens net; over its remaining R_r tokens (its room, at most
 the mean output of finished requests: as likely to go on as a new one) that is R_r / (1 + E_r) steps; it starts
-where R_r / (1 + E_r) · G_r > S_r · rate, the tokens the batch makes while the catch-up runs.
+where R_r / (1 + E_r) · G_r > S_r · rate, the tokens the batch makes while the catch-up runs. Measuring applies
+the same test at the last price measured (at any load) to the requests it would speculate, so that measuring does
+not pay catch-ups the outcome would not repay; an "on" epoch that was left with no proposals at all says that
+speculating does not pay at this load.
 
 **Checked against the outcome.** The price is a straight line through two measurements, and a request's acceptance
 an estimate: if after CHECK_STEPS steps of following them the tokens per second fall by MARGIN below off's, or no
@@ -162,6 +165,8 @@ class SpeculationPolicy:
         replaced = [p for p in self._prices if same_load(p.batch, price.batch)]
         price.failures = max((p.failures for p in replaced if not p.pays), default=0)  # after one that paid: 0
         self._prices = [p for p in self._prices if not same_load(p.batch, price.batch)] + [price]
+        if not on.proposals:  # no request's start was worth it at the last price: speculating does not pay here
+            price.fail(self._steps)
         self._apply(price, price.batch)
 
     def _follow(self, batch: float) -> None:
@@ -195,8 +200,13 @@ class SpeculationPolicy:
         if not self._epoch.speculate:
             return np.zeros_like(limits)
         price = self._price
-        if price is None:  # measuring the price: the fixed-K setting
-            return limits
+        if price is None:  # measuring the price: the fixed-K setting, for requests whose start the last price repays
+            last = self._prices[-1] if self._prices else None
+            if last is None or start_seconds is None or remaining is None or self._off is None:
+                return limits
+            rate = self._off.rate
+            return np.where(start_repaid(alpha, limits, last.proposal_seconds * rate, start_seconds * rate,
+                                         remaining), limits, 0)
         rate = self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
         theta = price.proposal_seconds * rate
         ks = proposals_worth_verifying(alpha, limits, theta)
