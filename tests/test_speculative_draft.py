@@ -127,7 +127,8 @@ def test_a_draft_that_reads_only_the_last_tokens_changes_no_output(tiny_llama, r
     prompts, alone = reference
     window = 8
     if engine_args.get("kv_cache_memory"):  # the target is its own draft: blocks hold its KV twice
-        engine_args = {**engine_args, "kv_cache_memory": 2 * bytes_for_blocks(tiny_llama, engine_args["kv_cache_memory"])}
+        blocks = engine_args["kv_cache_memory"]
+        engine_args = {**engine_args, "kv_cache_memory": 2 * bytes_for_blocks(tiny_llama, blocks)}
     llm = LLM(str(tiny_llama), dtype="float32", **{"kv_cache_memory": KV, **engine_args},
               speculative_config=_draft(tiny_llama, 3, draft_context_tokens=window))
     spec = llm.engine.speculator

@@ -165,7 +165,7 @@ class SpeculationPolicy:
         replaced = [p for p in self._prices if same_load(p.batch, price.batch)]
         price.failures = max((p.failures for p in replaced if not p.pays), default=0)  # after one that paid: 0
         self._prices = [p for p in self._prices if not same_load(p.batch, price.batch)] + [price]
-        if not on.proposals:  # no request's start was worth it at the last price: speculating does not pay here
+        if not on.proposals:  # nothing was proposed, or no start was worth it at the last price: off at this load
             price.fail(self._steps)
         self._apply(price, price.batch)
 
