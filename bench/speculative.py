@@ -33,6 +33,7 @@ import argparse
 import random
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from closed_loop import closed_loop  # bench/ is on sys.path when a script here runs
@@ -137,29 +138,29 @@ def main() -> None:
             # run back to back in a fixed order would carry that drift into their ratios.
             engine.speculator = None
             closed_loop(llm, workloads[workload](c, random.Random(-c)), c, params)
-            totals = {arm: [0.0, 0, [], [], None, 0] for arm in speculators}  # seconds, tokens, ids, finished, ...
+            totals = {arm: ArmTotals() for arm in speculators}
             names = list(speculators)
             for r in range(a.rounds):
                 prompts = workloads[workload](n, random.Random(c + 1000 * r))
                 for arm in names[r % len(names):] + names[:r % len(names)]:
                     spec = engine.speculator = speculators[arm]
                     st = spec.stats.copy() if spec else None
+                    t = totals[arm]
                     preempted = engine.scheduler.num_preemptions
                     started = time.perf_counter()
-                    tok_s, tokens = closed_loop(llm, prompts, c, params, totals[arm][3])
+                    tok_s, tokens = closed_loop(llm, prompts, c, params, t.finished)
                     seconds = time.perf_counter() - started
-                    t = totals[arm]
-                    t[0] += seconds
-                    t[1] += round(tok_s * seconds)
-                    t[2] += tokens
-                    t[4] = _sum_spoke(t[4], _spoke(st, spec.stats)) if spec else None
-                    t[5] += engine.scheduler.num_preemptions - preempted
-            off_rate = totals["off"][1] / totals["off"][0]
-            for arm, (seconds, generated, tokens, finished, spoke, preempted) in totals.items():
-                same = sum(t == o for t, o in zip(tokens, totals["off"][2])) / len(tokens)
-                tok_s = generated / seconds
-                ratio = tok_s / off_rate
-                tpot = _tpot_ms(finished)
+                    t.seconds += seconds
+                    t.generated += round(tok_s * seconds)
+                    t.tokens += tokens
+                    t.spoke = _sum_spoke(t.spoke, _spoke(st, spec.stats)) if spec else None
+                    t.preempted += engine.scheduler.num_preemptions - preempted
+            off = totals["off"]
+            for arm, t in totals.items():
+                same = sum(x == o for x, o in zip(t.tokens, off.tokens)) / len(t.tokens)
+                tok_s, preempted, spoke = t.generated / t.seconds, t.preempted, t.spoke
+                ratio = tok_s / (off.generated / off.seconds)
+                tpot = _tpot_ms(t.finished)
                 rows.append((workload, c, arm, tok_s, ratio, tpot, spoke, same, preempted))
                 print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.2f} tok/s  {ratio:5.2f}x  TPOT {tpot:7.1f} ms  "
                       f"{_describe(spoke)}  same tokens: {same:.0%}  preemptions {preempted}", flush=True)
@@ -175,6 +176,18 @@ def main() -> None:
               f"{rate} | {positions} | {k} | {same:.0%} |")
     flags = " ".join(f"--{k.replace('_', '-')} {v!r}" for k, v in vars(a).items() if v is not None)
     print(f"\ncommand: python bench/speculative.py {flags}")
+
+
+@dataclass
+class ArmTotals:
+    """One arm's loops at one concurrency, summed over the rounds."""
+
+    seconds: float = 0.0
+    generated: int = 0
+    tokens: list = field(default_factory=list)  # each prompt's token ids, in order, round after round
+    finished: list = field(default_factory=list)  # final outputs (their metrics time each request)
+    spoke: tuple | None = None  # _spoke(): proposed, accepted, requests that verified, accepted per position
+    preempted: int = 0
 
 
 def step_costs(engine, prompts: list[str], params: SamplingParams, k: int, method: dict, draft) -> None:

@@ -26,6 +26,7 @@ import time
 import weakref
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tally.core.kv_manager import KVCacheManager
@@ -112,12 +113,11 @@ class DraftProposer:
             state.computed = state.proposed_at + min(kept, state.proposed - 1)
             state.proposed = 0
 
-    def start_seconds(self, req: Request) -> float:
-        """What catching up on the request before its next proposal is expected to cost (0 for the one or two
-        tokens of a request the draft is current on, and before any catch-up was timed)."""
-        lag = self.lag(req)
+    def start_seconds(self, lags: np.ndarray) -> np.ndarray:
+        """What catching up on requests `lags` (lag()) behind before their next proposals is expected to cost: 0
+        for the one or two tokens of a request the draft is current on, and before any catch-up was timed."""
         d = self.catch_up_seconds_per_token
-        return lag * d if lag > SHORT_SPAN and d is not None else 0.0
+        return np.where(lags > SHORT_SPAN, lags * d, 0.0) if d is not None else np.zeros(len(lags))
 
     def _timed(self, tokens: int, seconds: float) -> None:
         if tokens >= TIMED_CATCH_UP:

@@ -90,7 +90,7 @@ class Speculator:
             return
         proposals = [propose_ngram(req.token_ids, cfg.prompt_lookup_min, cfg.prompt_lookup_max, k)
                      for req, k in zip(candidates, limits)]
-        ks = self._verified(candidates, np.array([len(p) for p in proposals]))
+        ks = self._verified(candidates, np.array([len(p) for p in proposals]), np.array(rooms, dtype=np.float64))
         for req, tokens, k in zip(candidates, proposals, ks.tolist()):
             req.spec_token_ids = tokens[:k]
 
@@ -102,7 +102,7 @@ class Speculator:
                 self.mean_output_tokens = n if mean is None else DECAY * mean + (1 - DECAY) * n
         self._running = list(running)
 
-    def _verified(self, reqs: list[Request], limits: np.ndarray, rooms: np.ndarray | None = None) -> np.ndarray:
+    def _verified(self, reqs: list[Request], limits: np.ndarray, rooms: np.ndarray) -> np.ndarray:
         """How many proposals each request verifies, at most its limit: the policy's choice from each request's
         acceptance (and, with a draft model, what starting on it costs against the tokens it may still make), or
         every one with "adaptive": false."""
@@ -112,14 +112,13 @@ class Speculator:
         prior = (overall.accepted + 1) / (overall.judged + 2)
         counts = np.array([(a.accepted, a.judged) if (a := self._acceptance.get(r)) else (0.0, 0.0) for r in reqs])
         alpha = (counts[:, 0] + PRIOR * prior) / (counts[:, 1] + PRIOR)
-        if self.draft is not None and rooms is not None:
-            starts = np.array([self.draft.start_seconds(r) for r in reqs])
-            mean = self.mean_output_tokens
-            ks = self.policy.choose(alpha, limits, starts, rooms if mean is None else np.minimum(rooms, mean))
-        else:
-            ks = self.policy.choose(alpha, limits)
-        if self.draft is not None and len(reqs) >= DRAFT_SHARE:
-            lags = np.array([self.draft.lag(r) for r in reqs])
+        if self.draft is None:
+            return self.policy.choose(alpha, limits)
+        lags = np.array([self.draft.lag(r) for r in reqs])
+        mean = self.mean_output_tokens
+        ks = self.policy.choose(alpha, limits, self.draft.start_seconds(lags),
+                                rooms if mean is None else np.minimum(rooms, mean))
+        if len(reqs) >= DRAFT_SHARE:
             few = np.zeros(len(reqs), dtype=bool)
             few[np.argsort(lags, kind="stable")[:len(reqs) // DRAFT_SHARE]] = True
             ks = np.where(few, ks, 0)

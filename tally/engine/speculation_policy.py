@@ -22,8 +22,8 @@ before the price was measured: at one stream it cut code completion to one propo
 
 **What starting costs (a draft model).** A request the draft has not run on yet (new, or back from a spell without
 proposals) costs a catch-up first: the draft over its last tokens, S_r = lag_r · d seconds, d the draft's measured
-seconds per catch-up token (tally/engine/draft_proposer.py). The price above leaves it out (a median step does), and
-at one stream it is what decided: a 256-token catch-up took ~0.6 s, more than a 64-token answer's proposals saved.
+seconds per catch-up token (tally/engine/draft_proposer.py). The price above leaves it out (a median step does),
+though at one stream a 256-token catch-up took ~0.6 s, on the order of what a 64-token answer's proposals save.
 So a request starts only if its expected gain repays it: at K_r proposals a step brings E_r = Σ_j α_r^j more tokens
 for a cost worth K_r · θ tokens, so G_r = E_r − K_r · θ tokens net; over its remaining R_r tokens (its room, at most
 the mean output of finished requests: as likely to go on as a new one) that is R_r / (1 + E_r) steps; it starts

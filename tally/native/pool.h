@@ -102,7 +102,8 @@ static void start_helpers(int wanted) {
     if (!registered) registered = !pthread_atfork(NULL, NULL, pool_after_fork);
     while (pool.helpers < wanted) {
         pthread_t t;
-        if (pthread_create(&t, NULL, helper_main, (void *)(intptr_t)pool.helpers)) return;  /* fewer helpers: the caller does the rest */
+        /* fewer helpers when one cannot start: the caller does the rest */
+        if (pthread_create(&t, NULL, helper_main, (void *)(intptr_t)pool.helpers)) return;
         pthread_detach(t);
         pool.helpers++;
     }
