@@ -26,7 +26,7 @@ import torch
 from tally.engine.config import PathCandidate
 from tally.layers.path_timing import ComputePath, PathTimes, ProjectionShape, time_path
 from tally.native import ops as native
-from tally.native.library import build_name
+from tally.native.library import build_digest, build_name
 from tally.platform import cache_dir, cpu_flags, cpu_model, has_fast_bf16
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,7 @@ def _decide(candidates: list[PathCandidate], times: dict[str, PathTimes]) -> Pat
 def _key(candidates: list[PathCandidate], shapes: dict[str, list[ProjectionShape]]) -> dict:
     return {"version": VERSION, "cpu": cpu_model(), "flags": sorted(set(KEY_FLAGS) & cpu_flags()),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "native": build_name(),
+            "kernels": build_digest(),
             "candidates": [c.label for c in candidates],
             "shapes": {q: [asdict(s) for s in ss] for q, ss in sorted(shapes.items())}}
 

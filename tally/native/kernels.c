@@ -62,6 +62,7 @@ static QuantizedRows quantize_rows(const float *x, int64_t M, int64_t K, int64_t
  * byte dot product (maddubs), and each fp32 lane ends as one output: no horizontal sums, the scales of 8
  * outputs are one vector, and the unpacking of a tile is shared by up to MR activation rows (like the fp16
  * panels below, and llama.cpp's repacked q4_0 8x8). The tile stays in L1 while every row block passes over it.
+ * The AVX-512 build takes two tiles at a time, one in each half of a 64-byte vector (int_dots.h: int_tile_pair).
  * Scales are [T][G][8]: per tile, per group, the 8 outputs' values (T = ceil(N / 8), rows past N zero). */
 #define TILE 8
 #define MR 4
@@ -81,9 +82,9 @@ static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc,
     }
 }
 
-#include "int_dots.h"  /* int_block_dots: the formats' byte products, per vector width */
-
 static inline int64_t span_of(int64_t group) { return group < 32 ? group : 32; }  /* a group's part in one block */
+
+#include "int_dots.h"  /* the formats' byte products, per vector width; AVX-512: int_tile_pair */
 
 static inline __attribute__((always_inline)) void int_tile(
     const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *w,
@@ -128,6 +129,37 @@ typedef struct {
     int accumulate;
 } IntJob;
 
+#ifdef TALLY_AVX512
+/* Items are pairs of tiles (t, t + 1); an odd last tile pairs with itself and stores one half */
+#define TILES_PER_ITEM 2
+static inline __attribute__((always_inline)) void int_tiles(const IntJob *j, int64_t p0, int64_t p1, int bits) {
+    int64_t K = j->K, G = K / j->group, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2, T = (j->N + TILE - 1) / TILE;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
+        const uint8_t *ha = j->hb ? j->hb + t * K * (bits - 4) : NULL, *hb = j->hb ? j->hb + u * K * (bits - 4) : NULL;
+        const float *ma = j->min ? j->min + t * G * TILE : NULL, *mb = j->min ? j->min + u * G * TILE : NULL;
+        for (int64_t r = j->m0; r < j->m1; r += MR512) {
+            int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
+#define PAIR(MR_) int_tile_pair(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
+                                j->w + t * tile_bytes, j->w + u * tile_bytes, ha, hb, j->scale + t * G * TILE, \
+                                j->scale + u * G * TILE, ma, mb, bits, MR_, j->y + r * j->N, j->N, t, u, j->bias, \
+                                j->accumulate)
+            switch (mr) {
+                case 8: PAIR(8); break;
+                case 7: PAIR(7); break;
+                case 6: PAIR(6); break;
+                case 5: PAIR(5); break;
+                case 4: PAIR(4); break;
+                case 3: PAIR(3); break;
+                case 2: PAIR(2); break;
+                default: PAIR(1); break;
+            }
+#undef PAIR
+        }
+    }
+}
+#else
+#define TILES_PER_ITEM 1
 static inline __attribute__((always_inline)) void int_tiles(const IntJob *j, int64_t t0, int64_t t1, int bits) {
     int64_t K = j->K, G = K / j->group, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2;
     for (int64_t t = t0; t < t1; t++) {
@@ -148,16 +180,19 @@ static inline __attribute__((always_inline)) void int_tiles(const IntJob *j, int
     }
 }
 
-static void q4_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 4); }
-static void q5_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 5); }
-static void q6_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 6); }
-static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 8); }
+#endif
+
+static void q4_tiles(const void *j, int64_t i0, int64_t i1) { int_tiles(j, i0, i1, 4); }
+static void q5_tiles(const void *j, int64_t i0, int64_t i1) { int_tiles(j, i0, i1, 5); }
+static void q6_tiles(const void *j, int64_t i0, int64_t i1) { int_tiles(j, i0, i1, 6); }
+static void q8_tiles(const void *j, int64_t i0, int64_t i1) { int_tiles(j, i0, i1, 8); }
 
 /* Activation rows in blocks of INT_MB, each block's int8 copy in L2 while every tile passes over it */
 static void int_gemm(IntJob job, int64_t M, RangeFn tiles) {
     for (job.m0 = 0; job.m0 < M; job.m0 += INT_MB) {
         job.m1 = M - job.m0 < INT_MB ? M : job.m0 + INT_MB;
-        parallel_for((job.N + TILE - 1) / TILE, job.N * job.K * (job.m1 - job.m0), tiles, &job);
+        parallel_for((job.N + TILE * TILES_PER_ITEM - 1) / (TILE * TILES_PER_ITEM), job.N * job.K * (job.m1 - job.m0),
+                     tiles, &job);
     }
 }
 

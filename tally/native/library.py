@@ -83,6 +83,13 @@ def build_name() -> str | None:
     return None if lib is None else lib.isa
 
 
+def build_digest() -> str | None:
+    """The hash of the loaded build's sources and flags (None with the kernels off): a path measured on other
+    kernels (an older Tally's) is measured again."""
+    lib = load()
+    return None if lib is None else lib.digest
+
+
 def _build(target: Path, flags: list[str]) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -101,6 +108,7 @@ def load_build(flags: list[str]) -> ctypes.CDLL:
     if not target.exists():
         _build(target, FLAGS + flags)
     lib = ctypes.CDLL(str(target))
+    lib.digest = digest
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, None
