@@ -142,6 +142,23 @@ def test_decode_attention_matches_sdpa_over_gathered_keys(window: int | None) ->
         torch.testing.assert_close(got[b], ref[:, 0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 12, 40])
+def test_decode_attention_rows_of_one_sequence_give_each_rows_own_bits(window: int | None) -> None:
+    """A verify step's rows (one sequence's next positions, the same blocks) read each key once for all of them; every
+    row's output is still the bits of that row attended alone, with windows that some rows pass and some do not,
+    beside a row of another sequence, and over contexts that end inside a block of 8 keys."""
+    hq, hkv, d, bs = 6, 2, 32, 4
+    k_cache, v_cache = rand(20, bs, hkv, d), rand(20, bs, hkv, d)
+    table = [5, 11, 2, 19, 7, 0, 13, 4, 16, 9, 1, 14]
+    tables = torch.tensor([table] * 9 + [[3, 8, 6, 12, 17, 10, 15, 18, 0, 0, 0, 0]])
+    lens = torch.tensor([35 + i for i in range(9)] + [29])
+    q = rand(10, hq, d)
+    together = ops.decode_attention(q, k_cache, v_cache, tables, lens, window, 0.2)
+    for r in range(10):
+        alone = ops.decode_attention(q[r:r + 1], k_cache, v_cache, tables[r:r + 1], lens[r:r + 1], window, 0.2)
+        assert torch.equal(together[r], alone[0]), r
+
+
 def test_threaded_kernels_give_the_single_thread_bits() -> None:
     """Large enough calls split their outputs over the kernels' threads (tally/native/pool.h, as many as torch's
     count); every output is still computed by one thread in one order, so the bits do not depend on the count."""

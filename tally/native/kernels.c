@@ -390,28 +390,46 @@ static void store_q8(const float *x, int8_t *values, float *scales, int64_t slot
     }
 }
 
-/* ---- Decode attention over the paged cache: one query token per sequence -----------------------------
+/* ---- Decode attention over the paged cache: one query token per row --------------------------------------
  * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] fp32, or int8 with
  * scales [blocks, Hkv] (the int8 KV cache, read as value * scale);
- * block_tables [n, bt_stride] int64; ctx [n] keys per sequence (the query's own included); window > 0 keeps the
+ * block_tables [n, bt_stride] int64; ctx [n] keys per row (the query's own included); window > 0 keeps the
  * last `window` keys. out [n, Hq, D].
- * Per (sequence, kv head): the scores of every query head sharing the head, a vectorised softmax, then the
- * probability-weighted V with each output head's D values held in registers; K and V are read in place from
- * their blocks (no gather copy). */
+ * Per (rows of one sequence, kv head): the scores of every query head sharing the head, 8 keys at a time (one
+ * accumulator a key, summed across lanes 8 at once), a vectorised softmax, then the probability-weighted V with each
+ * output head's D values held in registers; K and V are read in place from their blocks (no gather copy).
+ * Consecutive rows of one sequence (a speculative verify step's positions, a prompt run as decodes) read each key
+ * once for all their queries; a row's scores are the same arithmetic, key by key, with or without its neighbours,
+ * so grouping never changes a result. */
 static inline __m256 load8(const void *row, int64_t i, int int8) {  /* 8 values of an fp32 or int8 row */
     if (int8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
     return _mm256_loadu_ps((const float *)row + i);
 }
 
-static inline float dot(const float *a, const void *b, int64_t D, int int8) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= D; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, int8), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(b, i + 8, int8), acc1);
+/* Lane i of the result: the sum of a[i]'s 8 lanes, as ((0+1)+(2+3))+((4+5)+(6+7)) */
+static inline __m256 lane_sums8(const __m256 *a) {
+    __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    __m256 s1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
+}
+
+/* out[0..n) = (q . k[i]) * ks[i] for 8 keys (those past n repeat a real key: computed, not stored) */
+static inline void scores8(const float *q, const void *const *k, int64_t D, int int8, const float *ks, int n,
+                           float *out) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+        __m256 qd = _mm256_loadu_ps(q + d);
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qd, load8(k[i], d, int8), acc[i]);
     }
-    for (; i < D; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b, i, int8), acc0);
-    return hsum(_mm256_add_ps(acc0, acc1));
+    __m256 s = _mm256_mul_ps(lane_sums8(acc), _mm256_loadu_ps(ks));
+    if (n == 8) {
+        _mm256_storeu_ps(out, s);
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, s);
+        memcpy(out, tmp, sizeof(float) * n);
+    }
 }
 
 /* e^x, |relative error| < 2e-7 (Cephes' polynomial, as in the usual SIMD math libraries); x is clamped to
@@ -451,10 +469,16 @@ void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
 
 /* p[0..len) <- softmax(p), in place */
 static void softmax(float *p, int64_t len) {
-    float mx = -INFINITY;
-    for (int64_t t = 0; t < len; t++) mx = fmaxf(mx, p[t]);
-    __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
+    /* the max in vectors: fmaxf is a libm call per element here (no -ffast-math), ~17% of decode attention (perf) */
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
     int64_t t = 0;
+    for (; t + 8 <= len; t += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(p + t));
+    float lanes[8], mx = -INFINITY;
+    _mm256_storeu_ps(lanes, vmax);
+    for (int i = 0; i < 8; i++) mx = lanes[i] > mx ? lanes[i] : mx;
+    for (; t < len; t++) mx = p[t] > mx ? p[t] : mx;
+    __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
+    t = 0;
     for (; t + 8 <= len; t += 8) {
         __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + t), vmx));
         _mm256_storeu_ps(p + t, e);
@@ -490,54 +514,94 @@ static void weighted_v(const float *p, const int64_t *slots, int64_t len, const 
     }
 }
 
+#define ATT_ROWS 8  /* rows of one sequence that share their keys' reads */
+
 typedef struct {
     const float *q, *k_scales, *v_scales;
     const void *k_cache, *v_cache;
-    const int64_t *block_tables, *ctx;
+    const int64_t *block_tables, *ctx, *first;  /* first: each group's first row; group g is rows first[g]..first[g+1] */
     int64_t q_stride, bt_stride, Hq, Hkv, D, block_size, window;
     float scale;
     float *out;
 } AttentionJob;
 
-static void attention_heads(const void *job, int64_t i0, int64_t i1) {  /* items: (sequence, kv head) */
+static void attention_heads(const void *job, int64_t i0, int64_t i1) {  /* items: (group of rows, kv head) */
     const AttentionJob *a = job;
     int64_t Hkv = a->Hkv, D = a->D, group = a->Hq / Hkv, block_size = a->block_size;
     int int8 = a->k_scales != NULL;
     int64_t esize = int8 ? 1 : sizeof(float);
     for (int64_t i = i0; i < i1; i++) {
-        int64_t b = i / Hkv, h = i % Hkv;
-        int64_t L = a->ctx[b], start = (a->window > 0 && L > a->window) ? L - a->window : 0, len = L - start;
+        int64_t g = i / Hkv, h = i % Hkv, b = a->first[g], rows = a->first[g + 1] - b;
+        /* a group's rows all start at 0 (or it has one row): row r sees keys start..ctx[b + r] */
+        int64_t L = a->ctx[b + rows - 1], start = (a->window > 0 && L > a->window) ? L - a->window : 0;
+        int64_t len = L - start;
         const int64_t *bt = a->block_tables + b * a->bt_stride;
         int64_t *slots = malloc(sizeof(int64_t) * len);
-        float *p = malloc(sizeof(float) * len * group), *vs = int8 ? malloc(sizeof(float) * len) : NULL;
+        float *p = malloc(sizeof(float) * len * group * rows), *ks = malloc(sizeof(float) * (len + 8));
+        float *vs = int8 ? malloc(sizeof(float) * len) : NULL;
         for (int64_t t = 0; t < len; t++) {
             int64_t pos = start + t, block = bt[pos / block_size];
             slots[t] = (block * block_size + pos % block_size) * Hkv + h;  /* row of [slots*Hkv, D] */
-            float ks = int8 ? a->k_scales[block * Hkv + h] * a->scale : a->scale;
+            ks[t] = int8 ? a->k_scales[block * Hkv + h] * a->scale : a->scale;
             if (int8) vs[t] = a->v_scales[block * Hkv + h];
-            const void *kp = (const char *)a->k_cache + slots[t] * D * esize;
-            for (int64_t j = 0; j < group; j++) p[j * len + t] = dot(a->q + b * a->q_stride + (h * group + j) * D, kp, D, int8) * ks;
         }
-        for (int64_t j = 0; j < group; j++) {
-            float *pj = p + j * len;
-            softmax(pj, len);
-            if (int8)
-                for (int64_t t = 0; t < len; t++) pj[t] *= vs[t];
-            weighted_v(pj, slots, len, a->v_cache, int8, D, a->out + (b * a->Hq + h * group + j) * D);
+        memset(ks + len, 0, sizeof(float) * 8);  /* read by a last block's lanes past its keys, never stored */
+        for (int64_t t0 = 0; t0 < len; t0 += 8) {
+            int n = len - t0 < 8 ? (int)(len - t0) : 8;
+            const void *k[8];
+            for (int j = 0; j < 8; j++)
+                k[j] = (const char *)a->k_cache + slots[t0 + (j < n ? j : n - 1)] * D * esize;
+            for (int64_t r = 0; r < rows; r++) {
+                int64_t len_r = a->ctx[b + r] - start;
+                if (t0 >= len_r) continue;
+                int nr = len_r - t0 < n ? (int)(len_r - t0) : n;
+                const float *q = a->q + (b + r) * a->q_stride + h * group * D;
+                for (int64_t j = 0; j < group; j++)
+                    scores8(q + j * D, k, D, int8, ks + t0, nr, p + (r * group + j) * len + t0);
+            }
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t len_r = a->ctx[b + r] - start;
+            for (int64_t j = 0; j < group; j++) {
+                float *pj = p + (r * group + j) * len;
+                softmax(pj, len_r);
+                if (int8)
+                    for (int64_t t = 0; t < len_r; t++) pj[t] *= vs[t];
+                weighted_v(pj, slots, len_r, a->v_cache, int8, D, a->out + ((b + r) * a->Hq + h * group + j) * D);
+            }
         }
         free(slots);
         free(p);
+        free(ks);
         free(vs);
     }
+}
+
+/* Rows b.. that are the next positions of row b's sequence (the same blocks, one more key each), at most ATT_ROWS,
+ * all starting at key 0 (under a window only while no row has passed it) */
+static int64_t rows_sharing_keys(const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx, int64_t n,
+                                 int64_t b, int64_t block_size, int64_t window) {
+    int64_t r = 1;
+    if (window > 0 && ctx[b] > window) return 1;
+    while (b + r < n && r < ATT_ROWS && ctx[b + r] == ctx[b] + r && (window <= 0 || ctx[b + r] <= window) &&
+           memcmp(block_tables + b * bt_stride, block_tables + (b + r) * bt_stride,
+                  sizeof(int64_t) * ((ctx[b + r] + block_size - 1) / block_size)) == 0)
+        r++;
+    return r;
 }
 
 static void decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                              const float *k_scales, const float *v_scales, const int64_t *block_tables,
                              int64_t bt_stride, const int64_t *ctx, int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
                              int64_t block_size, int64_t window, float scale, float *out) {
-    AttentionJob job = {q, k_scales, v_scales, k_cache, v_cache, block_tables, ctx, q_stride, bt_stride, Hq, Hkv,
-                        D, block_size, window, scale, out};
-    parallel_for(n * Hkv, n * ctx[0] * Hq * D, attention_heads, &job);
+    int64_t *first = malloc(sizeof(int64_t) * (n + 1)), groups = 0;
+    for (int64_t b = 0; b < n; b += rows_sharing_keys(block_tables, bt_stride, ctx, n, b, block_size, window))
+        first[groups++] = b;
+    first[groups] = n;
+    AttentionJob job = {q, k_scales, v_scales, k_cache, v_cache, block_tables, ctx, first, q_stride, bt_stride, Hq,
+                        Hkv, D, block_size, window, scale, out};
+    parallel_for(groups * Hkv, n * ctx[0] * Hq * D, attention_heads, &job);
+    free(first);
 }
 
 void tally_decode_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
