@@ -1,0 +1,92 @@
+"""The native paged decode attention against PyTorch's SDPA over the same keys gathered, one layer of SmolLM2-135M's
+shape (9 query heads, 3 KV heads, 64 dims), fp32 cache: one row, a speculative verify step's 5 rows of one sequence
+(each key read once for all of them), and 16 rows of 16 sequences, at several contexts. Best of 7 alternating rounds;
+the SDPA peer gets its keys already gathered (its gather is not timed), so its figure flatters it.
+
+    python bench/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
+import torch
+import torch.nn.functional as F
+
+from tally.native import ops
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
+SCALE = HEAD_DIM ** -0.5
+
+
+def case(context: int, rows: int, one_sequence: bool, gen: torch.Generator):
+    """Caches, tables, lengths and queries; `one_sequence`: rows are positions context.. of one sequence."""
+    per_seq = -(-(context + rows) // BLOCK_SIZE)
+    num_blocks = per_seq * (1 if one_sequence else rows)
+    k_cache = torch.randn(num_blocks, BLOCK_SIZE, KV_HEADS, HEAD_DIM, generator=gen)
+    v_cache = torch.randn_like(k_cache)
+    order = torch.randperm(num_blocks, generator=gen)
+    if one_sequence:
+        tables = order[None].repeat(rows, 1)
+        lens = torch.arange(context, context + rows)
+    else:
+        tables = order.view(rows, per_seq)
+        lens = torch.full((rows,), context)
+    return k_cache, v_cache, tables.contiguous(), lens, torch.randn(rows, HEADS, HEAD_DIM, generator=gen)
+
+
+def gathered(k_cache, v_cache, tables, lens):
+    """Per row: K and V [1, Hkv, L, D] of its keys, for SDPA."""
+    out = []
+    for table, n in zip(tables, lens.tolist()):
+        pos = torch.arange(n)
+        slots = table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+        k = k_cache.view(-1, KV_HEADS, HEAD_DIM)[slots].transpose(0, 1)[None].contiguous()
+        v = v_cache.view(-1, KV_HEADS, HEAD_DIM)[slots].transpose(0, 1)[None].contiguous()
+        out.append((k, v))
+    return out
+
+
+def best_us(fns, calls: int, rounds: int = 7) -> list[float]:
+    best = [float("inf")] * len(fns)
+    for f in fns:
+        f()
+    for _ in range(rounds):
+        for i, f in enumerate(fns):
+            start = time.perf_counter()
+            for _ in range(calls):
+                f()
+            best[i] = min(best[i], (time.perf_counter() - start) / calls)
+    return [b * 1e6 for b in best]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--contexts", default="128,600,1200,2400")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    gen = torch.Generator().manual_seed(0)
+    print(f"{a.threads} threads; one layer, {HEADS} query / {KV_HEADS} KV heads x {HEAD_DIM}; µs per call")
+    print("| context | rows | native µs | SDPA over gathered keys µs | SDPA / native |")
+    print("|---|---|---|---|---|")
+    for context in (int(c) for c in a.contexts.split(",")):
+        for rows, one_sequence, label in ((1, True, "1"), (5, True, "5 of one sequence"), (16, False, "16 sequences")):
+            k_cache, v_cache, tables, lens, q = case(context, rows, one_sequence, gen)
+            kv = gathered(k_cache, v_cache, tables, lens)
+
+            def native():
+                ops.decode_attention(q, k_cache, v_cache, tables, lens, None, SCALE)
+
+            def sdpa():
+                for r, (k, v) in enumerate(kv):
+                    F.scaled_dot_product_attention(q[r][None, :, None], k, v, scale=SCALE, enable_gqa=True)
+
+            t_native, t_sdpa = best_us([native, sdpa], calls=max(3, 6000 // (context * rows) + 3))
+            print(f"| {context} | {label} | {t_native:,.1f} | {t_sdpa:,.1f} | {t_sdpa / t_native:.2f}× |", flush=True)
+    print(f"\ncommand: python bench/decode_attention.py --threads {a.threads} --contexts {a.contexts}")
+
+
+if __name__ == "__main__":
+    main()
