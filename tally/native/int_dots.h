@@ -44,18 +44,99 @@ static inline __m256i high_bits(__m256i plane, int s, int p) {  /* 16 << p in ea
     return p ? _mm256_slli_epi16(v, 1) : v;
 }
 
-/* AVX-512 (VNNI and BW: Zen 4/5, Intel since Ice Lake): two tiles side by side in one 64-byte vector, lanes 0-7
+/* AVX-512 (VNNI and BW: Zen 4/5, Intel since Ice Lake), one tile (a job of 1 to 3 rows: int_tile): two chunks side
+ * by side in one 64-byte vector, the same layout and the same integer sums as the 256-bit loop below, in half its
+ * instructions. Lanes 0-7 hold chunk c's
+ * 8 outputs, lanes 8-15 chunk c + 1's; the halves add up at the end. A row's activations for both chunks come
+ * from one 16-byte load, their 4-byte units spread over the halves by one permute. High bits: the plane, in the
+ * upper half shifted right by 2, puts chunk c + 1's vectors (2c + 2, 2c + 3) where the lower half has chunk c's,
+ * so one uniform shift serves both halves (high_bits' rule; the bits a 16-bit shift by 2 brings in from the
+ * neighbouring byte land at bits 6-7, never read). library.py builds this where the CPU has the flags. */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define TALLY_AVX512 1
+static inline __m512i high_bits512(__m512i plane, int s, int p) {
+    __m512i v = s <= 4 ? _mm512_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
+                       : _mm512_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
+    v = _mm512_and_si512(v, _mm512_set1_epi8(0x10));
+    return p ? _mm512_slli_epi16(v, 1) : v;
+}
+
+static inline __m512i plane_pair(const uint8_t *plane) {  /* [plane, plane >> 2]: see above */
+    __m256i v = _mm256_loadu_si256((const __m256i *)plane);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 2), 1);
+}
+
+static inline __m512i units_apart(const void *x, int64_t bytes, __m512i which) {  /* 4-byte units a, b: halves */
+    __m128i u = bytes == 16 ? _mm_loadu_si128((const __m128i *)x) : _mm_loadl_epi64((const __m128i *)x);
+    return _mm512_permutexvar_epi32(which, _mm512_castsi128_si512(u));
+}
+
+static inline __attribute__((always_inline)) void int_block_dots512(
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
+    __m256i *dot) {
+    __m512i acc[MR];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_si512();
+    if (bits != 8) {
+        const __m512i low4 = _mm512_set1_epi8(0x0F);
+        const __m512i lo_units = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+        const __m512i hi_units = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+        if (bits > 4) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
+        __m512i p4 = bits > 4 ? plane_pair(hb) : _mm512_setzero_si512();
+        __m512i p5 = bits > 5 ? plane_pair(hb + 32) : _mm512_setzero_si512();
+        _Pragma("GCC unroll 1")
+        for (int c = c0; c < c1; c += 2) {
+            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+            __m512i raw = _mm512_loadu_si512((const void *)(wb + c * 32));
+            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            if (bits > 4) {
+                lo = _mm512_or_si512(lo, high_bits512(p4, 2 * c, 0));
+                hi = _mm512_or_si512(hi, high_bits512(p4, 2 * c + 1, 0));
+            }
+            if (bits > 5) {
+                lo = _mm512_or_si512(lo, high_bits512(p5, 2 * c, 1));
+                hi = _mm512_or_si512(hi, high_bits512(p5, 2 * c + 1, 1));
+            }
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {
+                const int8_t *xp = xq + i * K + c * 8;
+                acc[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i], lo, units_apart(xp, 16, lo_units)), hi,
+                                             units_apart(xp, 16, hi_units));
+            }
+        }
+    } else {
+        const __m512i units = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        _Pragma("GCC unroll 1")
+        for (int c = 0; c < 8; c += 2) {
+            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+            __m512i raw = _mm512_loadu_si512((const void *)(wb + c * 32));
+            __m512i mag = _mm512_abs_epi8(raw);
+            __mmask64 negative = _mm512_movepi8_mask(raw);
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {  /* x with w's sign: where w is 0, |w| makes the product 0 */
+                __m512i xs = units_apart(xq + i * K + c * 4, 8, units);
+                acc[i] = _mm512_dpbusd_epi32(acc[i], mag, _mm512_mask_sub_epi8(xs, negative, _mm512_setzero_si512(), xs));
+            }
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++)
+        dot[i] = _mm256_add_epi32(_mm512_castsi512_si256(acc[i]), _mm512_extracti64x4_epi64(acc[i], 1));
+}
+#endif
+
+/* AVX-512, jobs of 4 rows or more: two tiles side by side in one 64-byte vector, lanes 0-7
  * tile t's 8 outputs and lanes 8-15 tile u's, each half the same chunk (the same k) of its tile, in the layout
  * above. A row's 4 activation bytes then meet 16 outputs as one broadcast, which the CPU serves from its load
  * ports. The build before this held chunks c and c + 1 of one tile in the halves, whose activations needed a
  * permute per product and a fold per block (by count, ~5.6 vector instructions per 64-byte product at 4 rows,
  * against ~2 here). The scales of both tiles are one vector, so the float work per block is one convert and two
  * multiplies for 16 outputs, and up to MR512 rows share each unpacked weight vector. Against the 32-byte VNNI
- * build in one process (`python bench/native_builds.py`, 2 threads, Zen 5): 1.4-1.7x on Qwen 0.5B's layer shapes
- * at 1-4 rows and 1.5-2.4x at 64, where the chunk pairs gave 1.1-1.3x. The integer sums and the float operations
- * per output are the 256-bit loop's, in the same order: the same bits (tests/test_native_kernels.py). */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define TALLY_AVX512 1
+ * build in one process (`python bench/native_builds.py`, 2 threads, Zen 5): 1.1-2.6x on Qwen 0.5B's layer shapes
+ * at 1-64 rows (docs/benchmarks.md), where the chunk pairs gave 1.1-1.3x; 0.9-1.3x on one-row passes over its
+ * 136 MB head, which memory bounds. The integer sums and the float operations per output are the 256-bit loop's,
+ * in the same order: the same bits (tests/test_native_kernels.py). */
+#ifdef TALLY_AVX512
 #define MR512 8  /* rows per pass: 8 float and 8 integer accumulators, within AVX-512's 32 registers */
 
 static inline __m512i halves(const void *a, const void *b) {  /* 32 bytes of tile t, then 32 of tile u */
@@ -65,26 +146,21 @@ static inline __m512i halves(const void *a, const void *b) {  /* 32 bytes of til
 
 static inline __m512 halves_ps(const float *a, const float *b) { return _mm512_castsi512_ps(halves(a, b)); }
 
-static inline __m512i high_bits512(__m512i plane, int s, int p) {  /* high_bits, both tiles' planes at once */
-    __m512i v = s <= 4 ? _mm512_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
-                       : _mm512_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
-    v = _mm512_and_si512(v, _mm512_set1_epi8(0x10));
-    return p ? _mm512_slli_epi16(v, 1) : v;
-}
-
 static inline __m512i broadcast4x16(const int8_t *p) {  /* 4 activation bytes into all 16 lanes */
     int32_t v;
     memcpy(&v, p, 4);
     return _mm512_set1_epi32(v);
 }
 
-/* Both tiles' sums over the part chunks c0..c1 of block b (int8: the whole block), per row. `ahead`: the bytes to
- * the same place in the next pair's tiles, where the prefetches go: prefetching a fixed distance into each of the
- * two streams, as the 256-bit loop does, never reached the next pair's second tile, and a one-row pass over
- * Qwen's 136 MB head ran at 0.56-0.73x of the 32-byte build's speed (2 threads); this way 0.89-1.05x. */
+/* Both tiles' sums over the part chunks c0..c1 of block b (int8: the whole block), per row. Prefetches run PREFETCH
+ * bytes ahead in each tile's stream (`pos`: the block's offset in its tile of `tile_bytes`) and past a tile's end
+ * go on in the next pair's tile of the same side: ahead at a fixed distance, the first stream ran into its partner
+ * (read already) and nothing fetched the next pair's second tile ahead of use; a distance of two tiles ran past L1
+ * on long rows. Streaming 24 layers of Qwen 0.5B's gate/up and down from memory at one row, those ran at
+ * 0.78x of the single-tile build. */
 static inline __attribute__((always_inline)) void block_dots_pair(
     const int8_t *xq, int64_t K, const uint8_t *wa, const uint8_t *wb, const uint8_t *ha, const uint8_t *hb,
-    int bits, int c0, int c1, int mr, int64_t ahead, __m512i *dot) {
+    int bits, int c0, int c1, int mr, int64_t pos, int64_t tile_bytes, __m512i *dot) {
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) dot[i] = _mm512_setzero_si512();
     if (bits != 8) {
@@ -93,6 +169,7 @@ static inline __attribute__((always_inline)) void block_dots_pair(
         __m512i p5 = bits > 5 ? halves(ha + 32, hb + 32) : _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
         for (int c = c0; c < c1; c++) {
+            int64_t ahead = pos + c * 32 + PREFETCH < tile_bytes ? PREFETCH : PREFETCH + tile_bytes;
             _mm_prefetch((const char *)(wa + c * 32 + ahead), _MM_HINT_T0);
             _mm_prefetch((const char *)(wb + c * 32 + ahead), _MM_HINT_T0);
             __m512i raw = halves(wa + c * 32, wb + c * 32);
@@ -115,6 +192,7 @@ static inline __attribute__((always_inline)) void block_dots_pair(
     } else {
         _Pragma("GCC unroll 1")
         for (int c = 0; c < 8; c++) {
+            int64_t ahead = pos + c * 32 + PREFETCH < tile_bytes ? PREFETCH : PREFETCH + tile_bytes;
             _mm_prefetch((const char *)(wa + c * 32 + ahead), _MM_HINT_T0);
             _mm_prefetch((const char *)(wb + c * 32 + ahead), _MM_HINT_T0);
             __m512i raw = halves(wa + c * 32, wb + c * 32);
@@ -148,7 +226,7 @@ static inline __attribute__((always_inline)) void int_tile_pair(
             __m512i dot[MR512];
             block_dots_pair(xq + b * 32, K, wa + b * block_bytes, wb + b * block_bytes,
                             ha ? ha + b * plane_bytes : NULL, hb ? hb + b * plane_bytes : NULL, bits, c0,
-                            c0 + (int)span / 8, mr, 2 * K * (bits == 8 ? TILE : TILE / 2), dot);
+                            c0 + (int)span / 8, mr, b * block_bytes, K * (bits == 8 ? TILE : TILE / 2), dot);
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++)
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]),
@@ -173,7 +251,7 @@ static inline __attribute__((always_inline)) void int_tile_pair(
 #endif
 
 /* Nibble formats: chunks c0..c1 of the block (a group of 16 is two chunks); int8: the whole block */
-static inline __attribute__((always_inline)) void int_block_dots(
+static inline __attribute__((always_inline)) void int_block_dots256(
     const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
     __m256i *dot) {
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
@@ -234,4 +312,14 @@ static inline __attribute__((always_inline)) void int_block_dots(
     }
 #endif
     (void)ones;
+}
+
+static inline __attribute__((always_inline)) void int_block_dots(
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
+    __m256i *dot) {
+#ifdef TALLY_AVX512
+    int_block_dots512(xq, K, wb, hb, bits, c0, c1, mr, dot);
+#else
+    int_block_dots256(xq, K, wb, hb, bits, c0, c1, mr, dot);
+#endif
 }
