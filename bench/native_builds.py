@@ -3,7 +3,10 @@ each other in one process on the integer projections of a real model's shapes: m
 alternating runs, and each build's time over the widest one's (issue: fast on whatever CPU, native kernels for the
 CPU at hand). Random weights: the kernels' time does not depend on the values.
 
-    python bench/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896]
+    python bench/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
+
+--copies N: each call goes over N copies of the weights in turn (ms per copy), so that they stream from memory as
+a decode step's layers do, rather than from the last-level cache (a 9728x896 int4 matrix is 4.4 MB; this VM's L3 32).
 """
 from __future__ import annotations
 
@@ -44,6 +47,15 @@ def ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def call_all(lib, x: torch.Tensor, y: torch.Tensor, n: int, copies: list[tuple]) -> Callable[[], None]:
+    calls = [call(lib, x, y, n, fmt) for fmt in copies]
+
+    def run() -> None:
+        for c in calls:
+            c()
+    return run
+
+
 def call(lib, x: torch.Tensor, y: torch.Tensor, n: int, fmt: tuple) -> Callable[[], None]:
     if len(fmt) == 2:
         q, s = fmt
@@ -60,6 +72,7 @@ def main() -> int:
     p.add_argument("--rows", default="1,4")
     p.add_argument("--shapes", default="9728x896,896x4864,151936x896", help="NxK: outputs x inputs (Qwen 0.5B's "
                    "gate/up, down and LM head by default)")
+    p.add_argument("--copies", type=int, default=1, help="copies of each shape's weights, one after another")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     names = list(library.builds())
@@ -69,15 +82,16 @@ def main() -> int:
           f"each build / {widest}")
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
-        fmts = formats(n, k)
+        copies = [formats(n, k) for _ in range(a.copies)]
         for rows in map(int, a.rows.split(",")):
             x, y = torch.randn(rows, k), torch.empty(rows, n)
-            for fmt_name, fmt in fmts.items():
-                calls = max(3, int(2e7 // (n * k)))
+            for fmt_name in copies[0]:
+                calls = max(3, int(2e7 // (n * k * a.copies)))
                 times = {name: float("inf") for name in names}
                 for _ in range(2):
                     for name in names:
-                        times[name] = min(times[name], best_ms(call(libs[name], x, y, n, fmt), calls))
+                        run = call_all(libs[name], x, y, n, [c[fmt_name] for c in copies])
+                        times[name] = min(times[name], best_ms(run, calls) / a.copies)
                 cells = "  ".join(f"{name} {times[name]:7.3f}" + (f" ({times[name] / times[widest]:.2f}x)"
                                                                   if name != widest else "") for name in names)
                 print(f"{n}x{k} rows {rows:<3} {fmt_name:<17} {cells}", flush=True)

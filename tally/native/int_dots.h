@@ -125,17 +125,16 @@ static inline __attribute__((always_inline)) void int_block_dots512(
 }
 #endif
 
-/* AVX-512, jobs of 4 rows or more: two tiles side by side in one 64-byte vector, lanes 0-7
+/* AVX-512, jobs of 4 rows or more (kernels.c: PAIR_ROWS): two tiles side by side in one 64-byte vector, lanes 0-7
  * tile t's 8 outputs and lanes 8-15 tile u's, each half the same chunk (the same k) of its tile, in the layout
  * above. A row's 4 activation bytes then meet 16 outputs as one broadcast, which the CPU serves from its load
- * ports. The build before this held chunks c and c + 1 of one tile in the halves, whose activations needed a
- * permute per product and a fold per block (by count, ~5.6 vector instructions per 64-byte product at 4 rows,
- * against ~2 here). The scales of both tiles are one vector, so the float work per block is one convert and two
- * multiplies for 16 outputs, and up to MR512 rows share each unpacked weight vector. Against the 32-byte VNNI
- * build in one process (`python bench/native_builds.py`, 2 threads, Zen 5): 1.1-2.6x on Qwen 0.5B's layer shapes
- * at 1-64 rows (docs/benchmarks.md), where the chunk pairs gave 1.1-1.3x; 0.9-1.3x on one-row passes over its
- * 136 MB head, which memory bounds. The integer sums and the float operations per output are the 256-bit loop's,
- * in the same order: the same bits (tests/test_native_kernels.py). */
+ * ports, where the chunk-pair loop above needs a permute per product and a fold per block (by count, ~5.6 vector
+ * instructions per 64-byte product at 4 rows, against ~2 here). The scales of both tiles are one vector, so the
+ * float work per block is one convert and two multiplies for 16 outputs, and up to MR512 rows share each unpacked
+ * weight vector. Against the 32-byte VNNI build in one process (`python bench/native_builds.py --threads 2`, Zen
+ * 5, Qwen 0.5B's gate/up and down): weights streamed from memory (`--copies 12`) 1.4-2.0x at 5 rows and 1.4-1.8x
+ * at 8 (0.93-1.33x at 4); from cache 1.1-2.5x at 4-64 rows. The integer sums and the float operations per output
+ * are the 256-bit loop's, in the same order: the same bits (tests/test_native_kernels.py). */
 #ifdef TALLY_AVX512
 #define MR512 8  /* rows per pass: 8 float and 8 integer accumulators, within AVX-512's 32 registers */
 
