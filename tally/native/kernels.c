@@ -147,22 +147,25 @@ static inline __attribute__((always_inline)) void tile_rows(const IntJob *j, int
     }
 }
 
+static inline __attribute__((always_inline)) void int_tiles(const IntJob *j, int64_t t0, int64_t t1, int bits) {
+    for (int64_t t = t0; t < t1; t++) tile_rows(j, t, bits);
+}
+
+static void q4_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 4); }
+static void q5_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 5); }
+static void q6_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 6); }
+static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 8); }
+
 #ifdef TALLY_AVX512
 /* Items are pairs of tiles (t, t + 1); an odd last tile pairs with itself and stores one half. Jobs of fewer than
- * PAIR_ROWS rows take the tiles one at a time: streaming weights from memory (a decode step's), the pairs' two
- * streams ran at 0.89-0.91x of one tile's at 1 and 3 rows, even at 4, 1.3-1.5x at 5 (24 layers of Qwen 0.5B's
- * gate/up and down, int4, 2 threads); from cache they win at every count. */
-#define TILES_PER_ITEM 2
+ * PAIR_ROWS rows take the tiles one at a time: with weights streamed from memory (a decode step's), a thread's two
+ * streams ran at ~0.9x of one tile's at 1-3 rows, even at 4 and 1.2-1.5x at 5 (Qwen 0.5B's gate/up and down, int4,
+ * 2 threads, the two loops alternating in one process); from cache the pairs win at every row count. */
 #define PAIR_ROWS 4
-static inline __attribute__((always_inline)) void int_tiles(const IntJob *j, int64_t p0, int64_t p1, int bits) {
+static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int64_t p0, int64_t p1, int bits) {
     int64_t K = j->K, G = K / j->group, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2, T = (j->N + TILE - 1) / TILE;
     for (int64_t p = p0; p < p1; p++) {
         int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
-        if (j->m1 - j->m0 < PAIR_ROWS) {
-            tile_rows(j, t, bits);
-            if (u != t) tile_rows(j, u, bits);
-            continue;
-        }
         const uint8_t *ha = j->hb ? j->hb + t * K * (bits - 4) : NULL, *hb = j->hb ? j->hb + u * K * (bits - 4) : NULL;
         const float *ma = j->min ? j->min + t * G * TILE : NULL, *mb = j->min ? j->min + u * G * TILE : NULL;
         for (int64_t r = j->m0; r < j->m1; r += MR512) {
@@ -185,24 +188,34 @@ static inline __attribute__((always_inline)) void int_tiles(const IntJob *j, int
         }
     }
 }
-#else
-#define TILES_PER_ITEM 1
-static inline __attribute__((always_inline)) void int_tiles(const IntJob *j, int64_t t0, int64_t t1, int bits) {
-    for (int64_t t = t0; t < t1; t++) tile_rows(j, t, bits);
-}
+
+static void q4_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 4); }
+static void q5_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 5); }
+static void q6_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 6); }
+static void q8_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 8); }
 #endif
 
-static void q4_tiles(const void *j, int64_t i0, int64_t i1) { int_tiles(j, i0, i1, 4); }
-static void q5_tiles(const void *j, int64_t i0, int64_t i1) { int_tiles(j, i0, i1, 5); }
-static void q6_tiles(const void *j, int64_t i0, int64_t i1) { int_tiles(j, i0, i1, 6); }
-static void q8_tiles(const void *j, int64_t i0, int64_t i1) { int_tiles(j, i0, i1, 8); }
+/* A format's range functions: over tiles, and (AVX-512) over pairs of tiles */
+typedef struct { RangeFn tiles, pairs; } IntKernels;
+#ifdef TALLY_AVX512
+#define INT_KERNELS(B) ((IntKernels){q##B##_tiles, q##B##_pairs})
+#else
+#define INT_KERNELS(B) ((IntKernels){q##B##_tiles, NULL})
+#endif
 
 /* Activation rows in blocks of INT_MB, each block's int8 copy in L2 while every tile passes over it */
-static void int_gemm(IntJob job, int64_t M, RangeFn tiles) {
+static void int_gemm(IntJob job, int64_t M, IntKernels k) {
+    int64_t T = (job.N + TILE - 1) / TILE;
     for (job.m0 = 0; job.m0 < M; job.m0 += INT_MB) {
         job.m1 = M - job.m0 < INT_MB ? M : job.m0 + INT_MB;
-        parallel_for((job.N + TILE * TILES_PER_ITEM - 1) / (TILE * TILES_PER_ITEM), job.N * job.K * (job.m1 - job.m0),
-                     tiles, &job);
+        int64_t work = job.N * job.K * (job.m1 - job.m0);
+#ifdef TALLY_AVX512
+        if (job.m1 - job.m0 >= PAIR_ROWS) {
+            parallel_for((T + 1) / 2, work, k.pairs, &job);
+            continue;
+        }
+#endif
+        parallel_for(T, work, k.tiles, &job);
     }
 }
 
@@ -224,7 +237,7 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const f
             xsum[r * G + g] = s;
         }
     IntJob job = {xq.xq, xq.dx, xsum, qs, qh, d, m, bias, y, K, N, group, 0, 0, accumulate};
-    int_gemm(job, M, bits == 6 ? q6_tiles : bits == 5 ? q5_tiles : q4_tiles);
+    int_gemm(job, M, bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : INT_KERNELS(4));
     free(xsum);
     free(xq.xq);
     free(xq.dx);
@@ -235,7 +248,7 @@ void tally_gemm_q8(const float *x, const int8_t *q, const float *s, const float 
                    int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token) {
     QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
     IntJob job = {xq.xq, xq.dx, NULL, (const uint8_t *)q, NULL, s, NULL, bias, y, K, N, group, 0, 0, accumulate};
-    int_gemm(job, M, q8_tiles);
+    int_gemm(job, M, INT_KERNELS(8));
     free(xq.xq);
     free(xq.dx);
 }
