@@ -61,6 +61,23 @@ static inline __m512i high_bits512(__m512i plane, int s, int p) {
     return p ? _mm512_slli_epi16(v, 1) : v;
 }
 
+/* lo, hi: the values of 64 bytes of nibbles (low and high nibbles) with their planes' high bits (int5: p4; int6: p4
+ * and p5) for the block's vectors 2c and 2c + 1, high_bits' rule */
+static inline __attribute__((always_inline)) void nibble_values512(__m512i raw, __m512i p4, __m512i p5, int c, int bits,
+                                                                   __m512i *lo, __m512i *hi) {
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    *lo = _mm512_and_si512(raw, low4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    if (bits > 4) {
+        *lo = _mm512_or_si512(*lo, high_bits512(p4, 2 * c, 0));
+        *hi = _mm512_or_si512(*hi, high_bits512(p4, 2 * c + 1, 0));
+    }
+    if (bits > 5) {
+        *lo = _mm512_or_si512(*lo, high_bits512(p5, 2 * c, 1));
+        *hi = _mm512_or_si512(*hi, high_bits512(p5, 2 * c + 1, 1));
+    }
+}
+
 static inline __m512i plane_pair(const uint8_t *plane) {  /* [plane, plane >> 2]: see above */
     __m256i v = _mm256_loadu_si256((const __m256i *)plane);
     return _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 2), 1);
@@ -78,7 +95,6 @@ static inline __attribute__((always_inline)) void int_block_dots512(
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_si512();
     if (bits != 8) {
-        const __m512i low4 = _mm512_set1_epi8(0x0F);
         const __m512i lo_units = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
         const __m512i hi_units = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
         if (bits > 4) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
@@ -88,15 +104,8 @@ static inline __attribute__((always_inline)) void int_block_dots512(
         for (int c = c0; c < c1; c += 2) {
             _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
             __m512i raw = _mm512_loadu_si512((const void *)(wb + c * 32));
-            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-            if (bits > 4) {
-                lo = _mm512_or_si512(lo, high_bits512(p4, 2 * c, 0));
-                hi = _mm512_or_si512(hi, high_bits512(p4, 2 * c + 1, 0));
-            }
-            if (bits > 5) {
-                lo = _mm512_or_si512(lo, high_bits512(p5, 2 * c, 1));
-                hi = _mm512_or_si512(hi, high_bits512(p5, 2 * c + 1, 1));
-            }
+            __m512i lo, hi;
+            nibble_values512(raw, p4, p5, c, bits, &lo, &hi);
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) {
                 const int8_t *xp = xq + i * K + c * 8;
@@ -163,7 +172,6 @@ static inline __attribute__((always_inline)) void block_dots_pair(
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) dot[i] = _mm512_setzero_si512();
     if (bits != 8) {
-        const __m512i low4 = _mm512_set1_epi8(0x0F);
         __m512i p4 = bits > 4 ? halves(ha, hb) : _mm512_setzero_si512();
         __m512i p5 = bits > 5 ? halves(ha + 32, hb + 32) : _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
@@ -172,15 +180,8 @@ static inline __attribute__((always_inline)) void block_dots_pair(
             _mm_prefetch((const char *)(wa + c * 32 + ahead), _MM_HINT_T0);
             _mm_prefetch((const char *)(wb + c * 32 + ahead), _MM_HINT_T0);
             __m512i raw = halves(wa + c * 32, wb + c * 32);
-            __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-            if (bits > 4) {
-                lo = _mm512_or_si512(lo, high_bits512(p4, 2 * c, 0));
-                hi = _mm512_or_si512(hi, high_bits512(p4, 2 * c + 1, 0));
-            }
-            if (bits > 5) {
-                lo = _mm512_or_si512(lo, high_bits512(p5, 2 * c, 1));
-                hi = _mm512_or_si512(hi, high_bits512(p5, 2 * c + 1, 1));
-            }
+            __m512i lo, hi;
+            nibble_values512(raw, p4, p5, c, bits, &lo, &hi);
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) {
                 const int8_t *xp = xq + i * K + c * 8;
