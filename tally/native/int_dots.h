@@ -164,8 +164,8 @@ static inline __m512i broadcast4x16(const int8_t *p) {  /* 4 activation bytes in
  * bytes ahead in each tile's stream (`pos`: the block's offset in its tile of `tile_bytes`) and past a tile's end
  * go on in the next pair's tile of the same side: ahead at a fixed distance, the first stream ran into its partner
  * (read already) and nothing fetched the next pair's second tile ahead of use; a distance of two tiles ran past L1
- * on long rows. Streaming 24 layers of Qwen 0.5B's gate/up and down from memory at one row, those ran at
- * 0.78x of the single-tile build. */
+ * on long rows. (Measured while pairs also served one row, weights streamed from memory: 0.78x of the one-tile
+ * loop with a fixed distance, ~0.9x with this; hence PAIR_ROWS.) */
 static inline __attribute__((always_inline)) void block_dots_pair(
     const int8_t *xq, int64_t K, const uint8_t *wa, const uint8_t *wb, const uint8_t *ha, const uint8_t *hb,
     int bits, int c0, int c1, int mr, int64_t pos, int64_t tile_bytes, __m512i *dot) {
