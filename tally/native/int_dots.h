@@ -201,7 +201,8 @@ static inline __attribute__((always_inline)) void block_dots_pair(
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) {  /* x with w's sign: where w is 0, |w| makes the product 0 */
                 __m512i xs = broadcast4x16(xq + i * K + c * 4);
-                dot[i] = _mm512_dpbusd_epi32(dot[i], mag, _mm512_mask_sub_epi8(xs, negative, _mm512_setzero_si512(), xs));
+                xs = _mm512_mask_sub_epi8(xs, negative, _mm512_setzero_si512(), xs);
+                dot[i] = _mm512_dpbusd_epi32(dot[i], mag, xs);
             }
         }
     }
