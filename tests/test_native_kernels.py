@@ -159,6 +159,42 @@ def test_decode_attention_rows_of_one_sequence_give_each_rows_own_bits(window: i
         assert torch.equal(together[r], alone[0]), r
 
 
+def _prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+                       first_pos: int, window: int | None, scale: float) -> torch.Tensor:
+    """Every row of q (positions first_pos..) against the keys it may see, gathered, in float64 SDPA."""
+    n, hq, d = q.shape
+    hkv, bs, end = k_cache.shape[2], k_cache.shape[1], first_pos + q.shape[0]
+    slots = torch.tensor([int(table[p // bs]) * bs + p % bs for p in range(end)])
+    k, v = (c.view(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1) for c in (k_cache, v_cache))
+    query_pos, key_pos = torch.arange(first_pos, end)[:, None], torch.arange(end)[None, :]
+    visible = key_pos <= query_pos
+    if window is not None:
+        visible &= key_pos > query_pos - window
+    out = F.scaled_dot_product_attention(q.double().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         attn_mask=visible, scale=scale)
+    return out.transpose(0, 1).float()
+
+
+@pytest.mark.parametrize(("n", "first_pos", "hq", "hkv", "d", "bs", "window"), [
+    (37, 0, 6, 2, 64, 4, None),    # a whole prompt: a last tile of 5 rows, one of 5 keys
+    (37, 0, 6, 2, 64, 4, 9),       # a window shorter than a key tile
+    (20, 13, 4, 4, 40, 8, None),   # a chunk after 13 cached tokens; 40 dims: a last pass of 8
+    (50, 30, 7, 1, 128, 16, 17),   # 7 query heads a kv head (Qwen 0.5B's group); a window inside the chunk
+    (1, 5, 2, 1, 8, 4, None),      # one row
+    (70, 0, 9, 3, 64, 16, 200),    # SmolLM2's heads; a window longer than the prompt
+])
+def test_prefill_attention_matches_sdpa_over_gathered_keys(n: int, first_pos: int, hq: int, hkv: int, d: int,
+                                                           bs: int, window: int | None) -> None:
+    blocks = (first_pos + n + bs - 1) // bs + 3
+    k_cache, v_cache = rand(blocks, bs, hkv, d), rand(blocks, bs, hkv, d)
+    table = torch.randperm(blocks, generator=gen)
+    qkv = rand(n, hq + 2 * hkv, d)
+    q = qkv[:, :hq]  # rows strided, as a fused projection's output is
+    got = ops.prefill_attention(q, k_cache, v_cache, table, first_pos, window, 0.3)
+    torch.testing.assert_close(got, _prefill_reference(q, k_cache, v_cache, table, first_pos, window, 0.3),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_threaded_kernels_give_the_single_thread_bits() -> None:
     """Large enough calls split their outputs over the kernels' threads (tally/native/pool.h, as many as torch's
     count); every output is still computed by one thread in one order, so the bits do not depend on the count."""
@@ -173,11 +209,13 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
     panels = ops.pack_f16(rand(n, k))
     kc, vc = rand(64, 16, 4, 64), rand(64, 16, 4, 64)
     tables, lens, q = torch.arange(64).view(2, 32), torch.tensor([500, 300]), rand(2, 8, 64)
+    prompt = rand(300, 8, 64)  # the last 300 tokens of a 500-token sequence
 
     def run_all() -> list[torch.Tensor]:
         return [ops.gemm_q4(x, q4, d, m, None, 32, n), ops.gemm_q4(x, q6, d16, None, None, 16, n, qh=qh),
                 ops.gemm_q8(x, q8, s, None, k, n), ops.gemm_f16(x, panels, n, None),
-                ops.decode_attention(q, kc, vc, tables, lens, None, 0.125)]
+                ops.decode_attention(q, kc, vc, tables, lens, None, 0.125),
+                ops.prefill_attention(prompt, kc, vc, tables[0], 200, None, 0.125)]
 
     before = torch.get_num_threads()
     try:
@@ -253,7 +291,8 @@ def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
     """The wider builds (AVX-VNNI, AVX-512) are the same source with other flags and form the same integer sums: on
     whichever CPU runs the tests, each build it can run matches the AVX2 build bit for bit, over every integer
     format, row counts around the micro-tiles (4 rows; AVX-512: 8) and past a 64-row pass, a group of 16, and an
-    odd number of tiles whose last is partial (AVX-512 pairs tiles)."""
+    odd number of tiles whose last is partial (AVX-512 pairs tiles); and prefill attention, whose AVX-512 passes
+    make the same multiply-adds per lane."""
     from tally.native import library
 
     n, k = 68, 256
@@ -279,6 +318,19 @@ def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
 
     found = library.builds()
     baseline = library.load_build(found.pop("avx2"))
+    for hq, hkv, dim in ((9, 3, 64), (7, 1, 40)):  # prefill attention: 40 dims end inside a 64-dim pass
+        kc, vc = rand(8, 16, hkv, dim), rand(8, 16, hkv, dim)
+        q, table = rand(70, hq, dim), torch.randperm(8, generator=gen)
+
+        def attend(lib) -> torch.Tensor:
+            out = torch.empty(70, hq, dim)
+            lib.tally_prefill_attention(q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(), table.data_ptr(), 70,
+                                        30, hq, hkv, dim, 16, 0, 0.125, out.data_ptr())
+            return out
+
+        want = attend(baseline)
+        for name, flags in found.items():
+            assert torch.equal(want, attend(library.load_build(flags))), name
     for rows in (1, 3, 5, 8, 9, 70):
         x = rand(rows, k)
         want = run(baseline, x)

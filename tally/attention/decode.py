@@ -75,9 +75,9 @@ def _group(
     return DecodeGroup(rows, slots, mask, block_size)
 
 
-def native_decode_supported(k_cache: KVCache, config: AttentionConfig) -> bool:
-    """The C kernel (tally/native) reads an fp32 cache in place, through the block tables: no gather copy and
-    one call per layer instead of a dozen."""
+def native_attention_supported(k_cache: KVCache, config: AttentionConfig) -> bool:
+    """The C kernels (tally/native: decode rows, and a prompt's rows in auto.py) read an fp32 cache in place,
+    through the block tables: no gather copy and one call per layer instead of a dozen."""
     return (config.compute_dtype == torch.float32 and isinstance(k_cache, torch.Tensor)
             and k_cache.dtype == torch.float32 and native.vector_supported(config.head_dim) and native.available())
 
@@ -88,7 +88,7 @@ def decode_attention(
 ) -> torch.Tensor:
     """q [n, Hq, D] of the n = meta.num_decode_tokens decode rows -> [n, Hq, D] in the compute dtype."""
     n = q.shape[0]
-    if native_decode_supported(k_cache, config):
+    if native_attention_supported(k_cache, config):
         lens = meta.memo("context_lens", lambda: torch.tensor(meta.context_lens[:n], dtype=torch.int64))
         return native.decode_attention(q, k_cache, v_cache, meta.block_tables, lens, config.sliding_window,
                                        config.scale)

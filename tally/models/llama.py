@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tally.attention.decode import native_decode_supported
+from tally.attention.decode import native_attention_supported
 from tally.attention.interface import AttentionBackend
 from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
@@ -57,7 +57,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[KVCache, KVCache], meta: AttentionMetadata) -> torch.Tensor:
-        if self.native and self.key_scale is None and native_decode_supported(kv_cache[0], self.attn.config):
+        if self.native and self.key_scale is None and native_attention_supported(kv_cache[0], self.attn.config):
             return self._forward_native(h, rope, kv_cache, meta)
         cfg = self.cfg
         t = h.shape[0]

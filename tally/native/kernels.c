@@ -458,6 +458,15 @@ void tally_decode_attention(const float *q, int64_t q_stride, const float *k_cac
                      block_size, window, scale, out);
 }
 
+#include "prefill_attention.h"  /* prefill_attention: causal attention of a prompt's rows of one sequence */
+
+void tally_prefill_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+                             const int64_t *block_table, int64_t n, int64_t first_pos, int64_t Hq, int64_t Hkv,
+                             int64_t D, int64_t block_size, int64_t window, float scale, float *out) {
+    prefill_attention(q, q_stride, k_cache, v_cache, block_table, n, first_pos, Hq, Hkv, D, block_size, window,
+                      scale, out);
+}
+
 /* ---- A whole decode step through every layer, in one call ---------------------------------------------
  * For decode-only steps of models whose projections all have native formats: per layer the same sequence as
  * DecoderLayer._forward_native (norm, qkv, rotary + cache write, paged attention, o into the residual, norm,

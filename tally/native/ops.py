@@ -187,6 +187,25 @@ def vector_supported(dim: int) -> bool:
     return dim % 8 == 0
 
 
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                      first_pos: int, window: int | None, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [n, Hq, D] (rows may be strided, heads contiguous): one sequence's tokens at positions first_pos ..
+    first_pos + n - 1, causal over its fp32 caches [blocks, block_size, Hkv, D] through block_table int64 [blocks]
+    (those tokens' keys already written) -> [n, Hq, D] fp32, written into `out` when given."""
+    n, hq, d = q.shape
+    if q.stride(2) != 1 or q.stride(1) != d:
+        q = q.contiguous()
+    target = out if out is not None and out.is_contiguous() else torch.empty(n, hq, d, dtype=torch.float32)
+    load().tally_prefill_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                                   block_table.data_ptr(), n, first_pos, hq, k_cache.shape[2], d, k_cache.shape[1],
+                                   window or 0, scale, target.data_ptr())
+    if out is None:
+        return target
+    if target is not out:
+        out.copy_(target)
+    return out
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     y = torch.empty_like(x)
     load().tally_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps)
