@@ -227,20 +227,26 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
             }
             pa_scores_all(qs, kt, D, M, s);
             int64_t m;
+            /* every row sees every key of the tile (the usual case, below the diagonal and inside the window):
+             * no masks to apply */
+            int full = nk == PA_KEYS && k0 + PA_KEYS - 1 <= first && !(a->window > 0 && k0 <= last - a->window);
             /* the tile's max per query vector, keys a row may not see set to -inf */
             for (m = 0; m < M; m++) {
-                /* row position pos sees keys (pos - window, pos]: tile lanes [begin, end) */
-                int64_t pos = first + m / G;
-                int64_t end = pos + 1 - k0 < nk ? pos + 1 - k0 : nk;
-                int64_t begin = a->window > 0 && pos - a->window + 1 > k0 ? pos - a->window + 1 - k0 : 0;
-                __m256 b = _mm256_set1_ps((float)begin), e = _mm256_set1_ps((float)end);
-                __m256 ok0 = _mm256_and_ps(_mm256_cmp_ps(iota0, b, _CMP_GE_OQ), _mm256_cmp_ps(iota0, e, _CMP_LT_OQ));
-                __m256 ok1 = _mm256_and_ps(_mm256_cmp_ps(iota1, b, _CMP_GE_OQ), _mm256_cmp_ps(iota1, e, _CMP_LT_OQ));
                 float *sm = s + m * PA_KEYS;
-                __m256 s0 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sm), ok0);
-                __m256 s1 = _mm256_blendv_ps(ninf, _mm256_loadu_ps(sm + 8), ok1);
-                _mm256_storeu_ps(sm, s0);
-                _mm256_storeu_ps(sm + 8, s1);
+                __m256 s0 = _mm256_loadu_ps(sm), s1 = _mm256_loadu_ps(sm + 8);
+                if (!full) {
+                    /* row position pos sees keys (pos - window, pos]: tile lanes [begin, end) */
+                    int64_t pos = first + m / G;
+                    int64_t end = pos + 1 - k0 < nk ? pos + 1 - k0 : nk;
+                    int64_t begin = a->window > 0 && pos - a->window + 1 > k0 ? pos - a->window + 1 - k0 : 0;
+                    __m256 b = _mm256_set1_ps((float)begin), e = _mm256_set1_ps((float)end);
+                    s0 = _mm256_blendv_ps(ninf, s0, _mm256_and_ps(_mm256_cmp_ps(iota0, b, _CMP_GE_OQ),
+                                                                  _mm256_cmp_ps(iota0, e, _CMP_LT_OQ)));
+                    s1 = _mm256_blendv_ps(ninf, s1, _mm256_and_ps(_mm256_cmp_ps(iota1, b, _CMP_GE_OQ),
+                                                                  _mm256_cmp_ps(iota1, e, _CMP_LT_OQ)));
+                    _mm256_storeu_ps(sm, s0);
+                    _mm256_storeu_ps(sm + 8, s1);
+                }
                 tmax[m] = hmax(_mm256_max_ps(s0, s1));
             }
             /* 8 query vectors at once: the new max, the shift (0 while a row has seen no key: its probabilities
@@ -248,7 +254,8 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
             for (m = 0; m < M; m += 8) {
                 __m256 old = _mm256_loadu_ps(mx + m), nm = _mm256_max_ps(old, _mm256_loadu_ps(tmax + m));
                 __m256 sh = _mm256_blendv_ps(nm, zero, _mm256_cmp_ps(nm, ninf, _CMP_EQ_OQ));
-                __m256 al = _mm256_blendv_ps(exp256(_mm256_sub_ps(old, sh)), zero, _mm256_cmp_ps(old, ninf, _CMP_EQ_OQ));
+                __m256 al = _mm256_blendv_ps(exp256(_mm256_sub_ps(old, sh)), zero,
+                                             _mm256_cmp_ps(old, ninf, _CMP_EQ_OQ));
                 _mm256_storeu_ps(mx + m, nm);
                 _mm256_storeu_ps(shift + m, sh);
                 _mm256_storeu_ps(alpha + m, al);
@@ -256,8 +263,11 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
             for (m = 0; m < M; m++) {
                 float *sm = s + m * PA_KEYS;
                 __m256 s0 = _mm256_loadu_ps(sm), s1 = _mm256_loadu_ps(sm + 8), vs = _mm256_set1_ps(shift[m]);
-                __m256 p0 = _mm256_and_ps(exp256(_mm256_sub_ps(s0, vs)), _mm256_cmp_ps(s0, ninf, _CMP_NEQ_OQ));
-                __m256 p1 = _mm256_and_ps(exp256(_mm256_sub_ps(s1, vs)), _mm256_cmp_ps(s1, ninf, _CMP_NEQ_OQ));
+                __m256 p0 = exp256(_mm256_sub_ps(s0, vs)), p1 = exp256(_mm256_sub_ps(s1, vs));
+                if (!full) {  /* exp256 clamps: a masked key's exp(-inf) would be ~1e-38, not 0 */
+                    p0 = _mm256_and_ps(p0, _mm256_cmp_ps(s0, ninf, _CMP_NEQ_OQ));
+                    p1 = _mm256_and_ps(p1, _mm256_cmp_ps(s1, ninf, _CMP_NEQ_OQ));
+                }
                 _mm256_storeu_ps(sm, p0);
                 _mm256_storeu_ps(sm + 8, p1);
                 sum[m] = sum[m] * alpha[m] + hsum(_mm256_add_ps(p0, p1));
