@@ -1,8 +1,9 @@
 """The "auto" backend: per prefill sequence, the kernel that suits its mask.
 
 Over an fp32 cache, every prefill (whole prompt or a chunk after cached tokens, windowed or not) goes to the native
-causal kernel (tally/native/prefill_attention.h), which reads the cache in place and skips masked tiles: 1.5-1.9x
-torch's CPU flash attention on SmolLM2's ~550-token prompts (bench/prefill_attention.py). Otherwise:
+causal kernel (tally/native/prefill_attention.h), which reads the cache in place and skips masked tiles: 2-4.6x the
+PyTorch paths below a layer up to 1,024 tokens, 1.7-1.9x at 2,048-4,096 (`python bench/prefill_attention.py`).
+Otherwise:
 a plain causal prefill goes to the reference path, where torch's fused CPU flash kernel needs no
 mask at all. A chunk after cached tokens, or a sliding window, needs an explicit mask; SDPA would
 materialise it as an [Lq, Lk] float tensor (bench/attention_tiled.py: 56 MiB for a 2048-token

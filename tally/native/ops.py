@@ -188,7 +188,8 @@ def vector_supported(dim: int) -> bool:
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                      first_pos: int, window: int | None, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                      first_pos: int, window: int | None, scale: float,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """q [n, Hq, D] (rows may be strided, heads contiguous): one sequence's tokens at positions first_pos ..
     first_pos + n - 1, causal over its fp32 caches [blocks, block_size, Hkv, D] through block_table int64 [blocks]
     (those tokens' keys already written) -> [n, Hq, D] fp32, written into `out` when given."""
