@@ -7,8 +7,9 @@
  * vectors against 16 keys in registers (AVX-512: 8 vectors; no sums across lanes); the running max and sum per
  * query vector; then the probabilities times the tile's values into each query vector's output, 3 query vectors x
  * 32 dims in registers (AVX-512: 5 x 64).
- * Keys above a row's position or below its window are masked to an exact 0 probability, and tiles wholly above
- * the item's last row are never read. Keys and values are read in place from their blocks (no gather copy).
+ * Keys above a row's position or below its window are masked to an exact 0 probability (tiles every row sees
+ * whole skip the masks), and tiles wholly above the item's last row or below its first row's window are never
+ * read. Keys and values are read in place from their blocks (no gather copy).
  * Why not torch's CPU flash attention: 4.5-6 ms a layer for SmolLM2's ~550-token prompts on the 2-core Zen 5 VM,
  * ~40 GFLOP/s, a third of the whole prefill; this kernel 1.6 ms there (`python bench/prefill_attention.py`). */
 
@@ -302,7 +303,7 @@ static void prefill_attention(const float *q, int64_t q_stride, const float *k_c
     int64_t tiles = (n + PA_ROWS - 1) / PA_ROWS;
     PrefillJob job = {q, k_cache, v_cache, block_table, q_stride, n, first_pos, Hq, Hkv, D, block_size, window,
                       tiles, scale, out};
-    int64_t keys = first_pos + n;  /* work: each row against about half the keys, in every query head */
+    int64_t keys = first_pos + n / 2 + 1;  /* work: a row sees the cached keys and about half the new ones */
     /* no spinning after it: torch's matmuls come next, on the same cores */
-    parallel_for_then(Hkv * tiles, n * (keys / 2 + 1) * Hq * D, prefill_heads, &job, 0);
+    parallel_for_then(Hkv * tiles, n * keys * Hq * D, prefill_heads, &job, 0);
 }
