@@ -51,6 +51,7 @@ static inline void transpose8(const float *const *rows, int64_t d, float *dst, i
 }
 
 #ifdef TALLY_AVX512
+#define PA_SCORE_ROWS 8  /* query vectors a score pass: 8 accumulators of 16 keys */
 /* The AVX-512 build: the same multiply-adds in the same order per lane as the 32-byte code below (a tile's 16
  * keys are one vector of scores; 64 output dims are 4 vectors), so both builds give the same bits. */
 static inline __attribute__((always_inline)) void pa_scores(const float *qs, const float *kt, int64_t D, int mr,
@@ -62,20 +63,6 @@ static inline __attribute__((always_inline)) void pa_scores(const float *qs, con
         for (int i = 0; i < mr; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(qs[i * D + d]), k, acc[i]);
     }
     for (int i = 0; i < mr; i++) _mm512_storeu_ps(s + i * PA_KEYS, acc[i]);
-}
-
-static void pa_scores_all(const float *qs, const float *kt, int64_t D, int64_t M, float *s) {
-    int64_t m = 0;
-    for (; m + 8 <= M; m += 8) pa_scores(qs + m * D, kt, D, 8, s + m * PA_KEYS);
-    switch (M - m) {
-        case 7: pa_scores(qs + m * D, kt, D, 7, s + m * PA_KEYS); break;
-        case 6: pa_scores(qs + m * D, kt, D, 6, s + m * PA_KEYS); break;
-        case 5: pa_scores(qs + m * D, kt, D, 5, s + m * PA_KEYS); break;
-        case 4: pa_scores(qs + m * D, kt, D, 4, s + m * PA_KEYS); break;
-        case 3: pa_scores(qs + m * D, kt, D, 3, s + m * PA_KEYS); break;
-        case 2: pa_scores(qs + m * D, kt, D, 2, s + m * PA_KEYS); break;
-        case 1: pa_scores(qs + m * D, kt, D, 1, s + m * PA_KEYS); break;
-    }
 }
 
 /* o[m][d0 .. d0 + 64) (lanes past D masked) = o[m] * alpha[m] + sum_t p[m][t] * v[t] there, mr <= 5 */
@@ -120,6 +107,7 @@ static void pa_weighted_v_all(const float *p, const float *alpha, const float *c
     }
 }
 #else
+#define PA_SCORE_ROWS 4  /* query vectors a score pass: 8 accumulators (two of 8 keys each) */
 /* s[m][0..16) = qs[m] . kt[:, 0..16) for the query vectors m0 .. m0 + MR - 1 (qs pre-scaled, kt [D][16]) */
 static inline __attribute__((always_inline)) void pa_scores(const float *qs, const float *kt, int64_t D, int mr,
                                                             float *s) {
@@ -161,16 +149,6 @@ static inline __attribute__((always_inline)) void pa_weighted_v(const float *p, 
         for (int c = 0; c < nc; c++) _mm256_storeu_ps(o + i * D + d0 + 8 * c, acc[i][c]);
 }
 
-static void pa_scores_all(const float *qs, const float *kt, int64_t D, int64_t M, float *s) {
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) pa_scores(qs + m * D, kt, D, 4, s + m * PA_KEYS);
-    switch (M - m) {
-        case 3: pa_scores(qs + m * D, kt, D, 3, s + m * PA_KEYS); break;
-        case 2: pa_scores(qs + m * D, kt, D, 2, s + m * PA_KEYS); break;
-        case 1: pa_scores(qs + m * D, kt, D, 1, s + m * PA_KEYS); break;
-    }
-}
-
 static void pa_weighted_v_all(const float *p, const float *alpha, const float *const *v, int nk, int64_t D,
                               int64_t M, float *o) {
     for (int64_t d0 = 0; d0 < D; d0 += 32) {
@@ -183,6 +161,24 @@ static void pa_weighted_v_all(const float *p, const float *alpha, const float *c
     }
 }
 #endif
+
+/* Every query vector's scores: passes of PA_SCORE_ROWS, then the rest with a constant count, so that the
+ * accumulators stay in registers */
+static void pa_scores_all(const float *qs, const float *kt, int64_t D, int64_t M, float *s) {
+    int64_t m = 0;
+    for (; m + PA_SCORE_ROWS <= M; m += PA_SCORE_ROWS) pa_scores(qs + m * D, kt, D, PA_SCORE_ROWS, s + m * PA_KEYS);
+    switch (M - m) {
+#ifdef TALLY_AVX512
+        case 7: pa_scores(qs + m * D, kt, D, 7, s + m * PA_KEYS); break;
+        case 6: pa_scores(qs + m * D, kt, D, 6, s + m * PA_KEYS); break;
+        case 5: pa_scores(qs + m * D, kt, D, 5, s + m * PA_KEYS); break;
+        case 4: pa_scores(qs + m * D, kt, D, 4, s + m * PA_KEYS); break;
+#endif
+        case 3: pa_scores(qs + m * D, kt, D, 3, s + m * PA_KEYS); break;
+        case 2: pa_scores(qs + m * D, kt, D, 2, s + m * PA_KEYS); break;
+        case 1: pa_scores(qs + m * D, kt, D, 1, s + m * PA_KEYS); break;
+    }
+}
 
 /* Items in the order tile 0, tile T-1, tile 1, tile T-2, ... per kv head: a causal tile's cost grows with its
  * position, so any run of consecutive items (a thread's chunk, pool.h) holds cheap and dear ones alike. */
