@@ -19,13 +19,14 @@ from collections.abc import Callable
 
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
+from decode_attention import best_us  # bench/ is on sys.path when a script here runs
+from workload import corpus_token_ids
 
 from tally import LLM, SamplingParams
 from tally.attention import auto
 from tally.attention.auto import AutoBackend
 from tally.attention.interface import AttentionConfig
 from tally.attention.metadata import AttentionMetadata
-from tally.traces import DATA_DIR
 
 SHAPES = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64)}
 BLOCK_SIZE = 16
@@ -35,18 +36,6 @@ NATIVE_SUPPORTED = auto.native_attention_supported
 def torch_path(on: bool) -> None:
     """Route the auto backend's prefills to the PyTorch kernels (on) or back to the native one."""
     auto.native_attention_supported = (lambda *_: False) if on else NATIVE_SUPPORTED
-
-
-def best_ms(fns: list[Callable[[], None]], calls: int, rounds: int = 7) -> list[float]:
-    best = [float("inf")] * len(fns)
-    for _ in range(rounds):
-        for i, f in enumerate(fns):
-            f()
-            start = time.perf_counter()
-            for _ in range(calls):
-                f()
-            best[i] = min(best[i], (time.perf_counter() - start) / calls)
-    return [b * 1e3 for b in best]
 
 
 def one_layer(heads: int, kv_heads: int, dim: int, cached: int, new: int, gen: torch.Generator) -> Callable[[], None]:
@@ -79,7 +68,8 @@ def kernels(prompts: list[int]) -> None:
                 torch_path(True)
                 run()
 
-            t_native, t_torch = best_ms([native, pytorch], calls=max(2, 200_000 // (new * (cached + new // 2))))
+            t_native, t_torch = (t / 1e3 for t in best_us([native, pytorch],
+                                                          calls=max(2, 200_000 // (new * (cached + new // 2)))))
             print(f"| {name} | {label} | {t_native:.2f} | {t_torch:.2f} | {t_torch / t_native:.2f}× |", flush=True)
     torch_path(False)
 
@@ -88,8 +78,7 @@ def whole(lengths: list[int], repeats: int) -> None:
     """The built-in model's prefill (max_tokens=1: the prompt and one sampled token), native and PyTorch attention
     alternating, each prompt a new slice of the bundled Shakespeare (prefix caching off)."""
     llm = LLM(None, max_model_len=4096, enable_prefix_caching=False)
-    tokenizer, engine = llm.get_tokenizer(), llm.engine
-    words = (DATA_DIR / "shakespeare.txt").read_text().split()
+    corpus, engine = corpus_token_ids(llm.get_tokenizer()), llm.engine
     rng = random.Random(0)
     params = SamplingParams(temperature=0.0, max_tokens=1)
     print("\n| prompt tokens | native attention ms | PyTorch attention ms | PyTorch / native (median of pairs) |")
@@ -97,8 +86,8 @@ def whole(lengths: list[int], repeats: int) -> None:
     for length in lengths:
         times: dict[bool, list[float]] = {False: [], True: []}
         for i in range(repeats * 2 + 2):
-            start = rng.randrange(len(words) - 4 * length)
-            ids = tokenizer.encode(" ".join(words[start:start + length]))[:length]
+            start = rng.randrange(len(corpus) - length)
+            ids = corpus[start:start + length]
             use_torch = i % 2 == 1
             torch_path(use_torch)
             began = time.perf_counter()

@@ -46,8 +46,7 @@ static inline __m256i high_bits(__m256i plane, int s, int p) {  /* 16 << p in ea
 
 /* AVX-512 (VNNI and BW: Zen 4/5, Intel since Ice Lake), one tile (a job of 1 to 3 rows: int_tile): two chunks side
  * by side in one 64-byte vector, the same layout and the same integer sums as the 256-bit loop below, in half its
- * instructions. Lanes 0-7 hold chunk c's
- * 8 outputs, lanes 8-15 chunk c + 1's; the halves add up at the end. A row's activations for both chunks come
+ * instructions. Lanes 0-7 hold chunk c's 8 outputs, lanes 8-15 chunk c + 1's; the halves add up at the end. A row's activations for both chunks come
  * from one 16-byte load, their 4-byte units spread over the halves by one permute. High bits: the plane, in the
  * upper half shifted right by 2, puts chunk c + 1's vectors (2c + 2, 2c + 3) where the lower half has chunk c's,
  * so one uniform shift serves both halves (high_bits' rule; the bits a 16-bit shift by 2 brings in from the
