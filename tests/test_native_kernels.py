@@ -159,6 +159,30 @@ def test_decode_attention_rows_of_one_sequence_give_each_rows_own_bits(window: i
         assert torch.equal(together[r], alone[0]), r
 
 
+@pytest.mark.parametrize("window", [None, 100, 300])
+def test_decode_attention_over_several_chunks_matches_sdpa_and_each_row_alone(window: int | None) -> None:
+    """Long contexts are cut into chunks of 128 keys (items for the threads, combined per row): rows of one sequence
+    whose contexts cross a chunk's end, and a row of another sequence, each match SDPA over their gathered keys and
+    give the bits they give alone."""
+    hq, hkv, d, bs = 6, 2, 32, 16
+    blocks = 40
+    k_cache, v_cache = rand(blocks, bs, hkv, d), rand(blocks, bs, hkv, d)
+    table = torch.randperm(blocks, generator=gen)
+    tables = torch.stack([table] * 6 + [table.flip(0)])
+    lens = torch.tensor([252 + i for i in range(6)] + [141])  # 252..257 cross the second chunk's end at 256
+    q = rand(7, hq, d)
+    together = ops.decode_attention(q, k_cache, v_cache, tables, lens, window, 0.2)
+    for r in range(7):
+        alone = ops.decode_attention(q[r:r + 1], k_cache, v_cache, tables[r:r + 1], lens[r:r + 1], window, 0.2)
+        assert torch.equal(together[r], alone[0]), r
+        length = int(lens[r])
+        slots = torch.tensor([int(tables[r, i // bs]) * bs + i % bs for i in range(length)])
+        start = 0 if window is None else max(0, length - window)
+        k, v = (c.view(-1, hkv, d)[slots[start:]].double().repeat_interleave(hq // hkv, 1) for c in (k_cache, v_cache))
+        ref = F.scaled_dot_product_attention(q[r].double()[:, None], k.transpose(0, 1), v.transpose(0, 1), scale=0.2)
+        torch.testing.assert_close(together[r], ref[:, 0].float(), atol=1e-5, rtol=1e-5)
+
+
 def _prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
                        first_pos: int, window: int | None, scale: float) -> torch.Tensor:
     """Every row of q (positions first_pos..) against the keys it may see, gathered, in float64 SDPA."""
