@@ -1,9 +1,11 @@
 """The native paged decode attention against PyTorch's SDPA over the same keys gathered, one layer of SmolLM2-135M's
 shape (9 query heads, 3 KV heads, 64 dims), fp32 cache: one row, a speculative verify step's 5 rows of one sequence
 (each key read once for all of them), and 16 rows of 16 sequences, at several contexts. Best of 7 alternating rounds;
-the SDPA peer gets its keys already gathered (its gather is not timed), so its figure flatters it.
+the SDPA peer gets its keys already gathered (its gather is not timed), so its figure flatters it. --layers N gives
+each of N layers caches of its own, called in turn, so the keys come from memory as in a decode step (one layer's
+fit in the last-level cache); times are then per layer.
 
-    python bench/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400]
+    python bench/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400] [--layers 1]
 """
 from __future__ import annotations
 
@@ -65,27 +67,32 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--contexts", default="128,600,1200,2400")
+    p.add_argument("--layers", type=int, default=1, help="layers with caches of their own, called in turn")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     gen = torch.Generator().manual_seed(0)
-    print(f"{a.threads} threads; one layer, {HEADS} query / {KV_HEADS} KV heads x {HEAD_DIM}; µs per call")
+    print(f"{a.threads} threads; {a.layers} layer(s), {HEADS} query / {KV_HEADS} KV heads x {HEAD_DIM}; µs per layer")
     print("| context | rows | native µs | SDPA over gathered keys µs | SDPA / native |")
     print("|---|---|---|---|---|")
     for context in (int(c) for c in a.contexts.split(",")):
         for rows, one_sequence, label in ((1, True, "1"), (5, True, "5 of one sequence"), (16, False, "16 sequences")):
-            k_cache, v_cache, tables, lens, q = case(context, rows, one_sequence, gen)
-            kv = gathered(k_cache, v_cache, tables, lens)
+            layers = [case(context, rows, one_sequence, gen) for _ in range(a.layers)]
+            kvs = [gathered(k_cache, v_cache, tables, lens) for k_cache, v_cache, tables, lens, _ in layers]
 
             def native():
-                ops.decode_attention(q, k_cache, v_cache, tables, lens, None, SCALE)
+                for k_cache, v_cache, tables, lens, q in layers:
+                    ops.decode_attention(q, k_cache, v_cache, tables, lens, None, SCALE)
 
             def sdpa():
-                for r, (k, v) in enumerate(kv):
-                    F.scaled_dot_product_attention(q[r][None, :, None], k, v, scale=SCALE, enable_gqa=True)
+                for (*_, q), kv in zip(layers, kvs):
+                    for r, (k, v) in enumerate(kv):
+                        F.scaled_dot_product_attention(q[r][None, :, None], k, v, scale=SCALE, enable_gqa=True)
 
-            t_native, t_sdpa = best_us([native, sdpa], calls=max(3, 6000 // (context * rows) + 3))
+            calls = max(3, 6000 // (context * rows * a.layers) + 3)
+            t_native, t_sdpa = (t / a.layers for t in best_us([native, sdpa], calls))
             print(f"| {context} | {label} | {t_native:,.1f} | {t_sdpa:,.1f} | {t_sdpa / t_native:.2f}× |", flush=True)
-    print(f"\ncommand: python bench/decode_attention.py --threads {a.threads} --contexts {a.contexts}")
+    print(f"\ncommand: python bench/decode_attention.py --threads {a.threads} --contexts {a.contexts} "
+          f"--layers {a.layers}")
 
 
 if __name__ == "__main__":

@@ -10,12 +10,14 @@
  * keys at a time (one accumulator a key, summed across lanes 8 at once), the chunk's max and sum of exponentials,
  * then the exponential-weighted V with each output head's D values held in registers; K and V are read in place from
  * their blocks (no gather copy). The chunks' partial outputs are then combined per row (flash-decoding's split of
- * the keys): before, the items were (rows, kv head), so SmolLM2's 3 kv heads split 2:1 over 2 threads and a context
- * under ~450 keys ran on one; at 1,500 keys the built-in model's decode step went from 20.6-23.2 to 18.5-20.0 ms
- * (AVX2 EPYC, 2 threads, alternating processes). Consecutive rows of one sequence (a speculative verify step's
- * positions, a prompt run as decodes) read each key once for all their queries; chunks count from the row's first
- * key, so a row's arithmetic is the same, key by key, with or without its neighbours and on any thread count:
- * grouping and threads never change a result. */
+ * the keys): before, the items were (rows, kv head), so one sequence used at most Hkv threads (SmolLM2's 3 heads
+ * split 2:1 over 2). Measured (docs/benchmarks.md, session 17, 2 threads): 1.25-1.7x for one row at 1,200-2,400
+ * keys while the keys sit in cache; level when each layer's keys come from memory (30 layers' caches), where the
+ * kernel reads 5-8 GB/s of a 10-16 GB/s stream for reasons not found (prefetching, key-order reads and huge pages
+ * tried: no change). Consecutive rows of one sequence (a speculative verify step's positions, a prompt run as
+ * decodes) read each key once for all their queries; chunks count from the row's first key, so a row's arithmetic
+ * is the same, key by key, with or without its neighbours and on any thread count: grouping and threads never
+ * change a result. */
 static inline __m256 load8(const void *row, int64_t i, int int8) {  /* 8 values of an fp32 or int8 row */
     if (int8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
     return _mm256_loadu_ps((const float *)row + i);
