@@ -11,8 +11,8 @@
  * then the exponential-weighted V with each output head's D values held in registers; K and V are read in place from
  * their blocks (no gather copy). The chunks' partial outputs are then combined per row (flash-decoding's split of
  * the keys): before, the items were (rows, kv head), so one sequence used at most Hkv threads (SmolLM2's 3 heads
- * split 2:1 over 2). Measured (docs/benchmarks.md, session 17, 2 threads): 1.25-1.7x for one row at 1,200-2,400
- * keys while the keys sit in cache; level when each layer's keys come from memory (30 layers' caches), where the
+ * split 2:1 over 2). Measured (docs/benchmarks.md, session 17, 2 threads): 1.2-1.7x for one row at 2,400 keys while
+ * the keys sit in cache; level when each layer's keys come from memory (30 layers' caches), where the
  * kernel reads 5-8 GB/s of a 10-16 GB/s stream for reasons not found (prefetching, key-order reads and huge pages
  * tried: no change). Consecutive rows of one sequence (a speculative verify step's positions, a prompt run as
  * decodes) read each key once for all their queries; chunks count from the row's first key, so a row's arithmetic
