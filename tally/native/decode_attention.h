@@ -96,7 +96,7 @@ static void weighted_v(const float *p, const int64_t *slots, int64_t len, const 
     }
 }
 
-#define KAHEAD 16      /* keys ahead whose K is fetched (8-32 measured alike) */
+#define KAHEAD 16      /* keys ahead whose K is fetched (8-32 alike in a variant whose items read every head) */
 #define ATT_ROWS 8     /* rows of one sequence that share their keys' reads */
 #define ATT_CHUNK 128  /* keys an item takes, counted from the row's first key: a fixed count, so a row's sums
                         * depend neither on the threads nor on its neighbours */
