@@ -1,11 +1,14 @@
 """The native paged decode attention against PyTorch's SDPA over the same keys gathered, one layer of SmolLM2-135M's
-shape (9 query heads, 3 KV heads, 64 dims), fp32 cache: one row, a speculative verify step's 5 rows of one sequence
-(each key read once for all of them), and 16 rows of 16 sequences, at several contexts. Best of 7 alternating rounds;
-the SDPA peer gets its keys already gathered (its gather is not timed), so its figure flatters it. --layers N gives
-each of N layers caches of its own, called in turn, so the keys come from memory as in a decode step (one layer's
-fit in the last-level cache); times are then per layer.
+shape (9 query heads, 3 KV heads, 64 dims): one row, a speculative verify step's 5 rows of one sequence (each key
+read once for all of them), and 16 rows of 16 sequences, at several contexts. Best of 7 alternating rounds; the SDPA
+peer gets its fp32 keys already gathered (its gather is not timed), so its figure flatters it. The native kernel
+runs over an fp32 cache and over each of --kv-dtypes (the same values rounded: fp16 / bf16 caches are read in place
+and widened as they load), with the fp32 cache's time over theirs. --layers N gives each of N layers caches of its
+own, called in turn, so the keys come from memory as in a decode step (one layer's fit in the last-level cache);
+times are then per layer.
 
     python bench/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400] [--layers 1]
+                                     [--kv-dtypes float16,bfloat16]
 """
 from __future__ import annotations
 
@@ -68,20 +71,27 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--contexts", default="128,600,1200,2400")
     p.add_argument("--layers", type=int, default=1, help="layers with caches of their own, called in turn")
+    p.add_argument("--kv-dtypes", default="float16,bfloat16", help="16-bit caches timed beside fp32 ('' for none)")
     a = p.parse_args()
+    dtypes = [getattr(torch, name) for name in a.kv_dtypes.split(",") if name]
     torch.set_num_threads(a.threads)
     gen = torch.Generator().manual_seed(0)
     print(f"{a.threads} threads; {a.layers} layer(s), {HEADS} query / {KV_HEADS} KV heads x {HEAD_DIM}; µs per layer")
-    print("| context | rows | native µs | SDPA over gathered keys µs | SDPA / native |")
-    print("|---|---|---|---|---|")
+    names = [str(d).removeprefix("torch.") for d in dtypes]
+    print("| context | rows | native µs | SDPA over gathered keys µs | SDPA / native |"
+          + "".join(f" native {n} µs | fp32 / {n} |" for n in names))
+    print("|---|---|---|---|---|" + "---|---|" * len(names))
     for context in (int(c) for c in a.contexts.split(",")):
         for rows, one_sequence, label in ((1, True, "1"), (5, True, "5 of one sequence"), (16, False, "16 sequences")):
             layers = [case(context, rows, one_sequence, gen) for _ in range(a.layers)]
             kvs = [gathered(k_cache, v_cache, tables, lens) for k_cache, v_cache, tables, lens, _ in layers]
 
-            def native():
+            def native(layers=layers):
                 for k_cache, v_cache, tables, lens, q in layers:
                     ops.decode_attention(q, k_cache, v_cache, tables, lens, None, SCALE)
+
+            narrow = [[(k.to(d), v.to(d), *rest) for k, v, *rest in layers] for d in dtypes]
+            narrow_fns = [lambda layers=cast: native(layers) for cast in narrow]
 
             def sdpa():
                 for (*_, q), kv in zip(layers, kvs):
@@ -89,10 +99,11 @@ def main() -> None:
                         F.scaled_dot_product_attention(q[r][None, :, None], k, v, scale=SCALE, enable_gqa=True)
 
             calls = max(3, 6000 // (context * rows * a.layers) + 3)
-            t_native, t_sdpa = (t / a.layers for t in best_us([native, sdpa], calls))
-            print(f"| {context} | {label} | {t_native:,.1f} | {t_sdpa:,.1f} | {t_sdpa / t_native:.2f}× |", flush=True)
+            t_native, t_sdpa, *t_narrow = (t / a.layers for t in best_us([native, sdpa, *narrow_fns], calls))
+            print(f"| {context} | {label} | {t_native:,.1f} | {t_sdpa:,.1f} | {t_sdpa / t_native:.2f}× |"
+                  + "".join(f" {t:,.1f} | {t_native / t:.2f}× |" for t in t_narrow), flush=True)
     print(f"\ncommand: python bench/decode_attention.py --threads {a.threads} --contexts {a.contexts} "
-          f"--layers {a.layers}")
+          f"--layers {a.layers} --kv-dtypes '{a.kv_dtypes}'")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ DTYPE_ALIASES = {"float": "float32", "fp32": "float32", "bf16": "bfloat16", "hal
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
 KV_CACHE_DTYPE_ALIASES = {**DTYPE_ALIASES, "float8": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8"}
 # What the CPU engine stores; float16 and fp8 are there for `tally plan` on GPU devices
-ENGINE_KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "int8")
+ENGINE_KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 QUANTIZATIONS = ("int8", "int4", "w8a8", "gguf")  # gguf: a GGUF file's blocks as stored
 METRICS_PREFIXES = {"tally": "tally:", "vllm": "vllm:"}  # --metrics-prefix NAME → the series' prefix
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -96,9 +96,11 @@ DTYPE = Flag("dtype", "weights and arithmetic. auto: fp32 checkpoints stay fp32;
 QUANTIZATION = Flag("quantization", "quantize on the fly (int8, int4, w8a8); gguf: a GGUF file's blocks as stored "
                                     "(the default for GGUF files); none: dequantize them",
                     choices=(*QUANTIZATIONS, "none"), aliases=("-q",))
-KV_CACHE_DTYPE = Flag("kv_cache_dtype", "the KV cache's values. auto: the compute dtype; int8 holds twice the tokens "
-                                        "of bfloat16. The CPU engine stores auto, float32, bfloat16 and int8; tally "
-                                        "plan also plans float16 and fp8 (GPU devices)",
+KV_CACHE_DTYPE = Flag("kv_cache_dtype", "the KV cache's values. auto: the compute dtype (exact); float16 and "
+                                        "bfloat16 halve fp32's bytes (llama.cpp stores f16), int8 halves them again "
+                                        "(with a scale per block and head); attention reads each in place with fp32 "
+                                        "arithmetic. The CPU engine stores auto, float32, float16, bfloat16 and int8; "
+                                        "tally plan also plans fp8 (GPU devices)",
                       default="auto", type=canonical(KV_CACHE_DTYPE_ALIASES), choices=KV_CACHE_DTYPES)
 MAX_MODEL_LEN = Flag("max_model_len", "longest prompt + output in tokens", type=int, none_means="the model's context")
 MAX_NUM_SEQS = Flag("max_num_seqs", "requests decoded together at most", default=128,

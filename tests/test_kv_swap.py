@@ -39,7 +39,8 @@ def _assert_swap_space_empty(llm: LLM) -> None:
     assert_no_block_leak(llm)
 
 
-@pytest.mark.parametrize("arch, kv_cache_dtype", [("llama", "auto"), ("llama", "int8"), ("mistral", "auto")])
+@pytest.mark.parametrize("arch, kv_cache_dtype", [("llama", "auto"), ("llama", "int8"), ("llama", "float16"),
+                                                   ("mistral", "auto")])
 def test_swapped_requests_generate_what_unpreempted_ones_do(tiny_model_factory, arch, kv_cache_dtype):
     model = str(tiny_model_factory(arch))
     common = {"dtype": "float32", "kv_cache_dtype": kv_cache_dtype, "enable_prefix_caching": False}

@@ -112,6 +112,37 @@ def test_int8_kv_cache_in_the_one_call_step_equals_the_layer_by_layer_path(tiny_
             assert abs(la[tok].logprob - lb[tok].logprob) < 0.05
 
 
+@pytest.mark.parametrize("kv_cache_dtype, cache_dtype", [("float16", torch.float16), ("bfloat16", torch.bfloat16)])
+def test_16_bit_kv_cache_runs_natively_and_as_pytorch_runs_it(tiny_llama, monkeypatch, kv_cache_dtype, cache_dtype):
+    """fp16 and bf16 caches: the one-call step takes them (written and read in place, fp32 arithmetic) and matches
+    the layer-by-layer path, and the same model with the native kernels off (PyTorch casts into the cache and
+    widens what it gathers) picks the same greedy tokens."""
+    from tally.native.library import load
+
+    kwargs = dict(dtype="float16", kv_cache_dtype=kv_cache_dtype, kv_cache_memory=2_000_000)
+    llm = LLM(str(tiny_llama), **kwargs)
+    model = llm.engine.model
+    assert llm.engine.kv_caches[0][0].dtype == cache_dtype
+    assert model.native_step.applies(model, llm.engine.kv_caches)
+    assert_step_matches_layers(llm)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
+    native = llm.generate(PROMPTS, params)
+    monkeypatch.setenv("TALLY_NATIVE", "0")
+    load.cache_clear()
+    try:
+        reference = LLM(str(tiny_llama), **kwargs).generate(PROMPTS, params)
+    finally:
+        monkeypatch.delenv("TALLY_NATIVE")
+        load.cache_clear()
+    # Measured within 5e-5 on an AVX2-only CPU; the bound leaves room for a value whose fp32 inputs differ by an
+    # ulp (PyTorch's kernels against the C ones) to land one 16-bit step apart.
+    for a, b in zip(native, reference):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            tok = next(iter(la))
+            assert abs(la[tok].logprob - lb[tok].logprob) < 0.01
+
+
 def _int6(weight: torch.Tensor, bias: torch.Tensor) -> NativeInt4Linear:
     """Q6_K's form: 6-bit values in groups of 16, w = d * (q - 32)."""
     groups = weight.view(weight.shape[0], -1, 16)

@@ -106,23 +106,30 @@ def test_rms_norm_and_silu_mul() -> None:
     torch.testing.assert_close(ops.silu_mul(gu), F.silu(gu[:, :50]) * gu[:, 50:], atol=1e-6, rtol=1e-5)
 
 
-def test_rope_store_rotates_q_k_and_writes_the_cache() -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rope_store_rotates_q_k_and_writes_the_cache(cache_dtype: torch.dtype) -> None:
+    """The cache gets k and v cast as torch casts them (round to nearest even; fp16 overflows to inf and keeps
+    subnormals), so the native and the PyTorch writes of a token leave the same bits."""
     from tally.layers.rotary import RotaryEmbedding, apply_rotary
 
     hq, hkv, d, t = 4, 2, 16, 3
     qkv = rand(t, (hq + 2 * hkv) * d)
+    v_at = (hq + hkv) * d
+    qkv[0, v_at:v_at + 8] = torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -8, 1 + 3 * 2 ** -8, 65520.0,
+                                          3e-6, -0.0, 3.3e38])  # ties for fp16 and bf16, overflow, subnormal
     rope = RotaryEmbedding(d, 64, 10000.0, None, torch.float32)
     positions = torch.tensor([5, 9, 2])
     cos, sin = rope.lookup(positions)
     expected = apply_rotary(qkv[:, :(hq + hkv) * d].view(t, hq + hkv, d), cos, sin)
-    k_cache, v_cache = torch.zeros(4, 4, hkv, d), torch.zeros(4, 4, hkv, d)
+    k_cache, v_cache = torch.zeros(4, 4, hkv, d, dtype=cache_dtype), torch.zeros(4, 4, hkv, d, dtype=cache_dtype)
     slots = torch.tensor([3, 7, 12])
     got = qkv.clone()
     ops.rope_store(got, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous(), hq, hkv, d, k_cache, v_cache,
                    slots)
     torch.testing.assert_close(got[:, :(hq + hkv) * d].view(t, hq + hkv, d), expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(k_cache.view(-1, hkv, d)[slots], expected[:, hq:], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(v_cache.view(-1, hkv, d)[slots], qkv[:, (hq + hkv) * d:].view(t, hkv, d))
+    rotated_k = got[:, hq * d:v_at].view(t, hkv, d)
+    assert torch.equal(k_cache.view(-1, hkv, d)[slots], rotated_k.to(cache_dtype))
+    assert torch.equal(v_cache.view(-1, hkv, d)[slots], qkv[:, v_at:].view(t, hkv, d).to(cache_dtype))
 
 
 @pytest.mark.parametrize("window", [None, 5])
@@ -181,6 +188,26 @@ def test_decode_attention_over_several_chunks_matches_sdpa_and_each_row_alone(wi
         k, v = (c.view(-1, hkv, d)[slots[start:]].double().repeat_interleave(hq // hkv, 1) for c in (k_cache, v_cache))
         ref = F.scaled_dot_product_attention(q[r].double()[:, None], k.transpose(0, 1), v.transpose(0, 1), scale=0.2)
         torch.testing.assert_close(together[r], ref[:, 0].float(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float16, torch.bfloat16])
+def test_attention_over_a_16_bit_cache_gives_the_bits_of_its_values_in_fp32(cache_dtype: torch.dtype) -> None:
+    """fp16 and bf16 caches are read in place and widened as they load: decode rows (one sequence's rows across a
+    chunk's end, another sequence's row, with and without a window) and a prompt chunk after cached keys give
+    exactly what the kernels give over an fp32 cache holding the same values."""
+    hq, hkv, d, bs, blocks = 6, 2, 32, 16, 24
+    k16, v16 = rand(blocks, bs, hkv, d).to(cache_dtype), rand(blocks, bs, hkv, d).to(cache_dtype)
+    k32, v32 = k16.float(), v16.float()
+    table = torch.randperm(blocks, generator=gen)
+    tables = torch.stack([table] * 4 + [table.flip(0)])
+    lens = torch.tensor([126, 127, 128, 129, 200])
+    q = rand(5, hq, d)
+    for window in (None, 50):
+        assert torch.equal(ops.decode_attention(q, k16, v16, tables, lens, window, 0.2),
+                           ops.decode_attention(q, k32, v32, tables, lens, window, 0.2))
+        chunk = rand(37, hq + 2 * hkv, d)[:, :hq]
+        assert torch.equal(ops.prefill_attention(chunk, k16, v16, table, 100, window, 0.3),
+                           ops.prefill_attention(chunk, k32, v32, table, 100, window, 0.3))
 
 
 def _prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
@@ -348,8 +375,9 @@ def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
 
         def attend(lib) -> torch.Tensor:
             out = torch.empty(70, hq, dim)
-            lib.tally_prefill_attention(q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(), table.data_ptr(), 70,
-                                        30, hq, hkv, dim, 16, 0, 0.125, out.data_ptr())
+            lib.tally_prefill_attention(q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(),
+                                        ops.KV_KINDS[torch.float32], table.data_ptr(), 70, 30, hq, hkv, dim, 16, 0,
+                                        0.125, out.data_ptr())
             return out
 
         want = attend(baseline)

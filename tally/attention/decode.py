@@ -76,10 +76,11 @@ def _group(
 
 
 def native_attention_supported(k_cache: KVCache, config: AttentionConfig) -> bool:
-    """The C kernels (tally/native: decode rows, and a prompt's rows in auto.py) read an fp32 cache in place,
-    through the block tables: no gather copy and one call per layer instead of a dozen."""
+    """The C kernels (tally/native: decode rows, and a prompt's rows in auto.py) read an fp32, fp16 or bf16 cache
+    in place, through the block tables, with fp32 arithmetic: no gather copy and one call per layer instead of a
+    dozen."""
     return (config.compute_dtype == torch.float32 and isinstance(k_cache, torch.Tensor)
-            and k_cache.dtype == torch.float32 and native.vector_supported(config.head_dim) and native.available())
+            and k_cache.dtype in native.KV_KINDS and native.vector_supported(config.head_dim) and native.available())
 
 
 def decode_attention(

@@ -192,8 +192,8 @@ class EngineConfig:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}", param=name)
         if self.pipeline_parallel_size > 1 and self.kv_cache_dtype == "int8":
             # its key scales are measured by one prefill through the whole model (tally/models/key_smoothing.py)
-            raise ConfigError("kv_cache_dtype int8 does not run under pipeline parallelism yet; use auto, float32 or "
-                              "bfloat16, or split the model with tensor_parallel_size", param="kv_cache_dtype")
+            raise ConfigError("kv_cache_dtype int8 does not run under pipeline parallelism yet; use auto, float32, "
+                              "float16 or bfloat16, or split the model with tensor_parallel_size", param="kv_cache_dtype")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be ≥ 1, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 1:

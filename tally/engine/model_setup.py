@@ -232,6 +232,6 @@ def _allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int,
         scales = torch.zeros(shape[:3] + shape[4:5], dtype=torch.float32)
         return [(Int8KVCache(values[i, 0], scales[i, 0]), Int8KVCache(values[i, 1], scales[i, 1]))
                 for i in range(layout.num_layers)]
-    cache_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[layout.kv_dtype]
+    cache_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[layout.kv_dtype]
     pool = torch.zeros(shape, dtype=cache_dtype)
     return [(pool[i, 0], pool[i, 1]) for i in range(layout.num_layers)]

@@ -5,8 +5,9 @@ per-layer path spends ~7 ms a step outside the kernels, as measured on a 30-laye
 describes the model to C once — weight pointers, norms, cache pointers — and a decode-only step is then a single
 call. It applies when every projection is a native int4 / int8 / W8A8 layer (tally/quant/native_linear.py) or
 fp16 panels (tally/layers/dense.py), or several of them side by side (ConcatLinear: a GGUF's fused q/k/v whose
-parts are stored in different block types), the caches are fp32 or int8 (with its key smoothing) and no layer needs
-per-head q/k norms; otherwise `build` returns None (or `applies` says no) and the model runs layer by layer.
+parts are stored in different block types), the caches are fp32, fp16, bf16 or int8 (with its key smoothing) and
+no layer needs per-head q/k norms; otherwise `build` returns None (or `applies` says no) and the model runs layer
+by layer.
 
 The structs hold raw pointers: they stay valid because the model's tensors are never replaced after loading
 (in-place changes, such as the quality gate's deliberate zeroing, are seen). The caches are checked per step.
@@ -21,6 +22,7 @@ import torch
 from tally.attention.kv_cache import Int8KVCache
 from tally.layers.dense import ConcatLinear, Fp16WeightLinear
 from tally.native.library import load
+from tally.native.ops import KV_INT8, KV_KINDS
 from tally.quant.native_linear import (
     NativeInt4Linear,
     NativeInt8Linear,
@@ -38,8 +40,8 @@ class _Proj(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", _Proj), ("o", _Proj), ("gate_up", _Proj),
-                ("down", _Proj), ("k_cache", _P), ("v_cache", _P), ("k_scales", _P), ("v_scales", _P),
-                ("key_scale", _P), ("query_scale", _P)]
+                ("down", _Proj), ("k_cache", _P), ("v_cache", _P), ("kv_kind", _I), ("k_scales", _P),
+                ("v_scales", _P), ("key_scale", _P), ("query_scale", _P)]
 
 
 class _Model(ctypes.Structure):
@@ -98,13 +100,14 @@ class NativeDecodeStep:
         return cls(model, layers, keep)
 
     def applies(self, model: Any, kv_caches: list[tuple[Any, Any]]) -> bool:
-        """Whether this step can run: fp32 caches, or the int8 cache (with its key smoothing)."""
+        """Whether this step can run: fp32, fp16 or bf16 caches, or the int8 cache (with its key smoothing)."""
         if kv_caches is not self._caches:
             k0 = kv_caches[0][0]
             int8 = isinstance(k0, Int8KVCache)
-            if not (int8 or (isinstance(k0, torch.Tensor) and k0.dtype == torch.float32)):
+            if not (int8 or (isinstance(k0, torch.Tensor) and k0.dtype in KV_KINDS)):
                 return False
             for layer, decoder, (k, v) in zip(self._layers, model.layers, kv_caches):
+                layer.kv_kind = KV_INT8 if int8 else KV_KINDS[k.dtype]
                 if int8:
                     layer.k_cache, layer.v_cache = k.values.data_ptr(), v.values.data_ptr()
                     layer.k_scales, layer.v_scales = k.scales.data_ptr(), v.scales.data_ptr()

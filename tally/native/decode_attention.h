@@ -2,8 +2,8 @@
  * after hsum, exp256 and the kernels' threads (pool.h); reads K and V in place from the cache's blocks. */
 
 /* ---- Decode attention over the paged cache: one query token per row --------------------------------------
- * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] fp32, or int8 with
- * scales [blocks, Hkv] (the int8 KV cache, read as value * scale);
+ * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] of `kind` (kv_rows.h):
+ * fp32, fp16, bf16, or int8 with scales [blocks, Hkv] (the int8 KV cache, read as value * scale);
  * block_tables [n, bt_stride] int64; ctx [n] keys per row (the query's own included); window > 0 keeps the
  * last `window` keys. out [n, Hq, D].
  * Per (rows of one sequence, chunk of ATT_CHUNK keys, kv head): the scores of every query head sharing the head, 8
@@ -18,11 +18,6 @@
  * decodes) read each key once for all their queries; chunks count from the row's first key, so a row's arithmetic
  * is the same, key by key, with or without its neighbours and on any thread count: grouping and threads never
  * change a result. */
-static inline __m256 load8(const void *row, int64_t i, int int8) {  /* 8 values of an fp32 or int8 row */
-    if (int8) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
-    return _mm256_loadu_ps((const float *)row + i);
-}
-
 /* Lane i of the result: the sum of a[i]'s 8 lanes, as ((0+1)+(2+3))+((4+5)+(6+7)) */
 static inline __m256 lane_sums8(const __m256 *a) {
     __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -31,13 +26,13 @@ static inline __m256 lane_sums8(const __m256 *a) {
 }
 
 /* out[0..n) = (q . k[i]) * ks[i] for 8 keys (those past n repeat a real key: computed, not stored) */
-static inline void scores8(const float *q, const void *const *k, int64_t D, int int8, const float *ks, int n,
-                           float *out) {
+static inline __attribute__((always_inline)) void scores8(const float *q, const void *const *k, int64_t D, int kind,
+                                                          const float *ks, int n, float *out) {
     __m256 acc[8];
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d += 8) {
         __m256 qd = _mm256_loadu_ps(q + d);
-        for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qd, load8(k[i], d, int8), acc[i]);
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qd, load8(k[i], d, kind), acc[i]);
     }
     __m256 s = _mm256_mul_ps(lane_sums8(acc), _mm256_loadu_ps(ks));
     if (n == 8) {
@@ -74,9 +69,9 @@ static float exp_scores(float *p, int64_t len, float *mx_out) {
 
 /* o[0..D) = sum_t p[t] * v(slot[t]), D a multiple of 8; 64 values at a time in registers (int8 values: p
  * already holds each one's scale) */
-static void weighted_v(const float *p, const int64_t *slots, int64_t len, const void *v, int int8, int64_t D,
-                       float *o) {
-    int64_t esize = int8 ? 1 : sizeof(float);
+static inline __attribute__((always_inline)) void weighted_v(const float *p, const int64_t *slots, int64_t len,
+                                                             const void *v, int kind, int64_t D, float *o) {
+    int64_t esize = kv_bytes(kind);
     int64_t d0 = 0;
     for (; d0 + 64 <= D; d0 += 64) {
         __m256 acc[8];
@@ -84,15 +79,35 @@ static void weighted_v(const float *p, const int64_t *slots, int64_t len, const 
         for (int64_t t = 0; t < len; t++) {
             const char *vp = (const char *)v + slots[t] * D * esize;
             __m256 pw = _mm256_set1_ps(p[t]);
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(pw, load8(vp, d0 + 8 * i, int8), acc[i]);
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(pw, load8(vp, d0 + 8 * i, kind), acc[i]);
         }
         for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + d0 + 8 * i, acc[i]);
     }
     for (; d0 < D; d0 += 8) {
         __m256 acc = _mm256_setzero_ps();
         for (int64_t t = 0; t < len; t++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8((const char *)v + slots[t] * D * esize, d0, int8), acc);
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), load8((const char *)v + slots[t] * D * esize, d0, kind), acc);
         _mm256_storeu_ps(o + d0, acc);
+    }
+}
+
+/* The two above compiled once per cache format, the format's branch taken once a call */
+static void scores8_of(const float *q, const void *const *k, int64_t D, int kind, const float *ks, int n, float *out) {
+    switch (kind) {
+        case KV_I8: scores8(q, k, D, KV_I8, ks, n, out); break;
+        case KV_F16: scores8(q, k, D, KV_F16, ks, n, out); break;
+        case KV_BF16: scores8(q, k, D, KV_BF16, ks, n, out); break;
+        default: scores8(q, k, D, KV_F32, ks, n, out);
+    }
+}
+
+static void weighted_v_of(const float *p, const int64_t *slots, int64_t len, const void *v, int kind, int64_t D,
+                          float *o) {
+    switch (kind) {
+        case KV_I8: weighted_v(p, slots, len, v, KV_I8, D, o); break;
+        case KV_F16: weighted_v(p, slots, len, v, KV_F16, D, o); break;
+        case KV_BF16: weighted_v(p, slots, len, v, KV_BF16, D, o); break;
+        default: weighted_v(p, slots, len, v, KV_F32, D, o);
     }
 }
 
@@ -109,6 +124,7 @@ typedef struct {
     const int64_t *chunk_group;  /* chunk c is chunk c - chunk_first[g] of group g = chunk_group[c] */
     const int64_t *chunk_first, *part_first;  /* chunk c's partial results start at record part_first[c] */
     int64_t q_stride, bt_stride, Hq, Hkv, D, block_size, window;
+    int kind;
     float scale;
     float *parts;  /* per (chunk, row of its group, query head): D unnormalised outputs, the chunk's max, its sum */
 } AttentionJob;
@@ -121,8 +137,8 @@ static inline int64_t first_key(int64_t L, int64_t window) { return (window > 0 
 static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
     const AttentionJob *a = job;
     int64_t Hq = a->Hq, Hkv = a->Hkv, D = a->D, G = Hq / Hkv, bs = a->block_size;
-    int int8 = a->k_scales != NULL;
-    int64_t esize = int8 ? 1 : sizeof(float), bytes = D * esize;
+    int kind = a->kind, int8 = kind == KV_I8;
+    int64_t bytes = D * kv_bytes(kind);
     int64_t slots[ATT_CHUNK];
     float ks[ATT_CHUNK + 8], vs[ATT_CHUNK];
     float *p = malloc(sizeof(float) * ATT_ROWS * G * ATT_CHUNK);  /* scores [row][query head of h][key] */
@@ -161,7 +177,7 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
                 int nr = seen - t0 < n ? (int)(seen - t0) : n;
                 const float *q = a->q + (b + r) * a->q_stride + h * G * D;
                 for (int64_t j = 0; j < G; j++)
-                    scores8(q + j * D, k, D, int8, ks + t0, nr, p + (r * G + j) * ATT_CHUNK + t0);
+                    scores8_of(q + j * D, k, D, kind, ks + t0, nr, p + (r * G + j) * ATT_CHUNK + t0);
             }
         }
         for (int64_t r = 0; r < rows; r++) {
@@ -177,7 +193,7 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
                 part[D + 1] = exp_scores(pj, seen, part + D);
                 if (int8)
                     for (int64_t t = 0; t < seen; t++) pj[t] *= vs[t];
-                weighted_v(pj, slots, seen, a->v_cache, int8, D, part);
+                weighted_v_of(pj, slots, seen, a->v_cache, kind, D, part);
             }
         }
     }
@@ -198,7 +214,7 @@ static int64_t rows_sharing_keys(const int64_t *block_tables, int64_t bt_stride,
 }
 
 static void decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
-                             const float *k_scales, const float *v_scales, const int64_t *block_tables,
+                             int kind, const float *k_scales, const float *v_scales, const int64_t *block_tables,
                              int64_t bt_stride, const int64_t *ctx, int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
                              int64_t block_size, int64_t window, float scale, float *out) {
     int64_t *first = malloc(sizeof(int64_t) * (n + 1)), groups = 0;
@@ -221,7 +237,7 @@ static void decode_attention(const float *q, int64_t q_stride, const void *k_cac
     for (int64_t r = 0; r < n; r++) work += (ctx[r] - first_key(ctx[r], window)) * Hq * D;
     float *partial = malloc(sizeof(float) * parts * (D + 2));
     AttentionJob job = {q, k_scales, v_scales, k_cache, v_cache, block_tables, ctx, first, chunk_group, chunk_first,
-                        part_first, q_stride, bt_stride, Hq, Hkv, D, block_size, window, scale, partial};
+                        part_first, q_stride, bt_stride, Hq, Hkv, D, block_size, window, kind, scale, partial};
     parallel_for(chunks * Hkv, work, attention_chunks, &job);
     /* out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c over the row's chunks, in their order */
     for (int64_t g = 0; g < groups; g++) {

@@ -22,6 +22,7 @@
 
 #define PAR_MIN (1 << 18) /* multiply-adds per call below which threading costs more than it saves */
 #include "pool.h"
+#include "kv_rows.h"  /* the KV cache's formats: load8, store_row, widen_row; store_bf16x8 */
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -361,7 +362,7 @@ void tally_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t
 
 /* ---- Rotary (rotate-half) on q and k in place, then k and v into the paged cache ----------------------
  * qkv [T, row] holds q [Hq, D], k [Hkv, D], v [Hkv, D] side by side; cos, sin [T, D]; the caches are
- * [slots, Hkv, D] fp32; slots [T] the cache slot of each token. */
+ * [slots, Hkv, D] of `kind` (fp32, fp16 or bf16); slots [T] the cache slot of each token. */
 static void rope_rotate(float *qkv, int64_t T, int64_t row, const float *cos, const float *sin, int64_t heads,
                         int64_t D) {
     int64_t half = D / 2;
@@ -379,11 +380,12 @@ static void rope_rotate(float *qkv, int64_t T, int64_t row, const float *cos, co
 }
 
 void tally_rope_store(float *qkv, int64_t T, int64_t row, const float *cos, const float *sin, int64_t Hq,
-                      int64_t Hkv, int64_t D, float *k_cache, float *v_cache, const int64_t *slots) {
+                      int64_t Hkv, int64_t D, void *k_cache, void *v_cache, const int64_t *slots, int kind) {
     rope_rotate(qkv, T, row, cos, sin, Hq + Hkv, D);
+    int64_t bytes = Hkv * D * kv_bytes(kind);
     for (int64_t t = 0; t < T; t++) {
-        memcpy(k_cache + slots[t] * Hkv * D, qkv + t * row + Hq * D, sizeof(float) * Hkv * D);
-        memcpy(v_cache + slots[t] * Hkv * D, qkv + t * row + (Hq + Hkv) * D, sizeof(float) * Hkv * D);
+        store_row((char *)k_cache + slots[t] * bytes, qkv + t * row + Hq * D, Hkv * D, kind);
+        store_row((char *)v_cache + slots[t] * bytes, qkv + t * row + (Hq + Hkv) * D, Hkv * D, kind);
     }
 }
 
@@ -450,20 +452,20 @@ void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
 
 #include "decode_attention.h"  /* decode_attention: paged attention of one query token a row */
 
-void tally_decode_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+void tally_decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,
                             const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx, int64_t n,
                             int64_t Hq, int64_t Hkv, int64_t D, int64_t block_size, int64_t window, float scale,
                             float *out) {
-    decode_attention(q, q_stride, k_cache, v_cache, NULL, NULL, block_tables, bt_stride, ctx, n, Hq, Hkv, D,
+    decode_attention(q, q_stride, k_cache, v_cache, kind, NULL, NULL, block_tables, bt_stride, ctx, n, Hq, Hkv, D,
                      block_size, window, scale, out);
 }
 
 #include "prefill_attention.h"  /* prefill_attention: causal attention of a prompt's rows of one sequence */
 
-void tally_prefill_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,
                              const int64_t *block_table, int64_t n, int64_t first_pos, int64_t Hq, int64_t Hkv,
                              int64_t D, int64_t block_size, int64_t window, float scale, float *out) {
-    prefill_attention(q, q_stride, k_cache, v_cache, block_table, n, first_pos, Hq, Hkv, D, block_size, window,
+    prefill_attention(q, q_stride, k_cache, v_cache, kind, block_table, n, first_pos, Hq, Hkv, D, block_size, window,
                       scale, out);
 }
 
@@ -485,7 +487,8 @@ typedef struct {
     const float *input_norm, *post_norm;
     Proj qkv, o, gate_up, down;
     void *k_cache, *v_cache;
-    float *k_scales, *v_scales;             /* int8 KV cache: [blocks, Hkv]; NULL: fp32 cache */
+    int64_t kv_kind;                        /* the caches' format (kv_rows.h) */
+    float *k_scales, *v_scales;             /* int8 KV cache: [blocks, Hkv]; NULL otherwise */
     const float *key_scale, *query_scale;   /* int8 KV key smoothing: k *= [Hkv, D], q *= [Hq, D]; or NULL */
 } Layer;
 
@@ -537,7 +540,7 @@ void tally_decode_layers(const Model *md, float *h, int64_t n, const float *cos,
         const Layer *L = md->layers + l;
         tally_rms_norm(h, L->input_norm, x, n, H, md->eps);
         project(&L->qkv, x, qkv, n, 0);
-        if (L->k_scales) {
+        if (L->kv_kind == KV_I8) {
             rope_rotate(qkv, n, row, cos, sin, md->heads + md->kv_heads, D);
             for (int64_t t = 0; t < n; t++) {
                 float *qt = qkv + t * row, *kt = qt + q_size, *vt = kt + md->kv_heads * D;
@@ -549,10 +552,11 @@ void tally_decode_layers(const Model *md, float *h, int64_t n, const float *cos,
                 store_q8(vt, L->v_cache, L->v_scales, slots[t], md->block_size, md->kv_heads, D);
             }
         } else {
-            tally_rope_store(qkv, n, row, cos, sin, md->heads, md->kv_heads, D, L->k_cache, L->v_cache, slots);
+            tally_rope_store(qkv, n, row, cos, sin, md->heads, md->kv_heads, D, L->k_cache, L->v_cache, slots,
+                             (int)L->kv_kind);
         }
-        decode_attention(qkv, row, L->k_cache, L->v_cache, L->k_scales, L->v_scales, block_tables, bt_stride, ctx,
-                         n, md->heads, md->kv_heads, D, md->block_size, md->window, md->scale, att);
+        decode_attention(qkv, row, L->k_cache, L->v_cache, (int)L->kv_kind, L->k_scales, L->v_scales, block_tables,
+                         bt_stride, ctx, n, md->heads, md->kv_heads, D, md->block_size, md->window, md->scale, att);
         project(&L->o, att, h, n, 1);
         tally_rms_norm(h, L->post_norm, x, n, H, md->eps);
         project(&L->gate_up, x, gu, n, 0);
@@ -566,14 +570,6 @@ void tally_decode_layers(const Model *md, float *h, int64_t n, const float *cos,
  * Where the CPU multiplies bf16 many times faster than the integer kernels work (AVX-512 BF16, AMX), a prompt's
  * rows go through a bf16 matmul over weights dequantized per call, a few tiles at a time (no second copy).
  * Out: W rows [8 (t1 - t0), K] (16 for f16 panels), bf16 bits, rounded to nearest even. */
-static inline void store_bf16x8(uint16_t *dst, __m256 v) {  /* 8 floats -> 8 bf16, rounded to nearest even */
-    __m256i u = _mm256_castps_si256(v);
-    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF),
-                                             _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
-    u = _mm256_srli_epi32(u, 16);
-    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(u, u), 0x08);
-    _mm_storeu_si128((__m128i *)dst, _mm256_castsi256_si128(packed));
-}
 
 typedef struct {  /* one dequantization: tiles (panels) of the stored weights, bf16 out */
     const void *q;

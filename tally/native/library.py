@@ -1,8 +1,8 @@
 """Builds tally/native/kernels.c with the machine's C compiler on first use and loads it with ctypes.
 
-pool.h, int_dots.h, decode_attention.h and prefill_attention.h, which it includes, hold the kernels' own threads,
-the integer formats' dot products and the paged decode and prompt attention (pyproject.toml's package data ships
-them). The shared object is cached under $XDG_CACHE_HOME/tally (default ~/.cache/tally), named by a hash of the
+pool.h, kv_rows.h, int_dots.h, decode_attention.h and prefill_attention.h, which it includes, hold the kernels' own
+threads, the KV cache's value formats, the integer formats' dot products and the paged decode and prompt attention
+(pyproject.toml's package data ships them). The shared object is cached under $XDG_CACHE_HOME/tally (default ~/.cache/tally), named by a hash of the
 sources and flags, so an edit rebuilds and concurrent processes never load a half-written file. `load()` returns
 None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C come with it
 on every x86 CPU that has it), or when no compiler is found; the reason is logged once.
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("kernels.c")
 # SOURCE includes them
 HEADERS = [Path(__file__).with_name(name)
-           for name in ("pool.h", "int_dots.h", "decode_attention.h", "prefill_attention.h")]
+           for name in ("pool.h", "kv_rows.h", "int_dots.h", "decode_attention.h", "prefill_attention.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -38,10 +38,10 @@ SIGNATURES = {
     "tally_gemm_f16": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_rms_norm": [_P, _P, _P, _I, _I, _F],
     "tally_silu_mul": [_P, _P, _I, _I],
-    "tally_rope_store": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P],
+    "tally_rope_store": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P, ctypes.c_int],
     "tally_decode_layers": [_P, _P, _I, _P, _P, _P, _P, _I, _P],
-    "tally_decode_attention": [_P, _I, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _P],
-    "tally_prefill_attention": [_P, _I, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _F, _P],
+    "tally_decode_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _P],
+    "tally_prefill_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, _I, _I, _F, _P],
     "tally_dequant_q4_bf16": [_P, _P, _P, _P, _P, _I, _I, _I, _I],
     "tally_dequant_q8_bf16": [_P, _P, _P, _I, _I, _I],
     "tally_dequant_f16_bf16": [_P, _P, _I, _I],

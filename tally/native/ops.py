@@ -11,6 +11,12 @@ import torch
 from tally.native.library import load
 
 
+# The KV cache formats the attention kernels read in place and rotary-and-store writes, numbered as kernels.c's
+# kv_rows.h numbers them; the int8 cache (values and scales) is the native decode step's alone.
+KV_KINDS = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3}
+KV_INT8 = 1
+
+
 def available() -> bool:
     return load() is not None
 
@@ -191,15 +197,15 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                       first_pos: int, window: int | None, scale: float,
                       out: torch.Tensor | None = None) -> torch.Tensor:
     """q [n, Hq, D] (rows may be strided, heads contiguous): one sequence's tokens at positions first_pos ..
-    first_pos + n - 1, causal over its fp32 caches [blocks, block_size, Hkv, D] through block_table int64 [blocks]
-    (those tokens' keys already written) -> [n, Hq, D] fp32, written into `out` when given."""
+    first_pos + n - 1, causal over its caches [blocks, block_size, Hkv, D] (a KV_KINDS dtype) through block_table
+    int64 [blocks] (those tokens' keys already written) -> [n, Hq, D] fp32, written into `out` when given."""
     n, hq, d = q.shape
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     target = out if out is not None and out.is_contiguous() else torch.empty(n, hq, d, dtype=torch.float32)
     load().tally_prefill_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                                   block_table.data_ptr(), n, first_pos, hq, k_cache.shape[2], d, k_cache.shape[1],
-                                   window or 0, scale, target.data_ptr())
+                                   KV_KINDS[k_cache.dtype], block_table.data_ptr(), n, first_pos, hq, k_cache.shape[2],
+                                   d, k_cache.shape[1], window or 0, scale, target.data_ptr())
     if out is None:
         return target
     if target is not out:
@@ -224,21 +230,24 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
                head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
     """Rotate q and k of qkv [T, (Hq + 2 Hkv) D] in place (cos/sin [T, D]), then store k and v at `slots`
-    (int64 [T]) of the fp32 caches [blocks, block_size, Hkv, D]."""
+    (int64 [T]) of the caches [blocks, block_size, Hkv, D] (a KV_KINDS dtype, rounded to nearest even as torch
+    casts)."""
     if not qkv.is_contiguous():
         raise ValueError("rope_store rotates qkv in place and needs it contiguous")
     load().tally_rope_store(qkv.data_ptr(), qkv.shape[0], qkv.shape[1], cos.data_ptr(), sin.data_ptr(),
                             num_heads, num_kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
-                            slots.data_ptr())
+                            slots.data_ptr(), KV_KINDS[k_cache.dtype])
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, window: int | None, scale: float) -> torch.Tensor:
-    """q [n, Hq, D] (one token per sequence; rows may be strided, heads contiguous) against fp32 caches [blocks, block_size, Hkv, D] through
-    block_tables int64 [>= n, max_blocks] and context_lens int64 [n] -> [n, Hq, D]."""
+    """q [n, Hq, D] (one token per sequence; rows may be strided, heads contiguous) against caches [blocks,
+    block_size, Hkv, D] (a KV_KINDS dtype) through block_tables int64 [>= n, max_blocks] and context_lens int64 [n]
+    -> [n, Hq, D]."""
     n, hq, d = q.shape
     out = torch.empty(n, hq, d, dtype=torch.float32)
-    load().tally_decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+    load().tally_decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                                  KV_KINDS[k_cache.dtype], block_tables.data_ptr(),
                                   block_tables.stride(0), context_lens.data_ptr(), n, hq, k_cache.shape[2], d,
                                   k_cache.shape[1], window or 0, scale, out.data_ptr())
     return out

@@ -1,4 +1,4 @@
-/* Causal attention for a prompt's (or a prompt chunk's) rows of one sequence over the paged fp32 cache
+/* Causal attention for a prompt's (or a prompt chunk's) rows of one sequence over the paged fp32, fp16 or bf16 cache
  * (kernels.c: tally_prefill_attention). Included by kernels.c after exp256 and the kernels' threads (pool.h).
  *
  * FlashAttention's online softmax, shaped for a CPU's registers: an item is (kv head, tile of PA_ROWS query rows);
@@ -9,7 +9,8 @@
  * 32 dims in registers (AVX-512: 5 x 64).
  * Keys above a row's position or below its window are masked to an exact 0 probability (tiles every row sees
  * whole skip the masks), and tiles wholly above the item's last row or below its first row's window are never
- * read. Keys and values are read in place from their blocks (no gather copy).
+ * read. Keys and values are read in place from their blocks (no gather copy); a 16-bit cache's tile is widened to
+ * fp32 first (16 keys' and values' rows, against the rows x group query vectors that share them).
  * Why not torch's CPU flash attention: 4.5-6 ms a layer for SmolLM2's ~550-token prompts on the 2-core Zen 5 VM,
  * ~40 GFLOP/s, a third of the whole prefill; this kernel 1.6 ms there (`python bench/prefill_attention.py`). */
 
@@ -17,9 +18,11 @@
 #define PA_KEYS 16  /* keys a tile: two 8-float vectors of scores a query vector */
 
 typedef struct {
-    const float *q, *k_cache, *v_cache;
+    const float *q;
+    const void *k_cache, *v_cache;
     const int64_t *block_table;
     int64_t q_stride, n, first_pos, Hq, Hkv, D, block_size, window, tiles;
+    int kind;  /* KV_F32, KV_F16 or KV_BF16 (kv_rows.h) */
     float scale;
     float *out;
 } PrefillJob;
@@ -193,6 +196,8 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
     float *mx = malloc(sizeof(float) * M_max), *sum = malloc(sizeof(float) * M_max);
     float *alpha = malloc(sizeof(float) * M_max), *shift = malloc(sizeof(float) * M_max);
     float *tmax = malloc(sizeof(float) * M_max);
+    int64_t row_bytes = D * kv_bytes(a->kind);
+    float *wide = a->kind == KV_F32 ? NULL : malloc(sizeof(float) * 2 * PA_KEYS * D);  /* a tile's K, then V rows */
     const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
     const __m256 iota0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), iota1 = _mm256_add_ps(iota0, _mm256_set1_ps(8));
     for (int64_t i = i0; i < i1; i++) {
@@ -215,8 +220,15 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
             const float *k[PA_KEYS];
             for (int t = 0; t < PA_KEYS; t++) {  /* past the last key: the last one again, masked */
                 int64_t pos = k0 + (t < nk ? t : nk - 1), slot = a->block_table[pos / bs] * bs + pos % bs;
-                k[t] = a->k_cache + (slot * a->Hkv + h) * D;
-                v[t] = a->v_cache + (slot * a->Hkv + h) * D;
+                const char *kr = (const char *)a->k_cache + (slot * a->Hkv + h) * row_bytes;
+                const char *vr = (const char *)a->v_cache + (slot * a->Hkv + h) * row_bytes;
+                if (wide) {
+                    widen_row(kr, wide + t * D, D, a->kind);
+                    widen_row(vr, wide + (PA_KEYS + t) * D, D, a->kind);
+                    k[t] = wide + t * D, v[t] = wide + (PA_KEYS + t) * D;
+                } else {
+                    k[t] = (const float *)kr, v[t] = (const float *)vr;
+                }
             }
             for (int64_t d = 0; d < D; d += 8) {
                 transpose8(k, d, kt + d * PA_KEYS, PA_KEYS);
@@ -288,17 +300,18 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
     free(alpha);
     free(shift);
     free(tmax);
+    free(wide);
 }
 
 /* q [n, Hq, D] (rows q_stride floats apart) at positions first_pos .. first_pos + n - 1 of one sequence whose keys
- * (theirs included) are in the fp32 caches [blocks, block_size, Hkv, D] through block_table; window > 0 keeps the
- * last `window` keys of each row. out [n, Hq, D]. D a multiple of 8. */
-static void prefill_attention(const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+ * (theirs included) are in the caches [blocks, block_size, Hkv, D] of `kind` through block_table; window > 0 keeps
+ * the last `window` keys of each row. out [n, Hq, D]. D a multiple of 8. */
+static void prefill_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,
                               const int64_t *block_table, int64_t n, int64_t first_pos, int64_t Hq, int64_t Hkv,
                               int64_t D, int64_t block_size, int64_t window, float scale, float *out) {
     int64_t tiles = (n + PA_ROWS - 1) / PA_ROWS;
     PrefillJob job = {q, k_cache, v_cache, block_table, q_stride, n, first_pos, Hq, Hkv, D, block_size, window,
-                      tiles, scale, out};
+                      tiles, kind, scale, out};
     int64_t keys = first_pos + n / 2 + 1;  /* work: a row sees the cached keys and about half the new ones */
     /* no spinning after it: torch's matmuls come next, on the same cores */
     parallel_for_then(Hkv * tiles, n * keys * Hq * D, prefill_heads, &job, 0);
