@@ -110,13 +110,18 @@ def _flat_batch(ids: list[int], starts: list[int], lens: list[int], tables: list
                 bs: int, num_decode: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """Token ids, positions and attention metadata of sequences laid out one after another (decodes first)."""
     total = qsl[-1]
-    lens_t = torch.tensor(lens)
-    offsets = torch.arange(total) - torch.repeat_interleave(torch.tensor(qsl[:-1]), lens_t)
-    positions = torch.repeat_interleave(torch.tensor(starts), lens_t) + offsets
     width = max(len(t) for t in tables)
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
-    rows = torch.repeat_interleave(torch.arange(len(tables)), lens_t)
-    slots = block_tables[rows, positions // bs] * bs + positions % bs
+    if num_decode == total:  # one token a sequence (a decode step): a row's slot is one lookup, no index tensors
+        # (~10 tensor ops, ~0.1-0.25 ms a step, against ~20 µs)
+        positions = torch.tensor(starts, dtype=torch.int64)
+        slots = torch.tensor([t[s // bs] * bs + s % bs for t, s in zip(tables, starts)], dtype=torch.int64)
+    else:
+        lens_t = torch.tensor(lens)
+        offsets = torch.arange(total) - torch.repeat_interleave(torch.tensor(qsl[:-1]), lens_t)
+        positions = torch.repeat_interleave(torch.tensor(starts), lens_t) + offsets
+        rows = torch.repeat_interleave(torch.arange(len(tables)), lens_t)
+        slots = block_tables[rows, positions // bs] * bs + positions % bs
     meta = AttentionMetadata(
         query_start_loc=qsl, context_lens=[s + n for s, n in zip(starts, lens)], block_tables=block_tables,
         slot_mapping=slots, block_size=bs, num_decode_tokens=num_decode,
