@@ -123,6 +123,7 @@ def test_16_bit_kv_cache_runs_natively_and_as_pytorch_runs_it(tiny_llama, monkey
     llm = LLM(str(tiny_llama), **kwargs)
     model = llm.engine.model
     assert llm.engine.kv_caches[0][0].dtype == cache_dtype
+    assert f"per token ({kv_cache_dtype})" in llm.engine.ledger.format()  # the start-up log says which
     assert model.native_step.applies(model, llm.engine.kv_caches)
     assert_step_matches_layers(llm)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)

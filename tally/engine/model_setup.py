@@ -150,6 +150,7 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
         block_size=config.block_size,
         kv_bytes_per_token=bytes_per_token,
         kv_pool_bytes=num_blocks * bytes_per_block,
+        kv_dtype=layout.kv_dtype,
         reserve_bytes=0,
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,

@@ -30,6 +30,7 @@ class EngineLedger:
     # preemption_mode, dtype, bytes_per_block, out_s_per_block, in_s_per_block} and "disk_prefix_cache" {dir,
     # capacity_bytes, held_bytes_at_start, files_at_start, bytes_per_block, write_queue_bytes}; each only when on
     kv_tiers: dict = field(default_factory=dict)
+    kv_dtype: str = ""  # the cache's values (tally/ledger/kv.py names): float32, float16, bfloat16, int8
 
     @property
     def kv_tokens(self) -> int:
@@ -46,7 +47,8 @@ class EngineLedger:
             f"ledger: {self.model_name}: weights {fmt_gib(self.weight_bytes)} ({fmt_gb(self.weight_bytes)}), "
             f"reserve {fmt_gib(self.reserve_bytes)}",
             f"ledger: KV pool {fmt_gib(self.kv_pool_bytes)} = {self.kv_blocks:,} blocks x {self.block_size} tokens = "
-            f"{self.kv_tokens:,} tokens at {fmt_small_bytes(self.kv_bytes_per_token)} per token",
+            f"{self.kv_tokens:,} tokens at {fmt_small_bytes(self.kv_bytes_per_token)} per token"
+            + (f" ({self.kv_dtype})" if self.kv_dtype else ""),
             f"ledger: {self.max_concurrency_at_max_len:,} request(s) of max_model_len {self.max_model_len:,} fit at once "
             f"(max_num_seqs {self.max_num_seqs:,})",
         ]
