@@ -1,5 +1,6 @@
 /* Paged decode attention (kernels.c: tally_decode_attention and the one-call decode step). Included by kernels.c
- * after hsum, exp256 and the kernels' threads (pool.h); reads K and V in place from the cache's blocks. */
+ * after hsum, exp256, the kernels' threads (pool.h) and the cache's formats (kv_rows.h); reads K and V in place from
+ * the cache's blocks. */
 
 /* ---- Decode attention over the paged cache: one query token per row --------------------------------------
  * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] of `kind` (kv_rows.h):

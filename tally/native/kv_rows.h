@@ -12,7 +12,8 @@ static inline int64_t kv_bytes(int kind) { return kind == KV_F32 ? 4 : kind == K
 static inline __attribute__((always_inline)) __m256 load8(const void *row, int64_t i, int kind) {
     switch (kind) {
         case KV_I8:
-            return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
+            return _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
         case KV_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
         case KV_BF16:
             return _mm256_castsi256_ps(_mm256_slli_epi32(

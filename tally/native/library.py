@@ -2,8 +2,9 @@
 
 pool.h, kv_rows.h, int_dots.h, decode_attention.h and prefill_attention.h, which it includes, hold the kernels' own
 threads, the KV cache's value formats, the integer formats' dot products and the paged decode and prompt attention
-(pyproject.toml's package data ships them). The shared object is cached under $XDG_CACHE_HOME/tally (default ~/.cache/tally), named by a hash of the
-sources and flags, so an edit rebuilds and concurrent processes never load a half-written file. `load()` returns
+(pyproject.toml's package data ships them). The shared object is cached under $XDG_CACHE_HOME/tally (default
+~/.cache/tally), named by a hash of the sources and flags, so an edit rebuilds and concurrent processes never load a
+half-written file. `load()` returns
 None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C come with it
 on every x86 CPU that has it), or when no compiler is found; the reason is logged once.
 A C file and the system compiler, not a torch C++ extension: it builds in about a second instead of a

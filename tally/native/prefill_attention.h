@@ -1,5 +1,6 @@
-/* Causal attention for a prompt's (or a prompt chunk's) rows of one sequence over the paged fp32, fp16 or bf16 cache
- * (kernels.c: tally_prefill_attention). Included by kernels.c after exp256 and the kernels' threads (pool.h).
+/* Causal attention for a prompt's (or a prompt chunk's) rows of one sequence over the paged fp32, fp16 or bf16
+ * cache (kernels.c: tally_prefill_attention). Included by kernels.c after exp256, the kernels' threads (pool.h) and
+ * the cache's formats (kv_rows.h).
  *
  * FlashAttention's online softmax, shaped for a CPU's registers: an item is (kv head, tile of PA_ROWS query rows);
  * its rows' query heads that share the kv head (rows x group query vectors) pass over the keys PA_KEYS at a time.
