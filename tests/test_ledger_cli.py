@@ -103,6 +103,9 @@ def test_compare_shows_each_lever(capsys):
     assert by_option["full MHA (32 KV heads)"]["kv"]["bytes_per_token"] == 4 * base["kv"]["bytes_per_token"]
     assert main(["plan", "--model", "Llama-3.1-8B", "--device", "h100-80gb", "--compare"]) == 0
     assert "weights int4 + KV int8" in capsys.readouterr().out
+    fp32 = {row["option"]: row for row in _plan_json(capsys, "--model", "Llama-3.1-8B", "--device", "h100-80gb",
+                                                     "--dtype", "float32", "--compare")}
+    assert fp32["KV fp16"]["kv"]["bytes_per_token"] * 2 == fp32["as asked"]["kv"]["bytes_per_token"]
 
 
 def test_checkpoint_directory_is_planned_from_its_config(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tally.ledger.kv import KV_DTYPE_BYTES
 from tally.ledger.model_source import ModelSource
 from tally.ledger.plan import Plan, PlanOptions, make_plan
 from tally.ledger.weights import short_dtype
@@ -19,7 +20,9 @@ def compare_variants(source: ModelSource, opts: PlanOptions) -> list[tuple[str, 
         if weights != base_weights:
             label = short_dtype(opts.dtype) if weights == "dense" else weights
             rows.append((f"weights {label}", source, dataclasses.replace(opts, weights=weights)))
-    for kv_dtype in (opts.dtype, "int8", "fp8"):
+    # a 16-bit cache under fp32 compute halves the cache (the CPU engine reads it natively: --kv-cache-dtype float16)
+    half = ("float16",) if KV_DTYPE_BYTES[opts.dtype] > 2 else ()
+    for kv_dtype in (opts.dtype, *half, "int8", "fp8"):
         if kv_dtype != base_kv:
             rows.append((f"KV {short_dtype(kv_dtype)}", source, dataclasses.replace(opts, kv_dtype=kv_dtype)))
     if base_weights != "int4" and base_kv != "int8":
