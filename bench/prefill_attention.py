@@ -1,7 +1,7 @@
 """A prompt's attention: the native causal kernel (tally/native/prefill_attention.h) against the PyTorch path the
 auto backend took before it (torch's CPU flash SDPA for a whole prompt, the tiled online softmax or a masked SDPA
-for a chunk after cached tokens; K/V gathered from the paged cache in both, as they ran), one layer, fp32 cache;
-then, with --whole, the whole prefill of the built-in model (every layer, projections included) with one and the
+for a chunk after cached tokens; K/V gathered from the paged cache in both, as they ran), one layer, fp32 cache,
+and the native kernel over an fp16 cache (each tile of 16 keys widened as an item reads it); then, with --whole, the whole prefill of the built-in model (every layer, projections included) with one and the
 other, alternating prompts in one process.
 
     python bench/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--whole 512,1024]
@@ -38,12 +38,13 @@ def torch_path(on: bool) -> None:
     auto.native_attention_supported = (lambda *_: False) if on else NATIVE_SUPPORTED
 
 
-def one_layer(heads: int, kv_heads: int, dim: int, cached: int, new: int, gen: torch.Generator) -> Callable[[], None]:
+def one_layer(heads: int, kv_heads: int, dim: int, cached: int, new: int, gen: torch.Generator,
+              cache_dtype: torch.dtype = torch.float32) -> Callable[[], None]:
     """The auto backend's prefill of `new` tokens after `cached` ones, on a cache holding all of them."""
     backend = AutoBackend(AttentionConfig(heads, kv_heads, dim, dim ** -0.5, None))
     total = cached + new
     blocks = -(-total // BLOCK_SIZE)
-    k_cache = torch.randn(blocks, BLOCK_SIZE, kv_heads, dim, generator=gen)
+    k_cache = torch.randn(blocks, BLOCK_SIZE, kv_heads, dim, generator=gen).to(cache_dtype)
     v_cache = torch.randn_like(k_cache)
     table = torch.randperm(blocks, generator=gen)[None]
     q, out = torch.randn(new, heads, dim, generator=gen), torch.empty(new, heads, dim)
@@ -53,12 +54,14 @@ def one_layer(heads: int, kv_heads: int, dim: int, cached: int, new: int, gen: t
 
 def kernels(prompts: list[int]) -> None:
     gen = torch.Generator().manual_seed(0)
-    print("| model shape | tokens | native ms | PyTorch path ms | PyTorch / native |")
-    print("|---|---|---|---|---|")
+    print("| model shape | tokens | native ms | PyTorch path ms | PyTorch / native | native, fp16 cache ms | "
+          "fp32 / fp16 cache |")
+    print("|---|---|---|---|---|---|---|")
     for name, (heads, kv_heads, dim) in SHAPES.items():
         cases = [(0, n, f"{n}") for n in prompts] + [(1536, 512, "512 after 1,536 cached")]
         for cached, new, label in cases:
             run = one_layer(heads, kv_heads, dim, cached, new, gen)
+            run16 = one_layer(heads, kv_heads, dim, cached, new, gen, torch.float16)
 
             def native() -> None:
                 torch_path(False)
@@ -68,9 +71,14 @@ def kernels(prompts: list[int]) -> None:
                 torch_path(True)
                 run()
 
-            t_native, t_torch = (t / 1e3 for t in best_us([native, pytorch],
-                                                          calls=max(2, 200_000 // (new * (cached + new // 2)))))
-            print(f"| {name} | {label} | {t_native:.2f} | {t_torch:.2f} | {t_torch / t_native:.2f}× |", flush=True)
+            def native16() -> None:
+                torch_path(False)
+                run16()
+
+            t_native, t_torch, t_16 = (t / 1e3 for t in best_us(
+                [native, pytorch, native16], calls=max(2, 200_000 // (new * (cached + new // 2)))))
+            print(f"| {name} | {label} | {t_native:.2f} | {t_torch:.2f} | {t_torch / t_native:.2f}× | {t_16:.2f} | "
+                  f"{t_native / t_16:.2f}× |", flush=True)
     torch_path(False)
 
 
