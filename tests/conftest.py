@@ -32,6 +32,20 @@ def tiny_any_arch(request, tiny_model_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def builtin_hf_model():
+    """transformers' fp32 model of the built-in GGUF, the oracle of the tests that read it: its GGUF loader
+    dequantizes in Python (~25 s on a 2-core machine), so it loads once a session. Tests must not change it."""
+    import torch
+    import transformers
+
+    from tally.models.registry import resolve_model
+
+    path = Path(resolve_model(None).path)
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                            local_files_only=True).eval()
+
+
+@pytest.fixture(scope="session")
 def calib_file(tmp_path_factory):
     """A small chat calibration set with a system prompt (tally quantize's calibrated methods)."""
     import json

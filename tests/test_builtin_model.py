@@ -2,14 +2,10 @@
 transformers loading the same file (dequantized) in fp32, logprobs within 1e-3."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
 from support.engine_checks import assert_no_block_leak, hf_greedy
 
 from tally import LLM, SamplingParams
-from tally.models.registry import resolve_model
 
 pytestmark = pytest.mark.slow
 
@@ -19,16 +15,7 @@ def llm():
     return LLM(None, dtype="float32", quantization="none", max_model_len=512, kv_cache_memory=64_000_000)
 
 
-@pytest.fixture(scope="module")
-def hf_model():
-    import transformers
-
-    path = Path(resolve_model(None).path)
-    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                            dtype=torch.float32).eval()
-
-
-def test_builtin_model_greedy_matches_transformers(llm, hf_model):
+def test_builtin_model_greedy_matches_transformers(llm, builtin_hf_model):
     tok = llm.get_tokenizer()
     chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                    add_generation_prompt=True, tokenize=False)
@@ -36,7 +23,7 @@ def test_builtin_model_greedy_matches_transformers(llm, hf_model):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": tok.encode(p, add_special_tokens=False)} for p in prompts], params)
     for prompt, out in zip(prompts, outs):
-        ref_ids, ref_lp = hf_greedy(hf_model, tok.encode(prompt, add_special_tokens=False), 24)
+        ref_ids, ref_lp = hf_greedy(builtin_hf_model, tok.encode(prompt, add_special_tokens=False), 24)
         got = out.outputs[0]
         assert got.token_ids == ref_ids
         got_lp = [d[t].logprob for d, t in zip(got.logprobs, got.token_ids)]

@@ -24,13 +24,9 @@ def builtin():
 
 
 @pytest.fixture(scope="module")
-def transformers_state_dict(builtin):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        str(builtin.path.parent), gguf_file=builtin.path.name, dtype=torch.float32, local_files_only=True
-    )
-    return {name: tensor.detach() for name, tensor in model.state_dict().items()}, model.config
+def transformers_state_dict(builtin_hf_model):
+    return ({name: tensor.detach() for name, tensor in builtin_hf_model.state_dict().items()},
+            builtin_hf_model.config)
 
 
 def test_builtin_config(builtin):
