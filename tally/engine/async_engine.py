@@ -265,7 +265,9 @@ class AsyncEngine:
             else:
                 self._add(cmd)
         if commands:
-            self._publish()
+            # the added requests leave _pending_adds as the snapshot that holds them arrives, under one lock: a
+            # submit in between would count them nowhere and admit past --max-queue
+            self._publish(added=sum(cmd.num_seqs for cmd in commands if isinstance(cmd, AddRequests)))
 
     def _add(self, cmd: AddRequests) -> None:
         added: list[str] = []
@@ -278,8 +280,6 @@ class AsyncEngine:
             error = exc if isinstance(exc, TallyError) else _internal(exc)
             for rid in added:
                 self.engine.abort_request(rid)
-        with self._lock:
-            self._pending_adds -= cmd.num_seqs
         self._loop.call_soon_threadsafe(self._accept, cmd.stream, error)
 
     def _fail_in_flight(self, exc: Exception) -> None:
@@ -292,10 +292,12 @@ class AsyncEngine:
             log.exception("engine could not flush aborted requests")
         self._loop.call_soon_threadsafe(self._fail, ids, _internal(exc))
 
-    def _publish(self) -> None:
+    def _publish(self, added: int = 0) -> None:
+        """A new snapshot; `added`: engine requests just moved from the inbox into the engine, which it now counts."""
         snap = self.engine.snapshot()
         with self._lock:
             self.snapshot = snap
+            self._pending_adds -= added
             self._queue_delay.observe(snap.num_started)
         if self._stats_log is not None:
             self._stats_log.maybe_log(snap)
