@@ -22,8 +22,12 @@ run: $(STAMP)
 generate: $(STAMP)
 	$(BIN)/tally generate --prompt "What is the capital of France?" $(ARGS)
 
+# Test files run on TEST_WORKERS pytest-xdist workers, each file on one: most tests wait on servers and
+# subprocesses, so two workers on two cores take ~13 minutes where one takes ~20. Tests marked `exclusive` run
+# alone (tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV)

@@ -1,11 +1,31 @@
 from __future__ import annotations
 
+import fcntl
 from pathlib import Path
 
 import pytest
 
 import tally  # noqa: F401  before torch, as a user's process: it sets OpenMP's waiting policy (tally/__init__.py)
 from support.tiny_models import ARCH_CONFIGS, make_checkpoint
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under pytest-xdist (`make test`), a test marked `exclusive` runs with no other test beside it: its timing is
+    what it checks (a soak's trends, Ray's autoscaler reacting while replicas start on two CPUs), and a neighbour
+    worker taking a core would change it. A readers-writer lock over the workers' files: every test holds it
+    shared, an exclusive one alone; the turnstile lets no new test start while an exclusive one waits, so it runs
+    as soon as the running ones finish. The lock spans setup and teardown, where module fixtures start servers."""
+    if not hasattr(item.config, "workerinput"):  # one process: nothing runs beside anything
+        yield
+        return
+    shared = item.config._tmp_path_factory.getbasetemp().parent  # the run's directory; each worker's is inside
+    exclusive = item.get_closest_marker("exclusive") is not None
+    with open(shared / "exclusive.turnstile", "a") as turnstile, open(shared / "exclusive.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,7 @@ from tally.server.app_args import allowed_hosts
 from tally.server.cli import parse_args
 from tally.server.process import ServerProcess
 
+pytestmark = pytest.mark.exclusive  # replicas start on the two CPUs while the autoscaler watches: none to share
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 

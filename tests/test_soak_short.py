@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.tiny_models import make_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "soak_hostile.py"
+pytestmark = pytest.mark.exclusive  # its load is twice a capacity it measures: a neighbour test would move both
 
 
 def test_a_one_minute_hostile_soak_loses_nothing(tmp_path):
