@@ -90,6 +90,25 @@ def test_gemm_q8_matches_dequantized_weights(m: int, group: int) -> None:
     torch.testing.assert_close(got, int8_blocks(x) @ w.t(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("per_token", [False, True])
+def test_activations_round_to_int8_by_the_scalar_formula_bit_for_bit(per_token: bool) -> None:
+    """The kernels' activation rounding (kernels.c: quantize_rows, in vectors) is q = round half to even of
+    x * (127 / amax), dx = amax / 127, per block of 32 or (W8A8) per row: read back through identity weights, each
+    output is one activation's q * dx, so every bit shows. Ties (amax 127: x * inv = x), an all-zero block."""
+    m, k = 5, 96
+    x = rand(m, k) * 3
+    x[0, 0], x[0, 1:32] = 127.0, torch.arange(-15, 16) + 0.5
+    x[1, :32] = 0.0
+    span = k if per_token else 32
+    blocks = x.view(m, -1, span)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    q = torch.round(blocks * torch.where(amax > 0, 127 / amax, torch.zeros_like(amax)))
+    expected = (q * (amax / 127)).view(m, k)
+    eye = ops.pack_q8(torch.eye(k, dtype=torch.int8))
+    got = ops.gemm_q8(x, eye, ops.pack_tile_scales(torch.ones(k, k // 32)), None, 32, k, per_token=per_token)
+    assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 13, 70])
 @pytest.mark.parametrize("k", [64, 37])
 def test_gemm_f16_matches_fp32_math_on_fp16_weights(m: int, k: int) -> None:

@@ -44,17 +44,42 @@ static inline void store_out(float *y, float v, const float *bias, int64_t n, in
  * quantized on its own, so a token's result never depends on its batch. */
 typedef struct { int8_t *xq; float *dx; } QuantizedRows;
 
+/* In vectors, with the scalar loop's bits (a test holds them to it): the max of |x| is exact in any order, and
+ * vmaxps returns its second operand for a NaN first, as fmaxf ignores one; cvtps rounds to nearest even, as lrintf
+ * does in the default mode, and |x * inv| <= 127 rounds inside int8, so the saturating packs never clip. The scalar
+ * form called libm's fmaxf and lrintf per value: 13-15% of a 512-token prefill on the AVX2 EPYC (perf), which runs
+ * 1.2x faster without it. span: a multiple of 32. */
 static QuantizedRows quantize_rows(const float *x, int64_t M, int64_t K, int64_t span) {
     QuantizedRows q = {malloc(M * K), malloc(sizeof(float) * M * (K / 32))};
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  /* the packs' dwords back in k order */
     for (int64_t s = 0; s < M * K / span; s++) {
         const float *xs = x + s * span;
-        float amax = 0;
-        for (int64_t i = 0; i < span; i++) amax = fmaxf(amax, fabsf(xs[i]));
+        __m256 m = _mm256_setzero_ps();
+        for (int64_t i = 0; i < span; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i)), m);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
         float dx = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
         for (int64_t b = 0; b < span / 32; b++) q.dx[s * (span / 32) + b] = dx;
-        for (int64_t i = 0; i < span; i++) q.xq[s * span + i] = (int8_t)lrintf(xs[i] * inv);
+        const __m256 vinv = _mm256_set1_ps(inv);
+        for (int64_t i = 0; i < span; i += 32) {
+            __m256i v[4];
+            for (int j = 0; j < 4; j++) v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + i + 8 * j), vinv));
+            __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256((__m256i *)(q.xq + s * span + i), _mm256_permutevar8x32_epi32(bytes, order));
+        }
     }
     return q;
+}
+
+static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 16 */
+    __m128i acc = _mm_setzero_si128();
+    for (int64_t i = 0; i < n; i += 16)
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_maddubs_epi16(_mm_set1_epi8(1), _mm_loadu_si128((const __m128i *)(p + i))),
+                                                _mm_set1_epi16(1)));
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtsi128_si32(_mm_add_epi32(acc, _mm_shuffle_epi32(acc, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
 /* ---- Integer weights in tiles of 8 outputs ------------------------------------------------------------
@@ -231,9 +256,7 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const f
         for (int64_t g = 0; g < G; g++) {
             float s = 0;
             for (int64_t k0 = r * K + g * group; k0 < r * K + (g + 1) * group; k0 += span) {
-                int32_t isum = 0;
-                for (int64_t i = k0; i < k0 + span; i++) isum += xq.xq[i];
-                s += xq.dx[k0 / 32] * (float)isum;
+                s += xq.dx[k0 / 32] * (float)sum_i8(xq.xq + k0, span);
             }
             xsum[r * G + g] = s;
         }
