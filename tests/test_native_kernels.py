@@ -299,6 +299,28 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("bits,group", [(4, 32), (5, 32), (6, 16), (8, 32)])
+def test_a_rows_bits_do_not_depend_on_the_rows_called_with_it(bits: int, group: int) -> None:
+    """A prompt's rows and a decode step's row take different loops (int5 / int6: tiles unpacked once a call for
+    more than 4 rows, kernels.c: tile_rows), and each row of a 70-row call (a 64-row pass and 6 more) still gets the
+    bits it gets alone, so chunking and batching never change a token."""
+    n, k = 44, 192
+    x = rand(70, k)
+    if bits == 8:
+        q8, s = ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)), rand(n, k // group)
+        call = lambda rows: ops.gemm_q8(rows, q8, ops.pack_tile_scales(s.abs()), None, group, n)  # noqa: E731
+    else:
+        q = torch.randint(0, 1 << bits, (n, k), dtype=torch.uint8, generator=gen)
+        qs, qh = ops.pack_planes(q, bits) if bits > 4 else (ops.pack_q4(q), None)
+        d = ops.pack_tile_scales(rand(n, k // group).abs())
+        m = ops.pack_tile_scales(rand(n, k // group)) if bits == 4 else None
+        call = lambda rows: ops.gemm_q4(rows, qs, d, m, None, group, n, qh=qh)  # noqa: E731
+    together = call(x)
+    for r in (0, 3, 4, 5, 63, 64, 69):
+        assert torch.equal(together[r:r + 1], call(x[r:r + 1])), r
+    assert torch.equal(together[60:65], call(x[60:65]))  # five rows: a pass of 4 and one
+
+
 def _threaded_q4_case() -> tuple:
     n, k = 1024, 1024
     x = rand(2, k)

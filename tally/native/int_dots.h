@@ -250,30 +250,62 @@ static inline __attribute__((always_inline)) void int_tile_pair(
 }
 #endif
 
-/* Nibble formats: chunks c0..c1 of the block (a group of 16 is two chunks); int8: the whole block */
+/* The values of a 32-block's chunk c (nibble formats): lo its vector 2c, hi 2c + 1, high bits or-ed in (high_bits) */
+static inline __attribute__((always_inline)) void nibble_values256(__m256i raw, __m256i p4, __m256i p5, int c, int bits,
+                                                                   __m256i *lo, __m256i *hi) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F);
+    *lo = _mm256_and_si256(raw, low4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+    if (bits > 4) {
+        *lo = _mm256_or_si256(*lo, high_bits(p4, 2 * c, 0));
+        *hi = _mm256_or_si256(*hi, high_bits(p4, 2 * c + 1, 0));
+    }
+    if (bits > 5) {
+        *lo = _mm256_or_si256(*lo, high_bits(p5, 2 * c, 1));
+        *hi = _mm256_or_si256(*hi, high_bits(p5, 2 * c + 1, 1));
+    }
+}
+
+/* int5 / int6 for many rows (kernels.c: tile_rows): a tile's values unpacked once a call into bytes, 256 a block
+ * (chunk c's lo vector, then its hi), so each pass of MR rows loads them instead of unpacking planes of high bits
+ * again: the same bytes meet the same activations, so the sums and the bits are the 256-bit loop's. */
+static void expand_tile(const uint8_t *w, const uint8_t *hb, int64_t K, int bits, uint8_t *out) {
+    int64_t plane_bytes = bits == 6 ? 64 : 32;
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *h = hb + b * plane_bytes;
+        __m256i p4 = _mm256_loadu_si256((const __m256i *)h);
+        __m256i p5 = bits > 5 ? _mm256_loadu_si256((const __m256i *)(h + 32)) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i lo, hi;
+            nibble_values256(_mm256_loadu_si256((const __m256i *)(w + b * 128 + c * 32)), p4, p5, c, bits, &lo, &hi);
+            _mm256_store_si256((__m256i *)(out + b * 256 + c * 64), lo);
+            _mm256_store_si256((__m256i *)(out + b * 256 + c * 64 + 32), hi);
+        }
+    }
+}
+
+/* Nibble formats: chunks c0..c1 of the block (a group of 16 is two chunks); int8: the whole block. expanded: wb is
+ * the block in expand_tile's bytes (hb unused) */
 static inline __attribute__((always_inline)) void int_block_dots256(
-    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr,
     __m256i *dot) {
-    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) dot[i] = _mm256_setzero_si256();
     /* the chunk loops stay rolled: unrolled, GCC hoists every product first and spills them */
     if (bits != 8) {
-        if (bits > 4) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
-        __m256i p4 = bits > 4 ? _mm256_loadu_si256((const __m256i *)hb) : _mm256_setzero_si256();
-        __m256i p5 = bits > 5 ? _mm256_loadu_si256((const __m256i *)(hb + 32)) : _mm256_setzero_si256();
+        if (bits > 4 && !expanded) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
+        __m256i p4 = bits > 4 && !expanded ? _mm256_loadu_si256((const __m256i *)hb) : _mm256_setzero_si256();
+        __m256i p5 = bits > 5 && !expanded ? _mm256_loadu_si256((const __m256i *)(hb + 32)) : _mm256_setzero_si256();
         _Pragma("GCC unroll 1")
         for (int c = c0; c < c1; c++) {
-            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
-            __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + c * 32));
-            __m256i lo = _mm256_and_si256(raw, low4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-            if (bits > 4) {
-                lo = _mm256_or_si256(lo, high_bits(p4, 2 * c, 0));
-                hi = _mm256_or_si256(hi, high_bits(p4, 2 * c + 1, 0));
-            }
-            if (bits > 5) {
-                lo = _mm256_or_si256(lo, high_bits(p5, 2 * c, 1));
-                hi = _mm256_or_si256(hi, high_bits(p5, 2 * c + 1, 1));
+            __m256i lo, hi;
+            if (expanded) {
+                lo = _mm256_load_si256((const __m256i *)(wb + c * 64));
+                hi = _mm256_load_si256((const __m256i *)(wb + c * 64 + 32));
+            } else {
+                _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+                nibble_values256(_mm256_loadu_si256((const __m256i *)(wb + c * 32)), p4, p5, c, bits, &lo, &hi);
             }
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) {  /* int4: int16 sums while in the block (VNNI: int32 at once) */
@@ -315,11 +347,13 @@ static inline __attribute__((always_inline)) void int_block_dots256(
 }
 
 static inline __attribute__((always_inline)) void int_block_dots(
-    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr,
     __m256i *dot) {
 #ifdef TALLY_AVX512
-    int_block_dots512(xq, K, wb, hb, bits, c0, c1, mr, dot);
-#else
-    int_block_dots256(xq, K, wb, hb, bits, c0, c1, mr, dot);
+    if (!expanded) {
+        int_block_dots512(xq, K, wb, hb, bits, c0, c1, mr, dot);
+        return;
+    }
 #endif
+    int_block_dots256(xq, K, wb, hb, bits, expanded, c0, c1, mr, dot);
 }
