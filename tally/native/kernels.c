@@ -112,27 +112,36 @@ static inline int64_t span_of(int64_t group) { return group < 32 ? group : 32; }
 
 #include "int_dots.h"  /* the formats' byte products, per vector width; AVX-512: int_tile_pair */
 
+/* acc[i] += block b's dot products over chunks c0..c1, times the group's scales sg and row i's block scale */
+static inline __attribute__((always_inline)) void int_block_into(
+    __m256 *acc, __m256 sg, const int8_t *xq, const float *dx, int64_t K, int64_t b, const uint8_t *w,
+    const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
+    int64_t blocks = K / 32, block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : 32;
+    __m256i dot[MR];
+    int_block_dots(xq + b * 32, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL, bits, expanded, c0, c1, mr,
+                   dot);
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++)
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
+                                 acc[i]);
+}
+
 static inline __attribute__((always_inline)) void int_tile(
     const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *w,
     const uint8_t *hb, const float *scale, const float *m, int bits, int expanded, int mr, float *y, int64_t N,
     int64_t t, const float *bias, int accumulate) {
-    int64_t G = K / group, blocks = K / 32, span = span_of(group), block_bytes = bits == 8 || expanded ? 256 : 128;
-    int64_t plane_bytes = bits == 6 ? 64 : 32;
+    int64_t G = K / group, group_blocks = group / 32;
     __m256 acc[MR];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m256 sg = _mm256_loadu_ps(scale + g * TILE);
-        for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += span) {
-            int64_t b = k0 / 32;
-            int c0 = (int)(k0 % 32) / 8;
-            __m256i dot[MR];
-            int_block_dots(xq + b * 32, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL, bits, expanded,
-                           c0, c0 + (int)span / 8, mr, dot);
-            _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++)
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
-                                         acc[i]);
+        if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
+            for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
+                int_block_into(acc, sg, xq, dx, K, b, w, hb, bits, expanded, 0, 4, mr);
+        } else {  /* a group of 16: chunks 0-1 or 2-3 of block g / 2 */
+            int c0 = (int)(g & 1) * 2;
+            int_block_into(acc, sg, xq, dx, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
         }
         if (bits != 8) {
             __m256 mg = m ? _mm256_loadu_ps(m + g * TILE)
