@@ -28,7 +28,6 @@ from tally.server.app_args import allowed_hosts
 from tally.server.cli import parse_args
 from tally.server.process import ServerProcess
 
-pytestmark = pytest.mark.exclusive  # replicas start on the two CPUs while the autoscaler watches: none to share
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
@@ -219,6 +218,7 @@ class TestTwoReplicas:
              "a new replica in place of the killed one")
 
 
+@pytest.mark.exclusive  # a replica starts on the two CPUs while the autoscaler watches the load: none to share
 @pytest.mark.filterwarnings("ignore:`look_back_period_s`:FutureWarning")  # a 1 s window keeps the test short
 def test_autoscaling_follows_the_engines_queue_up_and_back_down(cluster, checkpoint):
     app = build_app({"cli": f"--model {checkpoint} --served-model-name tiny {CLI} --max-num-seqs 2 --autoscale 1:2",
