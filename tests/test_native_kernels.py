@@ -92,7 +92,7 @@ def test_gemm_q8_matches_dequantized_weights(m: int, group: int) -> None:
 
 @pytest.mark.parametrize("per_token", [False, True])
 def test_activations_round_to_int8_by_the_scalar_formula_bit_for_bit(per_token: bool) -> None:
-    """The kernels' activation rounding (kernels.c: quantize_rows, in vectors) is q = round half to even of
+    """The kernels' activation rounding (int_tiles.h: quantize_rows, in vectors) is q = round half to even of
     x * (127 / amax), dx = amax / 127, per block of 32 or (W8A8) per row: read back through identity weights, each
     output is one activation's q * dx, so every bit shows. Ties (amax 127: x * inv = x), an all-zero block."""
     m, k = 5, 96
@@ -302,7 +302,7 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
 @pytest.mark.parametrize("bits,group", [(4, 32), (5, 32), (6, 16), (8, 32)])
 def test_a_rows_bits_do_not_depend_on_the_rows_called_with_it(bits: int, group: int) -> None:
     """A prompt's rows and a decode step's row take different loops (int5 / int6: tiles unpacked once a call for
-    more than 4 rows, kernels.c: tile_rows), and each row of a 70-row call (a 64-row pass and 6 more) still gets the
+    more than 4 rows, int_tiles.h: tile_rows), and each row of a 70-row call (a 64-row pass and 6 more) still gets the
     bits it gets alone, so chunking and batching never change a token."""
     n, k = 44, 192
     x = rand(70, k)

@@ -1,6 +1,6 @@
-/* The integer weight formats' block dot products (kernels.c: int_tile), in the widths this build has: AVX2, VNNI on
+/* The integer weight formats' block dot products (int_tiles.h: int_tile), in the widths this build has: AVX2, VNNI on
  * 32-byte vectors; AVX-512 VNNI builds a whole kernel of its own over pairs of tiles (int_tile_pair). Included by
- * kernels.c after its tile constants (TILE, MR, PREFETCH, span_of); every build forms the same integer sums
+ * int_tiles.h after its tile constants (TILE, MR, PREFETCH, span_of); every build forms the same integer sums
  * (tests/test_native_kernels.py holds them to the AVX2 bits). */
 
 /* VNNI (AVX-VNNI, or AVX-512 VNNI with VL) multiplies unsigned by signed bytes and adds each 4 products into
@@ -133,7 +133,7 @@ static inline __attribute__((always_inline)) void int_block_dots512(
 }
 #endif
 
-/* AVX-512, jobs of 4 rows or more (kernels.c: PAIR_ROWS): two tiles side by side in one 64-byte vector, lanes 0-7
+/* AVX-512, jobs of 4 rows or more (int_tiles.h: PAIR_ROWS): two tiles side by side in one 64-byte vector, lanes 0-7
  * tile t's 8 outputs and lanes 8-15 tile u's, each half the same chunk (the same k) of its tile, in the layout
  * above. A row's 4 activation bytes then meet 16 outputs as one broadcast, which the CPU serves from its load
  * ports, where the chunk-pair loop above needs a permute per product and a fold per block (by count, ~5.6 vector
@@ -266,7 +266,7 @@ static inline __attribute__((always_inline)) void nibble_values256(__m256i raw, 
     }
 }
 
-/* int5 / int6 for many rows (kernels.c: tile_rows): a tile's values unpacked once a call into bytes, 256 a block
+/* int5 / int6 for many rows (int_tiles.h: tile_rows): a tile's values unpacked once a call into bytes, 256 a block
  * (chunk c's lo vector, then its hi), so each pass of MR rows loads them instead of unpacking planes of high bits
  * again: the same bytes meet the same activations, so the sums and the bits are the 256-bit loop's. */
 static void expand_tile(const uint8_t *w, const uint8_t *hb, int64_t K, int bits, uint8_t *out) {

@@ -1,7 +1,8 @@
 """Builds tally/native/kernels.c with the machine's C compiler on first use and loads it with ctypes.
 
-pool.h, kv_rows.h, int_dots.h, decode_attention.h and prefill_attention.h, which it includes, hold the kernels' own
-threads, the KV cache's value formats, the integer formats' dot products and the paged decode and prompt attention
+pool.h, kv_rows.h, int_tiles.h (with int_dots.h), decode_attention.h and prefill_attention.h, which it includes, hold
+the kernels' own threads, the KV cache's value formats, the integer projections and their formats' dot products and
+the paged decode and prompt attention
 (pyproject.toml's package data ships them). The shared object is cached under $XDG_CACHE_HOME/tally (default
 ~/.cache/tally), named by a hash of the sources and flags, so an edit rebuilds and concurrent processes never load a
 half-written file. `load()` returns
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("kernels.c")
 # SOURCE includes them
 HEADERS = [Path(__file__).with_name(name)
-           for name in ("pool.h", "kv_rows.h", "int_dots.h", "decode_attention.h", "prefill_attention.h")]
+           for name in ("pool.h", "kv_rows.h", "int_tiles.h", "int_dots.h", "decode_attention.h",
+                        "prefill_attention.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float

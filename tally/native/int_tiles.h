@@ -1,0 +1,273 @@
+/* The integer weight formats' projections (int4 with minima, GGUF Q5_0 / Q6_K with planes of high bits, int8):
+ * activations rounded to int8 per block of 32, tiles of 8 outputs, and tally_gemm_q4 / tally_gemm_q8. Included by
+ * kernels.c after pool.h and its small helpers (store_out); includes int_dots.h, the byte products per width. */
+
+/* ---- Activations to int8: x ~ xq * dx, dx per row and block of 32 ---------------------------------------
+ * The integer kernels below multiply int8 activations by the integer weights with AVX2's byte dot products
+ * (32 multiply-adds per instruction), which is what makes them faster than converting every weight to fp32.
+ * The scale is per block of `span` values: 32 is llama.cpp's Q8_0 (the weight-only formats' choice), K one
+ * scale per token (W8A8's dynamic per-token activations; dx then repeats over the row's blocks). Each row is
+ * quantized on its own, so a token's result never depends on its batch. */
+typedef struct { int8_t *xq; float *dx; } QuantizedRows;
+
+/* In vectors, with the scalar loop's bits (a test holds them to it): the max of |x| is exact in any order, and
+ * vmaxps returns its second operand for a NaN first, as fmaxf ignores one; cvtps rounds to nearest even, as lrintf
+ * does in the default mode, and |x * inv| <= 127 rounds inside int8, so the saturating packs never clip. The scalar
+ * form called libm's fmaxf and lrintf per value: 13-15% of a 512-token prefill on the AVX2 EPYC (perf), which runs
+ * 1.2x faster without it. span: a multiple of 32. */
+static QuantizedRows quantize_rows(const float *x, int64_t M, int64_t K, int64_t span) {
+    QuantizedRows q = {malloc(M * K), malloc(sizeof(float) * M * (K / 32))};
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  /* the packs' dwords back in k order */
+    for (int64_t s = 0; s < M * K / span; s++) {
+        const float *xs = x + s * span;
+        __m256 m = _mm256_setzero_ps();
+        for (int64_t i = 0; i < span; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i)), m);
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        float dx = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+        for (int64_t b = 0; b < span / 32; b++) q.dx[s * (span / 32) + b] = dx;
+        const __m256 vinv = _mm256_set1_ps(inv);
+        for (int64_t i = 0; i < span; i += 32) {
+            __m256i v[4];
+            for (int j = 0; j < 4; j++) v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + i + 8 * j), vinv));
+            __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+            _mm256_storeu_si256((__m256i *)(q.xq + s * span + i), _mm256_permutevar8x32_epi32(bytes, order));
+        }
+    }
+    return q;
+}
+
+static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 16 */
+    __m128i acc = _mm_setzero_si128();
+    for (int64_t i = 0; i < n; i += 16)
+        acc = _mm_add_epi32(acc, _mm_madd_epi16(_mm_maddubs_epi16(_mm_set1_epi8(1),
+                                                                  _mm_loadu_si128((const __m128i *)(p + i))),
+                                                _mm_set1_epi16(1)));
+    acc = _mm_add_epi32(acc, _mm_shuffle_epi32(acc, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtsi128_si32(_mm_add_epi32(acc, _mm_shuffle_epi32(acc, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+/* ---- Integer weights in tiles of 8 outputs ------------------------------------------------------------
+ * Both integer formats store each 8 outputs' weights interleaved, a few k at a time, so that one 32-byte load
+ * holds 8 outputs x 4 (int8) or 8 (int4) k. A row's 4 activation bytes, broadcast, meet all 8 outputs in one
+ * byte dot product (maddubs), and each fp32 lane ends as one output: no horizontal sums, the scales of 8
+ * outputs are one vector, and the unpacking of a tile is shared by up to MR activation rows (like the fp16
+ * panels below, and llama.cpp's repacked q4_0 8x8). The tile stays in L1 while every row block passes over it.
+ * The AVX-512 build takes two tiles at a time, one in each half of a 64-byte vector (int_dots.h: int_tile_pair).
+ * Scales are [T][G][8]: per tile, per group, the 8 outputs' values (T = ceil(N / 8), rows past N zero). */
+#define TILE 8
+#define MR 4
+/* Bytes ahead of the weight stream to prefetch (a tile's weights are contiguous and a thread's tiles follow each
+ * other): the hardware prefetcher alone left a one-row pass at ~60% of the read bandwidth torch.sum reaches here;
+ * with it the LM head (151936 x 896, int8) took 7.7 instead of 11.6 ms, measured at 512-4096 bytes (2048 best). */
+#define PREFETCH 2048
+#define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
+/* Rows r.. r + mr of y, outputs of tile t, from one fp32 lane per output */
+static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc, int mr, const float *bias,
+                              int accumulate) {
+    int64_t n0 = t * TILE, nr = N - n0 < TILE ? N - n0 : TILE;
+    for (int i = 0; i < mr; i++) {
+        float out[TILE];
+        _mm256_storeu_ps(out, acc[i]);
+        for (int64_t j = 0; j < nr; j++) store_out(y + i * N + n0 + j, out[j], bias, n0 + j, accumulate);
+    }
+}
+
+static inline int64_t span_of(int64_t group) { return group < 32 ? group : 32; }  /* a group's part in one block */
+
+#include "int_dots.h"  /* the formats' byte products, per vector width; AVX-512: int_tile_pair */
+
+/* acc[i] += block b's dot products over chunks c0..c1, times the group's scales sg and row i's block scale */
+static inline __attribute__((always_inline)) void int_block_into(
+    __m256 *acc, __m256 sg, const int8_t *xq, const float *dx, int64_t K, int64_t b, const uint8_t *w,
+    const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
+    int64_t blocks = K / 32, block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : 32;
+    __m256i dot[MR];
+    int_block_dots(xq + b * 32, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL, bits, expanded, c0, c1, mr,
+                   dot);
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++)
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
+                                 acc[i]);
+}
+
+static inline __attribute__((always_inline)) void int_tile(
+    const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *w,
+    const uint8_t *hb, const float *scale, const float *m, int bits, int expanded, int mr, float *y, int64_t N,
+    int64_t t, const float *bias, int accumulate) {
+    int64_t G = K / group, group_blocks = group / 32;
+    __m256 acc[MR];
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m256 sg = _mm256_loadu_ps(scale + g * TILE);
+        if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
+            for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
+                int_block_into(acc, sg, xq, dx, K, b, w, hb, bits, expanded, 0, 4, mr);
+        } else {  /* a group of 16: chunks 0-1 or 2-3 of block g / 2 */
+            int c0 = (int)(g & 1) * 2;
+            int_block_into(acc, sg, xq, dx, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
+        }
+        if (bits != 8) {
+            __m256 mg = m ? _mm256_loadu_ps(m + g * TILE)
+                          : _mm256_mul_ps(sg, _mm256_set1_ps(-(float)(1 << (bits - 1))));
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
+        }
+    }
+    store_tile(y, N, t, acc, mr, bias, accumulate);
+}
+
+/* One integer product, the argument of its tiles' range function: rows m0..m1 against every tile */
+typedef struct {
+    const int8_t *xq;
+    const float *dx, *xsum;        /* per row: block scales [K/32]; per group sums of the int8 values (nibbles) */
+    const uint8_t *w, *hb;         /* tiles; high-bit planes (int5 / int6) or NULL */
+    const float *scale, *min, *bias;
+    float *y;
+    int64_t K, N, group, m0, m1;
+    int accumulate;
+} IntJob;
+
+/* int5 / int6 tiles are unpacked once a call (int_dots.h: expand_tile) for jobs of more than EXPAND_ROWS rows, into a
+ * buffer on the thread's stack of 8 bytes a k (K <= EXPAND_MAX_K: 128 KB), where each pass of MR rows unpacked the
+ * planes of high bits again: Qwen 0.5B's shapes 1.1-1.7x at 5 to 512 rows, its prefill 1.17-1.19x (AVX2 EPYC,
+ * alternating builds). int4's unpacking is three instructions a chunk: expanded it measured level, so it stays. */
+#define EXPAND_ROWS MR
+#define EXPAND_MAX_K 16384
+
+static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
+                                                               const uint8_t *hb, int expanded) {
+    int64_t K = j->K, G = K / j->group;
+    const float *d = j->scale + t * G * TILE, *m = j->min ? j->min + t * G * TILE : NULL;
+    for (int64_t r = j->m0; r < j->m1; r += MR) {
+        int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
+#define INT_TILE(MR_) int_tile(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
+                               w, hb, d, m, bits, expanded, MR_, j->y + r * j->N, j->N, t, j->bias, j->accumulate)
+        switch (mr) {
+            case 4: INT_TILE(4); break;
+            case 3: INT_TILE(3); break;
+            case 2: INT_TILE(2); break;
+            default: INT_TILE(1); break;
+        }
+#undef INT_TILE
+    }
+}
+
+static inline __attribute__((always_inline)) void tile_rows(const IntJob *j, int64_t t, int bits) {  /* int_tile */
+    int64_t K = j->K, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2;
+    const uint8_t *w = j->w + t * tile_bytes, *hb = j->hb ? j->hb + t * K * (bits - 4) : NULL;
+    if (bits > 4 && bits < 8 && j->m1 - j->m0 > EXPAND_ROWS && K <= EXPAND_MAX_K) {
+        uint8_t values[TILE * K] __attribute__((aligned(32)));
+        expand_tile(w, hb, K, bits, values);
+        tile_rows_of(j, t, bits, values, NULL, 1);
+    } else {
+        tile_rows_of(j, t, bits, w, hb, 0);
+    }
+}
+
+static inline __attribute__((always_inline)) void int_tiles(const IntJob *j, int64_t t0, int64_t t1, int bits) {
+    for (int64_t t = t0; t < t1; t++) tile_rows(j, t, bits);
+}
+
+static void q4_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 4); }
+static void q5_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 5); }
+static void q6_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 6); }
+static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 8); }
+
+#ifdef TALLY_AVX512
+/* Items are pairs of tiles (t, t + 1); an odd last tile pairs with itself and stores one half. Jobs of fewer than
+ * PAIR_ROWS rows take the tiles one at a time: with weights streamed from memory (a decode step's), a thread's two
+ * streams ran at ~0.9x of one tile's at 1-3 rows, even at 4 and 1.2-1.5x at 5 (Qwen 0.5B's gate/up and down, int4,
+ * 2 threads, the two loops alternating in one process); from cache the pairs win at every row count. */
+#define PAIR_ROWS 4
+static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int64_t p0, int64_t p1, int bits) {
+    int64_t K = j->K, G = K / j->group, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2, T = (j->N + TILE - 1) / TILE;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
+        const uint8_t *ha = j->hb ? j->hb + t * K * (bits - 4) : NULL, *hb = j->hb ? j->hb + u * K * (bits - 4) : NULL;
+        const float *ma = j->min ? j->min + t * G * TILE : NULL, *mb = j->min ? j->min + u * G * TILE : NULL;
+        for (int64_t r = j->m0; r < j->m1; r += MR512) {
+            int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
+#define PAIR(MR_) int_tile_pair(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
+                                j->w + t * tile_bytes, j->w + u * tile_bytes, ha, hb, j->scale + t * G * TILE, \
+                                j->scale + u * G * TILE, ma, mb, bits, MR_, j->y + r * j->N, j->N, t, u, j->bias, \
+                                j->accumulate)
+            switch (mr) {
+                case 8: PAIR(8); break;
+                case 7: PAIR(7); break;
+                case 6: PAIR(6); break;
+                case 5: PAIR(5); break;
+                case 4: PAIR(4); break;
+                case 3: PAIR(3); break;
+                case 2: PAIR(2); break;
+                default: PAIR(1); break;
+            }
+#undef PAIR
+        }
+    }
+}
+
+static void q4_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 4); }
+static void q5_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 5); }
+static void q6_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 6); }
+static void q8_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 8); }
+#endif
+
+/* A format's range functions: over tiles, and (AVX-512) over pairs of tiles */
+typedef struct { RangeFn tiles, pairs; } IntKernels;
+#ifdef TALLY_AVX512
+#define INT_KERNELS(B) ((IntKernels){q##B##_tiles, q##B##_pairs})
+#else
+#define INT_KERNELS(B) ((IntKernels){q##B##_tiles, NULL})
+#endif
+
+/* Activation rows in blocks of INT_MB, each block's int8 copy in L2 while every tile passes over it */
+static void int_gemm(IntJob job, int64_t M, IntKernels k) {
+    int64_t T = (job.N + TILE - 1) / TILE;
+    for (job.m0 = 0; job.m0 < M; job.m0 += INT_MB) {
+        job.m1 = M - job.m0 < INT_MB ? M : job.m0 + INT_MB;
+        int64_t work = job.N * job.K * (job.m1 - job.m0);
+#ifdef TALLY_AVX512
+        if (job.m1 - job.m0 >= PAIR_ROWS) {
+            parallel_for((T + 1) / 2, work, k.pairs, &job);
+            continue;
+        }
+#endif
+        parallel_for(T, work, k.tiles, &job);
+    }
+}
+
+/* bits 4: qs, d, m (qh NULL); bits 5 or 6: qs, qh, d (m NULL); group 16 or a multiple of 32 */
+void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const float *d, const float *m,
+                   const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
+                   int accumulate) {
+    int64_t G = K / group, span = span_of(group);
+    QuantizedRows xq = quantize_rows(x, M, K, 32);
+    float *xsum = malloc(sizeof(float) * M * G);  /* per group: the sum of the quantized activations */
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t g = 0; g < G; g++) {
+            float s = 0;
+            for (int64_t k0 = r * K + g * group; k0 < r * K + (g + 1) * group; k0 += span) {
+                s += xq.dx[k0 / 32] * (float)sum_i8(xq.xq + k0, span);
+            }
+            xsum[r * G + g] = s;
+        }
+    IntJob job = {xq.xq, xq.dx, xsum, qs, qh, d, m, bias, y, K, N, group, 0, 0, accumulate};
+    int_gemm(job, M, bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : INT_KERNELS(4));
+    free(xsum);
+    free(xq.xq);
+    free(xq.dx);
+}
+
+/* per_token != 0: activations get one scale per row (W8A8), else one per block of 32 */
+void tally_gemm_q8(const float *x, const int8_t *q, const float *s, const float *bias, float *y,
+                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token) {
+    QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
+    IntJob job = {xq.xq, xq.dx, NULL, (const uint8_t *)q, NULL, s, NULL, bias, y, K, N, group, 0, 0, accumulate};
+    int_gemm(job, M, INT_KERNELS(8));
+    free(xq.xq);
+    free(xq.dx);
+}
