@@ -1,7 +1,34 @@
-/* The integer weight formats' block dot products (int_tiles.h: int_tile), in the widths this build has: AVX2, VNNI on
- * 32-byte vectors; AVX-512 VNNI builds a whole kernel of its own over pairs of tiles (int_tile_pair). Included by
- * int_tiles.h after its tile constants (TILE, MR, PREFETCH, span_of); every build forms the same integer sums
- * (tests/test_native_kernels.py holds them to the AVX2 bits). */
+/* The integer weights' tile layout, and the formats' block dot products (int_tiles.h: int_tile) in the widths this
+ * build has: AVX2, VNNI on 32-byte vectors; AVX-512 VNNI builds a whole kernel of its own over pairs of tiles
+ * (int_tile_pair). Included by int_tiles.h; every build forms the same integer sums (tests/test_native_kernels.py
+ * holds them to the AVX2 bits). */
+
+/* ---- Integer weights in tiles of 8 outputs ------------------------------------------------------------
+ * Both integer formats store each 8 outputs' weights interleaved, a few k at a time, so that one 32-byte load
+ * holds 8 outputs x 4 (int8) or 8 (int4) k. A row's 4 activation bytes, broadcast, meet all 8 outputs in one
+ * byte dot product (maddubs), and each fp32 lane ends as one output: no horizontal sums, the scales of 8
+ * outputs are one vector, and the unpacking of a tile is shared by up to MR activation rows (like the fp16
+ * panels in kernels.c, and llama.cpp's repacked q4_0 8x8). The tile stays in L1 while every row block passes over it.
+ * The AVX-512 build takes two tiles at a time, one in each half of a 64-byte vector (below: int_tile_pair).
+ * Scales are [T][G][8]: per tile, per group, the 8 outputs' values (T = ceil(N / 8), rows past N zero). */
+#define TILE 8
+#define MR 4
+/* Bytes ahead of the weight stream to prefetch (a tile's weights are contiguous and a thread's tiles follow each
+ * other): the hardware prefetcher alone left a one-row pass at ~60% of the read bandwidth torch.sum reaches here;
+ * with it the LM head (151936 x 896, int8) took 7.7 instead of 11.6 ms, measured at 512-4096 bytes (2048 best). */
+#define PREFETCH 2048
+/* Rows r.. r + mr of y, outputs of tile t, from one fp32 lane per output */
+static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc, int mr, const float *bias,
+                              int accumulate) {
+    int64_t n0 = t * TILE, nr = N - n0 < TILE ? N - n0 : TILE;
+    for (int i = 0; i < mr; i++) {
+        float out[TILE];
+        _mm256_storeu_ps(out, acc[i]);
+        for (int64_t j = 0; j < nr; j++) store_out(y + i * N + n0 + j, out[j], bias, n0 + j, accumulate);
+    }
+}
+
+static inline int64_t span_of(int64_t group) { return group < 32 ? group : 32; }  /* a group's part in one block */
 
 /* VNNI (AVX-VNNI, or AVX-512 VNNI with VL) multiplies unsigned by signed bytes and adds each 4 products into
  * an int32 lane in one instruction, where AVX2 needs maddubs, madd and add: the same sums, exactly (no int16

@@ -1,6 +1,6 @@
 /* The integer weight formats' projections (int4 with minima, GGUF Q5_0 / Q6_K with planes of high bits, int8):
  * activations rounded to int8 per block of 32, tiles of 8 outputs, and tally_gemm_q4 / tally_gemm_q8. Included by
- * kernels.c after pool.h and its small helpers (store_out); includes int_dots.h, the byte products per width. */
+ * kernels.c after pool.h and its small helpers (store_out); includes int_dots.h: the tiles' layout, byte products. */
 
 /* ---- Activations to int8: x ~ xq * dx, dx per row and block of 32 ---------------------------------------
  * The integer kernels below multiply int8 activations by the integer weights with AVX2's byte dot products
@@ -49,35 +49,8 @@ static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 
     return _mm_cvtsi128_si32(_mm_add_epi32(acc, _mm_shuffle_epi32(acc, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
-/* ---- Integer weights in tiles of 8 outputs ------------------------------------------------------------
- * Both integer formats store each 8 outputs' weights interleaved, a few k at a time, so that one 32-byte load
- * holds 8 outputs x 4 (int8) or 8 (int4) k. A row's 4 activation bytes, broadcast, meet all 8 outputs in one
- * byte dot product (maddubs), and each fp32 lane ends as one output: no horizontal sums, the scales of 8
- * outputs are one vector, and the unpacking of a tile is shared by up to MR activation rows (like the fp16
- * panels below, and llama.cpp's repacked q4_0 8x8). The tile stays in L1 while every row block passes over it.
- * The AVX-512 build takes two tiles at a time, one in each half of a 64-byte vector (int_dots.h: int_tile_pair).
- * Scales are [T][G][8]: per tile, per group, the 8 outputs' values (T = ceil(N / 8), rows past N zero). */
-#define TILE 8
-#define MR 4
-/* Bytes ahead of the weight stream to prefetch (a tile's weights are contiguous and a thread's tiles follow each
- * other): the hardware prefetcher alone left a one-row pass at ~60% of the read bandwidth torch.sum reaches here;
- * with it the LM head (151936 x 896, int8) took 7.7 instead of 11.6 ms, measured at 512-4096 bytes (2048 best). */
-#define PREFETCH 2048
+#include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
 #define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
-/* Rows r.. r + mr of y, outputs of tile t, from one fp32 lane per output */
-static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc, int mr, const float *bias,
-                              int accumulate) {
-    int64_t n0 = t * TILE, nr = N - n0 < TILE ? N - n0 : TILE;
-    for (int i = 0; i < mr; i++) {
-        float out[TILE];
-        _mm256_storeu_ps(out, acc[i]);
-        for (int64_t j = 0; j < nr; j++) store_out(y + i * N + n0 + j, out[j], bias, n0 + j, accumulate);
-    }
-}
-
-static inline int64_t span_of(int64_t group) { return group < 32 ? group : 32; }  /* a group's part in one block */
-
-#include "int_dots.h"  /* the formats' byte products, per vector width; AVX-512: int_tile_pair */
 
 /* acc[i] += block b's dot products over chunks c0..c1, times the group's scales sg and row i's block scale */
 static inline __attribute__((always_inline)) void int_block_into(
