@@ -311,6 +311,18 @@ static void expand_tile(const uint8_t *w, const uint8_t *hb, int64_t K, int bits
     }
 }
 
+/* Chunk c's values (nibble formats): from expand_tile's bytes, or unpacked (nibble_values256) */
+static inline __attribute__((always_inline)) void chunk_values256(const uint8_t *wb, __m256i p4, __m256i p5, int c,
+                                                                  int bits, int expanded, __m256i *lo, __m256i *hi) {
+    if (expanded) {
+        *lo = _mm256_load_si256((const __m256i *)(wb + c * 64));
+        *hi = _mm256_load_si256((const __m256i *)(wb + c * 64 + 32));
+    } else {
+        _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+        nibble_values256(_mm256_loadu_si256((const __m256i *)(wb + c * 32)), p4, p5, c, bits, lo, hi);
+    }
+}
+
 /* Nibble formats: chunks c0..c1 of the block (a group of 16 is two chunks); int8: the whole block. expanded: wb is
  * the block in expand_tile's bytes (hb unused) */
 static inline __attribute__((always_inline)) void int_block_dots256(
@@ -324,16 +336,31 @@ static inline __attribute__((always_inline)) void int_block_dots256(
         if (bits > 4 && !expanded) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
         __m256i p4 = bits > 4 && !expanded ? _mm256_loadu_si256((const __m256i *)hb) : _mm256_setzero_si256();
         __m256i p5 = bits > 5 && !expanded ? _mm256_loadu_si256((const __m256i *)(hb + 32)) : _mm256_setzero_si256();
+#ifndef TALLY_VNNI
+        if (bits == 5 && (c1 - c0) % 2 == 0) {  /* two chunks' products add up in int16 (4 * 2 * 31 * 127 = 31496) before one widening */
+            _Pragma("GCC unroll 1")
+            for (int c = c0; c < c1; c += 2) {
+                __m256i lo0, hi0, lo1, hi1;
+                chunk_values256(wb, p4, p5, c, bits, expanded, &lo0, &hi0);
+                chunk_values256(wb, p4, p5, c + 1, bits, expanded, &lo1, &hi1);
+                _Pragma("GCC unroll 8")
+                for (int i = 0; i < mr; i++) {
+                    const int8_t *xp = xq + i * K + c * 8;
+                    __m256i pairs = _mm256_add_epi16(
+                        _mm256_add_epi16(_mm256_maddubs_epi16(lo0, broadcast4(xp)),
+                                         _mm256_maddubs_epi16(hi0, broadcast4(xp + 4))),
+                        _mm256_add_epi16(_mm256_maddubs_epi16(lo1, broadcast4(xp + 8)),
+                                         _mm256_maddubs_epi16(hi1, broadcast4(xp + 12))));
+                    dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+            return;
+        }
+#endif
         _Pragma("GCC unroll 1")
         for (int c = c0; c < c1; c++) {
             __m256i lo, hi;
-            if (expanded) {
-                lo = _mm256_load_si256((const __m256i *)(wb + c * 64));
-                hi = _mm256_load_si256((const __m256i *)(wb + c * 64 + 32));
-            } else {
-                _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
-                nibble_values256(_mm256_loadu_si256((const __m256i *)(wb + c * 32)), p4, p5, c, bits, &lo, &hi);
-            }
+            chunk_values256(wb, p4, p5, c, bits, expanded, &lo, &hi);
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) {  /* int4: int16 sums while in the block (VNNI: int32 at once) */
                 const int8_t *xp = xq + i * K + c * 8;
