@@ -35,6 +35,32 @@ def test_rows_read_back_from_integer_tiles() -> None:
         assert torch.equal(ops.q4_rows(qs, rows, qh), q[rows])
 
 
+def test_scales_exact_in_fp16_are_held_in_fp16_with_the_same_results() -> None:
+    """GGUF's own d and m are fp16 values: a layer keeps them in fp16 (half the bytes a decode streams for them) and
+    gives the bits it gives with fp32 copies; one value off the fp16 grid keeps the whole layer in fp32."""
+    from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
+
+    n, k = 20, 128
+    q4, q8 = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen), torch.randint(-127, 128, (n, k))
+    d, m = rand(n, k // 32).abs().half().float(), rand(n, k // 32).half().float()
+    x = rand(5, k)
+    layer = NativeInt4Linear(q4, d, m, 32, None)
+    assert layer.d.dtype == layer.m.dtype == torch.float16
+    qs, dt, mt = ops.pack_q4(q4), ops.pack_tile_scales(d), ops.pack_tile_scales(m)
+    assert torch.equal(layer(x), ops.gemm_q4(x, qs, dt, mt, None, 32, n))
+    rows = torch.tensor([3, 19])
+    want = (q4[rows].float().view(2, -1, 32) * d[rows, :, None] + m[rows, :, None]).view(2, k)
+    assert torch.equal(layer.embedding_rows(rows), want)
+    off_grid = m.clone()
+    off_grid[7, 2] += 1e-4
+    assert NativeInt4Linear(q4, d, off_grid, 32, None).d.dtype == torch.float32
+    int8 = NativeInt8Linear(q8.to(torch.int8), d, None)
+    assert int8.s.dtype == torch.float16
+    assert torch.equal(int8(x), ops.gemm_q8(x, ops.pack_q8(q8), ops.pack_tile_scales(d), None, 32, n))
+    with pytest.raises(ValueError, match="all fp32 or all fp16"):
+        ops.gemm_q4(x, qs, ops.pack_tile_scales(d, half=True), mt, None, 32, n)
+
+
 # m covers 1..4 rows and a remainder after whole blocks of 4; n a partial tile of 8 outputs
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 7])
 @pytest.mark.parametrize("group", [32, 64])
@@ -389,24 +415,29 @@ def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
 
     n, k = 68, 256
     q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
-    d, m = ops.pack_tile_scales(rand(n, k // 32).abs()), ops.pack_tile_scales(rand(n, k // 32))
+    values = [rand(n, k // 32).abs().half().float(), rand(n, k // 32).half().float(),
+              rand(n, k // 16).abs().half().float()]  # d, m and Q6_K's d: exact in fp16, packed both ways
     q5, qh5 = ops.pack_planes(torch.randint(0, 32, (n, k), dtype=torch.uint8, generator=gen), 5)
     q6, qh6 = ops.pack_planes(torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=gen), 6)
-    d16 = ops.pack_tile_scales(rand(n, k // 16).abs())
     q8 = ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen))
 
     def run(lib, x: torch.Tensor) -> list[torch.Tensor]:
         outs = []
-        for qs, qh, scales, mins, group, bits in ((q4, None, d, m, 32, 4), (q5, qh5, d, None, 32, 5),
-                                                  (q6, qh6, d16, None, 16, 6)):
+        for half in (False, True):  # fp16 scales hold the same floats: the same bits
+            d, m, d16 = (ops.pack_tile_scales(v, half) for v in values)
+            for qs, qh, scales, mins, group, bits in ((q4, None, d, m, 32, 4), (q5, qh5, d, None, 32, 5),
+                                                      (q6, qh6, d16, None, 16, 6)):
+                y = torch.empty(x.shape[0], n)
+                lib.tally_gemm_q4(x.data_ptr(), qs.data_ptr(), None if qh is None else qh.data_ptr(),
+                                  scales.data_ptr(), None if mins is None else mins.data_ptr(), None, y.data_ptr(),
+                                  x.shape[0], n, k, group, bits, 0, half)
+                outs.append(y)
             y = torch.empty(x.shape[0], n)
-            lib.tally_gemm_q4(x.data_ptr(), qs.data_ptr(), None if qh is None else qh.data_ptr(), scales.data_ptr(),
-                              None if mins is None else mins.data_ptr(), None, y.data_ptr(), x.shape[0], n, k, group,
-                              bits, 0)
+            lib.tally_gemm_q8(x.data_ptr(), q8.data_ptr(), d.data_ptr(), None, y.data_ptr(), x.shape[0], n, k, 32, 0,
+                              0, half)
             outs.append(y)
-        y = torch.empty(x.shape[0], n)
-        lib.tally_gemm_q8(x.data_ptr(), q8.data_ptr(), d.data_ptr(), None, y.data_ptr(), x.shape[0], n, k, 32, 0, 0)
-        return outs + [y]
+        assert all(torch.equal(a, b) for a, b in zip(outs[:4], outs[4:]))
+        return outs
 
     found = library.builds()
     baseline = library.load_build(found.pop("avx2"))

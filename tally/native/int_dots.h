@@ -10,7 +10,8 @@
  * outputs are one vector, and the unpacking of a tile is shared by up to MR activation rows (like the fp16
  * panels in kernels.c, and llama.cpp's repacked q4_0 8x8). The tile stays in L1 while every row block passes over it.
  * The AVX-512 build takes two tiles at a time, one in each half of a 64-byte vector (below: int_tile_pair).
- * Scales are [T][G][8]: per tile, per group, the 8 outputs' values (T = ceil(N / 8), rows past N zero). */
+ * Scales are [T][G][8]: per tile, per group, the 8 outputs' values (T = ceil(N / 8), rows past N zero), fp32 or fp16
+ * (GroupValues below). */
 #define TILE 8
 #define MR 4
 /* Bytes ahead of the weight stream to prefetch (a tile's weights are contiguous and a thread's tiles follow each
@@ -26,6 +27,26 @@ static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc,
         _mm256_storeu_ps(out, acc[i]);
         for (int64_t j = 0; j < nr; j++) store_out(y + i * N + n0 + j, out[j], bias, n0 + j, accumulate);
     }
+}
+
+/* A tile's per-group values (scales d / s, minima m), [T][G][8]: fp32, or fp16 where every value of the layer converts
+ * exactly (tally/native/ops.py: pack_tile_scales). GGUF stores Q4_0 / Q4_1 / Q5_0 / Q8_0's d and m in fp16; as
+ * fp32 they were a sixth of an int4 layer's bytes, which a one-row decode streams from memory: int4 at 1 row,
+ * weights from memory, 1.09-1.17x with them in fp16 (AVX2 EPYC, 2 threads). The same float either way: same bits. */
+typedef struct { const void *v; int half; } GroupValues;
+
+static inline GroupValues values_from(GroupValues a, int64_t i) {  /* a's values from element i on */
+    if (a.v) a.v = a.half ? (const void *)((const uint16_t *)a.v + i) : (const void *)((const float *)a.v + i);
+    return a;
+}
+
+static inline __m256 values8(GroupValues a, int64_t i) {  /* elements i..i+7 */
+    return a.half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)a.v + i)))
+                  : _mm256_loadu_ps((const float *)a.v + i);
+}
+
+static inline float value1(GroupValues a, int64_t i) {
+    return a.half ? _cvtsh_ss(((const uint16_t *)a.v)[i]) : ((const float *)a.v)[i];
 }
 
 static inline int64_t span_of(int64_t group) { return group < 32 ? group : 32; }  /* a group's part in one block */
@@ -178,7 +199,10 @@ static inline __m512i halves(const void *a, const void *b) {  /* 32 bytes of til
                               _mm256_loadu_si256((const __m256i *)b), 1);
 }
 
-static inline __m512 halves_ps(const float *a, const float *b) { return _mm512_castsi512_ps(halves(a, b)); }
+static inline __m512 halves_ps(__m256 a, __m256 b) {  /* a in lanes 0-7, b in 8-15 */
+    return _mm512_castsi512_ps(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_castps_si256(a)),
+                                                  _mm256_castps_si256(b), 1));
+}
 
 static inline __m512i broadcast4x16(const int8_t *p) {  /* 4 activation bytes into all 16 lanes */
     int32_t v;
@@ -238,15 +262,15 @@ static inline __attribute__((always_inline)) void block_dots_pair(
  * of K: int_tile's sums, 16 outputs at a time */
 static inline __attribute__((always_inline)) void int_tile_pair(
     const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *wa,
-    const uint8_t *wb, const uint8_t *ha, const uint8_t *hb, const float *sa, const float *sb, const float *ma,
-    const float *mb, int bits, int mr, float *y, int64_t N, int64_t t, int64_t u, const float *bias, int accumulate) {
+    const uint8_t *wb, const uint8_t *ha, const uint8_t *hb, GroupValues sa, GroupValues sb, GroupValues ma,
+    GroupValues mb, int bits, int mr, float *y, int64_t N, int64_t t, int64_t u, const float *bias, int accumulate) {
     int64_t G = K / group, blocks = K / 32, span = span_of(group), block_bytes = bits == 8 ? 256 : 128;
     int64_t plane_bytes = bits == 6 ? 64 : 32;
     __m512 acc[MR512];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m512 sg = halves_ps(sa + g * TILE, sb + g * TILE);
+        __m512 sg = halves_ps(values8(sa, g * TILE), values8(sb, g * TILE));
         for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += span) {
             int64_t b = k0 / 32;
             int c0 = (int)(k0 % 32) / 8;
@@ -260,7 +284,7 @@ static inline __attribute__((always_inline)) void int_tile_pair(
                                          _mm512_mul_ps(sg, _mm512_set1_ps(dx[i * blocks + b])), acc[i]);
         }
         if (bits != 8) {
-            __m512 mg = ma ? halves_ps(ma + g * TILE, mb + g * TILE)
+            __m512 mg = ma.v ? halves_ps(values8(ma, g * TILE), values8(mb, g * TILE))
                            : _mm512_mul_ps(sg, _mm512_set1_ps(-(float)(1 << (bits - 1))));
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) acc[i] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xsum[i * G + g]), acc[i]);

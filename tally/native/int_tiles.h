@@ -68,14 +68,14 @@ static inline __attribute__((always_inline)) void int_block_into(
 
 static inline __attribute__((always_inline)) void int_tile(
     const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *w,
-    const uint8_t *hb, const float *scale, const float *m, int bits, int expanded, int mr, float *y, int64_t N,
+    const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded, int mr, float *y, int64_t N,
     int64_t t, const float *bias, int accumulate) {
     int64_t G = K / group, group_blocks = group / 32;
     __m256 acc[MR];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m256 sg = _mm256_loadu_ps(scale + g * TILE);
+        __m256 sg = values8(scale, g * TILE);
         if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
             for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
                 int_block_into(acc, sg, xq, dx, K, b, w, hb, bits, expanded, 0, 4, mr);
@@ -84,7 +84,7 @@ static inline __attribute__((always_inline)) void int_tile(
             int_block_into(acc, sg, xq, dx, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
         }
         if (bits != 8) {
-            __m256 mg = m ? _mm256_loadu_ps(m + g * TILE)
+            __m256 mg = m.v ? values8(m, g * TILE)
                           : _mm256_mul_ps(sg, _mm256_set1_ps(-(float)(1 << (bits - 1))));
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
@@ -98,7 +98,8 @@ typedef struct {
     const int8_t *xq;
     const float *dx, *xsum;        /* per row: block scales [K/32]; per group sums of the int8 values (nibbles) */
     const uint8_t *w, *hb;         /* tiles; high-bit planes (int5 / int6) or NULL */
-    const float *scale, *min, *bias;
+    GroupValues scale, min;        /* min.v NULL: int5 / int6 and int8 */
+    const float *bias;
     float *y;
     int64_t K, N, group, m0, m1;
     int accumulate;
@@ -114,7 +115,7 @@ typedef struct {
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
                                                                const uint8_t *hb, int expanded) {
     int64_t K = j->K, G = K / j->group;
-    const float *d = j->scale + t * G * TILE, *m = j->min ? j->min + t * G * TILE : NULL;
+    GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
     for (int64_t r = j->m0; r < j->m1; r += MR) {
         int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
 #define INT_TILE(MR_) int_tile(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
@@ -161,12 +162,12 @@ static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int
     for (int64_t p = p0; p < p1; p++) {
         int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
         const uint8_t *ha = j->hb ? j->hb + t * K * (bits - 4) : NULL, *hb = j->hb ? j->hb + u * K * (bits - 4) : NULL;
-        const float *ma = j->min ? j->min + t * G * TILE : NULL, *mb = j->min ? j->min + u * G * TILE : NULL;
+        GroupValues ma = values_from(j->min, t * G * TILE), mb = values_from(j->min, u * G * TILE);
         for (int64_t r = j->m0; r < j->m1; r += MR512) {
             int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
 #define PAIR(MR_) int_tile_pair(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
-                                j->w + t * tile_bytes, j->w + u * tile_bytes, ha, hb, j->scale + t * G * TILE, \
-                                j->scale + u * G * TILE, ma, mb, bits, MR_, j->y + r * j->N, j->N, t, u, j->bias, \
+                                j->w + t * tile_bytes, j->w + u * tile_bytes, ha, hb, values_from(j->scale, t * G * TILE), \
+                                values_from(j->scale, u * G * TILE), ma, mb, bits, MR_, j->y + r * j->N, j->N, t, u, j->bias, \
                                 j->accumulate)
             switch (mr) {
                 case 8: PAIR(8); break;
@@ -213,10 +214,11 @@ static void int_gemm(IntJob job, int64_t M, IntKernels k) {
     }
 }
 
-/* bits 4: qs, d, m (qh NULL); bits 5 or 6: qs, qh, d (m NULL); group 16 or a multiple of 32 */
-void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const float *d, const float *m,
+/* bits 4: qs, d, m (qh NULL); bits 5 or 6: qs, qh, d (m NULL); group 16 or a multiple of 32. half_scales: d and m
+ * in fp16 (GroupValues), else fp32 */
+void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const void *d, const void *m,
                    const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
-                   int accumulate) {
+                   int accumulate, int half_scales) {
     int64_t G = K / group, span = span_of(group);
     QuantizedRows xq = quantize_rows(x, M, K, 32);
     float *xsum = malloc(sizeof(float) * M * G);  /* per group: the sum of the quantized activations */
@@ -228,7 +230,8 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const f
             }
             xsum[r * G + g] = s;
         }
-    IntJob job = {xq.xq, xq.dx, xsum, qs, qh, d, m, bias, y, K, N, group, 0, 0, accumulate};
+    IntJob job = {xq.xq, xq.dx, xsum, qs, qh, {d, half_scales}, {m, half_scales}, bias, y, K, N, group, 0, 0,
+                  accumulate};
     int_gemm(job, M, bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : INT_KERNELS(4));
     free(xsum);
     free(xq.xq);
@@ -236,10 +239,11 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const f
 }
 
 /* per_token != 0: activations get one scale per row (W8A8), else one per block of 32 */
-void tally_gemm_q8(const float *x, const int8_t *q, const float *s, const float *bias, float *y,
-                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token) {
+void tally_gemm_q8(const float *x, const int8_t *q, const void *s, const float *bias, float *y,
+                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int half_scales) {
     QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
-    IntJob job = {xq.xq, xq.dx, NULL, (const uint8_t *)q, NULL, s, NULL, bias, y, K, N, group, 0, 0, accumulate};
+    IntJob job = {xq.xq, xq.dx, NULL, (const uint8_t *)q, NULL, {s, half_scales}, {NULL, 0}, bias, y, K, N, group, 0,
+                  0, accumulate};
     int_gemm(job, M, INT_KERNELS(8));
     free(xq.xq);
     free(xq.dx);

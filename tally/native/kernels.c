@@ -263,8 +263,10 @@ enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5 };
 typedef struct {
     int64_t kind, n, k, group, bits; /* concat: `group` parts; q4: 4, 5 or 6 bits */
     const void *w;                   /* concat: the parts, an array of Proj */
-    const float *scale, *min, *bias; /* q4: d, m (int5 / int6: d, NULL); q8 / w8a8: s, unused; f16: unused */
+    const void *scale, *min;         /* q4: d, m (int5 / int6: d, NULL); q8 / w8a8: s, unused; f16: unused */
+    const float *bias;
     const uint8_t *high;             /* q4: int5 / int6's high-bit planes, or NULL */
+    int64_t half_scales;             /* scale and min in fp16 (int_dots.h: GroupValues) */
 } Proj;
 
 typedef struct {
@@ -304,9 +306,11 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
         return;
     }
     if (p->kind == PROJ_Q4)
-        tally_gemm_q4(x, p->w, p->high, p->scale, p->min, p->bias, y, M, p->n, p->k, p->group, p->bits, accumulate);
+        tally_gemm_q4(x, p->w, p->high, p->scale, p->min, p->bias, y, M, p->n, p->k, p->group, p->bits, accumulate,
+                      (int)p->half_scales);
     else if (p->kind == PROJ_Q8 || p->kind == PROJ_W8A8)
-        tally_gemm_q8(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, accumulate, p->kind == PROJ_W8A8);
+        tally_gemm_q8(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, accumulate, p->kind == PROJ_W8A8,
+                      (int)p->half_scales);
     else
         tally_gemm_f16(x, p->w, p->bias, y, M, p->n, p->k, accumulate);
 }
@@ -358,7 +362,7 @@ void tally_decode_layers(const Model *md, float *h, int64_t n, const float *cos,
 typedef struct {  /* one dequantization: tiles (panels) of the stored weights, bf16 out */
     const void *q;
     const uint8_t *qh;
-    const float *d, *m;
+    GroupValues d, m;
     uint16_t *w;
     int64_t K, group, bits, n;
 } DequantJob;
@@ -366,16 +370,16 @@ typedef struct {  /* one dequantization: tiles (panels) of the stored weights, b
 static void dequant_q4_tiles(const void *job, int64_t t0, int64_t t1) {
     const DequantJob *j = job;
     const uint8_t *qs = j->q, *qh = j->qh;
-    const float *d = j->d, *m = j->m;
+    GroupValues d = j->d, m = j->m;
     uint16_t *w = j->w;
     int64_t K = j->K, group = j->group, bits = j->bits, G = K / group;
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < G; g++) {
             __m256 dg[TILE], mg[TILE];
             for (int j = 0; j < TILE; j++) {
-                dg[j] = _mm256_set1_ps(d[(t * G + g) * TILE + j]);
-                mg[j] = _mm256_set1_ps(m ? m[(t * G + g) * TILE + j]
-                                         : -(float)(1 << (bits - 1)) * d[(t * G + g) * TILE + j]);
+                int64_t i = (t * G + g) * TILE + j;
+                dg[j] = _mm256_set1_ps(value1(d, i));
+                mg[j] = _mm256_set1_ps(m.v ? value1(m, i) : -(float)(1 << (bits - 1)) * value1(d, i));
             }
             for (int64_t c = g * group / 8; c < (g + 1) * group / 8; c++) {
                 /* 32 bytes: byte 4j + i holds (output j, k 8c + i) low and (j, 8c + 4 + i) high */
@@ -409,13 +413,13 @@ static void dequant_q4_tiles(const void *job, int64_t t0, int64_t t1) {
 static void dequant_q8_tiles(const void *job, int64_t t0, int64_t t1) {
     const DequantJob *j = job;
     const int8_t *q = j->q;
-    const float *s = j->d;
+    GroupValues s = j->d;
     uint16_t *w = j->w;
     int64_t K = j->K, group = j->group, G = K / group;
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < G; g++) {
             __m256 sg[TILE];
-            for (int j = 0; j < TILE; j++) sg[j] = _mm256_set1_ps(s[(t * G + g) * TILE + j]);
+            for (int j = 0; j < TILE; j++) sg[j] = _mm256_set1_ps(value1(s, (t * G + g) * TILE + j));
             for (int64_t c = g * group / 4; c < (g + 1) * group / 4; c += 2) {
                 /* chunks c, c + 1: byte 4j + i holds (output j, k 4c + i); side by side, output j's 8 k */
                 const int8_t *base = q + (t * (K / 4) + c) * 32;
@@ -452,19 +456,19 @@ static void dequant_f16_rows(const void *job, int64_t k0, int64_t k1) {
         }
 }
 
-void tally_dequant_q4_bf16(const uint8_t *qs, const uint8_t *qh, const float *d, const float *m, uint16_t *w,
-                           int64_t n_tiles, int64_t K, int64_t group, int64_t bits) {  /* as tally_gemm_q4 */
-    DequantJob job = {qs, qh, d, m, w, K, group, bits, n_tiles};
+void tally_dequant_q4_bf16(const uint8_t *qs, const uint8_t *qh, const void *d, const void *m, uint16_t *w,
+                           int64_t n_tiles, int64_t K, int64_t group, int64_t bits, int half_scales) {  /* as gemm_q4 */
+    DequantJob job = {qs, qh, {d, half_scales}, {m, half_scales}, w, K, group, bits, n_tiles};
     parallel_for_then(n_tiles, n_tiles * K * TILE, dequant_q4_tiles, &job, 0);
 }
 
-void tally_dequant_q8_bf16(const int8_t *q, const float *s, uint16_t *w, int64_t n_tiles, int64_t K,
-                           int64_t group) {
-    DequantJob job = {q, NULL, s, NULL, w, K, group, 8, n_tiles};
+void tally_dequant_q8_bf16(const int8_t *q, const void *s, uint16_t *w, int64_t n_tiles, int64_t K,
+                           int64_t group, int half_scales) {
+    DequantJob job = {q, NULL, {s, half_scales}, {NULL, 0}, w, K, group, 8, n_tiles};
     parallel_for_then(n_tiles, n_tiles * K * TILE, dequant_q8_tiles, &job, 0);
 }
 
 void tally_dequant_f16_bf16(const uint16_t *panels, uint16_t *w_t, int64_t n_panels, int64_t K) {
-    DequantJob job = {panels, NULL, NULL, NULL, w_t, K, 0, 16, n_panels};
+    DequantJob job = {panels, NULL, {NULL, 0}, {NULL, 0}, w_t, K, 0, 16, n_panels};
     parallel_for_then(K, n_panels * K * 16, dequant_f16_rows, &job, 0);
 }

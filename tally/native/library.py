@@ -36,8 +36,8 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
-    "tally_gemm_q4": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int],
-    "tally_gemm_q8": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int],
+    "tally_gemm_q4": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int],
+    "tally_gemm_q8": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int, ctypes.c_int],
     "tally_gemm_f16": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_rms_norm": [_P, _P, _P, _I, _I, _F],
     "tally_silu_mul": [_P, _P, _I, _I],
@@ -45,8 +45,8 @@ SIGNATURES = {
     "tally_decode_layers": [_P, _P, _I, _P, _P, _P, _P, _I, _P],
     "tally_decode_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _P],
     "tally_prefill_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, _I, _I, _F, _P],
-    "tally_dequant_q4_bf16": [_P, _P, _P, _P, _P, _I, _I, _I, _I],
-    "tally_dequant_q8_bf16": [_P, _P, _P, _I, _I, _I],
+    "tally_dequant_q4_bf16": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],
+    "tally_dequant_q8_bf16": [_P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_dequant_f16_bf16": [_P, _P, _I, _I],
 }
 

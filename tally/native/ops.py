@@ -46,9 +46,16 @@ def _tiles(t: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, TILE, *t.shape[1:])
 
 
-def pack_tile_scales(s: torch.Tensor) -> torch.Tensor:
-    """Per-group values [N, G] -> [T, G, 8] fp32: per tile and group, its 8 outputs side by side."""
-    return _tiles(s.float()).transpose(1, 2).contiguous()
+def fits_half(*values: torch.Tensor) -> bool:
+    """Whether every value converts to fp16 and back unchanged: then pack_tile_scales may hold them in fp16 (GGUF's
+    Q4_0 / Q4_1 / Q5_0 / Q8_0 keep d and m in fp16; a decode step streams half the bytes for them, same results)."""
+    return all(bool(torch.equal(v.float().half().float(), v.float())) for v in values)
+
+
+def pack_tile_scales(s: torch.Tensor, half: bool = False) -> torch.Tensor:
+    """Per-group values [N, G] -> [T, G, 8], fp32 (or fp16 with `half`, where fits_half): per tile and group, its 8
+    outputs side by side."""
+    return _tiles(s.to(torch.float16 if half else torch.float32)).transpose(1, 2).contiguous()
 
 
 def tile_scale_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -88,6 +95,14 @@ def _bits(qh: torch.Tensor | None) -> int:
     return 4 if qh is None else 4 + qh.shape[2] // 32
 
 
+def _half(*values: torch.Tensor | None) -> bool:
+    """The kernels' flag for pack_tile_scales' fp16 form; a layer's scales and minima share one dtype."""
+    dtypes = {v.dtype for v in values if v is not None}
+    if not dtypes <= {torch.float16, torch.float32} or len(dtypes) != 1:
+        raise ValueError(f"scales and minima must be all fp32 or all fp16, got {sorted(map(str, dtypes))}")
+    return dtypes == {torch.float16}
+
+
 def q4_rows(qs: torch.Tensor, rows: torch.Tensor, qh: torch.Tensor | None = None) -> torch.Tensor:
     """Rows of pack_q4's (with `qh`: pack_planes') input, uint8 [len(rows), K]."""
     n_tiles, chunks = qs.shape[0], qs.shape[1]
@@ -120,7 +135,7 @@ def dequant_q4_bf16(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, g
     n_tiles, k = qs.shape[0], qs.shape[1] * 8
     w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
     load().tally_dequant_q4_bf16(qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), w.data_ptr(), n_tiles, k,
-                                 group_size, _bits(qh))
+                                 group_size, _bits(qh), _half(d, m))
     return w
 
 
@@ -128,7 +143,7 @@ def dequant_q8_bf16(q: torch.Tensor, s: torch.Tensor, group_size: int) -> torch.
     """W [8 T, K] in bf16 from tiles of pack_q8 / pack_tile_scales, as dequant_q4_bf16."""
     n_tiles, k = q.shape[0], q.shape[1] * 4
     w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
-    load().tally_dequant_q8_bf16(q.data_ptr(), s.data_ptr(), w.data_ptr(), n_tiles, k, group_size)
+    load().tally_dequant_q8_bf16(q.data_ptr(), s.data_ptr(), w.data_ptr(), n_tiles, k, group_size, _half(s))
     return w
 
 
@@ -140,7 +155,7 @@ def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor 
     Q5_0 (groups of 32) and Q6_K (16). With `out` given, the product is added to it (a residual stream)."""
     y = _output(x, out_features, out)
     load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), _ptr(bias), y.data_ptr(),
-                         x.shape[0], out_features, x.shape[1], group_size, _bits(qh), out is not None)
+                         x.shape[0], out_features, x.shape[1], group_size, _bits(qh), out is not None, _half(d, m))
     return y
 
 
@@ -150,7 +165,7 @@ def gemm_q8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tenso
     pack_tile_scales. Activations are rounded to int8 per block of 32, or per row with `per_token` (W8A8)."""
     y = _output(x, out_features, out)
     load().tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0],
-                         out_features, x.shape[1], group_size, out is not None, per_token)
+                         out_features, x.shape[1], group_size, out is not None, per_token, _half(s))
     return y
 
 

@@ -8,11 +8,13 @@ rows, it beats dequantizing into an fp32 matmul from 1 to 512 rows (`python benc
 --threads 1`), so there is no many-token path, and a token's bits never depend on its batch.
 
 Weights are held in the kernels' tiles of 8 outputs (tally/native/ops.py: pack_q4, pack_planes, pack_q8,
-pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m fp32 [T, G, 8] (w = q * d + m per group); GGUF's
+pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m [T, G, 8] (w = q * d + m per group); GGUF's
 Q5_0 and Q6_K as the same nibbles plus planes of high bits qh [T, K/32, 32 per bit] with d (w = d * (q - 16),
 groups of 32; w = d * (q - 32), groups of 16: no m);
 int8 q [T, K/4, 32] with s [T, G, 8] (group = K: one scale per output channel; 32: GGUF Q8_0). Loading GGUF
-Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks into them only rearranges the stored integers.
+Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks into them only rearranges the stored integers. Scales and minima are fp16
+where every value of the layer is exactly an fp16 (GGUF's own d and m are; Q4_K's and Q6_K's products with their
+sub-scales, and RTN's, are not and stay fp32): the same floats in the kernels, fewer bytes for a decode to stream.
 """
 from __future__ import annotations
 
@@ -49,8 +51,9 @@ class NativeInt4Linear(QuantLinear):
         self.register_buffer("qs", qs)
         self.register_buffer("qh", qh)
         self.bits = bits
-        self.register_buffer("d", ops.pack_tile_scales(d))
-        self.register_buffer("m", None if m is None else ops.pack_tile_scales(m))
+        half = ops.fits_half(d) and (m is None or ops.fits_half(m))
+        self.register_buffer("d", ops.pack_tile_scales(d, half))
+        self.register_buffer("m", None if m is None else ops.pack_tile_scales(m, half))
 
     @classmethod
     def from_q(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
@@ -81,8 +84,8 @@ class NativeInt4Linear(QuantLinear):
         """Rows of the dequantized weight, fp32 [len(ids), K]: a token table read from its blocks (a tied LM head's,
         or a GGUF table's own)."""
         q = ops.q4_rows(self.qs, ids, self.qh).view(len(ids), -1, self.group_size).float()
-        d = ops.tile_scale_rows(self.d, ids)[:, :, None]
-        m = ops.tile_scale_rows(self.m, ids)[:, :, None] if self.qh is None else -(2.0 ** (self.bits - 1)) * d
+        d = ops.tile_scale_rows(self.d, ids).float()[:, :, None]
+        m = ops.tile_scale_rows(self.m, ids).float()[:, :, None] if self.qh is None else -(2.0 ** (self.bits - 1)) * d
         return (q * d + m).view(len(ids), self.in_features)
 
 
@@ -96,7 +99,7 @@ class NativeInt8Linear(QuantLinear):
         self.scheme = "int8" if s.shape[1] == 1 else "q8_0"
         self.group_size = in_features // s.shape[1]
         self.register_buffer("q", ops.pack_q8(q))
-        self.register_buffer("s", ops.pack_tile_scales(s))
+        self.register_buffer("s", ops.pack_tile_scales(s, ops.fits_half(s)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # as NativeInt4Linear.forward
@@ -118,7 +121,7 @@ class NativeInt8Linear(QuantLinear):
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the dequantized weight, fp32 [len(ids), K]: a tied embedding read from an int8 LM head."""
         rows = ops.q8_rows(self.q, ids).view(len(ids), -1, self.group_size).float()
-        return rows.mul_(ops.tile_scale_rows(self.s, ids)[:, :, None]).view(len(ids), self.in_features)
+        return rows.mul_(ops.tile_scale_rows(self.s, ids).float()[:, :, None]).view(len(ids), self.in_features)
 
 
 class NativeW8A8Linear(NativeInt8Linear):
