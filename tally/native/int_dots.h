@@ -361,7 +361,8 @@ static inline __attribute__((always_inline)) void int_block_dots256(
         __m256i p4 = bits > 4 && !expanded ? _mm256_loadu_si256((const __m256i *)hb) : _mm256_setzero_si256();
         __m256i p5 = bits > 5 && !expanded ? _mm256_loadu_si256((const __m256i *)(hb + 32)) : _mm256_setzero_si256();
 #ifndef TALLY_VNNI
-        if (bits == 5 && (c1 - c0) % 2 == 0) {  /* two chunks' products add up in int16 (4 * 2 * 31 * 127 = 31496) before one widening */
+        /* Q5_0: two chunks' products add up in int16 (4 * 2 * 31 * 127 = 31496) before one widening */
+        if (bits == 5 && (c1 - c0) % 2 == 0) {
             _Pragma("GCC unroll 1")
             for (int c = c0; c < c1; c += 2) {
                 __m256i lo0, hi0, lo1, hi1;

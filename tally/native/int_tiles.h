@@ -162,13 +162,13 @@ static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int
     for (int64_t p = p0; p < p1; p++) {
         int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
         const uint8_t *ha = j->hb ? j->hb + t * K * (bits - 4) : NULL, *hb = j->hb ? j->hb + u * K * (bits - 4) : NULL;
+        GroupValues sa = values_from(j->scale, t * G * TILE), sb = values_from(j->scale, u * G * TILE);
         GroupValues ma = values_from(j->min, t * G * TILE), mb = values_from(j->min, u * G * TILE);
         for (int64_t r = j->m0; r < j->m1; r += MR512) {
             int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
 #define PAIR(MR_) int_tile_pair(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
-                                j->w + t * tile_bytes, j->w + u * tile_bytes, ha, hb, values_from(j->scale, t * G * TILE), \
-                                values_from(j->scale, u * G * TILE), ma, mb, bits, MR_, j->y + r * j->N, j->N, t, u, j->bias, \
-                                j->accumulate)
+                                j->w + t * tile_bytes, j->w + u * tile_bytes, ha, hb, sa, sb, ma, mb, bits, MR_, \
+                                j->y + r * j->N, j->N, t, u, j->bias, j->accumulate)
             switch (mr) {
                 case 8: PAIR(8); break;
                 case 7: PAIR(7); break;
