@@ -95,8 +95,9 @@ def _bits(qh: torch.Tensor | None) -> int:
     return 4 if qh is None else 4 + qh.shape[2] // 32
 
 
-def _half(*values: torch.Tensor | None) -> bool:
-    """The kernels' flag for pack_tile_scales' fp16 form; a layer's scales and minima share one dtype."""
+def half_scales(*values: torch.Tensor | None) -> bool:
+    """The kernels' `half_scales` flag: whether pack_tile_scales' values are fp16; a layer's scales and minima share
+    one dtype."""
     dtypes = {v.dtype for v in values if v is not None}
     if not dtypes <= {torch.float16, torch.float32} or len(dtypes) != 1:
         raise ValueError(f"scales and minima must be all fp32 or all fp16, got {sorted(map(str, dtypes))}")
@@ -135,7 +136,7 @@ def dequant_q4_bf16(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, g
     n_tiles, k = qs.shape[0], qs.shape[1] * 8
     w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
     load().tally_dequant_q4_bf16(qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), w.data_ptr(), n_tiles, k,
-                                 group_size, _bits(qh), _half(d, m))
+                                 group_size, _bits(qh), half_scales(d, m))
     return w
 
 
@@ -143,7 +144,7 @@ def dequant_q8_bf16(q: torch.Tensor, s: torch.Tensor, group_size: int) -> torch.
     """W [8 T, K] in bf16 from tiles of pack_q8 / pack_tile_scales, as dequant_q4_bf16."""
     n_tiles, k = q.shape[0], q.shape[1] * 4
     w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
-    load().tally_dequant_q8_bf16(q.data_ptr(), s.data_ptr(), w.data_ptr(), n_tiles, k, group_size, _half(s))
+    load().tally_dequant_q8_bf16(q.data_ptr(), s.data_ptr(), w.data_ptr(), n_tiles, k, group_size, half_scales(s))
     return w
 
 
@@ -155,7 +156,8 @@ def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor 
     Q5_0 (groups of 32) and Q6_K (16). With `out` given, the product is added to it (a residual stream)."""
     y = _output(x, out_features, out)
     load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), _ptr(bias), y.data_ptr(),
-                         x.shape[0], out_features, x.shape[1], group_size, _bits(qh), out is not None, _half(d, m))
+                         x.shape[0], out_features, x.shape[1], group_size, _bits(qh), out is not None,
+                         half_scales(d, m))
     return y
 
 
@@ -165,7 +167,7 @@ def gemm_q8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tenso
     pack_tile_scales. Activations are rounded to int8 per block of 32, or per row with `per_token` (W8A8)."""
     y = _output(x, out_features, out)
     load().tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0],
-                         out_features, x.shape[1], group_size, out is not None, per_token, _half(s))
+                         out_features, x.shape[1], group_size, out is not None, per_token, half_scales(s))
     return y
 
 
