@@ -60,10 +60,10 @@ def call(lib, x: torch.Tensor, y: torch.Tensor, n: int, fmt: tuple) -> Callable[
     if len(fmt) == 2:
         q, s = fmt
         return lambda: lib.tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), None, y.data_ptr(), x.shape[0], n,
-                                         x.shape[1], 32, 0, 0, ops.half_scales(s))
+                                         x.shape[1], 32, 0, 0, ops.scale_form(s))
     qs, qh, d, m, group, bits = fmt
     return lambda: lib.tally_gemm_q4(x.data_ptr(), qs.data_ptr(), ptr(qh), d.data_ptr(), ptr(m), None, y.data_ptr(),
-                                     x.shape[0], n, x.shape[1], group, bits, 0, ops.half_scales(d, m))
+                                     x.shape[0], n, x.shape[1], group, bits, 0, ops.scale_form(d, m))
 
 
 def main() -> int:

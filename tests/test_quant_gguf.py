@@ -130,6 +130,19 @@ def test_builtin_q4_1_layer_in_bf16_stays_within_half_a_percent(builtin_header):
     assert ((y - ref).norm() / ref.norm()).item() < 5e-3
 
 
+def assert_held_as_factors(layer: NativeInt4Linear, blocks) -> None:
+    """Q4_K's and Q6_K's scales and minima are held as the file factors them (an fp16 base per super-block times
+    int8 steps: int_dots.h's third form), a quarter of fp32's bytes, with the bits of their fp32 products."""
+    scale, minimum = blocks.factors if isinstance(blocks.factors, tuple) else (blocks.factors, None)
+    assert layer.d.dtype == torch.uint8 and (layer.m is None or layer.m.dtype == torch.uint8)
+    as_fp32 = NativeInt4Linear(blocks.q, scale.values(), None if minimum is None else minimum.values(),
+                               layer.group_size, None, layer.bits)
+    assert as_fp32.d.dtype == torch.float32 and layer.d.numel() < as_fp32.d.numel() * 4 * 0.35
+    for rows in (1, 3, 9, 70):
+        x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(layer(x), as_fp32(x))
+
+
 def test_types_it_does_not_adopt_come_back_as_none():
     w = np.zeros((4, 32), dtype=np.float16)
     assert linear_from_gguf(raw_tensor(Q.F16, w.shape, w.view(np.uint8)), None, compute_dtype=torch.float32) is None
@@ -147,6 +160,7 @@ def test_q6_k_blocks_are_the_6_bit_layer_exactly_and_dequantized_off_the_native_
     layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
     assert layer.scheme == "q6_k" and layer.group_size == 16
     check_exact(layer, raw)
+    assert_held_as_factors(layer, read_blocks(raw))
     stored = torch.from_numpy(dequantize(raw.data, raw.ggml_type).reshape(raw.shape).astype(np.float32))
     ids = torch.tensor([0, 39, 8])
     assert torch.equal(layer.embedding_rows(ids), stored[ids])
@@ -164,3 +178,11 @@ def test_q4_k_blocks_are_the_int4_layer_exactly():
     layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
     assert layer.scheme == "int4" and layer.group_size == 32
     check_exact(layer, raw)
+    blocks = read_blocks(raw)
+    assert_held_as_factors(layer, blocks)
+    stored = torch.from_numpy(dequantize(raw.data, raw.ggml_type).reshape(raw.shape).astype(np.float32))
+    ids = torch.tensor([47, 0, 5])
+    torch.testing.assert_close(layer.embedding_rows(ids), stored[ids], rtol=0, atol=1e-6)
+    halves = concat_blocks([read_blocks(raw_tensor(Q.Q4_K, (n // 2, k), part)) for part in np.split(raw.data, 2)])
+    fused = linear_from_blocks(halves, None, compute_dtype=torch.float32)
+    assert torch.equal(fused.d, layer.d) and torch.equal(fused.m, layer.m)

@@ -17,7 +17,7 @@ from tally.errors import ConfigError
 from tally.layers.dense import DenseLinear, Fp16WeightLinear
 from tally.native import ops as native
 from tally.quant.base import QuantLinear
-from tally.quant.gguf_blocks import Blocks, Int4Blocks, OffsetBlocks, read_blocks
+from tally.quant.gguf_blocks import Blocks, Int4Blocks, OffsetBlocks, SuperBlockValues, read_blocks
 from tally.quant.group_int8 import GroupInt8Linear
 from tally.quant.int4 import Int4Linear
 from tally.quant.int8 import Int8Linear
@@ -67,9 +67,13 @@ def build_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, quantizatio
 
 
 def int4_linear(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
-                bias: torch.Tensor | None, compute_dtype: torch.dtype) -> QuantLinear:
-    """Stored int4 integers (q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero per group) as a layer."""
+                bias: torch.Tensor | None, compute_dtype: torch.dtype,
+                factors: tuple[SuperBlockValues, SuperBlockValues] | None = None) -> QuantLinear:
+    """Stored int4 integers (q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero per group) as a layer; `factors`
+    (Q4_K's scale and minimum as stored) are what the native kernels hold where given."""
     if native_supported(compute_dtype, q.shape[1], group_size):
+        if factors is not None:
+            return NativeInt4Linear(q, *factors, group_size, bias)
         return NativeInt4Linear.from_q(q, scale, zero, group_size, bias)
     return Int4Linear(q, scale, zero, group_size, bias, compute_dtype)
 
@@ -79,7 +83,8 @@ def offset_linear(blocks: OffsetBlocks, bias: torch.Tensor | None, compute_dtype
     values, and None for Q6_K (its groups of 16 suit no PyTorch layer: the caller dequantizes it)."""
     group_size = blocks.q.shape[1] // blocks.scale.shape[1]
     if native_supported(compute_dtype, blocks.q.shape[1], group_size):
-        return NativeInt4Linear(blocks.q, blocks.scale, None, group_size, bias, blocks.bits)
+        scale = blocks.scale if blocks.factors is None else blocks.factors
+        return NativeInt4Linear(blocks.q, scale, None, group_size, bias, blocks.bits)
     if blocks.bits != 5:
         return None
     as_int8 = blocks.as_int8()
@@ -125,7 +130,7 @@ def linear_from_blocks(blocks: Blocks | None, bias: torch.Tensor | None, *,
     if blocks is None:
         return None
     if isinstance(blocks, Int4Blocks):
-        return int4_linear(blocks.q, blocks.scale, blocks.zero, 32, bias, compute_dtype)
+        return int4_linear(blocks.q, blocks.scale, blocks.zero, 32, bias, compute_dtype, blocks.factors)
     if isinstance(blocks, OffsetBlocks):
         return offset_linear(blocks, bias, compute_dtype)
     return int8_linear(blocks.q, blocks.scale, bias, compute_dtype)

@@ -22,7 +22,7 @@ import torch
 from tally.attention.kv_cache import Int8KVCache
 from tally.layers.dense import ConcatLinear, Fp16WeightLinear
 from tally.native.library import load
-from tally.native.ops import KV_INT8, KV_KINDS, half_scales
+from tally.native.ops import KV_INT8, KV_KINDS, scale_form
 from tally.quant.native_linear import (
     NativeInt4Linear,
     NativeInt8Linear,
@@ -35,7 +35,7 @@ PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT = 1, 2, 3, 4, 5
 
 class _Proj(ctypes.Structure):
     _fields_ = [("kind", _I), ("n", _I), ("k", _I), ("group", _I), ("bits", _I), ("w", _P), ("scale", _P),
-                ("min", _P), ("bias", _P), ("high", _P), ("half_scales", _I)]
+                ("min", _P), ("bias", _P), ("high", _P), ("scale_form", _I)]
 
 
 class _Layer(ctypes.Structure):
@@ -71,10 +71,10 @@ def _proj(module: torch.nn.Module, keep: list[Any]) -> _Proj | None:
     if isinstance(module, NativeInt4Linear):
         m, qh = (None if a is None else a.data_ptr() for a in (module.m, module.qh))
         return _Proj(PROJ_Q4, module.out_features, module.in_features, module.group_size, module.bits,
-                     module.qs.data_ptr(), module.d.data_ptr(), m, bias, qh, half_scales(module.d, module.m))
+                     module.qs.data_ptr(), module.d.data_ptr(), m, bias, qh, scale_form(module.d, module.m))
     return _Proj(PROJ_W8A8 if module.per_token else PROJ_Q8, module.out_features, module.in_features,
                  module.group_size, 8, module.q.data_ptr(), module.s.data_ptr(), None, bias, None,
-                 half_scales(module.s))
+                 scale_form(module.s))
 
 
 class NativeDecodeStep:

@@ -10,8 +10,8 @@
  * outputs are one vector, and the unpacking of a tile is shared by up to MR activation rows (like the fp16
  * panels in kernels.c, and llama.cpp's repacked q4_0 8x8). The tile stays in L1 while every row block passes over it.
  * The AVX-512 build takes two tiles at a time, one in each half of a 64-byte vector (below: int_tile_pair).
- * Scales are [T][G][8]: per tile, per group, the 8 outputs' values (T = ceil(N / 8), rows past N zero), fp32 or fp16
- * (GroupValues below). */
+ * Scales are [T][G][8]: per tile, per group, the 8 outputs' values (T = ceil(N / 8), rows past N zero), in one of
+ * GroupValues' forms (below). */
 #define TILE 8
 #define MR 4
 /* Bytes ahead of the weight stream to prefetch (a tile's weights are contiguous and a thread's tiles follow each
@@ -29,24 +29,66 @@ static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc,
     }
 }
 
-/* A tile's per-group values (scales d / s, minima m), [T][G][8]: fp32, or fp16 where every value of the layer converts
- * exactly (tally/native/ops.py: pack_tile_scales). GGUF stores Q4_0 / Q4_1 / Q5_0 / Q8_0's d and m in fp16; as
- * fp32 they were a sixth of an int4 layer's bytes, which a one-row decode streams from memory: int4 at 1 row,
- * weights from memory, 1.09-1.17x with them in fp16 (AVX2 EPYC, 2 threads). The same float either way: same bits. */
-typedef struct { const void *v; int half; } GroupValues;
+/* A tile's per-group values (scales d / s, minima m), [T][G][8], in one of three forms, the kernels' `scale_form`
+ * argument (tally/native/ops.py: pack_tile_scales, pack_tile_factors, scale_form):
+ * 0: fp32.
+ * 1: fp16, where every value of the layer converts exactly. GGUF stores Q4_0 / Q4_1 / Q5_0 / Q8_0's d and m in fp16;
+ *    as fp32 they were a sixth of an int4 layer's bytes, which a one-row decode streams from memory: int4 at 1 row,
+ *    weights from memory, 1.09-1.17x with them in fp16 (AVX2 EPYC, 2 threads).
+ * P >= 2, a power of two: GGUF's K-quant form, an fp16 factor per super-block of P groups times an int8 step per
+ *    group (Q4_K: d * sc and -dmin * mn, P = 8; Q6_K: d * sc, P = 16). Per tile and super-block a unit of 16 bytes
+ *    (8 outputs' factors) then P * 8 steps (group-major). Their fp32 products are exact (11 + 8 bits): the values
+ *    fp32 held, at 1.25 bytes a group instead of 4 (Qwen 0.5B's down projections: ~19 of a decode step's 416 MB).
+ * Every form gives the kernels the same floats: same bits. */
+typedef struct { const void *v; int form; } GroupValues;
 
-static inline GroupValues values_from(GroupValues a, int64_t i) {  /* a's values from element i on */
-    if (a.v) a.v = a.half ? (const void *)((const uint16_t *)a.v + i) : (const void *)((const float *)a.v + i);
+static inline int64_t unit_bytes(int form) { return 16 + 8 * (int64_t)form; }  /* form P >= 2: a super-block's */
+
+static inline GroupValues values_from(GroupValues a, int64_t i) {  /* from element i on (P >= 2: a unit's first) */
+    if (!a.v) return a;
+    if (a.form == 0) a.v = (const float *)a.v + i;
+    else if (a.form == 1) a.v = (const uint16_t *)a.v + i;
+    else a.v = (const uint8_t *)a.v + i / (8 * a.form) * unit_bytes(a.form);
     return a;
 }
 
-static inline __m256 values8(GroupValues a, int64_t i) {  /* elements i..i+7 */
-    return a.half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)a.v + i)))
-                  : _mm256_loadu_ps((const float *)a.v + i);
+static inline const uint8_t *unit_of(GroupValues a, int64_t g, const int8_t **steps) {  /* P >= 2: group g's */
+    int shift = __builtin_ctz((unsigned)a.form);  /* a power of two: no division per group */
+    const uint8_t *unit = (const uint8_t *)a.v + (g >> shift) * unit_bytes(a.form);
+    *steps = (const int8_t *)(unit + 16) + (g & (a.form - 1)) * 8;
+    return unit;
+}
+
+static inline __m256 values8(GroupValues a, int64_t i) {  /* elements i..i+7, i a multiple of 8 */
+    if (a.form == 0) return _mm256_loadu_ps((const float *)a.v + i);
+    if (a.form == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)a.v + i)));
+    const int8_t *steps;
+    const uint8_t *unit = unit_of(a, i / 8, &steps);
+    __m256 s = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)steps)));
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)unit)), s);
 }
 
 static inline float value1(GroupValues a, int64_t i) {
-    return a.half ? _cvtsh_ss(((const uint16_t *)a.v)[i]) : ((const float *)a.v)[i];
+    if (a.form == 0) return ((const float *)a.v)[i];
+    if (a.form == 1) return _cvtsh_ss(((const uint16_t *)a.v)[i]);
+    const int8_t *steps;
+    const uint8_t *unit = unit_of(a, i / 8, &steps);
+    return _cvtsh_ss(((const uint16_t *)unit)[i % 8]) * (float)steps[i % 8];
+}
+
+/* Form P >= 2 over a super-block's P groups (int_tile): the base converted once a run, so a group's values cost a
+ * load, two converts and a multiply. Qwen 0.5B's down projection at one row, weights from memory: values8 per group
+ * ran ~5% slower than fp16 values, runs as fast as fp16 (and 3% (Q6_K) to 7% (Q4_K) faster than fp32). */
+typedef struct { const int8_t *steps; __m256 base; } GroupRun;
+
+static inline GroupRun run_at(GroupValues a, int64_t g0) {  /* the super-block starting at group g0 (a.v may be NULL) */
+    GroupRun r = {NULL, _mm256_setzero_ps()};
+    if (a.v) r.base = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)unit_of(a, g0, &r.steps)));
+    return r;
+}
+
+static inline __m256 run_values8(GroupRun r, int64_t j) {  /* the super-block's group j, as values8 */
+    return _mm256_mul_ps(r.base, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r.steps + 8 * j)))));
 }
 
 static inline int64_t span_of(int64_t group) { return group < 32 ? group : 32; }  /* a group's part in one block */

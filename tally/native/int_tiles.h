@@ -66,30 +66,53 @@ static inline __attribute__((always_inline)) void int_block_into(
                                  acc[i]);
 }
 
+/* acc += group g's products: its blocks' dot products times the group's scales sg, then (unsigned formats) its
+ * minima mg times the rows' sums */
+static inline __attribute__((always_inline)) void int_group_into(
+    __m256 *acc, int64_t g, __m256 sg, __m256 mg, const int8_t *xq, const float *dx, const float *xsum, int64_t K,
+    int64_t group, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int mr) {
+    int64_t G = K / group, group_blocks = group / 32;
+    if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
+        for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
+            int_block_into(acc, sg, xq, dx, K, b, w, hb, bits, expanded, 0, 4, mr);
+    } else {  /* a group of 16: chunks 0-1 or 2-3 of block g / 2 */
+        int c0 = (int)(g & 1) * 2;
+        int_block_into(acc, sg, xq, dx, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
+    }
+    if (bits != 8) {
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
+    }
+}
+
+static inline __m256 minima_of(__m256 sg, int bits) {  /* int5 / int6: m = -2^(bits - 1) d, not stored */
+    return _mm256_mul_ps(sg, _mm256_set1_ps(-(float)(1 << (bits - 1))));
+}
+
 static inline __attribute__((always_inline)) void int_tile(
     const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *w,
     const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded, int mr, float *y, int64_t N,
     int64_t t, const float *bias, int accumulate) {
-    int64_t G = K / group, group_blocks = group / 32;
+    int64_t G = K / group;
     __m256 acc[MR];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++) {
-        __m256 sg = values8(scale, g * TILE);
-        if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
-            for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
-                int_block_into(acc, sg, xq, dx, K, b, w, hb, bits, expanded, 0, 4, mr);
-        } else {  /* a group of 16: chunks 0-1 or 2-3 of block g / 2 */
-            int c0 = (int)(g & 1) * 2;
-            int_block_into(acc, sg, xq, dx, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
+#define GROUP_INTO(G_, SG_, MG_) int_group_into(acc, G_, SG_, MG_, xq, dx, xsum, K, group, w, hb, bits, expanded, mr)
+    if (scale.form < 2) {
+        for (int64_t g = 0; g < G; g++) {
+            __m256 sg = values8(scale, g * TILE);
+            GROUP_INTO(g, sg, m.v ? values8(m, g * TILE) : minima_of(sg, bits));
         }
-        if (bits != 8) {
-            __m256 mg = m.v ? values8(m, g * TILE)
-                          : _mm256_mul_ps(sg, _mm256_set1_ps(-(float)(1 << (bits - 1))));
-            _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
+    } else {  /* super-blocks: their bases once a run (GroupRun); a nested loop here slowed fp32 and fp16 by 1.3x */
+        for (int64_t g0 = 0; g0 < G; g0 += scale.form) {
+            GroupRun sr = run_at(scale, g0), mr_ = run_at(m, g0);
+            for (int64_t j = 0; j < scale.form; j++) {
+                __m256 sg = run_values8(sr, j);
+                GROUP_INTO(g0 + j, sg, m.v ? run_values8(mr_, j) : minima_of(sg, bits));
+            }
         }
     }
+#undef GROUP_INTO
     store_tile(y, N, t, acc, mr, bias, accumulate);
 }
 
@@ -214,11 +237,11 @@ static void int_gemm(IntJob job, int64_t M, IntKernels k) {
     }
 }
 
-/* bits 4: qs, d, m (qh NULL); bits 5 or 6: qs, qh, d (m NULL); group 16 or a multiple of 32. half_scales: d and m
- * in fp16 (GroupValues), else fp32 */
+/* bits 4: qs, d, m (qh NULL); bits 5 or 6: qs, qh, d (m NULL); group 16 or a multiple of 32. scale_form: d and m's
+ * form (int_dots.h: GroupValues) */
 void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const void *d, const void *m,
                    const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
-                   int accumulate, int half_scales) {
+                   int accumulate, int scale_form) {
     int64_t G = K / group, span = span_of(group);
     QuantizedRows xq = quantize_rows(x, M, K, 32);
     float *xsum = malloc(sizeof(float) * M * G);  /* per group: the sum of the quantized activations */
@@ -230,7 +253,7 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
             }
             xsum[r * G + g] = s;
         }
-    IntJob job = {xq.xq, xq.dx, xsum, qs, qh, {d, half_scales}, {m, half_scales}, bias, y, K, N, group, 0, 0,
+    IntJob job = {xq.xq, xq.dx, xsum, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0, 0,
                   accumulate};
     int_gemm(job, M, bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : INT_KERNELS(4));
     free(xsum);
@@ -240,9 +263,9 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
 
 /* per_token != 0: activations get one scale per row (W8A8), else one per block of 32 */
 void tally_gemm_q8(const float *x, const int8_t *q, const void *s, const float *bias, float *y,
-                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int half_scales) {
+                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form) {
     QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
-    IntJob job = {xq.xq, xq.dx, NULL, (const uint8_t *)q, NULL, {s, half_scales}, {NULL, 0}, bias, y, K, N, group, 0,
+    IntJob job = {xq.xq, xq.dx, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K, N, group, 0,
                   0, accumulate};
     int_gemm(job, M, INT_KERNELS(8));
     free(xq.xq);

@@ -266,7 +266,7 @@ typedef struct {
     const void *scale, *min;         /* q4: d, m (int5 / int6: d, NULL); q8 / w8a8: s, unused; f16: unused */
     const float *bias;
     const uint8_t *high;             /* q4: int5 / int6's high-bit planes, or NULL */
-    int64_t half_scales;             /* scale and min in fp16 (int_dots.h: GroupValues) */
+    int64_t scale_form;              /* scale and min: fp32, fp16 or factored (int_dots.h: GroupValues) */
 } Proj;
 
 typedef struct {
@@ -307,10 +307,10 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
     }
     if (p->kind == PROJ_Q4)
         tally_gemm_q4(x, p->w, p->high, p->scale, p->min, p->bias, y, M, p->n, p->k, p->group, p->bits, accumulate,
-                      (int)p->half_scales);
+                      (int)p->scale_form);
     else if (p->kind == PROJ_Q8 || p->kind == PROJ_W8A8)
         tally_gemm_q8(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, accumulate, p->kind == PROJ_W8A8,
-                      (int)p->half_scales);
+                      (int)p->scale_form);
     else
         tally_gemm_f16(x, p->w, p->bias, y, M, p->n, p->k, accumulate);
 }
@@ -457,14 +457,14 @@ static void dequant_f16_rows(const void *job, int64_t k0, int64_t k1) {
 }
 
 void tally_dequant_q4_bf16(const uint8_t *qs, const uint8_t *qh, const void *d, const void *m, uint16_t *w,
-                           int64_t n_tiles, int64_t K, int64_t group, int64_t bits, int half_scales) {  /* as gemm_q4 */
-    DequantJob job = {qs, qh, {d, half_scales}, {m, half_scales}, w, K, group, bits, n_tiles};
+                           int64_t n_tiles, int64_t K, int64_t group, int64_t bits, int scale_form) {  /* as gemm_q4 */
+    DequantJob job = {qs, qh, {d, scale_form}, {m, scale_form}, w, K, group, bits, n_tiles};
     parallel_for_then(n_tiles, n_tiles * K * TILE, dequant_q4_tiles, &job, 0);
 }
 
 void tally_dequant_q8_bf16(const int8_t *q, const void *s, uint16_t *w, int64_t n_tiles, int64_t K,
-                           int64_t group, int half_scales) {
-    DequantJob job = {q, NULL, {s, half_scales}, {NULL, 0}, w, K, group, 8, n_tiles};
+                           int64_t group, int scale_form) {
+    DequantJob job = {q, NULL, {s, scale_form}, {NULL, 0}, w, K, group, 8, n_tiles};
     parallel_for_then(n_tiles, n_tiles * K * TILE, dequant_q8_tiles, &job, 0);
 }
 

@@ -58,9 +58,26 @@ def pack_tile_scales(s: torch.Tensor, half: bool = False) -> torch.Tensor:
     return _tiles(s.to(torch.float16 if half else torch.float32)).transpose(1, 2).contiguous()
 
 
+def pack_tile_factors(base: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Per-group values given as GGUF's K-quants store them, base [N, S] (fp16 values, one per super-block of P =
+    G / S groups) times steps [N, G] (int8 values) -> uint8 [T, S, 16 + 8 P]: per tile and super-block the 8
+    outputs' fp16 bases, then per group its 8 outputs' int8 steps (int_dots.h: GroupValues, form P)."""
+    n_tiles, per = -(-base.shape[0] // TILE), steps.shape[1] // base.shape[1]
+    if not fits_half(base) or per < 2 or per & (per - 1) or steps.shape[1] != per * base.shape[1]:
+        raise ValueError("factored scales want fp16 bases, each over a power of two (>= 2) of groups")
+    bases = pack_tile_scales(base, half=True).view(torch.uint8)  # [T, S, 16]
+    steps8 = _tiles(steps.to(torch.int8)).transpose(1, 2).reshape(n_tiles, base.shape[1], per * TILE)  # [T, S, 8 P]
+    return torch.cat([bases, steps8.view(torch.uint8)], dim=2).contiguous()
+
+
 def tile_scale_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Rows of pack_tile_scales' input, [len(rows), G]."""
-    return packed[rows // TILE, :, rows % TILE]
+    """Rows of pack_tile_scales' input, [len(rows), G] (of pack_tile_factors': the products, fp32)."""
+    if packed.dtype != torch.uint8:
+        return packed[rows // TILE, :, rows % TILE]
+    per = (packed.shape[2] - 2 * TILE) // TILE
+    base = packed[:, :, :2 * TILE].contiguous().view(torch.float16)[rows // TILE, :, rows % TILE].float()  # [R, S]
+    steps = packed[:, :, 2 * TILE:].contiguous().view(torch.int8).view(*packed.shape[:2], per, TILE)
+    return (base[:, :, None] * steps[rows // TILE, :, :, rows % TILE].float()).reshape(len(rows), -1)
 
 
 def pack_q4(q: torch.Tensor) -> torch.Tensor:
@@ -95,13 +112,15 @@ def _bits(qh: torch.Tensor | None) -> int:
     return 4 if qh is None else 4 + qh.shape[2] // 32
 
 
-def half_scales(*values: torch.Tensor | None) -> bool:
-    """The kernels' `half_scales` flag: whether pack_tile_scales' values are fp16; a layer's scales and minima share
-    one dtype."""
-    dtypes = {v.dtype for v in values if v is not None}
-    if not dtypes <= {torch.float16, torch.float32} or len(dtypes) != 1:
-        raise ValueError(f"scales and minima must be all fp32 or all fp16, got {sorted(map(str, dtypes))}")
-    return dtypes == {torch.float16}
+def scale_form(*values: torch.Tensor | None) -> int:
+    """The kernels' `scale_form` argument (int_dots.h: GroupValues) for packed per-group values: 0 fp32, 1 fp16 (both
+    pack_tile_scales'), P for pack_tile_factors' super-blocks of P groups; a layer's scales and minima share one."""
+    forms = {0 if v.dtype == torch.float32 else 1 if v.dtype == torch.float16
+             else (v.shape[2] - 2 * TILE) // TILE if v.dtype == torch.uint8 else -1 for v in values if v is not None}
+    if len(forms) != 1 or -1 in forms:
+        dtypes = sorted({str(v.dtype) for v in values if v is not None})
+        raise ValueError(f"scales and minima must share one form (fp32, fp16 or factored), got {dtypes}")
+    return forms.pop()
 
 
 def q4_rows(qs: torch.Tensor, rows: torch.Tensor, qh: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,7 +155,7 @@ def dequant_q4_bf16(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, g
     n_tiles, k = qs.shape[0], qs.shape[1] * 8
     w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
     load().tally_dequant_q4_bf16(qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), w.data_ptr(), n_tiles, k,
-                                 group_size, _bits(qh), half_scales(d, m))
+                                 group_size, _bits(qh), scale_form(d, m))
     return w
 
 
@@ -144,7 +163,7 @@ def dequant_q8_bf16(q: torch.Tensor, s: torch.Tensor, group_size: int) -> torch.
     """W [8 T, K] in bf16 from tiles of pack_q8 / pack_tile_scales, as dequant_q4_bf16."""
     n_tiles, k = q.shape[0], q.shape[1] * 4
     w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
-    load().tally_dequant_q8_bf16(q.data_ptr(), s.data_ptr(), w.data_ptr(), n_tiles, k, group_size, half_scales(s))
+    load().tally_dequant_q8_bf16(q.data_ptr(), s.data_ptr(), w.data_ptr(), n_tiles, k, group_size, scale_form(s))
     return w
 
 
@@ -157,7 +176,7 @@ def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor 
     y = _output(x, out_features, out)
     load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), _ptr(bias), y.data_ptr(),
                          x.shape[0], out_features, x.shape[1], group_size, _bits(qh), out is not None,
-                         half_scales(d, m))
+                         scale_form(d, m))
     return y
 
 
@@ -167,7 +186,7 @@ def gemm_q8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tenso
     pack_tile_scales. Activations are rounded to int8 per block of 32, or per row with `per_token` (W8A8)."""
     y = _output(x, out_features, out)
     load().tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0],
-                         out_features, x.shape[1], group_size, out is not None, per_token, half_scales(s))
+                         out_features, x.shape[1], group_size, out is not None, per_token, scale_form(s))
     return y
 
 

@@ -16,7 +16,7 @@ int8 value (group-32 int8, exactly) and Q6_K is dequantized, as Q5_1 (a minimum)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -28,12 +28,29 @@ _WEIGHTS_PER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 
 
 @dataclass(frozen=True)
+class SuperBlockValues:
+    """Per-group values as the K-quants store them: an fp16 base per super-block of 256 weights (d, or -dmin) times
+    a small integer per group (sc, mn); every product is exact in fp32. The native kernels hold them so
+    (tally/native/ops.py: pack_tile_factors), at 1.25 bytes a group instead of fp32's 4."""
+
+    base: torch.Tensor  # [N, K/256] fp32, fp16 values
+    steps: torch.Tensor  # [N, K/group] int8 values
+
+    def values(self) -> torch.Tensor:
+        """The products, fp32 [N, K/group]."""
+        per = self.steps.shape[1] // self.base.shape[1]
+        return self.base.repeat_interleave(per, dim=1) * self.steps.float()
+
+
+@dataclass(frozen=True)
 class Int4Blocks:
-    """Group-32 int4 in Int4Linear's convention: q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero."""
+    """Group-32 int4 in Int4Linear's convention: q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero. Q4_K's also
+    keep their factors (scale, minimum = zero - 8 scale, before rounding)."""
 
     q: torch.Tensor
     scale: torch.Tensor  # [N, K/32]
     zero: torch.Tensor  # [N, K/32]
+    factors: tuple[SuperBlockValues, SuperBlockValues] | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +69,7 @@ class OffsetBlocks:
     q: torch.Tensor
     scale: torch.Tensor  # [N, K/group]
     bits: int
+    factors: SuperBlockValues | None = None  # Q6_K's
 
     def as_int8(self) -> Int8Blocks:
         return Int8Blocks((self.q.to(torch.int16) - (1 << (self.bits - 1))).to(torch.int8), self.scale)
@@ -88,30 +106,32 @@ def _q5_0(blocks: np.ndarray) -> torch.Tensor:
     return torch.from_numpy((low | high).reshape(blocks.shape[0], -1))
 
 
-def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_K super-blocks [N, S, 144] -> q uint8 [N, 256 S], scale and minimum fp32 [N, 8 S] per 32 weights."""
-    d, dmin = _fp16(blocks, 0)[..., None], _fp16(blocks, 2)[..., None]
+def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, SuperBlockValues, SuperBlockValues]:
+    """Q4_K super-blocks [N, S, 144] -> q uint8 [N, 256 S], scale d * sc and minimum -dmin * mn [N, 8 S] per 32
+    weights."""
+    d, dmin = _fp16(blocks, 0), _fp16(blocks, 2)
     b = blocks[..., 4:16].astype(np.uint8)
     sc = np.concatenate([b[..., 0:4] & 63, (b[..., 8:12] & 0xF) | ((b[..., 0:4] >> 6) << 4)], axis=-1)
     mn = np.concatenate([b[..., 4:8] & 63, (b[..., 8:12] >> 4) | ((b[..., 4:8] >> 6) << 4)], axis=-1)
     qs = blocks[..., 16:144].reshape(*blocks.shape[:2], 4, 32)
     q = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(blocks.shape[0], -1)
-    scale = (d * torch.from_numpy(sc.astype(np.float32))).reshape(blocks.shape[0], -1)
-    minimum = (-dmin * torch.from_numpy(mn.astype(np.float32))).reshape(blocks.shape[0], -1)
-    return torch.from_numpy(np.ascontiguousarray(q)), scale, minimum
+    return (torch.from_numpy(np.ascontiguousarray(q)), _steps(d, sc), _steps(-dmin, mn))
 
 
-def _q6_k(blocks: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q6_K super-blocks [N, S, 210] -> q uint8 [N, 256 S] in 0..63, scale fp32 [N, 16 S] per 16 weights."""
+def _steps(base: torch.Tensor, steps: np.ndarray) -> SuperBlockValues:
+    """base [N, S], steps [N, S, P] (6-bit or int8 values) -> SuperBlockValues"""
+    return SuperBlockValues(base, torch.from_numpy(steps.astype(np.int8).reshape(steps.shape[0], -1)))
+
+
+def _q6_k(blocks: np.ndarray) -> tuple[torch.Tensor, SuperBlockValues]:
+    """Q6_K super-blocks [N, S, 210] -> q uint8 [N, 256 S] in 0..63, scale d * sc [N, 16 S] per 16 weights."""
     n, s = blocks.shape[:2]
     ql = blocks[..., :128].reshape(n, s, 2, 2, 32)  # [half, which 32 bytes, l]: nibbles of quarters (0, 1), (2, 3)
     qh = blocks[..., 128:192].reshape(n, s, 2, 1, 32)
     low = np.stack([ql[:, :, :, 0] & 15, ql[:, :, :, 1] & 15, ql[:, :, :, 0] >> 4, ql[:, :, :, 1] >> 4], axis=3)
     high = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 1, 4, 1)) & 3  # [n, s, half, quarter, l]
     q = (low | (high << 4)).reshape(n, -1)
-    sc = blocks[..., 192:208].view(np.int8).astype(np.float32)
-    scale = _fp16(blocks, 208)[..., None] * torch.from_numpy(sc)
-    return torch.from_numpy(np.ascontiguousarray(q)), scale.reshape(n, -1)
+    return torch.from_numpy(np.ascontiguousarray(q)), _steps(_fp16(blocks, 208), blocks[..., 192:208].view(np.int8))
 
 
 def adopted_storage(type_name: str) -> tuple[str, int] | None:
@@ -132,8 +152,21 @@ def concat_blocks(parts: list[Blocks | None]) -> Blocks | None:
         parts = [p.as_int8() if isinstance(p, OffsetBlocks) else p for p in parts]
     elif len(kinds) != 1:
         return None
-    merged = [torch.cat([getattr(p, f) for p in parts]) for f in ("q", "scale", "zero") if hasattr(parts[0], f)]
-    return OffsetBlocks(*merged, parts[0].bits) if isinstance(parts[0], OffsetBlocks) else type(parts[0])(*merged)
+    return type(parts[0])(*(_stacked([getattr(p, f.name) for p in parts]) for f in fields(parts[0])))
+
+
+def _stacked(values: list[Any]) -> Any:
+    """One field of several blocks' stacked by output rows: tensors and factors (None unless every part has them);
+    `bits`, shared, as it is."""
+    if any(v is None for v in values):
+        return None
+    if isinstance(values[0], torch.Tensor):
+        return torch.cat(values)
+    if isinstance(values[0], SuperBlockValues):
+        return SuperBlockValues(torch.cat([v.base for v in values]), torch.cat([v.steps for v in values]))
+    if isinstance(values[0], tuple):
+        return tuple(_stacked(list(part)) for part in zip(*values))
+    return values[0]
 
 
 def read_blocks(raw: Any) -> Blocks | None:
@@ -146,7 +179,8 @@ def read_blocks(raw: Any) -> Blocks | None:
         return None
     blocks = _blocks(raw, type_name)
     if type_name == "Q6_K":
-        return OffsetBlocks(*_q6_k(blocks), 6)
+        q, scale = _q6_k(blocks)
+        return OffsetBlocks(q, scale.values(), 6, scale)
     d = _fp16(blocks, 0)
     if type_name == "Q8_0":
         q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(blocks.shape[0], -1))
@@ -155,7 +189,7 @@ def read_blocks(raw: Any) -> Blocks | None:
         return OffsetBlocks(_q5_0(blocks), d, 5)
     if type_name == "Q4_K":
         q, scale, minimum = _q4_k(blocks)
-        return Int4Blocks(q, scale, minimum + 8.0 * scale)
+        return Int4Blocks(q, scale.values(), minimum.values() + 8.0 * scale.values(), (scale, minimum))
     if type_name == "Q4_0":
         return Int4Blocks(_nibbles(blocks, 2), d, torch.zeros_like(d))
     return Int4Blocks(_nibbles(blocks, 4), d, _fp16(blocks, 2) + 8.0 * d)

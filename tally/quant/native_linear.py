@@ -12,9 +12,10 @@ pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m [T, G, 8] (w = q * d + m
 Q5_0 and Q6_K as the same nibbles plus planes of high bits qh [T, K/32, 32 per bit] with d (w = d * (q - 16),
 groups of 32; w = d * (q - 32), groups of 16: no m);
 int8 q [T, K/4, 32] with s [T, G, 8] (group = K: one scale per output channel; 32: GGUF Q8_0). Loading GGUF
-Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks into them only rearranges the stored integers. Scales and minima are fp16
-where every value of the layer is exactly an fp16 (GGUF's own d and m are; Q4_K's and Q6_K's products with their
-sub-scales, and RTN's, are not and stay fp32): the same floats in the kernels, fewer bytes for a decode to stream.
+Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks into them only rearranges the stored integers. Scales and minima are held in
+the smallest form that keeps them exactly (int_dots.h: GroupValues): Q4_K's and Q6_K's as the file factors them (an
+fp16 base per super-block times int8 steps, ops.pack_tile_factors); else fp16 where every value of the layer is one
+(GGUF's own d and m are); else fp32 (RTN's). The same floats in the kernels, fewer bytes for a decode to stream.
 """
 from __future__ import annotations
 
@@ -23,10 +24,23 @@ import torch
 from tally.native import ops
 from tally.quant.base import BF16_TILE_BYTES, QuantLinear, tiled_matmul
 from tally.quant.dispatch import NEVER
+from tally.quant.gguf_blocks import SuperBlockValues
+
+GroupValues = torch.Tensor | SuperBlockValues
 
 
 def native_supported(compute_dtype: torch.dtype, in_features: int, group_size: int) -> bool:
     return compute_dtype == torch.float32 and ops.available() and ops.integer_gemm_supported(in_features, group_size)
+
+
+def _packed_values(*values: GroupValues | None) -> list[torch.Tensor | None]:
+    """A layer's per-group values [N, G] (scales, and minima or None) in the kernels' tile order and the smallest
+    form that holds all of them exactly: factored as given, else fp16, else fp32."""
+    if all(isinstance(v, SuperBlockValues) for v in values if v is not None):
+        return [None if v is None else ops.pack_tile_factors(v.base, v.steps) for v in values]
+    values = tuple(v.values() if isinstance(v, SuperBlockValues) else v for v in values)
+    half = ops.fits_half(*(v for v in values if v is not None))
+    return [None if v is None else ops.pack_tile_scales(v, half) for v in values]
 
 
 def _dequantized_matmul(layer: NativeInt4Linear | NativeInt8Linear, x: torch.Tensor) -> torch.Tensor:
@@ -39,10 +53,10 @@ def _dequantized_matmul(layer: NativeInt4Linear | NativeInt8Linear, x: torch.Ten
 class NativeInt4Linear(QuantLinear):
     """Nibbles per weight: int4 (w = q * d + m), or with high bits GGUF's Q5_0 / Q6_K (w = d * (q - 2**(bits-1)))."""
 
-    def __init__(self, q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, group_size: int,
+    def __init__(self, q: torch.Tensor, d: GroupValues, m: GroupValues | None, group_size: int,
                  bias: torch.Tensor | None, bits: int = 4) -> None:
-        """q uint8 [N, K] in 0..15; d, m [N, K/group]: w = q * d + m. bits 5 or 6: q below 2**bits, m None,
-        w = d * (q - 2**(bits - 1))."""
+        """q uint8 [N, K] in 0..15; d, m [N, K/group] (or their K-quant factors): w = q * d + m. bits 5 or 6: q below
+        2**bits, m None, w = d * (q - 2**(bits - 1))."""
         out_features, in_features = q.shape
         super().__init__(in_features, out_features, bias, torch.float32, NEVER)
         self.group_size = group_size
@@ -51,9 +65,9 @@ class NativeInt4Linear(QuantLinear):
         self.register_buffer("qs", qs)
         self.register_buffer("qh", qh)
         self.bits = bits
-        half = ops.fits_half(d) and (m is None or ops.fits_half(m))
-        self.register_buffer("d", ops.pack_tile_scales(d, half))
-        self.register_buffer("m", None if m is None else ops.pack_tile_scales(m, half))
+        d, m = _packed_values(d, m)
+        self.register_buffer("d", d)
+        self.register_buffer("m", m)
 
     @classmethod
     def from_q(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
@@ -99,7 +113,7 @@ class NativeInt8Linear(QuantLinear):
         self.scheme = "int8" if s.shape[1] == 1 else "q8_0"
         self.group_size = in_features // s.shape[1]
         self.register_buffer("q", ops.pack_q8(q))
-        self.register_buffer("s", ops.pack_tile_scales(s, ops.fits_half(s)))
+        self.register_buffer("s", _packed_values(s)[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # as NativeInt4Linear.forward
