@@ -76,9 +76,10 @@ static inline float value1(GroupValues a, int64_t i) {
     return _cvtsh_ss(((const uint16_t *)unit)[i % 8]) * (float)steps[i % 8];
 }
 
-/* Form P >= 2 over a super-block's P groups (int_tile): the base converted once a run, so a group's values cost a
- * load, two converts and a multiply. Qwen 0.5B's down projection at one row, weights from memory: values8 per group
- * ran ~5% slower than fp16 values, runs as fast as fp16 (and 3% (Q6_K) to 7% (Q4_K) faster than fp32). */
+/* Form P >= 2 over a super-block's P groups (int_tile, jobs of a few rows): the base converted once a run, so a
+ * group's values cost a load, two converts and a multiply. Qwen 0.5B's down projection at one row, weights from
+ * memory: values8 per group ran ~5% slower than fp16 values, runs as fast (3-12% faster than fp32). Jobs of more
+ * rows convert a tile's values to fp32 once instead (int_tiles.h: tile_rows). */
 typedef struct { const int8_t *steps; __m256 base; } GroupRun;
 
 static inline GroupRun run_at(GroupValues a, int64_t g0) {  /* the super-block starting at group g0 (a.v may be NULL) */
@@ -88,7 +89,8 @@ static inline GroupRun run_at(GroupValues a, int64_t g0) {  /* the super-block s
 }
 
 static inline __m256 run_values8(GroupRun r, int64_t j) {  /* the super-block's group j, as values8 */
-    return _mm256_mul_ps(r.base, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r.steps + 8 * j)))));
+    __m256 s = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(r.steps + 8 * j))));
+    return _mm256_mul_ps(r.base, s);
 }
 
 static inline int64_t span_of(int64_t group) { return group < 32 ? group : 32; }  /* a group's part in one block */

@@ -66,12 +66,11 @@ static inline __attribute__((always_inline)) void int_block_into(
                                  acc[i]);
 }
 
-/* acc += group g's products: its blocks' dot products times the group's scales sg, then (unsigned formats) its
- * minima mg times the rows' sums */
+/* acc += group g's blocks' dot products times the group's scales sg */
 static inline __attribute__((always_inline)) void int_group_into(
-    __m256 *acc, int64_t g, __m256 sg, __m256 mg, const int8_t *xq, const float *dx, const float *xsum, int64_t K,
-    int64_t group, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int mr) {
-    int64_t G = K / group, group_blocks = group / 32;
+    __m256 *acc, int64_t g, __m256 sg, const int8_t *xq, const float *dx, int64_t K, int64_t group,
+    const uint8_t *w, const uint8_t *hb, int bits, int expanded, int mr) {
+    int64_t group_blocks = group / 32;
     if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
         for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
             int_block_into(acc, sg, xq, dx, K, b, w, hb, bits, expanded, 0, 4, mr);
@@ -79,10 +78,16 @@ static inline __attribute__((always_inline)) void int_group_into(
         int c0 = (int)(g & 1) * 2;
         int_block_into(acc, sg, xq, dx, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
     }
-    if (bits != 8) {
-        _Pragma("GCC unroll 8")
-        for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
-    }
+}
+
+/* acc += (unsigned formats) group g's minima mg times the rows' sums. Called after int_group_into with mg formed
+ * there and then: formed before the blocks, it held a register through them and the many-row int4 / int6 tiles
+ * ran 10-15% slower. */
+static inline __attribute__((always_inline)) void int_minima_into(__m256 *acc, int64_t g, int64_t G, __m256 mg,
+                                                                  const float *xsum, int bits, int mr) {
+    if (bits == 8) return;
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
 }
 
 static inline __m256 minima_of(__m256 sg, int bits) {  /* int5 / int6: m = -2^(bits - 1) d, not stored */
@@ -97,18 +102,20 @@ static inline __attribute__((always_inline)) void int_tile(
     __m256 acc[MR];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
-#define GROUP_INTO(G_, SG_, MG_) int_group_into(acc, G_, SG_, MG_, xq, dx, xsum, K, group, w, hb, bits, expanded, mr)
+#define GROUP_INTO(G_, SG_) int_group_into(acc, G_, SG_, xq, dx, K, group, w, hb, bits, expanded, mr)
     if (scale.form < 2) {
         for (int64_t g = 0; g < G; g++) {
             __m256 sg = values8(scale, g * TILE);
-            GROUP_INTO(g, sg, m.v ? values8(m, g * TILE) : minima_of(sg, bits));
+            GROUP_INTO(g, sg);
+            int_minima_into(acc, g, G, m.v ? values8(m, g * TILE) : minima_of(sg, bits), xsum, bits, mr);
         }
     } else {  /* super-blocks: their bases once a run (GroupRun); a nested loop here slowed fp32 and fp16 by 1.3x */
         for (int64_t g0 = 0; g0 < G; g0 += scale.form) {
             GroupRun sr = run_at(scale, g0), mr_ = run_at(m, g0);
             for (int64_t j = 0; j < scale.form; j++) {
                 __m256 sg = run_values8(sr, j);
-                GROUP_INTO(g0 + j, sg, m.v ? run_values8(mr_, j) : minima_of(sg, bits));
+                GROUP_INTO(g0 + j, sg);
+                int_minima_into(acc, g0 + j, G, m.v ? run_values8(mr_, j) : minima_of(sg, bits), xsum, bits, mr);
             }
         }
     }
@@ -129,16 +136,17 @@ typedef struct {
 } IntJob;
 
 /* int5 / int6 tiles are unpacked once a call (int_dots.h: expand_tile) for jobs of more than EXPAND_ROWS rows, into a
- * buffer on the thread's stack of 8 bytes a k (K <= EXPAND_MAX_K: 128 KB), where each pass of MR rows unpacked the
- * planes of high bits again: Qwen 0.5B's shapes 1.1-1.7x at 5 to 512 rows, its prefill 1.17-1.19x (AVX2 EPYC,
- * alternating builds). int4's unpacking is three instructions a chunk: expanded it measured level, so it stays. */
+ * buffer on the thread's stack of 8 bytes a k (K <= EXPAND_MAX_K: 128 KB; factored values beside it, up to 2 x 32
+ * KB), where each pass of MR rows unpacked the planes of high bits again: Qwen 0.5B's shapes 1.1-1.7x at 5 to 512
+ * rows, its prefill 1.17-1.19x (AVX2 EPYC, alternating builds). int4's unpacking is three instructions a chunk:
+ * expanded it measured level, so it stays. */
 #define EXPAND_ROWS MR
 #define EXPAND_MAX_K 16384
 
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
-                                                               const uint8_t *hb, int expanded) {
+                                                               const uint8_t *hb, int expanded, GroupValues d,
+                                                               GroupValues m) {
     int64_t K = j->K, G = K / j->group;
-    GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
     for (int64_t r = j->m0; r < j->m1; r += MR) {
         int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
 #define INT_TILE(MR_) int_tile(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
@@ -153,15 +161,32 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
     }
 }
 
+/* A tile's values [G][8] for jobs of many rows, which read them in every pass: factored ones (form P) converted to
+ * fp32 into buf once a call (per group in every pass they ran the many-row int4 / int6 tiles 3-5% slower than fp32
+ * values: Qwen 0.5B's down projection, 512 rows); the other forms as they are */
+static GroupValues values_in_fp32(GroupValues a, int64_t G, float *buf) {
+    if (!a.v || a.form < 2) return a;
+    for (int64_t g = 0; g < G; g++) _mm256_store_ps(buf + g * TILE, values8(a, g * TILE));
+    return (GroupValues){buf, 0};
+}
+
 static inline __attribute__((always_inline)) void tile_rows(const IntJob *j, int64_t t, int bits) {  /* int_tile */
-    int64_t K = j->K, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2;
+    int64_t K = j->K, G = K / j->group, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2;
     const uint8_t *w = j->w + t * tile_bytes, *hb = j->hb ? j->hb + t * K * (bits - 4) : NULL;
-    if (bits > 4 && bits < 8 && j->m1 - j->m0 > EXPAND_ROWS && K <= EXPAND_MAX_K) {
+    GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
+    int many = j->m1 - j->m0 > EXPAND_ROWS && K <= EXPAND_MAX_K, factored = many && d.form >= 2;
+    float dv[factored ? G * TILE : 1] __attribute__((aligned(32)));
+    float mv[factored ? G * TILE : 1] __attribute__((aligned(32)));
+    if (factored) {
+        d = values_in_fp32(d, G, dv);
+        m = values_in_fp32(m, G, mv);
+    }
+    if (bits > 4 && bits < 8 && many) {
         uint8_t values[TILE * K] __attribute__((aligned(32)));
         expand_tile(w, hb, K, bits, values);
-        tile_rows_of(j, t, bits, values, NULL, 1);
+        tile_rows_of(j, t, bits, values, NULL, 1, d, m);
     } else {
-        tile_rows_of(j, t, bits, w, hb, 0);
+        tile_rows_of(j, t, bits, w, hb, 0, d, m);
     }
 }
 
@@ -187,6 +212,14 @@ static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int
         const uint8_t *ha = j->hb ? j->hb + t * K * (bits - 4) : NULL, *hb = j->hb ? j->hb + u * K * (bits - 4) : NULL;
         GroupValues sa = values_from(j->scale, t * G * TILE), sb = values_from(j->scale, u * G * TILE);
         GroupValues ma = values_from(j->min, t * G * TILE), mb = values_from(j->min, u * G * TILE);
+        int factored = sa.form >= 2 && K <= EXPAND_MAX_K;  /* pairs serve jobs of PAIR_ROWS rows or more */
+        float v[factored ? 4 * G * TILE : 1] __attribute__((aligned(32)));
+        if (factored) {
+            sa = values_in_fp32(sa, G, v);
+            sb = values_in_fp32(sb, G, v + G * TILE);
+            ma = values_in_fp32(ma, G, v + 2 * G * TILE);
+            mb = values_in_fp32(mb, G, v + 3 * G * TILE);
+        }
         for (int64_t r = j->m0; r < j->m1; r += MR512) {
             int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
 #define PAIR(MR_) int_tile_pair(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
