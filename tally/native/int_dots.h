@@ -59,9 +59,15 @@ static inline const uint8_t *unit_of(GroupValues a, int64_t g, const int8_t **st
     return unit;
 }
 
-static inline __m256 values8(GroupValues a, int64_t i) {  /* elements i..i+7, i a multiple of 8 */
-    if (a.form == 0) return _mm256_loadu_ps((const float *)a.v + i);
-    if (a.form == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)a.v + i)));
+/* elements i..i+7 (i a multiple of 8) of form 0 or 1: int_tile's loop for those forms has no other branch (with the
+ * factored one inside it, the one-row int4 tiles ran 4-10% slower) */
+static inline __m256 plain_values8(GroupValues a, int64_t i) {
+    return a.form ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)a.v + i)))
+                  : _mm256_loadu_ps((const float *)a.v + i);
+}
+
+static inline __m256 values8(GroupValues a, int64_t i) {  /* elements i..i+7, i a multiple of 8, any form */
+    if (a.form < 2) return plain_values8(a, i);
     const int8_t *steps;
     const uint8_t *unit = unit_of(a, i / 8, &steps);
     __m256 s = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)steps)));

@@ -97,19 +97,20 @@ static inline __m256 minima_of(__m256 sg, int bits) {  /* int5 / int6: m = -2^(b
 static inline __attribute__((always_inline)) void int_tile(
     const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *w,
     const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded, int mr, float *y, int64_t N,
-    int64_t t, const float *bias, int accumulate) {
+    int64_t t, const float *bias, int accumulate, int runs) {
     int64_t G = K / group;
     __m256 acc[MR];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
 #define GROUP_INTO(G_, SG_) int_group_into(acc, G_, SG_, xq, dx, K, group, w, hb, bits, expanded, mr)
-    if (scale.form < 2) {
+    if (!runs) {  /* forms 0 and 1 */
         for (int64_t g = 0; g < G; g++) {
-            __m256 sg = values8(scale, g * TILE);
+            __m256 sg = plain_values8(scale, g * TILE);
             GROUP_INTO(g, sg);
-            int_minima_into(acc, g, G, m.v ? values8(m, g * TILE) : minima_of(sg, bits), xsum, bits, mr);
+            int_minima_into(acc, g, G, m.v ? plain_values8(m, g * TILE) : minima_of(sg, bits), xsum, bits, mr);
         }
-    } else {  /* super-blocks: their bases once a run (GroupRun); a nested loop here slowed fp32 and fp16 by 1.3x */
+    } else {  /* form P: super-blocks, their bases once a run (GroupRun). A constant `runs` keeps one loop per
+               * instance: with both, the one-row int4 tiles ran 3-4% slower; nested, fp32 and fp16 1.3x slower */
         for (int64_t g0 = 0; g0 < G; g0 += scale.form) {
             GroupRun sr = run_at(scale, g0), mr_ = run_at(m, g0);
             for (int64_t j = 0; j < scale.form; j++) {
@@ -136,21 +137,22 @@ typedef struct {
 } IntJob;
 
 /* int5 / int6 tiles are unpacked once a call (int_dots.h: expand_tile) for jobs of more than EXPAND_ROWS rows, into a
- * buffer on the thread's stack of 8 bytes a k (K <= EXPAND_MAX_K: 128 KB; factored values beside it, up to 2 x 32
- * KB), where each pass of MR rows unpacked the planes of high bits again: Qwen 0.5B's shapes 1.1-1.7x at 5 to 512
- * rows, its prefill 1.17-1.19x (AVX2 EPYC, alternating builds). int4's unpacking is three instructions a chunk:
- * expanded it measured level, so it stays. */
+ * buffer on the thread's stack of 8 bytes a k (K <= EXPAND_MAX_K: 128 KB), where each pass of MR rows unpacked the
+ * planes of high bits again: Qwen 0.5B's shapes 1.1-1.7x at 5 to 512 rows, its prefill 1.17-1.19x (AVX2 EPYC,
+ * alternating builds). int4's unpacking is three instructions a chunk: expanded it measured level, so it stays. */
 #define EXPAND_ROWS MR
 #define EXPAND_MAX_K 16384
 
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
-                                                               const uint8_t *hb, int expanded, GroupValues d,
-                                                               GroupValues m) {
+                                                               const uint8_t *hb, int expanded) {
     int64_t K = j->K, G = K / j->group;
+    GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
     for (int64_t r = j->m0; r < j->m1; r += MR) {
         int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
-#define INT_TILE(MR_) int_tile(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
-                               w, hb, d, m, bits, expanded, MR_, j->y + r * j->N, j->N, t, j->bias, j->accumulate)
+#define INT_TILE_(MR_, RUNS_) int_tile(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, \
+                                      j->group, w, hb, d, m, bits, expanded, MR_, j->y + r * j->N, j->N, t, j->bias, \
+                                      j->accumulate, RUNS_)
+#define INT_TILE(MR_) do { if (d.form >= 2) INT_TILE_(MR_, 1); else INT_TILE_(MR_, 0); } while (0)
         switch (mr) {
             case 4: INT_TILE(4); break;
             case 3: INT_TILE(3); break;
@@ -158,35 +160,19 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
             default: INT_TILE(1); break;
         }
 #undef INT_TILE
+#undef INT_TILE_
     }
-}
-
-/* A tile's values [G][8] for jobs of many rows, which read them in every pass: factored ones (form P) converted to
- * fp32 into buf once a call (per group in every pass they ran the many-row int4 / int6 tiles 3-5% slower than fp32
- * values: Qwen 0.5B's down projection, 512 rows); the other forms as they are */
-static GroupValues values_in_fp32(GroupValues a, int64_t G, float *buf) {
-    if (!a.v || a.form < 2) return a;
-    for (int64_t g = 0; g < G; g++) _mm256_store_ps(buf + g * TILE, values8(a, g * TILE));
-    return (GroupValues){buf, 0};
 }
 
 static inline __attribute__((always_inline)) void tile_rows(const IntJob *j, int64_t t, int bits) {  /* int_tile */
-    int64_t K = j->K, G = K / j->group, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2;
+    int64_t K = j->K, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2;
     const uint8_t *w = j->w + t * tile_bytes, *hb = j->hb ? j->hb + t * K * (bits - 4) : NULL;
-    GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
-    int many = j->m1 - j->m0 > EXPAND_ROWS && K <= EXPAND_MAX_K, factored = many && d.form >= 2;
-    float dv[factored ? G * TILE : 1] __attribute__((aligned(32)));
-    float mv[factored ? G * TILE : 1] __attribute__((aligned(32)));
-    if (factored) {
-        d = values_in_fp32(d, G, dv);
-        m = values_in_fp32(m, G, mv);
-    }
-    if (bits > 4 && bits < 8 && many) {
+    if (bits > 4 && bits < 8 && j->m1 - j->m0 > EXPAND_ROWS && K <= EXPAND_MAX_K) {
         uint8_t values[TILE * K] __attribute__((aligned(32)));
         expand_tile(w, hb, K, bits, values);
-        tile_rows_of(j, t, bits, values, NULL, 1, d, m);
+        tile_rows_of(j, t, bits, values, NULL, 1);
     } else {
-        tile_rows_of(j, t, bits, w, hb, 0, d, m);
+        tile_rows_of(j, t, bits, w, hb, 0);
     }
 }
 
@@ -212,14 +198,6 @@ static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int
         const uint8_t *ha = j->hb ? j->hb + t * K * (bits - 4) : NULL, *hb = j->hb ? j->hb + u * K * (bits - 4) : NULL;
         GroupValues sa = values_from(j->scale, t * G * TILE), sb = values_from(j->scale, u * G * TILE);
         GroupValues ma = values_from(j->min, t * G * TILE), mb = values_from(j->min, u * G * TILE);
-        int factored = sa.form >= 2 && K <= EXPAND_MAX_K;  /* pairs serve jobs of PAIR_ROWS rows or more */
-        float v[factored ? 4 * G * TILE : 1] __attribute__((aligned(32)));
-        if (factored) {
-            sa = values_in_fp32(sa, G, v);
-            sb = values_in_fp32(sb, G, v + G * TILE);
-            ma = values_in_fp32(ma, G, v + 2 * G * TILE);
-            mb = values_in_fp32(mb, G, v + 3 * G * TILE);
-        }
         for (int64_t r = j->m0; r < j->m1; r += MR512) {
             int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
 #define PAIR(MR_) int_tile_pair(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
@@ -270,6 +248,16 @@ static void int_gemm(IntJob job, int64_t M, IntKernels k) {
     }
 }
 
+/* Factored values (form P) as fp32 [count], where a call has the rows to repay it: per group in every pass of MR
+ * rows they ran the many-row int4 / int6 tiles 3-5% slower than fp32 values (Qwen 0.5B's down projection, 512 rows;
+ * converted inside each tile's loop instead, the one-row int4 tiles ran ~5% slower); the other forms as they are */
+#define FP32_VALUES_ROWS 16
+static GroupValues values_in_fp32(GroupValues a, int64_t count, float *buf) {
+    if (!a.v || a.form < 2) return a;
+    for (int64_t i = 0; i < count; i += TILE) _mm256_storeu_ps(buf + i, values8(a, i));
+    return (GroupValues){buf, 0};
+}
+
 /* bits 4: qs, d, m (qh NULL); bits 5 or 6: qs, qh, d (m NULL); group 16 or a multiple of 32. scale_form: d and m's
  * form (int_dots.h: GroupValues) */
 void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const void *d, const void *m,
@@ -288,7 +276,15 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
         }
     IntJob job = {xq.xq, xq.dx, xsum, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0, 0,
                   accumulate};
+    float *plain = NULL;
+    if (scale_form >= 2 && M >= FP32_VALUES_ROWS) {
+        int64_t count = (N + TILE - 1) / TILE * G * TILE;
+        plain = malloc(sizeof(float) * 2 * count);
+        job.scale = values_in_fp32(job.scale, count, plain);
+        job.min = values_in_fp32(job.min, count, plain + count);
+    }
     int_gemm(job, M, bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : INT_KERNELS(4));
+    free(plain);
     free(xsum);
     free(xq.xq);
     free(xq.dx);
