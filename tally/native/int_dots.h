@@ -38,7 +38,7 @@ static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc,
  * P >= 2, a power of two: GGUF's K-quant form, an fp16 factor per super-block of P groups times an int8 step per
  *    group (Q4_K: d * sc and -dmin * mn, P = 8; Q6_K: d * sc, P = 16). Per tile and super-block a unit of 16 bytes
  *    (8 outputs' factors) then P * 8 steps (group-major). Their fp32 products are exact (11 + 8 bits): the values
- *    fp32 held, at 1.25 bytes a group instead of 4 (Qwen 0.5B's down projections: ~19 of a decode step's 416 MB).
+ *    fp32 held, at 1.125-1.25 bytes a group instead of 4 (Qwen 0.5B's down projections: ~19 of a decode step's 416 MB).
  * Every form gives the kernels the same floats: same bits. */
 typedef struct { const void *v; int form; } GroupValues;
 
@@ -59,8 +59,8 @@ static inline const uint8_t *unit_of(GroupValues a, int64_t g, const int8_t **st
     return unit;
 }
 
-/* elements i..i+7 (i a multiple of 8) of form 0 or 1: int_tile's loop for those forms has no other branch (with the
- * factored one inside it, the one-row int4 tiles ran 4-10% slower) */
+/* elements i..i+7 (i a multiple of 8) of form 0 or 1: int_tile's loop for those forms (the factored form has a loop
+ * of its own, GroupRun below) */
 static inline __m256 plain_values8(GroupValues a, int64_t i) {
     return a.form ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)a.v + i)))
                   : _mm256_loadu_ps((const float *)a.v + i);
@@ -82,10 +82,10 @@ static inline float value1(GroupValues a, int64_t i) {
     return _cvtsh_ss(((const uint16_t *)unit)[i % 8]) * (float)steps[i % 8];
 }
 
-/* Form P >= 2 over a super-block's P groups (int_tile, jobs of a few rows): the base converted once a run, so a
+/* Form P >= 2 over a super-block's P groups (int_tile, calls of a few rows): the base converted once a run, so a
  * group's values cost a load, two converts and a multiply. Qwen 0.5B's down projection at one row, weights from
- * memory: values8 per group ran ~5% slower than fp16 values, runs as fast (3-12% faster than fp32). Jobs of more
- * rows convert a tile's values to fp32 once instead (int_tiles.h: tile_rows). */
+ * memory: values8 per group ran ~5% slower than fp16 values, runs as fast (int4 8-14% faster than fp32). Calls of
+ * more rows convert the layer's values to fp32 once instead (int_tiles.h: values_in_fp32). */
 typedef struct { const int8_t *steps; __m256 base; } GroupRun;
 
 static inline GroupRun run_at(GroupValues a, int64_t g0) {  /* the super-block starting at group g0 (a.v may be NULL) */

@@ -250,7 +250,8 @@ static void int_gemm(IntJob job, int64_t M, IntKernels k) {
 
 /* Factored values (form P) as fp32 [count], where a call has the rows to repay it: per group in every pass of MR
  * rows they ran the many-row int4 / int6 tiles 3-5% slower than fp32 values (Qwen 0.5B's down projection, 512 rows;
- * converted inside each tile's loop instead, the one-row int4 tiles ran ~5% slower); the other forms as they are */
+ * converted per tile into arrays on the stack instead, the one-row int4 tiles ran ~5% slower); other forms as
+ * they are */
 #define FP32_VALUES_ROWS 16
 static GroupValues values_in_fp32(GroupValues a, int64_t count, float *buf) {
     if (!a.v || a.form < 2) return a;

@@ -31,7 +31,7 @@ _WEIGHTS_PER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 class SuperBlockValues:
     """Per-group values as the K-quants store them: an fp16 base per super-block of 256 weights (d, or -dmin) times
     a small integer per group (sc, mn); every product is exact in fp32. The native kernels hold them so
-    (tally/native/ops.py: pack_tile_factors), at 1.25 bytes a group instead of fp32's 4."""
+    (tally/native/ops.py: pack_tile_factors), at 1.125-1.25 bytes a group instead of fp32's 4."""
 
     base: torch.Tensor  # [N, K/256] fp32, fp16 values
     steps: torch.Tensor  # [N, K/group] int8 values
@@ -45,7 +45,7 @@ class SuperBlockValues:
 @dataclass(frozen=True)
 class Int4Blocks:
     """Group-32 int4 in Int4Linear's convention: q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero. Q4_K's also
-    keep their factors (scale, minimum = zero - 8 scale, before rounding)."""
+    keep their factors as the file stores them (scale d * sc, minimum -dmin * mn: zero is minimum + 8 scale)."""
 
     q: torch.Tensor
     scale: torch.Tensor  # [N, K/32]
