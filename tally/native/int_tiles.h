@@ -249,10 +249,10 @@ static void int_gemm(IntJob job, int64_t M, IntKernels k) {
 }
 
 /* Factored values (form P) as fp32 [count], where a call has the rows to repay it: per group in every pass of MR
- * rows they ran the many-row int4 / int6 tiles 3-5% slower than fp32 values (Qwen 0.5B's down projection, 512 rows;
- * converted per tile into arrays on the stack instead, the one-row int4 tiles ran ~5% slower); other forms as
- * they are */
-#define FP32_VALUES_ROWS 16
+ * rows they ran Qwen 0.5B's many-row Q4_K-shaped down projection 8-9% slower than fp32 values from 64 rows on (Q6_K
+ * 0-3%); the conversion, ~0.1 ms a call there, cost more than that below 64 rows (2 threads, one process). Other
+ * forms as they are. */
+#define FP32_VALUES_ROWS 64
 static GroupValues values_in_fp32(GroupValues a, int64_t count, float *buf) {
     if (!a.v || a.form < 2) return a;
     for (int64_t i = 0; i < count; i += TILE) _mm256_storeu_ps(buf + i, values8(a, i));

@@ -74,10 +74,11 @@ def tile_scale_rows(packed: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Rows of pack_tile_scales' input, [len(rows), G] (of pack_tile_factors': the products, fp32)."""
     if packed.dtype != torch.uint8:
         return packed[rows // TILE, :, rows % TILE]
+    units, lanes = packed[rows // TILE], torch.arange(len(rows))  # [R, S, 16 + 8 P]: the rows' tiles only
     per = (packed.shape[2] - 2 * TILE) // TILE
-    base = packed[:, :, :2 * TILE].contiguous().view(torch.float16)[rows // TILE, :, rows % TILE].float()  # [R, S]
-    steps = packed[:, :, 2 * TILE:].contiguous().view(torch.int8).view(*packed.shape[:2], per, TILE)
-    return (base[:, :, None] * steps[rows // TILE, :, :, rows % TILE].float()).reshape(len(rows), -1)
+    base = units[:, :, :2 * TILE].contiguous().view(torch.float16)[lanes, :, rows % TILE].float()  # [R, S]
+    steps = units[:, :, 2 * TILE:].contiguous().view(torch.int8).view(*units.shape[:2], per, TILE)
+    return (base[:, :, None] * steps[lanes, :, :, rows % TILE].float()).reshape(len(rows), -1)
 
 
 def pack_q4(q: torch.Tensor) -> torch.Tensor:
