@@ -147,6 +147,19 @@ def test_dequantizing_kernels_round_the_stored_weights_to_bf16():
         qs, qh = ops.pack_planes(q, bits)
         got = ops.dequant_q4_bf16(qs, ops.pack_tile_scales(s), None, group, qh=qh).float()
         assert ((got - want).abs() <= want.abs() * 2**-7).all()
+    # GGUF Q4_K / Q6_K scales held as their factors (int_dots.h: GroupValues, form P): the bits of fp32 copies
+    base, mins = torch.rand(24, 1, generator=gen).half().float(), -torch.rand(24, 1, generator=gen).half().float()
+    for bits, group in ((4, 32), (6, 16)):
+        q = torch.randint(0, 1 << bits, (24, 256), dtype=torch.uint8, generator=gen)
+        steps = [torch.randint(0, 64, (24, 256 // group), generator=gen) for _ in range(2)]
+        qs, qh = (ops.pack_q4(q), None) if bits == 4 else ops.pack_planes(q, bits)
+        factored = [ops.pack_tile_factors(b, s) for b, s in zip((base, mins), steps)]
+        plain = [ops.pack_tile_scales(b.repeat_interleave(256 // group, 1) * s.float())
+                 for b, s in zip((base, mins), steps)]
+        if bits == 6:  # no minima: w = d * (q - 32)
+            factored[1] = plain[1] = None
+        assert torch.equal(ops.dequant_q4_bf16(qs, *factored, group, qh=qh),
+                           ops.dequant_q4_bf16(qs, *plain, group, qh=qh))
     q8 = torch.randint(-127, 128, (24, 64), dtype=torch.int8, generator=gen)
     s = torch.rand(24, 2, generator=gen)
     want8 = (q8.float().view(24, 2, 32) * s[:, :, None]).view(24, 64).bfloat16().float()

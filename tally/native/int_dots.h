@@ -74,17 +74,9 @@ static inline __m256 values8(GroupValues a, int64_t i) {  /* elements i..i+7, i 
     return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)unit)), s);
 }
 
-static inline float value1(GroupValues a, int64_t i) {
-    if (a.form == 0) return ((const float *)a.v)[i];
-    if (a.form == 1) return _cvtsh_ss(((const uint16_t *)a.v)[i]);
-    const int8_t *steps;
-    const uint8_t *unit = unit_of(a, i / 8, &steps);
-    return _cvtsh_ss(((const uint16_t *)unit)[i % 8]) * (float)steps[i % 8];
-}
-
 /* Form P >= 2 over a super-block's P groups (int_tile, calls of a few rows): the base converted once a run, so a
  * group's values cost a load, two converts and a multiply. Qwen 0.5B's down projection at one row, weights from
- * memory: values8 per group ran ~5% slower than fp16 values, runs as fast (int4 8-14% faster than fp32). Calls of
+ * memory: values8 per group ran 7-8% slower than fp16 values, runs as fast (int4 8-14% faster than fp32). Calls of
  * more rows convert the layer's values to fp32 once instead (int_tiles.h: values_in_fp32). */
 typedef struct { const int8_t *steps; __m256 base; } GroupRun;
 

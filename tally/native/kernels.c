@@ -376,10 +376,12 @@ static void dequant_q4_tiles(const void *job, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < G; g++) {
             __m256 dg[TILE], mg[TILE];
+            float ds[TILE], ms[TILE];  /* the group's 8 outputs' values, any form (values8: one address a group) */
+            _mm256_storeu_ps(ds, values8(d, (t * G + g) * TILE));
+            if (m.v) _mm256_storeu_ps(ms, values8(m, (t * G + g) * TILE));
             for (int j = 0; j < TILE; j++) {
-                int64_t i = (t * G + g) * TILE + j;
-                dg[j] = _mm256_set1_ps(value1(d, i));
-                mg[j] = _mm256_set1_ps(m.v ? value1(m, i) : -(float)(1 << (bits - 1)) * value1(d, i));
+                dg[j] = _mm256_set1_ps(ds[j]);
+                mg[j] = _mm256_set1_ps(m.v ? ms[j] : -(float)(1 << (bits - 1)) * ds[j]);
             }
             for (int64_t c = g * group / 8; c < (g + 1) * group / 8; c++) {
                 /* 32 bytes: byte 4j + i holds (output j, k 8c + i) low and (j, 8c + 4 + i) high */
@@ -419,7 +421,9 @@ static void dequant_q8_tiles(const void *job, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < G; g++) {
             __m256 sg[TILE];
-            for (int j = 0; j < TILE; j++) sg[j] = _mm256_set1_ps(value1(s, (t * G + g) * TILE + j));
+            float ss[TILE];
+            _mm256_storeu_ps(ss, values8(s, (t * G + g) * TILE));
+            for (int j = 0; j < TILE; j++) sg[j] = _mm256_set1_ps(ss[j]);
             for (int64_t c = g * group / 4; c < (g + 1) * group / 4; c += 2) {
                 /* chunks c, c + 1: byte 4j + i holds (output j, k 4c + i); side by side, output j's 8 k */
                 const int8_t *base = q + (t * (K / 4) + c) * 32;
