@@ -35,6 +35,56 @@ def test_rows_read_back_from_integer_tiles() -> None:
         assert torch.equal(ops.q4_rows(qs, rows, qh), q[rows])
 
 
+@pytest.mark.parametrize("form", ["fp32", "fp16", "factored"])
+def test_dequantized_rows_give_the_pytorch_composition_of_the_read_back_values(form: str) -> None:
+    """An embedding lookup from the tiles (dequant_q4_rows / dequant_q8_rows: one call) gives the floats the
+    PyTorch composition of q4_rows / q8_rows and tile_scale_rows gives (q * d + m, two roundings), in every integer
+    format and scale form, for rows anywhere, repeated, and in a partial last tile."""
+    n, k, rows = 21, 512, torch.tensor([20, 0, 9, 9, 16])
+
+    def values(groups: int, sign: float = 1.0) -> torch.Tensor:  # a base per 256 weights times int8 steps
+        base = torch.randint(1, 1 << 10, (n, k // 256), generator=gen) / 2.0 ** 14 * sign
+        steps = torch.randint(-127, 128, (n, groups), generator=gen)
+        if form == "factored":
+            return ops.pack_tile_factors(base, steps)
+        return ops.pack_tile_scales(base.repeat_interleave(groups // base.shape[1], 1) * steps.float(),
+                                    half=form == "fp16")
+
+    def composed(q: torch.Tensor, d: torch.Tensor, minima: torch.Tensor | float | None) -> torch.Tensor:
+        """q * d (+ m: packed minima, or a multiple of d: int5 / int6's -2^(bits - 1) d) in PyTorch"""
+        ds = ops.tile_scale_rows(d, rows).float()[:, :, None]
+        w = q.view(len(rows), ds.shape[1], -1).float() * ds
+        if isinstance(minima, torch.Tensor):
+            w = w + ops.tile_scale_rows(minima, rows).float()[:, :, None]
+        elif minima is not None:
+            w = w + minima * ds
+        return w.view(len(rows), k)
+
+    q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
+    d, m = values(16), values(16, -1.0)
+    assert torch.equal(ops.dequant_q4_rows(q4, d, m, rows, 32), composed(ops.q4_rows(q4, rows), d, m))
+    for bits, groups in ((5, 16), (6, 32)):  # GGUF's Q5_0 (groups of 32), Q6_K (16)
+        qs, qh = ops.pack_planes(torch.randint(0, 1 << bits, (n, k), dtype=torch.uint8, generator=gen), bits)
+        d = values(groups)
+        assert torch.equal(ops.dequant_q4_rows(qs, d, None, rows, k // groups, qh=qh),
+                           composed(ops.q4_rows(qs, rows, qh), d, -(2.0 ** (bits - 1))))
+    q8, s = ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)), values(16)
+    assert torch.equal(ops.dequant_q8_rows(q8, s, rows, 32), composed(ops.q8_rows(q8, rows), s, None))
+
+
+def test_argmax_rows_gives_torchs_first_index_of_the_maximum() -> None:
+    """Greedy tokens from the native argmax: ties (the first wins), lengths around its 16-value steps, a NaN (torch's
+    answer, its first NaN), rows of -inf, and a vocabulary's size."""
+    for v in (1, 15, 16, 17, 33, 49152):
+        x = rand(4, v)
+        ties = torch.randint(0, 3, (4, v), generator=gen).float()
+        assert torch.equal(ops.argmax_rows(x), x.argmax(dim=-1)) and torch.equal(ops.argmax_rows(ties), ties.argmax(-1))
+    x = rand(4, 1000)
+    x[0, 999], x[1, 500], x[1, 700], x[2] = float("inf"), float("nan"), float("nan"), float("-inf")
+    x[3], x[3, 995] = float("-inf"), -1e30
+    assert ops.argmax_rows(x).tolist() == x.argmax(dim=-1).tolist() == [999, 500, 0, 995]
+
+
 def test_scales_exact_in_fp16_are_held_in_fp16_with_the_same_results() -> None:
     """GGUF's own d and m are fp16 values: a layer keeps them in fp16 (half the bytes a decode streams for them) and
     gives the bits it gives with fp32 copies; one value off the fp16 grid keeps the whole layer in fp32."""

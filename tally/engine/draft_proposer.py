@@ -36,7 +36,7 @@ from tally.engine.inputs import build_span_inputs
 from tally.engine.model_step import ModelStep, run_model_step
 from tally.engine.runner import reads_outputs
 from tally.sample.batch import SamplerInput
-from tally.sample.sampler import Sampler
+from tally.sample.sampler import Sampler, greedy_tokens
 from tally.sampling_params import SamplingType
 
 SHORT_SPAN = 16  # a catch-up of at most this many tokens runs as decode rows (build_span_inputs)
@@ -91,7 +91,7 @@ class DraftProposer:
                                          proposals[i][-1:]) for i in active])
             q = self.sampler.distribution(logits, self._sampler_input([chosen[i][0] for i in active],
                                                                       [proposals[i] for i in active]))
-            tokens = q.argmax(dim=1)  # a greedy row's q is the point mass on its argmax
+            tokens = greedy_tokens(q)  # a greedy row's q is the point mass on its argmax
             rows = [row for row, i in enumerate(active) if i in sampled]
             if rows:
                 tokens[rows] = torch.multinomial(q[rows], 1).squeeze(1)

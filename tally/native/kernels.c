@@ -234,6 +234,51 @@ void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
     }
 }
 
+/* ---- Greedy tokens: the first index of each row's maximum, x [M, V] -> out [M]; -1 for a row holding a NaN
+ * (torch.argmax takes the first NaN there: the caller asks it), and how many such rows there are. torch.argmax runs a scalar loop on CPU, ~2.4 ns a
+ * value: 0.36 ms of a Qwen 0.5B decode step over its 151,936 logits (AVX2 EPYC), ~2%. Here two sets of 8 lanes
+ * each keep their first maximum (a strictly greater value replaces it), then the lanes' maxima meet: the
+ * largest value, and of lanes holding it the smallest index. */
+int64_t tally_argmax_rows(const float *x, int64_t M, int64_t V, int64_t *out) {
+    int64_t nan_rows = 0;
+    for (int64_t r = 0; r < M; r++) {
+        const float *row = x + r * V;
+        __m256 best[2] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)}, nan = _mm256_setzero_ps();
+        __m256i at[2] = {_mm256_set1_epi32(-1), _mm256_set1_epi32(-1)};
+        __m256i index[2] = {_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)};
+        const __m256i step = _mm256_set1_epi32(16);
+        int64_t i = 0;
+        for (; i + 16 <= V && V < INT32_MAX; i += 16)
+            for (int u = 0; u < 2; u++) {
+                __m256 v = _mm256_loadu_ps(row + i + 8 * u);
+                __m256 greater = _mm256_cmp_ps(v, best[u], _CMP_GT_OQ);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+                best[u] = _mm256_blendv_ps(best[u], v, greater);
+                at[u] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at[u]), _mm256_castsi256_ps(index[u]),
+                                                             greater));
+                index[u] = _mm256_add_epi32(index[u], step);
+            }
+        float values[16];
+        int32_t where[16];
+        for (int u = 0; u < 2; u++) {
+            _mm256_storeu_ps(values + 8 * u, best[u]);
+            _mm256_storeu_si256((__m256i *)(where + 8 * u), at[u]);
+        }
+        float top = -INFINITY;
+        int64_t arg = -1;
+        for (int l = 0; l < 16; l++)
+            if (where[l] >= 0 && (values[l] > top || (values[l] == top && where[l] < arg))) top = values[l], arg = where[l];
+        int has_nan = _mm256_movemask_ps(nan) != 0;
+        for (; i < V; i++) {
+            if (isnan(row[i])) has_nan = 1;
+            else if (row[i] > top) top = row[i], arg = i;
+        }
+        out[r] = has_nan ? -1 : arg < 0 ? 0 : arg;  /* nothing above -inf: the first */
+        nan_rows += has_nan;
+    }
+    return nan_rows;
+}
+
 #include "decode_attention.h"  /* decode_attention: paged attention of one query token a row */
 
 void tally_decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,
@@ -367,80 +412,82 @@ typedef struct {  /* one dequantization: tiles (panels) of the stored weights, b
     int64_t K, group, bits, n;
 } DequantJob;
 
+/* Chunk c of tile t (nibble formats: k = 8c..8c+7, high-bit planes or-ed in) as fp32 integers, v[j] output j's 8
+ * values in k order */
+static inline __attribute__((always_inline)) void q4_chunk_values(const uint8_t *qs, const uint8_t *qh, int64_t t,
+                                                                  int64_t c, int64_t K, int64_t bits, __m256 v[TILE]) {
+    /* 32 bytes: byte 4j + i holds (output j, k 8c + i) low and (j, 8c + 4 + i) high */
+    __m256i b = _mm256_loadu_si256((const __m256i *)(qs + (t * (K / 8) + c) * 32));
+    __m256i lo = _mm256_and_si256(b, _mm256_set1_epi8(15));
+    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15));
+    for (int p = 0; p < bits - 4; p++) {
+        const uint8_t *plane = qh + (t * (K / 32) + c / 4) * 32 * (bits - 4) + 32 * p;
+        __m256i h = _mm256_loadu_si256((const __m256i *)plane);
+        lo = _mm256_or_si256(lo, high_bits(h, 2 * (int)(c % 4), p));
+        hi = _mm256_or_si256(hi, high_bits(h, 2 * (int)(c % 4) + 1, p));
+    }
+    /* per 128-bit lane, 4-byte units: lo j, hi j side by side = output j's 8 k in order */
+    const __m256i halves[2] = {_mm256_unpacklo_epi32(lo, hi), _mm256_unpackhi_epi32(lo, hi)};
+    for (int h = 0; h < 2; h++)
+        for (int lane = 0; lane < 2; lane++) {
+            __m128i part = lane ? _mm256_extracti128_si256(halves[h], 1) : _mm256_castsi256_si128(halves[h]);
+            for (int u = 0; u < 2; u++)  /* unpacklo: units 0,1 of the lane; unpackhi: 2,3 */
+                v[lane * 4 + h * 2 + u] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(u ? _mm_srli_si128(part, 8) : part));
+        }
+}
+
+/* Chunks c, c + 1 of int8 tile t (k = 4c..4c+7) as fp32, v[j] output j's 8 values in k order */
+static inline __attribute__((always_inline)) void q8_chunk_values(const int8_t *q, int64_t t, int64_t c, int64_t K,
+                                                                  __m256 v[TILE]) {
+    /* byte 4j + i holds (output j, k 4c + i); the two chunks side by side: output j's 8 k */
+    const int8_t *base = q + (t * (K / 4) + c) * 32;
+    __m256i a = _mm256_loadu_si256((const __m256i *)base);
+    __m256i b = _mm256_loadu_si256((const __m256i *)(base + 32));
+    const __m256i halves[2] = {_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b)};
+    for (int h = 0; h < 2; h++)
+        for (int lane = 0; lane < 2; lane++) {
+            __m128i part = lane ? _mm256_extracti128_si256(halves[h], 1) : _mm256_castsi256_si128(halves[h]);
+            for (int u = 0; u < 2; u++)
+                v[lane * 4 + h * 2 + u] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(u ? _mm_srli_si128(part, 8) : part));
+        }
+}
+
+/* A group's 8 outputs' scales and minima (int5 / int6: -2^(bits - 1) d, not stored), any form */
+static inline void group_values(GroupValues d, GroupValues m, int64_t i, int64_t bits, float ds[TILE], float ms[TILE]) {
+    _mm256_storeu_ps(ds, values8(d, i));  /* values8: one address a group */
+    if (m.v) _mm256_storeu_ps(ms, values8(m, i));
+    else _mm256_storeu_ps(ms, _mm256_mul_ps(_mm256_loadu_ps(ds), _mm256_set1_ps(-(float)(1 << (bits - 1)))));
+}
+
 static void dequant_q4_tiles(const void *job, int64_t t0, int64_t t1) {
     const DequantJob *j = job;
-    const uint8_t *qs = j->q, *qh = j->qh;
-    GroupValues d = j->d, m = j->m;
-    uint16_t *w = j->w;
-    int64_t K = j->K, group = j->group, bits = j->bits, G = K / group;
+    int64_t K = j->K, group = j->group, G = K / group;
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < G; g++) {
-            __m256 dg[TILE], mg[TILE];
-            float ds[TILE], ms[TILE];  /* the group's 8 outputs' values, any form (values8: one address a group) */
-            _mm256_storeu_ps(ds, values8(d, (t * G + g) * TILE));
-            if (m.v) _mm256_storeu_ps(ms, values8(m, (t * G + g) * TILE));
-            for (int j = 0; j < TILE; j++) {
-                dg[j] = _mm256_set1_ps(ds[j]);
-                mg[j] = _mm256_set1_ps(m.v ? ms[j] : -(float)(1 << (bits - 1)) * ds[j]);
-            }
+            float ds[TILE], ms[TILE];
+            group_values(j->d, j->m, (t * G + g) * TILE, j->bits, ds, ms);
             for (int64_t c = g * group / 8; c < (g + 1) * group / 8; c++) {
-                /* 32 bytes: byte 4j + i holds (output j, k 8c + i) low and (j, 8c + 4 + i) high */
-                __m256i b = _mm256_loadu_si256((const __m256i *)(qs + (t * (K / 8) + c) * 32));
-                __m256i lo = _mm256_and_si256(b, _mm256_set1_epi8(15));
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15));
-                for (int p = 0; p < bits - 4; p++) {
-                    const uint8_t *plane = qh + (t * (K / 32) + c / 4) * 32 * (bits - 4) + 32 * p;
-                    __m256i v = _mm256_loadu_si256((const __m256i *)plane);
-                    lo = _mm256_or_si256(lo, high_bits(v, 2 * (int)(c % 4), p));
-                    hi = _mm256_or_si256(hi, high_bits(v, 2 * (int)(c % 4) + 1, p));
-                }
-                /* per 128-bit lane, 4-byte units: lo j, hi j side by side = output j's 8 k in order */
-                __m256i first = _mm256_unpacklo_epi32(lo, hi), second = _mm256_unpackhi_epi32(lo, hi);
-                const __m256i halves[2] = {first, second};
-                for (int h = 0; h < 2; h++)
-                    for (int lane = 0; lane < 2; lane++) {
-                        __m128i part = lane ? _mm256_extracti128_si256(halves[h], 1)
-                                            : _mm256_castsi256_si128(halves[h]);
-                        for (int u = 0; u < 2; u++) {
-                            int j = lane * 4 + h * 2 + u;  /* unpacklo: units 0,1 of the lane; unpackhi: 2,3 */
-                            __m128i bytes = u ? _mm_srli_si128(part, 8) : part;
-                            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-                            store_bf16x8(w + (t * TILE + j) * K + 8 * c, _mm256_fmadd_ps(v, dg[j], mg[j]));
-                        }
-                    }
+                __m256 v[TILE];
+                q4_chunk_values(j->q, j->qh, t, c, K, j->bits, v);
+                for (int o = 0; o < TILE; o++)
+                    store_bf16x8(j->w + (t * TILE + o) * K + 8 * c,
+                                 _mm256_fmadd_ps(v[o], _mm256_set1_ps(ds[o]), _mm256_set1_ps(ms[o])));
             }
         }
 }
 
 static void dequant_q8_tiles(const void *job, int64_t t0, int64_t t1) {
     const DequantJob *j = job;
-    const int8_t *q = j->q;
-    GroupValues s = j->d;
-    uint16_t *w = j->w;
     int64_t K = j->K, group = j->group, G = K / group;
     for (int64_t t = t0; t < t1; t++)
         for (int64_t g = 0; g < G; g++) {
-            __m256 sg[TILE];
             float ss[TILE];
-            _mm256_storeu_ps(ss, values8(s, (t * G + g) * TILE));
-            for (int j = 0; j < TILE; j++) sg[j] = _mm256_set1_ps(ss[j]);
+            _mm256_storeu_ps(ss, values8(j->d, (t * G + g) * TILE));
             for (int64_t c = g * group / 4; c < (g + 1) * group / 4; c += 2) {
-                /* chunks c, c + 1: byte 4j + i holds (output j, k 4c + i); side by side, output j's 8 k */
-                const int8_t *base = q + (t * (K / 4) + c) * 32;
-                __m256i a = _mm256_loadu_si256((const __m256i *)base);
-                __m256i b = _mm256_loadu_si256((const __m256i *)(base + 32));
-                const __m256i halves[2] = {_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b)};
-                for (int h = 0; h < 2; h++)
-                    for (int lane = 0; lane < 2; lane++) {
-                        __m128i part = lane ? _mm256_extracti128_si256(halves[h], 1)
-                                            : _mm256_castsi256_si128(halves[h]);
-                        for (int u = 0; u < 2; u++) {
-                            int j = lane * 4 + h * 2 + u;
-                            __m128i bytes = u ? _mm_srli_si128(part, 8) : part;
-                            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-                            store_bf16x8(w + (t * TILE + j) * K + 4 * c, _mm256_mul_ps(v, sg[j]));
-                        }
-                    }
+                __m256 v[TILE];
+                q8_chunk_values(j->q, t, c, K, v);
+                for (int o = 0; o < TILE; o++)
+                    store_bf16x8(j->w + (t * TILE + o) * K + 4 * c, _mm256_mul_ps(v[o], _mm256_set1_ps(ss[o])));
             }
         }
 }
@@ -475,4 +522,44 @@ void tally_dequant_q8_bf16(const int8_t *q, const void *s, uint16_t *w, int64_t 
 void tally_dequant_f16_bf16(const uint16_t *panels, uint16_t *w_t, int64_t n_panels, int64_t K) {
     DequantJob job = {panels, NULL, {NULL, 0}, {NULL, 0}, w_t, K, 0, 16, n_panels};
     parallel_for_then(K, n_panels * K * 16, dequant_f16_rows, &job, 0);
+}
+
+/* ---- Rows of the dequantized weight in fp32, out [n_rows, K]: a token table read from its tiles (an embedding
+ * lookup, one row a token). q * d + m in two roundings, as the PyTorch expression these replace (~0.2-0.5 ms a
+ * decode step in ~20 small tensor operations; tests/test_native_kernels.py holds them to it). ---- */
+void tally_dequant_q4_rows(const uint8_t *qs, const uint8_t *qh, const void *d, const void *m, const int64_t *rows,
+                           int64_t n_rows, int64_t K, int64_t group, int64_t bits, int scale_form, float *out) {
+    GroupValues dv = {d, scale_form}, mv = {m, scale_form};
+    int64_t G = K / group;
+    for (int64_t r = 0; r < n_rows; r++) {
+        int64_t t = rows[r] / TILE, o = rows[r] % TILE;
+        for (int64_t g = 0; g < G; g++) {
+            float ds[TILE], ms[TILE];
+            group_values(dv, mv, (t * G + g) * TILE, bits, ds, ms);
+            for (int64_t c = g * group / 8; c < (g + 1) * group / 8; c++) {
+                __m256 v[TILE];
+                q4_chunk_values(qs, qh, t, c, K, bits, v);
+                _mm256_storeu_ps(out + r * K + 8 * c, _mm256_add_ps(_mm256_mul_ps(v[o], _mm256_set1_ps(ds[o])),
+                                                                    _mm256_set1_ps(ms[o])));
+            }
+        }
+    }
+}
+
+void tally_dequant_q8_rows(const int8_t *q, const void *s, const int64_t *rows, int64_t n_rows, int64_t K,
+                           int64_t group, int scale_form, float *out) {
+    GroupValues sv = {s, scale_form};
+    int64_t G = K / group;
+    for (int64_t r = 0; r < n_rows; r++) {
+        int64_t t = rows[r] / TILE, o = rows[r] % TILE;
+        for (int64_t g = 0; g < G; g++) {
+            float ss[TILE];
+            _mm256_storeu_ps(ss, values8(sv, (t * G + g) * TILE));
+            for (int64_t c = g * group / 4; c < (g + 1) * group / 4; c += 2) {
+                __m256 v[TILE];
+                q8_chunk_values(q, t, c, K, v);
+                _mm256_storeu_ps(out + r * K + 4 * c, _mm256_mul_ps(v[o], _mm256_set1_ps(ss[o])));
+            }
+        }
+    }
 }

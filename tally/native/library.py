@@ -48,7 +48,11 @@ SIGNATURES = {
     "tally_dequant_q4_bf16": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],
     "tally_dequant_q8_bf16": [_P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_dequant_f16_bf16": [_P, _P, _I, _I],
+    "tally_argmax_rows": [_P, _I, _I, _P],
+    "tally_dequant_q4_rows": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int, _P],
+    "tally_dequant_q8_rows": [_P, _P, _P, _I, _I, _I, ctypes.c_int, _P],
 }
+RESULTS = {"tally_argmax_rows": _I}  # the rest return nothing
 
 
 def _unavailable_reason() -> str | None:
@@ -117,7 +121,7 @@ def load_build(flags: list[str]) -> ctypes.CDLL:
     lib.digest = digest
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
+        fn.argtypes, fn.restype = argtypes, RESULTS.get(name)
     return lib
 
 

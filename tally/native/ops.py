@@ -160,6 +160,28 @@ def dequant_q4_bf16(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, g
     return w
 
 
+def dequant_q4_rows(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor, group_size: int,
+                    qh: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows of the dequantized weight, fp32 [len(rows), K], w = q * d + m (two roundings: q4_rows and
+    tile_scale_rows' values combined in PyTorch give the same floats): a token table's lookup."""
+    rows = rows.to(torch.int64).contiguous()
+    k = qs.shape[1] * 8
+    out = torch.empty(len(rows), k)
+    load().tally_dequant_q4_rows(qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), rows.data_ptr(), len(rows), k,
+                                 group_size, _bits(qh), scale_form(d, m), out.data_ptr())
+    return out
+
+
+def dequant_q8_rows(q: torch.Tensor, s: torch.Tensor, rows: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Rows of the dequantized weight, fp32 [len(rows), K], w = q * s: as dequant_q4_rows."""
+    rows = rows.to(torch.int64).contiguous()
+    k = q.shape[1] * 4
+    out = torch.empty(len(rows), k)
+    load().tally_dequant_q8_rows(q.data_ptr(), s.data_ptr(), rows.data_ptr(), len(rows), k, group_size, scale_form(s),
+                                 out.data_ptr())
+    return out
+
+
 def dequant_q8_bf16(q: torch.Tensor, s: torch.Tensor, group_size: int) -> torch.Tensor:
     """W [8 T, K] in bf16 from tiles of pack_q8 / pack_tile_scales, as dequant_q4_bf16."""
     n_tiles, k = q.shape[0], q.shape[1] * 4
@@ -254,6 +276,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     y = torch.empty_like(x)
     load().tally_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps)
     return y
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) of contiguous fp32 rows [M, V] (the first index of each row's maximum), int64 [M]."""
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    if load().tally_argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr()):
+        nan_rows = (out < 0).nonzero().flatten()  # rows holding a NaN: torch's own answer (its first NaN)
+        out[nan_rows] = x[nan_rows].argmax(dim=-1)
+    return out
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

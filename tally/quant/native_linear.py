@@ -97,10 +97,7 @@ class NativeInt4Linear(QuantLinear):
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the dequantized weight, fp32 [len(ids), K]: a token table read from its blocks (a tied LM head's,
         or a GGUF table's own)."""
-        q = ops.q4_rows(self.qs, ids, self.qh).view(len(ids), -1, self.group_size).float()
-        d = ops.tile_scale_rows(self.d, ids).float()[:, :, None]
-        m = ops.tile_scale_rows(self.m, ids).float()[:, :, None] if self.qh is None else -(2.0 ** (self.bits - 1)) * d
-        return (q * d + m).view(len(ids), self.in_features)
+        return ops.dequant_q4_rows(self.qs, self.d, self.m, ids, self.group_size, qh=self.qh)
 
 
 class NativeInt8Linear(QuantLinear):
@@ -134,8 +131,7 @@ class NativeInt8Linear(QuantLinear):
 
     def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the dequantized weight, fp32 [len(ids), K]: a tied embedding read from an int8 LM head."""
-        rows = ops.q8_rows(self.q, ids).view(len(ids), -1, self.group_size).float()
-        return rows.mul_(ops.tile_scale_rows(self.s, ids).float()[:, :, None]).view(len(ids), self.in_features)
+        return ops.dequant_q8_rows(self.q, self.s, ids, self.group_size)
 
 
 class NativeW8A8Linear(NativeInt8Linear):

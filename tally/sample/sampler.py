@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from tally.native import ops
 from tally.sample.batch import SamplerInput, SamplerOutput
 from tally.sample.filters import apply_min_p, top_k_top_p
 from tally.sample.penalties import apply_min_tokens, apply_penalties
@@ -47,7 +48,7 @@ class Sampler:
         work = self._processed(logits.float(), inp, t)
         probs = torch.zeros_like(work)
         if t.greedy_rows.numel():
-            greedy = work.index_select(0, t.greedy_rows).argmax(dim=-1)
+            greedy = greedy_tokens(work.index_select(0, t.greedy_rows))
             probs[t.greedy_rows, greedy] = 1.0
         if t.random_rows.numel():
             probs[t.random_rows] = self._random_probs(work, t, t.random_rows)
@@ -84,7 +85,7 @@ class Sampler:
         for rows in row_chunks(num_greedy, vocab, logits.device):
             idx = t.greedy_rows[rows]
             src = work[rows] if num_greedy == batch else work.index_select(0, idx)  # a view if we can
-            token_ids[idx] = src.argmax(dim=-1)
+            token_ids[idx] = greedy_tokens(src)
         for rows in row_chunks(t.random_rows.numel(), vocab, logits.device):
             idx = t.random_rows[rows]
             x = torch.index_select(work, 0, idx, out=self._buffer("rows", idx.numel(), work))
@@ -170,6 +171,14 @@ def row_chunks(num_rows: int, vocab: int, device: torch.device) -> list[slice]:
     batch are fresh pages every step and cost ~4x the arithmetic. A GPU takes all rows at once."""
     step = num_rows if device.type != "cpu" else max(1, _CPU_CHUNK_ELEMENTS // vocab)
     return [slice(a, min(a + step, num_rows)) for a in range(0, num_rows, max(step, 1))]
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the vocabulary, the first index of each row's maximum. On CPU the native kernel: torch's argmax
+    is a scalar loop there, 0.36 ms of a 0.5B model's 15-20 ms decode step over 151,936 logits, the kernel 0.03."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous() and ops.available():
+        return ops.argmax_rows(logits)
+    return logits.argmax(dim=-1)
 
 
 def _race(logits: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
