@@ -4,10 +4,12 @@
 llama-bench is built from llama.cpp's source with cmake (GGML_NATIVE=ON: the CPU at hand), e.g. from a PyPI sdist
 that vendors it; this script only runs it. Tally runs with default settings (the path measured at start), random
 prompt tokens, ignore_eos, medians of 3 (bench/cpu_paths.py's measurement); llama-bench its default 5
-repetitions, averaged. Runs alternate (llama.cpp, Tally, llama.cpp) so a drifting machine shows in the spread.
+repetitions, averaged. Runs alternate (llama.cpp, Tally, llama.cpp) so a drifting machine shows in the spread;
+--rounds N repeats that N times and reports the median of the rounds' ratios (a noisy VM's single round can be
+20% off either way).
 
     python bench/llama_bench_compare.py --llama-bench PATH/llama-bench [--model PATH.gguf] [--threads 2]
-                                        [--llama-bench-args "-rtr 1"]
+                                        [--llama-bench-args "-rtr 1"] [--rounds 3]
 
 The same script measures ik_llama.cpp (github ikawrakow/ik_llama.cpp, cmake GGML_NATIVE=ON, target llama-bench):
 its llama-bench takes the same flags, and "-rtr 1" repacks the quantized tensors at load for its fastest kernels.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 
@@ -41,18 +44,29 @@ def main() -> int:
     p.add_argument("--decode", type=int, default=128)
     p.add_argument("--llama-bench-args", default="",
                    help='more llama-bench flags, e.g. "-rtr 1" (ik_llama.cpp\'s run-time repacking)')
+    p.add_argument("--rounds", type=int, default=1, help="repeat (llama.cpp, Tally, llama.cpp); median ratios")
     a = p.parse_args()
     extra = a.llama_bench_args.split()
-    peer = [llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode, extra)]
-    decode, prefill, path = measure(a.model, a.threads, a.prefill, a.decode, {})
-    peer.append(llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode, extra))
-    for name, (d, pf) in (("llama.cpp (first)", peer[0]), ("tally default", (decode, prefill)),
-                          ("llama.cpp (last)", peer[1])):
-        print(f"{name:<18} decode {d:7.1f} tok/s   prefill {pf:8.1f} tok/s")
-    print(f"tally path: {path}")
-    best = max(peer, key=lambda r: r[0]), max(peer, key=lambda r: r[1])
-    print(f"tally / llama.cpp (the faster of its two runs): decode {decode / best[0][0]:.2f}x, "
-          f"prefill {prefill / best[1][1]:.2f}x")
+    ratios = []
+    for r in range(a.rounds):
+        if a.rounds > 1:
+            print(f"round {r + 1} of {a.rounds}")
+        peer = [llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode, extra)]
+        decode, prefill, path = measure(a.model, a.threads, a.prefill, a.decode, {})
+        peer.append(llama_bench(a.llama_bench, a.model, a.threads, a.prefill, a.decode, extra))
+        for name, (d, pf) in (("llama.cpp (first)", peer[0]), ("tally default", (decode, prefill)),
+                              ("llama.cpp (last)", peer[1])):
+            print(f"{name:<18} decode {d:7.1f} tok/s   prefill {pf:8.1f} tok/s")
+        print(f"tally path: {path}")
+        best = max(peer, key=lambda run: run[0]), max(peer, key=lambda run: run[1])
+        ratios.append((decode / best[0][0], prefill / best[1][1]))
+        print(f"tally / llama.cpp (the faster of its two runs): decode {ratios[-1][0]:.2f}x, "
+              f"prefill {ratios[-1][1]:.2f}x")
+    if a.rounds > 1:
+        decodes, prefills = sorted(d for d, _ in ratios), sorted(pf for _, pf in ratios)
+        print(f"median of {a.rounds} rounds: decode {statistics.median(decodes):.2f}x "
+              f"({decodes[0]:.2f}-{decodes[-1]:.2f}), prefill {statistics.median(prefills):.2f}x "
+              f"({prefills[0]:.2f}-{prefills[-1]:.2f})")
     print("command: python " + " ".join(sys.argv))
     return 0
 
