@@ -39,7 +39,7 @@ def test_rows_read_back_from_integer_tiles() -> None:
 def test_dequantized_rows_give_the_pytorch_composition_of_the_read_back_values(form: str) -> None:
     """An embedding lookup from the tiles (dequant_q4_rows / dequant_q8_rows: one call) gives the floats the
     PyTorch composition of q4_rows / q8_rows and tile_scale_rows gives (q * d + m, two roundings), in every integer
-    format and scale form, for rows anywhere, repeated, and in a partial last tile."""
+    format and scale form, for rows anywhere, repeated, and in a partial last tile; a row outside the table raises."""
     n, k, rows = 21, 512, torch.tensor([20, 0, 9, 9, 16])
 
     def values(groups: int, sign: float = 1.0) -> torch.Tensor:  # a base per 256 weights times int8 steps
@@ -61,8 +61,8 @@ def test_dequantized_rows_give_the_pytorch_composition_of_the_read_back_values(f
         return w.view(len(rows), k)
 
     q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
-    d, m = values(16), values(16, -1.0)
-    assert torch.equal(ops.dequant_q4_rows(q4, d, m, rows, 32), composed(ops.q4_rows(q4, rows), d, m))
+    d16, m16 = values(16), values(16, -1.0)
+    assert torch.equal(ops.dequant_q4_rows(q4, d16, m16, rows, 32), composed(ops.q4_rows(q4, rows), d16, m16))
     for bits, groups in ((5, 16), (6, 32)):  # GGUF's Q5_0 (groups of 32), Q6_K (16)
         qs, qh = ops.pack_planes(torch.randint(0, 1 << bits, (n, k), dtype=torch.uint8, generator=gen), bits)
         d = values(groups)
@@ -70,6 +70,11 @@ def test_dequantized_rows_give_the_pytorch_composition_of_the_read_back_values(f
                            composed(ops.q4_rows(qs, rows, qh), d, -(2.0 ** (bits - 1))))
     q8, s = ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)), values(16)
     assert torch.equal(ops.dequant_q8_rows(q8, s, rows, 32), composed(ops.q8_rows(q8, rows), s, None))
+    for outside in (-1, 24):  # past the last tile's 8 rows (21 padded to 24), or negative: an error, no read
+        with pytest.raises(IndexError, match="outside a table of 24 rows"):
+            ops.dequant_q8_rows(q8, s, torch.tensor([3, outside]), 32)
+        with pytest.raises(IndexError, match="outside a table of 24 rows"):
+            ops.dequant_q4_rows(q4, d16, m16, torch.tensor([outside]), 32)
 
 
 def test_argmax_rows_gives_torchs_first_index_of_the_maximum() -> None:

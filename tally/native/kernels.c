@@ -235,10 +235,10 @@ void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
 }
 
 /* ---- Greedy tokens: the first index of each row's maximum, x [M, V] -> out [M]; -1 for a row holding a NaN
- * (torch.argmax takes the first NaN there: the caller asks it), and how many such rows there are. torch.argmax runs a scalar loop on CPU, ~2.4 ns a
- * value: 0.36 ms of a Qwen 0.5B decode step over its 151,936 logits (AVX2 EPYC), ~2%. Here two sets of 8 lanes
- * each keep their first maximum (a strictly greater value replaces it), then the lanes' maxima meet: the
- * largest value, and of lanes holding it the smallest index. */
+ * (torch.argmax takes the first NaN there: the caller asks it); returns how many such rows there are.
+ * torch.argmax runs a scalar loop on CPU, ~2.4 ns a value: 0.36 ms of a Qwen 0.5B decode step over its 151,936
+ * logits (AVX2 EPYC), ~2%. Here two sets of 8 lanes each keep their first maximum (a strictly greater value replaces
+ * it), then the lanes' maxima meet: the largest value, and of lanes holding it the smallest index. */
 int64_t tally_argmax_rows(const float *x, int64_t M, int64_t V, int64_t *out) {
     int64_t nan_rows = 0;
     for (int64_t r = 0; r < M; r++) {
@@ -526,9 +526,18 @@ void tally_dequant_f16_bf16(const uint16_t *panels, uint16_t *w_t, int64_t n_pan
 
 /* ---- Rows of the dequantized weight in fp32, out [n_rows, K]: a token table read from its tiles (an embedding
  * lookup, one row a token). q * d + m in two roundings, as the PyTorch expression these replace (~0.2-0.5 ms a
- * decode step in ~20 small tensor operations; tests/test_native_kernels.py holds them to it). ---- */
-void tally_dequant_q4_rows(const uint8_t *qs, const uint8_t *qh, const void *d, const void *m, const int64_t *rows,
-                           int64_t n_rows, int64_t K, int64_t group, int64_t bits, int scale_form, float *out) {
+ * decode step in ~20 small tensor operations; tests/test_native_kernels.py holds them to it). A row outside the
+ * table's `table_rows` (tiles x 8) writes nothing and returns -1, where the PyTorch indexing raised. ---- */
+static int rows_outside(const int64_t *rows, int64_t n_rows, int64_t table_rows) {
+    for (int64_t r = 0; r < n_rows; r++)
+        if (rows[r] < 0 || rows[r] >= table_rows) return 1;
+    return 0;
+}
+
+int64_t tally_dequant_q4_rows(const uint8_t *qs, const uint8_t *qh, const void *d, const void *m, const int64_t *rows,
+                              int64_t n_rows, int64_t table_rows, int64_t K, int64_t group, int64_t bits,
+                              int scale_form, float *out) {
+    if (rows_outside(rows, n_rows, table_rows)) return -1;
     GroupValues dv = {d, scale_form}, mv = {m, scale_form};
     int64_t G = K / group;
     for (int64_t r = 0; r < n_rows; r++) {
@@ -544,10 +553,12 @@ void tally_dequant_q4_rows(const uint8_t *qs, const uint8_t *qh, const void *d, 
             }
         }
     }
+    return 0;
 }
 
-void tally_dequant_q8_rows(const int8_t *q, const void *s, const int64_t *rows, int64_t n_rows, int64_t K,
-                           int64_t group, int scale_form, float *out) {
+int64_t tally_dequant_q8_rows(const int8_t *q, const void *s, const int64_t *rows, int64_t n_rows, int64_t table_rows,
+                              int64_t K, int64_t group, int scale_form, float *out) {
+    if (rows_outside(rows, n_rows, table_rows)) return -1;
     GroupValues sv = {s, scale_form};
     int64_t G = K / group;
     for (int64_t r = 0; r < n_rows; r++) {
@@ -562,4 +573,5 @@ void tally_dequant_q8_rows(const int8_t *q, const void *s, const int64_t *rows, 
             }
         }
     }
+    return 0;
 }

@@ -49,10 +49,10 @@ SIGNATURES = {
     "tally_dequant_q8_bf16": [_P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_dequant_f16_bf16": [_P, _P, _I, _I],
     "tally_argmax_rows": [_P, _I, _I, _P],
-    "tally_dequant_q4_rows": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int, _P],
-    "tally_dequant_q8_rows": [_P, _P, _P, _I, _I, _I, ctypes.c_int, _P],
+    "tally_dequant_q4_rows": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int, _P],
+    "tally_dequant_q8_rows": [_P, _P, _P, _I, _I, _I, _I, ctypes.c_int, _P],
 }
-RESULTS = {"tally_argmax_rows": _I}  # the rest return nothing
+RESULTS = {name: _I for name in ("tally_argmax_rows", "tally_dequant_q4_rows", "tally_dequant_q8_rows")}  # others: none
 
 
 def _unavailable_reason() -> str | None:

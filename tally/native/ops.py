@@ -167,8 +167,9 @@ def dequant_q4_rows(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, r
     rows = rows.to(torch.int64).contiguous()
     k = qs.shape[1] * 8
     out = torch.empty(len(rows), k)
-    load().tally_dequant_q4_rows(qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), rows.data_ptr(), len(rows), k,
-                                 group_size, _bits(qh), scale_form(d, m), out.data_ptr())
+    _rows_inside(load().tally_dequant_q4_rows(qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), rows.data_ptr(),
+                                              len(rows), qs.shape[0] * TILE, k, group_size, _bits(qh),
+                                              scale_form(d, m), out.data_ptr()), rows, qs.shape[0] * TILE)
     return out
 
 
@@ -177,9 +178,15 @@ def dequant_q8_rows(q: torch.Tensor, s: torch.Tensor, rows: torch.Tensor, group_
     rows = rows.to(torch.int64).contiguous()
     k = q.shape[1] * 4
     out = torch.empty(len(rows), k)
-    load().tally_dequant_q8_rows(q.data_ptr(), s.data_ptr(), rows.data_ptr(), len(rows), k, group_size, scale_form(s),
-                                 out.data_ptr())
+    _rows_inside(load().tally_dequant_q8_rows(q.data_ptr(), s.data_ptr(), rows.data_ptr(), len(rows),
+                                              q.shape[0] * TILE, k, group_size, scale_form(s), out.data_ptr()),
+                 rows, q.shape[0] * TILE)
     return out
+
+
+def _rows_inside(status: int, rows: torch.Tensor, table_rows: int) -> None:
+    if status < 0:  # the kernel read nothing: as PyTorch's indexing, an error
+        raise IndexError(f"rows {rows.tolist()[:5]} reach outside a table of {table_rows} rows")
 
 
 def dequant_q8_bf16(q: torch.Tensor, s: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -279,7 +286,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """torch.argmax(x, dim=-1) of contiguous fp32 rows [M, V] (the first index of each row's maximum), int64 [M]."""
+    """torch.argmax(x, dim=-1) of rows [M, V] (the first index of each row's maximum), int64 [M]."""
+    x = x.float().contiguous()  # as they come from the LM head: no copy
     out = torch.empty(x.shape[0], dtype=torch.int64)
     if load().tally_argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr()):
         nan_rows = (out < 0).nonzero().flatten()  # rows holding a NaN: torch's own answer (its first NaN)
