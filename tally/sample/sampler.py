@@ -80,12 +80,13 @@ class Sampler:
     def _sample(self, logits: torch.Tensor, inp: SamplerInput, t: SamplingTensors) -> SamplerOutput:
         batch, vocab = logits.shape
         work = self._processed(logits, inp, t)
-        token_ids = torch.empty(batch, dtype=torch.long, device=logits.device)
         num_greedy = t.greedy_rows.numel()
+        if num_greedy == batch and inp.draft is None:  # every row greedy (a plain decode batch): no index tensors
+            return _with_logprobs(logits, greedy_tokens(work), t)
+        token_ids = torch.empty(batch, dtype=torch.long, device=logits.device)
         for rows in row_chunks(num_greedy, vocab, logits.device):
             idx = t.greedy_rows[rows]
-            src = work[rows] if num_greedy == batch else work.index_select(0, idx)  # a view if we can
-            token_ids[idx] = greedy_tokens(src)
+            token_ids[idx] = greedy_tokens(work.index_select(0, idx))
         for rows in row_chunks(t.random_rows.numel(), vocab, logits.device):
             idx = t.random_rows[rows]
             x = torch.index_select(work, 0, idx, out=self._buffer("rows", idx.numel(), work))
