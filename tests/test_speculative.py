@@ -162,6 +162,23 @@ def test_prompt_lookup_proposes_what_followed_the_longest_latest_match():
     assert propose_ngram([1, 2, 1], 1, 3, 0) == []
 
 
+def _lookup_by_windows(ids: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """The rule spelled out: every earlier window of every n, longest n first, the latest window."""
+    for n in range(min(max_n, len(ids) - 1), min_n - 1, -1):
+        starts = [s for s in range(len(ids) - n) if ids[s:s + n] == ids[len(ids) - n:]]
+        if starts and k > 0:
+            return ids[starts[-1] + n:starts[-1] + n + k]
+    return []
+
+
+def test_prompt_lookup_finds_what_every_window_would():
+    rng = random.Random(0)
+    for _ in range(3000):
+        vocab, lo = rng.randrange(1, 6), rng.randrange(1, 5)
+        ids, hi, k = [rng.randrange(vocab) for _ in range(rng.randrange(40))], rng.randrange(lo, 7), rng.randrange(6)
+        assert propose_ngram(ids, lo, hi, k) == _lookup_by_windows(ids, lo, hi, k), (ids, lo, hi, k)
+
+
 @pytest.mark.parametrize("config, message", [
     ({"method": "medusa2", "num_speculative_tokens": 2}, "needs a method"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be"),

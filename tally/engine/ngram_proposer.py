@@ -2,7 +2,12 @@
 those n tokens appeared before, in the prompt or the output. No weights, no memory: a search over token ids.
 
 The longest n in [min, max] with an earlier match wins (a longer match predicts better); among matches of that
-n, the most recent (generated text repeats what it said last more often than what it said first)."""
+n, the most recent (generated text repeats what it said last more often than what it said first).
+
+One pass over the sequence finds the earlier places of its last token; each further token of the suffix keeps
+the places that match it too, so the search costs one comparison of the whole sequence and a few of a handful of
+places. (Comparing every window of every n with the suffix took 270 µs a step over a 700-token quoting prompt
+when nothing matched, ~3-6% of a SmolLM2 verify step, and more per request as streams were added.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -14,12 +19,17 @@ def propose_ngram(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[
     if k <= 0 or length <= min_n:
         return []
     tokens = np.asarray(token_ids, dtype=np.int64)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        suffix = tokens[length - n:]
-        # Windows starting at 0 .. length - n - 1: every earlier place the suffix could sit (not itself).
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:length - 1], n)
-        starts = np.flatnonzero((windows == suffix).all(axis=1))
-        if starts.size:
-            follow = int(starts[-1]) + n
-            return token_ids[follow:follow + k]
-    return []
+    ends = np.flatnonzero(tokens[:length - 1] == tokens[-1])  # where an earlier match of the last n would end
+    found = None
+    for n in range(1, max_n + 1):  # ends: the earlier places the last n tokens match
+        if not ends.size:
+            break
+        if n >= min_n:
+            found = ends
+        if n < max_n:
+            ends = ends[ends >= n]
+            ends = ends[tokens[ends - n] == tokens[length - 1 - n]]
+    if found is None:
+        return []
+    follow = int(found[-1]) + 1
+    return token_ids[follow:follow + k]
