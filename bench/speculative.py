@@ -24,7 +24,7 @@ request (K in effect), and preemptions (there should be none).
 
     python bench/speculative.py [--concurrency 1,4,16,32] [--workloads quote,code] [--k 4] [--max-tokens 96]
                                 [--model target.gguf --draft-model draft.gguf] [--arms "draft K fixed,..."]
-                                [--rounds 3]
+                                [--rounds 3] [--fixed-k 2,3,4] (prompt lookup fixed at each K, beside adaptive)
                                 [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
 """
 from __future__ import annotations
@@ -98,6 +98,9 @@ def main() -> None:
     p.add_argument("--draft-context", default=str(DRAFT_CONTEXT_TOKENS),
                    help="draft_context_tokens of the draft arms; several (comma-separated) give arms of each")
     p.add_argument("--arms", default=None, help="comma-separated arms to run (default: all; off always runs)")
+    p.add_argument("--fixed-k", default=None, help="prompt lookup at each of these fixed K (comma-separated) "
+                                                    "instead of one fixed arm at --k: the adaptive arm's K beside "
+                                                    "every fixed one")
     p.add_argument("--step-costs", action="store_true",
                    help="instead: one stream, what a step costs off and at each fixed K up to --k (the first "
                         "workload, the draft model if given, else prompt lookup)")
@@ -107,10 +110,14 @@ def main() -> None:
     arms = {**ARMS, **({f"{arm} ctx {w}" if len(windows) > 1 else arm: {**cfg, "model": a.draft_model,
                                                                          "draft_context_tokens": w}
                         for arm, cfg in DRAFT_ARMS.items() for w in windows} if a.draft_model else {})}
+    if a.fixed_k:
+        fixed = arms.pop("ngram K fixed")
+        arms = {"off": arms.pop("off"), **{f"ngram K={k} fixed": {**fixed, "num_speculative_tokens": int(k)}
+                                          for k in a.fixed_k.split(",")}, **arms}
     if a.arms:
         arms = {arm: cfg for arm, cfg in arms.items()
                 if arm == "off" or any(arm.startswith(name) for name in a.arms.split(","))}
-    configs = {arm: None if cfg is None else SpeculativeConfig.parse({**cfg, "num_speculative_tokens": a.k})
+    configs = {arm: None if cfg is None else SpeculativeConfig.parse({"num_speculative_tokens": a.k, **cfg})
                for arm, cfg in arms.items()}
     loaded = next((c for c in configs.values() if c is not None and c.model is not None), None)
     llm = LLM(a.model, max_model_len=2048, kv_cache_memory=a.kv_cache_memory, dtype=a.dtype,
