@@ -1,12 +1,24 @@
 from __future__ import annotations
 
 import fcntl
+import os
 from pathlib import Path
 
 import pytest
 
 import tally  # noqa: F401  before torch, as a user's process: it sets OpenMP's waiting policy (tally/__init__.py)
 from support.tiny_models import ARCH_CONFIGS, make_checkpoint
+
+
+@pytest.hookimpl(trylast=True)  # after the tmpdir plugin's own configure, which makes _tmp_path_factory
+def pytest_configure(config):
+    """Tally's cache (built kernels, path measurements: tally/platform.py:cache_dir) goes to the run's directory,
+    not the user's ~/.cache: a path measured while two workers share two cores would be cached, and serve the user
+    after the run, as the slow choice it measured (session 24: rows >= 512 in bf16, prefill 0.71x the best path).
+    Set before collection, whose skip marks load the kernels; servers the tests start inherit it."""
+    base = config._tmp_path_factory.getbasetemp()
+    run_dir = base.parent if hasattr(config, "workerinput") else base  # xdist workers share their run's
+    os.environ["XDG_CACHE_HOME"] = str(run_dir / "xdg-cache")
 
 
 @pytest.hookimpl(hookwrapper=True)
