@@ -6,10 +6,10 @@ many-row steps to bf16), each candidate is timed on the model's own projection s
 (tally/layers/path_timing.py), at one row first and then, for the fastest there, at the other row counts.
 The path fastest at one row serves the model: decode steps are most steps and
 what TPOT feels, and the one-call native decode step lives on that side. Then, where that path's layers can
-multiply in bf16 over weights dequantized per call, rows from the first measured count at which that is faster
-for every larger count take it (prompt chunks; no second copy of the weights). The choice is cached on disk by
-(CPU model and flags, torch version, threads, shapes, candidates): a second start reads it; `tally tune`
-measures again.
+multiply in bf16 over weights dequantized per call, rows from the first measured count at which that is clearly
+faster (BF16_MARGIN) for every larger count take it (prompt chunks; no second copy of the weights). The choice is
+cached on disk by (CPU model and flags, torch version, threads, shapes, candidates): a second start reads it;
+`tally tune` measures again.
 """
 from __future__ import annotations
 
@@ -32,8 +32,13 @@ from tally.platform import cache_dir, cpu_flags, cpu_model, has_fast_bf16
 log = logging.getLogger(__name__)
 
 ROWS = (1, 8, 32, 128, 512)  # decode (1, 8: a few streams), then prompt-chunk sizes
+# bf16 takes rows only where it measured this much faster: two runs of `tally tune` on one quiet Zen 4 VM put the
+# two paths at 512 rows 4% apart one way and 3% the other, and the rows it took on a 3% win prefilled 0.85-0.93x
+# as fast as the native path alone (docs/benchmarks.md, session 24). A split the measurement cannot tell from
+# its noise is a coin flip that is then cached; the issue's Zen 5 machine's bf16 wins by 1.5-2x.
+BF16_MARGIN = 1.1
 BUDGET_BYTES = 256 * 2**20  # weight copies per candidate at few rows: past most last-level caches
-VERSION = 2  # bump when what is measured or how it is chosen changes: old cache entries are ignored
+VERSION = 3  # bump when what is measured or how it is chosen changes: old cache entries are ignored
 KEY_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
@@ -120,7 +125,7 @@ def _decide(candidates: list[PathCandidate], times: dict[str, PathTimes]) -> Pat
     start = None
     if many:
         for r in sorted(many, reverse=True):  # the smallest count from which bf16 wins at every larger one
-            if many[r] >= times[best.label].own[r]:
+            if many[r] * BF16_MARGIN > times[best.label].own[r]:
                 break
             start = r
     return PathChoice(best, start, times)
