@@ -23,13 +23,14 @@ import subprocess
 import sys
 
 from cpu_paths import measure  # bench/ is on sys.path when a script here runs
+from peer_env import peer_env
 
 
 def llama_bench(binary: str, model: str, threads: int, prefill: int, decode: int,
                 extra: list[str]) -> tuple[float, float]:
     """(decode, prefill) tokens per second, llama-bench's averages."""
     out = subprocess.run([binary, "-m", model, "-t", str(threads), "-p", str(prefill), "-n", str(decode), "-o",
-                          "json", *extra], check=True, capture_output=True, text=True).stdout
+                          "json", *extra], check=True, capture_output=True, text=True, env=peer_env()).stdout
     rows = json.loads(out)
     by_kind = {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
     return by_kind["decode"], by_kind["prefill"]

@@ -30,10 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from serve_demos import (  # bench/ is on sys.path when a script here runs
-    scaled_trace,
-    warm_up,
-)
+from peer_env import peer_env  # bench/ is on sys.path when a script here runs
+from serve_demos import scaled_trace, warm_up
 
 from tally.server.process import ServerProcess
 
@@ -118,7 +116,8 @@ def main() -> int:
         "tally": (ServerProcess(["--max-model-len", "2048", "--kv-cache-memory", "512MiB", "--log-level", "warning",
                                  "--threads", threads]),
                   ["--extra-body", '{"ignore_eos": true}']),
-        "llama.cpp": (ServerProcess([], command=llama_command, health_path="/v1/models"), ["--extra-body", ban_eos]),
+        "llama.cpp": (ServerProcess([], command=llama_command, health_path="/v1/models", base_env=peer_env()),
+                      ["--extra-body", ban_eos]),
     }
     chosen = [w for w in ns.only.split(",") if w]
     results: dict[str, dict[str, dict]] = {}

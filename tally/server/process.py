@@ -26,10 +26,10 @@ class ServerProcess:
 
     def __init__(self, args: list[str], startup_timeout_s: float = 300.0,
                  command: Callable[[int], list[str]] | None = None, health_path: str = "/health",
-                 env: dict[str, str] | None = None) -> None:
-        """`env`: variables added to this process's environment for the server."""
+                 env: dict[str, str] | None = None, base_env: dict[str, str] | None = None) -> None:
+        """`env`: variables added to `base_env` (default: this process's environment) for the server."""
         self.args = list(args)
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env = {**(os.environ if base_env is None else base_env), "PYTHONUNBUFFERED": "1", **(env or {})}
         self.command = command
         self.health_path = health_path
         self.startup_timeout_s = startup_timeout_s
