@@ -4,9 +4,11 @@ alternating runs, and each build's time over the widest one's (issue: fast on wh
 CPU at hand). Random weights: the kernels' time does not depend on the values.
 
     python bench/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
+                                  [--define PAIR_ROWS=4,5]
 
 --copies N: each call goes over N copies of the weights in turn (ms per copy), so that they stream from memory as
 a decode step's layers do, rather than from the last-level cache (a 9728x896 int4 matrix is 4.4 MB; this VM's L3 32).
+--define NAME=V1,V2: the widest build at each value of a kernel constant, the same way (each / the last value).
 """
 from __future__ import annotations
 
@@ -73,10 +75,17 @@ def main() -> int:
     p.add_argument("--shapes", default="9728x896,896x4864,151936x896", help="NxK: outputs x inputs (Qwen 0.5B's "
                    "gate/up, down and LM head by default)")
     p.add_argument("--copies", type=int, default=1, help="copies of each shape's weights, one after another")
+    p.add_argument("--define", default=None, help="NAME=V1,V2,..: instead of every build, the widest one with the C "
+                   "macro NAME at each value (one the source guards with #ifndef, e.g. PAIR_ROWS=4,5)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    names = list(library.builds())
-    libs = {name: library.load_build(flags) for name, flags in library.builds().items()}
+    builds = library.builds()
+    if a.define:
+        macro, values = a.define.split("=")
+        widest_flags = list(builds.values())[-1]
+        builds = {f"{macro}={v}": [*widest_flags, f"-D{macro}={v}"] for v in values.split(",")}
+    names = list(builds)
+    libs = {name: library.load_build(flags) for name, flags in builds.items()}
     widest = names[-1]
     print(f"builds: {', '.join(names)}; {a.threads} thread(s); ms per call, best of 7 x 2 alternating; "
           f"each build / {widest}")

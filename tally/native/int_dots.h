@@ -223,7 +223,7 @@ static inline __attribute__((always_inline)) void int_block_dots512(
 }
 #endif
 
-/* AVX-512, jobs of 4 rows or more (int_tiles.h: PAIR_ROWS): two tiles side by side in one 64-byte vector, lanes 0-7
+/* AVX-512, jobs of PAIR_ROWS rows or more (int_tiles.h): two tiles side by side in one 64-byte vector, lanes 0-7
  * tile t's 8 outputs and lanes 8-15 tile u's, each half the same chunk (the same k) of its tile, in the layout
  * above. A row's 4 activation bytes then meet 16 outputs as one broadcast, which the CPU serves from its load
  * ports, where the chunk-pair loop above needs a permute per product and a fold per block (by count, ~5.6 vector

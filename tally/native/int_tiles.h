@@ -188,9 +188,14 @@ static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t
 #ifdef TALLY_AVX512
 /* Items are pairs of tiles (t, t + 1); an odd last tile pairs with itself and stores one half. Jobs of fewer than
  * PAIR_ROWS rows take the tiles one at a time: with weights streamed from memory (a decode step's), a thread's two
- * streams ran at ~0.9x of one tile's at 1-3 rows, even at 4 and 1.2-1.5x at 5 (Qwen 0.5B's gate/up and down, int4,
- * 2 threads, the two loops alternating in one process); from cache the pairs win at every row count. */
-#define PAIR_ROWS 4
+ * streams ran at ~0.9x of one tile's at 1-3 rows, even at 4 and 1.2-1.5x at 5 on a Zen 5 (Qwen 0.5B's gate/up and
+ * down, int4, 2 threads, the two loops alternating in one process); on a Zen 4 the one-tile loop took 0.68-0.89x
+ * the pairs' time at 4 rows on the tall shapes (gate/up, the LM heads of Qwen 0.5B and SmolLM2) and 1.04-1.21x on
+ * Qwen's down projection, 0.80-0.82x summed over each model's shapes and formats (docs/benchmarks.md, session 24).
+ * From cache the pairs win at every row count. (-DPAIR_ROWS=n overrides it: bench/native_builds.py --define.) */
+#ifndef PAIR_ROWS
+#define PAIR_ROWS 5
+#endif
 static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int64_t p0, int64_t p1, int bits) {
     int64_t K = j->K, G = K / j->group, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2, T = (j->N + TILE - 1) / TILE;
     for (int64_t p = p0; p < p1; p++) {
