@@ -13,9 +13,9 @@ import os
 import tally
 
 
-def peer_env(**extra: str) -> dict[str, str]:
-    """os.environ with OMP_WAIT_POLICY as the user had it (absent if unset), plus `extra`."""
+def peer_env() -> dict[str, str]:
+    """os.environ with OMP_WAIT_POLICY as the user had it (absent if unset)."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if tally.OMP_WAIT_POLICY_OF_USER is not None:
         env["OMP_WAIT_POLICY"] = tally.OMP_WAIT_POLICY_OF_USER
-    return {**env, **extra}
+    return env
