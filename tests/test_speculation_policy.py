@@ -20,7 +20,14 @@ from tally.engine.speculation_policy import (
 )
 from tally.engine.speculative_config import SpeculativeConfig
 
-ALPHA, LIMITS = np.array([0.9, 0.5]), np.array([4, 4])
+
+
+def _geometric(alpha: list[float], k: int = 4) -> np.ndarray:
+    """Each proposal's worth where every position holds with the same chance: alpha ** j."""
+    return np.array(alpha)[:, None] ** np.arange(1, k + 1)
+
+
+WORTH, LIMITS = _geometric([0.9, 0.5]), np.array([4, 4])
 
 
 def _steps(policy: SpeculationPolicy, n: int, seconds: float, tokens: int = 4, batch: int = 4,
@@ -35,61 +42,71 @@ def _priced(on_seconds: float, batch: int = 4, policy: SpeculationPolicy | None 
     assert not policy.speculate_now()  # off is measured first
     _steps(policy, EPOCH_STEPS, 0.1, batch=batch)
     assert policy.speculate_now()
-    assert policy.choose(ALPHA, LIMITS).tolist() == [4, 4]  # measuring: every proposal verified (fixed K)
+    assert policy.choose(WORTH, LIMITS).tolist() == [4, 4]  # measuring: every proposal verified (fixed K)
     _steps(policy, EPOCH_STEPS, on_seconds, tokens=12, batch=batch, proposals=8)
     return policy
 
 
 def test_each_proposal_is_verified_while_its_expected_worth_meets_its_price():
     # 1.25 ms a proposal at 40 tokens/s: theta 0.05, every proposal of both requests pays
-    assert _priced(on_seconds=0.11).choose(ALPHA, LIMITS).tolist() == [4, 4]
+    assert _priced(on_seconds=0.11).choose(WORTH, LIMITS).tolist() == [4, 4]
     # 12.5 ms a proposal: theta 0.5; 0.9^4 = 0.66 pays, 0.5^2 = 0.25 does not
-    assert _priced(on_seconds=0.2).choose(ALPHA, LIMITS).tolist() == [4, 1]
+    assert _priced(on_seconds=0.2).choose(WORTH, LIMITS).tolist() == [4, 1]
     # 50 ms a proposal: theta 2, no guess is worth it: nothing is proposed
-    assert _priced(on_seconds=0.5).choose(ALPHA, LIMITS).tolist() == [0, 0]
+    assert _priced(on_seconds=0.5).choose(WORTH, LIMITS).tolist() == [0, 0]
 
 
 def test_a_request_the_draft_must_first_catch_up_on_starts_only_where_its_remaining_tokens_repay_that():
     policy = _priced(on_seconds=0.11)  # theta 0.05 at 40 tokens/s: every proposal pays once started
-    alpha, limits = np.array([0.9, 0.9, 0.9]), np.array([4, 4, 4])
+    worth, limits = _geometric([0.9, 0.9, 0.9]), np.array([4, 4, 4])
     # 0.5 s of catch-up is 20 tokens' worth; E = 0.9 + ... + 0.9^4 = 3.1 tokens a step, 2.9 net: a request with
     # 64 tokens to go makes 15.6 steps, 45 tokens gained; with 16 to go, 11; one already current costs nothing
     starts, remaining = np.array([0.5, 0.5, 0.0]), np.array([64.0, 16.0, 16.0])
-    assert policy.choose(alpha, limits, starts, remaining).tolist() == [4, 0, 4]
-    assert start_repaid(alpha, np.array([0, 0, 0]), 0.05, np.array([1.0, 1.0, 0.0]),
+    assert policy.choose(worth, limits, starts, remaining).tolist() == [4, 0, 4]
+    assert start_repaid(worth, np.array([0, 0, 0]), 0.05, np.array([1.0, 1.0, 0.0]),
                         np.array([1e6, 1e6, 1e6])).tolist() == [False, False, True]  # no proposal repays anything
 
 
-def test_measuring_another_load_starts_only_what_the_last_price_repays_and_none_means_off():
+def test_measuring_another_load_starts_only_what_the_last_price_repays_and_waits_for_proposals():
     policy = _priced(on_seconds=0.11)  # a price at 4 requests
     _steps(policy, KEEP_STEPS, 0.1, tokens=8, proposals=8)  # it expires: the load is measured again
     _steps(policy, EPOCH_STEPS, 0.1)  # off
     assert policy.speculate_now()
-    alpha, limits = np.array([0.9, 0.9]), np.array([4, 4])
+    worth, limits = _geometric([0.9, 0.9]), np.array([4, 4])
     starts, remaining = np.array([0.5, 0.0]), np.array([16.0, 16.0])
-    assert policy.choose(alpha, limits, starts, remaining).tolist() == [0, 4]  # the fresh one does not repay
-    assert policy.choose(alpha, limits).tolist() == [4, 4]  # prompt lookup: nothing to start
-    _steps(policy, EPOCH_STEPS, 0.1)  # the "on" epoch verified nothing
-    assert not policy.speculate_now()
+    assert policy.choose(worth, limits, starts, remaining).tolist() == [0, 4]  # the fresh one does not repay
+    assert policy.choose(worth, limits).tolist() == [4, 4]  # prompt lookup: nothing to start
+    _steps(policy, EPOCH_STEPS, 0.1)  # steps without proposals are off steps: the "on" epoch has not begun
+    assert policy.speculate_now() and policy.choose(worth, limits, starts, remaining).tolist() == [0, 4]
+    _steps(policy, EPOCH_STEPS, 0.3, tokens=6, proposals=8)  # 25 ms a proposal at 40 tokens/s: theta 1
+    assert policy.choose(worth, limits).tolist() == [0, 0]
 
 
 def test_proposals_worth_verifying():
-    alpha, limits = np.array([0.95, 0.8, 0.5, 0.0, 1.0]), np.array([4, 4, 4, 4, 3])
-    assert proposals_worth_verifying(alpha, limits, 0.0).tolist() == [4, 4, 4, 4, 3]  # rows cost nothing
-    assert proposals_worth_verifying(alpha, limits, 0.6).tolist() == [4, 2, 0, 0, 3]  # 0.8^2 = 0.64 >= 0.6 > 0.8^3
-    assert proposals_worth_verifying(alpha, limits, 1.5).tolist() == [0, 0, 0, 0, 0]
+    worth, limits = _geometric([0.95, 0.8, 0.5, 0.0, 1.0]), np.array([4, 4, 4, 4, 3])
+    assert proposals_worth_verifying(worth, limits, 0.0).tolist() == [4, 4, 4, 4, 3]  # rows cost nothing
+    assert proposals_worth_verifying(worth, limits, 0.6).tolist() == [4, 2, 0, 0, 3]  # 0.8^2 = 0.64 >= 0.6 > 0.8^3
+    assert proposals_worth_verifying(worth, limits, 1.5).tolist() == [0, 0, 0, 0, 0]
 
 
-def test_speculation_stops_where_following_the_price_fell_below_off_or_nothing_was_worth_verifying():
+def test_speculation_stops_where_following_the_price_fell_below_off():
     policy = _priced(on_seconds=0.11)
     _steps(policy, CHECK_STEPS, 0.1, tokens=3, proposals=8)  # 30 tokens/s: below off's 40
-    assert not policy.speculate_now() and policy.choose(ALPHA, LIMITS).tolist() == [0, 0]
-    policy = _priced(on_seconds=0.5)  # theta 2: no proposal is worth its price
-    _steps(policy, CHECK_STEPS, 0.1, tokens=4)
-    assert not policy.speculate_now()
+    assert not policy.speculate_now() and policy.choose(WORTH, LIMITS).tolist() == [0, 0]
     policy = _priced(on_seconds=0.11)
     _steps(policy, CHECK_STEPS, 0.1, tokens=6, proposals=8)  # 60 tokens/s
     assert policy.speculate_now()
+
+
+def test_steps_that_slowed_for_their_own_reasons_are_not_taken_for_speculation_losing():
+    """One stream's steps slow as its context grows: 30 tokens/s is below the 40 off made when the price was
+    measured, but these 0.2 s steps would have taken 0.19 s without their proposals (1.25 ms each): 21 tokens/s."""
+    policy = _priced(on_seconds=0.11)
+    _steps(policy, CHECK_STEPS, 0.2, tokens=6, proposals=8)
+    assert policy.speculate_now()
+    policy = _priced(on_seconds=0.5)  # theta 2: no proposal is worth its price, and none costs anything
+    _steps(policy, CHECK_STEPS, 0.1, tokens=4)
+    assert policy.speculate_now() and policy.choose(WORTH, LIMITS).tolist() == [0, 0]
 
 
 def test_the_price_is_measured_again_after_a_while():
@@ -116,6 +133,17 @@ def test_a_price_that_did_not_pay_is_measured_again_soon_then_ever_later():
     assert policy.speculate_now()
 
 
+def test_a_lighter_load_follows_a_heavier_ones_price_unmeasured():
+    """A draining batch passes through loads it leaves before a measurement ends: where speculating paid at a
+    heavier load it pays here (a proposal costs no more), so that price holds."""
+    policy = _priced(on_seconds=0.11, batch=16)
+    _steps(policy, 1, 0.1, tokens=6, batch=5, proposals=8)
+    assert policy.speculate_now() and policy.choose(WORTH, LIMITS).tolist() == [4, 4]
+    policy = _priced(on_seconds=0.11, batch=2)
+    _steps(policy, 1, 0.1, tokens=6, batch=16, proposals=8)
+    assert not policy.speculate_now()  # a heavier load than any measured: measuring off
+
+
 def test_another_load_is_measured_unless_a_lighter_one_did_not_pay():
     policy = _priced(on_seconds=0.11, batch=4)
     _steps(policy, 1, 0.1, tokens=6, batch=5, proposals=8)
@@ -127,7 +155,7 @@ def test_another_load_is_measured_unless_a_lighter_one_did_not_pay():
     _steps(policy, CHECK_STEPS, 0.5, tokens=32, batch=32, proposals=64)  # 64 tokens/s, off had 80
     assert not policy.speculate_now()
     _steps(policy, 1, 0.1, batch=4)  # back at 4: its price holds, no measuring
-    assert policy.speculate_now() and policy.choose(ALPHA, LIMITS).tolist() == [4, 4]
+    assert policy.speculate_now() and policy.choose(WORTH, LIMITS).tolist() == [4, 4]
     _steps(policy, 1, 0.4, batch=100)  # heavier than a load where it did not pay: off, no measuring
     assert not policy.speculate_now()
     _steps(policy, EPOCH_STEPS, 0.4, batch=100)
@@ -157,3 +185,18 @@ def test_each_request_verifies_what_its_own_acceptance_pays_for():
     # a proposal costs 12.5 ms at 40 tokens/s: theta 0.5, above what bad's first proposal is worth
     spec.propose([good, bad])
     assert (len(good.spec_token_ids), len(bad.spec_token_ids)) == (4, 0)
+
+
+def test_a_proposal_after_a_kept_one_is_worth_its_own_measured_chance_not_the_first_ones_again():
+    """Quoting: the first proposal holds 3 times in 4, and once it holds the rest do. Each proposal's worth is the
+    chance it and those before it hold: 3/4 for every position, where the first's rate to the j-th power (what the
+    policy used to price) gives 0.32 at the fourth and cut it at a price the measured chances pay."""
+    spec = Speculator(SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4}), max_model_len=1_000)
+    quoting, fresh = _decoding("quoting", [5, 6, 7, 8, 9]), _decoding("fresh", [11, 12, 13, 14, 15])
+    for _ in range(50):
+        for kept in (4, 4, 4, 0):
+            spec._record(quoting, 4, kept)
+    worth = spec.worth([quoting, fresh], 4)
+    np.testing.assert_allclose(worth[0], [0.75] * 4, atol=0.05)  # recent verifications weigh more
+    np.testing.assert_allclose(worth[1], [0.75] * 4, atol=0.01)  # a new request starts from every request's counts
+    assert proposals_worth_verifying(worth, np.array([4, 4]), 0.5).tolist() == [4, 4]

@@ -30,8 +30,8 @@ from tally.engine.speculation_policy import SpeculationPolicy
 from tally.engine.speculation_stats import SpeculationStats
 from tally.engine.speculative_config import SpeculativeConfig
 
-# A request's acceptance per position: its own verifications, older ones fading by DECAY each, beside PRIOR
-# verifications' worth of every request's (a new request starts from what the others measured).
+# A request's acceptance: its own verifications, older ones fading by DECAY each, beside PRIOR verifications' worth
+# of every request's (a new request starts from what the others measured).
 DECAY = 0.9
 PRIOR = 4.0
 # With a draft model, at most one running request in DRAFT_SHARE speculates: those the draft is least behind on. A
@@ -43,8 +43,21 @@ DRAFT_SHARE = 4
 
 @dataclass
 class Acceptance:
-    accepted: float = 0.0  # proposals kept
-    judged: float = 0.0  # positions verified up to and including the first rejected one
+    """Counts apart for the first proposal and for those after a kept one: once a proposal holds, the next holds far
+    more often than the first does (prompt lookup quoting: 82% at the first position, then 93-95% of the time), so
+    one rate for every position, raised to the j-th power, undervalued the later proposals: quoting's fourth is
+    worth 0.68 tokens, where 0.76 (its rate over all positions) to the fourth is 0.33."""
+
+    first_kept: float = 0.0
+    first_judged: float = 0.0  # verifications (each judges its first proposal)
+    next_kept: float = 0.0  # proposals after the first kept
+    next_judged: float = 0.0  # proposals after the first whose predecessor was kept
+
+    def add(self, proposed: int, kept: int, decay: float = 1.0) -> None:
+        self.first_kept = decay * self.first_kept + (kept > 0)
+        self.first_judged = decay * self.first_judged + 1
+        self.next_kept = decay * self.next_kept + max(kept - 1, 0)
+        self.next_judged = decay * self.next_judged + min(kept, proposed - 1)
 
 
 class Speculator:
@@ -108,21 +121,29 @@ class Speculator:
         every one with "adaptive": false."""
         if not self.config.adaptive:
             return limits
-        overall = self._overall
-        prior = (overall.accepted + 1) / (overall.judged + 2)
-        counts = np.array([(a.accepted, a.judged) if (a := self._acceptance.get(r)) else (0.0, 0.0) for r in reqs])
-        alpha = (counts[:, 0] + PRIOR * prior) / (counts[:, 1] + PRIOR)
+        worth = self.worth(reqs, int(limits.max(initial=0)))
         if self.draft is None:
-            return self.policy.choose(alpha, limits)
+            return self.policy.choose(worth, limits)
         lags = np.array([self.draft.lag(r) for r in reqs])
         mean = self.mean_output_tokens
-        ks = self.policy.choose(alpha, limits, self.draft.start_seconds(lags),
+        ks = self.policy.choose(worth, limits, self.draft.start_seconds(lags),
                                 rooms if mean is None else np.minimum(rooms, mean))
         if len(reqs) >= DRAFT_SHARE:
             few = np.zeros(len(reqs), dtype=bool)
             few[np.argsort(lags, kind="stable")[:len(reqs) // DRAFT_SHARE]] = True
             ks = np.where(few, ks, 0)
         return ks
+
+    def worth(self, reqs: list[Request], k: int) -> np.ndarray:
+        """[request, j]: the expected tokens the request's (j + 1)-th proposal adds, the chance that it and every one
+        before it hold: f · g^j, f its first proposal's acceptance and g a later one's after a kept predecessor."""
+        o = self._overall
+        f0, g0 = (o.first_kept + 1) / (o.first_judged + 2), (o.next_kept + 1) / (o.next_judged + 2)
+        counts = np.array([(a.first_kept, a.first_judged, a.next_kept, a.next_judged)
+                           if (a := self._acceptance.get(r)) else (0.0,) * 4 for r in reqs]).reshape(len(reqs), 4)
+        f = (counts[:, 0] + PRIOR * f0) / (counts[:, 1] + PRIOR)
+        g = (counts[:, 2] + PRIOR * g0) / (counts[:, 3] + PRIOR)
+        return f[:, None] * g[:, None] ** np.arange(k)
 
     def verify(self, out: SchedulerOutput, sampled: list[Request], counts: list[int],
                token_ids: list[int]) -> list[int]:
@@ -162,8 +183,5 @@ class Speculator:
         st.num_accepted_tokens += accepted
         for j in range(accepted):
             st.accepted_per_position[j] += 1
-        judged = min(accepted + 1, proposed)
-        mine = self._acceptance.setdefault(req, Acceptance())
-        mine.accepted, mine.judged = DECAY * mine.accepted + accepted, DECAY * mine.judged + judged
-        self._overall.accepted += accepted
-        self._overall.judged += judged
+        self._acceptance.setdefault(req, Acceptance()).add(proposed, accepted, DECAY)
+        self._overall.add(proposed, accepted)

@@ -11,11 +11,12 @@ in the verify pass, the draft pass that made it, its sampling. Step times, not t
 swings from one stretch of text to the next, and a short epoch's tokens said more about the stretch than about
 speculation (an epoch that met the start of a quote measured "off" at one stream, where speculating gave 1.5x).
 
-**How many per request (the cost model).** Request r's j-th proposal is worth α_r^j expected tokens (it counts only
-if the j - 1 before it held; α_r is the request's acceptance per position, tally/engine/speculation.py), and a step's
-time buys `rate` tokens a second (measured since the price was, or off's rate until a full epoch has run). So the
-j-th proposal pays while α_r^j ≥ θ = c · rate, and each request verifies K_r = ⌊log θ / log α_r⌋ proposals, at most
-num_speculative_tokens, 0 when even its first does not pay (the draft model then does not run for it at all). A row
+**How many per request (the cost model).** Request r's j-th proposal is worth w_rj expected tokens, the chance that
+it and the j - 1 before it hold (w_rj = f_r · g_r^(j-1): f_r its first proposal's acceptance, g_r a later one's after
+a kept predecessor; tally/engine/speculation.py), and a step's time buys `rate` tokens a second (measured since the
+price was, or off's rate until a full epoch has run). So the j-th proposal pays while w_rj ≥ θ = c · rate, and each
+request verifies the K_r proposals that do, at most num_speculative_tokens, 0 when even its first does not pay (the
+draft model then does not run for it at all). A row
 costing little beside the step (one stream) keeps every proposal of every request; a costly row keeps only those of
 requests whose guesses hold, and at a price no request's acceptance meets, none. (A fixed cut, θ = 0.25, was tried
 before the price was measured: at one stream it cut code completion to one proposal, 1.06x where all gave 1.51x.)
@@ -24,23 +25,33 @@ before the price was measured: at one stream it cut code completion to one propo
 proposals) costs a catch-up first: the draft over its last tokens, S_r = lag_r · d seconds, d the draft's measured
 seconds per catch-up token (tally/engine/draft_proposer.py). The price above leaves it out (a median step does),
 though at one stream a 256-token catch-up took ~0.6 s, on the order of what a 64-token answer's proposals save.
-So a request starts only if its expected gain repays it: at K_r proposals a step brings E_r = Σ_j α_r^j more tokens
+So a request starts only if its expected gain repays it: at K_r proposals a step brings E_r = Σ_j w_rj more tokens
 for a cost worth K_r · θ tokens, so G_r = E_r − K_r · θ tokens net; over its remaining R_r tokens (its room, at most
 the mean output of finished requests: as likely to go on as a new one) that is R_r / (1 + E_r) steps; it starts
 where R_r / (1 + E_r) · G_r > S_r · rate, the tokens the batch makes while the catch-up runs. Measuring applies
 the same test at the last price measured (at any load) to the requests it would speculate, so that measuring does
-not pay catch-ups the outcome would not repay; an "on" epoch that was left with no proposals at all says that
-speculating does not pay at this load.
+not pay catch-ups the outcome would not repay. The "on" epoch counts only steps that verified proposals: a step
+without any says nothing of their price (it is an off step), and counting such steps priced a proposal at nothing
+in half the measurements of a one-stream run (session 25). So an "on" epoch waits for proposals: prompt lookup's
+next match, or a request whose start the last price repays; until then nothing runs that costs anything.
 
 **Checked against the outcome.** The price is a straight line through two measurements, and a request's acceptance
-an estimate: if after CHECK_STEPS steps of following them the tokens per second fall by MARGIN below off's, or no
-proposal was worth verifying, speculation is off at that load until it is measured again. A price holds KEEP_STEPS
+an estimate: if after CHECK_STEPS steps of following them the tokens per second fall by MARGIN below off's,
+speculation is off at that load until it is measured again. Off's rate is the lower of the one measured with the
+price and what the same steps would have made without their proposals (a token per running request a step, in
+their time less the proposals' price): at one stream a step's time follows its request's context, so a rate
+measured over one stretch of text said "below off" over the next while speculating paid (session 25: a spurious
+failure a run took 48 steps, ~8% of them, off on quoting). A stretch in which nothing was worth verifying fails
+nothing: it costs nothing either (no proposal, no draft pass), and a quote may begin in the next. A price holds KEEP_STEPS
 steps at its load, then is measured again; a batch half or twice the measured one is another load. A price that did
 not pay holds only RETRY_STEPS steps from then, twice as many after each further failure at that load (up to
 KEEP_STEPS): epochs of 8 steps on a shared CPU are noisy, and one unlucky measurement once kept prompt lookup off
 for a whole run at one stream where it gives 1.4-1.7x; where speculating truly loses, measuring again costs one
 epoch in every RETRY_STEPS, then ever fewer. A load with no price of its own is measured, unless speculation did not
-pay at a lighter load (each row costs more as the CPU saturates): then it is off there too, unmeasured."""
+pay at a lighter load (each row costs more as the CPU saturates): then it is off there too, unmeasured; and where a
+price paid at a heavier load, that one is followed, unmeasured (it prices a proposal at least as high as this load
+would): a batch draining from 16 or 32 streams passes through loads a measurement rarely finished in, and measuring
+them took 138 of a run's 872 steps off (session 25)."""
 from __future__ import annotations
 
 import math
@@ -90,7 +101,7 @@ class Price:
     step: int  # when it was measured, or when it stopped paying: what it holds from
     proposal_seconds: float  # c
     off_rate: float  # tokens/s with speculation off
-    pays: bool = True  # False once following it fell below off, or nothing was worth verifying
+    pays: bool = True  # False once following it fell below off (or measuring it left nothing to verify)
     failures: int = 0  # measurements in a row at this load that did not pay, this one's included
 
     @property
@@ -106,21 +117,26 @@ def same_load(batch: float, measured: float) -> bool:
     return 1 / LOAD_RATIO <= (batch + 1) / (measured + 1) <= LOAD_RATIO
 
 
-def proposals_worth_verifying(alpha: np.ndarray, limits: np.ndarray, theta: float) -> np.ndarray:
-    """Per request the largest k ≤ its limit with alpha ** k ≥ theta (0 when alpha < theta)."""
+def off_rate_of(epoch: Epoch, proposal_seconds: float) -> float:
+    """Tokens a second the epoch's steps would have made with speculation off: a token per running request a step,
+    in their time less what the proposals they verified cost at the price."""
+    seconds = epoch.elapsed - proposal_seconds * epoch.proposals
+    return epoch.batch / seconds if seconds > 0 else math.inf
+
+
+def proposals_worth_verifying(worth: np.ndarray, limits: np.ndarray, theta: float) -> np.ndarray:
+    """Per request (worth [request, j]: its (j + 1)-th proposal's expected tokens, falling with j) the largest k ≤ its
+    limit whose k-th proposal is worth ≥ theta (0 when the first is not)."""
     if theta <= 0:
         return limits
-    with np.errstate(divide="ignore"):
-        k = np.floor(math.log(theta) / np.log(np.clip(alpha, 1e-9, 1 - 1e-9)) + 1e-9)
-    return np.clip(k, 0, limits).astype(np.int64)
+    return np.minimum((worth >= theta).sum(axis=1), limits).astype(np.int64)
 
 
-def start_repaid(alpha: np.ndarray, ks: np.ndarray, theta: float, start_tokens: np.ndarray,
+def start_repaid(worth: np.ndarray, ks: np.ndarray, theta: float, start_tokens: np.ndarray,
                  remaining: np.ndarray) -> np.ndarray:
     """Per request: whether k proposals a step, each costing theta tokens' worth of time, repay a start that costs
     start_tokens' worth over the remaining tokens (a request that costs nothing to start always is)."""
-    powers = alpha[:, None] ** np.arange(1, max(int(ks.max(initial=0)), 1) + 1)
-    expected = np.where(np.arange(powers.shape[1]) < ks[:, None], powers, 0.0).sum(axis=1)  # E: tokens a step
+    expected = np.where(np.arange(worth.shape[1]) < ks[:, None], worth, 0.0).sum(axis=1)  # E: tokens a step
     return (start_tokens <= 0) | (remaining / (1 + expected) * (expected - ks * theta) > start_tokens)
 
 
@@ -139,34 +155,34 @@ class SpeculationPolicy:
         """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation): the tokens it
         appended to outputs, how long it took, how many requests were running and how many proposals it verified."""
         self._steps += 1
-        epoch = self._epoch
+        epoch, price, off = self._epoch, self._price, self._off
+        if price is None and off is not None:  # measuring "on"
+            if not same_load(batch, off.batch / off.steps):
+                self._follow(batch)  # the load moved under the measurement
+                return
+            if proposals == 0:
+                return  # an off step: it says nothing of what a proposal costs
         epoch.add(generated_tokens, seconds, batch, proposals)
-        price = self._price
         if price is not None:
             if self._steps - price.step >= price.holds_steps or not same_load(batch, self._load):
                 self._follow(batch)
-            elif price.pays and epoch.steps >= CHECK_STEPS and (
-                    epoch.proposals == 0 or epoch.rate * MARGIN < price.off_rate):
+            elif price.pays and epoch.steps >= CHECK_STEPS and epoch.rate * MARGIN < min(
+                    price.off_rate, off_rate_of(epoch, price.proposal_seconds)):
                 price.fail(self._steps)
                 self._apply(price, self._load)
-            return
-        if self._off is not None and not same_load(batch, self._off.batch / self._off.steps):
-            self._follow(batch)  # the load moved under the measurement
         elif epoch.steps >= EPOCH_STEPS:
-            if self._off is None:
+            if off is None:
                 self._off, self._epoch, self.speculating = epoch, Epoch(speculate=True), True
             else:
-                self._measured(self._off, epoch)
+                self._measured(off, epoch)
 
     def _measured(self, off: Epoch, on: Epoch) -> None:
         added = statistics.median(on.seconds) - statistics.median(off.seconds)
         price = Price((off.batch + on.batch) / (off.steps + on.steps), self._steps,
-                      max(0.0, added) * on.steps / on.proposals if on.proposals else 0.0, off.rate)
+                      max(0.0, added) * on.steps / on.proposals, off.rate)
         replaced = [p for p in self._prices if same_load(p.batch, price.batch)]
         price.failures = max((p.failures for p in replaced if not p.pays), default=0)  # after one that paid: 0
         self._prices = [p for p in self._prices if not same_load(p.batch, price.batch)] + [price]
-        if not on.proposals:  # nothing was proposed, or no start was worth it at the last price: off at this load
-            price.fail(self._steps)
         self._apply(price, price.batch)
 
     def _follow(self, batch: float) -> None:
@@ -177,7 +193,8 @@ class SpeculationPolicy:
         near = [p for p in live if same_load(batch, p.batch)]
         price = min(near, key=lambda p: abs(math.log((batch + 1) / (p.batch + 1))), default=None)
         if price is None and not any(same_load(batch, p.batch) for p in self._prices):
-            price = next((p for p in self._prices if not p.pays and p.batch <= batch), None)
+            price = next((p for p in self._prices if not p.pays and p.batch <= batch), None) or min(
+                (p for p in live if p.pays and p.batch >= batch), key=lambda p: p.batch, default=None)
         if price is None:
             self._price, self._off, self._epoch, self.speculating = None, None, Epoch(speculate=False), False
         else:
@@ -193,10 +210,10 @@ class SpeculationPolicy:
         """False while speculation is measured (or known) not to pay: nothing need be proposed."""
         return self._epoch.speculate
 
-    def choose(self, alpha: np.ndarray, limits: np.ndarray, start_seconds: np.ndarray | None = None,
+    def choose(self, worth: np.ndarray, limits: np.ndarray, start_seconds: np.ndarray | None = None,
                remaining: np.ndarray | None = None) -> np.ndarray:
-        """Per request (its acceptance per position, the most proposals it may have, and with a draft model what
-        starting on it costs and the tokens it may still generate): how many to verify."""
+        """Per request (each proposal's expected tokens [request, j], the most proposals it may have, and with a
+        draft model what starting on it costs and the tokens it may still generate): how many to verify."""
         if not self._epoch.speculate:
             return np.zeros_like(limits)
         price = self._price
@@ -205,11 +222,11 @@ class SpeculationPolicy:
             if last is None or start_seconds is None or remaining is None or self._off is None:
                 return limits
             rate = self._off.rate
-            return np.where(start_repaid(alpha, limits, last.proposal_seconds * rate, start_seconds * rate,
+            return np.where(start_repaid(worth, limits, last.proposal_seconds * rate, start_seconds * rate,
                                          remaining), limits, 0)
         rate = self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
         theta = price.proposal_seconds * rate
-        ks = proposals_worth_verifying(alpha, limits, theta)
+        ks = proposals_worth_verifying(worth, limits, theta)
         if start_seconds is not None and remaining is not None:
-            ks = np.where(start_repaid(alpha, ks, theta, start_seconds * rate, remaining), ks, 0)
+            ks = np.where(start_repaid(worth, ks, theta, start_seconds * rate, remaining), ks, 0)
         return ks
