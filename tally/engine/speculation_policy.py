@@ -40,18 +40,18 @@ an estimate: if after CHECK_STEPS steps of following them the tokens per second 
 speculation is off at that load until it is measured again. Off's rate is the lower of the one measured with the
 price and what the same steps would have made without their proposals (a token per running request a step, in
 their time less the proposals' price): at one stream a step's time follows its request's context, so a rate
-measured over one stretch of text said "below off" over the next while speculating paid (session 25: a spurious
-failure a run took 48 steps, ~8% of them, off on quoting). A stretch in which nothing was worth verifying fails
-nothing: it costs nothing either (no proposal, no draft pass), and a quote may begin in the next. A price holds KEEP_STEPS
-steps at its load, then is measured again; a batch half or twice the measured one is another load. A price that did
-not pay holds only RETRY_STEPS steps from then, twice as many after each further failure at that load (up to
-KEEP_STEPS): epochs of 8 steps on a shared CPU are noisy, and one unlucky measurement once kept prompt lookup off
-for a whole run at one stream where it gives 1.4-1.7x; where speculating truly loses, measuring again costs one
-epoch in every RETRY_STEPS, then ever fewer. A load with no price of its own is measured, unless speculation did not
-pay at a lighter load (each row costs more as the CPU saturates): then it is off there too, unmeasured; and where a
-price paid at a heavier load, that one is followed, unmeasured (it prices a proposal at least as high as this load
-would): a batch draining from 16 or 32 streams passes through loads a measurement rarely finished in, and measuring
-them took 138 of a run's 872 steps off (session 25)."""
+measured over one stretch of text said "below off" over the next while speculating paid (session 25: such
+failures took 5-10% of a one-stream run's steps off on quoting). A stretch in which nothing was worth verifying
+fails nothing: it costs nothing either (no proposal, no draft pass), and a quote may begin in the next. A price
+holds KEEP_STEPS steps at its load, then is measured again; a batch half or twice the measured one is another
+load. A price that did not pay holds only RETRY_STEPS steps from then, twice as many after each further failure at
+that load (up to KEEP_STEPS): epochs of 8 steps on a shared CPU are noisy, and one unlucky measurement once kept
+prompt lookup off for a whole run at one stream where it gives 1.4-1.7x; where speculating truly loses, measuring
+again costs one epoch in every RETRY_STEPS, then ever fewer. A load with no price of its own is measured, unless
+speculation did not pay at a lighter load (each row costs more as the CPU saturates): then it is off there too,
+unmeasured; and where a price paid at a heavier load, that one is followed, unmeasured (it prices a proposal at
+least as high as this load would): a batch draining from 16 or 32 streams passes through loads a measurement rarely
+finished in, and measuring them took 138 of a run's 872 steps off (session 25)."""
 from __future__ import annotations
 
 import math
@@ -101,7 +101,7 @@ class Price:
     step: int  # when it was measured, or when it stopped paying: what it holds from
     proposal_seconds: float  # c
     off_rate: float  # tokens/s with speculation off
-    pays: bool = True  # False once following it fell below off (or measuring it left nothing to verify)
+    pays: bool = True  # False once following it fell below off
     failures: int = 0  # measurements in a row at this load that did not pay, this one's included
 
     @property
