@@ -126,7 +126,8 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
  * against int8's 1.125) and 1 byte (int6, against fp16's 2).
  * int8, symmetric per group: w = q * s (group = K: per output channel). q [T][K/4][32]: chunk c of tile t holds
  * k = 4c..4c+3 of outputs 8t..8t+7, byte 4j + i = (8t + j, 4c + i). maddubs wants one unsigned operand, so it
- * gets |w| and x with w's sign (llama.cpp's trick); its pairs reach 2 * 127 * 127, so each widens at once. */
+ * gets |w| and x with w's sign (llama.cpp's trick); its pairs reach 2 * 127 * 127, so each widens at once.
+ * (AVX-512 over pairs of tiles: x + 128 against w as stored, block_dots_pair.) */
 static inline __m256i high_bits(__m256i plane, int s, int p) {  /* 16 << p in each byte whose bit s is set */
     __m256i v = s <= 4 ? _mm256_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
                        : _mm256_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
@@ -259,11 +260,23 @@ static inline __m512i broadcast4x16(const int8_t *p) {  /* 4 activation bytes in
  * on long rows. (Measured while pairs also served one row, weights streamed from memory: 0.78x of the one-tile
  * loop with a fixed distance, ~0.9x with this; hence PAIR_ROWS.) */
 static inline __attribute__((always_inline)) void block_dots_pair(
-    const int8_t *xq, int64_t K, const uint8_t *wa, const uint8_t *wb, const uint8_t *ha, const uint8_t *hb,
-    int bits, int c0, int c1, int mr, int64_t pos, int64_t tile_bytes, __m512i *dot) {
+    const int8_t *xq, const uint8_t *xu, int64_t K, const uint8_t *wa, const uint8_t *wb, const uint8_t *ha,
+    const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr, int64_t pos, int64_t tile_bytes, __m512i *dot) {
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) dot[i] = _mm512_setzero_si512();
-    if (bits != 8) {
+    if (expanded) {  /* wa: the block in expand_pair's bytes (wb, ha, hb unused) */
+        _Pragma("GCC unroll 1")
+        for (int c = c0; c < c1; c++) {
+            __m512i lo = _mm512_load_si512((const void *)(wa + c * 128));
+            __m512i hi = _mm512_load_si512((const void *)(wa + c * 128 + 64));
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) {
+                const int8_t *xp = xq + i * K + c * 8;
+                dot[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(dot[i], lo, broadcast4x16(xp)), hi,
+                                             broadcast4x16(xp + 4));
+            }
+        }
+    } else if (bits != 8) {
         __m512i p4 = bits > 4 ? halves(ha, hb) : _mm512_setzero_si512();
         __m512i p5 = bits > 5 ? halves(ha + 32, hb + 32) : _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
@@ -282,20 +295,43 @@ static inline __attribute__((always_inline)) void block_dots_pair(
             }
         }
     } else {
+        /* int8: xu holds the activations plus 128 (unsigned), the weights are the signed operand as stored, and
+         * 128 * (the block's sum of each output's weights), one product a chunk for all rows, comes off at the end:
+         * exact integers, the sums of the sign trick below, which cost an abs and a mask a chunk and a masked
+         * subtract a row; this took 0.75-0.83x its time at 8-512 rows on Qwen 0.5B's and SmolLM2's shapes (Zen 4,
+         * 2 threads, alternating builds in one process: bench/native_builds.py, docs/benchmarks.md session 26). */
+        __m512i offset = _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
         for (int c = 0; c < 8; c++) {
             int64_t ahead = pos + c * 32 + PREFETCH < tile_bytes ? PREFETCH : PREFETCH + tile_bytes;
             _mm_prefetch((const char *)(wa + c * 32 + ahead), _MM_HINT_T0);
             _mm_prefetch((const char *)(wb + c * 32 + ahead), _MM_HINT_T0);
             __m512i raw = halves(wa + c * 32, wb + c * 32);
-            __m512i mag = _mm512_abs_epi8(raw);
-            __mmask64 negative = _mm512_movepi8_mask(raw);
+            offset = _mm512_dpbusd_epi32(offset, _mm512_set1_epi8((char)0x80), raw);
             _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++) {  /* x with w's sign: where w is 0, |w| makes the product 0 */
-                __m512i xs = broadcast4x16(xq + i * K + c * 4);
-                xs = _mm512_mask_sub_epi8(xs, negative, _mm512_setzero_si512(), xs);
-                dot[i] = _mm512_dpbusd_epi32(dot[i], mag, xs);
-            }
+            for (int i = 0; i < mr; i++)
+                dot[i] = _mm512_dpbusd_epi32(dot[i], broadcast4x16((const int8_t *)xu + i * K + c * 4), raw);
+        }
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) dot[i] = _mm512_sub_epi32(dot[i], offset);
+    }
+}
+
+/* int6 for more rows than a pass (int_tiles.h: int_pairs): a pair's values unpacked once a call into bytes,
+ * 512 a block (chunk c's lo vector, then its hi; each tile t's 32 bytes, then u's), so each pass of MR512 rows loads
+ * them instead of unpacking planes of high bits again, as expand_tile does for one tile. The bytes are those the
+ * unexpanded loop forms, meeting the same activations: the same sums and bits. */
+static void expand_pair(const uint8_t *wa, const uint8_t *wb, const uint8_t *ha, const uint8_t *hb, int64_t K, int bits,
+                        uint8_t *out) {
+    int64_t plane_bytes = bits == 6 ? 64 : 32;
+    for (int64_t b = 0; b < K / 32; b++) {
+        __m512i p4 = halves(ha + b * plane_bytes, hb + b * plane_bytes);
+        __m512i p5 = bits > 5 ? halves(ha + b * plane_bytes + 32, hb + b * plane_bytes + 32) : _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i lo, hi;
+            nibble_values512(halves(wa + b * 128 + c * 32, wb + b * 128 + c * 32), p4, p5, c, bits, &lo, &hi);
+            _mm512_store_si512((void *)(out + b * 512 + c * 128), lo);
+            _mm512_store_si512((void *)(out + b * 512 + c * 128 + 64), hi);
         }
     }
 }
@@ -303,10 +339,11 @@ static inline __attribute__((always_inline)) void block_dots_pair(
 /* Rows 0..mr of y, outputs of tiles t (wa, ha, sa, ma) and u (wb, ...; u == t: only t's are stored), over all
  * of K: int_tile's sums, 16 outputs at a time */
 static inline __attribute__((always_inline)) void int_tile_pair(
-    const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *wa,
-    const uint8_t *wb, const uint8_t *ha, const uint8_t *hb, GroupValues sa, GroupValues sb, GroupValues ma,
-    GroupValues mb, int bits, int mr, float *y, int64_t N, int64_t t, int64_t u, const float *bias, int accumulate) {
-    int64_t G = K / group, blocks = K / 32, span = span_of(group), block_bytes = bits == 8 ? 256 : 128;
+    const int8_t *xq, const uint8_t *xu, const float *dx, const float *xsum, int64_t K, int64_t group,
+    const uint8_t *wa, const uint8_t *wb, const uint8_t *ha, const uint8_t *hb, GroupValues sa, GroupValues sb,
+    GroupValues ma, GroupValues mb, int bits, int expanded, int mr, float *y, int64_t N, int64_t t, int64_t u,
+    const float *bias, int accumulate) {
+    int64_t G = K / group, blocks = K / 32, span = span_of(group), block_bytes = expanded ? 512 : bits == 8 ? 256 : 128;
     int64_t plane_bytes = bits == 6 ? 64 : 32;
     __m512 acc[MR512];
     _Pragma("GCC unroll 8")
@@ -317,8 +354,8 @@ static inline __attribute__((always_inline)) void int_tile_pair(
             int64_t b = k0 / 32;
             int c0 = (int)(k0 % 32) / 8;
             __m512i dot[MR512];
-            block_dots_pair(xq + b * 32, K, wa + b * block_bytes, wb + b * block_bytes,
-                            ha ? ha + b * plane_bytes : NULL, hb ? hb + b * plane_bytes : NULL, bits, c0,
+            block_dots_pair(xq + b * 32, xu ? xu + b * 32 : NULL, K, wa + b * block_bytes, wb + b * block_bytes,
+                            ha ? ha + b * plane_bytes : NULL, hb ? hb + b * plane_bytes : NULL, bits, expanded, c0,
                             c0 + (int)span / 8, mr, b * block_bytes, K * (bits == 8 ? TILE : TILE / 2), dot);
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++)

@@ -49,6 +49,15 @@ static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 
     return _mm_cvtsi128_si32(_mm_add_epi32(acc, _mm_shuffle_epi32(acc, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
+/* x + 128 as unsigned bytes (x in -127..127: 1..255), for byte products whose signed operand is the weight */
+static uint8_t *offset_bytes(const int8_t *x, int64_t n) {  /* n: a multiple of 32 */
+    uint8_t *u = malloc(n);
+    for (int64_t i = 0; i < n; i += 32)
+        _mm256_storeu_si256((__m256i *)(u + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(x + i)),
+                                                                 _mm256_set1_epi8((char)0x80)));
+    return u;
+}
+
 #include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
 #define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
 
@@ -127,6 +136,7 @@ static inline __attribute__((always_inline)) void int_tile(
 /* One integer product, the argument of its tiles' range function: rows m0..m1 against every tile */
 typedef struct {
     const int8_t *xq;
+    const uint8_t *xu;             /* int8 over pairs of tiles (AVX-512): xq + 128, unsigned; else NULL */
     const float *dx, *xsum;        /* per row: block scales [K/32]; per group sums of the int8 values (nibbles) */
     const uint8_t *w, *hb;         /* tiles; high-bit planes (int5 / int6) or NULL */
     GroupValues scale, min;        /* min.v NULL: int5 / int6 and int8 */
@@ -196,29 +206,53 @@ static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t
 #ifndef PAIR_ROWS
 #define PAIR_ROWS 5
 #endif
+/* int6 pairs are unpacked once a call (int_dots.h: expand_pair) for jobs of more rows than one pass of MR512, into 16
+ * bytes a k on the thread's stack (K <= EXPAND_MAX_K: 256 KB), as tile_rows does for one tile: Qwen 0.5B's shapes
+ * (896x4864, 9728x896, 896x896) took 0.78-0.89x the time at 64 and 512 rows (Zen 4, 2 threads, alternating builds in
+ * one process). int5's two planes' fewer instructions hide behind the products: expanded it measured 0.79-1.16x, so
+ * it stays. (-DPAIR_EXPAND_ROWS=n overrides the rows: bench/native_builds.py --define.) */
+#ifndef PAIR_EXPAND_ROWS
+#define PAIR_EXPAND_ROWS MR512
+#endif
+/* Rows m0..m1 of one pair (t, u) in passes of MR512: the pair's tiles as stored, or (expanded) expand_pair's bytes */
+static inline __attribute__((always_inline)) void pair_rows(const IntJob *j, int64_t t, int64_t u, const uint8_t *wa,
+                                                            const uint8_t *wb, const uint8_t *ha, const uint8_t *hb,
+                                                            int bits, int expanded) {
+    int64_t K = j->K, G = K / j->group;
+    GroupValues sa = values_from(j->scale, t * G * TILE), sb = values_from(j->scale, u * G * TILE);
+    GroupValues ma = values_from(j->min, t * G * TILE), mb = values_from(j->min, u * G * TILE);
+    for (int64_t r = j->m0; r < j->m1; r += MR512) {
+        int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
+#define PAIR(MR_) int_tile_pair(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), \
+                                j->xsum ? j->xsum + r * G : NULL, K, j->group, wa, wb, ha, hb, sa, sb, ma, mb, bits, \
+                                expanded, MR_, j->y + r * j->N, j->N, t, u, j->bias, j->accumulate)
+        switch (mr) {
+            case 8: PAIR(8); break;
+            case 7: PAIR(7); break;
+            case 6: PAIR(6); break;
+            case 5: PAIR(5); break;
+            case 4: PAIR(4); break;
+            case 3: PAIR(3); break;
+            case 2: PAIR(2); break;
+            default: PAIR(1); break;
+        }
+#undef PAIR
+    }
+}
+
 static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int64_t p0, int64_t p1, int bits) {
-    int64_t K = j->K, G = K / j->group, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2, T = (j->N + TILE - 1) / TILE;
+    int64_t K = j->K, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2, T = (j->N + TILE - 1) / TILE;
+    int expand = bits == 6 && j->m1 - j->m0 > PAIR_EXPAND_ROWS && K <= EXPAND_MAX_K;
     for (int64_t p = p0; p < p1; p++) {
         int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
+        const uint8_t *wa = j->w + t * tile_bytes, *wb = j->w + u * tile_bytes;
         const uint8_t *ha = j->hb ? j->hb + t * K * (bits - 4) : NULL, *hb = j->hb ? j->hb + u * K * (bits - 4) : NULL;
-        GroupValues sa = values_from(j->scale, t * G * TILE), sb = values_from(j->scale, u * G * TILE);
-        GroupValues ma = values_from(j->min, t * G * TILE), mb = values_from(j->min, u * G * TILE);
-        for (int64_t r = j->m0; r < j->m1; r += MR512) {
-            int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
-#define PAIR(MR_) int_tile_pair(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, j->group, \
-                                j->w + t * tile_bytes, j->w + u * tile_bytes, ha, hb, sa, sb, ma, mb, bits, MR_, \
-                                j->y + r * j->N, j->N, t, u, j->bias, j->accumulate)
-            switch (mr) {
-                case 8: PAIR(8); break;
-                case 7: PAIR(7); break;
-                case 6: PAIR(6); break;
-                case 5: PAIR(5); break;
-                case 4: PAIR(4); break;
-                case 3: PAIR(3); break;
-                case 2: PAIR(2); break;
-                default: PAIR(1); break;
-            }
-#undef PAIR
+        if (expand) {
+            uint8_t values[2 * TILE * K] __attribute__((aligned(64)));
+            expand_pair(wa, wb, ha, hb, K, bits, values);
+            pair_rows(j, t, u, values, values, NULL, NULL, bits, 1);
+        } else {
+            pair_rows(j, t, u, wa, wb, ha, hb, bits, 0);
         }
     }
 }
@@ -280,7 +314,7 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
             }
             xsum[r * G + g] = s;
         }
-    IntJob job = {xq.xq, xq.dx, xsum, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0, 0,
+    IntJob job = {xq.xq, NULL, xq.dx, xsum, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0, 0,
                   accumulate};
     float *plain = NULL;
     if (scale_form >= 2 && M >= FP32_VALUES_ROWS) {
@@ -300,9 +334,14 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
 void tally_gemm_q8(const float *x, const int8_t *q, const void *s, const float *bias, float *y,
                    int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form) {
     QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
-    IntJob job = {xq.xq, xq.dx, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K, N, group, 0,
-                  0, accumulate};
+    uint8_t *xu = NULL;
+#ifdef TALLY_AVX512
+    if (M >= PAIR_ROWS) xu = offset_bytes(xq.xq, M * K);
+#endif
+    IntJob job = {xq.xq, xu, xq.dx, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K, N, group,
+                  0, 0, accumulate};
     int_gemm(job, M, INT_KERNELS(8));
+    free(xu);
     free(xq.xq);
     free(xq.dx);
 }
