@@ -14,7 +14,9 @@ A closed loop per concurrency C: C requests in flight on the offline engine, eac
 the loops' whole time, prompts' prefill included; TPOT is the mean time per output token after the first, per
 request (the prefill left out: what speculation shortens). After a warm-up loop, every arm runs --rounds loops,
 each round over new prompts and with the arms' order rotated by one, so that drift in this VM's speed falls on
-every arm alike; ratios are against `off`'s tokens/s over its rounds. Every arm
+every arm alike; ratios are against `off`'s tokens/s over its rounds. "decode steps" is the same ratio over the steps without a
+prompt chunk (the engine's own count): at 16-32 streams three quarters of a run can be prompts' prefill, whose speed
+moves between arms by more than speculation's effect (docs/benchmarks.md, session 26). Every arm
 runs on one engine (one copy of the weights; with --draft-model its KV pool holds both models' KV in every arm, so
 the arms have the same pool): each arm is its own Speculator, swapped in for its runs, its adaptive policy kept
 from one run to the next as a server's would be. Prefix caching is off, so no arm reuses another's prompts.
@@ -154,9 +156,13 @@ def main() -> None:
                     st = spec.stats.copy() if spec else None
                     t = totals[arm]
                     preempted = engine.scheduler.num_preemptions
+                    before = engine.snapshot()
                     started = time.perf_counter()
                     tok_s, tokens = closed_loop(llm, prompts, c, params, t.finished)
                     seconds = time.perf_counter() - started
+                    after = engine.snapshot()
+                    t.decode_seconds += after.decode_step_seconds - before.decode_step_seconds
+                    t.decode_tokens += after.decode_step_tokens - before.decode_step_tokens
                     t.seconds += seconds
                     t.generated += round(tok_s * seconds)
                     t.tokens += tokens
@@ -167,20 +173,22 @@ def main() -> None:
                 same = sum(x == o for x, o in zip(t.tokens, off.tokens)) / len(t.tokens)
                 tok_s, preempted, spoke = t.generated / t.seconds, t.preempted, t.spoke
                 ratio = tok_s / (off.generated / off.seconds)
+                decode_ratio = t.decode_rate / off.decode_rate if off.decode_rate else 0.0
                 tpot = _tpot_ms(t.finished)
-                rows.append((workload, c, arm, tok_s, ratio, tpot, spoke, same, preempted))
-                print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.2f} tok/s  {ratio:5.2f}x  TPOT {tpot:7.1f} ms  "
-                      f"{_describe(spoke)}  same tokens: {same:.0%}  preemptions {preempted}", flush=True)
-    print("\n| workload | concurrency | arm | tok/s | vs off | TPOT ms | proposed | accepted | acceptance | "
-          "per position | K in effect | same tokens as off |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for workload, c, arm, tok_s, ratio, tpot, spoke, same, _ in rows:
+                rows.append((workload, c, arm, tok_s, ratio, decode_ratio, tpot, spoke, same, preempted))
+                print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.2f} tok/s  {ratio:5.2f}x  decode steps "
+                      f"{decode_ratio:5.2f}x  TPOT {tpot:7.1f} ms  {_describe(spoke)}  same tokens: {same:.0%}  "
+                      f"preemptions {preempted}", flush=True)
+    print("\n| workload | concurrency | arm | tok/s | vs off | decode steps vs off | TPOT ms | proposed | accepted | "
+          "acceptance | per position | K in effect | same tokens as off |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for workload, c, arm, tok_s, ratio, decode_ratio, tpot, spoke, same, _ in rows:
         drafted, accepted, drafts, per_position = spoke or (0, 0, 0, [])
         rate = f"{accepted / drafted:.0%}" if drafted else "—"
         positions = " / ".join(f"{n / drafts:.0%}" for n in per_position) if drafts else "—"
         k = f"{drafted / drafts:.1f}" if drafts else "—"
-        print(f"| {workload} | {c} | {arm} | {tok_s:.2f} | {ratio:.2f}× | {tpot:.1f} | {drafted:,} | {accepted:,} | "
-              f"{rate} | {positions} | {k} | {same:.0%} |")
+        print(f"| {workload} | {c} | {arm} | {tok_s:.2f} | {ratio:.2f}× | {decode_ratio:.2f}× | {tpot:.1f} | "
+              f"{drafted:,} | {accepted:,} | {rate} | {positions} | {k} | {same:.0%} |")
     flags = " ".join(f"--{k.replace('_', '-')} {v!r}" for k, v in vars(a).items() if v is not None)
     print(f"\ncommand: python bench/speculative.py {flags}")
 
@@ -191,10 +199,16 @@ class ArmTotals:
 
     seconds: float = 0.0
     generated: int = 0
+    decode_seconds: float = 0.0  # in steps without a prompt chunk (the engine's count), and their tokens
+    decode_tokens: int = 0
     tokens: list = field(default_factory=list)  # each prompt's token ids, in order, round after round
     finished: list = field(default_factory=list)  # final outputs (their metrics time each request)
     spoke: tuple | None = None  # _spoke(): proposed, accepted, requests that verified, accepted per position
     preempted: int = 0
+
+    @property
+    def decode_rate(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
 
 
 def step_costs(engine, prompts: list[str], params: SamplingParams, k: int, method: dict, draft) -> None:

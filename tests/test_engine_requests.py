@@ -129,10 +129,13 @@ def test_every_sample_of_an_n_request_is_counted_running_or_waiting(tiny_llama):
 
 
 def test_the_snapshot_counts_prompt_and_generated_tokens(tiny_llama):
+    """...and apart, the steps without a prompt chunk: both prompts are one step, which samples each one's first
+    token; the other 8 come from decode steps."""
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, enable_prefix_caching=False)
     llm.generate([{"prompt_token_ids": list(range(3, 23))}] * 2, SamplingParams(max_tokens=5, ignore_eos=True))
     snap = llm.engine.snapshot()
     assert (snap.prompt_tokens, snap.generated_tokens) == (40, 10)
+    assert snap.decode_step_tokens == 8 and snap.decode_step_seconds > 0
 
 
 def test_vllm_style_llm_arguments(tiny_llama, caplog):

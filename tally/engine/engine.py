@@ -54,6 +54,9 @@ class Engine:
         self._vocab_size = m.config.vocab_size
         self._num_steps = 0
         self._num_prompt_tokens = self._num_generated_tokens = 0
+        # Steps without a prompt chunk: their seconds and generated tokens (decode's own speed, which speculation
+        # changes, apart from the prompts' prefill that shares a run's time with it)
+        self._decode_step_seconds, self._decode_step_tokens = 0.0, 0
         self._iteration_tokens = IterationTokens()  # tokens per step, for vLLM's iteration_tokens_total
         self._step_cost = StepCost()
         self.model_names = config.served_model_names or (m.name,)
@@ -239,9 +242,12 @@ class Engine:
             mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
             seconds = time.perf_counter() - started_s
             self._step_cost.observe(prompt_tokens, mean_context, seconds)
-            if self.speculator is not None and not chunks:  # a prompt chunk's step says nothing about speculation
-                self.speculator.observe_step(self._num_generated_tokens - generated_before, seconds,
-                                             len(self.scheduler.running))
+            if not chunks:  # a prompt chunk's step says nothing about decode's speed, nor about speculation
+                generated = self._num_generated_tokens - generated_before
+                self._decode_step_seconds += seconds
+                self._decode_step_tokens += generated
+                if self.speculator is not None:
+                    self.speculator.observe_step(generated, seconds, len(self.scheduler.running))
         return outputs
 
     def _verify(self, out: SchedulerOutput, result: StepResult) -> list[int]:
@@ -328,6 +334,7 @@ class Engine:
             num_preemptions=self.scheduler.num_preemptions, num_steps=self._num_steps,
             num_started=self.scheduler.num_started,
             prompt_tokens=self._num_prompt_tokens, generated_tokens=self._num_generated_tokens,
+            decode_step_seconds=self._decode_step_seconds, decode_step_tokens=self._decode_step_tokens,
             speculation=self.speculator.stats.copy() if self.speculator is not None else None,
             iteration_tokens=self._iteration_tokens,
             swap=self.kv_tiers.swap_stats(), disk_cache=self.kv_tiers.disk_stats(),

@@ -41,6 +41,8 @@ class EngineSnapshot:
     num_started: int = 0  # engine requests admitted to the batch so far
     prompt_tokens: int = 0  # prompt tokens computed so far (prefix-cache hits not counted)
     generated_tokens: int = 0
+    decode_step_seconds: float = 0.0  # time in steps without a prompt chunk, and the tokens they generated
+    decode_step_tokens: int = 0
     speculation: SpeculationStats | None = None  # a copy; None when speculative decoding is off
     iteration_tokens: IterationTokens | None = None  # None: the engine does not count its steps' tokens
     swap: SwapStats | None = None  # a copy; None without a swap space
