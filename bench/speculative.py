@@ -12,7 +12,8 @@ batch shape, so the share of requests whose tokens match `off` exactly is printe
 A closed loop per concurrency C: C requests in flight on the offline engine, each replaced when it finishes,
 --requests-per-slot x C requests (at least --min-requests) a loop; tokens/s counts every generated token over
 the loops' whole time, prompts' prefill included; TPOT is the mean time per output token after the first, per
-request (the prefill left out: what speculation shortens). After a warm-up loop, every arm runs --rounds loops,
+request (the prefill left out: what speculation shortens). After a warm-up loop (and one more for each adaptive arm,
+whose policy measures its price there, as in a server that has run a while), every arm runs --rounds loops,
 each round over new prompts and with the arms' order rotated by one, so that drift in this VM's speed falls on
 every arm alike; ratios are against `off`'s tokens/s over its rounds. "decode steps" is the same ratio over the steps without a
 prompt chunk (the engine's own count): at 16-32 streams three quarters of a run can be prompts' prefill, whose speed
@@ -147,6 +148,14 @@ def main() -> None:
             # run back to back in a fixed order would carry that drift into their ratios.
             engine.speculator = None
             closed_loop(llm, workloads[workload](c, random.Random(-c)), c, params)
+            # An adaptive arm measures its price at each load it meets first (an epoch off, one on), then holds it
+            # for KEEP_STEPS (500) steps, as a server that has run a while does; a round at 16-32 streams holds far
+            # fewer decode steps, so measuring inside the rounds charged them what a server pays once in 500 steps
+            # (session 26). Each adaptive arm gets a warm-up loop of its own, of new prompts.
+            for arm, spec in speculators.items():
+                if spec is not None and spec.config.adaptive:
+                    engine.speculator = spec
+                    closed_loop(llm, workloads[workload](2 * c, random.Random(-2 * c)), c, params)
             totals = {arm: ArmTotals() for arm in speculators}
             names = list(speculators)
             for r in range(a.rounds):
