@@ -297,10 +297,10 @@ static inline __attribute__((always_inline)) void block_dots_pair(
     } else {
         /* int8: xu holds the activations plus 128 (unsigned), the weights are the signed operand as stored, and
          * 128 * (the block's sum of each output's weights), one product a chunk for all rows, comes off at the end:
-         * exact integers, the sums of the sign trick below, which cost an abs and a mask a chunk and a masked
-         * subtract a row; this took 0.63-0.98x its time at 8-512 rows on Qwen 0.5B's and SmolLM2's shapes, mostly
-         * 0.75-0.83x, one cell 1.10x (Zen 4, 2 threads, alternating builds in one process: bench/native_builds.py,
-         * docs/benchmarks.md session 26). */
+         * exact integers, the sums of the sign trick the one-tile loops keep, which cost an abs and a mask a chunk
+         * and a masked subtract a row; this took 0.63-0.98x its time at 8-512 rows on Qwen 0.5B's and SmolLM2's
+         * shapes, mostly 0.75-0.83x, one cell 1.10x (Zen 4, 2 threads, alternating builds in one process:
+         * bench/native_builds.py, docs/benchmarks.md session 26). */
         __m512i offset = _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
         for (int c = 0; c < 8; c++) {

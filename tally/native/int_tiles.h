@@ -208,9 +208,9 @@ static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t
 #endif
 /* int6 pairs are unpacked once a call (int_dots.h: expand_pair) for jobs of more rows than one pass of MR512, into 16
  * bytes a k on the thread's stack (K <= EXPAND_MAX_K: 256 KB), as tile_rows does for one tile: Qwen 0.5B's shapes
- * (896x4864, 9728x896, 896x896) took 0.78-0.89x the time at 64 and 512 rows (Zen 4, 2 threads, alternating builds in
- * one process). int5's two planes' fewer instructions hide behind the products: expanded it measured 0.79-1.16x, so
- * it stays. (-DPAIR_EXPAND_ROWS=n overrides the rows: bench/native_builds.py --define.) */
+ * (896x4864, 9728x896, 896x896) took 0.78-0.89x the time at 64 and 512 rows, one cell 1.03x (Zen 4, 2 threads,
+ * alternating builds in one process). int5's one plane's fewer instructions hide behind the products: expanded it
+ * measured 0.79-1.16x, so it stays. (-DPAIR_EXPAND_ROWS=n overrides the rows: bench/native_builds.py --define.) */
 #ifndef PAIR_EXPAND_ROWS
 #define PAIR_EXPAND_ROWS MR512
 #endif
