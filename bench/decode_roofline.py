@@ -1,16 +1,24 @@
 """Batch-1 decode speed against the memory-bandwidth roofline measured in the same run, and the
-per-step time spent outside the model's kernels (Python overhead).
+per-step time spent outside the model's kernels (Python overhead). Where the layers run in one native call, each
+decode step is split three ways: that call, the LM head, and everything else the engine's step did (inputs,
+embedding, final norm, sampling, scheduling: Python and torch ops), the first two with the bytes they read and
+their rate against torch's sum over 1 GB in the same run.
 
     python bench/decode_roofline.py [--dtype float32] [--quantization int4] [--tokens 128] [--threads 2]
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
+
+if TYPE_CHECKING:
+    from tally.engine.engine import Engine
 
 
 def measure_bandwidth_gbs(size_bytes: int = 1 << 30, repeats: int = 5) -> float:
@@ -38,6 +46,49 @@ def weight_bytes_read_per_step(model: torch.nn.Module, weight_bytes: int) -> int
     return weight_bytes - model.embed_tokens.numel() * model.embed_tokens.element_size()
 
 
+class StepSplit:
+    """Per decode step that ran the layers' native call: (the step, that call, the LM head) in seconds."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.steps: list[tuple[float, float, float]] = []
+        self._layers = self._head = 0.0
+        model = engine.model
+        run, logits, step = model.native_step.run, model.compute_logits, engine.step
+
+        def timed_run(*args):
+            t0 = time.perf_counter()
+            out = run(*args)
+            self._layers += time.perf_counter() - t0
+            return out
+
+        def timed_logits(*args):
+            t0 = time.perf_counter()
+            out = logits(*args)
+            self._head += time.perf_counter() - t0
+            return out
+
+        def timed_step():
+            self._layers = self._head = 0.0
+            t0 = time.perf_counter()
+            out = step()
+            if self._layers:
+                self.steps.append((time.perf_counter() - t0, self._layers, self._head))
+            return out
+
+        # instance attributes over the methods: this engine only, nothing patched for anyone else
+        model.native_step.run, model.compute_logits, engine.step = timed_run, timed_logits, timed_step
+
+    def medians(self) -> tuple[float, float, float]:
+        return tuple(statistics.median(column) for column in zip(*self.steps))
+
+
+def head_bytes(model: torch.nn.Module) -> int:
+    head = model.lm_head
+    if hasattr(head, "weight_nbytes"):
+        return head.weight_nbytes()
+    return sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default=None)
@@ -53,6 +104,7 @@ def main() -> None:
     ledger = llm.engine.ledger
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
     llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm up
+    split = StepSplit(llm.engine) if llm.engine.model.native_step is not None else None
     runs = []
     for _ in range(3):
         out = llm.generate("Once upon a time", params)[0]
@@ -80,6 +132,16 @@ def main() -> None:
         print(f"{'per step: measured / in torch ops':<44} {step_s * 1e3:>6.1f} / {kernel_s * 1e3:.1f} ms")
     else:  # the layers run inside one native call, which the torch profiler does not see
         print(f"{'per step (one native call for all layers)':<44} {step_s * 1e3:>6.1f} ms")
+        step, layers, head = split.medians()
+        lm_bytes = head_bytes(model)
+        print(f"{'per decode step, median of ' + str(len(split.steps)):<44} {step * 1e3:>6.2f} ms")
+        for name, seconds, nbytes in [("  the layers (one native call)", layers, read_bytes - lm_bytes),
+                                      ("  the LM head", head, lm_bytes)]:
+            gbs = nbytes / seconds / 1e9
+            print(f"{name:<44} {seconds * 1e3:>6.2f} ms  {nbytes / 1e6:.1f} MB  {gbs:.1f} GB/s ({gbs / bw:.0%} of "
+                  "the sum's)")
+        rest = step - layers - head
+        print(f"{'  everything else (Python and torch ops)':<44} {rest * 1e3:>6.2f} ms  {rest / step:.0%} of the step")
     print(f"{'tally / roofline':<44} {tok_s / roofline_tok_s:>11.0%}")
     print("command: python " + " ".join(sys.argv))
 
