@@ -29,6 +29,7 @@ request (K in effect), and preemptions (there should be none).
                                 [--model target.gguf --draft-model draft.gguf] [--arms "draft K fixed,..."]
                                 [--rounds 3] [--fixed-k 2,3,4] (prompt lookup fixed at each K, beside adaptive)
                                 [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
+                                [--draft-vocab 0,32768] (draft_vocab_size: the same)
 """
 from __future__ import annotations
 
@@ -100,6 +101,8 @@ def main() -> None:
     p.add_argument("--draft-model", default=None, help="adds the draft-model arms, this model proposing")
     p.add_argument("--draft-context", default=str(DRAFT_CONTEXT_TOKENS),
                    help="draft_context_tokens of the draft arms; several (comma-separated) give arms of each")
+    p.add_argument("--draft-vocab", default="0",
+                   help="draft_vocab_size of the draft arms (0: the whole vocabulary); several give arms of each")
     p.add_argument("--arms", default=None, help="comma-separated arms to run (default: all; off always runs)")
     p.add_argument("--fixed-k", default=None, help="prompt lookup at each of these fixed K (comma-separated) "
                                                     "instead of one fixed arm at --k: the adaptive arm's K beside "
@@ -109,10 +112,10 @@ def main() -> None:
                         "workload, the draft model if given, else prompt lookup)")
     a = p.parse_args()
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
-    windows = [int(w) for w in a.draft_context.split(",")]
-    arms = {**ARMS, **({f"{arm} ctx {w}" if len(windows) > 1 else arm: {**cfg, "model": a.draft_model,
-                                                                         "draft_context_tokens": w}
-                        for arm, cfg in DRAFT_ARMS.items() for w in windows} if a.draft_model else {})}
+    windows, vocabs = ([int(v) for v in text.split(",")] for text in (a.draft_context, a.draft_vocab))
+    arms = {**ARMS, **({arm + (f" ctx {w}" if len(windows) > 1 else "") + (f" vocab {v}" if len(vocabs) > 1 else ""):
+                        {**cfg, "model": a.draft_model, "draft_context_tokens": w, "draft_vocab_size": v}
+                        for arm, cfg in DRAFT_ARMS.items() for w in windows for v in vocabs} if a.draft_model else {})}
     if a.fixed_k:
         fixed = arms.pop("ngram K fixed")
         arms = {"off": arms.pop("off"), **{f"ngram K={k} fixed": {**fixed, "num_speculative_tokens": int(k)}
@@ -129,13 +132,15 @@ def main() -> None:
     engine = llm.engine
     draft = engine.speculator.draft if engine.speculator is not None else None
     speculators = {arm: None if c is None else Speculator(c, engine.max_model_len, DraftProposer(
-        draft.draft, draft.kv, c.draft_context_tokens) if c.model else None) for arm, c in configs.items()}
+        draft.draft, draft.kv, c.draft_context_tokens, c.draft_vocab_size) if c.model else None)
+                   for arm, c in configs.items()}
     workloads = {"quote": lambda n, rng: quote_prompts(n, rng, a.passage_chars),
                  "code": lambda n, rng: code_prompts(n, rng, a.context_lines)}
     if a.step_costs:
         method = {"model": a.draft_model} if draft is not None else {"method": "ngram"}
+        proposer = DraftProposer(draft.draft, draft.kv, windows[0], vocabs[0]) if draft is not None else None
         step_costs(engine, workloads[a.workloads.split(",")[0]](a.min_requests, random.Random(1)), params, a.k,
-                   method, draft)
+                   method, proposer)
         return
     rows = []
     for workload in a.workloads.split(","):
@@ -222,7 +227,8 @@ class ArmTotals:
 
 def step_costs(engine, prompts: list[str], params: SamplingParams, k: int, method: dict, draft) -> None:
     """One stream at a time, the same prompts off and at each fixed K: the median step, the tokens a step gives,
-    and time per token (steps with a prompt chunk, and the first after it (the draft's catch-up), left out)."""
+    and time per token (steps with a prompt chunk, and the first after it (the draft's catch-up), left out). With a
+    draft, the first of --draft-context and --draft-vocab."""
     for kk in range(k + 1):
         engine.speculator = None if kk == 0 else Speculator(SpeculativeConfig.parse(
             {**method, "num_speculative_tokens": kk, "adaptive": False}), engine.max_model_len, draft)

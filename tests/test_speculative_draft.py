@@ -141,6 +141,64 @@ def test_a_draft_that_reads_only_the_last_tokens_changes_no_output(tiny_llama, r
     assert_no_block_leak(llm)
 
 
+@pytest.mark.parametrize("engine_args", [BATCHED, CHUNKED], ids=["batched", "chunked"])
+def test_a_reduced_draft_vocabulary_proposes_only_its_ids_and_changes_no_output(tiny_llama, reference, engine_args):
+    """draft_vocab_size: the draft's head scores the first ids only. With the target as its own draft, a proposal is
+    rejected exactly where the target's token lies past them; the outputs are plain decoding's. A request allowed
+    only tokens past them is not drafted for (its proposals would have nothing to come from)."""
+    prompts, alone = reference
+    llm = LLM(str(tiny_llama), dtype="float32", **{"kv_cache_memory": KV, **engine_args},
+              speculative_config=_draft(tiny_llama, 3, draft_vocab_size=200))
+    spec = llm.engine.speculator
+    proposed = []
+    propose = spec.draft.propose
+
+    def recorded(*args, **kwargs):
+        ids, probs = propose(*args, **kwargs)
+        proposed.extend(t for tokens in ids.values() for t in tokens)
+        return ids, probs
+
+    spec.draft.propose = recorded
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    assert proposed and max(proposed) < 200
+    past = sum(t >= 200 for ids in alone for t in ids)
+    assert past and 0 < spec.stats.num_accepted_tokens < spec.stats.num_draft_tokens, spec.stats
+    drafted = spec.stats.num_drafts
+    allowed = SamplingParams(temperature=1.0, max_tokens=6, allowed_token_ids=[300, 301, 302])
+    out = llm.generate(prompts[0], allowed, use_tqdm=False)[0].outputs[0].token_ids
+    assert set(out) <= {300, 301, 302} and spec.stats.num_drafts == drafted
+    assert_no_block_leak(llm)
+
+
+def test_a_layers_first_outputs_are_its_outputs_first_columns():
+    """What a reduced draft vocabulary's head computes: outputs 0..n-1 of every head layer kind, those of its whole
+    forward at one and several rows (the native kernels' one-tile and pair paths): bit for bit on the native
+    kernels; PyTorch's matmul blocks a narrower weight differently, so there within rounding."""
+    from tally.layers.dense import DenseLinear, Fp16WeightLinear
+    from tally.native import ops
+    from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear, NativeW8A8Linear
+
+    g = torch.Generator().manual_seed(0)
+    n_out, k = 100, 64
+    w, bias = torch.randn(n_out, k, generator=g), torch.randn(n_out, generator=g)
+    layers = [DenseLinear(w, bias, torch.float32), Fp16WeightLinear(w, bias)]
+    if ops.available():
+        q4 = torch.randint(0, 16, (n_out, k), dtype=torch.uint8, generator=g)
+        q8 = torch.randint(-127, 128, (n_out, k), dtype=torch.int8, generator=g)
+        scales = torch.rand(n_out, k // 32, generator=g) + 0.5
+        layers += [NativeInt4Linear(q4, scales, -8 * scales, 32, bias), NativeInt8Linear(q8, scales, bias),
+                   NativeW8A8Linear(q8, scales[:, 0], bias, smooth=torch.rand(k, generator=g) + 0.5)]
+    for layer in layers:
+        for rows in (1, 3, 7):
+            x = torch.randn(rows, k, generator=g)
+            for n in (1, 37, 64, 99):
+                first, whole = layer.first_outputs(x, n), layer(x)[:, :n]
+                if isinstance(layer, DenseLinear):
+                    torch.testing.assert_close(first, whole, rtol=1e-5, atol=1e-5)
+                else:
+                    assert torch.equal(first, whole), (type(layer).__name__, rows, n)
+
+
 def test_a_fresh_start_proposes_what_the_draft_alone_continues_from_the_last_tokens(tiny_llama):
     """The window starts at a block boundary (the draft's KV for position p stays in p's slot) and counts positions
     from there: the proposals are the draft's own greedy continuation of those tokens as a prompt of their own."""
@@ -209,14 +267,16 @@ def test_every_block_returns_after_aborts(tiny_llama, drafts, reference):
     assert_no_block_leak(llm)
 
 
-def test_sampled_tokens_follow_the_target_distribution(tiny_llama, drafts):
+@pytest.mark.parametrize("vocab", [0, 200], ids=["whole-vocabulary", "reduced-vocabulary"])
+def test_sampled_tokens_follow_the_target_distribution(tiny_llama, drafts, vocab):
     """Rejection sampling with a draft whose distribution q differs from the target's p: the first two sampled tokens
     (top-k 4, so 16 pairs), the second drawn by the draft and verified, 2,000 times, against the exact probabilities
-    from transformers' forward of the target's weights; a chi-square test at p = 0.001 (seeded: deterministic)."""
+    from transformers' forward of the target's weights; a chi-square test at p = 0.001 (seeded: deterministic). With
+    a reduced draft vocabulary q is zero past it, where p's tokens then come from the residual alone."""
     prompt = [5, 9, 14, 3, 22, 7]
     params = SamplingParams(temperature=1.0, top_k=4, max_tokens=3, ignore_eos=True)
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=8_000_000, seed=1,
-              speculative_config=_draft(drafts["perturbed"], 2))
+              speculative_config=_draft(drafts["perturbed"], 2, draft_vocab_size=vocab))
     outs = llm.generate([{"prompt_token_ids": prompt}] * 2000, params, use_tqdm=False)
     stats = llm.engine.speculator.stats
     assert stats.num_drafts == 2000 and 200 < stats.accepted_per_position[0] < 1800, stats
@@ -242,6 +302,9 @@ def test_bad_drafts_fail_at_start_with_what_to_fix(tiny_llama, drafts, tmp_path)
         (_draft(tmp_path / "missing"), "draft model: model .* not found"),
         (_draft(other_vocab), "tokenizer differs"),
         (_draft(short), "context of 64 tokens"),
+        (_draft(drafts["small"], draft_vocab_size=-1), "draft_vocab_size must be an integer >= 0"),
+        (_draft(drafts["small"], draft_vocab_size=10**6), "draft_vocab_size 1,000,000 is larger than the vocabulary"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "draft_vocab_size": 100}, "unknown key"),
     ]
     for spec, message in cases:
         with pytest.raises(ConfigError, match=message):

@@ -57,6 +57,9 @@ def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Any,
         differ = len(set(draft_vocab.items()) ^ set(target_vocab.items()))
         raise ConfigError(f"draft model {ckpt.name}'s tokenizer differs from the target's ({differ:,} token "
                           "entries differ); a draft must share the target's tokenizer")
+    if spec.draft_vocab_size > cfg.vocab_size:
+        raise ConfigError(f"draft_vocab_size {spec.draft_vocab_size:,} is larger than the vocabulary "
+                          f"({cfg.vocab_size:,} tokens); use at most that, or 0 for the whole vocabulary")
     if cfg.max_position_embeddings < max_model_len:
         raise ConfigError(f"draft model {ckpt.name} has a context of {cfg.max_position_embeddings:,} tokens, "
                           f"shorter than max_model_len {max_model_len:,}; lower --max-model-len to ≤ "

@@ -53,10 +53,11 @@ class DraftState:
 
 
 class DraftProposer:
-    def __init__(self, draft: DraftModel, kv: KVCacheManager, context_tokens: int = 0) -> None:
+    def __init__(self, draft: DraftModel, kv: KVCacheManager, context_tokens: int = 0, vocab_rows: int = 0) -> None:
         self.draft = draft
         self.kv = kv
         self.context_tokens = context_tokens  # draft_context_tokens; 0: the whole context
+        self.vocab_rows = vocab_rows  # draft_vocab_size: only token ids below it are proposed; 0: any
         self.catch_up_seconds_per_token: float | None = None  # measured on long catch-ups, averaged with the last
         self.sampler = Sampler()  # its own: the draft's batches are not the target's
         self._states: weakref.WeakKeyDictionary[Request, DraftState] = weakref.WeakKeyDictionary()
@@ -66,7 +67,8 @@ class DraftProposer:
                 reserve_blocks: int) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
         """For each request up to its k proposals (none where their blocks cannot be had while `reserve_blocks`
         stay free): ({request id: proposals}, {request id: [k, V] q rows} of the sampled requests)."""
-        chosen = [(r, k) for r, k in zip(reqs, ks) if k > 0 and self._allocate(r, k, reserve_blocks)]
+        chosen = [(r, k) for r, k in zip(reqs, ks)
+                  if k > 0 and self._in_vocabulary(r) and self._allocate(r, k, reserve_blocks)]
         if not chosen:
             return {}, {}
         states = [self._state(r) for r, _ in chosen]
@@ -153,6 +155,12 @@ class DraftProposer:
             return 0
         return max(0, num_tokens - self.context_tokens) // self.kv.block_size * self.kv.block_size
 
+    def _in_vocabulary(self, req: Request) -> bool:
+        """Whether the request may sample a token the draft proposes: not when its allowed_token_ids all lie past a
+        reduced draft vocabulary (its proposals would have no token to come from)."""
+        allowed = req.sampling_params.allowed_token_ids
+        return not self.vocab_rows or not allowed or min(allowed) < self.vocab_rows
+
     def _allocate(self, req: Request, k: int, reserve_blocks: int) -> bool:
         """The blocks for the request's verify step with k proposals (what the scheduler would allocate)."""
         new_blocks = self.kv.blocks_needed(req.num_tokens + k) - len(self.kv.block_table(req.request_id))
@@ -164,7 +172,8 @@ class DraftProposer:
         """The draft over the spans; float32 logits at each span's last token. A short span (what the last
         verification kept, and the token after) runs as decode rows, by the native one-call step where it applies."""
         ids, positions, meta, last_rows = build_span_inputs(spans, self.kv.block_size, as_decodes=SHORT_SPAN)
-        return run_model_step(self.draft.model, self.draft.kv_caches, ModelStep(ids, positions, meta, last_rows))
+        return run_model_step(self.draft.model, self.draft.kv_caches,
+                              ModelStep(ids, positions, meta, last_rows, self.vocab_rows))
 
     @staticmethod
     def _sampler_input(reqs: list[Request], proposed: list[list[int]]) -> SamplerInput:

@@ -81,7 +81,8 @@ class Engine:
         self._stop_ranks = weakref.finalize(self, _stop_ranks, peers, m.parallel) if peers is not None else None
         self._grammars = GrammarCompiler(m.tokenizer, m.config.vocab_size, m.stop_token_ids)
         spec = config.speculative
-        draft = DraftProposer(m.draft, self.kv, spec.draft_context_tokens) if m.draft is not None else None
+        draft = None if m.draft is None else DraftProposer(m.draft, self.kv, spec.draft_context_tokens,
+                                                           spec.draft_vocab_size)
         self.speculator = Speculator(spec, self.max_model_len, draft) if spec is not None else None
         self.groups: dict[str, RequestGroup] = {}
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence

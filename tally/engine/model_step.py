@@ -26,6 +26,7 @@ class ModelStep:
     positions: torch.Tensor  # [T]
     meta: AttentionMetadata
     logit_rows: torch.Tensor  # flat rows whose logits the step needs (prompt logprobs, then sampled positions)
+    vocab_rows: int = 0  # > 0: only token ids below it are scored (a draft's reduced vocabulary); 0: all
 
 
 @torch.inference_mode()
@@ -35,7 +36,7 @@ def run_model_step(model: CausalLM, kv_caches: list[tuple[KVCache, KVCache]], st
     hidden = model(step.input_ids, step.positions, kv_caches, step.meta)
     if not len(step.logit_rows):
         return hidden.new_empty((0, model.cfg.vocab_size), dtype=torch.float32)
-    return model.compute_logits(hidden[step.logit_rows])
+    return model.compute_logits(hidden[step.logit_rows], step.vocab_rows)
 
 
 class TPDriver:

@@ -23,6 +23,11 @@ class DenseLinear(nn.Module):
         x2 = x.reshape(-1, x.shape[-1])  # padded rows keep oneDNN's kernel cache bounded (tally/quant/base.py)
         return F.linear(pad_rows(x2), self.weight, self.bias)[:x2.shape[0]].view(*x.shape[:-1], -1)
 
+    def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """Outputs 0..n-1 alone, from their weights' rows only (a draft's reduced vocabulary,
+        tally/engine/speculative_config.py: draft_vocab_size)."""
+        return F.linear(x, self.weight[:n], None if self.bias is None else self.bias[:n])
+
 
 class Fp16WeightLinear(nn.Module):
     """Weights stored in fp16, inputs and outputs fp32, no fp16 arithmetic (unusably slow on CPUs): a memory-bound
@@ -71,6 +76,14 @@ class Fp16WeightLinear(nn.Module):
         else:
             y = native.gemm_f16(x2, self.panels, self.out_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """As DenseLinear.first_outputs: the first panels only (FBGEMM's packed weights: every output, then n)."""
+        if self.panels is None:
+            return self(x)[..., :n]
+        x2 = x.reshape(-1, self.in_features).float().contiguous()
+        y = native.gemm_f16(x2, self.panels, n, None if self.bias is None else self.bias[:n])
+        return y.view(*x.shape[:-1], n)
 
     def _weight_t(self, n0: int, n1: int) -> torch.Tensor:
         return native.dequant_f16_bf16_t(self.panels[n0 // native.PANEL:n1 // native.PANEL])

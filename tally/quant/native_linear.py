@@ -50,6 +50,15 @@ def _dequantized_matmul(layer: NativeInt4Linear | NativeInt8Linear, x: torch.Ten
     return y[:, :layer.out_features].float()
 
 
+def _rows_of(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x as the kernels take it: fp32 rows [M, K], contiguous."""
+    return x.reshape(-1, in_features).float().contiguous()
+
+
+def _first(bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if bias is None else bias[:n]
+
+
 class NativeInt4Linear(QuantLinear):
     """Nibbles per weight: int4 (w = q * d + m), or with high bits GGUF's Q5_0 / Q6_K (w = d * (q - 2**(bits-1)))."""
 
@@ -82,6 +91,11 @@ class NativeInt4Linear(QuantLinear):
         if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and x.shape[0] < self.many_tokens_from:
             return ops.gemm_q4(x, self.qs, self.d, self.m, self.bias, self.group_size, self.out_features, qh=self.qh)
         return super().forward(x)
+
+    def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """Outputs 0..n-1 from the first ceil(n / 8) tiles only: the kernel given n outputs reads no further."""
+        return ops.gemm_q4(_rows_of(x, self.in_features), self.qs, self.d, self.m, _first(self.bias, n),
+                           self.group_size, n, qh=self.qh).view(*x.shape[:-1], n)
 
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return ops.gemm_q4(x, self.qs, self.d, self.m, None, self.group_size, self.out_features, qh=self.qh)
@@ -119,6 +133,11 @@ class NativeInt8Linear(QuantLinear):
                                per_token=self.per_token)
         return super().forward(x)
 
+    def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """As NativeInt4Linear.first_outputs."""
+        return ops.gemm_q8(_rows_of(x, self.in_features), self.q, self.s, _first(self.bias, n), self.group_size, n,
+                           per_token=self.per_token).view(*x.shape[:-1], n)
+
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
         return ops.gemm_q8(x, self.q, self.s, None, self.group_size, self.out_features, per_token=self.per_token)
 
@@ -148,7 +167,11 @@ class NativeW8A8Linear(NativeInt8Linear):
         self.register_buffer("act_inv_smooth", None if smooth is None else 1.0 / smooth.float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.act_inv_smooth is not None:
-            x = x * self.act_inv_smooth
-        return super().forward(x)
+        return super().forward(self._smoothed(x))
+
+    def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return super().first_outputs(self._smoothed(x), n)
+
+    def _smoothed(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.act_inv_smooth is None else x * self.act_inv_smooth
 
