@@ -18,15 +18,19 @@ class DenseLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.dtype not in CACHED_KERNEL_DTYPES:
-            return F.linear(x, self.weight, self.bias)
-        x2 = x.reshape(-1, x.shape[-1])  # padded rows keep oneDNN's kernel cache bounded (tally/quant/base.py)
-        return F.linear(pad_rows(x2), self.weight, self.bias)[:x2.shape[0]].view(*x.shape[:-1], -1)
+        return _linear(x, self.weight, self.bias)
 
     def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """Outputs 0..n-1 alone, from their weights' rows only (a draft's reduced vocabulary,
         tally/engine/speculative_config.py: draft_vocab_size)."""
-        return F.linear(x, self.weight[:n], None if self.bias is None else self.bias[:n])
+        return _linear(x, self.weight[:n], None if self.bias is None else self.bias[:n])
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if weight.dtype not in CACHED_KERNEL_DTYPES:
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(-1, x.shape[-1])  # padded rows keep oneDNN's kernel cache bounded (tally/quant/base.py)
+    return F.linear(pad_rows(x2), weight, bias)[:x2.shape[0]].view(*x.shape[:-1], -1)
 
 
 class Fp16WeightLinear(nn.Module):
