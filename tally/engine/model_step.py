@@ -29,14 +29,11 @@ class ModelStep:
     vocab_rows: int = 0  # > 0: only token ids below it are scored (a draft's reduced vocabulary); 0: all
 
 
-@torch.inference_mode()
 def run_model_step(model: CausalLM, kv_caches: list[tuple[KVCache, KVCache]], step: ModelStep) -> torch.Tensor:
     """The forward pass, then float32 logits [len(logit_rows), V] (every rank gets them under tensor parallelism;
     only rank 0 samples)."""
-    hidden = model(step.input_ids, step.positions, kv_caches, step.meta)
-    if not len(step.logit_rows):
-        return hidden.new_empty((0, model.cfg.vocab_size), dtype=torch.float32)
-    return model.compute_logits(hidden[step.logit_rows], step.vocab_rows)
+    return model.forward_logits(step.input_ids, step.positions, kv_caches, step.meta, step.logit_rows,
+                                step.vocab_rows)
 
 
 class TPDriver:

@@ -150,14 +150,30 @@ class CausalLM(nn.Module):
         """`hidden`: the previous pipeline stage's output [T, H], which this stage's layers continue from instead of
         the embedding. Returns the normed final hidden state, or on a stage before the last its layers' output."""
         h = self._embed(input_ids) if hidden is None else hidden
-        rope = self.rotary.lookup(positions)
-        step = self.native_step
-        if step is not None and meta.is_decode_only and step.applies(self, kv_caches):
-            h = step.run(h.contiguous(), rope, meta)
+        if self._native_step_runs(meta, kv_caches):
+            h = self.native_step.run(h.contiguous(), positions, meta)
         else:
+            rope = self.rotary.lookup(positions)
             for layer, kv in zip(self.layers, kv_caches):
                 h = layer(h, rope, kv, meta)
         return self.norm(h) if self.norm is not None else h
+
+    @torch.inference_mode()
+    def forward_logits(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata, logit_rows: torch.Tensor,
+                       vocab_rows: int = 0) -> torch.Tensor:
+        """forward, then compute_logits of the flat rows `logit_rows`: float32 [len(logit_rows), V]. A decode step
+        scoring the whole vocabulary goes from the embeddings to the logits in one native call."""
+        if not vocab_rows and self._native_step_runs(meta, kv_caches) and self.native_step.scores:
+            return self.native_step.run(self._embed(input_ids).contiguous(), positions, meta, logit_rows)
+        hidden = self(input_ids, positions, kv_caches, meta)
+        if not len(logit_rows):
+            return hidden.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
+        return self.compute_logits(hidden[logit_rows], vocab_rows)
+
+    def _native_step_runs(self, meta: AttentionMetadata, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
+        step = self.native_step
+        return step is not None and meta.is_decode_only and step.applies(self, kv_caches)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:  # vocabulary-parallel: each rank looks up its own rows, zeros elsewhere, summed

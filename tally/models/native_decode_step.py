@@ -7,7 +7,9 @@ call. It applies when every projection is a native int4 / int8 / W8A8 layer (tal
 fp16 panels (tally/layers/dense.py), or several of them side by side (ConcatLinear: a GGUF's fused q/k/v whose
 parts are stored in different block types), the caches are fp32, fp16, bf16 or int8 (with its key smoothing) and
 no layer needs per-head q/k norms; otherwise `build` returns None (or `applies` says no) and the model runs layer
-by layer.
+by layer. Where the final norm and the LM head are native as well (`scores`), a step can end in the logits of the
+rows that sample (CausalLM.forward_logits): measured on SmolLM2, the Python between the two calls (the final norm,
+the head's call) cost 0.1-0.25 ms a step, as every call after the weights' stream starts from cold caches.
 
 The structs hold raw pointers: they stay valid because the model's tensors are never replaced after loading
 (in-place changes, such as the quality gate's deliberate zeroing, are seen). The caches are checked per step.
@@ -47,7 +49,8 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [("num_layers", _I), ("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
                 ("intermediate", _I), ("block_size", _I), ("window", _I), ("scale", ctypes.c_float),
-                ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer))]
+                ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("cos", _P), ("sin", _P),
+                ("final_norm", _P), ("head", _Proj)]
 
 
 def _proj(module: torch.nn.Module, keep: list[Any]) -> _Proj | None:
@@ -77,19 +80,37 @@ def _proj(module: torch.nn.Module, keep: list[Any]) -> _Proj | None:
                  scale_form(module.s))
 
 
+def _head(model: Any, keep: list[Any]) -> _Proj | None:
+    """The LM head as the step can run it after the layers (final norm included), or None: no head on this rank
+    (a pipeline stage before the last), a vocabulary-parallel one, or a norm or head the kernels do not run."""
+    if model.lm_head is None or model.norm is None or not model.norm.native or model.tp is not None:
+        return None
+    if model.norm.eps != model.layers[0].input_norm.eps:
+        return None
+    head = _proj(model.lm_head, keep)
+    return head if head is not None and head.n == model.cfg.vocab_size else None
+
+
 class NativeDecodeStep:
     def __init__(self, model: Any, layers: list[_Layer], keep: list[Any]) -> None:
         cfg = model.cfg
         self._keep = keep  # the parts of concatenated projections, which the layers point at
         self._layers = (_Layer * len(layers))(*layers)
+        head = _head(model, keep)
+        self.scores = head is not None  # whether a step can end in the logits
+        self._vocab = cfg.vocab_size
+        rotary = model.rotary
         self._model = _Model(len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, 0, cfg.sliding_window or 0, cfg.head_dim ** -0.5,
-                             model.layers[0].input_norm.eps, self._layers)
+                             model.layers[0].input_norm.eps, self._layers, rotary.cos.data_ptr(),
+                             rotary.sin.data_ptr(), model.norm.weight.data_ptr() if head else None, head or _Proj())
         self._caches: list[Any] | None = None
 
     @classmethod
     def build(cls, model: Any) -> NativeDecodeStep | None:
         if load() is None or not all(layer.native for layer in model.layers):
+            return None
+        if model.rotary.cos.dtype != torch.float32 or not model.rotary.cos.is_contiguous():
             return None
         layers, keep = [], []
         for layer in model.layers:
@@ -122,12 +143,26 @@ class NativeDecodeStep:
             self._caches = kv_caches
         return True
 
-    def run(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], meta: Any) -> torch.Tensor:
-        """h [n, hidden] fp32 contiguous (overwritten with the last layer's output); a decode-only step's meta."""
+    def run(self, h: torch.Tensor, positions: torch.Tensor, meta: Any,
+            logit_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """h [n, hidden] fp32 contiguous, positions int64 [n], a decode-only step's meta. Returns h, overwritten with
+        the last layer's output; or with `logit_rows` (int64, rows of h; needs `scores`) their float32 logits
+        [len(logit_rows), V], the final norm and the LM head run in the same call."""
         n = h.shape[0]
+        positions = _int64(positions)
         lens = meta.memo("context_lens", lambda: torch.tensor(meta.context_lens[:n], dtype=torch.int64))
         tables = meta.block_tables
-        load().tally_decode_layers(ctypes.byref(self._model), h.data_ptr(), n, rope[0].data_ptr(),
-                                   rope[1].data_ptr(), meta.slot_mapping.data_ptr(), tables.data_ptr(),
-                                   tables.stride(0), lens.data_ptr())
-        return h
+        rows, logits = None, None
+        if logit_rows is not None:
+            rows = _int64(logit_rows)
+            logits = torch.empty(len(rows), self._vocab, dtype=torch.float32)
+        load().tally_decode_layers(ctypes.byref(self._model), h.data_ptr(), n, positions.data_ptr(),
+                                   meta.slot_mapping.data_ptr(), tables.data_ptr(), tables.stride(0),
+                                   lens.data_ptr(), None if rows is None else rows.data_ptr(),
+                                   0 if rows is None else len(rows), None if logits is None else logits.data_ptr())
+        return h if logits is None else logits
+
+
+def _int64(t: torch.Tensor) -> torch.Tensor:
+    """As the C step reads indices: int64, contiguous (what the engine's inputs already are: no copy then)."""
+    return t if t.dtype == torch.int64 and t.is_contiguous() else t.to(torch.int64).contiguous()

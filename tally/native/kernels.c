@@ -302,7 +302,7 @@ void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cac
  * For decode-only steps of models whose projections all have native formats: per layer the same sequence as
  * DecoderLayer._forward_native (norm, qkv, rotary + cache write, paged attention, o into the residual, norm,
  * gate/up, SiLU-and-multiply, down into the residual), with no interpreter between the steps. The Python side
- * (tally/native/decode_step.py) fills these structs once, from the loaded model's tensors. */
+ * (tally/models/native_decode_step.py) fills these structs once, from the loaded model's tensors. */
 enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5 };
 
 typedef struct {
@@ -327,6 +327,9 @@ typedef struct {
     int64_t num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size, window;
     float scale, eps;
     const Layer *layers;
+    const float *cos, *sin;   /* the rotary tables [positions, head_dim] */
+    const float *final_norm;  /* with `head` (kind 0: none), a step can end in the logits */
+    Proj head;
 } Model;
 
 static void project(const Proj *p, const float *x, float *y, int64_t M, int accumulate) {
@@ -360,15 +363,23 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
         tally_gemm_f16(x, p->w, p->bias, y, M, p->n, p->k, accumulate);
 }
 
-/* h [n, hidden] (the embeddings in, the last layer's output out, in place); cos, sin [n, D]; slots [n];
- * block_tables [>= n, bt_stride]; ctx [n]. */
-void tally_decode_layers(const Model *md, float *h, int64_t n, const float *cos, const float *sin,
-                         const int64_t *slots, const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx) {
+/* h [n, hidden] (the embeddings in, the last layer's output out, in place); positions, slots [n];
+ * block_tables [>= n, bt_stride]; ctx [n]. With `logits` (the model has a head): logits [m, head.n] of the rows
+ * logit_rows [m] of h, final norm and LM head included, so that the interpreter does not run between the layers and
+ * the head (after the weights' stream every Python and torch call starts from cold caches: a norm of one row took
+ * 100-200 us there against 5 warm). */
+void tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t *positions, const int64_t *slots,
+                         const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx,
+                         const int64_t *logit_rows, int64_t m, float *logits) {
     int64_t H = md->hidden, D = md->head_dim, q_size = md->heads * D;
     int64_t row = (md->heads + 2 * md->kv_heads) * D, I = md->intermediate;
     float *x = malloc(sizeof(float) * n * H), *qkv = malloc(sizeof(float) * n * row);
     float *att = malloc(sizeof(float) * n * q_size), *gu = malloc(sizeof(float) * n * 2 * I);
-    float *act = malloc(sizeof(float) * n * I);
+    float *act = malloc(sizeof(float) * n * I), *cos = malloc(sizeof(float) * n * D), *sin = malloc(sizeof(float) * n * D);
+    for (int64_t t = 0; t < n; t++) {
+        memcpy(cos + t * D, md->cos + positions[t] * D, sizeof(float) * D);
+        memcpy(sin + t * D, md->sin + positions[t] * D, sizeof(float) * D);
+    }
     for (int64_t l = 0; l < md->num_layers; l++) {
         const Layer *L = md->layers + l;
         tally_rms_norm(h, L->input_norm, x, n, H, md->eps);
@@ -396,7 +407,14 @@ void tally_decode_layers(const Model *md, float *h, int64_t n, const float *cos,
         tally_silu_mul(gu, act, n, I);
         project(&L->down, act, h, n, 1);
     }
-    free(x); free(qkv); free(att); free(gu); free(act);
+    if (logits && m > 0) {
+        float *rows = malloc(sizeof(float) * m * H);
+        for (int64_t i = 0; i < m; i++) memcpy(rows + i * H, h + logit_rows[i] * H, sizeof(float) * H);
+        tally_rms_norm(rows, md->final_norm, rows, m, H, md->eps);
+        project(&md->head, rows, logits, m, 0);
+        free(rows);
+    }
+    free(x); free(qkv); free(att); free(gu); free(act); free(cos); free(sin);
 }
 
 /* ---- Dequantizing to bf16 for a dense matmul: the many-token path of the integer and fp16 layers ----
