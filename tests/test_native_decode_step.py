@@ -175,14 +175,16 @@ def test_a_fused_projection_of_parts_in_different_formats_runs_in_the_one_call_s
     assert_step_matches_layers(llm)
 
 
-def test_a_decode_step_ends_in_the_logits_of_any_rows_in_one_call(tiny_llama):
-    """forward_logits on a decode step runs the final norm and the LM head inside the native call: the logits of
-    any rows (in any order, repeated, or none) equal the layers' output through compute_logits."""
+@pytest.mark.parametrize("arch, embeds", [("llama", False), ("qwen2", True)])
+def test_a_decode_step_ends_in_the_logits_of_any_rows_in_one_call(tiny_model_factory, arch, embeds):
+    """forward_logits on a decode step runs the final norm and the LM head inside the native call, and where the
+    token table is int4 / int8 rows (qwen2's, tied to its head) the lookup too: the logits of any rows (in any
+    order, repeated, or none) equal the Python embedding and the layers' output through compute_logits."""
     from tally.engine.inputs import build_span_inputs
 
-    llm = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
+    llm = LLM(str(tiny_model_factory(arch)), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
     model, caches = llm.engine.model, llm.engine.kv_caches
-    assert model.native_step.scores
+    assert model.native_step.scores and model.native_step.embeds == embeds
     spans = [([1], 0, [5]), ([2], 0, [9]), ([3], 0, [17])]  # (block table, first position, token ids)
     ids, positions, meta, _ = build_span_inputs(spans, llm.engine.kv.block_size, as_decodes=1)
     assert meta.is_decode_only
@@ -192,4 +194,7 @@ def test_a_decode_step_ends_in_the_logits_of_any_rows_in_one_call(tiny_llama):
     assert fused.shape == (3, model.cfg.vocab_size)
     assert torch.equal(fused, layered)
     assert model.forward_logits(ids, positions, caches, meta, rows[:0]).shape == (0, model.cfg.vocab_size)
+    if embeds:  # an id outside the table: an error, as PyTorch's lookup gives, before anything runs
+        with pytest.raises(IndexError, match="outside a table"):
+            model.forward_logits(torch.tensor([5, model.cfg.vocab_size, 17]), positions, caches, meta, rows)
 

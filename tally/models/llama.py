@@ -163,9 +163,11 @@ class CausalLM(nn.Module):
                        kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata, logit_rows: torch.Tensor,
                        vocab_rows: int = 0) -> torch.Tensor:
         """forward, then compute_logits of the flat rows `logit_rows`: float32 [len(logit_rows), V]. A decode step
-        scoring the whole vocabulary goes from the embeddings to the logits in one native call."""
-        if not vocab_rows and self._native_step_runs(meta, kv_caches) and self.native_step.scores:
-            return self.native_step.run(self._embed(input_ids).contiguous(), positions, meta, logit_rows)
+        scoring the whole vocabulary goes from the token ids (or the embeddings) to the logits in one native call."""
+        step = self.native_step
+        if not vocab_rows and self._native_step_runs(meta, kv_caches) and step.scores:
+            h = None if step.embeds else self._embed(input_ids).contiguous()
+            return step.run(h, positions, meta, logit_rows, input_ids)
         hidden = self(input_ids, positions, kv_caches, meta)
         if not len(logit_rows):
             return hidden.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)

@@ -8,8 +8,9 @@ fp16 panels (tally/layers/dense.py), or several of them side by side (ConcatLine
 parts are stored in different block types), the caches are fp32, fp16, bf16 or int8 (with its key smoothing) and
 no layer needs per-head q/k norms; otherwise `build` returns None (or `applies` says no) and the model runs layer
 by layer. Where the final norm and the LM head are native as well (`scores`), a step can end in the logits of the
-rows that sample (CausalLM.forward_logits): measured on SmolLM2, the Python between the two calls (the final norm,
-the head's call) cost 0.1-0.25 ms a step, as every call after the weights' stream starts from cold caches.
+rows that sample (CausalLM.forward_logits), and where the token table is int4 / int8 rows (`embeds`) start from the
+token ids: every Python and torch call after the weights' stream starts from cold caches, and the calls these
+replace (embedding lookup, final norm, the head's call) cost 0.1-0.35 ms a step (docs/benchmarks.md, session 28).
 
 The structs hold raw pointers: they stay valid because the model's tensors are never replaced after loading
 (in-place changes, such as the quality gate's deliberate zeroing, are seen). The caches are checked per step.
@@ -50,7 +51,7 @@ class _Model(ctypes.Structure):
     _fields_ = [("num_layers", _I), ("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
                 ("intermediate", _I), ("block_size", _I), ("window", _I), ("scale", ctypes.c_float),
                 ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("cos", _P), ("sin", _P),
-                ("final_norm", _P), ("head", _Proj)]
+                ("final_norm", _P), ("head", _Proj), ("embed", _Proj)]
 
 
 def _proj(module: torch.nn.Module, keep: list[Any]) -> _Proj | None:
@@ -91,19 +92,30 @@ def _head(model: Any, keep: list[Any]) -> _Proj | None:
     return head if head is not None and head.n == model.cfg.vocab_size else None
 
 
+def _token_table(model: Any, keep: list[Any]) -> _Proj | None:
+    """The token table as int4 / int8 rows the step can look up itself (a GGUF table's own blocks, or a tied head's),
+    or None: the caller embeds (a plain table, fp16 panels, vocabulary-parallel rows)."""
+    if model.tp is not None or model.embed_tokens is not None:
+        return None
+    table = _proj(model.embed_blocks if model.embed_blocks is not None else model.lm_head, keep)
+    return table if table is not None and table.kind in (PROJ_Q4, PROJ_Q8, PROJ_W8A8) else None
+
+
 class NativeDecodeStep:
     def __init__(self, model: Any, layers: list[_Layer], keep: list[Any]) -> None:
         cfg = model.cfg
         self._keep = keep  # the parts of concatenated projections, which the layers point at
         self._layers = (_Layer * len(layers))(*layers)
-        head = _head(model, keep)
+        head, table = _head(model, keep), _token_table(model, keep)
         self.scores = head is not None  # whether a step can end in the logits
+        self.embeds = table is not None  # whether it can start from the token ids
         self._vocab = cfg.vocab_size
         rotary = model.rotary
         self._model = _Model(len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                              cfg.intermediate_size, 0, cfg.sliding_window or 0, cfg.head_dim ** -0.5,
                              model.layers[0].input_norm.eps, self._layers, rotary.cos.data_ptr(),
-                             rotary.sin.data_ptr(), model.norm.weight.data_ptr() if head else None, head or _Proj())
+                             rotary.sin.data_ptr(), model.norm.weight.data_ptr() if head else None, head or _Proj(),
+                             table or _Proj())
         self._caches: list[Any] | None = None
 
     @classmethod
@@ -143,12 +155,17 @@ class NativeDecodeStep:
             self._caches = kv_caches
         return True
 
-    def run(self, h: torch.Tensor, positions: torch.Tensor, meta: Any,
-            logit_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """h [n, hidden] fp32 contiguous, positions int64 [n], a decode-only step's meta. Returns h, overwritten with
-        the last layer's output; or with `logit_rows` (int64, rows of h; needs `scores`) their float32 logits
-        [len(logit_rows), V], the final norm and the LM head run in the same call."""
-        n = h.shape[0]
+    def run(self, h: torch.Tensor | None, positions: torch.Tensor, meta: Any, logit_rows: torch.Tensor | None = None,
+            ids: torch.Tensor | None = None) -> torch.Tensor:
+        """h [n, hidden] fp32 contiguous, or None: the call looks up the embeddings of the token `ids` [n] itself
+        (needs `embeds`); positions [n], a decode-only step's meta. Returns the last layer's output (in h); or with
+        `logit_rows` (rows of it; needs `scores`) their float32 logits [len(logit_rows), V], the final norm and the
+        LM head run in the same call."""
+        n = len(positions)
+        table_ids = None
+        if h is None:  # the call embeds
+            table_ids = _int64(ids)
+            h = torch.empty(n, self._model.hidden, dtype=torch.float32)
         positions = _int64(positions)
         lens = meta.memo("context_lens", lambda: torch.tensor(meta.context_lens[:n], dtype=torch.int64))
         tables = meta.block_tables
@@ -156,10 +173,13 @@ class NativeDecodeStep:
         if logit_rows is not None:
             rows = _int64(logit_rows)
             logits = torch.empty(len(rows), self._vocab, dtype=torch.float32)
-        load().tally_decode_layers(ctypes.byref(self._model), h.data_ptr(), n, positions.data_ptr(),
-                                   meta.slot_mapping.data_ptr(), tables.data_ptr(), tables.stride(0),
-                                   lens.data_ptr(), None if rows is None else rows.data_ptr(),
-                                   0 if rows is None else len(rows), None if logits is None else logits.data_ptr())
+        status = load().tally_decode_layers(
+            ctypes.byref(self._model), h.data_ptr(), n, None if table_ids is None else table_ids.data_ptr(),
+            positions.data_ptr(), meta.slot_mapping.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
+            None if rows is None else rows.data_ptr(), 0 if rows is None else len(rows),
+            None if logits is None else logits.data_ptr())
+        if status < 0:  # the call ran nothing: as PyTorch's indexing, an error
+            raise IndexError(f"token ids {table_ids.tolist()[:5]} reach outside a table of {self._model.embed.n} rows")
         return h if logits is None else logits
 
 

@@ -330,7 +330,14 @@ typedef struct {
     const float *cos, *sin;   /* the rotary tables [positions, head_dim] */
     const float *final_norm;  /* with `head` (kind 0: none), a step can end in the logits */
     Proj head;
+    Proj embed;               /* the token table as int4 / int8 rows (kind 0: the caller embeds) */
 } Model;
+
+int64_t tally_dequant_q4_rows(const uint8_t *qs, const uint8_t *qh, const void *d, const void *m, const int64_t *rows,
+                              int64_t n_rows, int64_t table_rows, int64_t K, int64_t group, int64_t bits,
+                              int scale_form, float *out);
+int64_t tally_dequant_q8_rows(const int8_t *q, const void *s, const int64_t *rows, int64_t n_rows, int64_t table_rows,
+                              int64_t K, int64_t group, int scale_form, float *out);
 
 static void project(const Proj *p, const float *x, float *y, int64_t M, int accumulate) {
     if (p->kind == PROJ_CONCAT) {  /* parts in different formats (a GGUF's q/k in Q4_K, v in Q6_K) side by side */
@@ -363,14 +370,23 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
         tally_gemm_f16(x, p->w, p->bias, y, M, p->n, p->k, accumulate);
 }
 
-/* h [n, hidden] (the embeddings in, the last layer's output out, in place); positions, slots [n];
- * block_tables [>= n, bt_stride]; ctx [n]. With `logits` (the model has a head): logits [m, head.n] of the rows
- * logit_rows [m] of h, final norm and LM head included, so that the interpreter does not run between the layers and
- * the head (after the weights' stream every Python and torch call starts from cold caches: a norm of one row took
- * 100-200 us there against 5 warm). */
-void tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t *positions, const int64_t *slots,
-                         const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx,
-                         const int64_t *logit_rows, int64_t m, float *logits) {
+/* h [n, hidden] (the embeddings in, the last layer's output out, in place); with `ids` [n] (the model has an
+ * `embed` table) the call looks the embeddings up itself; positions, slots [n]; block_tables [>= n, bt_stride];
+ * ctx [n]. With `logits` (the model has a head): logits [m, head.n] of the rows logit_rows [m] of h, final norm and
+ * LM head included. Both keep the interpreter out of the step: after the weights' stream every Python and torch
+ * call starts from cold caches (a norm of one row took 100-200 us there against 5 warm). Returns -1, having run
+ * nothing, when an id lies outside the table; else 0. */
+int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t *ids, const int64_t *positions,
+                            const int64_t *slots, const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx,
+                            const int64_t *logit_rows, int64_t m, float *logits) {
+    if (ids) {
+        const Proj *e = &md->embed;
+        int64_t status = e->kind == PROJ_Q4
+            ? tally_dequant_q4_rows(e->w, e->high, e->scale, e->min, ids, n, e->n, e->k, e->group, e->bits,
+                                    (int)e->scale_form, h)
+            : tally_dequant_q8_rows(e->w, e->scale, ids, n, e->n, e->k, e->group, (int)e->scale_form, h);
+        if (status < 0) return status;
+    }
     int64_t H = md->hidden, D = md->head_dim, q_size = md->heads * D;
     int64_t row = (md->heads + 2 * md->kv_heads) * D, I = md->intermediate;
     float *x = malloc(sizeof(float) * n * H), *qkv = malloc(sizeof(float) * n * row);
@@ -415,6 +431,7 @@ void tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t *po
         free(rows);
     }
     free(x); free(qkv); free(att); free(gu); free(act); free(cos); free(sin);
+    return 0;
 }
 
 /* ---- Dequantizing to bf16 for a dense matmul: the many-token path of the integer and fp16 layers ----
