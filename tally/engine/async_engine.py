@@ -237,6 +237,9 @@ class AsyncEngine:
             self._drain_inbox()
             if not self.engine.has_unfinished_requests():
                 self.engine.check_health()
+                # what changes while no step runs (the disk tier's writer finishing blocks queued by the last step)
+                # reaches /ledger and /metrics too: they read the last snapshot published
+                self._publish()
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
