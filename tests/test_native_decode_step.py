@@ -197,4 +197,3 @@ def test_a_decode_step_ends_in_the_logits_of_any_rows_in_one_call(tiny_model_fac
     if embeds:  # an id outside the table: an error, as PyTorch's lookup gives, before anything runs
         with pytest.raises(IndexError, match="outside a table"):
             model.forward_logits(torch.tensor([5, model.cfg.vocab_size, 17]), positions, caches, meta, rows)
-

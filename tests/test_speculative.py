@@ -83,7 +83,8 @@ def test_verify_rows_take_the_native_decode_step(tiny_llama, reference):
     step, running = llm.engine.model.native_step, llm.engine.scheduler.running
     verify_steps = []  # native steps with more rows than requests: proposals among them
     run = step.run
-    step.run = lambda h, *args: verify_steps.append(h.shape[0] > len(running)) or run(h, *args)
+    step.run = lambda h, positions, *rest: (verify_steps.append(len(positions) > len(running))
+                                            or run(h, positions, *rest))
     assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
     _spoke(llm)
     assert any(verify_steps)
