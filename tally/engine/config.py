@@ -117,6 +117,9 @@ class EngineConfig:
                                            "fit in this inter-token latency (by the measured step cost), so a "
                                            "long prompt cannot freeze them (tally serve: 0.3; none: no target)",
                                      aliases=("--max-itl",))
+    num_scheduler_steps: int = option(1, "decode steps run in one call where a step holds only greedy decodes "
+                                         "(vLLM's name): the interpreter's per-step work is paid once a burst, and "
+                                         "streams get their tokens in bursts (LLM(): 8, nobody streams there)")
     speculative_config: str | dict | None = option(
         None, "speculative decoding, vLLM's JSON form, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
               "(prompt_lookup_min / _max: the n-gram sizes; \"adaptive\": false fixes how many are verified), or "
@@ -176,7 +179,8 @@ class EngineConfig:
             raise ConfigError(f"attention_backend {self.attention_backend!r} unknown; use one of {BACKEND_NAMES}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise ConfigError(f"num_gpu_blocks_override must be ≥ 1, got {self.num_gpu_blocks_override}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_num_partial_prefills"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_num_partial_prefills",
+                     "num_scheduler_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.cpu_affinity is not None:

@@ -24,6 +24,7 @@ from tally.engine.group import RequestGroup
 from tally.engine.kv_spill import build_kv_tiers
 from tally.engine.model_setup import LoadedModel, load_model
 from tally.engine.model_step import TPDriver
+from tally.engine.multi_step import burst_steps
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
 from tally.engine.snapshot import EngineSnapshot, IterationTokens
@@ -84,6 +85,8 @@ class Engine:
         draft = None if m.draft is None else DraftProposer(m.draft, self.kv, spec.draft_context_tokens,
                                                            spec.draft_vocab_size)
         self.speculator = Speculator(spec, self.max_model_len, draft) if spec is not None else None
+        # decode steps a step may run in one call (tally/engine/multi_step.py); speculation verifies instead
+        self._burst_limit = config.num_scheduler_steps if spec is None and self.runner.runs_greedy_steps else 1
         self.groups: dict[str, RequestGroup] = {}
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
         self._aborted: list[RequestGroup] = []
@@ -218,9 +221,16 @@ class Engine:
         self._num_steps += 1
         moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
         self._aborted.clear()
+        steps = burst_steps(out, self.scheduler, self.kv, self._burst_limit, self.max_model_len)
         if out.scheduled:
-            result = self.runner.execute(out, self.speculator.draft_probs if self.speculator is not None else None)
-            keep = self._verify(out, result)
+            if steps > 1:
+                result = self.runner.execute_greedy(out, steps)
+                keep = result.counts  # a request that finishes early stops taking tokens in _apply_samples
+                for s in out.scheduled:
+                    s.num_new_tokens = steps  # every step's input token is computed now
+            else:
+                result = self.runner.execute(out, self.speculator.draft_probs if self.speculator is not None else None)
+                keep = self._verify(out, result)
             self.scheduler.finish_step(out)
             now = time.monotonic()
             for s in out.scheduled:
@@ -242,7 +252,7 @@ class Engine:
                 prompt_tokens + self._num_generated_tokens - generated_before)
             mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
             seconds = time.perf_counter() - started_s
-            self._step_cost.observe(prompt_tokens, mean_context, seconds)
+            self._step_cost.observe(prompt_tokens, mean_context, seconds / steps)  # a burst: per decode step
             if not chunks:  # a prompt chunk's step says nothing about decode's speed, nor about speculation
                 generated = self._num_generated_tokens - generated_before
                 self._decode_step_seconds += seconds

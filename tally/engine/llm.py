@@ -11,6 +11,7 @@ from rich.progress import Progress
 
 from tally.engine.config import EngineConfig
 from tally.engine.engine import Engine
+from tally.engine.multi_step import OFFLINE_SCHEDULER_STEPS
 from tally.engine.vllm_compat import NO_EFFECT
 from tally.errors import ConfigError, InvalidRequestError
 from tally.models.chat_template import chat_prompt, refuse_without_template
@@ -31,6 +32,7 @@ class LLM:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ConfigError(f"unknown LLM argument(s) {unknown}; known: {sorted(known)}")
+        kwargs.setdefault("num_scheduler_steps", OFFLINE_SCHEDULER_STEPS)  # nobody streams from LLM()
         self.engine = Engine(EngineConfig(model=model, **kwargs))
         self._ids = itertools.count()
 

@@ -89,6 +89,21 @@ class ModelRunner:
         )
         return StepResult(reqs, inputs.sample_counts, self.sampler(logits, sampler_input), prompt_lp)
 
+    @property
+    def runs_greedy_steps(self) -> bool:
+        """Whether execute_greedy can run: one process, and a native step from the token ids to the logits."""
+        return self.peers is None and self.model.runs_greedy_steps(self.kv_caches)
+
+    @torch.inference_mode()
+    def execute_greedy(self, out: SchedulerOutput, steps: int) -> StepResult:
+        """`steps` greedy decode steps of a decode-only batch in one native call (tally/engine/multi_step.py decides
+        when, and made room in the blocks): each request's `steps` tokens, in order, are its rows of the output."""
+        inputs = build_step_inputs(out, self.kv)
+        tokens = self.model.greedy_steps(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, steps)
+        reqs = [out.scheduled[i].request for i in inputs.sample_rows]
+        sampled = SamplerOutput(tokens.reshape(-1), torch.zeros(tokens.numel()), None, None)
+        return StepResult(reqs, [steps] * len(reqs), sampled, {})
+
     def _run(self, step: ModelStep) -> torch.Tensor:
         if self.peers is None:
             return run_model_step(self.model, self.kv_caches, step)

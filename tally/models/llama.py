@@ -173,6 +173,20 @@ class CausalLM(nn.Module):
             return hidden.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
         return self.compute_logits(hidden[logit_rows], vocab_rows)
 
+    def runs_greedy_steps(self, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
+        """Whether decode steps can run several at a time in one native call (greedy_steps)."""
+        step = self.native_step
+        return step is not None and step.runs_greedy and step.applies(self, kv_caches)
+
+    @torch.inference_mode()
+    def greedy_steps(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                     kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata, steps: int) -> torch.Tensor:
+        """`steps` greedy decode steps of a decode-only batch (where runs_greedy_steps): each row's argmax feeds its
+        next step. The rows' blocks must have room for them. Returns the tokens int64 [n, steps]."""
+        if not (meta.is_decode_only and self.runs_greedy_steps(kv_caches)):
+            raise ValueError("greedy_steps runs decode-only steps on a native step from token ids to logits")
+        return self.native_step.greedy(input_ids, positions, meta, steps)
+
     def _native_step_runs(self, meta: AttentionMetadata, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
         step = self.native_step
         return step is not None and meta.is_decode_only and step.applies(self, kv_caches)

@@ -167,7 +167,7 @@ class NativeDecodeStep:
             table_ids = _int64(ids)
             h = torch.empty(n, self._model.hidden, dtype=torch.float32)
         positions = _int64(positions)
-        lens = meta.memo("context_lens", lambda: torch.tensor(meta.context_lens[:n], dtype=torch.int64))
+        lens = _context_lens(meta, n)
         tables = meta.block_tables
         rows, logits = None, None
         if logit_rows is not None:
@@ -178,9 +178,35 @@ class NativeDecodeStep:
             positions.data_ptr(), meta.slot_mapping.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
             None if rows is None else rows.data_ptr(), 0 if rows is None else len(rows),
             None if logits is None else logits.data_ptr())
-        if status < 0:  # the call ran nothing: as PyTorch's indexing, an error
-            raise IndexError(f"token ids {table_ids.tolist()[:5]} reach outside a table of {self._model.embed.n} rows")
+        if status < 0:
+            raise self._outside(table_ids)
         return h if logits is None else logits
+
+    @property
+    def runs_greedy(self) -> bool:
+        """Whether `greedy` can run: the call goes from the token ids to the logits."""
+        return self.scores and self.embeds
+
+    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: Any, steps: int) -> torch.Tensor:
+        """`steps` greedy decode steps of a decode-only batch in one call (needs `runs_greedy`): each row's argmax,
+        the first index of its maximum as torch.argmax's, is its next token at the next position. The rows' blocks
+        must have room for the steps' tokens (meta's block tables hold them). Returns the tokens int64 [n, steps]."""
+        n = len(positions)
+        ids, positions, lens, tables = _int64(ids), _int64(positions), _context_lens(meta, n), meta.block_tables
+        out = torch.empty(n, steps, dtype=torch.int64)
+        status = load().tally_decode_greedy(ctypes.byref(self._model), n, ids.data_ptr(), positions.data_ptr(),
+                                            tables.data_ptr(), tables.stride(0), lens.data_ptr(), steps, out.data_ptr())
+        if status < 0:
+            raise self._outside(ids)
+        return out
+
+    def _outside(self, ids: torch.Tensor) -> IndexError:
+        """The call ran nothing: as PyTorch's indexing, an error."""
+        return IndexError(f"token ids {ids.tolist()[:5]} reach outside a table of {self._model.embed.n} rows")
+
+
+def _context_lens(meta: Any, n: int) -> torch.Tensor:
+    return meta.memo("context_lens", lambda: torch.tensor(meta.context_lens[:n], dtype=torch.int64))
 
 
 def _int64(t: torch.Tensor) -> torch.Tensor:
