@@ -49,7 +49,9 @@ def measure(model: str | None, threads: int, prefill: int, decode: int, kwargs: 
     for _ in range(3):
         m = llm.generate(prompt(16), params)[0].metrics
         decodes.append((decode - 1) / (m.last_token_time - m.first_token_time))
-    return statistics.median(decodes), statistics.median(prefills), llm.engine.ledger.path["summary"]
+    steps = llm.engine.config.num_scheduler_steps  # LLM()'s multi-step decode (tally serve: 1)
+    return statistics.median(decodes), statistics.median(prefills), \
+        f"{llm.engine.ledger.path['summary']}; decode steps a call: up to {steps}"
 
 
 def main() -> int:

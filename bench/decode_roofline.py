@@ -2,7 +2,8 @@
 per-step time spent outside the model's kernels (Python overhead). Where the layers run in one native call, each
 decode step is split three ways: that call, the LM head, and everything else the engine's step did (inputs,
 embedding, final norm, sampling, scheduling: Python and torch ops), the first two with the bytes they read and
-their rate against torch's sum over 1 GB in the same run.
+their rate against torch's sum over 1 GB in the same run. Both with LLM()'s multi-step decode (several decode steps
+a native call: tally/engine/multi_step.py) and with one step a call, as `tally serve` runs them.
 
     python bench/decode_roofline.py [--dtype float32] [--quantization int4] [--tokens 128] [--threads 2]
 """
@@ -48,18 +49,27 @@ def weight_bytes_read_per_step(model: torch.nn.Module, weight_bytes: int) -> int
 
 class StepSplit:
     """Per decode step that ran the layers' native call: (the step, that call, the LM head) in seconds; the head's 0
-    where the call ran it too (tally/models/native_decode_step.py: a step that ends in the logits)."""
+    where the call ran it too (tally/models/native_decode_step.py: a step that ends in the logits). A burst of k
+    decode steps in one call (tally/engine/multi_step.py) counts as k steps of a k-th of its times each."""
 
     def __init__(self, engine: Engine) -> None:
         self.steps: list[tuple[float, float, float]] = []
         self._layers = self._head = 0.0
+        self._burst = 1
         model = engine.model
-        run, logits, step = model.native_step.run, model.compute_logits, engine.step
+        run, greedy, logits, step = model.native_step.run, model.native_step.greedy, model.compute_logits, engine.step
 
         def timed_run(*args):
             t0 = time.perf_counter()
             out = run(*args)
             self._layers += time.perf_counter() - t0
+            return out
+
+        def timed_greedy(ids, positions, meta, steps):
+            t0 = time.perf_counter()
+            out = greedy(ids, positions, meta, steps)
+            self._layers += time.perf_counter() - t0
+            self._burst = steps
             return out
 
         def timed_logits(*args):
@@ -70,14 +80,17 @@ class StepSplit:
 
         def timed_step():
             self._layers = self._head = 0.0
+            self._burst = 1
             t0 = time.perf_counter()
             out = step()
             if self._layers:
-                self.steps.append((time.perf_counter() - t0, self._layers, self._head))
+                k = self._burst
+                self.steps.extend([((time.perf_counter() - t0) / k, self._layers / k, self._head / k)] * k)
             return out
 
         # instance attributes over the methods: this engine only, nothing patched for anyone else
-        model.native_step.run, model.compute_logits, engine.step = timed_run, timed_logits, timed_step
+        model.native_step.run, model.native_step.greedy = timed_run, timed_greedy
+        model.compute_logits, engine.step = timed_logits, timed_step
 
     def medians(self) -> tuple[float, float, float]:
         return tuple(statistics.median(column) for column in zip(*self.steps))
@@ -105,48 +118,62 @@ def main() -> None:
     ledger = llm.engine.ledger
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
     llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm up
-    split = StepSplit(llm.engine) if llm.engine.model.native_step is not None else None
-    runs = []
-    for _ in range(3):
-        out = llm.generate("Once upon a time", params)[0]
-        m = out.metrics
-        runs.append((m.last_token_time - m.first_token_time) / (len(out.outputs[0].token_ids) - 1))
-    step_s = sorted(runs)[1]
-    model = llm.engine.model
-    if model.native_step is None:  # Python overhead: the same steps with the profiler's view of torch kernel time
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-        kernel_s = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6 / 16
+    engine, model = llm.engine, llm.engine.model
     bw = measure_bandwidth_gbs()
     kv_bytes = ledger.kv_bytes_per_token * 64  # ~64 tokens of context read per step on average
-    read_bytes = weight_bytes_read_per_step(llm.engine.model, ledger.weight_bytes)
+    read_bytes = weight_bytes_read_per_step(model, ledger.weight_bytes)
     roofline_tok_s = bw * 1e9 / (read_bytes + kv_bytes)
-    tok_s = 1 / step_s
     print(f"\nmodel {ledger.model_name}, compute {model.dtype}, projections {type(model.layers[0].qkv_proj).__name__}, "
           f"{a.threads} threads")
     print(f"{'figure':<44} {'value':>12}")
     print(f"{'weight bytes held / read per step':<44} {ledger.weight_bytes / 1e6:>6.1f} / {read_bytes / 1e6:.1f} MB")
     print(f"{'memory bandwidth (torch sum, this run)':<44} {bw:>9.1f} GB/s")
     print(f"{'roofline decode':<44} {roofline_tok_s:>8.1f} tok/s")
-    print(f"{'tally batch-1 decode (median of 3)':<44} {tok_s:>8.1f} tok/s")
-    if model.native_step is None:
-        print(f"{'per step: measured / in torch ops':<44} {step_s * 1e3:>6.1f} / {kernel_s * 1e3:.1f} ms")
-    else:  # the layers run inside one native call, which the torch profiler does not see
-        print(f"{'per step (one native call for all layers)':<44} {step_s * 1e3:>6.1f} ms")
-        step, layers, head = split.medians()
-        lm_bytes = head_bytes(model)
-        print(f"{'per decode step, median of ' + str(len(split.steps)):<44} {step * 1e3:>6.2f} ms")
-        parts = [("  the layers (one native call)", layers, read_bytes - lm_bytes), ("  the LM head", head, lm_bytes)]
-        if not head:
-            parts = [("  layers, norm and LM head (one native call)", layers, read_bytes)]
-        for name, seconds, nbytes in parts:
-            gbs = nbytes / seconds / 1e9
-            print(f"{name:<44} {seconds * 1e3:>6.2f} ms  {nbytes / 1e6:.1f} MB  {gbs:.1f} GB/s ({gbs / bw:.0%} of "
-                  "the sum's)")
-        rest = step - layers - head
-        print(f"{'  everything else (Python and torch ops)':<44} {rest * 1e3:>6.2f} ms  {rest / step:.0%} of the step")
-    print(f"{'tally / roofline':<44} {tok_s / roofline_tok_s:>11.0%}")
+    # LLM()'s multi-step decode, then one step a call as tally serve runs (the engine's limit, flipped in place)
+    limits = [engine._burst_limit] + ([1] if engine._burst_limit > 1 else [])
+    split = StepSplit(engine) if model.native_step is not None else None
+    for limit in limits:
+        engine._burst_limit = limit
+        if split is not None:
+            split.steps.clear()
+        step_s = decode_seconds(llm, params)
+        tok_s = 1 / step_s
+        label = f"{limit} decode steps a call at most" if limit > 1 else "one decode step a call"
+        print(f"{'tally batch-1 decode (median of 3)':<44} {tok_s:>8.1f} tok/s   ({label})")
+        if model.native_step is None:  # Python overhead: the same steps with the profiler's view of torch kernel time
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+            kernel_s = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6 / 16
+            print(f"{'per step: measured / in torch ops':<44} {step_s * 1e3:>6.1f} / {kernel_s * 1e3:.1f} ms")
+        else:  # the layers run inside one native call, which the torch profiler does not see
+            print_split(split, model, read_bytes, bw)
+        print(f"{'tally / roofline':<44} {tok_s / roofline_tok_s:>11.0%}")
     print("command: python " + " ".join(sys.argv))
+
+
+def decode_seconds(llm, params) -> float:
+    """Seconds a decode step, the median of 3 requests' (first token to last over the tokens between)."""
+    runs = []
+    for _ in range(3):
+        out = llm.generate("Once upon a time", params)[0]
+        m = out.metrics
+        runs.append((m.last_token_time - m.first_token_time) / (len(out.outputs[0].token_ids) - 1))
+    return sorted(runs)[1]
+
+
+def print_split(split: StepSplit, model: torch.nn.Module, read_bytes: int, bw: float) -> None:
+    step, layers, head = split.medians()
+    lm_bytes = head_bytes(model)
+    print(f"{'per decode step, median of ' + str(len(split.steps)):<44} {step * 1e3:>6.2f} ms")
+    parts = [("  the layers (one native call)", layers, read_bytes - lm_bytes), ("  the LM head", head, lm_bytes)]
+    if not head:
+        parts = [("  layers, norm and LM head (one native call)", layers, read_bytes)]
+    for name, seconds, nbytes in parts:
+        gbs = nbytes / seconds / 1e9
+        print(f"{name:<44} {seconds * 1e3:>6.2f} ms  {nbytes / 1e6:.1f} MB  {gbs:.1f} GB/s ({gbs / bw:.0%} of "
+              "the sum's)")
+    rest = step - layers - head
+    print(f"{'  everything else (Python and torch ops)':<44} {rest * 1e3:>6.2f} ms  {rest / step:.0%} of the step")
 
 
 if __name__ == "__main__":
