@@ -22,8 +22,8 @@ def tiny_qwen2(tiny_model_factory):
 
 
 def test_a_burst_equals_its_steps_one_call_at_a_time(tiny_qwen2):
-    """greedy(steps=5) gives the tokens of five one-step calls, each fed the argmax of the last: rows starting at
-    different positions, one crossing into its next block mid-burst."""
+    """greedy_steps(steps=5) gives the tokens of five one-step calls, each fed the argmax of the last: rows starting
+    at different positions, one crossing into its next block mid-burst."""
     llm = LLM(tiny_qwen2, dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
     model, caches, bs = llm.engine.model, llm.engine.kv_caches, llm.engine.kv.block_size
     assert model.runs_greedy_steps(caches)
@@ -31,7 +31,7 @@ def test_a_burst_equals_its_steps_one_call_at_a_time(tiny_qwen2):
     ids = torch.tensor([5, 9, 17])
     _, positions, meta, _ = build_span_inputs([(t, s, [i]) for t, s, i in zip(tables, starts, ids.tolist())], bs,
                                               as_decodes=1)
-    burst = model.greedy_steps(ids, positions, caches, meta, steps)
+    burst = model.greedy_steps(ids, positions, caches, meta, steps, [(), (), ()])
     stepped, current = [], ids
     for s in range(steps):
         spans = [(t, p + s, [i]) for t, p, i in zip(tables, starts, current.tolist())]
@@ -40,6 +40,11 @@ def test_a_burst_equals_its_steps_one_call_at_a_time(tiny_qwen2):
         current = logits.argmax(dim=-1)
         stepped.append(current)
     assert torch.equal(burst, torch.stack(stepped, dim=1))
+    # the call ends after the step where every row has made one of its stop ids; one row without any runs them all
+    stops = [(int(burst[0, 1]),), (int(burst[1, 2]), 10_000), (int(burst[2, 0]),)]
+    ran = max(burst[r].tolist().index(stop[0]) for r, stop in enumerate(stops)) + 1
+    assert torch.equal(model.greedy_steps(ids, positions, caches, meta, steps, stops), burst[:, :ran])
+    assert torch.equal(model.greedy_steps(ids, positions, caches, meta, steps, [*stops[:2], ()]), burst)
 
 
 def _outputs(llm: LLM, steps: int, params: list[SamplingParams]) -> tuple[list, int]:
@@ -70,6 +75,8 @@ def test_bursts_change_no_greedy_output_and_end_where_requests_stop(tiny_qwen2):
         outputs, count = _outputs(llm, steps, plain)
         assert outputs == reference and count < one_step_count
         assert _outputs(llm, steps, stopping)[0] == stop_reference
+    alone = llm.generate(PROMPTS[0], stopping[0], use_tqdm=False)[0].outputs[0]  # the call itself ends at the stop
+    assert (alone.token_ids, alone.finish_reason) == (stop_reference[0][0], "stop")
 
 
 def test_a_batch_with_a_request_the_sampler_must_see_runs_one_step_at_a_time(tiny_qwen2):

@@ -226,6 +226,7 @@ class Engine:
             if steps > 1:
                 result = self.runner.execute_greedy(out, steps)
                 keep = result.counts  # a request that finishes early stops taking tokens in _apply_samples
+                steps = result.counts[0]  # fewer than asked where every request made a token that stops it
                 for s in out.scheduled:
                     s.num_new_tokens = steps  # every step's input token is computed now
             else:

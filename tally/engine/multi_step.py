@@ -5,8 +5,9 @@ paid once a burst.
 
 A burst hands a request its tokens together, so streams would see them in bursts: `tally serve` keeps one step
 (its clients stream), LLM() takes 8 (nobody watches its tokens arrive). Greedy outputs are unchanged: each step is
-the one-call decode step, and its argmax is the sampler's greedy rule. Tokens after one that finishes a request
-(EOS, a stop string or id) are computed and dropped, and so are the KV entries they wrote."""
+the one-call decode step, and its argmax is the sampler's greedy rule. The call ends early once every request has
+made a token that stops it (EOS, a stop id); otherwise the tokens after one that finishes a request (those, or a
+stop string) are computed and dropped, and so are the KV entries they wrote."""
 from __future__ import annotations
 
 from tally.core.kv_manager import KVCacheManager

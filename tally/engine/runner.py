@@ -96,13 +96,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute_greedy(self, out: SchedulerOutput, steps: int) -> StepResult:
-        """`steps` greedy decode steps of a decode-only batch in one native call (tally/engine/multi_step.py decides
-        when, and made room in the blocks): each request's `steps` tokens, in order, are its rows of the output."""
+        """Up to `steps` greedy decode steps of a decode-only batch in one native call (tally/engine/multi_step.py
+        decides when, and made room in the blocks), fewer where every request has made a token that stops it (EOS, a
+        stop id): each request's tokens, in order, are its rows of the output, the same count for each."""
         inputs = build_step_inputs(out, self.kv)
-        tokens = self.model.greedy_steps(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, steps)
         reqs = [out.scheduled[i].request for i in inputs.sample_rows]
+        stops = [r.eos_token_ids + tuple(r.sampling_params.stop_token_ids) for r in reqs]
+        tokens = self.model.greedy_steps(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, steps, stops)
         sampled = SamplerOutput(tokens.reshape(-1), torch.zeros(tokens.numel()), None, None)
-        return StepResult(reqs, [steps] * len(reqs), sampled, {})
+        return StepResult(reqs, [tokens.shape[1]] * len(reqs), sampled, {})
 
     def _run(self, step: ModelStep) -> torch.Tensor:
         if self.peers is None:

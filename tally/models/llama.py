@@ -180,12 +180,14 @@ class CausalLM(nn.Module):
 
     @torch.inference_mode()
     def greedy_steps(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                     kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata, steps: int) -> torch.Tensor:
-        """`steps` greedy decode steps of a decode-only batch (where runs_greedy_steps): each row's argmax feeds its
-        next step. The rows' blocks must have room for them. Returns the tokens int64 [n, steps]."""
+                     kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata, steps: int,
+                     stop_ids: list[tuple[int, ...]]) -> torch.Tensor:
+        """Up to `steps` greedy decode steps of a decode-only batch (where runs_greedy_steps): each row's argmax feeds
+        its next step, until every row has made one of its `stop_ids`. The rows' blocks must have room for them.
+        Returns the tokens int64 [n, steps run]."""
         if not (meta.is_decode_only and self.runs_greedy_steps(kv_caches)):
             raise ValueError("greedy_steps runs decode-only steps on a native step from token ids to logits")
-        return self.native_step.greedy(input_ids, positions, meta, steps)
+        return self.native_step.greedy(input_ids, positions, meta, steps, stop_ids)
 
     def _native_step_runs(self, meta: AttentionMetadata, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
         step = self.native_step

@@ -18,6 +18,7 @@ The structs hold raw pointers: they stay valid because the model's tensors are n
 from __future__ import annotations
 
 import ctypes
+import itertools
 from typing import Any
 
 import torch
@@ -187,18 +188,23 @@ class NativeDecodeStep:
         """Whether `greedy` can run: the call goes from the token ids to the logits."""
         return self.scores and self.embeds
 
-    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: Any, steps: int) -> torch.Tensor:
-        """`steps` greedy decode steps of a decode-only batch in one call (needs `runs_greedy`): each row's argmax,
-        the first index of its maximum as torch.argmax's, is its next token at the next position. The rows' blocks
-        must have room for the steps' tokens (meta's block tables hold them). Returns the tokens int64 [n, steps]."""
+    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: Any, steps: int,
+               stop_ids: list[tuple[int, ...]]) -> torch.Tensor:
+        """Up to `steps` greedy decode steps of a decode-only batch in one call (needs `runs_greedy`): each row's
+        argmax, the first index of its maximum as torch.argmax's, is its next token at the next position. The call
+        ends early after the step where every row has made one of its `stop_ids`. The rows' blocks must have room
+        for the steps' tokens (meta's block tables hold them). Returns the tokens int64 [n, steps run]."""
         n = len(positions)
         ids, positions, lens, tables = _int64(ids), _int64(positions), _context_lens(meta, n), meta.block_tables
+        flat = torch.tensor([t for row in stop_ids for t in row], dtype=torch.int64)
+        stop_at = torch.tensor([0, *itertools.accumulate(len(row) for row in stop_ids)], dtype=torch.int64)
         out = torch.empty(n, steps, dtype=torch.int64)
-        status = load().tally_decode_greedy(ctypes.byref(self._model), n, ids.data_ptr(), positions.data_ptr(),
-                                            tables.data_ptr(), tables.stride(0), lens.data_ptr(), steps, out.data_ptr())
-        if status < 0:
+        ran = load().tally_decode_greedy(ctypes.byref(self._model), n, ids.data_ptr(), positions.data_ptr(),
+                                         tables.data_ptr(), tables.stride(0), lens.data_ptr(), steps, flat.data_ptr(),
+                                         stop_at.data_ptr(), out.data_ptr())
+        if ran < 0:
             raise self._outside(ids)
-        return out
+        return out[:, :ran]
 
     def _outside(self, ids: torch.Tensor) -> IndexError:
         """The call ran nothing: as PyTorch's indexing, an error."""

@@ -43,7 +43,7 @@ SIGNATURES = {
     "tally_silu_mul": [_P, _P, _I, _I],
     "tally_rope_store": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P, ctypes.c_int],
     "tally_decode_layers": [_P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _I, _P],
-    "tally_decode_greedy": [_P, _I, _P, _P, _P, _I, _P, _I, _P],
+    "tally_decode_greedy": [_P, _I, _P, _P, _P, _I, _P, _I, _P, _P, _P],
     "tally_decode_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _P],
     "tally_prefill_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, _I, _I, _F, _P],
     "tally_dequant_q4_bf16": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],
