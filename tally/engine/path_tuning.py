@@ -38,7 +38,7 @@ ROWS = (1, 8, 32, 128, 512)  # decode (1, 8: a few streams), then prompt-chunk s
 # its noise is a coin flip that is then cached; the Zen 5 machine's bf16 wins by 1.5-2x.
 BF16_MARGIN = 1.1
 BUDGET_BYTES = 256 * 2**20  # weight copies per candidate at few rows: past most last-level caches
-VERSION = 3  # bump when what is measured or how it is chosen changes: old cache entries are ignored
+VERSION = 4  # bump when what is measured or how it is chosen changes: old cache entries are ignored
 KEY_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 

@@ -25,6 +25,10 @@ from tally.quant.gguf_blocks import OffsetBlocks
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
 
 MIN_TIME_S = 0.02  # per (shape, rows): enough calls to see past timer and scheduler noise
+# ... and never fewer calls than this: one call of a many-row shape outlasts MIN_TIME_S, and one call is a draw from
+# the machine's noise (Qwen 0.5B's native kernels at 512 rows measured 361 and 496-614 tok/s in three starts on one
+# Zen 4 VM, while bf16 read 432-455 each time: the slow draw sent 512-row prompts to bf16, which prefilled no faster)
+MIN_CALLS = 3
 MAX_CALLS = 64
 ROW_BLOCK = 64
 
@@ -147,7 +151,7 @@ def _call_time(layers: list[nn.Module], x: torch.Tensor) -> float:
         layer(x)
     times: list[float] = []
     spent = 0.0
-    while len(times) < MAX_CALLS and (spent < MIN_TIME_S or len(times) < min(len(layers), 4)):
+    while len(times) < MAX_CALLS and (spent < MIN_TIME_S or len(times) < max(MIN_CALLS, min(len(layers), 4))):
         start = time.perf_counter()
         layers[len(times) % len(layers)](x)
         times.append(time.perf_counter() - start)
