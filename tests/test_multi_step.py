@@ -1,6 +1,7 @@
 """Multi-step decode (tally/engine/multi_step.py): several greedy decode steps in one native call change no output."""
 from __future__ import annotations
 
+import openai
 import pytest
 import torch
 
@@ -10,6 +11,7 @@ from tally.engine.inputs import build_span_inputs
 from tally.errors import ConfigError
 from tally.native import ops
 from tally.server.cli import parse_args
+from tally.server.process import ServerProcess
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
 
@@ -111,3 +113,25 @@ def test_the_server_keeps_one_step_a_burst_and_bad_values_are_refused():
     assert parse_args(["--num-scheduler-steps", "4"]).num_scheduler_steps == 4
     with pytest.raises(ConfigError, match="num_scheduler_steps must be ≥ 1"):
         EngineConfig(num_scheduler_steps=0)
+
+
+def test_a_server_asked_for_bursts_streams_the_text_of_one_step_at_a_time(tiny_qwen2):
+    """tally serve --num-scheduler-steps 8: streamed chunks of several tokens add up to the one-step text, and a
+    stop string that lands inside a burst ends the stream where it ends the offline output."""
+    llm = LLM(tiny_qwen2, dtype="float32", quantization="int4", max_model_len=256, num_scheduler_steps=1)
+    flags = ["--served-model-name", "tiny", "--dtype", "float32", "--quantization", "int4", "--max-model-len", "256",
+             "--kv-cache-memory", "8MB", "--num-scheduler-steps", "8", "--log-level", "warning"]
+    with ServerProcess([tiny_qwen2, *flags]) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+        for prompt in PROMPTS[:2]:
+            full = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)[0].outputs[0]
+            for stop in ([], [full.text[len(full.text) // 2:len(full.text) // 2 + 3]]):
+                want = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, stop=stop),
+                                    use_tqdm=False)[0].outputs[0]
+                chunks = list(client.completions.create(model="tiny", prompt=prompt, stream=True, temperature=0,
+                                                        max_tokens=40, stop=stop or None))
+                text = "".join(c.choices[0].text for c in chunks)
+                reason = next(c.choices[0].finish_reason for c in reversed(chunks) if c.choices[0].finish_reason)
+                assert (text, reason) == (want.text, want.finish_reason)
+                if not stop:  # 40 tokens came in bursts: far fewer chunks than tokens
+                    assert len(chunks) <= 40 // 4
