@@ -180,10 +180,13 @@ class TestTwoReplicas:
         assert all(a.usage.completion_tokens == 32 for _, a in answers)
 
     def test_streamed_answer_is_the_answer_and_arrives_in_pieces(self, url):
-        _, whole = chat(url, "The quick brown fox", max_tokens=16)
+        # A stream sends the latest output when it gets to write (tally/engine/async_engine.py): on a loaded machine
+        # all of a 16-token answer from the tiny model was once ready by the first write, one piece. 128 tokens
+        # take long enough that a write falls between them.
+        _, whole = chat(url, "The quick brown fox", max_tokens=128, ignore_eos=True)
         stream = client(url).chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "The quick brown fox"}], max_tokens=16,
-            temperature=0, stream=True)
+            model="tiny", messages=[{"role": "user", "content": "The quick brown fox"}], max_tokens=128,
+            temperature=0, stream=True, extra_body={"ignore_eos": True})
         pieces = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content]
         assert len(pieces) > 1 and "".join(pieces) == whole.choices[0].message.content
 

@@ -284,8 +284,9 @@ def _note_sent(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[Reques
         new = n_tokens - t.num_tokens_sent
         if new <= 0:
             continue
-        if t.last_token_sent_s is not None:
-            state.metrics.observe_itl(endpoint, now - t.last_token_sent_s, new)
+        # every token after a stream's first counts once, however the chunks grouped them (a stream sends the
+        # latest output when it gets to write: several tokens may go in its first chunk)
+        state.metrics.observe_itl(endpoint, None if t.last_token_sent_s is None else now - t.last_token_sent_s, new)
         if t.first_token_sent_s is None:
             t.first_token_sent_s = now
         t.last_token_sent_s, t.num_tokens_sent = now, n_tokens

@@ -237,10 +237,12 @@ class ServerMetrics:
             for code in ("500", "503", "504"):
                 self.errors.labels(model_name, endpoint, code)
 
-    def observe_itl(self, endpoint: str, gap_s: float, num_tokens: int) -> None:
-        """A chunk carrying num_tokens new tokens: the first waited gap_s, the rest came with it."""
+    def observe_itl(self, endpoint: str, gap_s: float | None, num_tokens: int) -> None:
+        """A chunk carrying num_tokens new tokens: the first waited gap_s (None: the stream's first chunk, whose
+        first token is TTFT's), the rest came with it."""
         h = self.itl.labels(self.model_name, endpoint)
-        h.observe(gap_s)
+        if gap_s is not None:
+            h.observe(gap_s)
         for _ in range(num_tokens - 1):
             h.observe(0.0)
 
