@@ -3,7 +3,8 @@ per-step time spent outside the model's kernels (Python overhead). Where the lay
 decode step is split three ways: that call, the LM head, and everything else the engine's step did (inputs,
 embedding, final norm, sampling, scheduling: Python and torch ops), the first two with the bytes they read and
 their rate against torch's sum over 1 GB in the same run. Both with LLM()'s multi-step decode (several decode steps
-a native call: tally/engine/multi_step.py) and with one step a call, as `tally serve` runs them.
+a native call: tally/engine/multi_step.py) and with one step a call, as `tally serve` runs them, the two
+alternating request by request (3 each), and the ratio of their TPOTs pair by pair.
 
     python bench/decode_roofline.py [--dtype float32] [--quantization int4] [--tokens 128] [--threads 2]
 """
@@ -65,11 +66,11 @@ class StepSplit:
             self._layers += time.perf_counter() - t0
             return out
 
-        def timed_greedy(ids, positions, meta, steps):
+        def timed_greedy(*args):
             t0 = time.perf_counter()
-            out = greedy(ids, positions, meta, steps)
+            out = greedy(*args)
             self._layers += time.perf_counter() - t0
-            self._burst = steps
+            self._burst = out.shape[1]  # the steps it ran
             return out
 
         def timed_logits(*args):
@@ -129,14 +130,20 @@ def main() -> None:
     print(f"{'weight bytes held / read per step':<44} {ledger.weight_bytes / 1e6:>6.1f} / {read_bytes / 1e6:.1f} MB")
     print(f"{'memory bandwidth (torch sum, this run)':<44} {bw:>9.1f} GB/s")
     print(f"{'roofline decode':<44} {roofline_tok_s:>8.1f} tok/s")
-    # LLM()'s multi-step decode, then one step a call as tally serve runs (the engine's limit, flipped in place)
+    # LLM()'s multi-step decode and one step a call as tally serve runs (the engine's limit flipped in place),
+    # alternating request by request so that the machine's drift falls on both
     limits = [engine._burst_limit] + ([1] if engine._burst_limit > 1 else [])
     split = StepSplit(engine) if model.native_step is not None else None
+    runs: dict[int, list[float]] = {limit: [] for limit in limits}
+    steps: dict[int, list[tuple[float, float, float]]] = {limit: [] for limit in limits}
+    for _ in range(3):
+        for limit in limits:
+            engine._burst_limit = limit
+            if split is not None:
+                split.steps = steps[limit]
+            runs[limit].append(decode_seconds(llm, params))
     for limit in limits:
-        engine._burst_limit = limit
-        if split is not None:
-            split.steps.clear()
-        step_s = decode_seconds(llm, params)
+        step_s = statistics.median(runs[limit])
         tok_s = 1 / step_s
         label = f"{limit} decode steps a call at most" if limit > 1 else "one decode step a call"
         print(f"{'tally batch-1 decode (median of 3)':<44} {tok_s:>8.1f} tok/s   ({label})")
@@ -146,19 +153,20 @@ def main() -> None:
             kernel_s = sum(e.self_cpu_time_total for e in prof.key_averages()) / 1e6 / 16
             print(f"{'per step: measured / in torch ops':<44} {step_s * 1e3:>6.1f} / {kernel_s * 1e3:.1f} ms")
         else:  # the layers run inside one native call, which the torch profiler does not see
+            split.steps = steps[limit]
             print_split(split, model, read_bytes, bw)
         print(f"{'tally / roofline':<44} {tok_s / roofline_tok_s:>11.0%}")
+    if len(limits) > 1:
+        pairs = sorted(one / burst for burst, one in zip(runs[limits[0]], runs[1]))
+        print(f"{'TPOT one step a call / bursts, 3 pairs':<44} {pairs[1]:>11.2f}x  ({pairs[0]:.2f}-{pairs[-1]:.2f})")
     print("command: python " + " ".join(sys.argv))
 
 
 def decode_seconds(llm, params) -> float:
-    """Seconds a decode step, the median of 3 requests' (first token to last over the tokens between)."""
-    runs = []
-    for _ in range(3):
-        out = llm.generate("Once upon a time", params)[0]
-        m = out.metrics
-        runs.append((m.last_token_time - m.first_token_time) / (len(out.outputs[0].token_ids) - 1))
-    return sorted(runs)[1]
+    """Seconds a decode step of one request (first token to last over the tokens between)."""
+    out = llm.generate("Once upon a time", params)[0]
+    m = out.metrics
+    return (m.last_token_time - m.first_token_time) / (len(out.outputs[0].token_ids) - 1)
 
 
 def print_split(split: StepSplit, model: torch.nn.Module, read_bytes: int, bw: float) -> None:

@@ -1,7 +1,7 @@
 """Multi-step decode (vLLM's `num_scheduler_steps`): where a step holds nothing but greedy decodes, several decode
 steps run in one native call (tally/native/kernels.c: tally_decode_greedy), so the interpreter's work per step —
-scheduling, step inputs, sampling, outputs: 0.64 ms of SmolLM2's 5.2 ms step and 0.74 of Qwen 0.5B's 18 ms on the
-Zen 4 VM (docs/benchmarks.md, session 29) — is paid once a burst.
+scheduling, step inputs, sampling, outputs: 0.4-0.75 ms a step on the Zen 4 VM, ~10% of SmolLM2's step and ~4% of
+Qwen 0.5B's (docs/benchmarks.md, session 29) — is paid once a burst.
 
 A burst hands a request its tokens together, so streams would see them in bursts: `tally serve` keeps one step
 (its clients stream), LLM() takes 8 (nobody watches its tokens arrive). Greedy outputs are unchanged: each step is
@@ -15,7 +15,7 @@ from tally.core.request import Request
 from tally.core.scheduler import Scheduler, SchedulerOutput
 from tally.sampling_params import SamplingType
 
-# LLM()'s default: at 8 the interpreter's share measured 0.07 ms a step (2% of SmolLM2's, from 12% at one step), so
+# LLM()'s default: at 8 the interpreter's share measured 0.05-0.07 ms a step (2% of SmolLM2's, from 9-12%), so
 # longer bursts gain little, while the tokens computed past a stop string (up to this many minus one) keep growing.
 OFFLINE_SCHEDULER_STEPS = 8
 
