@@ -126,3 +126,15 @@ def test_iteration_tokens_are_served_in_vllms_buckets_under_either_prefix():
         assert buckets["+Inf"] == 4 and f"{prefix}iteration_tokens_total_sum{{model_name=\"m\"}} 318.0" in text
         assert (prefix + "gpu_cache_usage_perc" in text) == (prefix == "vllm:")  # vLLM's old name, for its dashboard
     assert "iteration_tokens_total" not in ServerMetrics("m", EngineSnapshot).render().decode()  # not counted
+
+
+def test_every_token_after_a_streams_first_counts_once_in_the_itl_histogram():
+    """A first chunk of 3 tokens (a stream writes the latest output when it gets to) adds 2 gaps of 0, its first token
+    being TTFT's; a later chunk of 2 adds its wait and one 0: 4 gaps for 5 tokens, however they were grouped."""
+    metrics = ServerMetrics("m", EngineSnapshot)
+    metrics.observe_itl("/v1/completions", None, 3)
+    metrics.observe_itl("/v1/completions", 0.25, 2)
+    samples = {(s.name, s.labels.get("endpoint")): s.value
+               for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+    assert samples["tally:inter_token_latency_seconds_count", "/v1/completions"] == 4
+    assert samples["tally:inter_token_latency_seconds_sum", "/v1/completions"] == 0.25
