@@ -61,14 +61,19 @@ static uint8_t *offset_bytes(const int8_t *x, int64_t n) {  /* n: a multiple of 
 #include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
 #define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
 
-/* acc[i] += block b's dot products over chunks c0..c1, times the group's scales sg and row i's block scale */
+/* acc[i] += block b's dot products over chunks c0..c1, times the group's scales sg and row i's block scale. xoff
+ * (int5 / int6, else NULL): row i's offsets, one a span of the rows' int8 values, s this span's: see IntJob */
 static inline __attribute__((always_inline)) void int_block_into(
-    __m256 *acc, __m256 sg, const int8_t *xq, const float *dx, int64_t K, int64_t b, const uint8_t *w,
-    const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
+    __m256 *acc, __m256 sg, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t spans, int64_t s,
+    int64_t K, int64_t b, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
     int64_t blocks = K / 32, block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : 32;
     __m256i dot[MR];
     int_block_dots(xq + b * 32, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL, bits, expanded, c0, c1, mr,
                    dot);
+    if (xoff) {
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) dot[i] = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(xoff[i * spans + s]));
+    }
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++)
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
@@ -77,46 +82,40 @@ static inline __attribute__((always_inline)) void int_block_into(
 
 /* acc += group g's blocks' dot products times the group's scales sg */
 static inline __attribute__((always_inline)) void int_group_into(
-    __m256 *acc, int64_t g, __m256 sg, const int8_t *xq, const float *dx, int64_t K, int64_t group,
-    const uint8_t *w, const uint8_t *hb, int bits, int expanded, int mr) {
+    __m256 *acc, int64_t g, __m256 sg, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t K,
+    int64_t group, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int mr) {
     int64_t group_blocks = group / 32;
     if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
         for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
-            int_block_into(acc, sg, xq, dx, K, b, w, hb, bits, expanded, 0, 4, mr);
+            int_block_into(acc, sg, xq, dx, xoff, K / 32, b, K, b, w, hb, bits, expanded, 0, 4, mr);
     } else {  /* a group of 16: chunks 0-1 or 2-3 of block g / 2 */
         int c0 = (int)(g & 1) * 2;
-        int_block_into(acc, sg, xq, dx, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
+        int_block_into(acc, sg, xq, dx, xoff, K / 16, g, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
     }
 }
 
-/* acc += (unsigned formats) group g's minima mg times the rows' sums. Called after int_group_into with mg formed
- * there and then: formed before the blocks, it held a register through them and the many-row int4 / int6 tiles
- * ran 10-15% slower. */
+/* acc += (int4) group g's minima mg times the rows' sums. Called after int_group_into with mg formed there and then:
+ * formed before the blocks, it held a register through them and the many-row int4 / int6 tiles ran 10-15% slower. */
 static inline __attribute__((always_inline)) void int_minima_into(__m256 *acc, int64_t g, int64_t G, __m256 mg,
-                                                                  const float *xsum, int bits, int mr) {
-    if (bits == 8) return;
+                                                                  const float *xsum, int mr) {
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
 }
 
-static inline __m256 minima_of(__m256 sg, int bits) {  /* int5 / int6: m = -2^(bits - 1) d, not stored */
-    return _mm256_mul_ps(sg, _mm256_set1_ps(-(float)(1 << (bits - 1))));
-}
-
 static inline __attribute__((always_inline)) void int_tile(
-    const int8_t *xq, const float *dx, const float *xsum, int64_t K, int64_t group, const uint8_t *w,
-    const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded, int mr, float *y, int64_t N,
-    int64_t t, const float *bias, int accumulate, int runs) {
+    const int8_t *xq, const float *dx, const float *xsum, const int32_t *xoff, int64_t K, int64_t group,
+    const uint8_t *w, const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded, int mr, float *y,
+    int64_t N, int64_t t, const float *bias, int accumulate, int runs) {
     int64_t G = K / group;
     __m256 acc[MR];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
-#define GROUP_INTO(G_, SG_) int_group_into(acc, G_, SG_, xq, dx, K, group, w, hb, bits, expanded, mr)
+#define GROUP_INTO(G_, SG_) int_group_into(acc, G_, SG_, xq, dx, xoff, K, group, w, hb, bits, expanded, mr)
     if (!runs) {  /* forms 0 and 1 */
         for (int64_t g = 0; g < G; g++) {
             __m256 sg = plain_values8(scale, g * TILE);
             GROUP_INTO(g, sg);
-            int_minima_into(acc, g, G, m.v ? plain_values8(m, g * TILE) : minima_of(sg, bits), xsum, bits, mr);
+            if (m.v) int_minima_into(acc, g, G, plain_values8(m, g * TILE), xsum, mr);
         }
     } else {  /* form P: super-blocks, their bases once a run (GroupRun). A constant `runs` keeps one loop per
                * instance: with both, the one-row int4 tiles ran 3-4% slower; nested, fp32 and fp16 1.3x slower */
@@ -125,7 +124,7 @@ static inline __attribute__((always_inline)) void int_tile(
             for (int64_t j = 0; j < scale.form; j++) {
                 __m256 sg = run_values8(sr, j);
                 GROUP_INTO(g0 + j, sg);
-                int_minima_into(acc, g0 + j, G, m.v ? run_values8(mr_, j) : minima_of(sg, bits), xsum, bits, mr);
+                if (m.v) int_minima_into(acc, g0 + j, G, run_values8(mr_, j), xsum, mr);
             }
         }
     }
@@ -137,7 +136,9 @@ static inline __attribute__((always_inline)) void int_tile(
 typedef struct {
     const int8_t *xq;
     const uint8_t *xu;             /* int8 over pairs of tiles (AVX-512): xq + 128, unsigned; else NULL */
-    const float *dx, *xsum;        /* per row: block scales [K/32]; per group sums of the int8 values (nibbles) */
+    const float *dx, *xsum;        /* per row: block scales [K/32]; (int4) per group the sum of its values */
+    const int32_t *xoff;           /* per row, int5 / int6: per span (a group's part in a block), 2^(bits - 1) times
+                                    * the sum of its int8 values, taken off each span's dot product */
     const uint8_t *w, *hb;         /* tiles; high-bit planes (int5 / int6) or NULL */
     GroupValues scale, min;        /* min.v NULL: int5 / int6 and int8 */
     const float *bias;
@@ -159,7 +160,8 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
     GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
     for (int64_t r = j->m0; r < j->m1; r += MR) {
         int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
-#define INT_TILE_(MR_, RUNS_) int_tile(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, K, \
+#define INT_TILE_(MR_, RUNS_) int_tile(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, \
+                                      j->xoff ? j->xoff + r * (K / span_of(j->group)) : NULL, K, \
                                       j->group, w, hb, d, m, bits, expanded, MR_, j->y + r * j->N, j->N, t, j->bias, \
                                       j->accumulate, RUNS_)
 #define INT_TILE(MR_) do { if (d.form >= 2) INT_TILE_(MR_, 1); else INT_TILE_(MR_, 0); } while (0)
@@ -206,11 +208,12 @@ static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t
 #ifndef PAIR_ROWS
 #define PAIR_ROWS 5
 #endif
-/* int6 pairs are unpacked once a call (int_dots.h: expand_pair) for jobs of more rows than one pass of MR512, into 16
- * bytes a k on the thread's stack (K <= EXPAND_MAX_K: 256 KB), as tile_rows does for one tile: Qwen 0.5B's shapes
- * (896x4864, 9728x896, 896x896) took 0.78-0.89x the time at 64 and 512 rows, one cell 1.03x (Zen 4, 2 threads,
- * alternating builds in one process). int5's one plane's fewer instructions hide behind the products: expanded it
- * measured 0.79-1.16x, so it stays. (-DPAIR_EXPAND_ROWS=n overrides the rows: bench/native_builds.py --define.) */
+/* int5 / int6 pairs are unpacked once a call (int_dots.h: expand_pair) for jobs of more rows than one pass of MR512,
+ * into 16 bytes a k on the thread's stack (K <= EXPAND_MAX_K: 256 KB), as tile_rows does for one tile: Qwen 0.5B's
+ * shapes (896x4864, 9728x896, 896x896) took 0.78-0.89x the time at 64 and 512 rows in int6, one cell 1.03x; int5
+ * 0.85-0.97x at 64-512 rows and 0.93-1.03x at 12-16 once its offsets came off in integers (Zen 4, 2 threads,
+ * alternating builds in one process). int4's unpacking is three instructions a chunk: expanded it took 0.99-1.10x
+ * the time. (-DPAIR_EXPAND_ROWS=n overrides the rows: bench/native_builds.py --define.) */
 #ifndef PAIR_EXPAND_ROWS
 #define PAIR_EXPAND_ROWS MR512
 #endif
@@ -224,7 +227,9 @@ static inline __attribute__((always_inline)) void pair_rows(const IntJob *j, int
     for (int64_t r = j->m0; r < j->m1; r += MR512) {
         int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
 #define PAIR(MR_) int_tile_pair(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), \
-                                j->xsum ? j->xsum + r * G : NULL, K, j->group, wa, wb, ha, hb, sa, sb, ma, mb, bits, \
+                                j->xsum ? j->xsum + r * G : NULL, \
+                                j->xoff ? j->xoff + r * (K / span_of(j->group)) : NULL, K, j->group, wa, wb, ha, hb, \
+                                sa, sb, ma, mb, bits, \
                                 expanded, MR_, j->y + r * j->N, j->N, t, u, j->bias, j->accumulate)
         switch (mr) {
             case 8: PAIR(8); break;
@@ -242,7 +247,7 @@ static inline __attribute__((always_inline)) void pair_rows(const IntJob *j, int
 
 static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int64_t p0, int64_t p1, int bits) {
     int64_t K = j->K, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2, T = (j->N + TILE - 1) / TILE;
-    int expand = bits == 6 && j->m1 - j->m0 > PAIR_EXPAND_ROWS && K <= EXPAND_MAX_K;
+    int expand = (bits == 5 || bits == 6) && j->m1 - j->m0 > PAIR_EXPAND_ROWS && K <= EXPAND_MAX_K;
     for (int64_t p = p0; p < p1; p++) {
         int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
         const uint8_t *wa = j->w + t * tile_bytes, *wb = j->w + u * tile_bytes;
@@ -305,17 +310,24 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
                    int accumulate, int scale_form) {
     int64_t G = K / group, span = span_of(group);
     QuantizedRows xq = quantize_rows(x, M, K, 32);
-    float *xsum = malloc(sizeof(float) * M * G);  /* per group: the sum of the quantized activations */
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t g = 0; g < G; g++) {
-            float s = 0;
-            for (int64_t k0 = r * K + g * group; k0 < r * K + (g + 1) * group; k0 += span) {
-                s += xq.dx[k0 / 32] * (float)sum_i8(xq.xq + k0, span);
+    float *xsum = NULL;
+    int32_t *xoff = NULL;
+    if (m) {
+        xsum = malloc(sizeof(float) * M * G);
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t g = 0; g < G; g++) {
+                float s = 0;
+                for (int64_t k0 = r * K + g * group; k0 < r * K + (g + 1) * group; k0 += span) {
+                    s += xq.dx[k0 / 32] * (float)sum_i8(xq.xq + k0, span);
+                }
+                xsum[r * G + g] = s;
             }
-            xsum[r * G + g] = s;
-        }
-    IntJob job = {xq.xq, NULL, xq.dx, xsum, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0, 0,
-                  accumulate};
+    } else {
+        xoff = malloc(sizeof(int32_t) * M * (K / span));
+        for (int64_t s = 0; s < M * (K / span); s++) xoff[s] = sum_i8(xq.xq + s * span, span) * (1 << (bits - 1));
+    }
+    IntJob job = {xq.xq, NULL, xq.dx, xsum, xoff, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0,
+                  0, accumulate};
     float *plain = NULL;
     if (scale_form >= 2 && M >= FP32_VALUES_ROWS) {
         int64_t count = (N + TILE - 1) / TILE * G * TILE;
@@ -325,6 +337,7 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
     }
     int_gemm(job, M, bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : INT_KERNELS(4));
     free(plain);
+    free(xoff);
     free(xsum);
     free(xq.xq);
     free(xq.dx);
@@ -338,8 +351,8 @@ void tally_gemm_q8(const float *x, const int8_t *q, const void *s, const float *
 #ifdef TALLY_AVX512
     if (M >= PAIR_ROWS) xu = offset_bytes(xq.xq, M * K);
 #endif
-    IntJob job = {xq.xq, xu, xq.dx, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K, N, group,
-                  0, 0, accumulate};
+    IntJob job = {xq.xq, xu, xq.dx, NULL, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K, N,
+                  group, 0, 0, accumulate};
     int_gemm(job, M, INT_KERNELS(8));
     free(xu);
     free(xq.xq);
