@@ -338,7 +338,7 @@ static void expand_pair(const uint8_t *wa, const uint8_t *wb, const uint8_t *ha,
                         uint8_t *out) {
     int64_t plane_bytes = bits == 6 ? 64 : 32;
     for (int64_t b = 0; b < K / 32; b++) {
-        __m512i p4 = bits > 4 ? halves(ha + b * plane_bytes, hb + b * plane_bytes) : _mm512_setzero_si512();
+        __m512i p4 = halves(ha + b * plane_bytes, hb + b * plane_bytes);
         __m512i p5 = bits > 5 ? halves(ha + b * plane_bytes + 32, hb + b * plane_bytes + 32) : _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             __m512i lo, hi;

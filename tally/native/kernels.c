@@ -536,7 +536,7 @@ static inline __attribute__((always_inline)) void q8_chunk_values(const int8_t *
 static inline void group_values(GroupValues d, GroupValues m, int64_t i, int64_t bits, float ds[TILE], float ms[TILE]) {
     __m256 dv = values8(d, i);  /* values8: one address a group */
     _mm256_storeu_ps(ds, dv);
-    _mm256_storeu_ps(ms, m.v ? values8(m, i) : _mm256_mul_ps(dv, _mm256_set1_ps(-(float)(1 << bits >> 1))));
+    _mm256_storeu_ps(ms, m.v ? values8(m, i) : _mm256_mul_ps(dv, _mm256_set1_ps(-(float)(1 << (bits - 1)))));
 }
 
 static void dequant_q4_tiles(const void *job, int64_t t0, int64_t t1) {
