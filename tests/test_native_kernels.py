@@ -204,6 +204,8 @@ def test_rms_norm_and_silu_mul() -> None:
     gu = rand(3, 2 * 50)  # 6 vectors of 8 and a scalar tail of 2
     gu[0, :4] = torch.tensor([-100.0, 100.0, -30.0, 90.0])  # exp's clamped range
     torch.testing.assert_close(ops.silu_mul(gu), F.silu(gu[:, :50]) * gu[:, 50:], atol=1e-6, rtol=1e-5)
+    many = rand(300, 2 * 100)  # a prompt's rows: over the kernels' threads, each row's bits as alone
+    assert torch.equal(ops.silu_mul(many), torch.cat([ops.silu_mul(many[r:r + 1]) for r in range(300)]))
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
