@@ -136,6 +136,20 @@ def test_gemm_q4_matches_dequantized_weights(m: int, group: int) -> None:
                                atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("m", [1, 4, 7, 70])
+def test_gemm_q4_without_minima_is_symmetric(m: int) -> None:
+    """int4 with no minima (GGUF Q4_0): w = d * (q - 8), the offset taken off each block's integer dot."""
+    n, k = 42, 128
+    q = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen)
+    q[0] = 15
+    d = rand(n, k // 32).abs()
+    x = rand(m, k)
+    x[0, :32] = 1.0
+    expected = int8_blocks(x) @ ((q.float() - 8) * d.repeat_interleave(32, 1)).t()
+    torch.testing.assert_close(ops.gemm_q4(x, ops.pack_q4(q), ops.pack_tile_scales(d), None, None, 32, n), expected,
+                               atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("m", [1, 4, 7])
 @pytest.mark.parametrize("bits,group", [(5, 32), (6, 16), (6, 64)])
 def test_gemm_with_high_bit_planes_matches_dequantized_weights(m: int, bits: int, group: int) -> None:
@@ -485,8 +499,8 @@ def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
     def run(lib, x: torch.Tensor) -> list[torch.Tensor]:
         outs = []
         for d, m, d16 in forms:
-            for qs, qh, scales, mins, group, bits in ((q4, None, d, m, 32, 4), (q5, qh5, d, None, 32, 5),
-                                                      (q6, qh6, d16, None, 16, 6)):
+            for qs, qh, scales, mins, group, bits in ((q4, None, d, m, 32, 4), (q4, None, d, None, 32, 4),
+                                                      (q5, qh5, d, None, 32, 5), (q6, qh6, d16, None, 16, 6)):
                 y = torch.empty(x.shape[0], n)
                 lib.tally_gemm_q4(x.data_ptr(), qs.data_ptr(), None if qh is None else qh.data_ptr(),
                                   scales.data_ptr(), None if mins is None else mins.data_ptr(), None, y.data_ptr(),
@@ -496,7 +510,7 @@ def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
             lib.tally_gemm_q8(x.data_ptr(), q8.data_ptr(), d.data_ptr(), None, y.data_ptr(), x.shape[0], n, k, 32, 0,
                               0, ops.scale_form(d))
             outs.append(y)
-        assert all(torch.equal(a, b) for a, b in zip(outs[:4], outs[4:8])) and all(map(torch.equal, outs[:4], outs[8:]))
+        assert all(map(torch.equal, outs[:5], outs[5:10])) and all(map(torch.equal, outs[:5], outs[10:]))
         return outs
 
     found = library.builds()

@@ -121,7 +121,7 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
 
 /* The integer formats differ only in how a 32-block's byte products are formed (int_block_dots); around that,
  * one body (`bits` a constant after inlining): per group g, acc += (block dot) * scale_g * dx_block, and int4 adds
- * its group minima, m_g * sum(x_g).
+ * its group minima, m_g * sum(x_g) (without them, GGUF Q4_0's w = d * (q - 8), its offset as int5 / int6's below).
  * int4, asymmetric per group: w = q * d + m, q in 0..15. qs [T][K/8][32]: chunk c of tile t holds k = 8c..8c+7
  * of outputs 8t..8t+7; byte 4j + i: low nibble (8t + j, 8c + i), high nibble (8t + j, 8c + 4 + i). 0..15 times
  * -127..127 fits maddubs' int16 pairs (|.| <= 3810), so a 32-block's 8 products add up in int16 (<= 30480)

@@ -62,7 +62,7 @@ static uint8_t *offset_bytes(const int8_t *x, int64_t n) {  /* n: a multiple of 
 #define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
 
 /* acc[i] += block b's dot products over chunks c0..c1, times the group's scales sg and row i's block scale. xoff
- * (int5 / int6, else NULL): row i's offsets, one a span of the rows' int8 values, s this span's: see IntJob */
+ * (formats without minima, else NULL): row i's offsets, one a span of the rows' int8 values, s this span's: IntJob */
 static inline __attribute__((always_inline)) void int_block_into(
     __m256 *acc, __m256 sg, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t spans, int64_t s,
     int64_t K, int64_t b, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
@@ -137,10 +137,10 @@ typedef struct {
     const int8_t *xq;
     const uint8_t *xu;             /* int8 over pairs of tiles (AVX-512): xq + 128, unsigned; else NULL */
     const float *dx, *xsum;        /* per row: block scales [K/32]; (int4) per group the sum of its values */
-    const int32_t *xoff;           /* per row, int5 / int6: per span (a group's part in a block), 2^(bits - 1) times
-                                    * the sum of its int8 values, taken off each span's dot product */
+    const int32_t *xoff;           /* per row, without minima (Q4_0, int5, int6): per span (a group's part in a block),
+                                    * 2^(bits - 1) times the sum of its int8 values, taken off each span's dot */
     const uint8_t *w, *hb;         /* tiles; high-bit planes (int5 / int6) or NULL */
-    GroupValues scale, min;        /* min.v NULL: int5 / int6 and int8 */
+    GroupValues scale, min;        /* min.v NULL: int8, and w = d * (q - 2^(bits - 1)) */
     const float *bias;
     float *y;
     int64_t K, N, group, m0, m1;
@@ -303,8 +303,8 @@ static GroupValues values_in_fp32(GroupValues a, int64_t count, float *buf) {
     return (GroupValues){buf, 0};
 }
 
-/* bits 4: qs, d, m (qh NULL); bits 5 or 6: qs, qh, d (m NULL); group 16 or a multiple of 32. scale_form: d and m's
- * form (int_dots.h: GroupValues) */
+/* bits 4: qs, d, m (qh NULL; m NULL: w = d * (q - 8), GGUF Q4_0); bits 5 or 6: qs, qh, d (m NULL); group 16 or a
+ * multiple of 32. scale_form: d and m's form (int_dots.h: GroupValues) */
 void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const void *d, const void *m,
                    const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
                    int accumulate, int scale_form) {

@@ -200,9 +200,10 @@ def dequant_q8_bf16(q: torch.Tensor, s: torch.Tensor, group_size: int) -> torch.
 def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None,
             bias: torch.Tensor | None, group_size: int, out_features: int, out: torch.Tensor | None = None,
             qh: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, K] @ W^T, W = q * d + m per group: qs from pack_q4, d and m from pack_tile_scales. With `qh`
-    (qs and qh from pack_planes) the values have 5 or 6 bits and m is None: W = d * (q - 2**(bits - 1)), GGUF's
-    Q5_0 (groups of 32) and Q6_K (16). With `out` given, the product is added to it (a residual stream)."""
+    """x [M, K] @ W^T, W = q * d + m per group: qs from pack_q4, d and m from pack_tile_scales; m None:
+    W = d * (q - 2**(bits - 1)), GGUF's Q4_0. With `qh` (qs and qh from pack_planes) the values have 5 or 6 bits and m
+    is None: GGUF's Q5_0 (groups of 32) and Q6_K (16). With `out` given, the product is added to it (a residual
+    stream)."""
     y = _output(x, out_features, out)
     load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), _ptr(bias), y.data_ptr(),
                          x.shape[0], out_features, x.shape[1], group_size, _bits(qh), out is not None,

@@ -60,12 +60,13 @@ def _first(bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
 
 
 class NativeInt4Linear(QuantLinear):
-    """Nibbles per weight: int4 (w = q * d + m), or with high bits GGUF's Q5_0 / Q6_K (w = d * (q - 2**(bits-1)))."""
+    """Nibbles per weight: int4 (w = q * d + m), or without minima w = d * (q - 2**(bits-1)): GGUF's Q4_0, and with
+    high bits its Q5_0 / Q6_K."""
 
     def __init__(self, q: torch.Tensor, d: GroupValues, m: GroupValues | None, group_size: int,
                  bias: torch.Tensor | None, bits: int = 4) -> None:
-        """q uint8 [N, K] in 0..15; d, m [N, K/group] (or their K-quant factors): w = q * d + m. bits 5 or 6: q below
-        2**bits, m None, w = d * (q - 2**(bits - 1))."""
+        """q uint8 [N, K] below 2**bits (4, 5 or 6); d, m [N, K/group] (or their K-quant factors): w = q * d + m; m
+        None (bits 5 and 6 always): w = d * (q - 2**(bits - 1)), the offset the kernels take off in integers."""
         out_features, in_features = q.shape
         super().__init__(in_features, out_features, bias, torch.float32, NEVER)
         self.group_size = group_size
@@ -81,9 +82,10 @@ class NativeInt4Linear(QuantLinear):
     @classmethod
     def from_q(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
                bias: torch.Tensor | None) -> NativeInt4Linear:
-        """Int4Linear's convention: q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero per group."""
+        """Int4Linear's convention: q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero per group. Zero everywhere
+        (GGUF Q4_0, symmetric): no minima held, 0.5 bits a weight less to store and for a decode to stream."""
         scale = scale.float()
-        return cls(q, scale, zero.float() - 8.0 * scale, group_size, bias)
+        return cls(q, scale, None if not zero.any() else zero.float() - 8.0 * scale, group_size, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The common case goes straight to the kernel (bias fused): QuantLinear.forward's reshapes and checks cost
