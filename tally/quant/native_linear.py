@@ -8,9 +8,9 @@ rows, it beats dequantizing into an fp32 matmul from 1 to 512 rows (`python benc
 --threads 1`), so there is no many-token path, and a token's bits never depend on its batch.
 
 Weights are held in the kernels' tiles of 8 outputs (tally/native/ops.py: pack_q4, pack_planes, pack_q8,
-pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m [T, G, 8] (w = q * d + m per group); GGUF's
-Q5_0 and Q6_K as the same nibbles plus planes of high bits qh [T, K/32, 32 per bit] with d (w = d * (q - 16),
-groups of 32; w = d * (q - 32), groups of 16: no m);
+pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m [T, G, 8] (w = q * d + m per group; GGUF Q4_0 without m:
+w = d * (q - 8)); GGUF's Q5_0 and Q6_K as the same nibbles plus planes of high bits qh [T, K/32, 32 per bit] with d
+(w = d * (q - 16), groups of 32; w = d * (q - 32), groups of 16: no m);
 int8 q [T, K/4, 32] with s [T, G, 8] (group = K: one scale per output channel; 32: GGUF Q8_0). Loading GGUF
 Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks into them only rearranges the stored integers. Scales and minima are held in
 the smallest form that keeps them exactly (int_dots.h: GroupValues): Q4_K's and Q6_K's as the file factors them (an
