@@ -85,6 +85,8 @@ def test_q4_0_blocks_are_the_int4_layer_exactly():
     layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
     assert layer.scheme == "int4"
     check_exact(layer, raw)
+    if isinstance(layer, NativeInt4Linear):  # symmetric: no minima held, 4.5 bits a weight as the file stores it
+        assert layer.m is None and layer.weight_nbytes() * 8 == 4.5 * w.size
 
 
 def test_q5_0_blocks_are_the_5_bit_layer_exactly_and_its_rows_the_embedding():
