@@ -10,11 +10,15 @@
  * Here a job is cut into chunks that threads claim from one atomic word (generation << 32 | chunks left); the
  * caller claims too, and waits only for chunks someone claimed. Helpers spin SPIN_NS after their last chunk (a
  * step's next projection comes within microseconds), then sleep on a condition variable; a job finds them
- * awake, or wakes them and starts without them. A helper descheduled while it holds a chunk still stalls the
- * caller, which then measures it: a caller that waited longer than two of its own chunks' time (beside one busy
- * process, every few jobs) runs the next LATE_SKIP jobs alone, twice as many after each late probe (up to
- * LATE_SKIP_MAX) and half as many after one on time, so a busy neighbour costs a probe now and then instead of a
- * stall every few jobs.
+ * awake, or wakes them (once until one of them runs) and starts without them. A helper descheduled while it holds a
+ * chunk still stalls the caller, which then measures it: a wait longer than a hiccup (LATE_NS) and than two of its
+ * own chunks (beside one busy process, a scheduler slice every few milliseconds) sends the caller alone for the next
+ * LATE_SKIP jobs, 4 times as many after each late one (up to LATE_SKIP_MAX), and half as many again only after
+ * TRUST_JOBS threaded jobs on time. After a run alone the sleeping helpers are woken and the next jobs run alone
+ * until one of them has run; the first threaded job then (the probe) counts as late if none of them joins it. Beside
+ * one busy process a decode step then runs mostly alone: SmolLM2 4.5-5.8 ms a step against 6.6-8.2 when every job
+ * on time halved the next run alone and each job woke a helper still waiting for its core (1 thread, quiet: 4.3-5.9;
+ * docs/benchmarks.md, session 31).
  * Threads: omp_get_max_threads() of the calling thread, which torch.set_num_threads sets, as before. A second
  * caller while a job runs (another Python thread) runs its loop alone. */
 #include <omp.h>
@@ -29,7 +33,11 @@ typedef void (*RangeFn)(const void *ctx, int64_t begin, int64_t end);
 #define CHUNKS_PER_THREAD 4    /* a descheduled helper holds one chunk: a quarter of a thread's share */
 #define LATE_SKIP 32           /* jobs run alone after a late helper (a Qwen 0.5B decode step has ~100) */
 #define LATE_SKIP_MAX 4096
-#define LATE_SLACK_NS 20000    /* a wait this short is never late (a helper finishing its last chunk) */
+#define LATE_NS 500000         /* a shorter wait is a hiccup (quiet: up to ~0.2 ms), not a core lost to a neighbour
+                                * (a scheduler slice: ~3.6 ms a wait beside one busy process) */
+#define TRUST_JOBS 1024        /* threaded jobs on time that halve the next run alone (~8 decode steps) */
+#define PROBE_WAIT 64          /* jobs alone after such a run while the helpers woken for the probe have not run */
+#define PROBE_SPIN_NS 1000000  /* a helper woken for a probe spins this long: jobs alone may take longer than SPIN_NS */
 
 static struct {
     pthread_mutex_t lock;
@@ -37,10 +45,16 @@ static struct {
     _Atomic uint64_t claim;     /* generation << 32 | chunks not yet claimed */
     _Atomic int64_t done;       /* chunks of the current job finished */
     _Atomic int sleepers, busy; /* helpers asleep; a caller holds the pool */
+    _Atomic int wake_sent;      /* a wake-up is on its way to the sleepers: no second one until one of them runs */
+    _Atomic uint32_t wakes;     /* wake-ups without a job, for a probe */
+    _Atomic uint32_t answered;  /* the last of them a helper has run after */
     int helpers;                /* started */
     _Atomic int active;         /* helpers the current job may use: the caller's thread count - 1 */
     _Atomic int64_t spin_ns;    /* how long helpers spin after the current job: 0 before a torch op */
-    int64_t skip, skip_next;    /* jobs still to run alone; how many the next late probe earns */
+    int64_t skip, skip_next;    /* jobs still to run alone; how many the next late one or failed probe earns */
+    int probe;                  /* the next threaded job is the first after jobs run alone */
+    int64_t probe_waits;        /* jobs run alone since, waiting for a woken helper to run */
+    int64_t on_time;            /* threaded jobs since the last late one */
     RangeFn fn;                 /* the current job: read by a helper only after it claimed one of its chunks */
     const void *ctx;
     int64_t n, chunk;
@@ -77,10 +91,17 @@ static void *helper_main(void *arg) {
             if ((i & 63) == 63 && now_ns() > deadline) {
                 pthread_mutex_lock(&pool.lock);
                 atomic_fetch_add(&pool.sleepers, 1);  /* seq_cst against the caller's store, then its load */
-                while ((uint32_t)(atomic_load(&pool.claim) >> 32) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+                atomic_store(&pool.wake_sent, 0);  /* cleared on entry and after every wait: never a lost wake-up */
+                uint32_t wakes = atomic_load(&pool.wakes);
+                while ((uint32_t)(atomic_load(&pool.claim) >> 32) == seen && atomic_load(&pool.wakes) == wakes) {
+                    pthread_cond_wait(&pool.wake, &pool.lock);
+                    atomic_store(&pool.wake_sent, 0);
+                }
                 atomic_fetch_sub(&pool.sleepers, 1);
                 pthread_mutex_unlock(&pool.lock);
-                deadline = now_ns() + pool.spin_ns;
+                int for_probe = (uint32_t)(atomic_load(&pool.claim) >> 32) == seen, used = index < pool.active;
+                if (used) atomic_store(&pool.answered, atomic_load(&pool.wakes));
+                deadline = now_ns() + (!used ? 0 : for_probe ? PROBE_SPIN_NS : pool.spin_ns);
             }
         }
         seen = gen;
@@ -109,22 +130,22 @@ static void start_helpers(int wanted) {
     }
 }
 
-/* fn over [0, n) in ranges; alone when `work` (multiply-adds or alike) is below PAR_MIN or one thread is asked.
- * Helpers spin `spin_ns` after it: SPIN_NS where more of the kernels' jobs follow, 0 where a torch operation does
- * (its OpenMP threads would share the cores with spinning helpers: a bf16 prefill ran 9% slower). */
-static void parallel_for_then(int64_t n, int64_t work, RangeFn fn, const void *ctx, int64_t spin_ns) {
+/* Wakes sleeping helpers, once until one of them runs (a wake-up that reaches a helper whose core is taken costs
+ * the caller ~15 us on a VM, and every job found it still asleep: beside a busy process, half the jobs); whether
+ * any slept */
+static int wake_sleepers(void) {
+    if (atomic_load(&pool.sleepers) == 0) return 0;
+    if (!atomic_exchange(&pool.wake_sent, 1)) {
+        pthread_mutex_lock(&pool.lock);
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.lock);
+    }
+    return 1;
+}
+
+/* parallel_for_then's threaded part, and what it tells of the helpers */
+static void parallel_run(int64_t n, RangeFn fn, const void *ctx, int64_t spin_ns) {
     int threads = omp_get_max_threads();
-    int expected = 0;
-    if (threads <= 1 || n <= 1 || work < PAR_MIN || !atomic_compare_exchange_strong(&pool.busy, &expected, 1)) {
-        fn(ctx, 0, n);
-        return;
-    }
-    if (pool.skip > 0) {
-        pool.skip--;
-        atomic_store(&pool.busy, 0);
-        fn(ctx, 0, n);
-        return;
-    }
     start_helpers(threads - 1 < POOL_MAX ? threads - 1 : POOL_MAX);
     pool.active = threads - 1 < pool.helpers ? threads - 1 : pool.helpers;
     int64_t chunks = (int64_t)(pool.active + 1) * CHUNKS_PER_THREAD;
@@ -135,24 +156,49 @@ static void parallel_for_then(int64_t n, int64_t work, RangeFn fn, const void *c
     atomic_store(&pool.done, 0);
     uint32_t gen = (uint32_t)(atomic_load(&pool.claim) >> 32) + 1;
     atomic_store(&pool.claim, ((uint64_t)gen << 32) | (uint64_t)chunks);
-    int woken = atomic_load(&pool.sleepers) > 0;  /* then a late helper was waking up, not descheduled */
-    if (woken) {
-        pthread_mutex_lock(&pool.lock);
-        pthread_cond_broadcast(&pool.wake);
-        pthread_mutex_unlock(&pool.lock);
-    }
+    int woken = wake_sleepers();  /* then a late helper was waking up, not descheduled */
     int64_t start = now_ns(), ran = run_chunks(gen), finished = now_ns();
     for (int i = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < chunks; i++)
         if ((i & 1023) == 1023) sched_yield(); else _mm_pause();  /* a descheduled helper gets its core back */
     int64_t waited = now_ns() - finished;
-    int late = !woken && waited > LATE_SLACK_NS && waited > 2 * (finished - start) / (ran > 0 ? ran : 1);
-    if (late) {
+    /* late: a helper lost its core while it held a chunk (a wait longer than a hiccup, and than 2 of the caller's
+     * own chunks); a probe no helper joined: woken ahead of it, none got its core in time */
+    int late = !woken && waited > LATE_NS && waited > 2 * (finished - start) / (ran > 0 ? ran : 1);
+    if (late || (pool.probe && ran == chunks)) {
         pool.skip = pool.skip_next;
-        pool.skip_next = pool.skip_next * 2 < LATE_SKIP_MAX ? pool.skip_next * 2 : LATE_SKIP_MAX;
-    } else if (!woken && pool.skip_next > LATE_SKIP) {
-        pool.skip_next /= 2;  /* a probe on time earns trust back slowly: beside a busy process some are */
+        pool.skip_next = pool.skip_next * 4 < LATE_SKIP_MAX ? pool.skip_next * 4 : LATE_SKIP_MAX;
+        pool.on_time = 0;
+    } else if (++pool.on_time >= TRUST_JOBS && pool.skip_next > LATE_SKIP) {
+        pool.skip_next /= 2;  /* trust earned back slowly: beside a busy process most probes are on time */
+        pool.on_time = 0;
+    }
+    pool.probe = 0;
+    atomic_store(&pool.busy, 0);
+}
+
+/* fn over [0, n) in ranges; alone when `work` (multiply-adds or alike) is below PAR_MIN or one thread is asked.
+ * Helpers spin `spin_ns` after it: SPIN_NS where more of the kernels' jobs follow, 0 where a torch operation does
+ * (its OpenMP threads would share the cores with spinning helpers: a bf16 prefill ran 9% slower). */
+static void parallel_for_then(int64_t n, int64_t work, RangeFn fn, const void *ctx, int64_t spin_ns) {
+    int threads = omp_get_max_threads();
+    int expected = 0;
+    if (threads <= 1 || n <= 1 || work < PAR_MIN || !atomic_compare_exchange_strong(&pool.busy, &expected, 1)) {
+        fn(ctx, 0, n);
+        return;
+    }
+    /* alone while a run alone lasts, and after it until a helper woken for the probe has run (PROBE_WAIT jobs at
+     * most: one woken on an idle core takes tens of microseconds on a VM) */
+    if (pool.skip > 0 && --pool.skip == 0) {
+        uint32_t wakes = atomic_fetch_add(&pool.wakes, 1) + 1;
+        if (!wake_sleepers()) atomic_store(&pool.answered, wakes);
+        pool.probe = 1, pool.probe_waits = 0;
+    } else if (pool.skip == 0 && !(pool.probe && atomic_load(&pool.answered) != atomic_load(&pool.wakes) &&
+                                   pool.probe_waits++ < PROBE_WAIT)) {
+        parallel_run(n, fn, ctx, spin_ns);
+        return;
     }
     atomic_store(&pool.busy, 0);
+    fn(ctx, 0, n);
 }
 
 static void parallel_for(int64_t n, int64_t work, RangeFn fn, const void *ctx) {
