@@ -17,7 +17,7 @@
  * TRUST_JOBS threaded jobs on time. After a run alone the sleeping helpers are woken and the next jobs run alone
  * until one of them has run; the first threaded job then (the probe) counts as late if none of them joins it. Beside
  * one busy process a decode step then runs mostly alone: SmolLM2 4.5-5.8 ms a step against 6.6-8.2 when every job
- * on time halved the next run alone and each job woke a helper still waiting for its core (1 thread, quiet: 4.3-5.9;
+ * on time halved the next run alone and each job woke a helper still waiting for its core (1 thread, quiet: 4.5-5.9;
  * docs/benchmarks.md, session 31).
  * Threads: omp_get_max_threads() of the calling thread, which torch.set_num_threads sets, as before. A second
  * caller while a job runs (another Python thread) runs its loop alone. */
