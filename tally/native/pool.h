@@ -114,6 +114,8 @@ static void pool_after_fork(void) {  /* a forked child has none of the parent's 
     pool.helpers = 0;
     atomic_store(&pool.sleepers, 0);
     atomic_store(&pool.busy, 0);
+    atomic_store(&pool.wake_sent, 0);
+    pool.skip = 0, pool.probe = 0;  /* nor their lateness */
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
 }
