@@ -12,10 +12,11 @@
  * step's next projection comes within microseconds), then sleep on a condition variable; a job finds them
  * awake, or wakes them (once until one of them runs) and starts without them. A helper descheduled while it holds a
  * chunk still stalls the caller, which then measures it: a wait longer than a hiccup (LATE_NS) and than two of its
- * own chunks (beside one busy process, a scheduler slice every few milliseconds) sends the caller alone for the next
- * LATE_SKIP jobs, 4 times as many after each late one (up to LATE_SKIP_MAX), and half as many again only after
- * TRUST_JOBS threaded jobs on time. After a run alone the sleeping helpers are woken and the next jobs run alone
- * until one of them has run; the first threaded job then (the probe) counts as late if none of them joins it. Beside
+ * own chunks (beside one busy process, a scheduler slice every few milliseconds) sends the caller alone for
+ * ALONE_NS, 4 times as long after each late one (up to ALONE_MAX_NS), and half as long again only after TRUST_NS of
+ * threaded jobs on time (times, not job counts: a prompt's jobs take 100x a decode step's). After a run alone the
+ * sleeping helpers are woken and the next jobs run alone until one of them has run; the first threaded job then
+ * (the probe) counts as late if none of them joins it. Beside
  * one busy process a decode step then runs mostly alone: SmolLM2 4.5-5.8 ms a step against 6.6-8.2 when every job
  * on time halved the next run alone and each job woke a helper still waiting for its core (1 thread, quiet: 4.5-5.9;
  * docs/benchmarks.md, session 31).
@@ -31,11 +32,11 @@ typedef void (*RangeFn)(const void *ctx, int64_t begin, int64_t end);
 #define POOL_MAX 255           /* helper threads at most */
 #define SPIN_NS 100000         /* a helper's spin after its last chunk, before it sleeps */
 #define CHUNKS_PER_THREAD 4    /* a descheduled helper holds one chunk: a quarter of a thread's share */
-#define LATE_SKIP 32           /* jobs run alone after a late helper (a Qwen 0.5B decode step has ~100) */
-#define LATE_SKIP_MAX 4096
+#define ALONE_NS 1000000       /* the first run alone after a late helper (a SmolLM2 decode step: ~3.5 ms) */
+#define ALONE_MAX_NS 200000000
 #define LATE_NS 500000         /* a shorter wait is a hiccup (quiet: up to ~0.2 ms), not a core lost to a neighbour
                                 * (a scheduler slice: ~3.6 ms a wait beside one busy process) */
-#define TRUST_JOBS 1024        /* threaded jobs on time that halve the next run alone (~8 decode steps) */
+#define TRUST_NS 50000000      /* threaded time on time that halves the next run alone (~14 SmolLM2 decode steps) */
 #define PROBE_WAIT 64          /* jobs alone after such a run while the helpers woken for the probe have not run */
 #define PROBE_SPIN_NS 1000000  /* a helper woken for a probe spins this long: jobs alone may take longer than SPIN_NS */
 
@@ -51,14 +52,15 @@ static struct {
     int helpers;                /* started */
     _Atomic int active;         /* helpers the current job may use: the caller's thread count - 1 */
     _Atomic int64_t spin_ns;    /* how long helpers spin after the current job: 0 before a torch op */
-    int64_t skip, skip_next;    /* jobs still to run alone; how many the next late one or failed probe earns */
-    int probe;                  /* the next threaded job is the first after jobs run alone */
+    int64_t alone_until;        /* the end of a run alone (now_ns), or 0 */
+    int64_t alone_next;         /* how long the next late helper or failed probe sends the caller alone */
+    int64_t trusted;            /* threaded time on time since the last late helper */
+    int probe;                  /* the next threaded job is the first after a run alone */
     int64_t probe_waits;        /* jobs run alone since, waiting for a woken helper to run */
-    int64_t on_time;            /* threaded jobs since the last late one */
     RangeFn fn;                 /* the current job: read by a helper only after it claimed one of its chunks */
     const void *ctx;
     int64_t n, chunk;
-} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .skip_next = LATE_SKIP};
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .alone_next = ALONE_NS};
 
 static inline int64_t now_ns(void) {
     struct timespec ts;
@@ -115,7 +117,7 @@ static void pool_after_fork(void) {  /* a forked child has none of the parent's 
     atomic_store(&pool.sleepers, 0);
     atomic_store(&pool.busy, 0);
     atomic_store(&pool.wake_sent, 0);
-    pool.skip = 0, pool.probe = 0;  /* nor their lateness */
+    pool.alone_until = 0, pool.probe = 0;  /* nor their lateness */
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
 }
@@ -167,12 +169,12 @@ static void parallel_run(int64_t n, RangeFn fn, const void *ctx, int64_t spin_ns
      * own chunks); a probe no helper joined: woken ahead of it, none got its core in time */
     int late = !woken && waited > LATE_NS && waited > 2 * (finished - start) / (ran > 0 ? ran : 1);
     if (late || (pool.probe && ran == chunks)) {
-        pool.skip = pool.skip_next;
-        pool.skip_next = pool.skip_next * 4 < LATE_SKIP_MAX ? pool.skip_next * 4 : LATE_SKIP_MAX;
-        pool.on_time = 0;
-    } else if (++pool.on_time >= TRUST_JOBS && pool.skip_next > LATE_SKIP) {
-        pool.skip_next /= 2;  /* trust earned back slowly: beside a busy process most probes are on time */
-        pool.on_time = 0;
+        pool.alone_until = finished + waited + pool.alone_next;
+        pool.alone_next = pool.alone_next * 4 < ALONE_MAX_NS ? pool.alone_next * 4 : ALONE_MAX_NS;
+        pool.trusted = 0;
+    } else if ((pool.trusted += finished + waited - start) >= TRUST_NS && pool.alone_next > ALONE_NS) {
+        pool.alone_next /= 2;  /* trust earned back slowly: beside a busy process most probes are on time */
+        pool.trusted = 0;
     }
     pool.probe = 0;
     atomic_store(&pool.busy, 0);
@@ -190,12 +192,12 @@ static void parallel_for_then(int64_t n, int64_t work, RangeFn fn, const void *c
     }
     /* alone while a run alone lasts, and after it until a helper woken for the probe has run (PROBE_WAIT jobs at
      * most: one woken on an idle core takes tens of microseconds on a VM) */
-    if (pool.skip > 0 && --pool.skip == 0) {
+    if (pool.alone_until && now_ns() >= pool.alone_until) {
         uint32_t wakes = atomic_fetch_add(&pool.wakes, 1) + 1;
         if (!wake_sleepers()) atomic_store(&pool.answered, wakes);
-        pool.probe = 1, pool.probe_waits = 0;
-    } else if (pool.skip == 0 && !(pool.probe && atomic_load(&pool.answered) != atomic_load(&pool.wakes) &&
-                                   pool.probe_waits++ < PROBE_WAIT)) {
+        pool.alone_until = 0, pool.probe = 1, pool.probe_waits = 0;
+    } else if (!pool.alone_until && !(pool.probe && atomic_load(&pool.answered) != atomic_load(&pool.wakes) &&
+                                      pool.probe_waits++ < PROBE_WAIT)) {
         parallel_run(n, fn, ctx, spin_ns);
         return;
     }
