@@ -16,10 +16,9 @@
  * ALONE_NS, 4 times as long after each late one (up to ALONE_MAX_NS), and half as long again only after TRUST_NS of
  * threaded jobs on time (times, not job counts: a prompt's jobs take 100x a decode step's). After a run alone the
  * sleeping helpers are woken and the next jobs run alone until one of them has run; the first threaded job then
- * (the probe) counts as late if none of them joins it. Beside
- * one busy process a decode step then runs mostly alone: SmolLM2 4.5-5.8 ms a step against 6.6-8.2 when every job
- * on time halved the next run alone and each job woke a helper still waiting for its core (1 thread, quiet: 4.5-5.9;
- * docs/benchmarks.md, session 31).
+ * (the probe) counts as late if none of them joins it. Beside one busy process a decode step then runs mostly
+ * alone: SmolLM2's 2-thread step 1.00-1.11x its 1-thread quiet step, 1.13-1.65x when every job on time halved the
+ * next run alone and each job woke a helper still waiting for its core (docs/benchmarks.md, session 31).
  * Threads: omp_get_max_threads() of the calling thread, which torch.set_num_threads sets, as before. A second
  * caller while a job runs (another Python thread) runs its loop alone. */
 #include <omp.h>
