@@ -364,7 +364,9 @@ def test_prefill_attention_matches_sdpa_over_gathered_keys(n: int, first_pos: in
 
 def test_threaded_kernels_give_the_single_thread_bits() -> None:
     """Large enough calls split their outputs over the kernels' threads (tally/native/pool.h, as many as torch's
-    count); every output is still computed by one thread in one order, so the bits do not depend on the count."""
+    count: a share each, in pieces that a thread done with its own takes from the others' ends); every output is
+    still computed by one thread in one order, so the bits do not depend on the count. 3 and 4 threads on fewer cores
+    cut the work in more shares than run at once, so pieces change hands."""
     n, k = 512, 1024
     x = rand(3, k)
     q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
@@ -388,12 +390,15 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
     try:
         torch.set_num_threads(1)
         one = run_all()
-        torch.set_num_threads(2)
-        two = run_all()
+        more = []
+        for threads in (2, 3, 4):
+            torch.set_num_threads(threads)
+            more.append(run_all())
     finally:
         torch.set_num_threads(before)
-    for a, b in zip(one, two):
-        assert torch.equal(a, b)
+    for threaded in more:
+        for a, b in zip(one, threaded):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("bits,group", [(4, 32), (5, 32), (6, 16), (8, 32)])

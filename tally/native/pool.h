@@ -7,12 +7,16 @@
  * threads answer in nanoseconds but take the core from a neighbour, and the barrier then waits for a thread the
  * kernel has descheduled (Qwen 0.5B, 2 threads beside one busy process: 58 ms a step spinning, 23 ms one thread).
  *
- * Here a job is cut into chunks that threads claim from one atomic word (generation << 32 | chunks left); the
- * caller claims too, and waits only for chunks someone claimed. Helpers spin SPIN_NS after their last chunk (a
- * step's next projection comes within microseconds), then sleep on a condition variable; a job finds them
+ * Here a job is cut into one contiguous share a thread (a decode step's projections stream best so: each thread one
+ * run of weights), and each share into PIECES pieces, claimed through one atomic word a share (generation << 32 |
+ * front << 16 | back): a thread takes its own share's pieces from the front, then the other shares' last pieces from
+ * their backs, so whoever finishes first takes the end of a slower share, and the caller waits only for pieces
+ * someone is running. (With a share as one chunk the caller waited for the helper 15.6% of the threaded jobs' time
+ * in a Qwen 0.5B decode; with pieces 2.6%: docs/benchmarks.md, session 32.) Helpers spin SPIN_NS after their last
+ * piece (a step's next projection comes within microseconds), then sleep on a condition variable; a job finds them
  * awake, or wakes them (once until one of them runs) and starts without them. A helper descheduled while it holds a
- * chunk still stalls the caller, which then measures it: a wait longer than a hiccup (LATE_NS) and than two of its
- * own chunks (beside one busy process, a scheduler slice every few milliseconds) sends the caller alone for
+ * piece still stalls the caller, which then measures it: a wait longer than a hiccup (LATE_NS) and than two of its
+ * own pieces (beside one busy process, a scheduler slice every few milliseconds) sends the caller alone for
  * ALONE_NS, 4 times as long after each late one (up to ALONE_MAX_NS), and half as long again only after TRUST_NS of
  * threaded jobs on time (times, not job counts: a prompt's jobs take 100x a decode step's). After a run alone the
  * sleeping helpers are woken and the next jobs run alone until one of them has run; the first threaded job then
@@ -29,11 +33,8 @@
 typedef void (*RangeFn)(const void *ctx, int64_t begin, int64_t end);
 
 #define POOL_MAX 255           /* helper threads at most */
-#define SPIN_NS 100000         /* a helper's spin after its last chunk, before it sleeps */
-#define CHUNKS_PER_THREAD 1    /* each thread one contiguous share of the weights: a decode step's small projections
-                                * stream better so (SmolLM2 1.03-1.15x against 4 a thread, alternating in one process;
-                                * Qwen 0.5B level); a helper that loses its core holds its whole share, which the runs
-                                * alone after a late helper bound */
+#define SPIN_NS 100000         /* a helper's spin after its last piece, before it sleeps */
+#define PIECES 8               /* a share's pieces (4: Qwen 0.5B decode 0.95x, 16: 0.98x, alternating in one process) */
 #define ALONE_NS 1000000       /* the first run alone after a late helper (a SmolLM2 decode step: ~3.5 ms) */
 #define ALONE_MAX_NS 200000000
 #define LATE_NS 500000         /* a shorter wait is a hiccup (quiet: up to ~0.2 ms), not a core lost to a neighbour
@@ -45,8 +46,8 @@ typedef void (*RangeFn)(const void *ctx, int64_t begin, int64_t end);
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t wake;
-    _Atomic uint64_t claim;     /* generation << 32 | chunks not yet claimed */
-    _Atomic int64_t done;       /* chunks of the current job finished */
+    _Atomic uint32_t gen;       /* the current job's generation */
+    _Atomic int64_t done;       /* pieces of the current job finished */
     _Atomic int sleepers, busy; /* helpers asleep; a caller holds the pool */
     _Atomic int wake_sent;      /* a wake-up is on its way to the sleepers: no second one until one of them runs */
     _Atomic uint32_t wakes;     /* wake-ups without a job, for a probe */
@@ -59,9 +60,13 @@ static struct {
     int64_t trusted;            /* threaded time on time since the last late helper */
     int probe;                  /* the next threaded job is the first after a run alone */
     int64_t probe_waits;        /* jobs run alone since, waiting for a woken helper to run */
-    RangeFn fn;                 /* the current job: read by a helper only after it claimed one of its chunks */
+    RangeFn fn;                 /* the current job: read by a helper only after it claimed one of its pieces */
     const void *ctx;
-    int64_t n, chunk;
+    int64_t n;
+    int shares;                 /* threads the current job is cut for: share s is items [s n / shares, (s+1) n / shares) */
+    struct {                    /* share s: generation << 32 | next piece from the front << 16 | pieces before the back */
+        _Alignas(64) _Atomic uint64_t word;
+    } share[POOL_MAX + 1];
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .alone_next = ALONE_NS};
 
 static inline int64_t now_ns(void) {
@@ -70,46 +75,60 @@ static inline int64_t now_ns(void) {
     return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static int64_t run_chunks(uint32_t gen) {  /* claim and run chunks of job `gen` until none is left; how many */
+static inline int64_t share_first(int s) { return s * pool.n / pool.shares; }
+static inline int64_t share_pieces(int s) {  /* PIECES, or fewer where the share has fewer items */
+    int64_t len = share_first(s + 1) - share_first(s);
+    return len < PIECES ? len : PIECES;
+}
+
+/* Run pieces of job `gen`: share `own` from its front, then the other shares' last pieces from their backs, until
+ * none is left; how many. A thread's own pieces follow each other in memory (its stream of weights), and one that
+ * finished its share takes the end of a slower one instead of waiting for it. */
+static int64_t run_pieces(uint32_t gen, int own) {
     int64_t ran = 0;
-    uint64_t v = atomic_load(&pool.claim);
-    while ((uint32_t)(v >> 32) == gen && (uint32_t)v > 0) {
-        if (!atomic_compare_exchange_weak(&pool.claim, &v, v - 1)) continue;
-        int64_t c = (int64_t)(uint32_t)v - 1, begin = c * pool.chunk;
-        pool.fn(pool.ctx, begin, begin + pool.chunk < pool.n ? begin + pool.chunk : pool.n);
-        atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
-        ran++;
-        v = atomic_load(&pool.claim);
+    for (int k = 0; k < pool.shares; k++) {
+        int s = (own + k) % pool.shares, front = k == 0 && own < pool.shares;
+        uint64_t v = atomic_load(&pool.share[s].word);
+        while ((uint32_t)(v >> 32) == gen && (v >> 16 & 0xFFFF) < (v & 0xFFFF)) {
+            /* own share: the front piece; another's: the back one */
+            if (!atomic_compare_exchange_weak(&pool.share[s].word, &v, front ? v + (1 << 16) : v - 1)) continue;
+            int64_t c = front ? (int64_t)(v >> 16 & 0xFFFF) : (int64_t)(v & 0xFFFF) - 1, pieces = share_pieces(s);
+            int64_t first = share_first(s), len = share_first(s + 1) - first;
+            pool.fn(pool.ctx, first + c * len / pieces, first + (c + 1) * len / pieces);
+            atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+            ran++;
+            v = atomic_load(&pool.share[s].word);
+        }
     }
     return ran;
 }
 
 static void *helper_main(void *arg) {
     int index = (int)(intptr_t)arg;
-    uint32_t seen = (uint32_t)(atomic_load(&pool.claim) >> 32);
+    uint32_t seen = atomic_load(&pool.gen);
     for (;;) {
         int64_t deadline = now_ns() + (index < pool.active ? pool.spin_ns : 0);  /* one left out sleeps at once */
         uint32_t gen;
-        for (int i = 0; (gen = (uint32_t)(atomic_load(&pool.claim) >> 32)) == seen; i++) {
+        for (int i = 0; (gen = atomic_load(&pool.gen)) == seen; i++) {
             _mm_pause();
             if ((i & 63) == 63 && now_ns() > deadline) {
                 pthread_mutex_lock(&pool.lock);
                 atomic_fetch_add(&pool.sleepers, 1);  /* seq_cst against the caller's store, then its load */
                 atomic_store(&pool.wake_sent, 0);  /* cleared on entry and after every wait: never a lost wake-up */
                 uint32_t wakes = atomic_load(&pool.wakes);
-                while ((uint32_t)(atomic_load(&pool.claim) >> 32) == seen && atomic_load(&pool.wakes) == wakes) {
+                while (atomic_load(&pool.gen) == seen && atomic_load(&pool.wakes) == wakes) {
                     pthread_cond_wait(&pool.wake, &pool.lock);
                     atomic_store(&pool.wake_sent, 0);
                 }
                 atomic_fetch_sub(&pool.sleepers, 1);
                 pthread_mutex_unlock(&pool.lock);
-                int for_probe = (uint32_t)(atomic_load(&pool.claim) >> 32) == seen, used = index < pool.active;
+                int for_probe = atomic_load(&pool.gen) == seen, used = index < pool.active;
                 if (used) atomic_store(&pool.answered, atomic_load(&pool.wakes));
                 deadline = now_ns() + (!used ? 0 : for_probe ? PROBE_SPIN_NS : pool.spin_ns);
             }
         }
         seen = gen;
-        if (index < pool.active) run_chunks(gen);
+        if (index < pool.active) run_pieces(gen, index + 1);
     }
     return NULL;
 }
@@ -154,23 +173,25 @@ static void parallel_run(int64_t n, RangeFn fn, const void *ctx, int64_t spin_ns
     int threads = omp_get_max_threads();
     start_helpers(threads - 1 < POOL_MAX ? threads - 1 : POOL_MAX);
     pool.active = threads - 1 < pool.helpers ? threads - 1 : pool.helpers;
-    int64_t chunks = (int64_t)(pool.active + 1) * CHUNKS_PER_THREAD;
-    if (chunks > n) chunks = n;
-    pool.fn = fn, pool.ctx = ctx, pool.n = n, pool.chunk = (n + chunks - 1) / chunks;
+    pool.fn = fn, pool.ctx = ctx, pool.n = n, pool.shares = pool.active + 1 < n ? pool.active + 1 : (int)n;
     atomic_store(&pool.spin_ns, spin_ns);
-    chunks = (n + pool.chunk - 1) / pool.chunk;
     atomic_store(&pool.done, 0);
-    uint32_t gen = (uint32_t)(atomic_load(&pool.claim) >> 32) + 1;
-    atomic_store(&pool.claim, ((uint64_t)gen << 32) | (uint64_t)chunks);
+    uint32_t gen = atomic_load(&pool.gen) + 1;
+    int64_t pieces = 0;
+    for (int s = 0; s < pool.shares; s++) {
+        atomic_store(&pool.share[s].word, (uint64_t)gen << 32 | (uint64_t)share_pieces(s));
+        pieces += share_pieces(s);
+    }
+    atomic_store(&pool.gen, gen);
     int woken = wake_sleepers();  /* then a late helper was waking up, not descheduled */
-    int64_t start = now_ns(), ran = run_chunks(gen), finished = now_ns();
-    for (int i = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < chunks; i++)
+    int64_t start = now_ns(), ran = run_pieces(gen, 0), finished = now_ns();
+    for (int i = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < pieces; i++)
         if ((i & 1023) == 1023) sched_yield(); else _mm_pause();  /* a descheduled helper gets its core back */
     int64_t waited = now_ns() - finished;
-    /* late: a helper lost its core while it held a chunk (a wait longer than a hiccup, and than 2 of the caller's
-     * own chunks); a probe no helper joined: woken ahead of it, none got its core in time */
+    /* late: a helper lost its core while it held a piece (a wait longer than a hiccup, and than 2 of the caller's
+     * own pieces); a probe no helper joined: woken ahead of it, none got its core in time */
     int late = !woken && waited > LATE_NS && waited > 2 * (finished - start) / (ran > 0 ? ran : 1);
-    if (late || (pool.probe && ran == chunks)) {
+    if (late || (pool.probe && ran == pieces)) {
         pool.alone_until = finished + waited + pool.alone_next;
         pool.alone_next = pool.alone_next * 4 < ALONE_MAX_NS ? pool.alone_next * 4 : ALONE_MAX_NS;
         pool.trusted = 0;
