@@ -63,9 +63,9 @@ static struct {
     RangeFn fn;                 /* the current job: read by a helper only after it claimed one of its pieces */
     const void *ctx;
     int64_t n;
-    int shares;                 /* threads the current job is cut for: share s is items [s n / shares, (s+1) n / shares) */
-    struct {                    /* share s: generation << 32 | next piece from the front << 16 | pieces before the back */
-        _Alignas(64) _Atomic uint64_t word;
+    int shares;                 /* threads the job is cut for: share s is items [s n / shares, (s + 1) n / shares) */
+    struct {                    /* share s: generation << 32 | the front piece << 16 | the piece past the back one */
+        _Alignas(64) _Atomic uint64_t word;  /* a line each: one thread's claims do not move another's */
     } share[POOL_MAX + 1];
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .alone_next = ALONE_NS};
 

@@ -185,7 +185,8 @@ static void pa_scores_all(const float *qs, const float *kt, int64_t D, int64_t M
 }
 
 /* Items in the order tile 0, tile T-1, tile 1, tile T-2, ... per kv head: a causal tile's cost grows with its
- * position, so any run of consecutive items (a thread's share or a piece of it, pool.h) holds cheap and dear ones alike. */
+ * position, so any run of consecutive items (a thread's share or a piece of it, pool.h) holds cheap and dear ones
+ * alike. */
 static inline int64_t pa_tile_of(int64_t u, int64_t tiles) { return u % 2 == 0 ? u / 2 : tiles - 1 - u / 2; }
 
 static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
