@@ -52,9 +52,11 @@ SIGNATURES = {
     "tally_argmax_rows": [_P, _I, _I, _P],
     "tally_dequant_q4_rows": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int, _P],
     "tally_dequant_q8_rows": [_P, _P, _P, _I, _I, _I, _I, ctypes.c_int, _P],
+    "tally_pool_helper_pieces": [],
 }
 RESULTS = {name: _I for name in ("tally_argmax_rows", "tally_dequant_q4_rows", "tally_dequant_q8_rows",
-                                  "tally_decode_layers", "tally_decode_greedy")}  # others: none
+                                  "tally_decode_layers", "tally_decode_greedy",
+                                  "tally_pool_helper_pieces")}  # others: none
 
 
 def _unavailable_reason() -> str | None:

@@ -280,6 +280,12 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out
 
 
+def pool_helper_pieces() -> int:
+    """Pieces of work the kernels' helper threads have run in this process (tally/native/pool.h): whether calls
+    were split at all, which their results cannot show."""
+    return load().tally_pool_helper_pieces()
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     y = torch.empty_like(x)
     load().tally_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], eps)

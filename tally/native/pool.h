@@ -52,6 +52,7 @@ static struct {
     _Atomic int wake_sent;      /* a wake-up is on its way to the sleepers: no second one until one of them runs */
     _Atomic uint32_t wakes;     /* wake-ups without a job, for a probe */
     _Atomic uint32_t answered;  /* the last of them a helper has run after */
+    _Atomic int64_t helper_pieces; /* pieces helpers have run, ever: a test's proof that work was split */
     int helpers;                /* started */
     _Atomic int active;         /* helpers the current job may use: the caller's thread count - 1 */
     _Atomic int64_t spin_ns;    /* how long helpers spin after the current job: 0 before a torch op */
@@ -128,7 +129,8 @@ static void *helper_main(void *arg) {
             }
         }
         seen = gen;
-        if (index < pool.active) run_pieces(gen, index + 1);
+        if (index < pool.active) atomic_fetch_add_explicit(&pool.helper_pieces, run_pieces(gen, index + 1),
+                                                           memory_order_relaxed);
     }
     return NULL;
 }
@@ -231,3 +233,5 @@ static void parallel_for_then(int64_t n, int64_t work, RangeFn fn, const void *c
 static void parallel_for(int64_t n, int64_t work, RangeFn fn, const void *ctx) {
     parallel_for_then(n, work, fn, ctx, SPIN_NS);
 }
+
+int64_t tally_pool_helper_pieces(void) { return atomic_load(&pool.helper_pieces); }
