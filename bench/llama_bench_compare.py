@@ -64,8 +64,8 @@ def main() -> int:
         best = max(peer, key=lambda run: run[0]), max(peer, key=lambda run: run[1])
         faster.append((decode / best[0][0], prefill / best[1][1]))
         mean.append((2 * decode / (peer[0][0] + peer[1][0]), 2 * prefill / (peer[0][1] + peer[1][1])))
-        for name, r in (("the faster of its two runs", faster[-1]), ("the mean of its two runs", mean[-1])):
-            print(f"tally / llama.cpp ({name}): decode {r[0]:.2f}x, prefill {r[1]:.2f}x")
+        for name, (d, pf) in (("the faster of its two runs", faster[-1]), ("the mean of its two runs", mean[-1])):
+            print(f"tally / llama.cpp ({name}): decode {d:.2f}x, prefill {pf:.2f}x")
     if a.rounds > 1:
         for name, ratios in (("the faster", faster), ("the mean", mean)):
             decodes, prefills = sorted(d for d, _ in ratios), sorted(pf for _, pf in ratios)
