@@ -63,10 +63,11 @@ static struct {
     int64_t probe_waits;        /* jobs run alone since, waiting for a woken helper to run */
     RangeFn fn;                 /* the current job: read by a helper only after it claimed one of its pieces */
     const void *ctx;
-    int64_t n;
-    int shares;                 /* threads the job is cut for: share s is items [s n / shares, (s + 1) n / shares) */
-    struct {                    /* share s: generation << 32 | the front piece << 16 | the piece past the back one */
-        _Alignas(64) _Atomic uint64_t word;  /* a line each: one thread's claims do not move another's */
+    int shares;                 /* threads the job is cut for */
+    struct {                    /* share s: items [first, first + len) in min(len, PIECES) pieces */
+        _Alignas(64) _Atomic uint64_t word;  /* generation << 32 | the front piece << 16 | the piece past the back
+                                              * one; a line each: one thread's claims do not move another's */
+        int64_t first, len;     /* set with the word, read after a claim */
     } share[POOL_MAX + 1];
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER, .alone_next = ALONE_NS};
 
@@ -74,12 +75,6 @@ static inline int64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static inline int64_t share_first(int s) { return s * pool.n / pool.shares; }
-static inline int64_t share_pieces(int s) {  /* PIECES, or fewer where the share has fewer items */
-    int64_t len = share_first(s + 1) - share_first(s);
-    return len < PIECES ? len : PIECES;
 }
 
 /* Run pieces of job `gen`: share `own` from its front, then the other shares' last pieces from their backs, until
@@ -93,8 +88,8 @@ static int64_t run_pieces(uint32_t gen, int own) {
         while ((uint32_t)(v >> 32) == gen && (v >> 16 & 0xFFFF) < (v & 0xFFFF)) {
             /* own share: the front piece; another's: the back one */
             if (!atomic_compare_exchange_weak(&pool.share[s].word, &v, front ? v + (1 << 16) : v - 1)) continue;
-            int64_t c = front ? (int64_t)(v >> 16 & 0xFFFF) : (int64_t)(v & 0xFFFF) - 1, pieces = share_pieces(s);
-            int64_t first = share_first(s), len = share_first(s + 1) - first;
+            int64_t c = front ? (int64_t)(v >> 16 & 0xFFFF) : (int64_t)(v & 0xFFFF) - 1;
+            int64_t first = pool.share[s].first, len = pool.share[s].len, pieces = len < PIECES ? len : PIECES;
             pool.fn(pool.ctx, first + c * len / pieces, first + (c + 1) * len / pieces);
             atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
             ran++;
@@ -175,14 +170,17 @@ static void parallel_run(int64_t n, RangeFn fn, const void *ctx, int64_t spin_ns
     int threads = omp_get_max_threads();
     start_helpers(threads - 1 < POOL_MAX ? threads - 1 : POOL_MAX);
     pool.active = threads - 1 < pool.helpers ? threads - 1 : pool.helpers;
-    pool.fn = fn, pool.ctx = ctx, pool.n = n, pool.shares = pool.active + 1 < n ? pool.active + 1 : (int)n;
+    pool.fn = fn, pool.ctx = ctx, pool.shares = pool.active + 1 < n ? pool.active + 1 : (int)n;
     atomic_store(&pool.spin_ns, spin_ns);
     atomic_store(&pool.done, 0);
     uint32_t gen = atomic_load(&pool.gen) + 1;
     int64_t pieces = 0;
     for (int s = 0; s < pool.shares; s++) {
-        atomic_store(&pool.share[s].word, (uint64_t)gen << 32 | (uint64_t)share_pieces(s));
-        pieces += share_pieces(s);
+        int64_t first = s * n / pool.shares, len = (s + 1) * n / pool.shares - first;
+        int64_t count = len < PIECES ? len : PIECES;
+        pool.share[s].first = first, pool.share[s].len = len;
+        atomic_store(&pool.share[s].word, (uint64_t)gen << 32 | (uint64_t)count);  /* after first and len */
+        pieces += count;
     }
     atomic_store(&pool.gen, gen);
     int woken = wake_sleepers();  /* then a late helper was waking up, not descheduled */
