@@ -8,7 +8,6 @@ import json
 import re
 import shlex
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -27,6 +26,7 @@ from tally.errors import ConfigError
 from tally.server.app_args import allowed_hosts
 from tally.server.cli import parse_args
 from tally.server.process import ServerProcess
+from tally.ports import free_port
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -119,9 +119,7 @@ def cluster(monkeypatch_module):
     # Replicas and handles report load every half second instead of every ten, so autoscaling reacts in a test.
     monkeypatch_module.setenv("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")
     monkeypatch_module.setenv("RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "0.5")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths live under it
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
     try:

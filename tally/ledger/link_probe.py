@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,13 +23,14 @@ import time
 from tally.errors import TallyError
 from tally.layers.spin_wait import wait_polling
 from tally.ledger.comm import Link
+from tally.ports import free_port
 
 SMALL_NUMEL, LARGE_NUMEL = 1024, 1 << 20
 WORK_ROWS = 96  # a ~0.1 ms matmul between collectives, as a layer's half of a decode step is here
 
 
 def measure_gloo_link(calls: int = 300) -> Link:
-    port = _free_port()
+    port = free_port()
     args = [sys.executable, "-m", "tally.ledger.link_probe", "--port", str(port), "--calls", str(calls), "--rank"]
     other = subprocess.Popen([*args, "1"], stdout=subprocess.DEVNULL)
     try:
@@ -75,12 +75,6 @@ def _rank_main(rank: int, port: int, calls: int) -> None:
     dist.destroy_process_group()
     if rank == 0:
         print(json.dumps([statistics.mean(in_step), *back_to_back]))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":
