@@ -222,6 +222,11 @@ def test_rms_norm_and_silu_mul() -> None:
     assert torch.equal(ops.silu_mul(many), torch.cat([ops.silu_mul(many[r:r + 1]) for r in range(300)]))
 
 
+def test_the_read_probe_reads_whole_chunks_and_a_tail() -> None:
+    for nbytes in (100, ops.READ_CHUNK * 3 + 77):  # under one vector loop; three chunks and a ragged fourth
+        assert 0 < ops.read_seconds(torch.ones(nbytes, dtype=torch.uint8), repeats=2) < float("inf")
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_rope_store_rotates_q_k_and_writes_the_cache(cache_dtype: torch.dtype) -> None:
     """The cache gets k and v cast as torch casts them (round to nearest even; fp16 overflows to inf and keeps

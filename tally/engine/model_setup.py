@@ -146,6 +146,7 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
     ledger = EngineLedger(
         model_name=(config.served_model_names or (ckpt.name,))[0],
         weight_bytes=weight_bytes,
+        huge_page_bytes=model.huge_page_bytes,
         kv_blocks=num_blocks,
         block_size=config.block_size,
         kv_bytes_per_token=bytes_per_token,

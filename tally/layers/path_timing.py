@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from tally.layers.dense import Fp16WeightLinear
+from tally.layers.huge_pages import move_weights_to_huge_pages
 from tally.layers.linear import build_linear, int4_linear, int8_linear, offset_linear, w8a8_linear
 from tally.quant.base import QuantLinear
 from tally.quant.dispatch import NEVER
@@ -127,6 +128,8 @@ def time_path(shapes: list[ProjectionShape], path: ComputePath, rows: tuple[int,
         for shape in shapes:
             copies = int(min(shape.count, max(1, per_shape_budget // shape.weight_bytes(path.weight_dtype))))
             built.append((shape, timing_layers(shape, path, copies, gen)))
+        # the weights in the memory the model's will be in (the builder moves them as well)
+        move_weights_to_huge_pages(nn.ModuleList([layer for _, layers in built for layer in layers]))
         if try_bf16_many and all(bf16_many_tokens_capable(layers[0]) for _, layers in built):
             times.bf16_many = {r: 0.0 for r in rows if r > 1}
         for shape, layers in built:

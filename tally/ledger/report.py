@@ -31,6 +31,7 @@ class EngineLedger:
     # capacity_bytes, held_bytes_at_start, files_at_start, bytes_per_block, write_queue_bytes}; each only when on
     kv_tiers: dict = field(default_factory=dict)
     kv_dtype: str = ""  # the cache's values (tally/ledger/kv.py names): float32, float16, bfloat16, int8
+    huge_page_bytes: int = 0  # of weight_bytes, those in the arena advised for huge pages (tally/layers/huge_pages.py)
 
     @property
     def kv_tokens(self) -> int:
@@ -44,8 +45,9 @@ class EngineLedger:
 
     def format(self) -> str:
         lines = [
-            f"ledger: {self.model_name}: weights {fmt_gib(self.weight_bytes)} ({fmt_gb(self.weight_bytes)}), "
-            f"reserve {fmt_gib(self.reserve_bytes)}",
+            f"ledger: {self.model_name}: weights {fmt_gib(self.weight_bytes)} ({fmt_gb(self.weight_bytes)}"
+            + (f", {fmt_gib(self.huge_page_bytes)} of them on huge pages" if self.huge_page_bytes else "")
+            + f"), reserve {fmt_gib(self.reserve_bytes)}",
             f"ledger: KV pool {fmt_gib(self.kv_pool_bytes)} = {self.kv_blocks:,} blocks x {self.block_size} tokens = "
             f"{self.kv_tokens:,} tokens at {fmt_small_bytes(self.kv_bytes_per_token)} per token"
             + (f" ({self.kv_dtype})" if self.kv_dtype else ""),

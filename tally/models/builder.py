@@ -15,6 +15,7 @@ from torch import nn
 from tally.attention.interface import AttentionBackend
 from tally.errors import ConfigError, ModelLoadError
 from tally.layers.dense import ConcatLinear
+from tally.layers.huge_pages import move_weights_to_huge_pages
 from tally.layers.linear import build_linear, linear_from_blocks, linear_from_gguf
 from tally.layers.parallel import RowParallel, TPGroup, VocabParallelHead
 from tally.models.config import ModelConfig
@@ -98,6 +99,7 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
     leftover = [n for n in tensors if "rotary_emb" not in n]
     if leftover:
         raise ModelLoadError(f"checkpoint has tensors this architecture does not use: {leftover[:5]}")
+    model.huge_page_bytes = move_weights_to_huge_pages(model)  # before anything takes the weights' addresses
     model.native_step = NativeDecodeStep.build(model)
     return model.eval()
 

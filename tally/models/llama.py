@@ -133,6 +133,7 @@ class CausalLM(nn.Module):
                 self.embed_tokens = None
         # every layer's decode step in one native call, where the model's formats allow (built after loading)
         self.native_step: NativeDecodeStep | None = None
+        self.huge_page_bytes = 0  # the weights' bytes moved onto huge pages (tally/layers/huge_pages.py), after loading
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling, dtype)
 

@@ -245,6 +245,38 @@ void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
     parallel_for(M, M * I * 16, silu_rows, &job);
 }
 
+/* ---- Memory read rate: the roofline benchmarks hold decode against (bench/decode_roofline.py). torch's sum read
+ * 30-34 GB/s on the Zen 4 VM, its arithmetic the limit, where plain loads over 2 MB pages read 53 GB/s: a roofline
+ * below what Tally's own kernels stream. Here each chunk's bytes are xor-folded into its own slot of `out` (so no
+ * load can be dropped), on the kernels' own threads. */
+#define READ_CHUNK ((int64_t)256 << 10)
+typedef struct { const uint8_t *p; int64_t n; int64_t *out; } ReadJob;
+
+static void read_chunks(const void *ctx, int64_t c0, int64_t c1) {
+    const ReadJob *j = ctx;
+    for (int64_t c = c0; c < c1; c++) {
+        const uint8_t *p = j->p + c * READ_CHUNK;
+        int64_t len = j->n - c * READ_CHUNK < READ_CHUNK ? j->n - c * READ_CHUNK : READ_CHUNK, i = 0;
+        __m256i a = _mm256_setzero_si256(), b = a, e = a, f = a;
+        for (; i + 128 <= len; i += 128) {
+            a = _mm256_xor_si256(a, _mm256_loadu_si256((const __m256i *)(p + i)));
+            b = _mm256_xor_si256(b, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+            e = _mm256_xor_si256(e, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+            f = _mm256_xor_si256(f, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+        }
+        int64_t tail = 0;
+        for (; i < len; i++) tail ^= p[i];
+        __m256i x = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(e, f));
+        j->out[c] = _mm256_extract_epi64(x, 0) ^ _mm256_extract_epi64(x, 1) ^ _mm256_extract_epi64(x, 2) ^
+                    _mm256_extract_epi64(x, 3) ^ tail;
+    }
+}
+
+void tally_read_bytes(const uint8_t *p, int64_t n, int64_t *out) {  /* out: one slot per READ_CHUNK bytes */
+    ReadJob job = {p, n, out};
+    parallel_for((n + READ_CHUNK - 1) / READ_CHUNK, n, read_chunks, &job);
+}
+
 /* ---- Greedy tokens: the first index of each row's maximum, x [M, V] -> out [M]; -1 for a row holding a NaN
  * (torch.argmax takes the first NaN there: the caller asks it); returns how many such rows there are.
  * torch.argmax runs a scalar loop on CPU, ~2.4 ns a value: 0.36 ms of a Qwen 0.5B decode step over its 151,936

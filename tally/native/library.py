@@ -41,6 +41,7 @@ SIGNATURES = {
     "tally_gemm_f16": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_rms_norm": [_P, _P, _P, _I, _I, _F],
     "tally_silu_mul": [_P, _P, _I, _I],
+    "tally_read_bytes": [_P, _I, _P],
     "tally_rope_store": [_P, _I, _I, _P, _P, _I, _I, _I, _P, _P, _P, ctypes.c_int],
     "tally_decode_layers": [_P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _I, _P],
     "tally_decode_greedy": [_P, _I, _P, _P, _P, _I, _P, _I, _P, _P, _P],

@@ -6,6 +6,8 @@ into `out`. Shapes the kernels cannot take — a K the vector loop does not divi
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from tally.native.library import load
@@ -300,6 +302,21 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
         nan_rows = (out < 0).nonzero().flatten()  # rows holding a NaN: torch's own answer (its first NaN)
         out[nan_rows] = x[nan_rows].argmax(dim=-1)
     return out
+
+
+READ_CHUNK = 256 << 10  # kernels.c: tally_read_bytes
+
+
+def read_seconds(buf: torch.Tensor, repeats: int = 5) -> float:
+    """The fastest of `repeats` reads of contiguous `buf` by the kernels' threads, plain loads only: the memory's
+    own read rate is buf.nbytes over it (bench/decode_roofline.py's roofline)."""
+    slots = torch.empty(-(-buf.nbytes // READ_CHUNK), dtype=torch.int64)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        load().tally_read_bytes(buf.data_ptr(), buf.nbytes, slots.data_ptr())
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
