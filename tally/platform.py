@@ -1,4 +1,4 @@
-"""What this machine offers, asked in one place: the CPU's instruction sets and the memory left.
+"""What this machine offers, asked in one place: the CPU's instruction sets, the memory left, the C library's calls.
 
 Every path that picks a kernel or a dtype by the CPU asks here (tally/native/library.py, tally/quant/dispatch.py,
 EngineConfig.path_candidates), so the answer cannot differ between them; which of the possible paths is fastest
@@ -11,13 +11,26 @@ The flags come from /proc/cpuinfo; where it cannot be read (not Linux), no fast 
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
 MEMINFO = Path("/proc/meminfo")
+
+
+@functools.cache
+def libc_function(name: str) -> Callable | None:
+    """A C library function Python does not wrap (malloc_trim, madvise), or None where there is none (musl lacks
+    malloc_trim; macOS and Windows have no libc.so)."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
 
 
 @functools.cache

@@ -9,25 +9,17 @@ once an interval. Where malloc_trim does not exist (musl, macOS) this does nothi
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import time
-from collections.abc import Callable
+
+from tally.platform import libc_function
 
 TRIM_INTERVAL_S = 10.0  # one trim costs ~ms (docs/benchmarks.md): under 0.1% of the engine's time
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 class HeapTrimmer:
     def __init__(self, interval_s: float = TRIM_INTERVAL_S) -> None:
         self.interval_s = interval_s
-        self._trim = _malloc_trim()
+        self._trim = libc_function("malloc_trim")
         self._last = time.monotonic()
         self.num_trims = 0
         self.trim_seconds = 0.0  # time spent trimming, for the ledger of where the engine thread's time goes
