@@ -7,7 +7,8 @@ gives memory huge pages only where a program asks for them under THP "madvise", 
 model's weights are copied into one arena advised MADV_HUGEPAGE before anything touches it: every 2 MB of it then
 faults in as one page. Where the kernel does not oblige (THP "never", not Linux) the arena is plain memory.
 Moving happens before anything takes the weights' addresses (the native decode step is built after it); each tensor
-keeps its identity (`Tensor.set_`), so modules and tied weights see the new memory.
+keeps its identity (`Tensor.set_`), so modules and tied weights see the new memory. The moved tensors share one
+storage, so a deep copy of one of them copies the whole arena: copy layers before moving them (path_timing does).
 """
 from __future__ import annotations
 
