@@ -11,18 +11,16 @@ engine, alternating round by round so the machine's drift falls on both; ratios 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import random
 import statistics
 import time
-from pathlib import Path
 
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 
-from tally.layers.huge_pages import huge_page_buffer, thp_setting
+from tally.layers.huge_pages import huge_page_buffer, mapping_fields, thp_setting
 from tally.native import ops
+from tally.platform import libc_function
 
 PR_SET_THP_DISABLE = 41
 READ_BYTES = 400 << 20
@@ -33,16 +31,8 @@ def read_gbs(buf: torch.Tensor) -> float:
 
 
 def huge_mb(address: int) -> float:
-    """MB of the mapping holding `address` that the kernel backs with huge pages (/proc/self/smaps)."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "AnonHugePages:":
-            return int(line.split()[1]) / 1024
-    return 0.0
+    """MB of the mapping holding `address` that the kernel backs with huge pages."""
+    return int(mapping_fields(address).get("AnonHugePages", "0 kB").split()[0]) * 1024 / 1e6
 
 
 def largest_weight(llm) -> int:
@@ -68,12 +58,13 @@ def main() -> None:
     kw = dict(max_model_len=1024, kv_cache_memory=128 * 2**20, enable_prefix_caching=False)
     huge = LLM(a.model, **kw)
     huge_buf = huge_page_buffer(READ_BYTES).fill_(1)
-    if ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+    prctl = libc_function("prctl")
+    if prctl is None or prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
         raise SystemExit("prctl(PR_SET_THP_DISABLE) failed: cannot load a second copy on 4 KB pages")
     small = LLM(a.model, **kw)
     small_buf = torch.ones(READ_BYTES, dtype=torch.uint8)
     print(f"model {small.engine.ledger.model_name}, THP {thp_setting()}, {a.threads} threads; weights "
-          f"{huge.engine.model.huge_page_bytes / 1e6:.0f} MB moved; on huge pages (MB, mapping of the largest weight / "
+          f"{huge.engine.model.huge_page_bytes / 1e6:.0f} MB on huge pages after the move; on huge pages (MB, mapping of the largest weight / "
           f"the read buffer): {huge_mb(largest_weight(small)):.0f} / {huge_mb(small_buf.data_ptr()):.0f} in the 4 KB "
           f"copy, {huge_mb(largest_weight(huge)):.0f} / {huge_mb(huge_buf.data_ptr()):.0f} in the other")
 

@@ -23,10 +23,10 @@ from support.tiny_models import make_checkpoint
 
 from tally.deploy.ray_forward import prompt_prefix
 from tally.errors import ConfigError
+from tally.ports import free_port
 from tally.server.app_args import allowed_hosts
 from tally.server.cli import parse_args
 from tally.server.process import ServerProcess
-from tally.ports import free_port
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")

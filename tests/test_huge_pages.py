@@ -2,29 +2,19 @@
 still shared, and the arena's mapping carries the kernel's huge-page advice."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
 
-from tally.layers.huge_pages import HUGE_PAGE, MIN_BYTES, huge_page_buffer, move_weights_to_huge_pages, thp_setting
+from tally.layers.huge_pages import (HUGE_PAGE, MIN_BYTES, huge_page_buffer, mapping_fields,
+                                     move_weights_to_huge_pages, thp_setting)
 
 needs_thp = pytest.mark.skipif(thp_setting() not in ("always", "madvise"),
                                reason="this kernel gives no transparent huge pages on request")
 
 
 def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping of this process that holds `address`."""
-    inside = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and ":" not in head:
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            inside = lo <= address < hi
-        elif inside and head == "VmFlags:":
-            return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
+    return mapping_fields(address)["VmFlags"].split()
 
 
 class Weights(nn.Module):
@@ -44,8 +34,8 @@ def test_weights_move_with_their_values_identity_and_sharing():
     m = Weights()
     before = {n: t.clone() for n, t in m.state_dict().items()}
     weight, norm_ptr = m.weight, m.norm.data_ptr()
-    moved = move_weights_to_huge_pages(m)
-    assert moved >= m.weight.nbytes + m.q.nbytes
+    backed = move_weights_to_huge_pages(m)
+    assert 0 <= backed <= m.weight.nbytes + m.q.nbytes + 64  # what the kernel gave: not in the test's hands
     for n, t in m.state_dict().items():
         assert torch.equal(t, before[n]), n
     assert m.weight is weight and m.tied.weight is m.weight
@@ -82,8 +72,8 @@ def test_the_engine_runs_on_moved_weights_and_its_ledger_says_so(tmp_path):
     model_dir = make_checkpoint(tmp_path, "llama", hidden_size=128, intermediate_size=512)
     llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000)
     model = llm.engine.model
-    assert model.huge_page_bytes >= MIN_BYTES
-    assert "on huge pages" in llm.engine.ledger.format()
+    assert llm.engine.ledger.huge_page_bytes == model.huge_page_bytes
+    assert ("on huge pages" in llm.engine.ledger.format()) == (model.huge_page_bytes > 0)
     largest = max(model.state_dict().values(), key=lambda t: t.nbytes)
     assert "hg" in _vm_flags(largest.data_ptr())
     out = llm.generate("hello", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))

@@ -2,7 +2,8 @@
 
 A decode step streams every weight once. On 4 KB pages that stream crosses a page every 64 cache lines, and each
 page wants a TLB entry; in a virtual machine a TLB miss walks two page tables. On the Zen 4 VM of docs/benchmarks.md
-two threads read 400 MB at 34-37 GB/s from 4 KB pages and at 53 GB/s from 2 MB pages (bench/huge_pages.py). Linux
+two threads read 400 MB at 35-49 GB/s from 4 KB pages and at 53-57 GB/s from 2 MB pages (docs/benchmarks.md,
+session 33; bench/huge_pages.py compares the two). Linux
 gives memory huge pages only where a program asks for them under THP "madvise", the common default, so a built
 model's weights are copied into one arena advised MADV_HUGEPAGE before anything touches it: every 2 MB of it then
 faults in as one page. Where the kernel does not oblige (THP "never", not Linux) the arena is plain memory.
@@ -27,6 +28,7 @@ MADV_HUGEPAGE = 14  # the same number on every Linux architecture
 MIN_BYTES = 64 << 10  # norms and biases stay where they are: a few pages, read once a layer
 ALIGN = 64  # each weight starts on a cache line, as the allocator gives it
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+SMAPS = Path("/proc/self/smaps")
 
 
 def _madvise() -> Callable[[int, int, int], int] | None:
@@ -44,6 +46,26 @@ def thp_setting() -> str:
         return "unavailable"
 
 
+def mapping_fields(address: int) -> dict[str, str]:
+    """/proc/self/smaps' fields (AnonHugePages, VmFlags, ...) of the mapping holding `address`; {} where none does
+    or smaps cannot be read."""
+    fields: dict[str, str] | None = None
+    try:
+        lines = SMAPS.read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        head, _, rest = line.partition(" ")
+        if ":" not in head:  # a mapping's first line: "start-end perms offset dev inode path"
+            if fields is not None:
+                break
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            fields = {} if lo <= address < hi else None
+        elif fields is not None:
+            fields[head[:-1]] = rest.strip()
+    return fields or {}
+
+
 def huge_page_buffer(nbytes: int) -> torch.Tensor | None:
     """uint8 [nbytes], untouched, starting on a huge-page boundary and advised MADV_HUGEPAGE; None where the kernel
     gives no huge pages on request."""
@@ -59,9 +81,10 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor | None:
 
 
 def move_weights_to_huge_pages(module: nn.Module) -> int:
-    """Every CPU parameter and buffer of `module` of MIN_BYTES or more into one huge_page_buffer; returns the bytes
-    moved (0 where there are no huge pages to have: nothing moves then). Tensors sharing storage still share it
-    afterwards. Storage torch did not allocate (a file mapping) stays where it is."""
+    """Every CPU parameter and buffer of `module` of MIN_BYTES or more into one huge_page_buffer; returns how many of
+    the moved bytes the kernel backs with huge pages, as smaps says (0 where there are none to have: nothing moves
+    then; fewer than moved where it found no free 2 MB pages). Tensors sharing storage still share it afterwards.
+    Storage torch did not allocate (a file mapping) stays where it is."""
     by_storage: dict[int, list[torch.Tensor]] = {}
     seen: set[int] = set()
     for t in itertools.chain(module.parameters(), module.buffers()):
@@ -87,4 +110,5 @@ def move_weights_to_huge_pages(module: nn.Module) -> int:
     trim = libc_function("malloc_trim")
     if trim is not None:  # glibc keeps the old copies' freed pages: without this the process held its weights twice
         trim(0)           # until the engine's first trim (tally/engine/heap_trim.py); 1.30 GB against 0.87 here
-    return total
+    huge_kb = mapping_fields(arena.data_ptr()).get("AnonHugePages", "0 kB").split()[0]
+    return min(total, int(huge_kb) * 1024)  # an adjacent advised mapping (a draft model's arena) may share its line

@@ -246,7 +246,7 @@ void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
 }
 
 /* ---- Memory read rate: the roofline benchmarks hold decode against (bench/decode_roofline.py). torch's sum read
- * 30-34 GB/s on the Zen 4 VM, its arithmetic the limit, where plain loads over 2 MB pages read 53 GB/s: a roofline
+ * 33-34 GB/s on the Zen 4 VM, its arithmetic the limit, where plain loads over 2 MB pages read ~57 GB/s: a roofline
  * below what Tally's own kernels stream. Here each chunk's bytes are xor-folded into its own slot of `out` (so no
  * load can be dropped), on the kernels' own threads. */
 #define READ_CHUNK ((int64_t)256 << 10)
