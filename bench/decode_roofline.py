@@ -2,8 +2,9 @@
 per-step time spent outside the model's kernels (Python overhead). Where the layers run in one native call, each
 decode step is split three ways: that call, the LM head, and everything else the engine's step did (inputs,
 embedding, final norm, sampling, scheduling: Python and torch ops), the first two with the bytes they read and
-their rate against plain loads over 1 GB in the same run (the native kernels' threads, huge pages as
-the weights'). Both with LLM()'s multi-step decode (several decode steps
+their rate against plain loads over 1 GB (the native kernels' threads, huge pages as the weights'), read just
+before each decode run: on a VM the read rate drifts by 2x within minutes, so each run is held against its own.
+Both with LLM()'s multi-step decode (several decode steps
 a native call: tally/engine/multi_step.py) and with one step a call, as `tally serve` runs them, the two
 alternating request by request (3 each), and the ratio of their TPOTs pair by pair.
 
@@ -24,20 +25,29 @@ if TYPE_CHECKING:
     from tally.engine.engine import Engine
 
 
-def measure_bandwidth_gbs(size_bytes: int = 1 << 30, repeats: int = 5) -> float:
-    """The memory's read rate with plain loads on the kernels' threads, from huge pages as the weights are held
-    (tally/layers/huge_pages.py); torch's sum where the native kernels are unavailable (its arithmetic, not the
-    memory, limits it at ~30-34 GB/s on the Zen 4 VM, where loads read ~57)."""
+def read_buffer(size_bytes: int = 1 << 30) -> torch.Tensor:
+    """What the read rate is measured over: huge pages, as the weights are held (tally/layers/huge_pages.py)."""
     from tally.layers.huge_pages import huge_page_buffer
+
+    buf = huge_page_buffer(size_bytes)
+    return (torch.empty(size_bytes, dtype=torch.uint8) if buf is None else buf).fill_(1)  # backed, not just mapped
+
+
+def read_gbs(buf: torch.Tensor, repeats: int = 3) -> float:
+    """The memory's read rate with plain loads on the kernels' threads; torch's sum where the native kernels are
+    unavailable (its arithmetic, not the memory, limits it at ~33-34 GB/s on the Zen 4 VM, where loads read ~57)."""
     from tally.native import ops
 
     if not ops.available():
-        x = torch.ones(size_bytes // 4, dtype=torch.float32)
-        x.sum()
-        return size_bytes / min(_timed(lambda: x.sum()) for _ in range(repeats)) / 1e9
-    buf = huge_page_buffer(size_bytes)
-    buf = (torch.empty(size_bytes, dtype=torch.uint8) if buf is None else buf).fill_(1)  # backed, not just mapped
-    return size_bytes / ops.read_seconds(buf, repeats) / 1e9
+        x = buf.view(torch.float32)
+        return buf.nbytes / min(_timed(lambda: x.sum()) for _ in range(repeats)) / 1e9
+    return buf.nbytes / ops.read_seconds(buf, repeats) / 1e9
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def weight_bytes_read_per_step(model: torch.nn.Module, weight_bytes: int) -> int:
@@ -124,31 +134,38 @@ def main() -> None:
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
     llm.generate("Once upon a time", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm up
     engine, model = llm.engine, llm.engine.model
-    bw = measure_bandwidth_gbs()
+    buf = read_buffer()
     kv_bytes = ledger.kv_bytes_per_token * 64  # ~64 tokens of context read per step on average
     read_bytes = weight_bytes_read_per_step(model, ledger.weight_bytes)
-    roofline_tok_s = bw * 1e9 / (read_bytes + kv_bytes)
     print(f"\nmodel {ledger.model_name}, compute {model.dtype}, projections {type(model.layers[0].qkv_proj).__name__}, "
           f"{a.threads} threads")
     print(f"{'figure':<44} {'value':>12}")
     print(f"{'weight bytes held / read per step':<44} {ledger.weight_bytes / 1e6:>6.1f} / {read_bytes / 1e6:.1f} MB")
-    print(f"{'memory read rate (plain loads, this run)':<44} {bw:>9.1f} GB/s")
-    print(f"{'roofline decode':<44} {roofline_tok_s:>8.1f} tok/s")
     # LLM()'s multi-step decode and one step a call as tally serve runs (the engine's limit flipped in place),
     # alternating request by request so that the machine's drift falls on both
     limits = [engine._burst_limit] + ([1] if engine._burst_limit > 1 else [])
     split = StepSplit(engine) if model.native_step is not None else None
     runs: dict[int, list[float]] = {limit: [] for limit in limits}
+    rates: dict[int, list[float]] = {limit: [] for limit in limits}  # GB/s read just before each run
     steps: dict[int, list[tuple[float, float, float]]] = {limit: [] for limit in limits}
     for _ in range(3):
         for limit in limits:
             engine._burst_limit = limit
             if split is not None:
                 split.steps = steps[limit]
+            rates[limit].append(read_gbs(buf))
             runs[limit].append(decode_seconds(llm, params))
+    every_rate = [r for limit in limits for r in rates[limit]]
+    bw = statistics.median(every_rate)
+    print(f"{'memory read rate (plain loads, before each run)':<44} {bw:>9.1f} GB/s  "
+          f"({min(every_rate):.1f}-{max(every_rate):.1f})")
+    print(f"{'roofline decode at that rate':<44} {bw * 1e9 / (read_bytes + kv_bytes):>8.1f} tok/s")
     for limit in limits:
         step_s = statistics.median(runs[limit])
         tok_s = 1 / step_s
+        # each run against the roofline of the read rate measured just before it
+        of_roofline = sorted((read_bytes + kv_bytes) / run_s / (rate * 1e9)
+                             for run_s, rate in zip(runs[limit], rates[limit]))
         label = f"{limit} decode steps a call at most" if limit > 1 else "one decode step a call"
         print(f"{'tally batch-1 decode (median of 3)':<44} {tok_s:>8.1f} tok/s   ({label})")
         if model.native_step is None:  # Python overhead: the same steps with the profiler's view of torch kernel time
@@ -159,7 +176,7 @@ def main() -> None:
         else:  # the layers run inside one native call, which the torch profiler does not see
             split.steps = steps[limit]
             print_split(split, model, read_bytes, bw)
-        print(f"{'tally / roofline':<44} {tok_s / roofline_tok_s:>11.0%}")
+        print(f"{'tally / roofline, run by run':<44} {of_roofline[1]:>11.0%}  ({of_roofline[0]:.0%}-{of_roofline[-1]:.0%})")
     if len(limits) > 1:
         pairs = sorted(one / burst for burst, one in zip(runs[limits[0]], runs[1]))
         print(f"{'TPOT one step a call / bursts, 3 pairs':<44} {pairs[1]:>11.2f}x  ({pairs[0]:.2f}-{pairs[-1]:.2f})")
@@ -183,7 +200,7 @@ def print_split(split: StepSplit, model: torch.nn.Module, read_bytes: int, bw: f
     for name, seconds, nbytes in parts:
         gbs = nbytes / seconds / 1e9
         print(f"{name:<44} {seconds * 1e3:>6.2f} ms  {nbytes / 1e6:.1f} MB  {gbs:.1f} GB/s ({gbs / bw:.0%} of "
-              "the sum's)")
+              "the read rate)")
     rest = step - layers - head
     print(f"{'  everything else (Python and torch ops)':<44} {rest * 1e3:>6.2f} ms  {rest / step:.0%} of the step")
 
