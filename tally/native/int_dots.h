@@ -190,6 +190,37 @@ static inline __m512i units_apart(const void *x, int64_t bytes, __m512i which) {
     return _mm512_permutexvar_epi32(which, _mm512_castsi128_si512(u));
 }
 
+/* A nibble block's planes of high bits as plane_pair gives them (zero where the format has none) */
+static inline __attribute__((always_inline)) void block_planes512(const uint8_t *hb, int bits, __m512i *p4,
+                                                                  __m512i *p5) {
+    if (bits > 4) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
+    *p4 = bits > 4 ? plane_pair(hb) : _mm512_setzero_si512();
+    *p5 = bits > 5 ? plane_pair(hb + 32) : _mm512_setzero_si512();
+}
+
+/* acc[i] += row i's products with chunks c and c + 1 of a nibble block */
+static inline __attribute__((always_inline)) void nibble_chunks512(const int8_t *xq, int64_t K, const uint8_t *wb,
+                                                                   __m512i p4, __m512i p5, int c, int bits, int mr,
+                                                                   __m512i *acc) {
+    const __m512i lo_units = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i hi_units = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
+    _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+    __m512i lo, hi;
+    nibble_values512(_mm512_loadu_si512((const void *)(wb + c * 32)), p4, p5, c, bits, &lo, &hi);
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) {
+        const int8_t *xp = xq + i * K + c * 8;
+        acc[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i], lo, units_apart(xp, 16, lo_units)), hi,
+                                     units_apart(xp, 16, hi_units));
+    }
+}
+
+static inline __attribute__((always_inline)) void fold512(const __m512i *acc, int mr, __m256i *dot) {  /* halves */
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++)
+        dot[i] = _mm256_add_epi32(_mm512_castsi512_si256(acc[i]), _mm512_extracti64x4_epi64(acc[i], 1));
+}
+
 static inline __attribute__((always_inline)) void int_block_dots512(
     const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
     __m256i *dot) {
@@ -197,24 +228,10 @@ static inline __attribute__((always_inline)) void int_block_dots512(
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_si512();
     if (bits != 8) {
-        const __m512i lo_units = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
-        const __m512i hi_units = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
-        if (bits > 4) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
-        __m512i p4 = bits > 4 ? plane_pair(hb) : _mm512_setzero_si512();
-        __m512i p5 = bits > 5 ? plane_pair(hb + 32) : _mm512_setzero_si512();
+        __m512i p4, p5;
+        block_planes512(hb, bits, &p4, &p5);
         _Pragma("GCC unroll 1")
-        for (int c = c0; c < c1; c += 2) {
-            _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
-            __m512i raw = _mm512_loadu_si512((const void *)(wb + c * 32));
-            __m512i lo, hi;
-            nibble_values512(raw, p4, p5, c, bits, &lo, &hi);
-            _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++) {
-                const int8_t *xp = xq + i * K + c * 8;
-                acc[i] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i], lo, units_apart(xp, 16, lo_units)), hi,
-                                             units_apart(xp, 16, hi_units));
-            }
-        }
+        for (int c = c0; c < c1; c += 2) nibble_chunks512(xq, K, wb, p4, p5, c, bits, mr, acc);
     } else {
         const __m512i units = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         _Pragma("GCC unroll 1")
@@ -230,9 +247,24 @@ static inline __attribute__((always_inline)) void int_block_dots512(
             }
         }
     }
-    _Pragma("GCC unroll 8")
-    for (int i = 0; i < mr; i++)
-        dot[i] = _mm256_add_epi32(_mm512_castsi512_si256(acc[i]), _mm512_extracti64x4_epi64(acc[i], 1));
+    fold512(acc, mr, dot);
+}
+
+/* Groups of 16 (Q6_K): both halves of block b in one pass, dot0 over chunks 0-1 and dot1 over 2-3, the planes of high
+ * bits loaded once (int_block_dots512, called per half, loads them twice): the same sums. */
+static inline __attribute__((always_inline)) void int_block_halves512(
+    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int mr, __m256i *dot0,
+    __m256i *dot1) {
+    __m512i p4, p5;
+    block_planes512(hb, bits, &p4, &p5);
+    _Pragma("GCC unroll 1")
+    for (int c = 0; c < 4; c += 2) {
+        __m512i acc[MR];
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_si512();
+        nibble_chunks512(xq, K, wb, p4, p5, c, bits, mr, acc);
+        fold512(acc, mr, c ? dot1 : dot0);
+    }
 }
 #endif
 

@@ -102,6 +102,26 @@ static inline __attribute__((always_inline)) void int_minima_into(__m256 *acc, i
     for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
 }
 
+#ifdef TALLY_AVX512
+/* Groups of 16, block b's two (2b with sg0, 2b + 1 with sg1) from one pass over the block: int_group_into's sums
+ * and float operations, in its order */
+static inline __attribute__((always_inline)) void int_halves_into(
+    __m256 *acc, __m256 sg0, __m256 sg1, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t K, int64_t b,
+    const uint8_t *w, const uint8_t *hb, int bits, int mr) {
+    int64_t blocks = K / 32, spans = K / 16, plane_bytes = bits == 6 ? 64 : 32;
+    __m256i dot0[MR], dot1[MR];
+    int_block_halves512(xq + b * 32, K, w + b * 128, hb + b * plane_bytes, bits, mr, dot0, dot1);
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) {
+        __m256 d = _mm256_set1_ps(dx[i * blocks + b]);
+        __m256i a = _mm256_sub_epi32(dot0[i], _mm256_set1_epi32(xoff[i * spans + 2 * b]));
+        __m256i c = _mm256_sub_epi32(dot1[i], _mm256_set1_epi32(xoff[i * spans + 2 * b + 1]));
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(sg0, d), acc[i]);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_mul_ps(sg1, d), acc[i]);
+    }
+}
+#endif
+
 static inline __attribute__((always_inline)) void int_tile(
     const int8_t *xq, const float *dx, const float *xsum, const int32_t *xoff, int64_t K, int64_t group,
     const uint8_t *w, const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded, int mr, float *y,
@@ -121,6 +141,14 @@ static inline __attribute__((always_inline)) void int_tile(
                * instance: with both, the one-row int4 tiles ran 3-4% slower; nested, fp32 and fp16 1.3x slower */
         for (int64_t g0 = 0; g0 < G; g0 += scale.form) {
             GroupRun sr = run_at(scale, g0), mr_ = run_at(m, g0);
+#ifdef TALLY_AVX512
+            if (group == 16 && !m.v && !expanded) {  /* two groups a block: int_halves_into */
+                for (int64_t j = 0; j < scale.form; j += 2)
+                    int_halves_into(acc, run_values8(sr, j), run_values8(sr, j + 1), xq, dx, xoff, K, (g0 + j) / 2, w,
+                                    hb, bits, mr);
+                continue;
+            }
+#endif
             for (int64_t j = 0; j < scale.form; j++) {
                 __m256 sg = run_values8(sr, j);
                 GROUP_INTO(g0 + j, sg);
