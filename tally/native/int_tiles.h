@@ -61,15 +61,12 @@ static uint8_t *offset_bytes(const int8_t *x, int64_t n) {  /* n: a multiple of 
 #include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
 #define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
 
-/* acc[i] += block b's dot products over chunks c0..c1, times the group's scales sg and row i's block scale. xoff
+/* acc[i] += row i's integer dot of span s in block b, times the group's scales sg and the row's block scale. xoff
  * (formats without minima, else NULL): row i's offsets, one a span of the rows' int8 values, s this span's: IntJob */
-static inline __attribute__((always_inline)) void int_block_into(
-    __m256 *acc, __m256 sg, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t spans, int64_t s,
-    int64_t K, int64_t b, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
-    int64_t blocks = K / 32, block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : 32;
-    __m256i dot[MR];
-    int_block_dots(xq + b * 32, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL, bits, expanded, c0, c1, mr,
-                   dot);
+static inline __attribute__((always_inline)) void dots_into(__m256 *acc, __m256i *dot, __m256 sg, const float *dx,
+                                                            const int32_t *xoff, int64_t spans, int64_t s, int64_t K,
+                                                            int64_t b, int mr) {
+    int64_t blocks = K / 32;
     if (xoff) {
         _Pragma("GCC unroll 8")
         for (int i = 0; i < mr; i++) dot[i] = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(xoff[i * spans + s]));
@@ -78,6 +75,17 @@ static inline __attribute__((always_inline)) void int_block_into(
     for (int i = 0; i < mr; i++)
         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
                                  acc[i]);
+}
+
+/* acc += block b's dot products over chunks c0..c1 (dots_into) */
+static inline __attribute__((always_inline)) void int_block_into(
+    __m256 *acc, __m256 sg, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t spans, int64_t s,
+    int64_t K, int64_t b, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
+    int64_t block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : 32;
+    __m256i dot[MR];
+    int_block_dots(xq + b * 32, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL, bits, expanded, c0, c1, mr,
+                   dot);
+    dots_into(acc, dot, sg, dx, xoff, spans, s, K, b, mr);
 }
 
 /* acc += group g's blocks' dot products times the group's scales sg */
@@ -104,21 +112,14 @@ static inline __attribute__((always_inline)) void int_minima_into(__m256 *acc, i
 
 #ifdef TALLY_AVX512
 /* Groups of 16, block b's two (2b with sg0, 2b + 1 with sg1) from one pass over the block: int_group_into's sums
- * and float operations, in its order */
+ * and float operations, in its order for each row */
 static inline __attribute__((always_inline)) void int_halves_into(
     __m256 *acc, __m256 sg0, __m256 sg1, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t K, int64_t b,
     const uint8_t *w, const uint8_t *hb, int bits, int mr) {
-    int64_t blocks = K / 32, spans = K / 16, plane_bytes = bits == 6 ? 64 : 32;
     __m256i dot0[MR], dot1[MR];
-    int_block_halves512(xq + b * 32, K, w + b * 128, hb + b * plane_bytes, bits, mr, dot0, dot1);
-    _Pragma("GCC unroll 8")
-    for (int i = 0; i < mr; i++) {
-        __m256 d = _mm256_set1_ps(dx[i * blocks + b]);
-        __m256i a = _mm256_sub_epi32(dot0[i], _mm256_set1_epi32(xoff[i * spans + 2 * b]));
-        __m256i c = _mm256_sub_epi32(dot1[i], _mm256_set1_epi32(xoff[i * spans + 2 * b + 1]));
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_mul_ps(sg0, d), acc[i]);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), _mm256_mul_ps(sg1, d), acc[i]);
-    }
+    int_block_halves512(xq + b * 32, K, w + b * 128, hb + b * (bits == 6 ? 64 : 32), bits, mr, dot0, dot1);
+    dots_into(acc, dot0, sg0, dx, xoff, K / 16, 2 * b, K, b, mr);
+    dots_into(acc, dot1, sg1, dx, xoff, K / 16, 2 * b + 1, K, b, mr);
 }
 #endif
 
