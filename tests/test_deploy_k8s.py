@@ -100,7 +100,8 @@ def tiny_bf16_checkpoint(tmp_path_factory):
 def model_case(request, tiny_checkpoint) -> dict:
     """Three sizes: the built-in GGUF (in the image), a tiny HF checkpoint and an 8B preset (on a claim)."""
     return {
-        "builtin": dict(args=[], plan_model=str(resolve_model(None).path), dtype="float32", kv_dtype="float32",
+        # a GGUF's blocks as stored, computed in fp32: an fp16 cache (ledger/kv.py: auto_kv_dtype)
+        "builtin": dict(args=[], plan_model=str(resolve_model(None).path), dtype="float32", kv_dtype="float16",
                         max_model_len=8192, model_arg="smollm2-135m"),
         "tiny": dict(args=["--model", str(tiny_checkpoint), "--model-pvc", "models"], plan_model=str(tiny_checkpoint),
                      dtype="float32", kv_dtype="float32", max_model_len=256, model_arg="/models/tiny-llama"),

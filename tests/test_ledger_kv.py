@@ -10,7 +10,7 @@ from tally.ledger.capacity import (
     memory_budget,
     oversubscription_warning,
 )
-from tally.ledger.kv import KVLayout
+from tally.ledger.kv import KVLayout, auto_kv_dtype
 from tally.ledger.weights import DTYPE_BYTES
 from tally.units import GiB, KiB, MiB
 
@@ -84,3 +84,9 @@ def test_concurrency_times_length_beyond_the_pool_warns_with_what_fits():
     longest = max_len_for_concurrency(layout, budget.kv_blocks, 64)
     assert f"{longest:,}" in warning
     assert max_concurrency(layout, budget.kv_blocks, longest) >= 64
+
+
+def test_auto_kv_dtype_halves_fp32_caches_only_over_quantized_weights():
+    assert auto_kv_dtype("float32", quantized=True) == "float16"  # a GGUF's blocks as stored, as llama.cpp keeps it
+    assert auto_kv_dtype("float32", quantized=False) == "float32"  # the oracle's arithmetic
+    assert auto_kv_dtype("bfloat16", quantized=True) == auto_kv_dtype("bfloat16", quantized=False) == "bfloat16"

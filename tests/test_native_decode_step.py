@@ -112,6 +112,15 @@ def test_int8_kv_cache_in_the_one_call_step_equals_the_layer_by_layer_path(tiny_
             assert abs(la[tok].logprob - lb[tok].logprob) < 0.05
 
 
+def test_auto_kv_cache_is_float16_over_quantized_weights_and_the_compute_dtype_over_dense_ones(tiny_llama):
+    """auto (tally/ledger/kv.py: auto_kv_dtype): int4 weights computed in fp32 keep an fp16 cache, as llama.cpp does;
+    dense fp32 weights keep the oracle's fp32 cache."""
+    for quantization, cache_dtype in (("int4", torch.float16), (None, torch.float32)):
+        llm = LLM(str(tiny_llama), dtype="float32", quantization=quantization, kv_cache_memory=2_000_000)
+        assert llm.engine.kv_caches[0][0].dtype == cache_dtype
+        assert f"per token ({str(cache_dtype).removeprefix('torch.')})" in llm.engine.ledger.format()
+
+
 @pytest.mark.parametrize("kv_cache_dtype, cache_dtype", [("float16", torch.float16), ("bfloat16", torch.bfloat16)])
 def test_16_bit_kv_cache_runs_natively_and_as_pytorch_runs_it(tiny_llama, monkeypatch, kv_cache_dtype, cache_dtype):
     """fp16 and bf16 caches: the one-call step takes them (written and read in place, fp32 arithmetic) and matches

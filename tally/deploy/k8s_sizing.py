@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from tally.deploy.k8s_config import K8sConfig
 from tally.errors import ConfigError
 from tally.flags import SWAP_SPACE
+from tally.ledger.kv import auto_kv_dtype
 from tally.ledger.model_source import ModelSource
 from tally.ledger.model_source import resolve_model as resolve_ledger_model
 from tally.ledger.plan import PlanOptions, make_plan
@@ -24,8 +25,9 @@ MODEL_MOUNT = "/models"
 # its speeds and "how many fit" do, and are not read here.
 POD_DEVICE = Device("kubernetes pod", memory_bytes=0, bandwidth_bytes_per_s=1.0, flops_per_s=1.0)
 
-# The engine keeps its KV cache in the dtype it computes in; `--dtype float16` is fp16 weights with fp32 arithmetic
-# (tally/engine/config.py), so its cache is fp32 although its weights are priced at 2 bytes.
+# The engine's auto KV cache takes the dtype it computes in (fp16 over quantized weights: auto_kv_dtype); `--dtype
+# float16` is fp16 weights with fp32 arithmetic (tally/engine/config.py), so their cache is fp32 although the weights
+# are priced at 2 bytes.
 COMPUTE_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float32"}
 
 
@@ -66,7 +68,8 @@ def size_pod(config: K8sConfig) -> PodSizing:
                           f"({context:,} tokens); use --max-model-len ≤ {context}")
     plan = make_plan(source, PlanOptions(
         device=POD_DEVICE, dtype=dtype,
-        kv_dtype=COMPUTE_DTYPES[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype,
+        kv_dtype=(auto_kv_dtype(COMPUTE_DTYPES[dtype], source.default_weights != "dense")
+                  if config.kv_cache_dtype == "auto" else config.kv_cache_dtype),
         max_model_len=max_model_len, concurrency=config.concurrency, reserve=float(config.reserve_bytes)))
     kv_pool_bytes = plan.concurrency * plan.kv.bytes_per_request_per_device
     # A pool's worth of preempted blocks may wait; serve's default (4 GiB) would outweigh a small model's pod.

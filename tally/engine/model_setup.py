@@ -18,7 +18,7 @@ from tally.engine.draft_model import DraftModel, load_draft, model_weight_bytes
 from tally.engine.path_tuning import PathChoice, choose_path
 from tally.errors import ConfigError
 from tally.layers.path_timing import use_bf16_many_tokens
-from tally.ledger.kv import KVLayout
+from tally.ledger.kv import KVLayout, auto_kv_dtype
 from tally.ledger.parallel import activation_buffer_bytes
 from tally.ledger.report import EngineLedger
 from tally.models.builder import build_model
@@ -110,7 +110,8 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
         use_bf16_many_tokens(list(model.modules()), path.many_tokens_from)
     weight_bytes = model_weight_bytes(model)
 
-    kv_dtype_name = _DTYPE_NAMES[dtype] if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
+    kv_dtype_name = (auto_kv_dtype(_DTYPE_NAMES[dtype], path.candidate.quantization is not None)
+                     if config.kv_cache_dtype == "auto" else config.kv_cache_dtype)
     if kv_dtype_name == "int8":
         model.set_key_smoothing(measure_key_scales(model, calibration_ids(tokenizer)))
     # this stage's layers only; stage 0 holds the most, so the block count rank 0 sizes fits every stage

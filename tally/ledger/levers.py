@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tally.ledger.kv import KV_DTYPE_BYTES
+from tally.ledger.kv import KV_DTYPE_BYTES, auto_kv_dtype
 from tally.ledger.model_source import ModelSource
 from tally.ledger.plan import Plan, PlanOptions, make_plan
 from tally.ledger.weights import short_dtype
@@ -14,12 +14,13 @@ from tally.units import fmt_gib, fmt_small_bytes
 def compare_variants(source: ModelSource, opts: PlanOptions) -> list[tuple[str, Plan]]:
     """The plan as asked first, then one row per lever that differs from it."""
     base_weights = opts.weights or source.default_weights
-    base_kv = opts.kv_dtype or opts.dtype
+    base_kv = opts.kv_dtype or auto_kv_dtype(opts.dtype, base_weights != "dense")
     rows: list[tuple[str, ModelSource, PlanOptions]] = [("as asked", source, opts)]
     for weights in dict.fromkeys((source.default_weights, "dense", "int8", "int4")):
         if weights != base_weights:
             label = short_dtype(opts.dtype) if weights == "dense" else weights
-            rows.append((f"weights {label}", source, dataclasses.replace(opts, weights=weights)))
+            # the cache as asked stays: auto's choice follows the weights (auto_kv_dtype), one lever a row
+            rows.append((f"weights {label}", source, dataclasses.replace(opts, weights=weights, kv_dtype=base_kv)))
     # a 16-bit cache under fp32 compute halves the cache (the CPU engine reads it natively: --kv-cache-dtype float16)
     half = ("float16",) if KV_DTYPE_BYTES[opts.dtype] > 2 else ()
     for kv_dtype in (opts.dtype, *half, "int8", "fp8"):

@@ -12,7 +12,7 @@ from tally.ledger.capacity import (
     oversubscription_warning,
 )
 from tally.ledger.comm import CommEstimate, Link, step_comm
-from tally.ledger.kv import KVLayout, canonical_kv_dtype
+from tally.ledger.kv import KVLayout, auto_kv_dtype, canonical_kv_dtype
 from tally.ledger.length_percentiles import LengthStats
 from tally.ledger.model_source import ModelSource
 from tally.ledger.parallel import DeviceSplit, split_model
@@ -40,7 +40,7 @@ class PlanOptions:
     dtype: str = "bfloat16"  # compute dtype
     weights: str | None = None  # dense | int8 | int4 | w8a8 | gguf; None: dense (a GGUF file: as stored)
     group_size: int = 128
-    kv_dtype: str | None = None  # None: the compute dtype
+    kv_dtype: str | None = None  # None: auto (kv.auto_kv_dtype)
     block_size: int = 16
     max_model_len: int | None = None  # None: the recommended length from --lengths, else the model's context
     concurrency: int | None = None  # requests the team wants in flight; None: as many as fit
@@ -138,7 +138,7 @@ def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
     config = source.config
     plan_stages(config, opts.pp)  # refuses more stages than layers, as the engine does
     fmt = WeightFormat(opts.weights or source.default_weights, opts.dtype, opts.group_size)
-    kv_dtype = opts.kv_dtype or opts.dtype
+    kv_dtype = opts.kv_dtype or auto_kv_dtype(opts.dtype, fmt.scheme != "dense")
     layout = KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size, tp_size=opts.tp, pp_size=opts.pp)
     split = split_model(source.tensors, fmt, config, tp=opts.tp, pp=opts.pp, max_batched_tokens=opts.max_batched_tokens,
                         activation_bytes=DTYPE_BYTES[fmt.dtype], nccl=opts.link is None or opts.link.backend == "nccl")
