@@ -6,6 +6,7 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -222,9 +223,20 @@ def test_rms_norm_and_silu_mul() -> None:
     assert torch.equal(ops.silu_mul(many), torch.cat([ops.silu_mul(many[r:r + 1]) for r in range(300)]))
 
 
-def test_the_read_probe_reads_whole_chunks_and_a_tail() -> None:
+def test_the_read_probe_reads_every_byte_of_whole_chunks_and_a_tail() -> None:
+    """Each chunk's fold is the xor of its 8-byte words, the bytes past its last whole 128 xor-ed into the low byte:
+    a load skipped anywhere would change it."""
     for nbytes in (100, ops.READ_CHUNK * 3 + 77):  # under one vector loop; three chunks and a ragged fourth
-        assert 0 < ops.read_seconds(torch.ones(nbytes, dtype=torch.uint8), repeats=2) < float("inf")
+        buf = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes))
+        expected = []
+        for chunk in buf.split(ops.READ_CHUNK):
+            whole = len(chunk) // 128 * 128
+            fold = int(np.bitwise_xor.reduce(chunk[:whole].view(torch.int64).numpy())) if whole else 0
+            for b in chunk[whole:].tolist():
+                fold ^= b
+            expected.append(fold)
+        assert ops.read_folds(buf).tolist() == expected
+        assert 0 < ops.read_seconds(buf, repeats=2) < float("inf")
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -307,14 +307,21 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
 READ_CHUNK = 256 << 10  # kernels.c: tally_read_bytes
 
 
-def read_seconds(buf: torch.Tensor, repeats: int = 5) -> float:
-    """The fastest of `repeats` reads of contiguous `buf` by the kernels' threads, plain loads only: the memory's
-    own read rate is buf.nbytes over it (bench/decode_roofline.py's roofline)."""
+def read_folds(buf: torch.Tensor) -> torch.Tensor:
+    """One read of contiguous `buf` by the kernels' threads, plain loads only: per READ_CHUNK bytes, the xor of its
+    8-byte words (a ragged end's bytes xor-ed into the low byte), which keeps every load."""
     slots = torch.empty(-(-buf.nbytes // READ_CHUNK), dtype=torch.int64)
+    load().tally_read_bytes(buf.data_ptr(), buf.nbytes, slots.data_ptr())
+    return slots
+
+
+def read_seconds(buf: torch.Tensor, repeats: int = 5) -> float:
+    """The fastest of `repeats` reads (read_folds) of `buf`: the memory's own read rate is buf.nbytes over it
+    (bench/decode_roofline.py's roofline)."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        load().tally_read_bytes(buf.data_ptr(), buf.nbytes, slots.data_ptr())
+        read_folds(buf)
         best = min(best, time.perf_counter() - start)
     return best
 
