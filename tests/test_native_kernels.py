@@ -223,6 +223,12 @@ def test_rms_norm_and_silu_mul() -> None:
     assert torch.equal(ops.silu_mul(many), torch.cat([ops.silu_mul(many[r:r + 1]) for r in range(300)]))
 
 
+def test_sampling_leaves_rows_with_a_nan_or_nothing_kept_to_the_caller() -> None:
+    x = torch.zeros(3, 20)
+    x[1, 4], x[2] = float("nan"), float("-inf")
+    assert ops.sample_rows(x, torch.full((3,), 0.5, dtype=torch.float64)).tolist() == [10, -1, -1]
+
+
 def test_the_read_probe_reads_every_byte_of_whole_chunks_and_a_tail() -> None:
     """Each chunk's fold is the xor of its 8-byte words, the bytes past its last whole 128 xor-ed into the low byte:
     a load skipped anywhere would change it."""

@@ -225,12 +225,28 @@ def test_sampler_reuses_its_tensors_while_the_batch_is_unchanged():
     assert sampler._tensors is not first
 
 
-def test_race_draws_tokens_with_the_softmax_probabilities():
+@pytest.mark.parametrize("native", [True, False])
+def test_draws_tokens_with_the_softmax_probabilities(native, monkeypatch):
+    """The native kernel and the torch form of `draw` (GPU, or no kernels) alike."""
+    if not native:
+        monkeypatch.setattr(sampler_module.ops, "available", lambda: False)
     probs = [0.5, 0.3, 0.15, 0.05]
     logits = crafted(probs).expand(4096, -1).contiguous() * 0.5  # temperature 0.5 undoes the halving
     out = sample(logits, make_input([SamplingParams(temperature=0.5)] * 4096))
     freq = torch.bincount(out.token_ids, minlength=64)[10:14].float() / 4096
     torch.testing.assert_close(freq, torch.tensor(probs), atol=0.03, rtol=0)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_draw_walks_the_kept_tokens_in_order(native, monkeypatch):
+    """u = 0 takes the first kept token, u near 1 the last; dropped (-inf) tokens never, a ragged vocabulary's
+    last tokens too."""
+    if not native:
+        monkeypatch.setattr(sampler_module.ops, "available", lambda: False)
+    logits = torch.full((3, 1003), float("-inf"))
+    logits[:, [7, 500, 1001]] = torch.tensor([1.0, 3.0, 2.0])
+    u = torch.tensor([0.0, 0.5, 1 - 1e-12], dtype=torch.float64)
+    assert sampler_module.draw(logits, u).tolist() == [7, 500, 1001]
 
 
 def test_logit_bias_and_allowed_token_ids_steer_each_row_alone():

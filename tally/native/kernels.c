@@ -322,6 +322,8 @@ int64_t tally_argmax_rows(const float *x, int64_t M, int64_t V, int64_t *out) {
     return nan_rows;
 }
 
+#include "sample_rows.h"  /* tally_sample_rows: a token a row at one uniform, softmax's inverse distribution */
+
 #include "decode_attention.h"  /* decode_attention: paged attention of one query token a row */
 
 void tally_decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,

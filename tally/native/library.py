@@ -31,7 +31,7 @@ SOURCE = Path(__file__).with_name("kernels.c")
 # SOURCE includes them
 HEADERS = [Path(__file__).with_name(name)
            for name in ("pool.h", "kv_rows.h", "int_tiles.h", "int_dots.h", "decode_attention.h",
-                        "prefill_attention.h")]
+                        "prefill_attention.h", "sample_rows.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -51,12 +51,13 @@ SIGNATURES = {
     "tally_dequant_q8_bf16": [_P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_dequant_f16_bf16": [_P, _P, _I, _I],
     "tally_argmax_rows": [_P, _I, _I, _P],
+    "tally_sample_rows": [_P, _I, _I, _P, _P],
     "tally_dequant_q4_rows": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int, _P],
     "tally_dequant_q8_rows": [_P, _P, _P, _I, _I, _I, _I, ctypes.c_int, _P],
     "tally_pool_helper_pieces": [],
 }
-RESULTS = {name: _I for name in ("tally_argmax_rows", "tally_dequant_q4_rows", "tally_dequant_q8_rows",
-                                  "tally_decode_layers", "tally_decode_greedy",
+RESULTS = {name: _I for name in ("tally_argmax_rows", "tally_sample_rows", "tally_dequant_q4_rows",
+                                  "tally_dequant_q8_rows", "tally_decode_layers", "tally_decode_greedy",
                                   "tally_pool_helper_pieces")}  # others: none
 
 
