@@ -223,6 +223,19 @@ def test_rms_norm_and_silu_mul() -> None:
     assert torch.equal(ops.silu_mul(many), torch.cat([ops.silu_mul(many[r:r + 1]) for r in range(300)]))
 
 
+def test_top_rows_are_topks_with_ties_by_id_and_dropped_tokens_last() -> None:
+    x = torch.randint(0, 6, (5, 1003)).float()  # many ties; a ragged last block of 8
+    x[3, 40:] = float("-inf")  # fewer finite values than k: the -inf ones follow, by id
+    for k in (1, 50, 400):
+        values, ids, done = ops.top_rows(x, k)
+        assert bool(done.all())
+        for r in range(5):
+            order = sorted(range(1003), key=lambda j: (-x[r, j].item(), j))[:k]
+            assert ids[r].tolist() == order and torch.equal(values[r], x[r, order])
+    x[2, 9] = float("nan")
+    assert ops.top_rows(x, 10)[2].tolist() == [True, True, False, True, True]
+
+
 def test_sampling_leaves_rows_with_a_nan_or_nothing_kept_to_the_caller() -> None:
     x = torch.zeros(3, 20)
     x[1, 4], x[2] = float("nan"), float("-inf")

@@ -304,6 +304,17 @@ def sample_rows(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def top_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(values [M, k], ids [M, k], done [M] bool): each row's k largest, descending (ties: the smaller id first), as
+    torch.topk(sorted=True) gives them (k <= V); a row holding a NaN is not done (the caller's)."""
+    x = x.float().contiguous()
+    values = torch.empty(x.shape[0], k)
+    ids = torch.empty(x.shape[0], k, dtype=torch.int64)
+    done = torch.empty(x.shape[0], dtype=torch.int64)
+    load().tally_top_rows(x.data_ptr(), x.shape[0], x.shape[1], k, values.data_ptr(), ids.data_ptr(), done.data_ptr())
+    return values, ids, done.bool()
+
+
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, dim=-1) of rows [M, V] (the first index of each row's maximum), int64 [M]."""
     x = x.float().contiguous()  # as they come from the LM head: no copy

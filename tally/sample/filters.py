@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tally.native import ops
+
 # Tokens this far below the top logit hold < 152k * e^-50 of the mass together: never in a nucleus.
 _NEGLIGIBLE_LOGIT_GAP = 50.0
 _FULL_ROW_STEPS = 8  # bisection steps over whole rows, narrowing the band to 50 / 2**8 ~ 0.2
@@ -34,7 +36,7 @@ def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_c
     stay, and top-p is taken from the top-k survivors, as in vLLM."""
     vocab = x.shape[1]
     k_on = top_k[:, None] < vocab
-    values, ids = x.topk(num_candidates, dim=-1)  # sorted, descending
+    values, ids = top_candidates(x, num_candidates)
     kth = values.gather(1, (top_k.clamp(max=num_candidates) - 1)[:, None])
     cutoff = torch.where(k_on, kth, float("-inf"))
     # A row with neither filter keeps its whole row, so candidates cannot stand in for it.
@@ -53,6 +55,19 @@ def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_c
             complete = False
         cutoff = torch.maximum(cutoff, p_cut)
     return Candidates(values.masked_fill(values < cutoff, float("-inf")), ids, cutoff, complete)
+
+
+def top_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k largest logits and their ids, descending: x.topk(k). On CPU the native kernel (one pass above a
+    rising threshold: 0.09 ms for 1,024 of 151,936 logits, torch's topk ~0.7 on the Zen 4 VM), torch's for the rows
+    it leaves (a NaN)."""
+    if x.device.type != "cpu" or not ops.available():
+        return x.topk(k, dim=-1)
+    values, ids, done = ops.top_rows(x, k)
+    if not bool(done.all()):
+        rest = (~done).nonzero().squeeze(1)
+        values[rest], ids[rest] = x[rest].topk(k, dim=-1)
+    return values, ids
 
 
 def _nucleus_cutoff(
