@@ -236,10 +236,10 @@ def test_top_rows_are_topks_with_ties_by_id_and_dropped_tokens_last() -> None:
     assert ops.top_rows(x, 10)[2].tolist() == [True, True, False, True, True]
 
 
-def test_sampling_leaves_rows_with_a_nan_or_nothing_kept_to_the_caller() -> None:
-    x = torch.zeros(3, 20)
-    x[1, 4], x[2] = float("nan"), float("-inf")
-    assert ops.sample_rows(x, torch.full((3,), 0.5, dtype=torch.float64)).tolist() == [10, -1, -1]
+def test_sampling_leaves_rows_with_a_nan_an_inf_or_nothing_kept_to_the_caller() -> None:
+    x = torch.zeros(4, 20)
+    x[1, 4], x[2], x[3, 0] = float("nan"), float("-inf"), float("inf")
+    assert ops.sample_rows(x, torch.full((4,), 0.5, dtype=torch.float64)).tolist() == [10, -1, -1, -1]
 
 
 def test_the_read_probe_reads_every_byte_of_whole_chunks_and_a_tail() -> None:

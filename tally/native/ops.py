@@ -297,7 +297,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def sample_rows(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """A token a row of logits x [M, V] (temperature and filters applied, -inf dropped) at u [M] (float64, in [0, 1)):
     the first in token order whose running softmax mass passes u of the row's, int64 [M]; -1 for a row holding a NaN
-    or keeping nothing (the caller's)."""
+    or +inf, or keeping nothing (the caller's)."""
     x, u = x.float().contiguous(), u.double().contiguous()
     out = torch.empty(x.shape[0], dtype=torch.int64)
     load().tally_sample_rows(x.data_ptr(), x.shape[0], x.shape[1], u.data_ptr(), out.data_ptr())

@@ -18,7 +18,7 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* row's token at u; -1 where it holds a NaN or keeps nothing. sums: room for its blocks of 8 */
+/* row's token at u; -1 where it holds a NaN or +inf or keeps nothing. sums: room for its blocks of 8 */
 static int64_t sample_row(const float *row, int64_t V, double u, double *sums) {
     int64_t blocks = (V + 7) / 8;
     float tail[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
@@ -34,7 +34,7 @@ static int64_t sample_row(const float *row, int64_t V, double u, double *sums) {
     _mm256_storeu_ps(lanes, top8);
     float top = lanes[0];
     for (int l = 1; l < 8; l++) top = lanes[l] > top ? lanes[l] : top;
-    if (_mm256_movemask_ps(nan) || top == -INFINITY) return -1;
+    if (_mm256_movemask_ps(nan) || !isfinite(top)) return -1;  /* +inf: e^(inf - inf) would be NaN */
     __m256 top_v = _mm256_set1_ps(top);
     double total = 0;
     for (int64_t b = 0; b < blocks; b++) sums[b] = total += sum8(kept_exp(BLOCK(b), top_v));
