@@ -108,6 +108,15 @@ def test_compare_shows_each_lever(capsys):
     assert fp32["KV fp16"]["kv"]["bytes_per_token"] * 2 == fp32["as asked"]["kv"]["bytes_per_token"]
 
 
+def test_auto_cache_is_fp16_under_quantized_weights_in_fp32_and_a_weight_lever_keeps_the_cache(capsys):
+    """The engine's rule (tally/ledger/kv.py: auto_kv_dtype), planned; --compare changes one lever a row."""
+    common = ("--model", "Llama-3.1-8B", "--device", "h100-80gb", "--max-model-len", "8192", "--dtype", "float32")
+    assert _plan_json(capsys, *common)["kv"]["dtype"] == "float32"
+    assert _plan_json(capsys, *common, "--weights", "int4")["kv"]["dtype"] == "float16"
+    rows = {row["option"]: row for row in _plan_json(capsys, *common, "--compare")}
+    assert rows["weights int4"]["kv"]["dtype"] == rows["as asked"]["kv"]["dtype"] == "float32"
+
+
 def test_checkpoint_directory_is_planned_from_its_config(tmp_path, capsys):
     config = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 896, "intermediate_size": 4864,
               "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
