@@ -2,8 +2,8 @@
 bad_words, the min_tokens mask, penalties and the structured-output mask, then greedy rows take the argmax;
 random rows get temperature, min-p, top-k and top-p, and draw their token at one U(0, 1) a row through the inverse
 of the softmax's distribution function (`draw`). A seeded row takes its number from its own generator, so it samples
-the same tokens alone or in any batch. Rows verifying a draft model's proposals keep or replace them by rejection sampling
-(tally/sample/rejection.py); `distribution` gives the probabilities a draft model proposes from."""
+the same tokens alone or in any batch. Rows verifying a draft model's proposals keep or replace them by rejection
+sampling (tally/sample/rejection.py); `distribution` gives the probabilities a draft model proposes from."""
 from __future__ import annotations
 
 import torch
