@@ -223,6 +223,12 @@ def test_rms_norm_and_silu_mul() -> None:
     assert torch.equal(ops.silu_mul(many), torch.cat([ops.silu_mul(many[r:r + 1]) for r in range(300)]))
 
 
+def test_logsumexp_rows_is_torchs_with_its_nan_and_infinities() -> None:
+    x = rand(6, 1003) * 3  # a ragged last block of 8
+    x[1, 100:], x[2], x[3, 9], x[4, 3], x[5, 7] = float("-inf"), float("-inf"), float("nan"), float("inf"), -1e30
+    torch.testing.assert_close(ops.logsumexp_rows(x), torch.logsumexp(x, dim=-1, keepdim=True), equal_nan=True)
+
+
 def test_top_rows_are_topks_with_ties_by_id_and_dropped_tokens_last() -> None:
     x = torch.randint(0, 6, (5, 1003)).float()  # many ties; a ragged last block of 8
     x[3, 40:] = float("-inf")  # fewer finite values than k: the -inf ones follow, by id

@@ -53,6 +53,7 @@ SIGNATURES = {
     "tally_argmax_rows": [_P, _I, _I, _P],
     "tally_sample_rows": [_P, _I, _I, _P, _P],
     "tally_top_rows": [_P, _I, _I, _I, _P, _P, _P],
+    "tally_logsumexp_rows": [_P, _I, _I, _P],
     "tally_dequant_q4_rows": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int, _P],
     "tally_dequant_q8_rows": [_P, _P, _P, _I, _I, _I, _I, ctypes.c_int, _P],
     "tally_pool_helper_pieces": [],

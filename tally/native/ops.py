@@ -304,6 +304,14 @@ def sample_rows(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def logsumexp_rows(x: torch.Tensor) -> torch.Tensor:
+    """torch.logsumexp(x, dim=-1, keepdim=True) of rows [M, V], float32 [M, 1] (the sum of exps in double)."""
+    x = x.float().contiguous()
+    out = torch.empty(x.shape[0], 1)
+    load().tally_logsumexp_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+    return out
+
+
 def top_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(values [M, k], ids [M, k], done [M] bool): each row's k largest, descending (ties: the smaller id first), as
     torch.topk(sorted=True) gives them (k <= V); a row holding a NaN is not done (the caller's)."""

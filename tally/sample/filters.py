@@ -46,7 +46,7 @@ def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_c
         # The top-k survivors are all candidates; a row without top-k needs its whole row's mass.
         lse = torch.logsumexp(values, dim=-1, keepdim=True)
         if not bool(k_on.all()):
-            lse = torch.where(k_on, lse, torch.logsumexp(x, dim=-1, keepdim=True))
+            lse = torch.where(k_on, lse, row_logsumexp(x))
         p_cut, wider = _nucleus_cutoff(values, lse, top_p[:, None])
         wider &= ~k_on.squeeze(1) & (num_candidates < vocab)
         if bool(wider.any()):
@@ -55,6 +55,14 @@ def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_c
             complete = False
         cutoff = torch.maximum(cutoff, p_cut)
     return Candidates(values.masked_fill(values < cutoff, float("-inf")), ids, cutoff, complete)
+
+
+def row_logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """[S, 1] logsumexp of each row of [S, V]: on CPU the native kernel (one pass of exps after the max: ~0.15 ms
+    over 151,936 logits, torch's 0.2-0.5 on the Zen 4 VM)."""
+    if x.device.type != "cpu" or not ops.available():
+        return torch.logsumexp(x, dim=-1, keepdim=True)
+    return ops.logsumexp_rows(x)
 
 
 def top_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 
 from tally.native import ops
 from tally.sample.batch import SamplerInput, SamplerOutput
-from tally.sample.filters import apply_min_p, top_k_top_p
+from tally.sample.filters import apply_min_p, row_logsumexp, top_k_top_p
 from tally.sample.penalties import apply_min_tokens, apply_penalties
 from tally.sample.rejection import rejection_sample
 from tally.sample.tensors import SamplingTensors
@@ -186,7 +186,7 @@ def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, t: SamplingTen
     chosen = logits.gather(1, token_ids[:, None])
     lse = torch.empty_like(chosen)
     for rows in row_chunks(batch, vocab, logits.device):
-        lse[rows] = torch.logsumexp(logits[rows], dim=-1, keepdim=True)
+        lse[rows] = row_logsumexp(logits[rows])
     top = None
     if t.max_logprobs > 0:
         values, ids = logits.topk(t.max_logprobs, dim=-1)
