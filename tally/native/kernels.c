@@ -277,52 +277,7 @@ void tally_read_bytes(const uint8_t *p, int64_t n, int64_t *out) {  /* out: one 
     parallel_for((n + READ_CHUNK - 1) / READ_CHUNK, n, read_chunks, &job);
 }
 
-/* ---- Greedy tokens: the first index of each row's maximum, x [M, V] -> out [M]; -1 for a row holding a NaN
- * (torch.argmax takes the first NaN there: the caller asks it); returns how many such rows there are.
- * torch.argmax runs a scalar loop on CPU, ~2.4 ns a value: 0.36 ms of a Qwen 0.5B decode step over its 151,936
- * logits (AVX2 EPYC), ~2%. Here two sets of 8 lanes each keep their first maximum (a strictly greater value replaces
- * it), then the lanes' maxima meet: the largest value, and of lanes holding it the smallest index. */
-int64_t tally_argmax_rows(const float *x, int64_t M, int64_t V, int64_t *out) {
-    int64_t nan_rows = 0;
-    for (int64_t r = 0; r < M; r++) {
-        const float *row = x + r * V;
-        __m256 best[2] = {_mm256_set1_ps(-INFINITY), _mm256_set1_ps(-INFINITY)}, nan = _mm256_setzero_ps();
-        __m256i at[2] = {_mm256_set1_epi32(-1), _mm256_set1_epi32(-1)};
-        __m256i index[2] = {_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)};
-        const __m256i step = _mm256_set1_epi32(16);
-        int64_t i = 0;
-        for (; i + 16 <= V && V < INT32_MAX; i += 16)
-            for (int u = 0; u < 2; u++) {
-                __m256 v = _mm256_loadu_ps(row + i + 8 * u);
-                __m256 greater = _mm256_cmp_ps(v, best[u], _CMP_GT_OQ);
-                nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-                best[u] = _mm256_blendv_ps(best[u], v, greater);
-                at[u] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at[u]), _mm256_castsi256_ps(index[u]),
-                                                             greater));
-                index[u] = _mm256_add_epi32(index[u], step);
-            }
-        float values[16];
-        int32_t where[16];
-        for (int u = 0; u < 2; u++) {
-            _mm256_storeu_ps(values + 8 * u, best[u]);
-            _mm256_storeu_si256((__m256i *)(where + 8 * u), at[u]);
-        }
-        float top = -INFINITY;
-        int64_t arg = -1;
-        for (int l = 0; l < 16; l++)
-            if (where[l] >= 0 && (values[l] > top || (values[l] == top && where[l] < arg))) top = values[l], arg = where[l];
-        int has_nan = _mm256_movemask_ps(nan) != 0;
-        for (; i < V; i++) {
-            if (isnan(row[i])) has_nan = 1;
-            else if (row[i] > top) top = row[i], arg = i;
-        }
-        out[r] = has_nan ? -1 : arg < 0 ? 0 : arg;  /* nothing above -inf: the first */
-        nan_rows += has_nan;
-    }
-    return nan_rows;
-}
-
-#include "sample_rows.h"  /* tally_sample_rows: a token a row at one uniform, softmax's inverse distribution */
+#include "sampling.h"  /* the sampler's kernels: argmax, a draw at one uniform, top-k, logsumexp */
 
 #include "decode_attention.h"  /* decode_attention: paged attention of one query token a row */
 

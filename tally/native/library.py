@@ -31,7 +31,7 @@ SOURCE = Path(__file__).with_name("kernels.c")
 # SOURCE includes them
 HEADERS = [Path(__file__).with_name(name)
            for name in ("pool.h", "kv_rows.h", "int_tiles.h", "int_dots.h", "decode_attention.h",
-                        "prefill_attention.h", "sample_rows.h")]
+                        "prefill_attention.h", "sampling.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
