@@ -229,20 +229,19 @@ typedef struct { const float *x; int64_t V, k; float *values; int64_t *ids; int6
 
 static int64_t top_row(const float *row, int64_t V, int64_t k, Scored *buf, int64_t cap, float *values,
                        int64_t *ids) {
+    RowBlocks r = row_blocks(row, V);
     int64_t n = 0;
     float thr = -INFINITY;
     __m256 nan = _mm256_setzero_ps();
-    for (int64_t i = 0; i < V; i += 8) {
-        float tail[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        const float *p = row + i;
-        if (i + 8 > V) memcpy(tail, p, sizeof(float) * (V - i)), p = tail;
+    for (int64_t b = 0; b < r.blocks; b++) {
+        const float *p = block_at(&r, b);
         __m256 v = _mm256_loadu_ps(p);
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         for (int mask = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(thr), _CMP_GT_OQ)); mask;
              mask &= mask - 1) {
             int j = __builtin_ctz(mask);
             if (p[j] <= thr) continue;  /* the threshold rose within this block */
-            buf[n++] = (Scored){p[j], i + j};
+            buf[n++] = (Scored){p[j], 8 * b + j};
             if (n == cap) {  /* keep the k largest; later values must beat the k-th (ties: a smaller id is kept) */
                 keep_first(buf, n, k);
                 n = k, thr = buf[0].v;
