@@ -128,7 +128,7 @@ class Sampler:
             cand = top_k_top_p(x, t.filters.top_k[rows], t.filters.top_p[rows], num_candidates)
             # Every kept token a candidate: draw among them alone, but not for a seeded row, whose draw must walk its
             # row in token order as it would in a batch whose other rows keep the whole row (not complete).
-            if cand.complete and rows.stop <= t.random_rows.numel() - len(t.seeded_rows):
+            if cand.complete and rows.stop <= t.num_unseeded:
                 return cand.ids.gather(1, draw(cand.values, u)[:, None]).squeeze(1)
             x.masked_fill_(x < cand.cutoff, float("-inf"))
         return draw(x, u)
@@ -159,11 +159,11 @@ def _uniforms(t: SamplingTensors, rows: slice, generators: list[torch.Generator 
     """One U(0, 1) for each random row of rows[rows] (float64): rows without a generator share one draw, a seeded
     row takes its own generator's next number, so what it samples does not depend on its batch."""
     u = torch.empty(rows.stop - rows.start, dtype=torch.float64, device=device)
-    num_shared = t.random_rows.numel() - len(t.seeded_rows)
-    if rows.start < num_shared:
-        u[: min(rows.stop, num_shared) - rows.start].uniform_()
-    for j in range(max(rows.start, num_shared), rows.stop):
-        u[j - rows.start].uniform_(generator=generators[t.seeded_rows[j - num_shared]])
+    shared = t.num_unseeded
+    if rows.start < shared:
+        u[: min(rows.stop, shared) - rows.start].uniform_()
+    for j in range(max(rows.start, shared), rows.stop):
+        u[j - rows.start].uniform_(generator=generators[t.seeded_rows[j - shared]])
     return u
 
 

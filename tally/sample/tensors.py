@@ -93,6 +93,11 @@ class SamplingTensors:
             _keep_alive=(list(params), list(inp.prompt_token_ids), list(inp.generators)),
         )
 
+    @property
+    def num_unseeded(self) -> int:
+        """How many of random_rows draw from the shared generator (they come first)."""
+        return self.random_rows.numel() - len(self.seeded_rows)
+
     def built_for(self, inp: SamplerInput) -> bool:
         return self.key == batch_key(inp)
 
