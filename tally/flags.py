@@ -98,8 +98,8 @@ QUANTIZATION = Flag("quantization", "quantize on the fly (int8, int4, w8a8); ggu
                     choices=(*QUANTIZATIONS, "none"), aliases=("-q",))
 KV_CACHE_DTYPE = Flag("kv_cache_dtype", "the KV cache's values. auto: the compute dtype (exact), but float16 for "
                                         "quantized weights computed in fp32, such as a GGUF's blocks as stored "
-                                        "(llama.cpp's f16); float16 and "
-                                        "bfloat16 halve fp32's bytes, int8 halves them again "
+                                        "(llama.cpp's f16); float16 and bfloat16 halve fp32's bytes, int8 halves "
+                                        "them again "
                                         "(with a scale per block and head); attention reads each in place with fp32 "
                                         "arithmetic. The CPU engine stores auto, float32, float16, bfloat16 and int8; "
                                         "tally plan also plans fp8 (GPU devices)",
