@@ -58,7 +58,7 @@ SIGNATURES = {
     "tally_dequant_q8_rows": [_P, _P, _P, _I, _I, _I, _I, ctypes.c_int, _P],
     "tally_pool_helper_pieces": [],
 }
-RESULTS = {name: _I for name in ("tally_argmax_rows", "tally_sample_rows", "tally_dequant_q4_rows",
+RESULTS = {name: _I for name in ("tally_argmax_rows", "tally_dequant_q4_rows",
                                   "tally_dequant_q8_rows", "tally_decode_layers", "tally_decode_greedy",
                                   "tally_pool_helper_pieces")}  # others: none
 

@@ -136,13 +136,9 @@ static void sample_range(const void *ctx, int64_t r0, int64_t r1) {
     free(sums);
 }
 
-/* Returns how many rows gave -1 */
-int64_t tally_sample_rows(const float *x, int64_t M, int64_t V, const double *u, int64_t *out) {
+void tally_sample_rows(const float *x, int64_t M, int64_t V, const double *u, int64_t *out) {
     SampleJob job = {x, V, u, out};
     parallel_for(M, M * V * 4, sample_range, &job);
-    int64_t failed = 0;
-    for (int64_t r = 0; r < M; r++) failed += out[r] < 0;
-    return failed;
 }
 
 /* ---- log(sum(e^x)) of each row, as torch.logsumexp(x, dim=-1) (NaN with a NaN, the max where it is infinite):
