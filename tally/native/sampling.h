@@ -143,7 +143,7 @@ void tally_sample_rows(const float *x, int64_t M, int64_t V, const double *u, in
 
 /* ---- log(sum(e^x)) of each row, as torch.logsumexp(x, dim=-1) (NaN with a NaN, the max where it is infinite):
  * the top-p filter's mass over a whole row and the logprobs' normaliser, a max and one pass of exps (torch's took
- * ~0.2-0.4 ms over Qwen's 151,936 logits on the Zen 4 VM: max, subtract, exp, sum and log as separate passes). */
+ * ~0.2-0.5 ms over Qwen's 151,936 logits on the Zen 4 VM: max, subtract, exp, sum and log as separate passes). */
 typedef struct { const float *x; int64_t V; float *out; } LseJob;
 
 static void lse_range(const void *ctx, int64_t r0, int64_t r1) {
