@@ -1,7 +1,7 @@
-"""Every build of the native kernels this CPU runs (tally/native/library.py:builds: avx2, vnni256, avx512), against
-each other in one process on the integer projections of a real model's shapes: ms per call, best of several
-alternating runs, and each build's time over the widest one's (issue: fast on whatever CPU, native kernels for the
-CPU at hand). Random weights: the kernels' time does not depend on the values.
+"""Every build of the native kernels this CPU runs (tally/native/library.py:builds: avx2, vnni256, avx512,
+avx512_gfni), against each other in one process on the integer projections of a real model's shapes: ms per call,
+best of several alternating runs, and each build's time over the widest one's (issue: fast on whatever CPU, native
+kernels for the CPU at hand). Random weights: the kernels' time does not depend on the values.
 
     python bench/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
                                   [--define PAIR_ROWS=4,5]

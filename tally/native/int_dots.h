@@ -147,16 +147,28 @@ static inline __m256i high_bits(__m256i plane, int s, int p) {  /* 16 << p in ea
     return p ? _mm256_slli_epi16(v, 1) : v;
 }
 
-/* AVX-512 (VNNI and BW: Zen 4/5, Intel since Ice Lake), one tile (a job of 1 to 3 rows: int_tile): two chunks side
- * by side in one 64-byte vector, the same layout and the same integer sums as the 256-bit loop below, in half its
- * instructions. Lanes 0-7 hold chunk c's 8 outputs, lanes 8-15 chunk c + 1's; the halves add up at the end. A row's activations for both chunks come
- * from one 16-byte load, their 4-byte units spread over the halves by one permute. High bits: the plane, in the
- * upper half shifted right by 2, puts chunk c + 1's vectors (2c + 2, 2c + 3) where the lower half has chunk c's,
- * so one uniform shift serves both halves (high_bits' rule; the bits a 16-bit shift by 2 brings in from the
- * neighbouring byte land at bits 6-7, never read). library.py builds this where the CPU has the flags. */
+/* AVX-512 (VNNI and BW: Zen 4/5, Intel since Ice Lake), one tile (a job of fewer than PAIR_ROWS rows: int_tile): two
+ * chunks side by side in one 64-byte vector, the same layout and the same integer sums as the 256-bit loop below, in
+ * half its instructions. Lanes 0-7 hold chunk c's 8 outputs, lanes 8-15 chunk c + 1's; the halves add up at the end.
+ * A row's activations for both chunks come from one 16-byte load, their 4-byte units spread over the halves by one
+ * permute. High bits: the plane, in the upper half shifted right by 2, puts chunk c + 1's vectors (2c + 2, 2c + 3)
+ * where the lower half has chunk c's, so one uniform shift serves both halves (high_bits' rule; the bits a 16-bit
+ * shift by 2 brings in from the neighbouring byte land at bits 6-7, never read). library.py builds this where the CPU
+ * has the flags. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define TALLY_AVX512 1
-static inline __m512i high_bits512(__m512i plane, int s, int p) {
+/* high_bits' rule. GFNI's affine transform moves one bit within each byte in one instruction, where the shifts take
+ * two (a shift and a mask, which the or after it absorbs into one vpternlog) or, for int6's second plane, three. So
+ * that plane always takes it: Qwen 0.5B's Q6_K shapes 1.13-1.20x at 1-4 rows, 1.03x at 8. For the first plane it
+ * only saves where the shifts' pipes are the busy ones: at one row, whose activation permutes share them on Zen 4
+ * (Q5_0 1.08-1.09x); at 4-8 rows it took 0.86-0.96x (Zen 4, 1 thread, from cache, alternating builds in one
+ * process). library.py builds with GFNI where the CPU has it (Zen 4/5, Intel since Ice Lake). */
+static inline __m512i high_bits512(__m512i plane, int s, int p, int one_row) {
+#ifdef __GFNI__
+    if (p || one_row)  /* the matrix's byte 3 - p picks bit s for the result's bit 4 + p, and nothing else */
+        return _mm512_gf2p8affine_epi64_epi8(plane, _mm512_set1_epi64((long long)((1ull << s) << (8 * (3 - p)))), 0);
+#endif
+    (void)one_row;
     __m512i v = s <= 4 ? _mm512_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
                        : _mm512_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
     v = _mm512_and_si512(v, _mm512_set1_epi8(0x10));
@@ -164,19 +176,19 @@ static inline __m512i high_bits512(__m512i plane, int s, int p) {
 }
 
 /* lo, hi: the values of 64 bytes of nibbles (low and high nibbles) with their planes' high bits (int5: p4; int6: p4
- * and p5) for the block's vectors 2c and 2c + 1, high_bits' rule */
+ * and p5) for the block's vectors 2c and 2c + 1, high_bits512's rule (one_row: the one-tile loop at one row) */
 static inline __attribute__((always_inline)) void nibble_values512(__m512i raw, __m512i p4, __m512i p5, int c, int bits,
-                                                                   __m512i *lo, __m512i *hi) {
+                                                                   int one_row, __m512i *lo, __m512i *hi) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     *lo = _mm512_and_si512(raw, low4);
     *hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
     if (bits > 4) {
-        *lo = _mm512_or_si512(*lo, high_bits512(p4, 2 * c, 0));
-        *hi = _mm512_or_si512(*hi, high_bits512(p4, 2 * c + 1, 0));
+        *lo = _mm512_or_si512(*lo, high_bits512(p4, 2 * c, 0, one_row));
+        *hi = _mm512_or_si512(*hi, high_bits512(p4, 2 * c + 1, 0, one_row));
     }
     if (bits > 5) {
-        *lo = _mm512_or_si512(*lo, high_bits512(p5, 2 * c, 1));
-        *hi = _mm512_or_si512(*hi, high_bits512(p5, 2 * c + 1, 1));
+        *lo = _mm512_or_si512(*lo, high_bits512(p5, 2 * c, 1, one_row));
+        *hi = _mm512_or_si512(*hi, high_bits512(p5, 2 * c + 1, 1, one_row));
     }
 }
 
@@ -206,7 +218,7 @@ static inline __attribute__((always_inline)) void nibble_chunks512(const int8_t 
     const __m512i hi_units = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1);
     _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
     __m512i lo, hi;
-    nibble_values512(_mm512_loadu_si512((const void *)(wb + c * 32)), p4, p5, c, bits, &lo, &hi);
+    nibble_values512(_mm512_loadu_si512((const void *)(wb + c * 32)), p4, p5, c, bits, mr == 1, &lo, &hi);
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) {
         const int8_t *xp = xq + i * K + c * 8;
@@ -330,7 +342,7 @@ static inline __attribute__((always_inline)) void block_dots_pair(
             _mm_prefetch((const char *)(wb + c * 32 + ahead), _MM_HINT_T0);
             __m512i raw = halves(wa + c * 32, wb + c * 32);
             __m512i lo, hi;
-            nibble_values512(raw, p4, p5, c, bits, &lo, &hi);
+            nibble_values512(raw, p4, p5, c, bits, 0, &lo, &hi);
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) {
                 const int8_t *xp = xq + i * K + c * 8;
@@ -374,7 +386,8 @@ static void expand_pair(const uint8_t *wa, const uint8_t *wb, const uint8_t *ha,
         __m512i p5 = bits > 5 ? halves(ha + b * plane_bytes + 32, hb + b * plane_bytes + 32) : _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             __m512i lo, hi;
-            nibble_values512(halves(wa + b * 128 + c * 32, wb + b * 128 + c * 32), p4, p5, c, bits, &lo, &hi);
+            nibble_values512(halves(wa + b * 128 + c * 32, wb + b * 128 + c * 32), p4, p5, c, bits, 0,
+                             &lo, &hi);
             _mm512_store_si512((void *)(out + b * 512 + c * 128), lo);
             _mm512_store_si512((void *)(out + b * 512 + c * 128 + 64), hi);
         }

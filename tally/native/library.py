@@ -75,8 +75,9 @@ def _unavailable_reason() -> str | None:
 
 def builds() -> dict[str, list[str]]:
     """Every build of the same source this CPU runs, by name, narrowest first: its flags on top of FLAGS. avx512:
-    AVX-512 with VNNI (kernels.c: TALLY_AVX512, 64-byte integer dot products); vnni256: AVX-VNNI, or AVX-512 VNNI on
-    32-byte vectors (TALLY_VNNI)."""
+    AVX-512 with VNNI (kernels.c: TALLY_AVX512, 64-byte integer dot products); avx512_gfni: that with GFNI's bit moves
+    for the high bits of int5 / int6 (int_dots.h: high_bits512); vnni256: AVX-VNNI, or AVX-512 VNNI on 32-byte
+    vectors (TALLY_VNNI)."""
     flags, found = cpu_flags(), {"avx2": []}
     if "avx_vnni" in flags:
         found["vnni256"] = ["-mavxvnni"]
@@ -84,11 +85,14 @@ def builds() -> dict[str, list[str]]:
         found["vnni256"] = ["-mavx512vnni", "-mavx512vl"]
     if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags:
         found["avx512"] = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
+        if "gfni" in flags:
+            found["avx512_gfni"] = found["avx512"] + ["-mgfni"]
     return found
 
 
 def build_wanted() -> str:
-    """The widest build, or the one TALLY_NATIVE_ISA names (avx2, vnni256, avx512: for A/B measurements)."""
+    """The widest build, or the one TALLY_NATIVE_ISA names (avx2, vnni256, avx512, avx512_gfni: for A/B
+    measurements)."""
     found = builds()
     wanted = os.environ.get("TALLY_NATIVE_ISA", "")
     return wanted if wanted in found else list(found)[-1]
