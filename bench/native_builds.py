@@ -35,14 +35,24 @@ def best_ms(fn: Callable[[], None], calls: int, rounds: int = 7) -> float:
 
 
 def formats(n: int, k: int) -> dict[str, tuple]:
-    """name -> (qs, qh, scales, mins, group, bits) for tally_gemm_q4, or (q, scales) for tally_gemm_q8"""
-    d, m = ops.pack_tile_scales(torch.rand(n, k // 32)), ops.pack_tile_scales(torch.rand(n, k // 32))
+    """name -> (qs, qh, scales, mins, group, bits) for tally_gemm_q4, or (q, scales) for tally_gemm_q8. Per-group
+    values in the form a GGUF's load gives them (int_dots.h: GroupValues): fp16 for Q5_0 and Q8_0, super-blocks of
+    256 factored for Q4_K and Q6_K where k is a multiple of 256 (else fp16, as Q4_1 and Q4_0 hold them)."""
+    def half(group: int) -> torch.Tensor:
+        return ops.pack_tile_scales(torch.rand(n, k // group) / 64, half=True)
+
+    def k_quant(group: int) -> torch.Tensor:
+        if k % 256:
+            return half(group)
+        return ops.pack_tile_factors(torch.rand(n, k // 256).half() / 64, torch.randint(-63, 64, (n, k // group)))
+
     q5, qh5 = ops.pack_planes(torch.randint(0, 32, (n, k), dtype=torch.uint8), 5)
     q6, qh6 = ops.pack_planes(torch.randint(0, 64, (n, k), dtype=torch.uint8), 6)
-    return {"int4 (Q4_K/Q4_1)": (ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8)), None, d, m, 32, 4),
-            "int5 (Q5_0)": (q5, qh5, d, None, 32, 5),
-            "int6 (Q6_K)": (q6, qh6, ops.pack_tile_scales(torch.rand(n, k // 16)), None, 16, 6),
-            "int8 (Q8_0)": (ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8)), d)}
+    return {"int4 (Q4_K/Q4_1)": (ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8)), None, k_quant(32),
+                                 k_quant(32), 32, 4),
+            "int5 (Q5_0)": (q5, qh5, half(32), None, 32, 5),
+            "int6 (Q6_K)": (q6, qh6, k_quant(16), None, 16, 6),
+            "int8 (Q8_0)": (ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8)), half(32))}
 
 
 def ptr(t: torch.Tensor | None) -> int | None:

@@ -139,7 +139,7 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
  * int8, symmetric per group: w = q * s (group = K: per output channel). q [T][K/4][32]: chunk c of tile t holds
  * k = 4c..4c+3 of outputs 8t..8t+7, byte 4j + i = (8t + j, 4c + i). maddubs wants one unsigned operand, so it
  * gets |w| and x with w's sign (llama.cpp's trick); its pairs reach 2 * 127 * 127, so each widens at once.
- * (AVX-512 over pairs of tiles: x + 128 against w as stored, block_dots_pair.) */
+ * (AVX-512, both its loops: x + 128 against w as stored, block_dots_pair.) */
 static inline __m256i high_bits(__m256i plane, int s, int p) {  /* 16 << p in each byte whose bit s is set */
     __m256i v = s <= 4 ? _mm256_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
                        : _mm256_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
@@ -159,10 +159,11 @@ static inline __m256i high_bits(__m256i plane, int s, int p) {  /* 16 << p in ea
 #define TALLY_AVX512 1
 /* high_bits' rule. GFNI's affine transform moves one bit within each byte in one instruction, where the shifts take
  * two (a shift and a mask, which the or after it absorbs into one vpternlog) or, for int6's second plane, three. So
- * that plane always takes it: Qwen 0.5B's Q6_K shapes 1.13-1.20x at 1-4 rows, 1.03x at 8. For the first plane it
- * only saves where the shifts' pipes are the busy ones: at one row, whose activation permutes share them on Zen 4
- * (Q5_0 1.08-1.09x); at 4-8 rows it took 0.86-0.96x (Zen 4, 1 thread, from cache, alternating builds in one
- * process). library.py builds with GFNI where the CPU has it (Zen 4/5, Intel since Ice Lake). */
+ * that plane always takes it: Qwen 0.5B's Q6_K down projection (K-quant scales) 1.17x at 1 row, 1.11x at 4, 1.03x at
+ * 8. For the first plane it only saves where the shifts' pipes are the busy ones: at one row, whose activation
+ * permutes share them on Zen 4 (Q5_0 1.02-1.09x); at 4-8 rows it took 0.86-0.96x. (Zen 4, 1 thread, from cache:
+ * `python bench/native_builds.py --threads 1 --rows 1,4,8`, and two source trees alternating in one process.)
+ * library.py builds with GFNI where the CPU has it (Zen 4/5, Intel since Ice Lake). */
 static inline __m512i high_bits512(__m512i plane, int s, int p, int one_row) {
 #ifdef __GFNI__
     if (p || one_row)  /* the matrix's byte 3 - p picks bit s for the result's bit 4 + p, and nothing else */
@@ -234,8 +235,8 @@ static inline __attribute__((always_inline)) void fold512(const __m512i *acc, in
 }
 
 static inline __attribute__((always_inline)) void int_block_dots512(
-    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1, int mr,
-    __m256i *dot) {
+    const int8_t *xq, const uint8_t *xu, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int c0, int c1,
+    int mr, __m256i *dot) {
     __m512i acc[MR];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_si512();
@@ -245,19 +246,22 @@ static inline __attribute__((always_inline)) void int_block_dots512(
         _Pragma("GCC unroll 1")
         for (int c = c0; c < c1; c += 2) nibble_chunks512(xq, K, wb, p4, p5, c, bits, mr, acc);
     } else {
+        /* xu: the activations + 128 against the weights as stored, as the pairs take them (block_dots_pair). The sign
+         * trick (|w| against x with w's sign) took 1.08-1.10x this time at 1 row, 1.02x at 2, 1.18-1.29x at 3-4
+         * (Zen 4, 1 thread, from cache, Qwen 0.5B's shapes, two source trees alternating in one process). */
         const __m512i units = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        __m512i offset = _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
         for (int c = 0; c < 8; c += 2) {
             _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
             __m512i raw = _mm512_loadu_si512((const void *)(wb + c * 32));
-            __m512i mag = _mm512_abs_epi8(raw);
-            __mmask64 negative = _mm512_movepi8_mask(raw);
+            offset = _mm512_dpbusd_epi32(offset, _mm512_set1_epi8((char)0x80), raw);
             _Pragma("GCC unroll 8")
-            for (int i = 0; i < mr; i++) {  /* x with w's sign: where w is 0, |w| makes the product 0 */
-                __m512i xs = units_apart(xq + i * K + c * 4, 8, units);
-                acc[i] = _mm512_dpbusd_epi32(acc[i], mag, _mm512_mask_sub_epi8(xs, negative, _mm512_setzero_si512(), xs));
-            }
+            for (int i = 0; i < mr; i++)
+                acc[i] = _mm512_dpbusd_epi32(acc[i], units_apart(xu + i * K + c * 4, 8, units), raw);
         }
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) acc[i] = _mm512_sub_epi32(acc[i], offset);
     }
     fold512(acc, mr, dot);
 }
@@ -353,7 +357,7 @@ static inline __attribute__((always_inline)) void block_dots_pair(
     } else {
         /* int8: xu holds the activations plus 128 (unsigned), the weights are the signed operand as stored, and
          * 128 * (the block's sum of each output's weights), one product a chunk for all rows, comes off at the end:
-         * exact integers, the sums of the sign trick the one-tile loops keep, which cost an abs and a mask a chunk
+         * exact integers, the sums of the sign trick the 256-bit loops keep, which cost an abs and a mask a chunk
          * and a masked subtract a row; this took 0.63-0.98x its time at 8-512 rows on Qwen 0.5B's and SmolLM2's
          * shapes, mostly 0.75-0.83x, one cell 1.10x (Zen 4, 2 threads, alternating builds in one process:
          * bench/native_builds.py, docs/benchmarks.md session 26). */
@@ -567,13 +571,14 @@ static inline __attribute__((always_inline)) void int_block_dots256(
 }
 
 static inline __attribute__((always_inline)) void int_block_dots(
-    const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr,
-    __m256i *dot) {
+    const int8_t *xq, const uint8_t *xu, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int expanded,
+    int c0, int c1, int mr, __m256i *dot) {
 #ifdef TALLY_AVX512
     if (!expanded) {
-        int_block_dots512(xq, K, wb, hb, bits, c0, c1, mr, dot);
+        int_block_dots512(xq, xu, K, wb, hb, bits, c0, c1, mr, dot);
         return;
     }
 #endif
+    (void)xu;
     int_block_dots256(xq, K, wb, hb, bits, expanded, c0, c1, mr, dot);
 }

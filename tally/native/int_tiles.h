@@ -79,26 +79,27 @@ static inline __attribute__((always_inline)) void dots_into(__m256 *acc, __m256i
 
 /* acc += block b's dot products over chunks c0..c1 (dots_into) */
 static inline __attribute__((always_inline)) void int_block_into(
-    __m256 *acc, __m256 sg, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t spans, int64_t s,
-    int64_t K, int64_t b, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
+    __m256 *acc, __m256 sg, const int8_t *xq, const uint8_t *xu, const float *dx, const int32_t *xoff, int64_t spans,
+    int64_t s, int64_t K, int64_t b, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1,
+    int mr) {
     int64_t block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : 32;
     __m256i dot[MR];
-    int_block_dots(xq + b * 32, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL, bits, expanded, c0, c1, mr,
-                   dot);
+    int_block_dots(xq + b * 32, xu ? xu + b * 32 : NULL, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL,
+                   bits, expanded, c0, c1, mr, dot);
     dots_into(acc, dot, sg, dx, xoff, spans, s, K, b, mr);
 }
 
 /* acc += group g's blocks' dot products times the group's scales sg */
 static inline __attribute__((always_inline)) void int_group_into(
-    __m256 *acc, int64_t g, __m256 sg, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t K,
-    int64_t group, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int mr) {
+    __m256 *acc, int64_t g, __m256 sg, const int8_t *xq, const uint8_t *xu, const float *dx, const int32_t *xoff,
+    int64_t K, int64_t group, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int mr) {
     int64_t group_blocks = group / 32;
     if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
         for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
-            int_block_into(acc, sg, xq, dx, xoff, K / 32, b, K, b, w, hb, bits, expanded, 0, 4, mr);
+            int_block_into(acc, sg, xq, xu, dx, xoff, K / 32, b, K, b, w, hb, bits, expanded, 0, 4, mr);
     } else {  /* a group of 16: chunks 0-1 or 2-3 of block g / 2 */
         int c0 = (int)(g & 1) * 2;
-        int_block_into(acc, sg, xq, dx, xoff, K / 16, g, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
+        int_block_into(acc, sg, xq, xu, dx, xoff, K / 16, g, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
     }
 }
 
@@ -124,14 +125,14 @@ static inline __attribute__((always_inline)) void int_halves_into(
 #endif
 
 static inline __attribute__((always_inline)) void int_tile(
-    const int8_t *xq, const float *dx, const float *xsum, const int32_t *xoff, int64_t K, int64_t group,
-    const uint8_t *w, const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded, int mr, float *y,
-    int64_t N, int64_t t, const float *bias, int accumulate, int runs) {
+    const int8_t *xq, const uint8_t *xu, const float *dx, const float *xsum, const int32_t *xoff, int64_t K,
+    int64_t group, const uint8_t *w, const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded,
+    int mr, float *y, int64_t N, int64_t t, const float *bias, int accumulate, int runs) {
     int64_t G = K / group;
     __m256 acc[MR];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
-#define GROUP_INTO(G_, SG_) int_group_into(acc, G_, SG_, xq, dx, xoff, K, group, w, hb, bits, expanded, mr)
+#define GROUP_INTO(G_, SG_) int_group_into(acc, G_, SG_, xq, xu, dx, xoff, K, group, w, hb, bits, expanded, mr)
     if (!runs) {  /* forms 0 and 1 */
         for (int64_t g = 0; g < G; g++) {
             __m256 sg = plain_values8(scale, g * TILE);
@@ -164,7 +165,7 @@ static inline __attribute__((always_inline)) void int_tile(
 /* One integer product, the argument of its tiles' range function: rows m0..m1 against every tile */
 typedef struct {
     const int8_t *xq;
-    const uint8_t *xu;             /* int8 over pairs of tiles (AVX-512): xq + 128, unsigned; else NULL */
+    const uint8_t *xu;             /* int8 on AVX-512 (both loops): xq + 128, unsigned; else NULL */
     const float *dx, *xsum;        /* per row: block scales [K/32]; (int4) per group the sum of its values */
     const int32_t *xoff;           /* per row, without minima (Q4_0, int5, int6): per span (a group's part in a block),
                                     * 2^(bits - 1) times the sum of its int8 values, taken off each span's dot */
@@ -193,7 +194,8 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
     GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
     for (int64_t r = j->m0; r < j->m1; r += MR) {
         int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
-#define INT_TILE_(MR_, GROUP_, RUNS_) int_tile(j->xq + r * K, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, \
+#define INT_TILE_(MR_, GROUP_, RUNS_) int_tile(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), \
+                                              j->xsum ? j->xsum + r * G : NULL, \
                                               j->xoff ? j->xoff + r * (K / span_of(GROUP_)) : NULL, K, GROUP_, w, hb, \
                                               d, m, bits, expanded, MR_, j->y + r * j->N, j->N, t, j->bias, \
                                               j->accumulate, RUNS_)
@@ -386,7 +388,7 @@ void tally_gemm_q8(const float *x, const int8_t *q, const void *s, const float *
     QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
     uint8_t *xu = NULL;
 #ifdef TALLY_AVX512
-    if (M >= PAIR_ROWS) xu = offset_bytes(xq.xq, M * K);
+    xu = offset_bytes(xq.xq, M * K);
 #endif
     IntJob job = {xq.xq, xu, xq.dx, NULL, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K, N,
                   group, 0, 0, accumulate};
