@@ -1,6 +1,7 @@
 """Each native kernel against the PyTorch arithmetic it replaces (fp32; tolerances are summation order)."""
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -246,6 +247,19 @@ def test_sampling_leaves_rows_with_a_nan_an_inf_or_nothing_kept_to_the_caller() 
     x = torch.zeros(4, 20)
     x[1, 4], x[2], x[3, 0] = float("nan"), float("-inf"), float("inf")
     assert ops.sample_rows(x, torch.full((4,), 0.5, dtype=torch.float64)).tolist() == [10, -1, -1, -1]
+
+
+def test_sampling_reads_the_rows_it_is_given_at_their_temperature() -> None:
+    """Row i is x[rows[i]]; a temperature flattens its softmax: tokens 0 and 1 at 1/4 and 3/4 (u = 0.4 takes 1), at
+    temperature 1e6 near 1/2 each (u = 0.4 takes 0)."""
+    x = torch.full((3, 10), float("-inf"))
+    x[1, :2] = torch.tensor([0.0, math.log(3.0)])
+    x[0, 7] = x[2, 9] = 0.0
+    u = torch.full((4,), 0.4, dtype=torch.float64)
+    rows = torch.tensor([1, 2, 1, 0])
+    assert ops.sample_rows(x, u, rows).tolist() == [1, 9, 1, 7]
+    temperature = torch.tensor([1e6, 1e6, 1.0, 0.5])
+    assert ops.sample_rows(x, u, rows, temperature).tolist() == [0, 9, 1, 7]
 
 
 def test_the_read_probe_reads_every_byte_of_whole_chunks_and_a_tail() -> None:

@@ -46,12 +46,13 @@ def test_top_k_1_is_greedy_even_with_temperature_and_penalties():
 
 
 @pytest.mark.parametrize("chunk_rows", [None, 3])
-def test_seeded_row_samples_the_same_alone_or_in_a_mixed_batch(chunk_rows, monkeypatch):
+@pytest.mark.parametrize("top_p", [0.95, 1.0])  # 1.0: a plain row, drawn where it lies when all rows are plain
+def test_seeded_row_samples_the_same_alone_or_in_a_mixed_batch(chunk_rows, top_p, monkeypatch):
     vocab = 1000
     if chunk_rows:  # the CPU path works through rows in chunks; put the row at a chunk's edge
         monkeypatch.setattr(sampler_module, "_CPU_CHUNK_ELEMENTS", chunk_rows * vocab)
     row = random_logits(1, vocab, seed=1)
-    seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=42)
+    seeded = SamplingParams(temperature=0.9, top_p=top_p, seed=42)
 
     def run(batch_params, position, steps=6):
         logits = random_logits(len(batch_params), vocab, seed=2)
@@ -74,7 +75,8 @@ def test_seeded_row_samples_the_same_alone_or_in_a_mixed_batch(chunk_rows, monke
     assert run(others, 3) == alone
     assert run([seeded], 0) == alone  # a fresh generator replays the same sequence
     assert len(set(alone)) > 1  # it really samples
-    other_seed = run([SamplingParams(temperature=0.9, top_p=0.95, seed=43)], 0)
+    assert run([seeded, SamplingParams(temperature=0.7), SamplingParams(temperature=0.0)], 0) == alone
+    other_seed = run([SamplingParams(temperature=0.9, top_p=top_p, seed=43)], 0)
     assert other_seed != alone
 
 

@@ -51,7 +51,7 @@ SIGNATURES = {
     "tally_dequant_q8_bf16": [_P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_dequant_f16_bf16": [_P, _P, _I, _I],
     "tally_argmax_rows": [_P, _I, _I, _P],
-    "tally_sample_rows": [_P, _I, _I, _P, _P],
+    "tally_sample_rows": [_P, _P, _I, _I, _P, _P, _P],
     "tally_top_rows": [_P, _I, _I, _I, _P, _P, _P],
     "tally_logsumexp_rows": [_P, _I, _I, _P],
     "tally_dequant_q4_rows": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int, _P],

@@ -294,13 +294,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
-def sample_rows(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """A token a row of logits x [M, V] (temperature and filters applied, -inf dropped) at u [M] (float64, in [0, 1)):
-    the first in token order whose running softmax mass passes u of the row's, int64 [M]; -1 for a row holding a NaN
-    or +inf, or keeping nothing (the caller's)."""
+def sample_rows(x: torch.Tensor, u: torch.Tensor, rows: torch.Tensor | None = None,
+                temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """A token a row of logits x [M, V] (filters applied, -inf dropped; with `rows` [M], row i is x[rows[i]] of a
+    larger x) at u [M] (float64, in [0, 1)): the first in token order whose running mass of softmax(x / temperature)
+    (temperature [M] or [M, 1]; none: 1) passes u of the row's, int64 [M]; -1 for a row holding a NaN or +inf, or
+    keeping nothing (the caller's)."""
     x, u = x.float().contiguous(), u.double().contiguous()
-    out = torch.empty(x.shape[0], dtype=torch.int64)
-    load().tally_sample_rows(x.data_ptr(), x.shape[0], x.shape[1], u.data_ptr(), out.data_ptr())
+    rows = None if rows is None else rows.to(torch.int64).contiguous()
+    temperature = None if temperature is None else temperature.float().reshape(-1).contiguous()
+    out = torch.empty(u.shape[0], dtype=torch.int64)
+    load().tally_sample_rows(x.data_ptr(), None if rows is None else rows.data_ptr(), u.shape[0], x.shape[1],
+                             None if temperature is None else temperature.data_ptr(), u.data_ptr(), out.data_ptr())
     return out
 
 

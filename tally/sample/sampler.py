@@ -87,10 +87,15 @@ class Sampler:
         for rows in row_chunks(num_greedy, vocab, logits.device):
             idx = t.greedy_rows[rows]
             token_ids[idx] = greedy_tokens(work.index_select(0, idx))
-        for rows in row_chunks(t.random_rows.numel(), vocab, logits.device):
-            idx = t.random_rows[rows]
-            x = torch.index_select(work, 0, idx, out=self._buffer("rows", idx.numel(), work))
-            token_ids[idx] = self._sample_random_rows(x, t, rows, inp.generators)
+        num_random = t.random_rows.numel()
+        if num_random and t.all_plain:  # temperature alone: each row drawn where it lies, no copy
+            u = _uniforms(t, slice(0, num_random), inp.generators, logits.device)
+            token_ids[t.random_rows] = draw(work, u, t.random_rows, t.draw_temperature)
+        else:
+            for rows in row_chunks(num_random, vocab, logits.device):
+                idx = t.random_rows[rows]
+                x = torch.index_select(work, 0, idx, out=self._buffer("rows", idx.numel(), work))
+                token_ids[idx] = self._sample_random_rows(x, t, rows, inp.generators)
         if inp.draft is not None:  # before the logprobs: they are the kept tokens'
             d = inp.draft
             token_ids[d.rows] = rejection_sample(self._random_probs(work, t, d.rows), d.probs, d.token_ids,
@@ -119,8 +124,8 @@ class Sampler:
         self, x: torch.Tensor, t: SamplingTensors, rows: slice, generators: list[torch.Generator | None]
     ) -> torch.Tensor:
         """Token ids for random rows[rows]; x holds their logits and is overwritten."""
-        if t.temperature is not None:
-            x.div_(t.temperature[rows])
+        if t.filter_temperature is not None:
+            x.div_(t.filter_temperature[rows])
         if t.log_min_p is not None:
             apply_min_p(x, t.log_min_p[rows])
         u = _uniforms(t, rows, generators, x.device)
@@ -131,7 +136,7 @@ class Sampler:
             if cand.complete and rows.stop <= t.num_unseeded:
                 return cand.ids.gather(1, draw(cand.values, u)[:, None]).squeeze(1)
             x.masked_fill_(x < cand.cutoff, float("-inf"))
-        return draw(x, u)
+        return draw(x, u, temperature=None if t.draw_temperature is None else t.draw_temperature[rows])
 
 
 def sample(logits: torch.Tensor, inp: SamplerInput) -> SamplerOutput:
@@ -167,16 +172,28 @@ def _uniforms(t: SamplingTensors, rows: slice, generators: list[torch.Generator 
     return u
 
 
-def draw(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """A token a row of logits [S, K] (-inf: dropped) at u [S] in [0, 1): the first, in order, whose running softmax
-    mass passes u of the row's. On CPU the native kernel (tally/native/sampling.h): the exponential race this
-    replaced drew a number a token, 1.3-1.5 ms over Qwen's 151,936 logits, the kernel ~0.1 ms."""
+def draw(logits: torch.Tensor, u: torch.Tensor, rows: torch.Tensor | None = None,
+         temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """A token a row of logits [S, K] (-inf: dropped; with `rows` [S], the rows logits[rows]) at u [S] in [0, 1):
+    the first, in order, whose running mass of softmax(logits / temperature) (temperature [S, 1]; none: 1) passes u
+    of the row's. On CPU the native kernel (tally/native/sampling.h): the exponential race this replaced drew a
+    number a token, 1.3-1.5 ms over Qwen's 151,936 logits, the kernel ~0.1 ms; the torch form takes the rows it
+    leaves (a NaN or +inf, nothing kept) and every row elsewhere."""
+    tokens = None
     if logits.device.type == "cpu" and ops.available():
-        tokens = ops.sample_rows(logits, u)
+        tokens = ops.sample_rows(logits, u, rows, temperature)
         if bool((tokens >= 0).all()):
             return tokens
-    mass = logits.sub(logits.amax(dim=-1, keepdim=True)).exp_().double().cumsum_(dim=-1)
-    return (mass > u[:, None] * mass[:, -1:]).int().argmax(dim=-1)  # NaN rows: no mass passes, token 0
+    left = torch.arange(u.shape[0], device=u.device) if tokens is None else (tokens < 0).nonzero().squeeze(1)
+    x = logits.index_select(0, left if rows is None else rows[left])
+    if temperature is not None:
+        x = x / temperature[left]
+    mass = x.sub(x.amax(dim=-1, keepdim=True)).exp_().double().cumsum_(dim=-1)
+    picked = (mass > u[left, None] * mass[:, -1:]).int().argmax(dim=-1)  # NaN rows: no mass passes, token 0
+    if tokens is None:
+        return picked
+    tokens[left] = picked
+    return tokens
 
 
 def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, t: SamplingTensors) -> SamplerOutput:

@@ -52,6 +52,12 @@ class SamplingTensors:
     random_rows: torch.Tensor  # [R] batch rows: those drawing from the shared generator first
     seeded_rows: list[int]  # batch rows with their own generator: the tail of random_rows
     temperature: torch.Tensor | None  # [R, 1]; None when all are 1
+    # A plain row (temperature alone: no min-p, top-k or top-p) draws from its logits where they lie, its temperature
+    # applied inside the draw; the others divide a copy before their filters. Each row's arithmetic follows its own
+    # parameters, so a seeded row samples the same in any batch.
+    draw_temperature: torch.Tensor | None  # [R, 1]: plain rows' temperature, 1 elsewhere; None when all are 1
+    filter_temperature: torch.Tensor | None  # [R, 1]: the other rows' temperature, 1 elsewhere; None when all are 1
+    all_plain: bool
     log_min_p: torch.Tensor | None  # [R, 1]; None when no row uses min_p
     filters: FilterTensors | None
     penalties: PenaltyTensors | None
@@ -76,12 +82,18 @@ class SamplingTensors:
 
         temperature = [p.temperature for p in chosen]
         min_p = [p.min_p for p in chosen]
+        plain = [m == 0 and not 0 < p.top_k < vocab_size and p.top_p == 1.0 for m, p in zip(min_p, chosen)]
+        draw_t = [t if keep else 1.0 for t, keep in zip(temperature, plain)]
+        filter_t = [1.0 if keep else t for t, keep in zip(temperature, plain)]
         asked = [i for i, p in enumerate(params) if p.logprobs is not None]
         return cls(
             greedy_rows=_long(greedy, device),
             random_rows=_long(random, device),
             seeded_rows=seeded,
             temperature=column(temperature) if any(t != 1.0 for t in temperature) else None,
+            draw_temperature=column(draw_t) if any(t != 1.0 for t in draw_t) else None,
+            filter_temperature=column(filter_t) if any(t != 1.0 for t in filter_t) else None,
+            all_plain=all(plain),
             log_min_p=column([math.log(m) if m > 0 else -math.inf for m in min_p]) if any(min_p) else None,
             filters=_build_filters(chosen, vocab_size, device),
             penalties=PenaltyTensors.build(params, inp.prompt_token_ids, device),
