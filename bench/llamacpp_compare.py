@@ -4,8 +4,8 @@ llama.cpp runs as its C++ `llama-server` (--llama-server PATH: built from llama.
 llama-server; --parallel 16 slots sharing a 16 x 2048-token context), or as `python -m llama_cpp.server` from
 llama-cpp-python (--llama-python: an sdist that compiles llama.cpp, ~25 min on 2 cores, in its own virtual
 environment). Both servers get --threads threads (default 1: on a shared 2-core machine two threads mostly waited on
-each other) and the built-in SmolLM2-135M Q4_1 GGUF. Tally runs its default (the path measured at start);
-llama.cpp runs on the Q4_1 blocks with its own kernels. Prompts are cut with the same local tokenizer (the GGUF's),
+each other) and the built-in SmolLM2-135M Q4_1 GGUF, or --model's GGUF. Tally runs its default (the path measured at
+start); llama.cpp runs on the file's blocks with its own kernels. Prompts are cut with the same local tokenizer (the GGUF's),
 and output lengths are forced on both (ignore_eos for Tally, a -inf logit bias on the end-of-turn tokens for
 llama.cpp, whose OpenAI server has no ignore_eos).
 
@@ -15,8 +15,8 @@ Workloads:
   trace     Poisson arrivals at --rate with the Azure conversation trace's lengths / 16, SLO ttft=5s,tpot=1s
   trace16   16 clients in a closed loop with the trace's lengths / 16: serving throughput at 16 streams
 
-    python bench/llamacpp_compare.py (--llama-server PATH | --llama-python PATH) [--threads 1] [--duration 60]
-        [--rate 0.3] [--only single,streams,trace,trace16]
+    python bench/llamacpp_compare.py (--llama-server PATH | --llama-python PATH) [--model GGUF] [--threads 1]
+        [--duration 60] [--rate 0.3] [--only single,streams,trace,trace16]
 """
 from __future__ import annotations
 
@@ -38,18 +38,18 @@ from tally.server.process import ServerProcess
 SLO = "ttft=5s,tpot=1s"
 
 
-def builtin_gguf() -> Path:
+def gguf_path(model: str | None) -> Path:
     from tally.models.registry import resolve_model
 
-    return resolve_model(None).path
+    return resolve_model(model).path
 
 
-def write_tokenizer(out: Path) -> tuple[Path, list[int]]:
-    """tokenizer.json of the built-in GGUF, and its end-of-turn token ids."""
+def write_tokenizer(model: str | None, out: Path) -> tuple[Path, list[int]]:
+    """tokenizer.json of the GGUF (None: the built-in one), and its end-of-turn token ids."""
     from tally.models.loader import load_checkpoint
     from tally.models.tokenizer import load_tokenizer
 
-    ckpt = load_checkpoint(None)
+    ckpt = load_checkpoint(model)
     tok = load_tokenizer(ckpt)
     tok.save_pretrained(str(out))
     eos = sorted({i for i in (tok.eos_token_id, *ckpt.config.eos_token_ids) if i is not None})
@@ -89,6 +89,7 @@ def main() -> int:
     peer = p.add_mutually_exclusive_group(required=True)
     peer.add_argument("--llama-server", help="llama.cpp's C++ llama-server binary")
     peer.add_argument("--llama-python", help="python of a venv with llama-cpp-python[server]")
+    p.add_argument("--model", default=None, help="a GGUF file (default: the built-in model)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--duration", type=int, default=60)
     p.add_argument("--rate", type=float, default=0.3)
@@ -99,8 +100,8 @@ def main() -> int:
     ns.out_dir.mkdir(parents=True, exist_ok=True)
     os.environ["OMP_NUM_THREADS"] = str(ns.threads)
     trace, _, _ = scaled_trace(ns.out_dir / "conv_div16.csv", 16)
-    tokenizer, eos = write_tokenizer(ns.out_dir / "tokenizer")
-    gguf = builtin_gguf()
+    tokenizer, eos = write_tokenizer(ns.model, ns.out_dir / "tokenizer")
+    gguf = gguf_path(ns.model)
     ban_eos = json.dumps({"logit_bias": {str(i): -1e9 for i in eos}})
     threads = str(ns.threads)
 
@@ -113,7 +114,7 @@ def main() -> int:
                 "False", "--interrupt_requests", "False"]
 
     servers = {
-        "tally": (ServerProcess(["--max-model-len", "2048", "--kv-cache-memory", "512MiB", "--log-level", "warning",
+        "tally": (ServerProcess([*([ns.model] if ns.model else []), "--max-model-len", "2048", "--kv-cache-memory", "512MiB", "--log-level", "warning",
                                  "--threads", threads]),
                   ["--extra-body", '{"ignore_eos": true}']),
         "llama.cpp": (ServerProcess([], command=llama_command, health_path="/v1/models", base_env=peer_env()),
