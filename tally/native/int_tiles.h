@@ -49,7 +49,11 @@ static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 
     return _mm_cvtsi128_si32(_mm_add_epi32(acc, _mm_shuffle_epi32(acc, _MM_SHUFFLE(2, 3, 0, 1))));
 }
 
-/* x + 128 as unsigned bytes (x in -127..127: 1..255), for byte products whose signed operand is the weight */
+#include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
+
+#ifdef TALLY_AVX512
+/* x + 128 as unsigned bytes (x in -127..127: 1..255), for byte products whose signed operand is the weight (AVX-512's
+ * int8 loops) */
 static uint8_t *offset_bytes(const int8_t *x, int64_t n) {  /* n: a multiple of 32 */
     uint8_t *u = malloc(n);
     for (int64_t i = 0; i < n; i += 32)
@@ -57,8 +61,7 @@ static uint8_t *offset_bytes(const int8_t *x, int64_t n) {  /* n: a multiple of 
                                                                  _mm256_set1_epi8((char)0x80)));
     return u;
 }
-
-#include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
+#endif
 #define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
 
 /* acc[i] += row i's integer dot of span s in block b, times the group's scales sg and the row's block scale. xoff
