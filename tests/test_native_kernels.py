@@ -262,6 +262,17 @@ def test_sampling_reads_the_rows_it_is_given_at_their_temperature() -> None:
     assert ops.sample_rows(x, u, rows, temperature).tolist() == [0, 9, 1, 7]
 
 
+def test_top_k_and_logsumexp_read_the_rows_they_are_given_at_their_temperature() -> None:
+    """As over the rows' divided copy: the same candidates and values, the same logsumexp up to its summation."""
+    x = torch.randn(6, 1003, generator=torch.Generator().manual_seed(5)) * 4
+    rows, temperature = torch.tensor([4, 0, 4, 2]), torch.tensor([[0.7], [1.0], [1.9], [0.3]])
+    copy = x[rows] / temperature
+    values, ids, done = ops.top_rows(x, 40, rows, temperature)
+    want_values, want_ids = copy.topk(40, dim=-1)
+    assert bool(done.all()) and torch.equal(ids, want_ids) and torch.equal(values, want_values)
+    torch.testing.assert_close(ops.logsumexp_rows(x, rows, temperature), torch.logsumexp(copy, dim=-1, keepdim=True))
+
+
 def test_the_read_probe_reads_every_byte_of_whole_chunks_and_a_tail() -> None:
     """Each chunk's fold is the xor of its 8-byte words, the bytes past its last whole 128 xor-ed into the low byte:
     a load skipped anywhere would change it."""

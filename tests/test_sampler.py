@@ -127,6 +127,11 @@ def test_top_p_nucleus_larger_than_the_candidate_window_sorts_the_row():
 def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability():
     logits = crafted([0.5, 0.3, 0.1, 0.06, 0.04])
     assert sample_many(logits, SamplingParams(min_p=0.15)) == {10, 11, 12}
+    # with top-k, min-p applies to the candidates found in place; then top-k, then top-p over what is left
+    assert sample_many(logits, SamplingParams(min_p=0.15, top_k=4)) == {10, 11, 12}
+    assert sample_many(logits, SamplingParams(min_p=0.15, top_k=2)) == {10, 11}
+    assert sample_many(logits, SamplingParams(min_p=0.15, top_k=4, top_p=0.75)) == {10, 11}
+    assert sample_many(logits, SamplingParams(min_p=0.7, top_k=4, temperature=0.5)) == {10}
 
 
 def test_penalties_match_the_formulas():
@@ -249,6 +254,20 @@ def test_draw_walks_the_kept_tokens_in_order(native, monkeypatch):
     logits[:, [7, 500, 1001]] = torch.tensor([1.0, 3.0, 2.0])
     u = torch.tensor([0.0, 0.5, 1 - 1e-12], dtype=torch.float64)
     assert sampler_module.draw(logits, u).tolist() == [7, 500, 1001]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_top_k_rows_found_in_place_leave_a_nan_row_to_torch(native, monkeypatch):
+    """Unseeded top-k / top-p rows take their candidates where the rows lie; a row holding a NaN is torch's there,
+    and the others keep their top-k."""
+    if not native:
+        monkeypatch.setattr(sampler_module.ops, "available", lambda: False)
+    logits = random_logits(4, 300, seed=3)
+    logits[2, 7] = float("nan")
+    params = [SamplingParams(temperature=0.8, top_k=3), SamplingParams(temperature=1.5, top_p=0.5, top_k=5)] * 2
+    out = sample(logits, make_input(params))
+    for r in (0, 1, 3):
+        assert int(out.token_ids[r]) in logits[r].topk(params[r].top_k).indices.tolist()
 
 
 def test_logit_bias_and_allowed_token_ids_steer_each_row_alone():

@@ -294,37 +294,51 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return y
 
 
+def _sampled_rows(x: torch.Tensor, rows: torch.Tensor | None,
+                  temperature: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The sampler's kernels' row arguments (sampling.h: SampledRows), held while the call runs: x as float32 rows,
+    the int64 row indices into it (or None: every row in order), one float32 temperature a row read (or None: 1)."""
+    return (x.float().contiguous(), None if rows is None else rows.to(torch.int64).contiguous(),
+            None if temperature is None else temperature.float().reshape(-1).contiguous())
+
+
 def sample_rows(x: torch.Tensor, u: torch.Tensor, rows: torch.Tensor | None = None,
                 temperature: torch.Tensor | None = None) -> torch.Tensor:
     """A token a row of logits x [M, V] (filters applied, -inf dropped; with `rows` [M], row i is x[rows[i]] of a
     larger x) at u [M] (float64, in [0, 1)): the first in token order whose running mass of softmax(x / temperature)
     (temperature [M] or [M, 1]; none: 1) passes u of the row's, int64 [M]; -1 for a row holding a NaN or +inf, or
     keeping nothing (the caller's)."""
-    x, u = x.float().contiguous(), u.double().contiguous()
-    rows = None if rows is None else rows.to(torch.int64).contiguous()
-    temperature = None if temperature is None else temperature.float().reshape(-1).contiguous()
+    x, rows, temperature = _sampled_rows(x, rows, temperature)
+    u = u.double().contiguous()
     out = torch.empty(u.shape[0], dtype=torch.int64)
-    load().tally_sample_rows(x.data_ptr(), None if rows is None else rows.data_ptr(), u.shape[0], x.shape[1],
-                             None if temperature is None else temperature.data_ptr(), u.data_ptr(), out.data_ptr())
+    load().tally_sample_rows(x.data_ptr(), _ptr(rows), u.shape[0], x.shape[1], _ptr(temperature), u.data_ptr(),
+                             out.data_ptr())
     return out
 
 
-def logsumexp_rows(x: torch.Tensor) -> torch.Tensor:
-    """torch.logsumexp(x, dim=-1, keepdim=True) of rows [M, V], float32 [M, 1] (the sum of exps in double)."""
-    x = x.float().contiguous()
-    out = torch.empty(x.shape[0], 1)
-    load().tally_logsumexp_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr())
+def logsumexp_rows(x: torch.Tensor, rows: torch.Tensor | None = None,
+                   temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """torch.logsumexp(x / temperature, dim=-1, keepdim=True) of rows [M, V] (with `rows` and `temperature` as
+    sample_rows takes them), float32 [M, 1] (the sum of exps in double)."""
+    x, rows, temperature = _sampled_rows(x, rows, temperature)
+    m = x.shape[0] if rows is None else rows.shape[0]
+    out = torch.empty(m, 1)
+    load().tally_logsumexp_rows(x.data_ptr(), _ptr(rows), m, x.shape[1], _ptr(temperature), out.data_ptr())
     return out
 
 
-def top_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def top_rows(x: torch.Tensor, k: int, rows: torch.Tensor | None = None,
+             temperature: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(values [M, k], ids [M, k], done [M] bool): each row's k largest, descending (ties: the smaller id first), as
-    torch.topk(sorted=True) gives them (k <= V); a row holding a NaN is not done (the caller's)."""
-    x = x.float().contiguous()
-    values = torch.empty(x.shape[0], k)
-    ids = torch.empty(x.shape[0], k, dtype=torch.int64)
-    done = torch.empty(x.shape[0], dtype=torch.int64)
-    load().tally_top_rows(x.data_ptr(), x.shape[0], x.shape[1], k, values.data_ptr(), ids.data_ptr(), done.data_ptr())
+    torch.topk(sorted=True) gives them (k <= V), the values divided by the row's temperature (with `rows` and
+    `temperature` as sample_rows takes them); a row holding a NaN is not done (the caller's)."""
+    x, rows, temperature = _sampled_rows(x, rows, temperature)
+    m = x.shape[0] if rows is None else rows.shape[0]
+    values = torch.empty(m, k)
+    ids = torch.empty(m, k, dtype=torch.int64)
+    done = torch.empty(m, dtype=torch.int64)
+    load().tally_top_rows(x.data_ptr(), _ptr(rows), m, x.shape[1], k, _ptr(temperature), values.data_ptr(),
+                          ids.data_ptr(), done.data_ptr())
     return values, ids, done.bool()
 
 

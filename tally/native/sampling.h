@@ -46,6 +46,17 @@ int64_t tally_argmax_rows(const float *x, int64_t M, int64_t V, int64_t *out) {
     return nan_rows;
 }
 
+/* The rows the sampler's kernels read: row r of x [., V] at rows[r] (or r without `rows`), at temperature[r] (or 1):
+ * a batch's logits where they lie, each kernel scaling what it reads, so that rows with a temperature need no
+ * divided copy (the sampler's plain rows, and its unseeded top-k / top-p rows: tally/sample/sampler.py). */
+typedef struct { const float *x; const int64_t *rows; int64_t V; const float *temperature; } SampledRows;
+
+static inline const float *row_at(const SampledRows *s, int64_t r) { return s->x + (s->rows ? s->rows[r] : r) * s->V; }
+
+static inline float temperature_at(const SampledRows *s, int64_t r) {
+    return s->temperature ? s->temperature[r] : 1.0f;
+}
+
 /* ---- Sampling: one token a row of x [M, V] (logits after the filters; -inf: dropped; row r at rows[r], or r without
  * `rows`), the first in token order whose running mass of softmax(x / temperature[r]) (1 without `temperature`)
  * passes u [M] (in [0, 1)) times the row's: the inverse of the distribution function at u, one uniform a row. The
@@ -56,8 +67,7 @@ int64_t tally_argmax_rows(const float *x, int64_t M, int64_t V, int64_t *out) {
  * total and the walk ends on a kept token. The temperature scales the exponents, e^((x - max) / t), so a row that
  * only has one (the sampler's plain rows) is read where its logits lie: no copy of the row, no pass dividing it (the
  * sampler at temperature 0.7 over Qwen's logits: 3.0 -> 1.0-1.1 ms a step at 16 rows, 0.33 -> 0.16 at 1). */
-typedef struct { const float *x; const int64_t *rows; int64_t V; const float *temperature; const double *u;
-                 int64_t *out; } SampleJob;
+typedef struct { SampledRows src; const double *u; int64_t *out; } SampleJob;
 
 static inline __m256 kept_exp(const float *v8, __m256 top, __m256 inv_t) {  /* e^((v - top) inv_t); 0 at v = -inf */
     __m256 v = _mm256_loadu_ps(v8);
@@ -138,36 +148,37 @@ static int64_t sample_row(const float *row, int64_t V, float inv_t, double u, do
 
 static void sample_range(const void *ctx, int64_t r0, int64_t r1) {
     const SampleJob *j = ctx;
-    double *sums = malloc(sizeof(double) * ((j->V + 7) / 8));
+    double *sums = malloc(sizeof(double) * ((j->src.V + 7) / 8));
     for (int64_t r = r0; r < r1; r++)
-        j->out[r] = sample_row(j->x + (j->rows ? j->rows[r] : r) * j->V, j->V,
-                               j->temperature ? 1.0f / j->temperature[r] : 1.0f, j->u[r], sums);
+        j->out[r] = sample_row(row_at(&j->src, r), j->src.V, 1.0f / temperature_at(&j->src, r), j->u[r], sums);
     free(sums);
 }
 
 void tally_sample_rows(const float *x, const int64_t *rows, int64_t M, int64_t V, const float *temperature,
                        const double *u, int64_t *out) {
-    SampleJob job = {x, rows, V, temperature, u, out};
+    SampleJob job = {{x, rows, V, temperature}, u, out};
     parallel_for(M, M * V * 4, sample_range, &job);
 }
 
-/* ---- log(sum(e^x)) of each row, as torch.logsumexp(x, dim=-1) (NaN with a NaN, the max where it is infinite):
+/* ---- log(sum(e^(x / t))) of each row (SampledRows), as torch.logsumexp(x / t, dim=-1) (NaN with a NaN, the max
+ * where it is infinite):
  * the top-p filter's mass over a whole row and the logprobs' normaliser, a max and one pass of exps (torch's took
  * ~0.2-0.5 ms over Qwen's 151,936 logits on the Zen 4 VM: max, subtract, exp, sum and log as separate passes). */
-typedef struct { const float *x; int64_t V; float *out; } LseJob;
+typedef struct { SampledRows src; float *out; } LseJob;
 
 static void lse_range(const void *ctx, int64_t r0, int64_t r1) {
     const LseJob *j = ctx;
     for (int64_t i = r0; i < r1; i++) {
-        RowBlocks r = row_blocks(j->x + i * j->V, j->V);
+        RowBlocks r = row_blocks(row_at(&j->src, i), j->src.V);
         int has_nan;
-        float top = row_top(&r, &has_nan);
-        j->out[i] = has_nan ? NAN : !isfinite(top) ? top : top + (float)log(mass(&r, top, 1.0f, NULL));
+        float top = row_top(&r, &has_nan), t = temperature_at(&j->src, i);
+        j->out[i] = has_nan ? NAN : !isfinite(top) ? top / t : top / t + (float)log(mass(&r, top, 1.0f / t, NULL));
     }
 }
 
-void tally_logsumexp_rows(const float *x, int64_t M, int64_t V, float *out) {
-    LseJob job = {x, V, out};
+void tally_logsumexp_rows(const float *x, const int64_t *rows, int64_t M, int64_t V, const float *temperature,
+                          float *out) {
+    LseJob job = {{x, rows, V, temperature}, out};
     parallel_for(M, M * V * 4, lse_range, &job);
 }
 
@@ -231,9 +242,10 @@ static void keep_first(Scored *buf, int64_t n, int64_t k) {
     order_through(buf, lo, hi, hi);
 }
 
-typedef struct { const float *x; int64_t V, k; float *values; int64_t *ids; int64_t *done; } TopJob;
+typedef struct { SampledRows src; int64_t k; float *values; int64_t *ids; int64_t *done; } TopJob;
 
-static int64_t top_row(const float *row, int64_t V, int64_t k, Scored *buf, int64_t cap, float *values,
+/* values: the k largest divided by t (as the row's divided copy would hold them) */
+static int64_t top_row(const float *row, int64_t V, int64_t k, float t, Scored *buf, int64_t cap, float *values,
                        int64_t *ids) {
     RowBlocks r = row_blocks(row, V);
     int64_t n = 0;
@@ -260,7 +272,7 @@ static int64_t top_row(const float *row, int64_t V, int64_t k, Scored *buf, int6
         if (row[i] == -INFINITY) buf[n++] = (Scored){row[i], i};
     keep_first(buf, n, k);
     order_through(buf, 0, k - 1, k - 1);
-    for (int64_t j = 0; j < k; j++) values[j] = buf[j].v, ids[j] = buf[j].id;
+    for (int64_t j = 0; j < k; j++) values[j] = buf[j].v / t, ids[j] = buf[j].id;
     return 1;
 }
 
@@ -269,11 +281,13 @@ static void top_range(const void *ctx, int64_t r0, int64_t r1) {
     int64_t cap = 4 * j->k;
     Scored *buf = malloc(sizeof(Scored) * cap);
     for (int64_t r = r0; r < r1; r++)
-        j->done[r] = top_row(j->x + r * j->V, j->V, j->k, buf, cap, j->values + r * j->k, j->ids + r * j->k);
+        j->done[r] = top_row(row_at(&j->src, r), j->src.V, j->k, temperature_at(&j->src, r), buf, cap,
+                             j->values + r * j->k, j->ids + r * j->k);
     free(buf);
 }
 
-void tally_top_rows(const float *x, int64_t M, int64_t V, int64_t k, float *values, int64_t *ids, int64_t *done) {
-    TopJob job = {x, V, k, values, ids, done};
+void tally_top_rows(const float *x, const int64_t *rows, int64_t M, int64_t V, int64_t k, const float *temperature,
+                    float *values, int64_t *ids, int64_t *done) {
+    TopJob job = {{x, rows, V, temperature}, k, values, ids, done};
     parallel_for(M, M * V * 2, top_range, &job);
 }

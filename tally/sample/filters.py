@@ -31,12 +31,19 @@ def apply_min_p(x: torch.Tensor, log_min_p: torch.Tensor) -> None:
     x.masked_fill_(x < x.amax(dim=-1, keepdim=True) + log_min_p, float("-inf"))
 
 
-def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_candidates: int) -> Candidates:
+def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_candidates: int,
+                rows: torch.Tensor | None = None, temperature: torch.Tensor | None = None,
+                log_min_p: torch.Tensor | None = None) -> Candidates:
     """Cutoffs per row (x is not modified); top_k = vocab and top_p = 1 mean off. Ties at a cutoff
-    stay, and top-p is taken from the top-k survivors, as in vLLM."""
+    stay, and top-p is taken from the top-k survivors, as in vLLM. With `rows` ([S] indices into x) and
+    `temperature` ([S, 1]), the rows are x[rows] / temperature, read where they lie (scaled_rows). `log_min_p`
+    ([S, 1]) applies min-p first, to the candidates: what apply_min_p keeps of them, for rows with top-k (a row
+    without one would need its whole row's mass after min-p)."""
     vocab = x.shape[1]
     k_on = top_k[:, None] < vocab
-    values, ids = top_candidates(x, num_candidates)
+    values, ids = top_candidates(x, num_candidates, rows, temperature)
+    if log_min_p is not None:  # the first candidate is the row's max, as apply_min_p's amax
+        values = values.masked_fill(values < values[:, :1] + log_min_p, float("-inf"))
     kth = values.gather(1, (top_k.clamp(max=num_candidates) - 1)[:, None])
     cutoff = torch.where(k_on, kth, float("-inf"))
     # A row with neither filter keeps its whole row, so candidates cannot stand in for it.
@@ -46,35 +53,50 @@ def top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, num_c
         # The top-k survivors are all candidates; a row without top-k needs its whole row's mass.
         lse = torch.logsumexp(values, dim=-1, keepdim=True)
         if not bool(k_on.all()):
-            lse = torch.where(k_on, lse, row_logsumexp(x))
+            lse = torch.where(k_on, lse, row_logsumexp(x, rows, temperature))
         p_cut, wider = _nucleus_cutoff(values, lse, top_p[:, None])
         wider &= ~k_on.squeeze(1) & (num_candidates < vocab)
         if bool(wider.any()):
             idx = wider.nonzero().squeeze(1)
-            p_cut[idx] = _bisect_nucleus_cutoff(x[idx], lse[idx], top_p[idx, None], values[idx, -1:])
+            p_cut[idx] = _bisect_nucleus_cutoff(scaled_rows(x, rows, temperature, idx), lse[idx], top_p[idx, None],
+                                                values[idx, -1:])
             complete = False
         cutoff = torch.maximum(cutoff, p_cut)
     return Candidates(values.masked_fill(values < cutoff, float("-inf")), ids, cutoff, complete)
 
 
-def row_logsumexp(x: torch.Tensor) -> torch.Tensor:
-    """[S, 1] logsumexp of each row of [S, V]: on CPU the native kernel (one pass of exps after the max: ~0.15 ms
-    over 151,936 logits, torch's 0.2-0.5 on the Zen 4 VM)."""
-    if x.device.type != "cpu" or not ops.available():
-        return torch.logsumexp(x, dim=-1, keepdim=True)
-    return ops.logsumexp_rows(x)
+def scaled_rows(x: torch.Tensor, rows: torch.Tensor | None, temperature: torch.Tensor | None,
+                which: torch.Tensor | None = None) -> torch.Tensor:
+    """A copy of rows `which` (all by default) of x[rows] / temperature (rows [S] indices into x, or None: x's own;
+    temperature [S, 1] or None: 1)."""
+    n = x.shape[0] if rows is None else rows.shape[0]
+    which = torch.arange(n, device=x.device) if which is None else which
+    out = x.index_select(0, which if rows is None else rows[which])
+    return out if temperature is None else out.div_(temperature[which])
 
 
-def top_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's k largest logits and their ids, descending: x.topk(k). On CPU the native kernel (one pass above a
-    rising threshold: 0.09 ms for 1,024 of 151,936 logits, torch's topk ~0.7 on the Zen 4 VM), torch's for the rows
-    it leaves (a NaN)."""
+def row_logsumexp(x: torch.Tensor, rows: torch.Tensor | None = None,
+                  temperature: torch.Tensor | None = None) -> torch.Tensor:
+    """[S, 1] logsumexp of each row of [S, V] (of x[rows] / temperature: scaled_rows): on CPU the native kernel (one
+    pass of exps after the max: ~0.15 ms over 151,936 logits, torch's 0.2-0.5 on the Zen 4 VM)."""
     if x.device.type != "cpu" or not ops.available():
-        return x.topk(k, dim=-1)
-    values, ids, done = ops.top_rows(x, k)
+        xs = x if rows is None and temperature is None else scaled_rows(x, rows, temperature)
+        return torch.logsumexp(xs, dim=-1, keepdim=True)
+    return ops.logsumexp_rows(x, rows, temperature)
+
+
+def top_candidates(x: torch.Tensor, k: int, rows: torch.Tensor | None = None,
+                   temperature: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k largest logits and their ids, descending: x.topk(k) (of x[rows] / temperature: scaled_rows). On
+    CPU the native kernel (one pass above a rising threshold: 0.09 ms for 1,024 of 151,936 logits, torch's topk ~0.7
+    on the Zen 4 VM), torch's for the rows it leaves (a NaN)."""
+    if x.device.type != "cpu" or not ops.available():
+        xs = x if rows is None and temperature is None else scaled_rows(x, rows, temperature)
+        return xs.topk(k, dim=-1)
+    values, ids, done = ops.top_rows(x, k, rows, temperature)
     if not bool(done.all()):
         rest = (~done).nonzero().squeeze(1)
-        values[rest], ids[rest] = x[rest].topk(k, dim=-1)
+        values[rest], ids[rest] = scaled_rows(x, rows, temperature, rest).topk(k, dim=-1)
     return values, ids
 
 

@@ -91,6 +91,8 @@ class Sampler:
         if num_random and t.all_plain:  # temperature alone: each row drawn where it lies, no copy
             u = _uniforms(t, slice(0, num_random), inp.generators, logits.device)
             token_ids[t.random_rows] = draw(work, u, t.random_rows, t.draw_temperature)
+        elif num_random and t.candidates_in_place and (drawn := _among_candidates(work, t, inp.generators)) is not None:
+            token_ids[t.random_rows] = drawn
         else:
             for rows in row_chunks(num_random, vocab, logits.device):
                 idx = t.random_rows[rows]
@@ -137,6 +139,21 @@ class Sampler:
                 return cand.ids.gather(1, draw(cand.values, u)[:, None]).squeeze(1)
             x.masked_fill_(x < cand.cutoff, float("-inf"))
         return draw(x, u, temperature=None if t.draw_temperature is None else t.draw_temperature[rows])
+
+
+def _among_candidates(work: torch.Tensor, t: SamplingTensors, generators: list[torch.Generator | None]
+                      ) -> torch.Tensor | None:
+    """Every random row's token drawn among its top-k / top-p candidates, found where the rows lie (no copy, no
+    dividing pass: the kernels scale what they read); None where some row keeps tokens past its candidates (a
+    nucleus wider than them), for the row-by-row path. Unseeded rows only: a seeded row walks its whole row in token
+    order, as it would in any batch."""
+    rows = slice(0, t.random_rows.numel())
+    cand = top_k_top_p(work, t.filters.top_k, t.filters.top_p, t.filters.num_candidates(rows), t.random_rows,
+                       t.filter_temperature, t.log_min_p)
+    if not cand.complete:
+        return None
+    u = _uniforms(t, rows, generators, work.device)
+    return cand.ids.gather(1, draw(cand.values, u)[:, None]).squeeze(1)
 
 
 def sample(logits: torch.Tensor, inp: SamplerInput) -> SamplerOutput:

@@ -58,6 +58,9 @@ class SamplingTensors:
     draw_temperature: torch.Tensor | None  # [R, 1]: plain rows' temperature, 1 elsewhere; None when all are 1
     filter_temperature: torch.Tensor | None  # [R, 1]: the other rows' temperature, 1 elsewhere; None when all are 1
     all_plain: bool
+    # Every row unseeded, with top-k or top-p, and with top-k where it has min-p: their candidates can be found where
+    # the rows lie, and where every kept token is one of them, drawn from them alone (tally/sample/sampler.py).
+    candidates_in_place: bool
     log_min_p: torch.Tensor | None  # [R, 1]; None when no row uses min_p
     filters: FilterTensors | None
     penalties: PenaltyTensors | None
@@ -82,7 +85,9 @@ class SamplingTensors:
 
         temperature = [p.temperature for p in chosen]
         min_p = [p.min_p for p in chosen]
-        plain = [m == 0 and not 0 < p.top_k < vocab_size and p.top_p == 1.0 for m, p in zip(min_p, chosen)]
+        top_k_or_p = [0 < p.top_k < vocab_size or p.top_p < 1.0 for p in chosen]
+        plain = [m == 0 and not filters for m, filters in zip(min_p, top_k_or_p)]
+        min_p_with_k = [m == 0 or 0 < p.top_k < vocab_size for m, p in zip(min_p, chosen)]
         draw_t = [t if keep else 1.0 for t, keep in zip(temperature, plain)]
         filter_t = [1.0 if keep else t for t, keep in zip(temperature, plain)]
         asked = [i for i, p in enumerate(params) if p.logprobs is not None]
@@ -94,6 +99,7 @@ class SamplingTensors:
             draw_temperature=column(draw_t) if any(t != 1.0 for t in draw_t) else None,
             filter_temperature=column(filter_t) if any(t != 1.0 for t in filter_t) else None,
             all_plain=all(plain),
+            candidates_in_place=bool(chosen) and not seeded and all(top_k_or_p) and all(min_p_with_k),
             log_min_p=column([math.log(m) if m > 0 else -math.inf for m in min_p]) if any(min_p) else None,
             filters=_build_filters(chosen, vocab_size, device),
             penalties=PenaltyTensors.build(params, inp.prompt_token_ids, device),
