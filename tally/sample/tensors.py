@@ -53,8 +53,9 @@ class SamplingTensors:
     seeded_rows: list[int]  # batch rows with their own generator: the tail of random_rows
     temperature: torch.Tensor | None  # [R, 1]; None when all are 1
     # A plain row (temperature alone: no min-p, top-k or top-p) draws from its logits where they lie, its temperature
-    # applied inside the draw; the others divide a copy before their filters. Each row's arithmetic follows its own
-    # parameters, so a seeded row samples the same in any batch.
+    # applied inside the draw; the others divide a copy before their filters (or, see candidates_in_place, have the
+    # kernels scale what they read). A seeded row's arithmetic follows its own parameters alone, so it samples the
+    # same in any batch.
     draw_temperature: torch.Tensor | None  # [R, 1]: plain rows' temperature, 1 elsewhere; None when all are 1
     filter_temperature: torch.Tensor | None  # [R, 1]: the other rows' temperature, 1 elsewhere; None when all are 1
     all_plain: bool
