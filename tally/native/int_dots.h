@@ -127,9 +127,17 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
  * -127..127 fits maddubs' int16 pairs (|.| <= 3810), so a 32-block's 8 products add up in int16 (<= 30480)
  * before one widening.
  * int5 / int6 (GGUF Q5_0: w = d * (q - 16), q in 0..31, groups of 32; Q6_K: w = d * (q - 32), q in 0..63, groups
- * of 16): int4's nibbles plus one or two planes of high bits, qh [T][K/32][32 * planes]: per block, bit s of
- * byte b of plane p is bit 4 + p of the value byte b of the block's vector s holds (chunk s / 2; its low nibbles
- * for even s, high for odd), so one shift and mask put it in place. The offset, -2^(bits - 1) d, is not stored
+ * of 16): int4's nibbles plus the bits above them, qh [T][K/32][32 * (bits - 4)] (value byte b of the block's vector
+ * s: chunk s / 2's low nibbles for even s, high for odd):
+ * - int5, one plane of 32 bytes: bit s of byte b is bit 4 of vector s's byte b, so one shift and mask put it in place
+ *   (high_bits).
+ * - int6, one plane of pairs of 64 bytes: byte 32 (c & 1) + b holds bits 4-5 of chunk c's two vectors' bytes b, the
+ *   low nibbles' at bit 4 (c >> 1), the high nibbles' 2 above (pair_bits). One shift and mask, or one affine
+ *   transform, give a vector both its bits, and the AVX-512 one-tile loop's halves (chunks c, c + 1) both lie at one
+ *   shift in the plane as loaded. As two planes of single bits it took five instructions a vector on AVX2 and four
+ *   affines (GFNI) a 64-byte pair of vectors; Qwen 1.5B's Q6_K shapes ran 1.15-1.31x slower at one row (Zen 4, 1
+ *   thread, from cache).
+ * The offset, -2^(bits - 1) d, is not stored
  * (m NULL): 2^(bits - 1) times the activations' sum comes off each block's (Q6_K: half-block's) integer dot before
  * it turns float, so a block's dot is sum x (q - 2^(bits - 1)) exactly. As a float minimum per group it took one
  * FMA per row and group beside the byte products, which share their ports on Zen 4: Qwen 0.5B's shapes ran
@@ -140,60 +148,81 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
  * k = 4c..4c+3 of outputs 8t..8t+7, byte 4j + i = (8t + j, 4c + i). maddubs wants one unsigned operand, so it
  * gets |w| and x with w's sign (llama.cpp's trick); its pairs reach 2 * 127 * 127, so each widens at once.
  * (AVX-512, both its loops: x + 128 against w as stored, block_dots_pair.) */
-static inline __m256i high_bits(__m256i plane, int s, int p) {  /* 16 << p in each byte whose bit s is set */
+static inline __m256i high_bits(__m256i plane, int s) {  /* int5: 16 in each byte whose bit s is set */
     __m256i v = s <= 4 ? _mm256_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
                        : _mm256_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
-    v = _mm256_and_si256(v, _mm256_set1_epi8(0x10));  /* 16-bit shifts by <= 4 move no neighbour into bit 4 */
-    return p ? _mm256_slli_epi16(v, 1) : v;
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));  /* 16-bit shifts by <= 4 move no neighbour into bit 4 */
+}
+
+static inline __m256i pair_bits(__m256i plane, int f) {  /* int6: bits f, f + 1 of each byte at bits 4, 5 */
+    __m256i v = f <= 4 ? _mm256_sll_epi16(plane, _mm_cvtsi32_si128(4 - f))
+                       : _mm256_srl_epi16(plane, _mm_cvtsi32_si128(f - 4));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x30));  /* what a 16-bit shift brings from the neighbour: masked */
+}
+
+/* The bits above the nibbles of chunk c's vector 2c + e (e 1: the high nibbles'), from the block's plane (int5: p4)
+ * or plane of pairs (int6: p4 its first 32 bytes, for even c; p5 the rest) */
+static inline __m256i chunk_high_bits(__m256i p4, __m256i p5, int c, int e, int bits) {
+    return bits == 5 ? high_bits(p4, 2 * c + e) : pair_bits(c & 1 ? p5 : p4, 4 * (c >> 1) + 2 * e);
 }
 
 /* AVX-512 (VNNI and BW: Zen 4/5, Intel since Ice Lake), one tile (a job of fewer than PAIR_ROWS rows: int_tile): two
  * chunks side by side in one 64-byte vector, the same layout and the same integer sums as the 256-bit loop below, in
  * half its instructions. Lanes 0-7 hold chunk c's 8 outputs, lanes 8-15 chunk c + 1's; the halves add up at the end.
  * A row's activations for both chunks come from one 16-byte load, their 4-byte units spread over the halves by one
- * permute. High bits: the plane, in the upper half shifted right by 2, puts chunk c + 1's vectors (2c + 2, 2c + 3)
+ * permute. High bits: int5's plane, in the upper half shifted right by 2, puts chunk c + 1's vectors (2c + 2, 2c + 3)
  * where the lower half has chunk c's, so one uniform shift serves both halves (high_bits' rule; the bits a 16-bit
- * shift by 2 brings in from the neighbouring byte land at bits 6-7, never read). library.py builds this where the CPU
- * has the flags. */
+ * shift by 2 brings in from the neighbouring byte land at bits 6-7, never read); int6's plane of pairs has them so as
+ * it is stored. library.py builds this where the CPU has the flags. */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define TALLY_AVX512 1
-/* high_bits' rule. GFNI's affine transform moves one bit within each byte in one instruction, where the shifts take
- * two (a shift and a mask, which the or after it absorbs into one vpternlog) or, for int6's second plane, three. So
- * that plane always takes it: Qwen 0.5B's Q6_K down projection (K-quant scales) 1.17x at 1 row, 1.11x at 4, 1.03x at
- * 8. For the first plane it only saves where the shifts' pipes are the busy ones: at one row, whose activation
- * permutes share them on Zen 4 (Q5_0 1.02-1.09x); at 4-8 rows it took 0.86-0.96x. (Zen 4, 1 thread, from cache:
- * `python bench/native_builds.py --threads 1 --rows 1,4,8`, and two source trees alternating in one process.)
- * library.py builds with GFNI where the CPU has it (Zen 4/5, Intel since Ice Lake). */
-static inline __m512i high_bits512(__m512i plane, int s, int p, int one_row) {
+/* high_bits' and pair_bits' rules. GFNI's affine transform moves bits within each byte in one instruction, where the
+ * shifts take two (a shift and a mask, which the or after it absorbs into one vpternlog). int6's pairs always take
+ * it. For int5's plane it only saves where the shifts' pipes are the busy ones: at one row, whose activation permutes
+ * share them on Zen 4 (Q5_0 1.02-1.09x); at 4-8 rows it took 0.86-0.96x. (Zen 4, 1 thread, from cache: `python
+ * bench/native_builds.py --threads 1 --rows 1,4,8`, and two source trees alternating in one process.) library.py
+ * builds with GFNI where the CPU has it (Zen 4/5, Intel since Ice Lake). */
+static inline __m512i high_bits512(__m512i plane, int s, int one_row) {
 #ifdef __GFNI__
-    if (p || one_row)  /* the matrix's byte 3 - p picks bit s for the result's bit 4 + p, and nothing else */
-        return _mm512_gf2p8affine_epi64_epi8(plane, _mm512_set1_epi64((long long)((1ull << s) << (8 * (3 - p)))), 0);
+    if (one_row)  /* the matrix's byte 3 picks bit s for the result's bit 4, and nothing else */
+        return _mm512_gf2p8affine_epi64_epi8(plane, _mm512_set1_epi64((long long)((1ull << s) << 24)), 0);
 #endif
     (void)one_row;
     __m512i v = s <= 4 ? _mm512_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
                        : _mm512_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
-    v = _mm512_and_si512(v, _mm512_set1_epi8(0x10));
-    return p ? _mm512_slli_epi16(v, 1) : v;
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x10));
 }
 
-/* lo, hi: the values of 64 bytes of nibbles (low and high nibbles) with their planes' high bits (int5: p4; int6: p4
- * and p5) for the block's vectors 2c and 2c + 1, high_bits512's rule (one_row: the one-tile loop at one row) */
+static inline __m512i pair_bits512(__m512i plane, int f) {  /* pair_bits; GFNI: bytes 3 and 2 pick bits f, f + 1 */
+#ifdef __GFNI__
+    return _mm512_gf2p8affine_epi64_epi8(plane, _mm512_set1_epi64((long long)(((1ull << f) << 24) |
+                                                                              ((2ull << f) << 16))), 0);
+#else
+    __m512i v = f <= 4 ? _mm512_sll_epi16(plane, _mm_cvtsi32_si128(4 - f))
+                       : _mm512_srl_epi16(plane, _mm_cvtsi32_si128(f - 4));
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x30));
+#endif
+}
+
+/* lo, hi: the values of 64 bytes of nibbles (low and high nibbles) of chunk c (and whatever the upper half holds)
+ * with the bits above them: int5 from p4 (high_bits512's rule; one_row: the one-tile loop at one row), int6 from the
+ * plane of pairs p4 (even c) or p5 (odd c) as the caller arranged them */
 static inline __attribute__((always_inline)) void nibble_values512(__m512i raw, __m512i p4, __m512i p5, int c, int bits,
                                                                    int one_row, __m512i *lo, __m512i *hi) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     *lo = _mm512_and_si512(raw, low4);
     *hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-    if (bits > 4) {
-        *lo = _mm512_or_si512(*lo, high_bits512(p4, 2 * c, 0, one_row));
-        *hi = _mm512_or_si512(*hi, high_bits512(p4, 2 * c + 1, 0, one_row));
-    }
-    if (bits > 5) {
-        *lo = _mm512_or_si512(*lo, high_bits512(p5, 2 * c, 1, one_row));
-        *hi = _mm512_or_si512(*hi, high_bits512(p5, 2 * c + 1, 1, one_row));
+    if (bits == 5) {
+        *lo = _mm512_or_si512(*lo, high_bits512(p4, 2 * c, one_row));
+        *hi = _mm512_or_si512(*hi, high_bits512(p4, 2 * c + 1, one_row));
+    } else if (bits == 6) {
+        __m512i plane = c & 1 ? p5 : p4;
+        *lo = _mm512_or_si512(*lo, pair_bits512(plane, 4 * (c >> 1)));
+        *hi = _mm512_or_si512(*hi, pair_bits512(plane, 4 * (c >> 1) + 2));
     }
 }
 
-static inline __m512i plane_pair(const uint8_t *plane) {  /* [plane, plane >> 2]: see above */
+static inline __m512i plane_pair(const uint8_t *plane) {  /* int5: [plane, plane >> 2]: see above */
     __m256i v = _mm256_loadu_si256((const __m256i *)plane);
     return _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 2), 1);
 }
@@ -203,12 +232,13 @@ static inline __m512i units_apart(const void *x, int64_t bytes, __m512i which) {
     return _mm512_permutexvar_epi32(which, _mm512_castsi128_si512(u));
 }
 
-/* A nibble block's planes of high bits as plane_pair gives them (zero where the format has none) */
+/* A nibble block's bits above the nibbles for the one-tile loop: int5's plane as plane_pair gives it, int6's plane of
+ * pairs as stored (in p4 and p5: its chunks c and c + 1 lie in its halves), zero where the format has none */
 static inline __attribute__((always_inline)) void block_planes512(const uint8_t *hb, int bits, __m512i *p4,
                                                                   __m512i *p5) {
     if (bits > 4) _mm_prefetch((const char *)(hb + PREFETCH / 4 * (bits - 4)), _MM_HINT_T0);
-    *p4 = bits > 4 ? plane_pair(hb) : _mm512_setzero_si512();
-    *p5 = bits > 5 ? plane_pair(hb + 32) : _mm512_setzero_si512();
+    *p4 = bits == 5 ? plane_pair(hb) : bits == 6 ? _mm512_loadu_si512((const void *)hb) : _mm512_setzero_si512();
+    *p5 = *p4;
 }
 
 /* acc[i] += row i's products with chunks c and c + 1 of a nibble block */
@@ -446,19 +476,16 @@ static inline __attribute__((always_inline)) void int_tile_pair(
 }
 #endif
 
-/* The values of a 32-block's chunk c (nibble formats): lo its vector 2c, hi 2c + 1, high bits or-ed in (high_bits) */
+/* The values of a 32-block's chunk c (nibble formats): lo its vector 2c, hi 2c + 1, the bits above the nibbles or-ed
+ * in (chunk_high_bits) */
 static inline __attribute__((always_inline)) void nibble_values256(__m256i raw, __m256i p4, __m256i p5, int c, int bits,
                                                                    __m256i *lo, __m256i *hi) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
     *lo = _mm256_and_si256(raw, low4);
     *hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
     if (bits > 4) {
-        *lo = _mm256_or_si256(*lo, high_bits(p4, 2 * c, 0));
-        *hi = _mm256_or_si256(*hi, high_bits(p4, 2 * c + 1, 0));
-    }
-    if (bits > 5) {
-        *lo = _mm256_or_si256(*lo, high_bits(p5, 2 * c, 1));
-        *hi = _mm256_or_si256(*hi, high_bits(p5, 2 * c + 1, 1));
+        *lo = _mm256_or_si256(*lo, chunk_high_bits(p4, p5, c, 0, bits));
+        *hi = _mm256_or_si256(*hi, chunk_high_bits(p4, p5, c, 1, bits));
     }
 }
 

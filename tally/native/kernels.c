@@ -492,7 +492,7 @@ typedef struct {  /* one dequantization: tiles (panels) of the stored weights, b
     int64_t K, group, bits, n;
 } DequantJob;
 
-/* Chunk c of tile t (nibble formats: k = 8c..8c+7, high-bit planes or-ed in) as fp32 integers, v[j] output j's 8
+/* Chunk c of tile t (nibble formats: k = 8c..8c+7, the bits above the nibbles or-ed in) as fp32 integers, v[j] output j's 8
  * values in k order */
 static inline __attribute__((always_inline)) void q4_chunk_values(const uint8_t *qs, const uint8_t *qh, int64_t t,
                                                                   int64_t c, int64_t K, int64_t bits, __m256 v[TILE]) {
@@ -500,11 +500,12 @@ static inline __attribute__((always_inline)) void q4_chunk_values(const uint8_t 
     __m256i b = _mm256_loadu_si256((const __m256i *)(qs + (t * (K / 8) + c) * 32));
     __m256i lo = _mm256_and_si256(b, _mm256_set1_epi8(15));
     __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15));
-    for (int p = 0; p < bits - 4; p++) {
-        const uint8_t *plane = qh + (t * (K / 32) + c / 4) * 32 * (bits - 4) + 32 * p;
-        __m256i h = _mm256_loadu_si256((const __m256i *)plane);
-        lo = _mm256_or_si256(lo, high_bits(h, 2 * (int)(c % 4), p));
-        hi = _mm256_or_si256(hi, high_bits(h, 2 * (int)(c % 4) + 1, p));
+    if (bits > 4) {
+        const uint8_t *planes = qh + (t * (K / 32) + c / 4) * 32 * (bits - 4);
+        __m256i p4 = _mm256_loadu_si256((const __m256i *)planes);
+        __m256i p5 = bits > 5 ? _mm256_loadu_si256((const __m256i *)(planes + 32)) : p4;
+        lo = _mm256_or_si256(lo, chunk_high_bits(p4, p5, (int)(c % 4), 0, (int)bits));
+        hi = _mm256_or_si256(hi, chunk_high_bits(p4, p5, (int)(c % 4), 1, (int)bits));
     }
     /* per 128-bit lane, 4-byte units: lo j, hi j side by side = output j's 8 k in order */
     const __m256i halves[2] = {_mm256_unpacklo_epi32(lo, hi), _mm256_unpackhi_epi32(lo, hi)};

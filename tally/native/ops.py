@@ -93,21 +93,29 @@ def pack_q4(q: torch.Tensor) -> torch.Tensor:
 
 
 def pack_planes(q: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """5- or 6-bit values [N, K] (uint8 below 2**bits) -> pack_q4's tiles of their low nibbles, and their high
-    bits uint8 [T, K/32, 32 * (bits - 4)]: per block of 32 k, one plane of 32 bytes per bit above the nibble; bit s
-    of byte b of plane p is bit 4 + p of the weight that byte b of the block's nibble vector s holds (vector s:
-    chunk s // 2's low nibbles for even s, high for odd)."""
+    """5- or 6-bit values [N, K] (uint8 below 2**bits) -> pack_q4's tiles of their low nibbles, and the bits above them
+    uint8 [T, K/32, 32 * (bits - 4)] per block of 32 k (int_dots.h; vector s of a block: chunk s // 2's low nibbles for
+    even s, high for odd). 5 bits: bit s of byte b is bit 4 of the value byte b of vector s holds. 6 bits, a plane of
+    pairs: byte 32 * (c % 2) + b holds bits 4-5 of the values byte b of chunk c's vectors hold, the low nibbles' at
+    bit 4 * (c // 2), the high nibbles' at 4 * (c // 2) + 2."""
     q = q.to(torch.uint8)
     n_tiles, k = -(-q.shape[0] // TILE), q.shape[1]
-    planes = []
-    for p in range(bits - 4):
-        bit = _tiles((q >> (4 + p)) & 1).view(n_tiles, TILE, k // 32, 4, 2, 4)  # [T, output, block, chunk, half, i]
-        plane = torch.zeros(n_tiles, k // 32, TILE, 4, dtype=torch.uint8)
-        for c in range(4):  # uint8 shifts and ors: a large table packs in a fraction of a second
-            for half in range(2):
-                plane |= bit[:, :, :, c, half].transpose(1, 2) << (2 * c + half)
-        planes.append(plane.view(n_tiles, k // 32, 32))
-    return pack_q4(q & 15), torch.cat(planes, dim=2).contiguous()
+    width, (parts, shifts) = bits - 4, _plane_fields(bits)  # 32 bytes of planes a block per bit above the nibble
+    above = _tiles(q >> 4).view(n_tiles, TILE, k // 32, 4, 2, 4)  # [T, output, block, chunk, half, i]
+    plane = torch.zeros(n_tiles, k // 32, width, TILE, 4, dtype=torch.uint8)
+    for c in range(4):  # uint8 shifts and ors: a large table packs in a fraction of a second
+        for half in range(2):
+            plane[:, :, int(parts[c, half])] |= above[:, :, :, c, half].transpose(1, 2) << int(shifts[c, half])
+    return pack_q4(q & 15), plane.view(n_tiles, k // 32, 32 * width).contiguous()
+
+
+def _plane_fields(bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where pack_planes puts the bits above the nibbles of chunk c's vector (half 0: the low nibbles', 1: the high
+    nibbles'), each [4, 2]: the 32-byte part of the block's planes, and the bit there."""
+    c, half = torch.arange(4).view(4, 1), torch.arange(2).view(1, 2)
+    if bits == 6:
+        return (c % 2).expand(4, 2), 4 * (c // 2) + 2 * half
+    return torch.zeros(4, 2, dtype=torch.long), 2 * c + half
 
 
 def _bits(qh: torch.Tensor | None) -> int:
@@ -131,11 +139,11 @@ def q4_rows(qs: torch.Tensor, rows: torch.Tensor, qh: torch.Tensor | None = None
     n_tiles, chunks = qs.shape[0], qs.shape[1]
     b = qs.view(n_tiles, chunks, TILE, 4)[rows // TILE, :, rows % TILE]  # [R, K/8, 4]
     q = torch.stack([b & 15, b >> 4], dim=2)  # [R, K/8, half, i]
-    shifts = torch.arange(8, dtype=torch.uint8).view(1, 1, 4, 2, 1)  # bit 2 chunk + half
-    for p in range(_bits(qh) - 4):
-        h = qh.view(n_tiles, chunks // 4, -1, TILE, 4)[rows // TILE, :, p, rows % TILE]  # [R, K/32, i]
-        bit = (h[:, :, None, None, :] >> shifts) & 1  # [R, K/32, chunk, half, i]
-        q = q | (bit.view(q.shape) << (4 + p))
+    if qh is not None:
+        width, (parts, shifts) = _bits(qh) - 4, _plane_fields(_bits(qh))
+        h = qh.view(n_tiles, chunks // 4, width, TILE, 4)[rows // TILE, :, :, rows % TILE]  # [R, K/32, part, i]
+        above = (h[:, :, parts] >> shifts.to(torch.uint8)[..., None]) & ((1 << width) - 1)  # [R, K/32, chunk, half, i]
+        q = q | (above.view(q.shape) << 4)
     return q.reshape(len(rows), -1)
 
 
