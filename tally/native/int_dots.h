@@ -135,8 +135,8 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
  *   low nibbles' at bit 4 (c >> 1), the high nibbles' 2 above (pair_bits). One shift and mask, or one affine
  *   transform, give a vector both its bits, and the AVX-512 one-tile loop's halves (chunks c, c + 1) both lie at one
  *   shift in the plane as loaded. As two planes of single bits it took five instructions a vector on AVX2 and four
- *   affines (GFNI) a 64-byte pair of vectors; Qwen 1.5B's Q6_K shapes ran 1.15-1.31x slower at one row (Zen 4, 1
- *   thread, from cache).
+ *   affines (GFNI) a 64-byte pair of vectors: Qwen 1.5B's Q6_K shapes at one row ran 1.22-1.35x slower (AVX-512 with
+ *   GFNI), 1.10x (AVX2), at 4 rows 1.08-1.12x / 1.07x (Zen 4, 1 thread, from cache; docs/benchmarks.md, session 36).
  * The offset, -2^(bits - 1) d, is not stored
  * (m NULL): 2^(bits - 1) times the activations' sum comes off each block's (Q6_K: half-block's) integer dot before
  * it turns float, so a block's dot is sum x (q - 2^(bits - 1)) exactly. As a float minimum per group it took one
