@@ -18,10 +18,12 @@
  * other): the hardware prefetcher alone left a one-row pass at ~60% of the read bandwidth torch.sum reaches here;
  * with it the LM head (151936 x 896, int8) took 7.7 instead of 11.6 ms, measured at 512-4096 bytes (2048 best). */
 #define PREFETCH 2048
-/* And bytes ahead to prefetch into L2 (hint T1) beside it: with L1's 2 KB alone a one-row pass from memory read Q4_K
- * at ~60% of plain loads' rate on 1 thread. 8 KB ahead into L2 took Q4_K at one row 1.33x, Q6_K 1.24-1.27x, Q8_0
- * 1.04-1.08x (Zen 4, 1 and 2 threads, weights from memory, two source trees alternating in one process); 4 KB gained
- * nothing, 16-32 KB 0.90-1.07x of 8; T2 as T1; T0 at 8 KB 0.74-0.88x. */
+/* And bytes ahead to prefetch into L2 (hint T1) beside it, in the loops of 1-4 rows: with L1's 2 KB alone a one-row
+ * pass from memory read Q4_K at ~60% of plain loads' rate on 1 thread. 8 KB ahead into L2, weights from memory: one
+ * row Q4_K 1.33-1.38x, Q6_K 1.36-1.39x, Q5_0 1.27x, Q8_0 1.03-1.07x, 4 rows Q8_0 1.55x and the rest 1.02-1.06x
+ * (AVX-512, Zen 4, 1-2 threads, two source trees alternating in one process); the AVX2 build at one row Q4_K
+ * 1.17-1.22x, Q8_0 1.25-1.29x in the memory's fast minutes, Q6_K 0.96x. 4 KB gained nothing, 16-32 KB 0.90-1.07x of
+ * 8, T2 as T1, T0 at 8 KB 0.74-0.88x. The pairs' loop (5 rows on) measured level with it, so has none. */
 #define PREFETCH_L2 8192
 
 static inline __attribute__((always_inline)) void prefetch_stream(const uint8_t *p, int64_t near, int64_t far) {  /* into L1 and L2 */
@@ -525,7 +527,8 @@ static inline __attribute__((always_inline)) void chunk_values256(const uint8_t 
         *hi = _mm256_load_si256((const __m256i *)(wb + c * 64 + 32));
     } else {
         _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
-        if (!(c & 1)) _mm_prefetch((const char *)(wb + c * 32 + PREFETCH_L2), _MM_HINT_T1);  /* once a 64-byte line */
+        /* once a 64-byte line: one a chunk took AVX2's Q6_K to 0.88-0.89x at one row, this 0.96x */
+        if (!(c & 1)) _mm_prefetch((const char *)(wb + c * 32 + PREFETCH_L2), _MM_HINT_T1);
         nibble_values256(_mm256_loadu_si256((const __m256i *)(wb + c * 32)), p4, p5, c, bits, lo, hi);
     }
 }
