@@ -31,7 +31,8 @@
 #define PREFETCH_L2 8192
 #endif
 
-static inline __attribute__((always_inline)) void prefetch_stream(const uint8_t *p, int64_t near, int64_t far) {  /* into L1 and L2 */
+/* p + near into L1, p + far into L2 */
+static inline __attribute__((always_inline)) void prefetch_stream(const uint8_t *p, int64_t near, int64_t far) {
     _mm_prefetch((const char *)(p + near), _MM_HINT_T0);
     _mm_prefetch((const char *)(p + far), _MM_HINT_T1);
 }

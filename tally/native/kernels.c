@@ -499,8 +499,8 @@ typedef struct {  /* one dequantization: tiles (panels) of the stored weights, b
     int64_t K, group, bits, n;
 } DequantJob;
 
-/* Chunk c of tile t (nibble formats: k = 8c..8c+7, the bits above the nibbles or-ed in) as fp32 integers, v[j] output j's 8
- * values in k order */
+/* Chunk c of tile t (nibble formats: k = 8c..8c+7, the bits above the nibbles or-ed in) as fp32 integers, v[j]
+ * output j's 8 values in k order */
 static inline __attribute__((always_inline)) void q4_chunk_values(const uint8_t *qs, const uint8_t *qh, int64_t t,
                                                                   int64_t c, int64_t K, int64_t bits, __m256 v[TILE]) {
     /* 32 bytes: byte 4j + i holds (output j, k 8c + i) low and (j, 8c + 4 + i) high */
