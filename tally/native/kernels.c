@@ -36,6 +36,31 @@ static inline void store_out(float *y, float v, const float *bias, int64_t n, in
     *y = accumulate ? *y + v : v;
 }
 
+/* Bytes ahead of a weight stream to prefetch, for the integer tiles (int_dots.h) and the fp16 panels below (a tile's
+ * weights are contiguous and a thread's tiles follow each other): the hardware prefetcher alone left a one-row pass
+ * at ~60% of the read bandwidth torch.sum reaches here; with it the LM head (151936 x 896, int8) took 7.7 instead of
+ * 11.6 ms, measured at 512-4096 bytes (2048 best). */
+#ifndef PREFETCH
+#define PREFETCH 2048
+#endif
+/* And bytes ahead to prefetch into L2 (hint T1) beside it, in the loops of 1-4 rows: with L1's 2 KB alone a one-row
+ * pass from memory read Q4_K at ~60% of plain loads' rate on 1 thread. 8 KB ahead into L2, weights from memory: one
+ * row Q4_K 1.33-1.38x, Q6_K 1.36-1.39x, Q5_0 1.27x, Q8_0 1.03-1.07x, 4 rows Q8_0 1.55x and the rest 1.02-1.06x
+ * (AVX-512, Zen 4, 1-2 threads, two source trees alternating in one process); the AVX2 build at one row Q4_K
+ * 1.17-1.22x, Q8_0 1.25-1.29x in the memory's fast minutes, Q6_K 0.96x. 4 KB gained nothing, 16-32 KB 0.90-1.07x of
+ * 8, T2 as T1, T0 at 8 KB 0.74-0.88x. On short rows (Qwen 0.5B's gate/up, K 896) one row measured 0.87-1.13x and
+ * 4 rows of the nibble formats 0.87-0.93x. The pairs' loop (5 rows on) measured level with it, so has none.
+ * (`python bench/native_builds.py --define PREFETCH_L2=2048,8192 --copies 30` measures the distance again.) */
+#ifndef PREFETCH_L2
+#define PREFETCH_L2 8192
+#endif
+
+/* p + near into L1, p + far into L2 */
+static inline __attribute__((always_inline)) void prefetch_stream(const uint8_t *p, int64_t near, int64_t far) {
+    _mm_prefetch((const char *)(p + near), _MM_HINT_T0);
+    _mm_prefetch((const char *)(p + far), _MM_HINT_T1);
+}
+
 #include "int_tiles.h"  /* activations to int8, integer weights in tiles: tally_gemm_q4, tally_gemm_q8 */
 
 /* ---- fp16 weights, fp32 arithmetic, in panels ------------------------------------------------------------
@@ -57,7 +82,7 @@ static inline __attribute__((always_inline)) void f16_panel(
         for (int r = 0; r < mr; r++) acc[u][r][0] = acc[u][r][1] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + ku <= K; k += ku) {
-        /* the integer loops' prefetches (int_dots.h: PREFETCH_L2), a 64-byte line at a time, at 2-4 rows: weights from
+        /* the integer loops' prefetches (PREFETCH_L2 above), a 64-byte line at a time, at 2-4 rows: weights from
          * memory 1.03-1.34x at 2 rows, 1.23-1.84x at 3, 1.78-2.11x at 4; at one row (level without them) the hardware
          * prefetcher keeps up, and with them it took 0.85-0.95x (Zen 4, 1-2 threads, Qwen 0.5B's and SmolLM2's
          * shapes, two source trees alternating in one process) */

@@ -140,7 +140,8 @@ def q4_rows(qs: torch.Tensor, rows: torch.Tensor, qh: torch.Tensor | None = None
     b = qs.view(n_tiles, chunks, TILE, 4)[rows // TILE, :, rows % TILE]  # [R, K/8, 4]
     q = torch.stack([b & 15, b >> 4], dim=2)  # [R, K/8, half, i]
     if qh is not None:
-        width, (parts, shifts) = _bits(qh) - 4, _plane_fields(_bits(qh))
+        bits = _bits(qh)
+        width, (parts, shifts) = bits - 4, _plane_fields(bits)
         h = qh.view(n_tiles, chunks // 4, width, TILE, 4)[rows // TILE, :, :, rows % TILE]  # [R, K/32, part, i]
         above = (h[:, :, parts] >> shifts.to(torch.uint8)[..., None]) & ((1 << width) - 1)  # [R, K/32, chunk, half, i]
         q = q | (above.view(q.shape) << 4)
