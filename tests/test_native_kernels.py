@@ -243,6 +243,33 @@ def test_top_rows_are_topks_with_ties_by_id_and_dropped_tokens_last() -> None:
     assert ops.top_rows(x, 10)[2].tolist() == [True, True, False, True, True]
 
 
+def test_top_rows_from_a_sampled_threshold_and_when_it_lies_too_high() -> None:
+    """Long rows at a large k start from a threshold sampled from every 64th block of 8: the k largest are exact, ties
+    by id, also where the sample holds the row's largest values (too few lie above its estimate: collected again)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randint(0, 60, (3, 40_003), generator=g).float()  # many ties; a ragged last block
+    x[1] = torch.randn(40_003, generator=g) * 3
+    x[2] = torch.randn(40_003, generator=g)
+    x[2].view(-1)[: 40_000].view(-1, 8)[::64] += 100.0  # the sampled blocks hold every large value
+    for k in (256, 1024):
+        values, ids, done = ops.top_rows(x, k)
+        assert bool(done.all())
+        for r in range(3):
+            order = sorted(range(x.shape[1]), key=lambda j: (-x[r, j].item(), j))[:k]
+            assert ids[r].tolist() == order and torch.equal(values[r], x[r, order])
+
+
+def test_sampling_walks_the_rows_mass_across_its_chunks() -> None:
+    """The token at u is the first whose running mass passes u of the row's, over a row of many chunks of 512."""
+    x = torch.randn(2, 3 * 512 + 5, generator=torch.Generator().manual_seed(3)) * 2
+    x[1, :700] = float("-inf")  # the first chunk keeps nothing
+    for u in torch.linspace(0.01, 0.99, 40, dtype=torch.float64):
+        got = ops.sample_rows(x, torch.full((2,), float(u), dtype=torch.float64))
+        cdf = torch.softmax(x.double(), dim=-1).cumsum(-1)
+        assert got.tolist() == torch.searchsorted(cdf, torch.full((2, 1), float(u), dtype=torch.float64),
+                                                  right=True).flatten().tolist()
+
+
 def test_sampling_leaves_rows_with_a_nan_an_inf_or_nothing_kept_to_the_caller() -> None:
     x = torch.zeros(4, 20)
     x[1, 4], x[2], x[3, 0] = float("nan"), float("-inf"), float("inf")

@@ -61,10 +61,9 @@ static inline float temperature_at(const SampledRows *s, int64_t r) {
  * `rows`), the first in token order whose running mass of softmax(x / temperature[r]) (1 without `temperature`)
  * passes u [M] (in [0, 1)) times the row's: the inverse of the distribution function at u, one uniform a row. The
  * exponential race it replaces (argmax of probs / Exp(1)) drew one a token: over Qwen's 151,936 logits torch's
- * uniform, log, exp and divide took 1.3-1.5 ms a row on the Zen 4 VM, here a max, a pass of exps into per-8 sums and
- * a walk over them. A seeded row still takes its own generator's next number, whatever the batch. The sums are
- * doubles, and the walk adds the same per-8 sums in the same order as the total, so its last running sum is the
- * total and the walk ends on a kept token. The temperature scales the exponents, e^((x - max) / t), so a row that
+ * uniform, log, exp and divide took 1.3-1.5 ms a row on the Zen 4 VM, here a max, a pass of exps into running sums
+ * (doubles) a chunk of the row, and a walk over one chunk (sample_row). A seeded row still takes its own generator's
+ * next number, whatever the batch. The temperature scales the exponents, e^((x - max) / t), so a row that
  * only has one (the sampler's plain rows) is read where its logits lie: no copy of the row, no pass dividing it (the
  * sampler at temperature 0.7 over Qwen's logits: 3.0 -> 1.0-1.1 ms a step at 16 rows, 0.33 -> 0.16 at 1). */
 typedef struct { SampledRows src; const double *u; int64_t *out; } SampleJob;
@@ -73,12 +72,6 @@ static inline __m256 kept_exp(const float *v8, __m256 top, __m256 inv_t) {  /* e
     __m256 v = _mm256_loadu_ps(v8);
     return _mm256_and_ps(_mm256_cmp_ps(v, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ),
                          exp256(_mm256_mul_ps(_mm256_sub_ps(v, top), inv_t)));
-}
-
-static inline float sum8(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
 /* A row in blocks of 8, a ragged last block read from `tail` (its values, then -inf) */
@@ -108,47 +101,75 @@ static float row_top(const RowBlocks *r, int *has_nan) {  /* the row's max; *has
     return top;
 }
 
-/* sum of e^((v - top) inv_t) over the row in double, block by block; sums (or NULL): the running sum after each
- * block */
+/* Blocks of 8 a chunk of the row's mass: a chunk's exps add up in vectors of doubles, one horizontal sum a chunk where
+ * there was one and a scalar double add a block (logsumexp 0.96-0.97x the time, a draw 0.92x: 16 rows of Qwen's
+ * logits, 1 thread, Zen 4). What is left of the pass is its exps. */
+#define MASS_CHUNK 64
+
+static inline double hsum4d(__m256d v) {
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+}
+
+/* sum of e^((v - top) inv_t) over blocks b0..b1, in double */
+static inline double blocks_mass(const RowBlocks *r, int64_t b0, int64_t b1, __m256 top_v, __m256 inv_v) {
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    for (int64_t b = b0; b < b1; b++) {
+        __m256 e = kept_exp(block_at(r, b), top_v, inv_v);
+        lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    return hsum4d(_mm256_add_pd(lo, hi));
+}
+
+/* sum of e^((v - top) inv_t) over the row in double, chunk by chunk; sums (or NULL): the running sum after each
+ * chunk of MASS_CHUNK blocks */
 static double mass(const RowBlocks *r, float top, float inv_t, double *sums) {
     __m256 top_v = _mm256_set1_ps(top), inv_v = _mm256_set1_ps(inv_t);
     double total = 0;
-    for (int64_t b = 0; b < r->blocks; b++) {
-        total += sum8(kept_exp(block_at(r, b), top_v, inv_v));
-        if (sums) sums[b] = total;
+    for (int64_t c = 0; c * MASS_CHUNK < r->blocks; c++) {
+        int64_t b1 = (c + 1) * MASS_CHUNK < r->blocks ? (c + 1) * MASS_CHUNK : r->blocks;
+        total += blocks_mass(r, c * MASS_CHUNK, b1, top_v, inv_v);
+        if (sums) sums[c] = total;
     }
     return total;
 }
 
 /* row's token at u and 1 / temperature inv_t; -1 where it holds a NaN or +inf or keeps nothing. sums: room for its
- * blocks of 8 */
+ * chunks (MASS_CHUNK blocks of 8). The first chunk whose running sum passes the target, then in it the first block
+ * and token, their exps added one by one from the chunk's start: the chunk's vector sum and that walk may round apart,
+ * so a walk that does not pass the target within its chunk takes the chunk's last kept token (the last chunk's
+ * running sum is the total, so the chunk found keeps one). */
 static int64_t sample_row(const float *row, int64_t V, float inv_t, double u, double *sums) {
     RowBlocks r = row_blocks(row, V);
     int has_nan;
     float top = row_top(&r, &has_nan);
     if (has_nan || !isfinite(top)) return -1;  /* +inf: e^(inf - inf) would be NaN */
     double target = u * mass(&r, top, inv_t, sums);
-    int64_t lo = 0, hi = r.blocks - 1;  /* the first block whose running sum passes target */
+    int64_t lo = 0, hi = (r.blocks + MASS_CHUNK - 1) / MASS_CHUNK - 1;  /* the first chunk passing the target */
     while (lo < hi) {
         int64_t mid = (lo + hi) / 2;
         if (sums[mid] > target) hi = mid;
         else lo = mid + 1;
     }
-    float e[8];
-    _mm256_storeu_ps(e, kept_exp(block_at(&r, lo), _mm256_set1_ps(top), _mm256_set1_ps(inv_t)));
+    __m256 top_v = _mm256_set1_ps(top), inv_v = _mm256_set1_ps(inv_t);
+    int64_t b1 = (lo + 1) * MASS_CHUNK < r.blocks ? (lo + 1) * MASS_CHUNK : r.blocks, last = -1;
     double run = lo ? sums[lo - 1] : 0;
-    int64_t last = -1;
-    for (int j = 0; j < 8; j++) {
-        if (e[j] <= 0) continue;
-        last = 8 * lo + j, run += e[j];
-        if (run > target) break;
+    for (int64_t b = lo * MASS_CHUNK; b < b1; b++) {
+        float e[8];
+        _mm256_storeu_ps(e, kept_exp(block_at(&r, b), top_v, inv_v));
+        for (int j = 0; j < 8; j++) {
+            if (e[j] <= 0) continue;
+            last = 8 * b + j, run += e[j];
+            if (run > target) return last;
+        }
     }
-    return last;  /* the block's float sum and its elements' double sum may round apart: its last kept token */
+    return last;
 }
 
 static void sample_range(const void *ctx, int64_t r0, int64_t r1) {
     const SampleJob *j = ctx;
-    double *sums = malloc(sizeof(double) * ((j->src.V + 7) / 8));
+    double *sums = malloc(sizeof(double) * ((j->src.V + 8 * MASS_CHUNK - 1) / (8 * MASS_CHUNK)));
     for (int64_t r = r0; r < r1; r++)
         j->out[r] = sample_row(row_at(&j->src, r), j->src.V, 1.0f / temperature_at(&j->src, r), j->u[r], sums);
     free(sums);
@@ -185,101 +206,156 @@ void tally_logsumexp_rows(const float *x, const int64_t *rows, int64_t M, int64_
 /* ---- The k largest of each row of x [M, V], sorted (value descending, then token id ascending): torch.topk's
  * values for the sampler's top-k / top-p candidates (tally/sample/filters.py). One pass keeps the values above a
  * threshold that rises to the k-th largest kept each time the buffer of 4k fills (quickselect), so most values
- * cost a compare: k = 1,024 of 151,936 logits took torch.topk ~0.7 ms on the Zen 4 VM, this 0.09. A row holding a
- * NaN is the caller's (0 in its slot of `done`). */
-typedef struct { float v; int64_t id; } Scored;
+ * cost a compare: k = 1,024 of 151,936 logits took torch.topk ~0.7 ms on the Zen 4 VM, this 0.065-0.08. A row
+ * holding a NaN is the caller's (0 in its slot of `done`).
+ * A kept value is one 64-bit key, its order in the high half (descending values ascend) and its token id in the low,
+ * so that keys ascend in the order wanted and one integer compare orders two of them. With a float compare and its tie
+ * on ids, and Hoare's partition branching on each, the partitioning took 53% of a row's time at k = 1,024 (perf, Zen
+ * 4). With the keys, the branch-free partition and a sampled first threshold (sampled_threshold), 16 rows of Qwen's
+ * logits: k = 1,024 0.33-0.39x the time, k = 40 0.70x (1 thread; 0.35x at 2). */
+typedef uint64_t Key;
 
-static inline int before(Scored a, Scored b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
-
-static inline void swap_scored(Scored *a, Scored *b) {
-    Scored t = *a;
-    *a = *b, *b = t;
+static inline Key key_of(float v, int64_t id) {
+    uint32_t bits;
+    float w = v + 0.0f;  /* -0 as +0: equal values, ordered by id */
+    memcpy(&bits, &w, 4);
+    uint32_t ascending = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+    return (Key)~ascending << 32 | (uint32_t)id;
 }
 
-/* buf[lo..hi] around a median-of-three pivot: returns p with buf[lo..p] before-or-equal and buf[p+1..hi] after */
-static int64_t split(Scored *buf, int64_t lo, int64_t hi) {
+static inline int64_t id_of(Key key) { return (int64_t)(uint32_t)key; }
+
+static inline float value_of(Key key) {
+    uint32_t ascending = ~(uint32_t)(key >> 32), bits = ascending & 0x80000000u ? ascending & 0x7FFFFFFFu : ~ascending;
+    float v;
+    memcpy(&v, &bits, 4);
+    return v;
+}
+
+/* a[lo..hi] around the median of three: returns p with a[lo..p) below a[p] and a[p + 1..hi] above (keys differ). The
+ * loop's swap and step are branch-free (Lomuto's scheme): which side a key goes is the data's coin flip. */
+static int64_t split(Key *a, int64_t lo, int64_t hi) {
     int64_t mid = lo + (hi - lo) / 2;
-    if (before(buf[mid], buf[lo])) swap_scored(buf + mid, buf + lo);
-    if (before(buf[hi], buf[lo])) swap_scored(buf + hi, buf + lo);
-    if (before(buf[hi], buf[mid])) swap_scored(buf + hi, buf + mid);
-    Scored pivot = buf[mid];
-    int64_t i = lo - 1, j = hi + 1;
-    for (;;) {  /* Hoare's scheme */
-        do i++; while (before(buf[i], pivot));
-        do j--; while (before(pivot, buf[j]));
-        if (i >= j) return j;
-        swap_scored(buf + i, buf + j);
+    Key x = a[lo], y = a[mid], z = a[hi];  /* the median into a[hi] */
+    Key med = x < y ? (y < z ? y : x < z ? z : x) : (x < z ? x : y < z ? z : y);
+    int64_t at = med == x ? lo : med == y ? mid : hi;
+    a[at] = z, a[hi] = med;
+    int64_t i = lo;
+    for (int64_t j = lo; j < hi; j++) {
+        Key v = a[j];
+        int64_t below = v < med;
+        a[j] = a[i], a[i] = v, i += below;
+    }
+    a[hi] = a[i], a[i] = med;
+    return i;
+}
+
+static void insertion_sort(Key *a, int64_t lo, int64_t hi) {
+    for (int64_t i = lo + 1; i <= hi; i++) {
+        Key x = a[i];
+        int64_t j = i - 1;
+        for (; j >= lo && a[j] > x; j--) a[j + 1] = a[j];
+        a[j + 1] = x;
     }
 }
 
-/* buf[lo..hi] ordered through position `upto` (the rest in any order): `upto` = hi sorts it all */
-static void order_through(Scored *buf, int64_t lo, int64_t hi, int64_t upto) {
+/* a[lo..hi] ordered through position `upto` (the rest in any order): `upto` = hi sorts it all */
+static void order_through(Key *a, int64_t lo, int64_t hi, int64_t upto) {
     while (hi - lo > 16) {
-        int64_t p = split(buf, lo, hi);
+        int64_t p = split(a, lo, hi);
         if (upto > p) {  /* the left part is wholly needed: sort it, go on right */
-            order_through(buf, lo, p, p);
+            order_through(a, lo, p - 1, p - 1);
             lo = p + 1;
         } else {
-            hi = p;  /* nothing right of p is needed */
+            hi = p - 1;  /* nothing right of p is needed */
         }
     }
-    for (int64_t i = lo + 1; i <= hi; i++) {  /* a short run: insertion */
-        Scored x = buf[i];
-        int64_t j = i - 1;
-        for (; j >= lo && before(x, buf[j]); j--) buf[j + 1] = buf[j];
-        buf[j + 1] = x;
-    }
+    insertion_sort(a, lo, hi);
 }
 
-/* buf[0..k) the k first of buf[0..n) (value descending, id ascending), in any order: quickselect */
-static void keep_first(Scored *buf, int64_t n, int64_t k) {
+/* a[0..k) the k smallest keys of a[0..n), in any order (quickselect); returns the largest of them */
+static Key keep_first(Key *a, int64_t n, int64_t k) {
     int64_t lo = 0, hi = n - 1;
     while (hi - lo > 16) {
-        int64_t p = split(buf, lo, hi);
-        if (k - 1 <= p) hi = p;
-        else lo = p + 1;
+        int64_t p = split(a, lo, hi);
+        if (p == k - 1) return a[p];
+        if (p < k - 1) lo = p + 1;
+        else hi = p - 1;
     }
-    order_through(buf, lo, hi, hi);
+    insertion_sort(a, lo, hi);
+    return a[k - 1];
 }
 
 typedef struct { SampledRows src; int64_t k; float *values; int64_t *ids; int64_t *done; } TopJob;
 
-/* values: the k largest divided by t (as the row's divided copy would hold them) */
-static int64_t top_row(const float *row, int64_t V, int64_t k, float t, Scored *buf, int64_t cap, float *values,
-                       int64_t *ids) {
-    RowBlocks r = row_blocks(row, V);
+/* Values of the row above thr into buf (n of them; each time the buffer of cap fills, the k largest stay and thr rises
+ * to their smallest: later values must beat the k-th, ties keeping the smaller id); returns whether the row holds a
+ * NaN */
+static int collect_above(const RowBlocks *r, int64_t k, float thr, Key *buf, int64_t cap, int64_t *count) {
+    const RowBlocks row = *r;  /* a local copy: the stores into buf would otherwise reload its fields every block */
     int64_t n = 0;
-    float thr = -INFINITY;
     __m256 nan = _mm256_setzero_ps();
-    for (int64_t b = 0; b < r.blocks; b++) {
-        const float *p = block_at(&r, b);
+    for (int64_t b = 0; b < row.blocks; b++) {
+        const float *p = block_at(&row, b);
         __m256 v = _mm256_loadu_ps(p);
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        for (int mask = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(thr), _CMP_GT_OQ)); mask;
-             mask &= mask - 1) {
+        int mask = _mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(thr), _CMP_GT_OQ));
+        if (__builtin_expect(!mask, 1)) continue;  /* most blocks: laid out as the loop's straight path */
+        for (; mask; mask &= mask - 1) {
             int j = __builtin_ctz(mask);
             if (p[j] <= thr) continue;  /* the threshold rose within this block */
-            buf[n++] = (Scored){p[j], 8 * b + j};
-            if (n == cap) {  /* keep the k largest; later values must beat the k-th (ties: a smaller id is kept) */
-                keep_first(buf, n, k);
-                n = k, thr = buf[0].v;
-                for (int64_t m = 1; m < k; m++) thr = buf[m].v < thr ? buf[m].v : thr;
+            buf[n++] = key_of(p[j], 8 * b + j);
+            if (n == cap) {
+                thr = value_of(keep_first(buf, n, k));
+                n = k;
             }
         }
     }
-    if (_mm256_movemask_ps(nan)) return 0;
+    *count = n;
+    return _mm256_movemask_ps(nan) != 0;
+}
+
+/* Blocks of 8 between two a sample of the row (sampled_threshold), doubled until the sample fits the buffer */
+#define SAMPLE_STRIDE 64
+
+/* A threshold that most of the time lies below the row's k-th largest with ~2k values above it, or -inf: the
+ * (2k / stride)-th largest of every stride-th block's values. Started from -inf, a row's first 4k values enter the
+ * buffer and the threshold climbs by quickselects over it. */
+static float sampled_threshold(const RowBlocks *r, int64_t k, Key *buf, int64_t cap) {
+    int64_t stride = SAMPLE_STRIDE, n = 0;
+    while ((r->blocks + stride - 1) / stride * 8 > cap) stride *= 2;
+    int64_t j = 2 * k / stride;
+    if (j < 8) return -INFINITY;  /* too few sampled values above it to place it well */
+    for (int64_t b = 0; b < r->blocks; b += stride) {
+        const float *p = block_at(r, b);
+        for (int l = 0; l < 8; l++)
+            if (!isnan(p[l])) buf[n++] = key_of(p[l], 8 * b + l);
+    }
+    return j > n ? -INFINITY : value_of(keep_first(buf, n, j));
+}
+
+/* values: the k largest divided by t (as the row's divided copy would hold them). From a sampled threshold, the k
+ * largest are exact whenever at least k values lie above it; otherwise every value is collected again from -inf. */
+static int64_t top_row(const float *row, int64_t V, int64_t k, float t, Key *buf, int64_t cap, float *values,
+                       int64_t *ids) {
+    RowBlocks r = row_blocks(row, V);
+    float thr = sampled_threshold(&r, k, buf, cap);
+    int64_t n;
+    int has_nan = collect_above(&r, k, thr, buf, cap, &n);
+    if (!has_nan && n < k && thr > -INFINITY) has_nan = collect_above(&r, k, -INFINITY, buf, cap, &n);
+    if (has_nan) return 0;
     for (int64_t i = 0; n < k && i < V; i++)  /* fewer than k above -inf (min-p, a grammar): -inf ones, by id */
-        if (row[i] == -INFINITY) buf[n++] = (Scored){row[i], i};
+        if (row[i] == -INFINITY) buf[n++] = key_of(row[i], i);
     keep_first(buf, n, k);
     order_through(buf, 0, k - 1, k - 1);
-    for (int64_t j = 0; j < k; j++) values[j] = buf[j].v / t, ids[j] = buf[j].id;
+    for (int64_t j = 0; j < k; j++) ids[j] = id_of(buf[j]), values[j] = row[ids[j]] / t;
     return 1;
 }
 
 static void top_range(const void *ctx, int64_t r0, int64_t r1) {
     const TopJob *j = ctx;
     int64_t cap = 4 * j->k;
-    Scored *buf = malloc(sizeof(Scored) * cap);
+    Key *buf = malloc(sizeof(Key) * cap);
     for (int64_t r = r0; r < r1; r++)
         j->done[r] = top_row(row_at(&j->src, r), j->src.V, j->k, temperature_at(&j->src, r), buf, cap,
                              j->values + r * j->k, j->ids + r * j->k);
