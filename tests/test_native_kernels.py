@@ -255,7 +255,7 @@ def test_top_rows_from_a_sampled_threshold_and_when_it_lies_too_high() -> None:
         values, ids, done = ops.top_rows(x, k)
         assert bool(done.all())
         for r in range(3):
-            order = sorted(range(x.shape[1]), key=lambda j: (-x[r, j].item(), j))[:k]
+            order = np.lexsort((np.arange(x.shape[1]), -x[r].numpy()))[:k].tolist()  # value descending, then id
             assert ids[r].tolist() == order and torch.equal(values[r], x[r, order])
 
 
@@ -263,9 +263,9 @@ def test_sampling_walks_the_rows_mass_across_its_chunks() -> None:
     """The token at u is the first whose running mass passes u of the row's, over a row of many chunks of 512."""
     x = torch.randn(2, 3 * 512 + 5, generator=torch.Generator().manual_seed(3)) * 2
     x[1, :700] = float("-inf")  # the first chunk keeps nothing
+    cdf = torch.softmax(x.double(), dim=-1).cumsum(-1)
     for u in torch.linspace(0.01, 0.99, 40, dtype=torch.float64):
         got = ops.sample_rows(x, torch.full((2,), float(u), dtype=torch.float64))
-        cdf = torch.softmax(x.double(), dim=-1).cumsum(-1)
         assert got.tolist() == torch.searchsorted(cdf, torch.full((2, 1), float(u), dtype=torch.float64),
                                                   right=True).flatten().tolist()
 
