@@ -13,10 +13,10 @@
  * their blocks (no gather copy). The chunks' partial outputs are then combined per row (flash-decoding's split of
  * the keys): before, the items were (rows, kv head), so one sequence used at most Hkv threads (SmolLM2's 3 heads
  * split 2:1 over 2). Measured (docs/benchmarks.md, session 17, 2 threads): 1.2-1.7x for one row at 2,400 keys while
- * the keys sit in cache; level when each layer's keys come from memory (30 layers' caches), where the
- * kernel reads 5-8 GB/s of a 10-16 GB/s stream for reasons not found (prefetching, key-order reads and huge pages
- * tried: no change). Consecutive rows of one sequence (a speculative verify step's positions, a prompt run as
- * decodes) read each key once for all their queries; chunks count from the row's first key, so a row's arithmetic
+ * the keys sit in cache; level when each layer's keys come from memory (30 layers' caches), where the kernel read
+ * 5-8 GB/s of a 10-16 GB/s stream (session 37: the chunk's rows prefetched into L2 at its start, below, took
+ * 0.76-0.89x the time there). Consecutive rows of one sequence (a speculative verify step's positions, a prompt run
+ * as decodes) read each key once for all their queries; chunks count from the row's first key, so a row's arithmetic
  * is the same, key by key, with or without its neighbours and on any thread count: grouping and threads never
  * change a result. */
 /* Lane i of the result: the sum of a[i]'s 8 lanes, as ((0+1)+(2+3))+((4+5)+(6+7)) */
@@ -161,6 +161,16 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
             }
         }
         memset(ks + len, 0, sizeof(float) * 8);  /* read by a last block's lanes past its keys, never stored */
+        /* The chunk's K and V rows into L2 before its first score: with only the per-8-key prefetches below, keys from
+         * memory (each layer's cache its own) read at 12-17 GB/s, one KV head's rows at a stride within randomly
+         * placed blocks. At 4,096 keys, 30 layers, 2 threads: fp16 cache 0.76x the time at 1 and 16 rows, fp32
+         * 0.84-0.89x, 16 sequences of 128-600 keys 0.76-0.86x; from cache (one layer) 1.00-1.05x (Zen 4,
+         * `bench/decode_attention.py` shapes, two source trees alternating in one process). */
+        for (int64_t t = 0; t < len; t++)
+            for (int64_t x = 0; x < bytes; x += 64) {
+                _mm_prefetch((const char *)a->k_cache + slots[t] * bytes + x, _MM_HINT_T1);
+                _mm_prefetch((const char *)a->v_cache + slots[t] * bytes + x, _MM_HINT_T1);
+            }
         for (int64_t t0 = 0; t0 < len; t0 += 8) {
             int n = len - t0 < 8 ? (int)(len - t0) : 8;
             /* the V rows of these keys, for the pass below; the K rows of keys KAHEAD on */
