@@ -15,7 +15,7 @@
  * split 2:1 over 2). Measured (docs/benchmarks.md, session 17, 2 threads): 1.2-1.7x for one row at 2,400 keys while
  * the keys sit in cache; level when each layer's keys come from memory (30 layers' caches), where the kernel read
  * 5-8 GB/s of a 10-16 GB/s stream (session 37: the chunk's rows prefetched into L2 at its start, below, took
- * 0.76-0.89x the time there). Consecutive rows of one sequence (a speculative verify step's positions, a prompt run
+ * 0.76-0.92x the time there). Consecutive rows of one sequence (a speculative verify step's positions, a prompt run
  * as decodes) read each key once for all their queries; chunks count from the row's first key, so a row's arithmetic
  * is the same, key by key, with or without its neighbours and on any thread count: grouping and threads never
  * change a result. */
@@ -112,6 +112,17 @@ static void weighted_v_of(const float *p, const int64_t *slots, int64_t len, con
     }
 }
 
+/* Rows slots[t0..t1) of a cache (`bytes` a row) prefetched a 64-byte line at a time, into L1 or (to_l1 0) L2 */
+static inline __attribute__((always_inline)) void prefetch_rows(const void *cache, const int64_t *slots, int64_t t0,
+                                                                int64_t t1, int64_t bytes, int to_l1) {
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t x = 0; x < bytes; x += 64) {
+            const char *line = (const char *)cache + slots[t] * bytes + x;
+            if (to_l1) _mm_prefetch(line, _MM_HINT_T0);
+            else _mm_prefetch(line, _MM_HINT_T1);
+        }
+}
+
 #define KAHEAD 16      /* keys ahead whose K is fetched (8-32 alike in a variant whose items read every head) */
 #define ATT_ROWS 8     /* rows of one sequence that share their keys' reads */
 #define ATT_CHUNK 128  /* keys an item takes, counted from the row's first key: a fixed count, so a row's sums
@@ -164,22 +175,15 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
         /* The chunk's K and V rows into L2 before its first score: with only the per-8-key prefetches below, keys from
          * memory (each layer's cache its own) read at 12-17 GB/s, one KV head's rows at a stride within randomly
          * placed blocks. At 4,096 keys, 30 layers, 2 threads: fp16 cache 0.76x the time at 1 and 16 rows, fp32
-         * 0.84-0.89x, 16 sequences of 128-600 keys 0.76-0.86x; from cache (one layer) 1.00-1.05x (Zen 4,
+         * 0.84-0.92x, 16 sequences of 128-600 keys 0.76-0.86x; from cache (one layer) 1.00-1.05x (Zen 4,
          * `bench/decode_attention.py` shapes, two source trees alternating in one process). */
-        for (int64_t t = 0; t < len; t++)
-            for (int64_t x = 0; x < bytes; x += 64) {
-                _mm_prefetch((const char *)a->k_cache + slots[t] * bytes + x, _MM_HINT_T1);
-                _mm_prefetch((const char *)a->v_cache + slots[t] * bytes + x, _MM_HINT_T1);
-            }
+        prefetch_rows(a->k_cache, slots, 0, len, bytes, 0);
+        prefetch_rows(a->v_cache, slots, 0, len, bytes, 0);
         for (int64_t t0 = 0; t0 < len; t0 += 8) {
             int n = len - t0 < 8 ? (int)(len - t0) : 8;
             /* the V rows of these keys, for the pass below; the K rows of keys KAHEAD on */
-            for (int64_t t = t0; t < t0 + n; t++)
-                for (int64_t x = 0; x < bytes; x += 64)
-                    _mm_prefetch((const char *)a->v_cache + slots[t] * bytes + x, _MM_HINT_T1);
-            for (int64_t t = t0 + KAHEAD; t < t0 + KAHEAD + 8 && t < len; t++)
-                for (int64_t x = 0; x < bytes; x += 64)
-                    _mm_prefetch((const char *)a->k_cache + slots[t] * bytes + x, _MM_HINT_T0);
+            prefetch_rows(a->v_cache, slots, t0, t0 + n, bytes, 0);
+            prefetch_rows(a->k_cache, slots, t0 + KAHEAD, t0 + KAHEAD + 8 < len ? t0 + KAHEAD + 8 : len, bytes, 1);
             const void *k[8];
             for (int j = 0; j < 8; j++) k[j] = (const char *)a->k_cache + slots[t0 + (j < n ? j : n - 1)] * bytes;
             for (int64_t r = 0; r < rows; r++) {
