@@ -13,7 +13,7 @@ if "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ:  # too late: 
     logging.getLogger(__name__).warning(
         "torch was imported before tally, so its OpenMP threads spin between operations and slow the native "
         "kernels' own threads; import tally first or set OMP_WAIT_POLICY=PASSIVE")
-# What the user's environment held, for programs started from here that are not Tally (bench/peer_env.py): a
+# What the user's environment held, for programs started from here that are not Tally (benchmarks/peer_env.py): a
 # llama.cpp that inherits PASSIVE waits through the hypervisor at each barrier and decodes at 0.55-0.7x.
 OMP_WAIT_POLICY_OF_USER = os.environ.get("OMP_WAIT_POLICY")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

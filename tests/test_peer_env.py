@@ -1,4 +1,4 @@
-"""bench/peer_env.py: another engine a bench script starts gets the user's OpenMP waiting policy, not the PASSIVE
+"""benchmarks/peer_env.py: another engine a bench script starts gets the user's OpenMP waiting policy, not the PASSIVE
 that importing tally sets (llama.cpp decoded at 0.55-0.7x with it: docs/benchmarks.md, session 24). Each case in a
 fresh interpreter, since tally reads the environment once, at import."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 PROBE = ("import os, sys; sys.path.insert(0, sys.argv[1]); from peer_env import peer_env; "
          "print(os.environ['OMP_WAIT_POLICY'], peer_env().get('OMP_WAIT_POLICY', '-'))")
 

@@ -1,4 +1,4 @@
-"""The reliability soak (bench/soak_hostile.py), shortened to a minute on a tiny model: at twice the measured
+"""The reliability soak (benchmarks/soak_hostile.py), shortened to a minute on a tiny model: at twice the measured
 capacity, with clients leaving mid-stream and bad requests of every kind, nothing is lost or hangs, every bad
 request gets a 4xx, no 5xx is served, the KV pool is whole again and nothing trends."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.tiny_models import make_checkpoint
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "soak_hostile.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "soak_hostile.py"
 pytestmark = pytest.mark.exclusive  # its load is twice a capacity it measures: a neighbour test would move both
 
 

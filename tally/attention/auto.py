@@ -2,11 +2,11 @@
 
 Over an fp32 cache, every prefill (whole prompt or a chunk after cached tokens, windowed or not) goes to the native
 causal kernel (tally/native/prefill_attention.h), which reads the cache in place and skips masked tiles: 2-4.6x the
-PyTorch paths below a layer up to 1,024 tokens, 1.7-1.9x at 2,048-4,096 (`python bench/prefill_attention.py`).
+PyTorch paths below a layer up to 1,024 tokens, 1.7-1.9x at 2,048-4,096 (`python benchmarks/prefill_attention.py`).
 Otherwise:
 a plain causal prefill goes to the reference path, where torch's fused CPU flash kernel needs no
 mask at all. A chunk after cached tokens, or a sliding window, needs an explicit mask; SDPA would
-materialise it as an [Lq, Lk] float tensor (bench/attention_tiled.py: 56 MiB for a 2048-token
+materialise it as an [Lq, Lk] float tensor (benchmarks/attention_tiled.py: 56 MiB for a 2048-token
 chunk after 2048 tokens, against 8 MiB for the tiled kernel), so those go to the tiled kernel — unless the mask
 is small (a short chunk), where one SDPA call is cheaper.
 """
@@ -24,7 +24,7 @@ from tally.attention.tiled import TiledBackend
 from tally.native import ops as native
 
 # A short chunk after a long cached prefix (a latency-bounded prefill chunk) has a small mask: one SDPA call per
-# layer beats the tiled kernel's Python loop over key tiles there (`python bench/long_prompt_itl.py`).
+# layer beats the tiled kernel's Python loop over key tiles there (`python benchmarks/long_prompt_itl.py`).
 SMALL_MASK_ELEMENTS = 1 << 20
 
 

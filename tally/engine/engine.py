@@ -38,7 +38,7 @@ from tally.sampling_params import SamplingParams
 
 log = logging.getLogger("tally.engine")
 # Steps are planned to take this share of --max-itl: steps of the same size vary by a third on a shared 2-core
-# CPU (`python bench/long_prompt_itl.py`), and the target is a bound on the gap, not its mean.
+# CPU (`python benchmarks/long_prompt_itl.py`), and the target is a bound on the gap, not its mean.
 PLANNED_SHARE_OF_ITL = 0.75
 
 

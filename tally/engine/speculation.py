@@ -36,7 +36,7 @@ DECAY = 0.9
 PRIOR = 4.0
 # With a draft model, at most one running request in DRAFT_SHARE speculates: those the draft is least behind on. A
 # request it is far behind on (new, or back from an off spell) costs a catch-up over its whole context, and on a CPU
-# speculating many streams loses anyway (bench/speculative.py); a price measured on a few requests also holds for a
+# speculating many streams loses anyway (benchmarks/speculative.py); a price measured on a few requests also holds for a
 # few, where extrapolating it to every one did not (32 streams: 0.76x of off).
 DRAFT_SHARE = 4
 

@@ -3,7 +3,7 @@ proposal measured on this machine at this load; and, measured too, whether specu
 
 **The price, measured.** Speculation turns a decode step into a verify step: more rows and, with a draft model, its
 passes. At one stream a row is cheap beside reading every weight once; at 16-32 streams on a CPU the step is
-compute-bound and a row costs its share (bench/speculative.py). A cost model fitted to steps missed overheads that
+compute-bound and a row costs its share (benchmarks/speculative.py). A cost model fitted to steps missed overheads that
 matter, so the policy measures what speculating adds to a step: an epoch of EPOCH_STEPS steps with speculation off,
 then one with every proposal verified (the fixed-K setting), and c = (t_on - t_off) / p seconds per proposal, from
 the epochs' median step times and p, the proposals verified per step while on — all a proposal costs here: its row

@@ -3,7 +3,7 @@
 A decode step streams every weight once. On 4 KB pages that stream crosses a page every 64 cache lines, and each
 page wants a TLB entry; in a virtual machine a TLB miss walks two page tables. On the Zen 4 VM of docs/benchmarks.md
 two threads read 400 MB at 35-49 GB/s from 4 KB pages and at 53-57 GB/s from 2 MB pages (docs/benchmarks.md,
-session 33; bench/huge_pages.py compares the two). Linux
+session 33; benchmarks/huge_pages.py compares the two). Linux
 gives memory huge pages only where a program asks for them under THP "madvise", the common default, so a built
 model's weights are copied into one arena advised MADV_HUGEPAGE before anything touches it: every 2 MB of it then
 faults in as one page. Where the kernel does not oblige (THP "never", not Linux) the arena is plain memory.

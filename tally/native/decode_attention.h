@@ -176,7 +176,7 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
          * memory (each layer's cache its own) read at 12-17 GB/s, one KV head's rows at a stride within randomly
          * placed blocks. At 4,096 keys, 30 layers, 2 threads: fp16 cache 0.76x the time at 1 and 16 rows, fp32
          * 0.84-0.92x, 16 sequences of 128-600 keys 0.76-0.86x; from cache (one layer) 1.00-1.05x (Zen 4,
-         * `bench/decode_attention.py` shapes, two source trees alternating in one process). */
+         * `benchmarks/decode_attention.py` shapes, two source trees alternating in one process). */
         prefetch_rows(a->k_cache, slots, 0, len, bytes, 0);
         prefetch_rows(a->v_cache, slots, 0, len, bytes, 0);
         for (int64_t t0 = 0; t0 < len; t0 += 8) {

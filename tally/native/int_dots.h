@@ -176,7 +176,7 @@ static inline __m256i chunk_high_bits(__m256i p4, __m256i p5, int c, int e, int 
  * shifts take two (a shift and a mask, which the or after it absorbs into one vpternlog). int6's pairs always take
  * it. For int5's plane it only saves where the shifts' pipes are the busy ones: at one row, whose activation permutes
  * share them on Zen 4 (Q5_0 1.02-1.09x); at 4-8 rows it took 0.86-0.96x. (Zen 4, 1 thread, from cache: `python
- * bench/native_builds.py --threads 1 --rows 1,4,8`, and two source trees alternating in one process.) library.py
+ * benchmarks/native_builds.py --threads 1 --rows 1,4,8`, and two source trees alternating in one process.) library.py
  * builds with GFNI where the CPU has it (Zen 4/5, Intel since Ice Lake). */
 static inline __m512i high_bits512(__m512i plane, int s, int one_row) {
 #ifdef __GFNI__
@@ -316,7 +316,7 @@ static inline __attribute__((always_inline)) void int_block_halves512(
  * ports, where the chunk-pair loop above needs a permute per product and a fold per block (by count, ~5.6 vector
  * instructions per 64-byte product at 4 rows, against ~2 here). The scales of both tiles are one vector, so the
  * float work per block is one convert and two multiplies for 16 outputs, and up to MR512 rows share each unpacked
- * weight vector. Against the 32-byte VNNI build in one process (`python bench/native_builds.py --threads 2`, Zen
+ * weight vector. Against the 32-byte VNNI build in one process (`python benchmarks/native_builds.py --threads 2`, Zen
  * 5, Qwen 0.5B's gate/up and down): weights streamed from memory (`--copies 12`) 1.4-2.0x at 5 rows and 1.4-1.8x
  * at 8 (0.93-1.33x at 4); from cache 1.1-2.5x at 4-64 rows. The integer sums and the float operations per output
  * are the 256-bit loop's, in the same order: the same bits (tests/test_native_kernels.py). */
@@ -386,7 +386,7 @@ static inline __attribute__((always_inline)) void block_dots_pair(
          * exact integers, the sums of the sign trick the 256-bit loops keep, which cost an abs and a mask a chunk
          * and a masked subtract a row; this took 0.63-0.98x its time at 8-512 rows on Qwen 0.5B's and SmolLM2's
          * shapes, mostly 0.75-0.83x, one cell 1.10x (Zen 4, 2 threads, alternating builds in one process:
-         * bench/native_builds.py, docs/benchmarks.md session 26). */
+         * benchmarks/native_builds.py, docs/benchmarks.md session 26). */
         __m512i offset = _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
         for (int c = 0; c < 8; c++) {

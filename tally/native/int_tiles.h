@@ -258,7 +258,7 @@ static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t
  * down, int4, 2 threads, the two loops alternating in one process); on a Zen 4 the one-tile loop took 0.68-0.89x
  * the pairs' time at 4 rows on the tall shapes (gate/up, the LM heads of Qwen 0.5B and SmolLM2) and 1.04-1.21x on
  * Qwen's down projection, 0.80-0.82x summed over each model's shapes and formats (docs/benchmarks.md, session 24).
- * From cache the pairs win at every row count. (-DPAIR_ROWS=n overrides it: bench/native_builds.py --define.) */
+ * From cache the pairs win at every row count. (-DPAIR_ROWS=n overrides it: benchmarks/native_builds.py --define.) */
 #ifndef PAIR_ROWS
 #define PAIR_ROWS 5
 #endif
@@ -267,7 +267,7 @@ static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t
  * shapes (896x4864, 9728x896, 896x896) took 0.78-0.89x the time at 64 and 512 rows in int6, one cell 1.03x; int5
  * 0.85-0.97x at 64-512 rows and 0.93-1.03x at 12-16 once its offsets came off in integers (Zen 4, 2 threads,
  * alternating builds in one process). int4's unpacking is three instructions a chunk: expanded it took 0.99-1.10x
- * the time. (-DPAIR_EXPAND_ROWS=n overrides the rows: bench/native_builds.py --define.) */
+ * the time. (-DPAIR_EXPAND_ROWS=n overrides the rows: benchmarks/native_builds.py --define.) */
 #ifndef PAIR_EXPAND_ROWS
 #define PAIR_EXPAND_ROWS MR512
 #endif

@@ -50,7 +50,7 @@ static inline void store_out(float *y, float v, const float *bias, int64_t n, in
  * 1.17-1.22x, Q8_0 1.25-1.29x in the memory's fast minutes, Q6_K 0.96x. 4 KB gained nothing, 16-32 KB 0.90-1.07x of
  * 8, T2 as T1, T0 at 8 KB 0.74-0.88x. On short rows (Qwen 0.5B's gate/up, K 896) one row measured 0.87-1.13x and
  * 4 rows of the nibble formats 0.87-0.93x. The pairs' loop (5 rows on) measured level with it, so has none.
- * (`python bench/native_builds.py --define PREFETCH_L2=2048,8192 --copies 30` measures the distance again.) */
+ * (`python benchmarks/native_builds.py --define PREFETCH_L2=2048,8192 --copies 30` measures the distance again.) */
 #ifndef PREFETCH_L2
 #define PREFETCH_L2 8192
 #endif
@@ -277,7 +277,7 @@ void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
     parallel_for(M, M * I * 16, silu_rows, &job);
 }
 
-/* ---- Memory read rate: the roofline benchmarks hold decode against (bench/decode_roofline.py). torch's sum read
+/* ---- Memory read rate: the roofline benchmarks hold decode against (benchmarks/decode_roofline.py). torch's sum read
  * 33-34 GB/s on the Zen 4 VM, its arithmetic the limit, where plain loads over 2 MB pages read ~57 GB/s: a roofline
  * below what Tally's own kernels stream. Here each chunk's bytes are xor-folded into its own slot of `out` (so no
  * load can be dropped), on the kernels' own threads. */

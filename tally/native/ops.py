@@ -374,7 +374,7 @@ def read_folds(buf: torch.Tensor) -> torch.Tensor:
 
 def read_seconds(buf: torch.Tensor, repeats: int = 5) -> float:
     """The fastest of `repeats` reads (read_folds) of `buf`: the memory's own read rate is buf.nbytes over it
-    (bench/decode_roofline.py's roofline)."""
+    (benchmarks/decode_roofline.py's roofline)."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()

@@ -21,7 +21,7 @@ BF16_TILE_BYTES = 16 << 20
 
 
 # oneDNN, behind PyTorch's bf16 / fp16 matmuls on CPU, compiles and caches a kernel for each shape it meets: 1-2 MB
-# and ~1.3 ms each, up to 1,024 of them (`python bench/kernel_cache_memory.py`). Prefill steps take every row count,
+# and ~1.3 ms each, up to 1,024 of them (`python benchmarks/kernel_cache_memory.py`). Prefill steps take every row count,
 # so a server grew by ~10 MB a minute for an hour (docs/benchmarks.md). Rows are padded up to one of 8 sizes per
 # octave (a power of two up to 16): a layer meets ~80 shapes up to 8,192 rows, for at most 12.5% more rows.
 CACHED_KERNEL_DTYPES = (torch.bfloat16, torch.float16)

@@ -25,7 +25,7 @@ def matmul_dtype(compute_dtype: torch.dtype) -> torch.dtype:
 
 
 # First row count on the many-token path, bf16 compute, on a 2-core AMD EPYC whose VM exposes AVX2 only (no
-# AVX-512): `python bench/quant_kernels.py --threads 1` (2 threads was unmeasurable on the shared machine),
+# AVX-512): `python benchmarks/quant_kernels.py --threads 1` (2 threads was unmeasurable on the shared machine),
 # the threshold minimising mean time-over-best across SmolLM2 and Qwen2.5-0.5B shapes, M = 1..128.
 # E.g. 896x4864 at M=16 / 64: int8 kernel 3.60 / 30.1 ms vs fp32 dequant-matmul 3.31 / 22.6 ms; int4 kernel
 # 3.57 / 22.6 vs 6.88 / 20.5 ms. q8_0 (GGUF keeps it for the tied embedding / lm_head) is chosen on the lm_head

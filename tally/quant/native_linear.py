@@ -4,7 +4,7 @@ PyTorch's CPU weight-only kernels want bf16 activations and are slow reference p
 without bf16 instructions that left int4 slower than fp16 weights. These layers keep the weights in the native
 kernels' layouts and multiply them with int8 activations per block of 32 (integer dot products, as llama.cpp
 does). One kernel serves every batch size: in tiles of 8 outputs that share their unpacking across 4 activation
-rows, it beats dequantizing into an fp32 matmul from 1 to 512 rows (`python bench/weight_formats.py --model smol
+rows, it beats dequantizing into an fp32 matmul from 1 to 512 rows (`python benchmarks/weight_formats.py --model smol
 --threads 1`), so there is no many-token path, and a token's bits never depend on its batch.
 
 Weights are held in the kernels' tiles of 8 outputs (tally/native/ops.py: pack_q4, pack_planes, pack_q8,

@@ -3,7 +3,7 @@ decoding, then one ~3,500-token prompt arrives; each stream's gaps between chunk
 run: no latency target (--max-itl 1e9: the prompt's prefill shares each step with the decodes in chunks of up to
 --max-num-batched-tokens) and the server's default target.
 
-    python bench/long_prompt_itl.py [--streams 6] [--prompt-tokens 3500] [--arms off,default]
+    python benchmarks/long_prompt_itl.py [--streams 6] [--prompt-tokens 3500] [--arms off,default]
 
 Prints per arm: the streams' usual gap (median before the long prompt), their longest gap while it was
 prefilled, the ratio, and the long prompt's TTFT. The issue's goal: longest gap < max(4 x usual, 300 ms).
@@ -89,7 +89,7 @@ def main() -> None:
     for arm, r in rows:
         print(f"{arm:<10} {r['usual_s'] * 1e3:>8.0f}ms {r['p99_s'] * 1e3:>7.0f}ms {r['longest_s'] * 1e3:>10.0f}ms "
               f"{r['longest_s'] / r['usual_s']:>13.1f}x {r['ttft_s']:>16.2f}s")
-    print("\ncommand: python bench/long_prompt_itl.py " + " ".join(f"--{k.replace('_', '-')} {v}"
+    print("\ncommand: python benchmarks/long_prompt_itl.py " + " ".join(f"--{k.replace('_', '-')} {v}"
                                                               for k, v in vars(a).items()))
 
 

@@ -5,11 +5,11 @@ Three servers in turn on the built-in model, each driven by `tally bench`:
   ray x1      tally serve --ray --replicas 1 (Ray's HTTP proxy -> OpenAiIngress -> one LLMServer replica)
   ray x2      tally serve --ray --replicas 2
 Two tables: the trace workload (closed loop, --concurrency clients, lengths from the Azure conversation trace
-divided by --scale, as bench/serve_demos.py) with req/s and TTFT; and the cost of Ray's hops per request (a
+divided by --scale, as benchmarks/serve_demos.py) with req/s and TTFT; and the cost of Ray's hops per request (a
 1-token answer to a 16-token prompt, one client, E2E P50), whose ratio to direct is the proxy overhead.
 Servers run with OMP_NUM_THREADS=1; on a 2-core machine two replicas share the cores with Ray's own processes.
 
-    python bench/ray_replicas.py [--duration 30] [--concurrency 8] [--scale 16] [--overhead-requests 100]
+    python benchmarks/ray_replicas.py [--duration 30] [--concurrency 8] [--scale 16] [--overhead-requests 100]
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ for a chunk after cached tokens; K/V gathered from the paged cache in both, as t
 and the native kernel over an fp16 cache (each tile of 16 keys widened as an item reads it); then, with --whole, the whole prefill of the built-in model (every layer, projections included) with one and the
 other, alternating prompts in one process.
 
-    python bench/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--whole 512,1024]
+    python benchmarks/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--whole 512,1024]
 
 Shapes: SmolLM2-135M (9 query heads, 3 KV heads, 64 dims) and Qwen2.5-0.5B (14 query heads, 2 KV heads, 64 dims).
 Best of 7 alternating rounds per case (this VM's speed drifts by 10-30% between runs).
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
-from decode_attention import best_us  # bench/ is on sys.path when a script here runs
+from decode_attention import best_us  # benchmarks/ is on sys.path when a script here runs
 from workload import corpus_token_ids
 
 from tally import LLM, SamplingParams
@@ -122,7 +122,7 @@ def main() -> None:
     kernels([int(n) for n in a.prompts.split(",")])
     if a.whole:
         whole([int(n) for n in a.whole.split(",")], a.repeats)
-    print(f"\ncommand: python bench/prefill_attention.py --threads {a.threads} --prompts {a.prompts}"
+    print(f"\ncommand: python benchmarks/prefill_attention.py --threads {a.threads} --prompts {a.prompts}"
           + (f" --whole {a.whole} --repeats {a.repeats}" if a.whole else ""))
 
 

@@ -4,7 +4,7 @@ buckets (tally/quant/base.py): resident memory after each batch of new row count
 A prefill step's rows are its tokens, so a server meets a new shape at nearly every prompt; oneDNN compiles and keeps
 a kernel per shape (up to 1,024). Each arm runs in a fresh process, so neither inherits the other's cache.
 
-    python bench/kernel_cache_memory.py [--rows 1250] [--shape 1536x576] [--threads 1]
+    python benchmarks/kernel_cache_memory.py [--rows 1250] [--shape 1536x576] [--threads 1]
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ On a 2-core machine TP=2 gives each rank one core where TP=1 gives its one proce
 point is what the split costs. The collectives' time is counted by rank 0 (tally/layers/parallel.py:TPGroup); it
 includes waiting for the other rank to reach the same collective, so it is an upper bound on the transfer itself.
 
-    python bench/tensor_parallel.py [--model PATH] [--dtype float32] [--quantization none|gguf|...]
+    python benchmarks/tensor_parallel.py [--model PATH] [--dtype float32] [--quantization none|gguf|...]
                                     [--concurrency 1,32] [--max-tokens 64]
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from closed_loop import closed_loop  # bench/ is on sys.path when a script here runs
+from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script here runs
 
 from tally import LLM, SamplingParams
 from tally.ledger.comm import Link, step_comm

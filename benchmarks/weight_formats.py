@@ -10,7 +10,7 @@ order (so weights stream from memory, not from cache), for a few row counts.
   int8-dyn   FBGEMM dynamic int8 (per-tensor uint8 activations): for reference, not used by Tally — its
              activation scale is per batch, so a request's output would depend on its neighbours
 
-    python bench/weight_formats.py [--model smol|qwen] [--threads 1]
+    python benchmarks/weight_formats.py [--model smol|qwen] [--threads 1]
 """
 from __future__ import annotations
 

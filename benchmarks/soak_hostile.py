@@ -4,7 +4,7 @@ leaving mid-stream and 1% bad requests of every kind the server must refuse. Not
 pool must be whole again afterwards, no request may meet a 5xx it did not earn, and memory and fragmentation must
 not trend (`tally bench --soak`'s verdict).
 
-    python bench/soak_hostile.py --duration 60m [--model PATH] [--scale 16] [--out DIR]
+    python benchmarks/soak_hostile.py --duration 60m [--model PATH] [--scale 16] [--out DIR]
 
 Steps: start the server; measure its capacity (a closed loop at --max-num-seqs clients); run `tally bench --soak`
 at twice that rate beside this script's own leaving clients and bad requests; wait for the pool to empty; read
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-from serve_demos import scaled_trace  # bench/ is on sys.path when a script here runs
+from serve_demos import scaled_trace  # benchmarks/ is on sys.path when a script here runs
 
 from tally.server.process import ServerProcess
 from tally.units import parse_duration_s

@@ -8,7 +8,7 @@ torch's 2-thread intra-op pool ran 5x slower from the main thread than from a wo
 would otherwise swamp the HTTP cost this measures. Prompts are cut from real text, ignore_eos fixes
 the output length, so both sides do the same work.
 
-    python bench/server_overhead.py [--model M] [--concurrency 1,8,32] [--repeats 3] [--threads 1]
+    python benchmarks/server_overhead.py [--model M] [--concurrency 1,8,32] [--repeats 3] [--threads 1]
 
 Each level runs offline then HTTP `--repeats` times; the table shows medians, and the ratio is the
 median of the per-repeat ratios, which cancels most of a shared machine's drift.

@@ -15,7 +15,7 @@ Workloads:
   trace     Poisson arrivals at --rate with the Azure conversation trace's lengths / 16, SLO ttft=5s,tpot=1s
   trace16   16 clients in a closed loop with the trace's lengths / 16: serving throughput at 16 streams
 
-    python bench/llamacpp_compare.py (--llama-server PATH | --llama-python PATH) [--model GGUF] [--threads 1]
+    python benchmarks/llamacpp_compare.py (--llama-server PATH | --llama-python PATH) [--model GGUF] [--threads 1]
         [--duration 60] [--rate 0.3] [--only single,streams,trace,trace16]
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from peer_env import peer_env  # bench/ is on sys.path when a script here runs
+from peer_env import peer_env  # benchmarks/ is on sys.path when a script here runs
 from serve_demos import scaled_trace, warm_up
 
 from tally.server.process import ServerProcess

@@ -19,7 +19,7 @@ row; --limit items per suite file), each row against the first row. Speed: batch
 and output tokens/s with --streams concurrent requests (64-token prompts, --stream-tokens each). Every prompt is a
 different slice of held-out text, so prefix caching never helps a timing.
 
-    python bench/quant_table.py [--model PATH] [--rows fp32,int8,...] [--threads 1] [--json out.json]
+    python benchmarks/quant_table.py [--model PATH] [--rows fp32,int8,...] [--threads 1] [--json out.json]
 """
 from __future__ import annotations
 

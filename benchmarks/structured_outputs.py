@@ -2,14 +2,14 @@
 1 and 32 streams, and the mask's own time per constrained token (llguidance computing the allowed tokens, and
 turning its bitmask into the sampler's mask), measured in the same run.
 
-    python bench/structured_outputs.py [--concurrency 1,32] [--requests-per-slot 2] [--max-tokens 64]
+    python benchmarks/structured_outputs.py [--concurrency 1,32] [--requests-per-slot 2] [--max-tokens 64]
 """
 from __future__ import annotations
 
 import argparse
 import time
 
-from closed_loop import closed_loop  # bench/ is on sys.path when a script here runs
+from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script here runs
 
 import tally.engine.runner as runner
 from tally import LLM, SamplingParams
@@ -56,7 +56,7 @@ def main() -> None:
         print(f"| {c} | {free_tok_s:.1f} | {constrained_tok_s:.1f} | {constrained_tok_s / free_tok_s:.2f}× | "
               f"{per_token_ms:.2f} ms |", flush=True)
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(a).items())
-    print(f"\ncommand: python bench/structured_outputs.py {flags}")
+    print(f"\ncommand: python benchmarks/structured_outputs.py {flags}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Offline throughput on trace-shaped requests: Tally (continuous), Tally (--scheduling static) and
 transformers `generate` (padded static batches), same model, same requests, one run.
 
-    python bench/offline_throughput.py --requests 200 [--dtype auto] [--hf-dtype float32] [--batches 8,16,32]
+    python benchmarks/offline_throughput.py --requests 200 [--dtype auto] [--hf-dtype float32] [--batches 8,16,32]
 
 --batches: the static batch sizes, Tally's `--scheduling static` and transformers' padded batches alike (issue
 "fast on whatever CPU" states its goal against padded batches of 16).

@@ -7,7 +7,7 @@ and widened as they load), with the fp32 cache's time over theirs. --layers N gi
 own, called in turn, so the keys come from memory as in a decode step (one layer's fit in the last-level cache);
 times are then per layer.
 
-    python bench/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400] [--layers 1]
+    python benchmarks/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400] [--layers 1]
                                      [--kv-dtypes float16,bfloat16]
 """
 from __future__ import annotations
@@ -102,7 +102,7 @@ def main() -> None:
             t_native, t_sdpa, *t_narrow = (t / a.layers for t in best_us([native, sdpa, *narrow_fns], calls))
             print(f"| {context} | {label} | {t_native:,.1f} | {t_sdpa:,.1f} | {t_sdpa / t_native:.2f}× |"
                   + "".join(f" {t:,.1f} | {t_native / t:.2f}× |" for t in t_narrow), flush=True)
-    print(f"\ncommand: python bench/decode_attention.py --threads {a.threads} --contexts {a.contexts} "
+    print(f"\ncommand: python benchmarks/decode_attention.py --threads {a.threads} --contexts {a.contexts} "
           f"--layers {a.layers} --kv-dtypes '{a.kv_dtypes}'")
 
 

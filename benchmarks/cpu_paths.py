@@ -7,7 +7,7 @@ measured in the same run, and the default's ratio to the best explicit path (iss
   dequant bf16     --dtype bfloat16 --quantization none: the file dequantized to bf16 (the old default here)
   dequant fp16w    --dtype float16 --quantization none: dequantized to fp16 panels, fp32 compute
 
-    python bench/cpu_paths.py [--model PATH.gguf] [--threads 2] [--prefill 512] [--decode 64]
+    python benchmarks/cpu_paths.py [--model PATH.gguf] [--threads 2] [--prefill 512] [--decode 64]
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ avx512_gfni), against each other in one process on the integer projections of a 
 best of several alternating runs, and each build's time over the widest one's (issue: fast on whatever CPU, native
 kernels for the CPU at hand). Random weights: the kernels' time does not depend on the values.
 
-    python bench/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
+    python benchmarks/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
                                   [--define PAIR_ROWS=4,5]
 
 --copies N: each call goes over N copies of the weights in turn (ms per copy), so that they stream from memory as

@@ -12,7 +12,7 @@ At a long context a decode step reads the cache's every byte for attention; fp16
 quarters them (the native kernels read each in place, fp32 arithmetic). One engine per dtype in one process, called
 in turn, best of --rounds.
 
-    python bench/kv_cache_dtypes.py [--contexts 500,1500,3000] [--max-tokens 48] [--rounds 2] [--model M]
+    python benchmarks/kv_cache_dtypes.py [--contexts 500,1500,3000] [--max-tokens 48] [--rounds 2] [--model M]
                                     [--dtype auto] [--quantization Q]
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Prefix caching: 50 requests sharing a 1,500-token system prompt, sent one after another; TTFT
 P50/P90 with prefix caching on vs off, same engine settings, same run.
 
-    python bench/prefix_cache_ttft.py [--requests 50] [--system-tokens 1500]
+    python benchmarks/prefix_cache_ttft.py [--requests 50] [--system-tokens 1500]
 """
 from __future__ import annotations
 

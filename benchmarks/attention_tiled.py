@@ -5,7 +5,7 @@ torch profiler's allocation events, cache and inputs excluded,
 the 4.5 MiB output included), the bytes of the [Hq, Lq, Lk]
 fp32 score matrix that a naive kernel would materialise, and each time over the reference's.
 
-    python bench/attention_tiled.py [--threads 1] [--repeats 3]
+    python benchmarks/attention_tiled.py [--threads 1] [--repeats 3]
 """
 from __future__ import annotations
 

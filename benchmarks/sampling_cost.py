@@ -5,7 +5,7 @@ minutes, so each round's ratio is to its own greedy run). Greedy runs several de
 (tally/sample/sampler.py) and the interpreter's per-step work (docs/benchmarks.md, session 29: 0.4-0.75 ms a step).
 Unseeded requests, as a server gets most of them.
 
-    python bench/sampling_cost.py [--model M] [--tokens 128] [--rounds 3] [--threads 2]
+    python benchmarks/sampling_cost.py [--model M] [--tokens 128] [--rounds 3] [--threads 2]
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ prompts but not their outputs, the second preempted once, by swapping (`--preemp
 measures and chooses) and by recomputing, with prefix caching off and on (on, a recompute finds the blocks the
 preemption gave back, unless they were handed out since). Built-in SmolLM2 (8,192-token context), default path.
 
-    python bench/kv_spill.py [--prefix-tokens 4096] [--prefixes 3] [--preempt-tokens 2000] [--repeats 3]
+    python benchmarks/kv_spill.py [--prefix-tokens 4096] [--prefixes 3] [--preempt-tokens 2000] [--repeats 3]
                              [--threads 2]
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ Printed per arm: acceptance (accepted / proposed), the acceptance at each propos
 there / requests that verified proposals, vLLM's per-position rate), the mean proposals verified per speculating
 request (K in effect), and preemptions (there should be none).
 
-    python bench/speculative.py [--concurrency 1,4,16,32] [--workloads quote,code] [--k 4] [--max-tokens 96]
+    python benchmarks/speculative.py [--concurrency 1,4,16,32] [--workloads quote,code] [--k 4] [--max-tokens 96]
                                 [--model target.gguf --draft-model draft.gguf] [--arms "draft K fixed,..."]
                                 [--rounds 3] [--fixed-k 2,3,4] (prompt lookup fixed at each K, beside adaptive)
                                 [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from closed_loop import closed_loop  # bench/ is on sys.path when a script here runs
+from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script here runs
 
 from tally import LLM, SamplingParams
 from tally.engine.draft_proposer import DraftProposer
@@ -204,7 +204,7 @@ def main() -> None:
         print(f"| {workload} | {c} | {arm} | {tok_s:.2f} | {ratio:.2f}× | {decode_ratio:.2f}× | {tpot:.1f} | "
               f"{drafted:,} | {accepted:,} | {rate} | {positions} | {k} | {same:.0%} |")
     flags = " ".join(f"--{k.replace('_', '-')} {v!r}" for k, v in vars(a).items() if v is not None)
-    print(f"\ncommand: python bench/speculative.py {flags}")
+    print(f"\ncommand: python benchmarks/speculative.py {flags}")
 
 
 @dataclass

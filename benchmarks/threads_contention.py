@@ -4,7 +4,7 @@ waiting threads passive (Tally's default) and spinning (libgomp's default): does
 Each cell runs in a fresh process (libgomp reads OMP_WAIT_POLICY once, at load): the built-in model's batch-1
 decode, median step time over 64 tokens. The neighbour is a Python process spinning on one core.
 
-    python bench/threads_contention.py [--model PATH] [--tokens 64] [--extra-args '--dtype float32']
+    python benchmarks/threads_contention.py [--model PATH] [--tokens 64] [--extra-args '--dtype float32']
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ kernel's background collapsing cannot give its weights huge pages later either. 
 (plain loads over 400 MB on the kernels' threads, one buffer of each), then batch-1 decode of 128 tokens and a 512-token prefill on each
 engine, alternating round by round so the machine's drift falls on both; ratios pair by pair.
 
-    python bench/huge_pages.py [--model PATH] [--rounds 8] [--threads 2]
+    python benchmarks/huge_pages.py [--model PATH] [--rounds 8] [--threads 2]
 """
 from __future__ import annotations
 

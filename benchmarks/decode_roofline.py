@@ -8,7 +8,7 @@ Both with LLM()'s multi-step decode (several decode steps
 a native call: tally/engine/multi_step.py) and with one step a call, as `tally serve` runs them, the two
 alternating request by request (3 each), and the ratio of their TPOTs pair by pair.
 
-    python bench/decode_roofline.py [--dtype float32] [--quantization int4] [--tokens 128] [--threads 2]
+    python benchmarks/decode_roofline.py [--dtype float32] [--quantization int4] [--tokens 128] [--threads 2]
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ what tally/quant/dispatch.py holds. Times are the best of N (the machine is shar
 noisy). The many-token columns multiply in tally.quant.dispatch.matmul_dtype (fp32 for bf16 compute on CPUs
 without AVX-512 BF16). int4 uses group 32, the built-in SmolLM2 GGUF's layout.
 
-    python bench/quant_kernels.py [--threads 2] [--fp32] [--shapes smol|all]
+    python benchmarks/quant_kernels.py [--threads 2] [--fp32] [--shapes smol|all]
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def main() -> None:
         threshold, mean_ratio = choose_threshold(rows, few_col, many_col)
         label = "never" if threshold == NEVER else str(threshold)
         print(f"  {scheme}: {label} ({mean_ratio:.3f})")
-    print(f"\ncommand: python bench/quant_kernels.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"\ncommand: python benchmarks/quant_kernels.py {' '.join(sys.argv[1:])}".rstrip())
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ Lengths come from the Azure conversation trace (tally/data), divided by --scale 
 written to a CSV that `tally bench --lengths trace:FILE` resamples. The server runs with
 OMP_NUM_THREADS=1: on a shared 2-core machine two OpenMP threads mostly wait on each other.
 
-    python bench/serve_demos.py [--only static,prefix,chunked,lengths,sweep] [--duration 30] [--scale 16] [--rate 0.5]
+    python benchmarks/serve_demos.py [--only static,prefix,chunked,lengths,sweep] [--duration 30] [--scale 16] [--rate 0.5]
 """
 from __future__ import annotations
 
@@ -282,7 +282,7 @@ def lengths_sweep(ns: argparse.Namespace, trace: Path, prompt_mean: float, outpu
              "not defined (a workload met the SLO at no rate of the sweep)")
     lines += ["", f"capacity: trace {cap['trace']} req/s, fixed {cap['fixed']} req/s; "
                   f"the fixed-length test overstates capacity **{ratio}**",
-              "", f"command: python bench/serve_demos.py --only sweep --sweep-rates {ns.sweep_rates} "
+              "", f"command: python benchmarks/serve_demos.py --only sweep --sweep-rates {ns.sweep_rates} "
                   f"--duration {ns.duration} --scale {ns.scale} --slo {ns.slo} --slo-target {ns.slo_target}"]
     return "\n".join(lines)
 
