@@ -3,7 +3,7 @@ streams for TP=2 and PP=2, and the time each step spends communicating, beside w
 (tally/ledger/comm.py) from the gloo link measured in the same run (tally/ledger/link_probe.py). For TP: the time in
 torch.distributed's collectives (the all-reduces after attention and the MLP, the embedding's all-reduce and the
 logits' all-gather). For PP: the stage boundaries' transfers (hidden states, then logits to rank 0), each timed by
-its receiver from the moment both sides were ready (tally/engine/pipeline.py: the sender's clock travels with the
+its receiver from the moment both sides were ready (tally/engine/parallel/pipeline.py: the sender's clock travels with the
 rows), so the other stage's work is not counted. Also for PP at 1 stream: the time a PP step takes beyond one
 process on one core (each stage's core), which holds the transfers and whatever else the split costs.
 

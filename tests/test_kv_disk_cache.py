@@ -17,7 +17,7 @@ from support.ledger_polling import idle, wait_for_ledger
 from tally import LLM, SamplingParams
 from tally.core.kv_tiers import extend_block_keys
 from tally.core.request import Request
-from tally.engine.disk_prefix_cache import HEADER
+from tally.engine.kv_tiers.disk_prefix_cache import HEADER
 from tally.errors import ConfigError
 from tally.server.process import ServerProcess
 

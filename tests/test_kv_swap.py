@@ -15,7 +15,7 @@ from support.engine_checks import assert_no_block_leak
 from tally import LLM, SamplingParams
 from tally.attention.kv_blocks import ExactBlocks, Int8Blocks
 from tally.core.request import Request
-from tally.engine.swap_space import SwapSpace
+from tally.engine.kv_tiers.swap_space import SwapSpace
 from tally.errors import ConfigError
 from tally.server.metrics import ServerMetrics
 

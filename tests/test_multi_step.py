@@ -52,11 +52,11 @@ def test_a_burst_equals_its_steps_one_call_at_a_time(tiny_qwen2):
 def _outputs(llm: LLM, steps: int, params: list[SamplingParams]) -> tuple[list, int]:
     """Each request's tokens, text and finish reason with bursts of `steps`, and the engine steps it took."""
     engine = llm.engine
-    engine._burst_limit, before = steps, engine._num_steps
+    engine._burst_limit, before = steps, engine.stats.num_steps
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     assert engine.kv.num_used_blocks() == 0  # every block back in the pool, those the bursts took included
     return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outs], \
-        engine._num_steps - before
+        engine.stats.num_steps - before
 
 
 def test_bursts_change_no_greedy_output_and_end_where_requests_stop(tiny_qwen2):

@@ -1,4 +1,4 @@
-"""The projection path chosen by measurement (tally/engine/path_tuning.py): what is measured, how it is decided,
+"""The projection path chosen by measurement (tally/engine/startup/path_tuning.py): what is measured, how it is decided,
 the disk cache, the bf16 many-token path it may turn on, and GGUF served as stored by default."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from tally import LLM, SamplingParams
 from tally.cli import main as tally_main
 from tally.engine.config import EngineConfig, PathCandidate
-from tally.engine.path_tuning import ROWS, PathChoice, _decide, choose_path
+from tally.engine.startup.path_tuning import ROWS, PathChoice, _decide, choose_path
 from tally.layers.dense import Fp16WeightLinear
 from tally.layers.path_timing import PathTimes, ProjectionShape
 from tally.native import ops

@@ -19,7 +19,7 @@ from tally import LLM, SamplingParams
 from tally.attention.metadata import AttentionMetadata
 from tally.cli import main as tally_main
 from tally.engine.model_step import ModelStep
-from tally.engine.pipeline import read_clock, split_step, write_clock
+from tally.engine.parallel.pipeline import read_clock, split_step, write_clock
 from tally.errors import ConfigError, EngineDeadError
 from tally.models.config import ModelConfig
 from tally.models.pipeline_split import plan_stages, stage_of_layer
@@ -152,7 +152,7 @@ def test_a_stage_that_dies_mid_generation_fails_the_engine_instead_of_hanging(ti
         worker.start()
         deadline = time.monotonic() + 60
         # an int the generating thread writes (snapshot() would walk the KV pool while that thread changes it)
-        while llm.engine._num_steps < 3 and time.monotonic() < deadline:
+        while llm.engine.stats.num_steps < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         last_stage = llm.engine.parallel.followers[0]
         last_stage.kill()

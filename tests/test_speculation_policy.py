@@ -8,8 +8,8 @@ import numpy as np
 
 from tally.core.request import Request
 from tally.core.scheduler import ScheduledRequest, SchedulerOutput
-from tally.engine.speculation import Speculator
-from tally.engine.speculation_policy import (
+from tally.engine.speculation.speculator import Speculator
+from tally.engine.speculation.policy import (
     CHECK_STEPS,
     EPOCH_STEPS,
     KEEP_STEPS,
@@ -18,7 +18,7 @@ from tally.engine.speculation_policy import (
     proposals_worth_verifying,
     start_repaid,
 )
-from tally.engine.speculative_config import SpeculativeConfig
+from tally.engine.speculation.config import SpeculativeConfig
 
 
 

@@ -16,8 +16,8 @@ from support.engine_checks import (
 )
 
 from tally import LLM, SamplingParams
-from tally.engine import speculation
-from tally.engine.ngram_proposer import propose_ngram
+from tally.engine.speculation import speculator as speculation
+from tally.engine.speculation.ngram_proposer import propose_ngram
 from tally.errors import ConfigError
 from tally.native import ops
 

@@ -19,7 +19,7 @@ from support.tiny_models import make_checkpoint, make_tokenizer
 
 from tally import LLM, SamplingParams
 from tally.engine.config import EngineConfig
-from tally.engine.draft_model import load_draft
+from tally.engine.speculation.draft_model import load_draft
 from tally.errors import ConfigError
 from tally.layers.path_timing import bf16_many_tokens_capable
 from tally.models.loader import load_checkpoint

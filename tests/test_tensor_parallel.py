@@ -14,7 +14,7 @@ from support.tiny_models import ARCH_CONFIGS
 from tally import LLM, SamplingParams
 from tally.cli import main as tally_main
 from tally.engine.config import EngineConfig
-from tally.engine.distributed import is_follower
+from tally.engine.parallel.distributed import is_follower
 from tally.errors import ConfigError, EngineDeadError
 from tally.models.config import ModelConfig
 from tally.models.registry import resolve_model

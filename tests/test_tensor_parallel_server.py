@@ -63,7 +63,7 @@ def test_one_command_serves_with_two_ranks_and_fails_cleanly_when_one_dies(tiny_
         assert _complete(server) == expected
         ranks = httpx.get(server.url + "/ledger").json()["plan"]["ranks"]
         assert [r["rank"] for r in ranks] == [0, 1]
-        follower, = _children(server.proc.pid, "tally.engine.follower")
+        follower, = _children(server.proc.pid, "tally.engine.parallel.follower")
         os.kill(follower, 9)
         # seen while idle (the engine loop watches the ranks it started), before any request needs the rank
         assert _wait_for(lambda: httpx.get(server.url + "/health").status_code == 503)

@@ -1,5 +1,5 @@
 """KV storage below the block pool, as the scheduler and the block tables see it (no torch: the engine's
-tally/engine/swap_space.py and tally/engine/disk_prefix_cache.py move the bytes).
+tally/engine/kv_tiers/swap_space.py and tally/engine/kv_tiers/disk_prefix_cache.py move the bytes).
 
 Two tiers:
 - a swap space, where a preempted request's blocks wait instead of being recomputed (vLLM's swap preemption);

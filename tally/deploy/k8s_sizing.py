@@ -45,7 +45,7 @@ class PodSizing:
 
     @property
     def swap_space_bytes(self) -> int:
-        return int(self.swap_space_gib * GiB)  # as the engine reads the flag (tally/engine/kv_spill.py)
+        return int(self.swap_space_gib * GiB)  # as the engine reads the flag (tally/engine/kv_tiers/tiers.py)
 
     @property
     def memory_bytes(self) -> int:

@@ -7,9 +7,9 @@ import sys
 import time
 
 from tally.engine.args import add_engine_args, config_from_args
-from tally.engine.distributed import is_follower
+from tally.engine.parallel.distributed import is_follower
 from tally.engine.engine import Engine
-from tally.engine.follower import follow
+from tally.engine.parallel.follower import follow
 from tally.errors import TallyError
 from tally.flags import MAX_TOKENS, parser
 from tally.models.chat_template import (

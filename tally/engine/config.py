@@ -10,7 +10,7 @@ import torch
 
 from tally.attention.backend import BACKEND_NAMES
 from tally.core.scheduler import SchedulerConfig
-from tally.engine.speculative_config import SpeculativeConfig
+from tally.engine.speculation.config import SpeculativeConfig
 from tally.errors import ConfigError
 from tally.flags import (
     BLOCK_SIZE,

@@ -18,18 +18,19 @@ from tally.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tally.core.static_scheduler import StaticBatchScheduler
 from tally.engine.config import EngineConfig
 from tally.engine.detokenizer import IncrementalDetokenizer
-from tally.engine.distributed import ParallelContext
-from tally.engine.draft_proposer import DraftProposer
+from tally.engine.parallel.distributed import ParallelContext
+from tally.engine.speculation.draft_proposer import DraftProposer
 from tally.engine.group import RequestGroup
-from tally.engine.kv_spill import build_kv_tiers
-from tally.engine.model_setup import LoadedModel, load_model
+from tally.engine.kv_tiers.tiers import build_kv_tiers
+from tally.engine.startup.load import load_model
+from tally.engine.startup.loaded_model import LoadedModel
 from tally.engine.model_step import TPDriver
 from tally.engine.multi_step import burst_steps
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
-from tally.engine.snapshot import EngineSnapshot, IterationTokens
-from tally.engine.speculation import Speculator
-from tally.engine.step_cost import StepCost
+from tally.engine.snapshot import EngineSnapshot
+from tally.engine.speculation.speculator import Speculator
+from tally.engine.step_stats import StepStats, prompt_chunks
 from tally.engine.stop import StopChecker
 from tally.engine.structured_output import GrammarCompiler
 from tally.errors import EngineDeadError, InvalidRequestError
@@ -53,17 +54,11 @@ class Engine:
         self.sampling_defaults = m.sampling_defaults  # what requests that leave them unset get (server, LLM)
         self._stop_token_ids = m.stop_token_ids
         self._vocab_size = m.config.vocab_size
-        self._num_steps = 0
-        self._num_prompt_tokens = self._num_generated_tokens = 0
-        # Steps without a prompt chunk: their seconds and generated tokens (decode's own speed, which speculation
-        # changes, apart from the prompts' prefill that shares a run's time with it)
-        self._decode_step_seconds, self._decode_step_tokens = 0.0, 0
-        self._iteration_tokens = IterationTokens()  # tokens per step, for vLLM's iteration_tokens_total
-        self._step_cost = StepCost()
+        self.stats = StepStats()
         self.model_names = config.served_model_names or (m.name,)
         self.model_name = self.model_names[0]  # the name the API reports
         self.max_model_len = m.max_model_len
-        self.kv_tiers = build_kv_tiers(config, m, self._step_cost.prefill_seconds)  # swap space, disk prefix tier
+        self.kv_tiers = build_kv_tiers(config, m, self.stats.cost.prefill_seconds)  # swap space, disk prefix tier
         self.ledger = replace(m.ledger, kv_tiers=self.kv_tiers.ledger())
         self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
                                  sliding_window=m.config.sliding_window, prefix_tier=self.kv_tiers.disk)
@@ -214,53 +209,44 @@ class Engine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         out = self.scheduler.schedule(self._token_budget())
-        # The prompt chunks' tokens and the context they attend, read before the step advances them.
-        chunks = [(s.num_new_tokens, s.request.num_computed_tokens) for s in out.scheduled
-                  if s.num_new_tokens > 1 and not s.request.spec_token_ids]
-        generated_before = self._num_generated_tokens
-        self._num_steps += 1
+        chunks = prompt_chunks(out)
+        self.stats.num_steps += 1
         moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
         self._aborted.clear()
-        steps = burst_steps(out, self.scheduler, self.kv, self._burst_limit, self.max_model_len)
-        if out.scheduled:
-            if steps > 1:
-                result = self.runner.execute_greedy(out, steps)
-                keep = result.counts  # a request that finishes early stops taking tokens in _apply_samples
-                steps = result.counts[0]  # fewer than asked where every request made a token that stops it
-                for s in out.scheduled:
-                    s.num_new_tokens = steps  # every step's input token is computed now
-            else:
-                result = self.runner.execute(out, self.speculator.draft_probs if self.speculator is not None else None)
-                keep = self._verify(out, result)
-            self.scheduler.finish_step(out)
-            now = time.monotonic()
-            for s in out.scheduled:
-                group = self._seq_of[s.request.request_id][1]
-                if group.metrics.first_scheduled_time is None:
-                    group.metrics.first_scheduled_time = s.request.first_scheduled_time or now
-            for rid, plp in result.prompt_logprobs.items():
-                self._seq_of[rid][1].add_prompt_logprobs(plp, self._decode_one)
-            self._num_generated_tokens += self._apply_samples(result, keep, now, moved)
+        generated, steps = self._run(out, moved) if out.scheduled else (0, 1)
         outputs = [g.output() for g in moved.values()]
         for g in moved.values():
             if g.finished:
                 g.metrics.finished_time = time.monotonic()
                 self._forget(g)
         if out.scheduled:
-            prompt_tokens = sum(n for n, _ in chunks)
-            self._num_prompt_tokens += prompt_tokens
-            self._iteration_tokens = self._iteration_tokens.observe(
-                prompt_tokens + self._num_generated_tokens - generated_before)
-            mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
             seconds = time.perf_counter() - started_s
-            self._step_cost.observe(prompt_tokens, mean_context, seconds / steps)  # a burst: per decode step
-            if not chunks:  # a prompt chunk's step says nothing about decode's speed, nor about speculation
-                generated = self._num_generated_tokens - generated_before
-                self._decode_step_seconds += seconds
-                self._decode_step_tokens += generated
-                if self.speculator is not None:
-                    self.speculator.observe_step(generated, seconds, len(self.scheduler.running))
+            decode_only = self.stats.record(chunks, generated, seconds, steps)
+            if decode_only and self.speculator is not None:
+                self.speculator.observe_step(generated, seconds, len(self.scheduler.running))
         return outputs
+
+    def _run(self, out: SchedulerOutput, moved: dict[str, RequestGroup]) -> tuple[int, int]:
+        """Run the scheduled requests and append what they made; returns (tokens appended, decode steps run)."""
+        steps = burst_steps(out, self.scheduler, self.kv, self._burst_limit, self.max_model_len)
+        if steps > 1:
+            result = self.runner.execute_greedy(out, steps)
+            keep = result.counts  # a request that finishes early stops taking tokens in _apply_samples
+            steps = result.counts[0]  # fewer than asked where every request made a token that stops it
+            for s in out.scheduled:
+                s.num_new_tokens = steps  # every step's input token is computed now
+        else:
+            result = self.runner.execute(out, self.speculator.draft_probs if self.speculator is not None else None)
+            keep = self._verify(out, result)
+        self.scheduler.finish_step(out)
+        now = time.monotonic()
+        for s in out.scheduled:
+            group = self._seq_of[s.request.request_id][1]
+            if group.metrics.first_scheduled_time is None:
+                group.metrics.first_scheduled_time = s.request.first_scheduled_time or now
+        for rid, plp in result.prompt_logprobs.items():
+            self._seq_of[rid][1].add_prompt_logprobs(plp, self._decode_one)
+        return self._apply_samples(result, keep, now, moved), steps
 
     def _verify(self, out: SchedulerOutput, result: StepResult) -> list[int]:
         """Rows of the sampler's output each sampled request keeps: 1, or with speculation, 1 + proposals kept."""
@@ -279,7 +265,7 @@ class Engine:
             return None  # nobody is waiting for a next token
         # Where the next chunk starts: the prompt being chunked, else a new one (from its start).
         context = max((r.num_computed_tokens for r in running if r.num_output_tokens == 0), default=0)
-        prompt_tokens = self._step_cost.prompt_tokens_within(self.config.max_itl_s * PLANNED_SHARE_OF_ITL, context)
+        prompt_tokens = self.stats.cost.prompt_tokens_within(self.config.max_itl_s * PLANNED_SHARE_OF_ITL, context)
         return decoding + max(prompt_tokens, self.config.block_size)
 
     def _apply_samples(self, result: StepResult, keep: list[int], now: float,
@@ -343,12 +329,12 @@ class Engine:
             num_cached_free_blocks=kv.pool.num_cached_free_blocks, num_used_blocks=kv.num_used_blocks(),
             num_unfilled_slots=kv.num_unfilled_slots(), block_size_tokens=kv.block_size,
             prefix_queried_tokens=kv.stats.queried_tokens, prefix_hit_tokens=kv.stats.hit_tokens,
-            num_preemptions=self.scheduler.num_preemptions, num_steps=self._num_steps,
+            num_preemptions=self.scheduler.num_preemptions, num_steps=self.stats.num_steps,
             num_started=self.scheduler.num_started,
-            prompt_tokens=self._num_prompt_tokens, generated_tokens=self._num_generated_tokens,
-            decode_step_seconds=self._decode_step_seconds, decode_step_tokens=self._decode_step_tokens,
+            prompt_tokens=self.stats.prompt_tokens, generated_tokens=self.stats.generated_tokens,
+            decode_step_seconds=self.stats.decode_step_seconds, decode_step_tokens=self.stats.decode_step_tokens,
             speculation=self.speculator.stats.copy() if self.speculator is not None else None,
-            iteration_tokens=self._iteration_tokens,
+            iteration_tokens=self.stats.iteration_tokens,
             swap=self.kv_tiers.swap_stats(), disk_cache=self.kv_tiers.disk_stats(),
         )
 

@@ -2,8 +2,8 @@
 
 Rank 0 schedules and samples; the other ranks hold their slices of the weights and KV cache and run exactly the
 steps rank 0 runs (vLLM's driver / worker split). `TPDriver.send` broadcasts a step before rank 0 runs it, and
-`receive_step` is where the other ranks wait for the next one (tally/engine/follower.py). Under pipeline
-parallelism each stage runs its part of the step (tally/engine/pipeline.py).
+`receive_step` is where the other ranks wait for the next one (tally/engine/parallel/follower.py). Under pipeline
+parallelism each stage runs its part of the step (tally/engine/parallel/pipeline.py).
 """
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Multi-step decode (vLLM's `num_scheduler_steps`): where a step holds nothing but greedy decodes, several decode
-steps run in one native call (tally/native/kernels.c: tally_decode_greedy), so the interpreter's work per step —
-scheduling, step inputs, sampling, outputs: 0.4-0.75 ms a step on the Zen 4 VM, ~10% of SmolLM2's step and ~4% of
-Qwen 0.5B's (docs/benchmarks.md, session 29) — is paid once a burst.
+steps run in one native call (tally/native/kernels.c: tally_decode_greedy), so the interpreter's work per step
+(scheduling, step inputs, sampling, outputs) is paid once a burst (docs/benchmarks.md#decode-roofline).
 
 A burst hands a request its tokens together, so streams would see them in bursts: `tally serve` keeps one step
 (its clients stream), LLM() takes 8 (nobody watches its tokens arrive). Greedy outputs are unchanged: each step is

@@ -11,7 +11,7 @@ from tally.core.request import Request
 from tally.core.scheduler import SchedulerOutput
 from tally.engine.inputs import build_step_inputs
 from tally.engine.model_step import ModelStep, TPDriver, run_model_step
-from tally.engine.pipeline import PipelinePeers, forward_step
+from tally.engine.parallel.pipeline import PipelinePeers, forward_step
 from tally.engine.structured_output import allowed_tokens
 from tally.errors import EngineDeadError
 from tally.models.llama import CausalLM
@@ -70,7 +70,7 @@ class ModelRunner:
             rows, outputs = reqs, [r.output_token_ids for r in reqs]
         else:
             # Each sampled position is a row of its own, sampled from the target as if the proposals before it
-            # had been generated (penalties and min_tokens see them): tally/engine/speculation.py verifies.
+            # had been generated (penalties and min_tokens see them): tally/engine/speculation/speculator.py verifies.
             rows = [r for r, count in zip(reqs, inputs.sample_counts) for _ in range(count)]
             outputs = [r.output_token_ids + r.spec_token_ids[:j] if j and reads_outputs(r) else r.output_token_ids
                        for r, count in zip(reqs, inputs.sample_counts) for j in range(count)]

@@ -4,8 +4,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from tally.engine.kv_tier_stats import DiskCacheStats, SwapStats
-from tally.engine.speculation_stats import SpeculationStats
+from tally.engine.kv_tiers.stats import DiskCacheStats, SwapStats
+from tally.engine.speculation.stats import SpeculationStats
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
 

@@ -1,20 +1,5 @@
 """How long a step takes, learned from the steps the engine runs, so a latency target holds on the machine at hand
-(and under its load) rather than on a figure measured elsewhere.
-
-A step that carries prompt chunks beside the decodes costs  a + f·x + b·c + e·c·x  seconds for c prompt tokens
-attending a mean context x: a fixed part (the decodes, and a mixed step's own overhead — on the development CPU a
-mixed step cost twice a decode-only one before its first prompt token), reading the context back once per layer
-whatever the chunk's size, the projections of each token, and attention that grows with the context each token
-reads (a token of a 3,500-token prompt cost 0.8 ms at its start, 3.5 ms at its end). The four are fitted by
-weighted least squares to the last HISTORY such steps, newer ones weighing more.
-
-The fit predicts a step's usual time; a shared or throttled CPU makes steps of identical work vary (0.11–0.28 s on
-a 2-core VM), and a stream feels the slow ones. So a step is planned to fit the target when it runs as slow as
-a slow recent step ran against the fit (the JITTER_QUANTILE of actual / fitted): on a quiet machine
-that ratio is near 1 and costs nothing.
-
-Until a fit exists, the engine sends probe chunks of alternating sizes (PROBE_TOKENS and half of it), so that
-the fit sees at least two sizes and can tell the fixed part from the per-token part."""
+(and under its load) rather than on a figure measured elsewhere."""
 from __future__ import annotations
 
 import math
@@ -30,6 +15,18 @@ MAX_JITTER = 3.0  # a step stalled by something else entirely (a swap, a GC) doe
 
 
 class StepCost:
+    """A step that carries prompt chunks beside the decodes costs  a + f·x + b·c + e·c·x  seconds for c prompt tokens
+    attending a mean context x: a fixed part (the decodes, and a mixed step's own overhead), reading the context back
+    once per layer whatever the chunk's size, the projections of each token, and attention that grows with the context
+    each token reads. The four are fitted by weighted least squares to the last HISTORY such steps, newer ones weighing
+    more.
+
+    The fit predicts a step's usual time; a shared or throttled CPU makes steps of identical work vary, and a stream
+    feels the slow ones. So a step is planned to fit the target when it runs as slow as a slow recent step ran against
+    the fit (the JITTER_QUANTILE of actual / fitted): on a quiet machine that ratio is near 1 and costs nothing.
+
+    Until a fit exists, the engine sends probe chunks of alternating sizes (PROBE_TOKENS and half of it), so that
+    the fit sees at least two sizes and can tell the fixed part from the per-token part."""
     def __init__(self) -> None:
         self._steps: deque[tuple[float, float, float]] = deque(maxlen=HISTORY)  # (tokens, mean context, s)
         self._fit: tuple[float, float, float, float] | None = None

@@ -1,5 +1,5 @@
 """`tally tune`: measure this CPU's projection paths for a model again and cache the choice, which `tally serve`,
-`tally generate` and `LLM` read at start (tally/engine/path_tuning.py). Takes the engine's flags: --dtype and
+`tally generate` and `LLM` read at start (tally/engine/startup/path_tuning.py). Takes the engine's flags: --dtype and
 --quantization narrow the candidates, --threads sets the thread count measured."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import torch
 
 from tally.engine.args import add_engine_args, config_from_args
-from tally.engine.model_setup import measured_path
+from tally.engine.startup.path_tuning import measured_path
 from tally.errors import TallyError
 from tally.flags import parser
 from tally.models.loader import load_checkpoint

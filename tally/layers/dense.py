@@ -22,7 +22,7 @@ class DenseLinear(nn.Module):
 
     def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """Outputs 0..n-1 alone, from their weights' rows only (a draft's reduced vocabulary,
-        tally/engine/speculative_config.py: draft_vocab_size)."""
+        tally/engine/speculation/config.py: draft_vocab_size)."""
         return _linear(x, self.weight[:n], None if self.bias is None else self.bias[:n])
 
 

@@ -1,7 +1,7 @@
 """What tensor and pipeline parallel spend talking in one step: collectives × the link's latency + bytes ÷ its
 bandwidth.
 
-The counts are the engine's (tally/layers/parallel.py, tally/engine/pipeline.py). Tensor parallel all-reduces the
+The counts are the engine's (tally/layers/parallel.py, tally/engine/parallel/pipeline.py). Tensor parallel all-reduces the
 embedding (vocabulary-parallel) and, in every layer, the attention output and the MLP output, then all-gathers the
 head's logits: 2 per layer + 2 collectives a step, whatever the batch, each a latency before it is bytes. A ring
 all-reduce moves 2(p-1)/p of the tensor through each rank, an all-gather (p-1)/p of the result. Pipeline parallel

@@ -62,7 +62,7 @@ def activation_buffer_bytes(config: ModelConfig, *, tp: int, pp: int, max_batche
                             activation_bytes: int) -> int:
     """The largest step's communication tensors: for TP an input and an output staging buffer of the all-reduce;
     for PP send and receive of the hidden state and the residual stream. The engine's ledger shows the same
-    figure for each rank (tally/engine/model_setup.py)."""
+    figure for each rank (tally/engine/startup/load.py)."""
     hidden_bytes = max_batched_tokens * config.hidden_size * activation_bytes
     return (2 * hidden_bytes if tp > 1 else 0) + (4 * hidden_bytes if pp > 1 else 0)
 

@@ -18,7 +18,7 @@ class EngineLedger:
     reserve_bytes: int
     max_model_len: int
     max_num_seqs: int
-    # how the projections run and why (tally/engine/path_tuning.py PathChoice.to_dict); empty when not known
+    # how the projections run and why (tally/engine/startup/path_tuning.py PathChoice.to_dict); empty when not known
     path: dict = field(default_factory=dict)
     # tensor / pipeline parallel: each rank's own {rank, stage, layers: [first, end), weight_bytes, kv_pool_bytes,
     # comm_buffer_bytes, threads}; the fields above are rank 0's
@@ -26,7 +26,7 @@ class EngineLedger:
     # speculative decoding's draft model: {model_name, weight_bytes, kv_bytes_per_token}; its KV sits in the pool's
     # blocks beside the target's, so kv_bytes_per_token and kv_pool_bytes above already count it; empty without one
     draft: dict = field(default_factory=dict)
-    # the KV tiers below the pool (tally/engine/kv_spill.py KVTiers.ledger): "swap_space" {capacity_bytes,
+    # the KV tiers below the pool (tally/engine/kv_tiers/tiers.py KVTiers.ledger): "swap_space" {capacity_bytes,
     # preemption_mode, dtype, bytes_per_block, out_s_per_block, in_s_per_block} and "disk_prefix_cache" {dir,
     # capacity_bytes, held_bytes_at_start, files_at_start, bytes_per_block, write_queue_bytes}; each only when on
     kv_tiers: dict = field(default_factory=dict)

@@ -210,7 +210,7 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor, vocab_rows: int = 0) -> torch.Tensor:
         """hidden [N, H] → float32 logits [N, V]. vocab_rows > 0: only token ids below it are scored, the rest -inf
-        (a draft model's reduced vocabulary: tally/engine/speculative_config.py, draft_vocab_size)."""
+        (a draft model's reduced vocabulary: tally/engine/speculation/config.py, draft_vocab_size)."""
         if not vocab_rows:
             return self.lm_head(hidden).float()
         logits = torch.full((hidden.shape[0], self.cfg.vocab_size), float("-inf"))

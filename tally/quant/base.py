@@ -95,13 +95,13 @@ class QuantLinear(nn.Module):
         return y.reshape(*lead, self.out_features)
 
     def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        """Outputs 0..n-1 (a draft's reduced vocabulary: tally/engine/speculative_config.py, draft_vocab_size).
+        """Outputs 0..n-1 (a draft's reduced vocabulary: tally/engine/speculation/config.py, draft_vocab_size).
         Here every output, then the first n; the native layers read only the first n outputs' weights."""
         return self(x)[..., :n]
 
     def use_many_tokens(self, from_rows: int, dtype: torch.dtype) -> None:
         """Rows from `from_rows` on take the many-token path, multiplying in `dtype`: the start-up measurement's
-        choice (tally/engine/path_tuning.py) where it found one faster than the rule in dispatch.py."""
+        choice (tally/engine/startup/path_tuning.py) where it found one faster than the rule in dispatch.py."""
         self.many_tokens_from, self.matmul_dtype = from_rows, dtype
 
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ from types import FrameType
 import uvicorn
 
 from tally.engine.args import add_engine_args, config_from_args
-from tally.engine.distributed import is_follower
-from tally.engine.follower import follow
+from tally.engine.parallel.distributed import is_follower
+from tally.engine.parallel.follower import follow
 from tally.errors import TallyError
 from tally.flags import DRAIN_TIMEOUT, HOST, LOG_LEVEL, METRICS_PREFIX, PORT, REQUEST_TIMEOUT, parser
 from tally.server.app_args import app_from_args

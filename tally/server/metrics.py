@@ -24,9 +24,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.metrics_core import Metric
 
 from tally.engine.config import EngineConfig
-from tally.engine.kv_tier_stats import DiskCacheStats, SwapStats
+from tally.engine.kv_tiers.stats import DiskCacheStats, SwapStats
 from tally.engine.snapshot import ITERATION_TOKEN_BUCKETS, EngineSnapshot, IterationTokens
-from tally.engine.speculation_stats import SpeculationStats
+from tally.engine.speculation.stats import SpeculationStats
 from tally.flags import METRICS_PREFIXES
 from tally.outputs import RequestOutput
 from tally.server.errors import REJECTION_REASONS

@@ -1,21 +1,4 @@
-"""`speculative_config`: vLLM's JSON form of speculative decoding's settings, checked once at start-up.
-
-    --speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
-                           "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
-    --speculative-config '{"method": "draft_model", "model": "/path/to/small-model", "num_speculative_tokens": 4}'
-
-`num_speculative_tokens` is the most tokens proposed per request and step; how many are proposed each step is the
-engine's choice (tally/engine/speculation_policy.py) unless "adaptive": false fixes it at that number. As in vLLM,
-a "model" without a "method" means "draft_model". Whether the draft model suits the target (same vocabulary, long
-enough context) is checked when it is loaded (tally/engine/draft_model.py).
-
-"draft_vocab_size": N (draft_model; the name of EAGLE-3's reduced draft vocabulary in vLLM and SGLang) has the
-draft's LM head score only token ids below N, the rest never proposed: a large vocabulary's head is a large part of
-a small draft's pass (Qwen2.5's 151,936 rows, ~30% of the 0.5B's), and byte-pair ids rise as merges get rarer, so
-the first ids hold most of what a text uses (FR-Spec's frequency-ranked draft vocabulary, by the merge order).
-Outputs do not change: every proposal is verified by the target, and a sampled request's draft distribution is
-zero past N, which rejection sampling accounts for. 0: the whole vocabulary.
-"""
+"""`speculative_config`: vLLM's JSON form of speculative decoding's settings, checked once at start-up."""
 from __future__ import annotations
 
 import json
@@ -34,6 +17,21 @@ EXAMPLE = '\'{"method": "ngram", "num_speculative_tokens": 4}\''
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
+    """--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
+                               "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
+        --speculative-config '{"method": "draft_model", "model": "/path/to/small-model", "num_speculative_tokens": 4}'
+
+    `num_speculative_tokens` is the most tokens proposed per request and step; how many are proposed each step is the
+    engine's choice (tally/engine/speculation/policy.py) unless "adaptive": false fixes it at that number. As in vLLM,
+    a "model" without a "method" means "draft_model". Whether the draft model suits the target (same vocabulary, long
+    enough context) is checked when it is loaded (tally/engine/speculation/draft_model.py).
+
+    "draft_vocab_size": N (draft_model; the name of EAGLE-3's reduced draft vocabulary in vLLM and SGLang) has the
+    draft's LM head score only token ids below N, the rest never proposed: a large vocabulary's head is a large part of
+    a small draft's pass (Qwen2.5's 151,936 rows, ~30% of the 0.5B's), and byte-pair ids rise as merges get rarer, so
+    the first ids hold most of what a text uses (FR-Spec's frequency-ranked draft vocabulary, by the merge order).
+    Outputs do not change: every proposal is verified by the target, and a sampled request's draft distribution is
+    zero past N, which rejection sampling accounts for. 0: the whole vocabulary."""
     method: str
     num_speculative_tokens: int
     prompt_lookup_min: int = 2

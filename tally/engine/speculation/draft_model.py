@@ -2,7 +2,7 @@
 at start-up: the same vocabulary (its proposals are the target's token ids), a context as long as max_model_len,
 no sliding window (its KV shares the target's block tables, and a window would give blocks back under it), one
 process. Its weights run the projection path measured for the target; its KV cache has the target's dtype and
-lives in the same pool blocks (tally/engine/model_setup.py sizes the pool for both)."""
+lives in the same pool blocks (tally/engine/startup/load.py sizes the pool for both)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

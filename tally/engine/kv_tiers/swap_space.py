@@ -19,7 +19,7 @@ import torch
 
 from tally.attention.kv_blocks import ExactBlocks, Int8Blocks
 from tally.core.request import Request
-from tally.engine.kv_tier_stats import SwapStats
+from tally.engine.kv_tiers.stats import SwapStats
 
 MEASURED_BLOCKS = 8  # blocks copied out and back at start-up to price a swap before the first one
 NEW_TIMING_WEIGHT = 0.5  # of each swap's own time in the running per-block figures

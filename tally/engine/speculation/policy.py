@@ -1,57 +1,15 @@
-"""How many proposals each request verifies (0: none), from that request's measured acceptance and the price of a
-proposal measured on this machine at this load; and, measured too, whether speculating at that price pays at all.
+"""How many proposals each request verifies (0: none), from its measured acceptance and the price of a proposal
+measured on this machine at this load; and whether speculating at that price pays at all.
 
-**The price, measured.** Speculation turns a decode step into a verify step: more rows and, with a draft model, its
-passes. At one stream a row is cheap beside reading every weight once; at 16-32 streams on a CPU the step is
-compute-bound and a row costs its share (benchmarks/speculative.py). A cost model fitted to steps missed overheads that
-matter, so the policy measures what speculating adds to a step: an epoch of EPOCH_STEPS steps with speculation off,
-then one with every proposal verified (the fixed-K setting), and c = (t_on - t_off) / p seconds per proposal, from
-the epochs' median step times and p, the proposals verified per step while on — all a proposal costs here: its row
-in the verify pass, the draft pass that made it, its sampling. Step times, not tokens: how many proposals hold
-swings from one stretch of text to the next, and a short epoch's tokens said more about the stretch than about
-speculation (an epoch that met the start of a quote measured "off" at one stream, where speculating gave 1.5x).
-
-**How many per request (the cost model).** Request r's j-th proposal is worth w_rj expected tokens, the chance that
-it and the j - 1 before it hold (w_rj = f_r · g_r^(j-1): f_r its first proposal's acceptance, g_r a later one's after
-a kept predecessor; tally/engine/speculation.py), and a step's time buys `rate` tokens a second (measured since the
-price was, or off's rate until a full epoch has run). So the j-th proposal pays while w_rj ≥ θ = c · rate, and each
-request verifies the K_r proposals that do, at most num_speculative_tokens, 0 when even its first does not pay (the
-draft model then does not run for it at all). A row
-costing little beside the step (one stream) keeps every proposal of every request; a costly row keeps only those of
-requests whose guesses hold, and at a price no request's acceptance meets, none. (A fixed cut, θ = 0.25, was tried
-before the price was measured: at one stream it cut code completion to one proposal, 1.06x where all gave 1.51x.)
-
-**What starting costs (a draft model).** A request the draft has not run on yet (new, or back from a spell without
-proposals) costs a catch-up first: the draft over its last tokens, S_r = lag_r · d seconds, d the draft's measured
-seconds per catch-up token (tally/engine/draft_proposer.py). The price above leaves it out (a median step does),
-though at one stream a 256-token catch-up took ~0.6 s, on the order of what a 64-token answer's proposals save.
-So a request starts only if its expected gain repays it: at K_r proposals a step brings E_r = Σ_j w_rj more tokens
-for a cost worth K_r · θ tokens, so G_r = E_r − K_r · θ tokens net; over its remaining R_r tokens (its room, at most
-the mean output of finished requests: as likely to go on as a new one) that is R_r / (1 + E_r) steps; it starts
-where R_r / (1 + E_r) · G_r > S_r · rate, the tokens the batch makes while the catch-up runs. Measuring applies
-the same test at the last price measured (at any load) to the requests it would speculate, so that measuring does
-not pay catch-ups the outcome would not repay. The "on" epoch counts only steps that verified proposals: a step
-without any says nothing of their price (it is an off step), and counting such steps priced a proposal at nothing
-in half the measurements of a one-stream run (session 25). So an "on" epoch waits for proposals: prompt lookup's
-next match, or a request whose start the last price repays; until then nothing runs that costs anything.
-
-**Checked against the outcome.** The price is a straight line through two measurements, and a request's acceptance
-an estimate: if after CHECK_STEPS steps of following them the tokens per second fall by MARGIN below off's,
-speculation is off at that load until it is measured again. Off's rate is the lower of the one measured with the
-price and what the same steps would have made without their proposals (a token per running request a step, in
-their time less the proposals' price): at one stream a step's time follows its request's context, so a rate
-measured over one stretch of text said "below off" over the next while speculating paid (session 25: such
-failures took 5-10% of a one-stream run's steps off on quoting). A stretch in which nothing was worth verifying
-fails nothing: it costs nothing either (no proposal, no draft pass), and a quote may begin in the next. A price
-holds KEEP_STEPS steps at its load, then is measured again; a batch half or twice the measured one is another
-load. A price that did not pay holds only RETRY_STEPS steps from then, twice as many after each further failure at
-that load (up to KEEP_STEPS): epochs of 8 steps on a shared CPU are noisy, and one unlucky measurement once kept
-prompt lookup off for a whole run at one stream where it gives 1.4-1.7x; where speculating truly loses, measuring
-again costs one epoch in every RETRY_STEPS, then ever fewer. A load with no price of its own is measured, unless
-speculation did not pay at a lighter load (each row costs more as the CPU saturates): then it is off there too,
-unmeasured; and where a price paid at a heavier load, that one is followed, unmeasured (it prices a proposal at
-least as high as this load would): a batch draining from 16 or 32 streams passes through loads a measurement rarely
-finished in, and measuring them took 138 of a run's 872 steps off (session 25)."""
+- The price: an epoch with speculation off, then one verifying every proposal; c = (t_on - t_off) / p seconds per
+  proposal from the epochs' median step times (step times, not tokens: acceptance swings with the text).
+- Per request: its j-th proposal is worth w_j = f · g^(j-1) tokens (f: its first proposal's acceptance, g: a later
+  one's after a kept predecessor) and pays while w_j ≥ c · rate; with a draft model a request starts only where
+  its expected gain repays the draft's catch-up over its context.
+- Checked: if following the price falls MARGIN below off's tokens per second, speculation is off at that load for
+  RETRY_STEPS steps (doubling per failure); a price holds KEEP_STEPS steps, then is measured again. A load is
+  measured unless a lighter load already did not pay (off) or a heavier one paid (followed).
+Why each rule exists, with the runs that showed it: docs/benchmarks.md#speculative-decoding."""
 from __future__ import annotations
 
 import math

@@ -3,8 +3,8 @@
 Two ways in, one code path after: under `torchrun` every rank runs the same `tally serve` command and reads its
 rank from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
 without it, N = tensor_parallel_size x pipeline_parallel_size on one machine makes this process rank 0, and it
-starts ranks 1..N-1 as `python -m tally.engine.follower` with the same variables set (as vLLM's multiprocessing
-executor starts its workers). Rank 0 serves; the others follow its steps (tally/engine/follower.py).
+starts ranks 1..N-1 as `python -m tally.engine.parallel.follower` with the same variables set (as vLLM's multiprocessing
+executor starts its workers). Rank 0 serves; the others follow its steps (tally/engine/parallel/follower.py).
 
 CPU placement: the ranks on one machine split the CPUs this process may use into equal, disjoint sets, each rank
 pinned to its own, with one thread per physical core in it: two ranks' OpenMP pools on the same cores would
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from tally.engine.config import EngineConfig
-from tally.engine.pipeline import PipelinePeers
+from tally.engine.parallel.pipeline import PipelinePeers
 from tally.layers.parallel import TPGroup
 from tally.platform import parse_cpu_list, pin_process
 
@@ -130,7 +130,7 @@ def _tp_group(rank: int, tp: int, pp: int) -> TPGroup | None:
 
 
 def _pipeline_peers(rank: int, tp: int, pp: int) -> PipelinePeers | None:
-    """This rank's place in the pipeline, with its two-rank groups (tally/engine/pipeline.py). new_group is
+    """This rank's place in the pipeline, with its two-rank groups (tally/engine/parallel/pipeline.py). new_group is
     collective over the whole world, so every rank makes every group, in the same order."""
     if pp == 1:
         return None
@@ -163,4 +163,4 @@ def _start_follower(config: EngineConfig, rank: int, world_size: int, port: int)
                LOCAL_WORLD_SIZE=str(world_size))
     env[STORE_ENV] = f"127.0.0.1:{port}"
     env[CONFIG_ENV] = json.dumps(asdict(config))
-    return subprocess.Popen([sys.executable, "-m", "tally.engine.follower"], env=env)
+    return subprocess.Popen([sys.executable, "-m", "tally.engine.parallel.follower"], env=env)

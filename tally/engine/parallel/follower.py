@@ -1,6 +1,6 @@
-"""A rank other than 0 of a parallel engine: load this rank's slice, then run every step rank 0 sends until it
-says stop. Started by rank 0 (`python -m tally.engine.follower`, tally/engine/distributed.py) or, under torchrun, by
-`tally serve` on ranks 1..N-1."""
+"""A rank other than 0 of a parallel engine: load this rank's slice, then run every step rank 0 sends until it says
+stop. Started by rank 0 (`python -m tally.engine.parallel.follower`, tally/engine/parallel/distributed.py) or, under
+torchrun, by `tally serve` on ranks 1..N-1."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ import os
 import sys
 
 from tally.engine.config import EngineConfig
-from tally.engine.distributed import CONFIG_ENV
-from tally.engine.model_setup import load_model
+from tally.engine.parallel.distributed import CONFIG_ENV
+from tally.engine.startup.load import load_model
 from tally.engine.model_step import receive_step
-from tally.engine.pipeline import forward_step
+from tally.engine.parallel.pipeline import forward_step
 
 log = logging.getLogger("tally.engine")
 

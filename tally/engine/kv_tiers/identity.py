@@ -1,5 +1,6 @@
 """One name for everything the KV values of a block depend on besides its tokens: the disk prefix tier's folder
-(tally/engine/disk_prefix_cache.py), so a block another model, path or layout computed is never read as this one's.
+(tally/engine/kv_tiers/disk_prefix_cache.py), so a block another model, path or layout computed is never read as this
+one's.
 
 The checkpoints are named by their files' paths, sizes and modification times (hashing gigabytes of weights at each
 start would cost more than the tier saves); the rest by what changes the values: the projections' path (compute

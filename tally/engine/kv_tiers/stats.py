@@ -1,5 +1,5 @@
-"""The counters of the KV tiers below the pool (tally/engine/swap_space.py, tally/engine/disk_prefix_cache.py), as
-the engine's snapshot carries them to /metrics and /ledger."""
+"""The counters of the KV tiers below the pool (tally/engine/kv_tiers/swap_space.py,
+tally/engine/kv_tiers/disk_prefix_cache.py), as the engine's snapshot carries them to /metrics and /ledger."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,18 +1,8 @@
 """Speculative decoding: before a step, decoding requests get proposals (prompt lookup,
-tally/engine/ngram_proposer.py, or a draft model, tally/engine/draft_proposer.py) as tokens the step computes after
-their last one; after it, each proposal is checked against the token the target sampled at its place, and the
-request keeps the proposals up to the first disagreement plus the target's own token there (one more than it
-proposed when all held).
-
-Exact for greedy and sampled requests alike: every position is sampled from the target's distribution (with
-the proposals before it counted as output, for penalties and min_tokens), and a proposal is kept only when the
-sample equals it. For a proposer that names one token (prompt lookup, or a draft model's argmax for a greedy
-request), that is rejection sampling: accepted with probability p(x), and on rejection the sample is distributed
-as p without x, renormalised — the residual distribution. A draft model's proposal for a sampled request is drawn
-from its own distribution q; the sampler then keeps it with probability min(1, p(x)/q(x)) and otherwise samples
-the residual norm(max(0, p - q)) (tally/sample/rejection.py), which again gives the target's distribution. A seeded
-request is never speculated, so its tokens stay reproducible; nor is a constrained one (its matcher would have to
-check the proposals first)."""
+tally/engine/speculation/ngram_proposer.py, or a draft model, tally/engine/speculation/draft_proposer.py) as tokens the
+step computes after their last one; after it, each proposal is checked against the token the target sampled at its
+place, and the request keeps the proposals up to the first disagreement plus the target's own token there (one more than
+it proposed when all held)."""
 from __future__ import annotations
 
 import weakref
@@ -24,11 +14,11 @@ import torch
 
 from tally.core.request import Request, RequestStatus
 from tally.core.scheduler import SchedulerOutput
-from tally.engine.draft_proposer import DraftProposer
-from tally.engine.ngram_proposer import propose_ngram
-from tally.engine.speculation_policy import SpeculationPolicy
-from tally.engine.speculation_stats import SpeculationStats
-from tally.engine.speculative_config import SpeculativeConfig
+from tally.engine.speculation.draft_proposer import DraftProposer
+from tally.engine.speculation.ngram_proposer import propose_ngram
+from tally.engine.speculation.policy import SpeculationPolicy
+from tally.engine.speculation.stats import SpeculationStats
+from tally.engine.speculation.config import SpeculativeConfig
 
 # A request's acceptance: its own verifications, older ones fading by DECAY each, beside PRIOR verifications' worth
 # of every request's (a new request starts from what the others measured).
@@ -61,6 +51,15 @@ class Acceptance:
 
 
 class Speculator:
+    """Exact for greedy and sampled requests alike: every position is sampled from the target's distribution (with
+    the proposals before it counted as output, for penalties and min_tokens), and a proposal is kept only when the
+    sample equals it. For a proposer that names one token (prompt lookup, or a draft model's argmax for a greedy
+    request), that is rejection sampling: accepted with probability p(x), and on rejection the sample is distributed
+    as p without x, renormalised — the residual distribution. A draft model's proposal for a sampled request is drawn
+    from its own distribution q; the sampler then keeps it with probability min(1, p(x)/q(x)) and otherwise samples
+    the residual norm(max(0, p - q)) (tally/sample/rejection.py), which again gives the target's distribution. A seeded
+    request is never speculated, so its tokens stay reproducible; nor is a constrained one (its matcher would have to
+    check the proposals first)."""
     def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftProposer | None = None) -> None:
         self.config = config
         self.max_model_len = max_model_len

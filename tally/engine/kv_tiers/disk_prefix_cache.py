@@ -1,19 +1,6 @@
 """The disk prefix tier (--kv-disk-cache-dir): full KV blocks as files named by their stable key
 (tally/core/kv_tiers.py:extend_block_keys), so a prompt prefix seen before, by this process or an earlier one, is
-read back instead of recomputed (LMCache's local disk backend, one file per block).
-
-DIR/<identity>/<key>.kv, where the identity names what the KV values depend on (tally/engine/kv_identity.py): another
-model, dtype or layout never reads them. A file is written under a temporary name and renamed, and read back only
-if its header (magic, identity, key, length) and its payload's SHA-1 match: a torn or damaged file is a miss (and is
-deleted), never a wrong block. The directory is bounded (--kv-disk-cache-size): the least recently used files go
-first, whichever model wrote them. Use is kept in the files' mtimes (stamps that only grow: the file system's own
-clock ticks too coarsely to order a run of blocks), so the order survives restarts; a run of blocks read or written
-together is stamped tail first, so a prefix's tail goes before its head, as in the pool's LRU. Nothing in DIR but
-these folders' .kv and .tmp files is ever deleted.
-
-Writes leave the engine thread: the blocks are copied out of the pool at once (it may hand them to another request
-next step) and a thread of their own writes them; while WRITE_QUEUE_BYTES of copies wait, further blocks are not
-written (a cache may miss; the engine must not wait on a disk). Reads run on the engine thread, at admission."""
+read back instead of recomputed (LMCache's local disk backend, one file per block)."""
 from __future__ import annotations
 
 import hashlib
@@ -31,7 +18,7 @@ from pathlib import Path
 import torch
 
 from tally.attention.kv_blocks import ExactBlocks
-from tally.engine.kv_tier_stats import DiskCacheStats
+from tally.engine.kv_tiers.stats import DiskCacheStats
 from tally.errors import ConfigError
 from tally.units import MiB
 
@@ -44,6 +31,18 @@ _IDENTITY_HEX = 32
 
 
 class DiskPrefixCache:
+    """DIR/<identity>/<key>.kv, where the identity names what the KV values depend on
+    (tally/engine/kv_tiers/identity.py): another model, dtype or layout never reads them. A file is written under a
+    temporary name and renamed, and read back only if its header (magic, identity, key, length) and its payload's SHA-1
+    match: a torn or damaged file is a miss (and is deleted), never a wrong block. The directory is bounded
+    (--kv-disk-cache-size): the least recently used files go first, whichever model wrote them. Use is kept in the
+    files' mtimes (stamps that only grow: the file system's own clock ticks too coarsely to order a run of blocks), so
+    the order survives restarts; a run of blocks read or written together is stamped tail first, so a prefix's tail goes
+    before its head, as in the pool's LRU. Nothing in DIR but these folders' .kv and .tmp files is ever deleted.
+
+    Writes leave the engine thread: the blocks are copied out of the pool at once (it may hand them to another request
+    next step) and a thread of their own writes them; while WRITE_QUEUE_BYTES of copies wait, further blocks are not
+    written (a cache may miss; the engine must not wait on a disk). Reads run on the engine thread, at admission."""
     def __init__(self, root: str | Path, capacity_bytes: int, identity: bytes, codec: ExactBlocks,
                  block_size: int) -> None:
         self.root = Path(root).expanduser()

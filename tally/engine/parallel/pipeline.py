@@ -1,22 +1,4 @@
-"""A step through the pipeline stages: rank 0's step cut into micro-batches that the stages work on at once.
-
-A step's sequences are cut into as many contiguous micro-batches as there are stages, by tokens (each keeps the
-decodes-first order attention needs). Stage s runs each micro-batch in turn: the hidden state [T, H] from stage s-1
-(stage 0 embeds instead), its own layers, then an asynchronous send to stage s+1, so it starts on the next
-micro-batch while s+1 works on this one. The last stage computes each micro-batch's logit rows and sends them to
-rank 0, which puts them back in the step's order. Under TP x PP the hidden states go between the same TP rank of
-adjacent stages, and the last stage's TP rank 0 alone sends logits.
-
-A send is a broadcast in a process group of the two ranks (one group a direction, so each keeps its order), not
-gloo's point-to-point send: a receive is then a collective the receiver can poll (tally/layers/spin_wait.py), where
-gloo marks a point-to-point receive complete only inside its blocking wait, and a rank asleep there wakes late.
-
-Every transfer carries one extra row: the sender's clock when it started the send, and the transfer time the
-micro-batch met upstream. The receiver counts what it waited beyond the moment both sides were ready (its own arrival
-or the send's start, whichever was later): the transfer, without the other stage's work. The last stage forwards the
-sum with the logits, so rank 0 holds every stage boundary's time (`TransferClock`), as TPGroup holds its collectives'.
-The clocks are CLOCK_MONOTONIC, one clock for the ranks of one machine; across machines the figure is not a transfer.
-"""
+"""A step through the pipeline stages: rank 0's step cut into micro-batches that the stages work on at once."""
 from __future__ import annotations
 
 import time
@@ -40,7 +22,25 @@ class TransferClock:
 
 @dataclass(frozen=True)
 class PipelinePeers:
-    """Rank `rank`'s place in a tp x pp world, vLLM's layout: rank = stage * tp_size + TP rank."""
+    """A step's sequences are cut into as many contiguous micro-batches as there are stages, by tokens (each keeps the
+    decodes-first order attention needs). Stage s runs each micro-batch in turn: the hidden state [T, H] from stage s-1
+    (stage 0 embeds instead), its own layers, then an asynchronous send to stage s+1, so it starts on the next
+    micro-batch while s+1 works on this one. The last stage computes each micro-batch's logit rows and sends them to
+    rank 0, which puts them back in the step's order. Under TP x PP the hidden states go between the same TP rank of
+    adjacent stages, and the last stage's TP rank 0 alone sends logits.
+
+    A send is a broadcast in a process group of the two ranks (one group a direction, so each keeps its order), not
+    gloo's point-to-point send: a receive is then a collective the receiver can poll (tally/layers/spin_wait.py), where
+    gloo marks a point-to-point receive complete only inside its blocking wait, and a rank asleep there wakes late.
+
+    Every transfer carries one extra row: the sender's clock when it started the send, and the transfer time the
+    micro-batch met upstream. The receiver counts what it waited beyond the moment both sides were ready (its own
+    arrival or the send's start, whichever was later): the transfer, without the other stage's work. The last stage
+    forwards the sum with the logits, so rank 0 holds every stage boundary's time (`TransferClock`), as TPGroup holds
+    its collectives'. The clocks are CLOCK_MONOTONIC, one clock for the ranks of one machine; across machines the figure
+    is not a transfer.
+
+    Rank `rank`'s place in a tp x pp world, vLLM's layout: rank = stage * tp_size + TP rank."""
 
     rank: int
     tp_size: int

@@ -1,6 +1,7 @@
 """The KV tiers below the pool, built from the config in one place: the swap space for preemption
-(tally/engine/swap_space.py) and the disk prefix tier (tally/engine/disk_prefix_cache.py), with what the ledger
-says of them. Both move every pool tensor of a block: the target's K and V and, with a draft model, the draft's."""
+(tally/engine/kv_tiers/swap_space.py) and the disk prefix tier (tally/engine/kv_tiers/disk_prefix_cache.py), with what
+the ledger says of them. Both move every pool tensor of a block: the target's K and V and, with a draft model, the
+draft's."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -8,11 +9,11 @@ from dataclasses import dataclass
 
 from tally.attention.kv_blocks import ExactBlocks, Int8Blocks, block_tensors
 from tally.engine.config import EngineConfig
-from tally.engine.disk_prefix_cache import WRITE_QUEUE_BYTES, DiskPrefixCache
-from tally.engine.kv_identity import key_smoothing_scales, kv_identity
-from tally.engine.kv_tier_stats import DiskCacheStats, SwapStats
-from tally.engine.model_setup import LoadedModel
-from tally.engine.swap_space import SwapSpace
+from tally.engine.kv_tiers.disk_prefix_cache import WRITE_QUEUE_BYTES, DiskPrefixCache
+from tally.engine.kv_tiers.identity import key_smoothing_scales, kv_identity
+from tally.engine.kv_tiers.stats import DiskCacheStats, SwapStats
+from tally.engine.startup.loaded_model import LoadedModel
+from tally.engine.kv_tiers.swap_space import SwapSpace
 from tally.models.registry import resolve_model
 from tally.units import GiB
 

@@ -1,25 +1,7 @@
 """The draft model's side of speculative decoding: per step it proposes up to k tokens for each request it is given
-(k chosen per request, tally/engine/speculation_policy.py), in max k forward passes of its own (the first also
+(k chosen per request, tally/engine/speculation/policy.py), in max k forward passes of its own (the first also
 catches up on the request's tokens it has not run yet), each token drawn from its own distribution q (the argmax for
-a greedy request), whose rows it keeps for rejection sampling.
-
-Its KV lives in the target's blocks: the same block table, position for position, in tensors of its own shape
-(tally/engine/model_setup.py sizes the pool for both). Per request it counts the leading positions holding KV it
-wrote for that request (DraftState.computed). Proposing writes past them, in the blocks the scheduler would
-allocate for the verify step anyway (taken here, one step early, only while a block per running request stays
-free: nobody is preempted for a bet). After verification only the kept proposals' KV counts: a rejected one's is
-rolled back by not counting it, and written over later.
-
-The draft runs only for requests that propose: while the policy keeps speculation off (for every request, or for
-one whose guesses do not pay) it costs nothing, and the next proposal first runs the draft over every token it
-missed, in one pass. So the draft's KV in a block is whole only where the draft wrote it for that request, and it
-never reads KV it did not write itself: a new request, or one preempted (its blocks freed, or swapped out and
-back), starts afresh even where the target's KV came from the prefix cache, the swap space or disk.
-
-Starting afresh, the draft reads only the request's last tokens: from `offset`, the block boundary at or before
-draft_context_tokens from its end (tally/engine/speculative_config.py), with that block's table entry as its first
-and positions counted from there, so position p of the request still lives in p's own slot. A request the draft
-fell further behind on than that (a spell without proposals) starts afresh too: its catch-up is bounded either way."""
+a greedy request), whose rows it keeps for rejection sampling."""
 from __future__ import annotations
 
 import time
@@ -31,7 +13,7 @@ import torch
 
 from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request
-from tally.engine.draft_model import DraftModel
+from tally.engine.speculation.draft_model import DraftModel
 from tally.engine.inputs import build_span_inputs
 from tally.engine.model_step import ModelStep, run_model_step
 from tally.engine.runner import reads_outputs
@@ -53,6 +35,23 @@ class DraftState:
 
 
 class DraftProposer:
+    """Its KV lives in the target's blocks: the same block table, position for position, in tensors of its own shape
+    (tally/engine/startup/load.py sizes the pool for both). Per request it counts the leading positions holding KV it
+    wrote for that request (DraftState.computed). Proposing writes past them, in the blocks the scheduler would
+    allocate for the verify step anyway (taken here, one step early, only while a block per running request stays
+    free: nobody is preempted for a bet). After verification only the kept proposals' KV counts: a rejected one's is
+    rolled back by not counting it, and written over later.
+
+    The draft runs only for requests that propose: while the policy keeps speculation off (for every request, or for
+    one whose guesses do not pay) it costs nothing, and the next proposal first runs the draft over every token it
+    missed, in one pass. So the draft's KV in a block is whole only where the draft wrote it for that request, and it
+    never reads KV it did not write itself: a new request, or one preempted (its blocks freed, or swapped out and
+    back), starts afresh even where the target's KV came from the prefix cache, the swap space or disk.
+
+    Starting afresh, the draft reads only the request's last tokens: from `offset`, the block boundary at or before
+    draft_context_tokens from its end (tally/engine/speculation/config.py), with that block's table entry as its first
+    and positions counted from there, so position p of the request still lives in p's own slot. A request the draft fell
+    further behind on than that (a spell without proposals) starts afresh too: its catch-up is bounded either way."""
     def __init__(self, draft: DraftModel, kv: KVCacheManager, context_tokens: int = 0, vocab_rows: int = 0) -> None:
         self.draft = draft
         self.kv = kv

@@ -23,19 +23,19 @@ from pathlib import Path
 
 import torch
 
-from tally.engine.config import PathCandidate
+from tally.engine.config import EngineConfig, PathCandidate
 from tally.layers.path_timing import ComputePath, PathTimes, ProjectionShape, time_path
 from tally.native import ops as native
+from tally.models.loader import Checkpoint
+from tally.models.projection_shapes import projection_shapes
 from tally.native.library import build_digest, build_name
 from tally.platform import cache_dir, cpu_flags, cpu_model, has_fast_bf16
 
 log = logging.getLogger(__name__)
 
 ROWS = (1, 8, 32, 128, 512)  # decode (1, 8: a few streams), then prompt-chunk sizes
-# bf16 takes rows only where it measured this much faster: two runs of `tally tune` on one quiet Zen 4 VM put the
-# two paths at 512 rows 4% apart one way and 3% the other, and the rows it took on a 3% win prefilled 0.85-0.93x
-# as fast as the native path alone (docs/benchmarks.md, session 24). A split the measurement cannot tell from
-# its noise is a coin flip that is then cached; the issue's Zen 5 machine's bf16 wins by 1.5-2x.
+# bf16 takes rows only where it measured this much faster: a smaller win is within the measurement's noise, a coin
+# flip that would then be cached (docs/benchmarks.md#paths-chosen-by-measurement).
 BF16_MARGIN = 1.1
 BUDGET_BYTES = 256 * 2**20  # weight copies per candidate at few rows: past most last-level caches
 VERSION = 4  # bump when what is measured or how it is chosen changes: old cache entries are ignored
@@ -83,6 +83,16 @@ class PathChoice:
                 "tokens_per_s": {label: {"own": {r: r / s for r, s in t.own.items()},
                                          "bf16_many": {r: r / s for r, s in (t.bf16_many or {}).items()}}
                                  for label, t in self.times.items()}}
+
+
+def measured_path(config: EngineConfig, ckpt: Checkpoint, *, remeasure: bool = False) -> PathChoice:
+    """The projection path for this checkpoint and config: fixed by flags, or measured here (and cached)."""
+    candidates, open_choice = config.path_candidates(ckpt.config.torch_dtype, ckpt.format == "gguf",
+                                                     ckpt.quantization is not None)
+    if not open_choice:
+        return PathChoice(candidates[0])
+    shapes = {c.quantization or "": projection_shapes(ckpt.config, c.quantization, ckpt) for c in candidates}
+    return choose_path(candidates, shapes, remeasure=remeasure)
 
 
 def choose_path(candidates: list[PathCandidate], shapes: dict[str, list[ProjectionShape]], *,

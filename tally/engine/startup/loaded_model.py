@@ -1,0 +1,30 @@
+"""What start-up hands the engine: the model, its tokenizer, the KV pool and the ledger of what they took."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tally.attention.kv_cache import KVCache
+from tally.engine.parallel.distributed import ParallelContext
+from tally.engine.speculation.draft_model import DraftModel
+from tally.ledger.kv import KVLayout
+from tally.ledger.report import EngineLedger
+from tally.models.config import ModelConfig
+from tally.models.llama import CausalLM
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    config: ModelConfig
+    tokenizer: Any
+    stop_token_ids: tuple[int, ...]
+    model: CausalLM
+    kv_caches: list[tuple[KVCache, KVCache]]
+    kv_layout: KVLayout
+    num_blocks: int
+    max_model_len: int
+    ledger: EngineLedger
+    sampling_defaults: dict[str, float]  # from generation_config.json (--generation-config)
+    parallel: ParallelContext | None = None  # tensor / pipeline parallel: this process's rank and its groups
+    draft: DraftModel | None = None  # speculative decoding's draft model; its KV in the same pool blocks

@@ -1,0 +1,76 @@
+"""The KV pool: its dtype, how many blocks the budget holds (with a draft model, one block holds both models' KV),
+and the tensors themselves."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from tally.attention.kv_cache import Int8KVCache, KVCache
+from tally.engine.config import EngineConfig
+from tally.engine.parallel.distributed import ParallelContext
+from tally.engine.speculation.draft_model import DraftModel
+from tally.engine.startup.placing import agreed
+from tally.errors import ConfigError
+from tally.ledger.kv import KVLayout, auto_kv_dtype
+from tally.models.config import ModelConfig
+from tally.models.key_smoothing import calibration_ids, measure_key_scales
+from tally.models.llama import CausalLM
+from tally.models.pipeline_split import PPStage
+from tally.platform import available_ram_bytes
+
+DEFAULT_KV_CAP_BYTES = 2 * 2**30
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def kv_dtype(config: EngineConfig, dtype: torch.dtype, quantized: bool, model: CausalLM, tokenizer: Any) -> str:
+    """--kv-cache-dtype, or the ledger's choice for this model; an int8 cache measures its key smoothing here."""
+    name = auto_kv_dtype(_DTYPE_NAMES[dtype], quantized) if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
+    if name == "int8":
+        model.set_key_smoothing(measure_key_scales(model, calibration_ids(tokenizer)))
+    return name
+
+
+def kv_layout(config: EngineConfig, cfg: ModelConfig, kv_dtype_name: str, stage: PPStage | None) -> KVLayout:
+    """This stage's layers only; stage 0 holds the most, so the block count rank 0 sizes fits every stage."""
+    return KVLayout.for_model(replace(cfg, num_layers=stage.num_layers) if stage is not None else cfg,
+                              kv_dtype=kv_dtype_name, block_size=config.block_size)
+
+
+def pool_blocks(config: EngineConfig, layout: KVLayout, draft: DraftModel | None, max_model_len: int,
+                parallel: ParallelContext | None) -> int:
+    """Blocks the KV budget holds; a ConfigError where that is less than one request of max_model_len."""
+    bytes_per_block = layout.bytes_per_block + (draft.layout.bytes_per_block if draft is not None else 0)
+    request_bytes = layout.blocks_for_tokens(max_model_len) * bytes_per_block  # one max_model_len request
+    budget = config.kv_cache_memory
+    if budget is None:
+        # Like vLLM's CPU backend, a bounded default: zero-filling a pool costs ~2 s per GB here, and
+        # a pool larger than max_num_seqs full-length requests can never be used.
+        useful = config.max_num_seqs * request_bytes
+        budget = min(int(available_ram_bytes() * config.kv_cache_memory_fraction), DEFAULT_KV_CAP_BYTES, useful)
+    num_blocks = config.num_gpu_blocks_override or agreed(
+        parallel, lambda: max(budget, 0) // bytes_per_block)  # rank 0 holds the most heads
+    if num_blocks * config.block_size < max_model_len:
+        bytes_per_token = layout.bytes_per_token + (draft.layout.bytes_per_token if draft is not None else 0)
+        drafts = (f" (the draft model {draft.name} takes {draft.layout.bytes_per_token:,} of its "
+                  f"{bytes_per_token:,} bytes per token)" if draft is not None else "")
+        raise ConfigError(
+            f"the KV cache budget ({budget:,} bytes) holds {num_blocks * config.block_size:,} tokens{drafts}, fewer "
+            f"than one request of max_model_len {max_model_len:,}; raise --kv-cache-memory to ≥ "
+            f"{request_bytes:,} or lower --max-model-len")
+    return num_blocks
+
+
+def allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int) -> list[tuple[KVCache, KVCache]]:
+    """One pool for all layers, K and V, sized exactly num_blocks * layout.bytes_per_block; int8
+    adds the ledger's float32 scale per (layer, K/V, block, KV head) beside the values."""
+    shape = (layout.num_layers, 2, num_blocks, layout.block_size, cfg.num_kv_heads, cfg.head_dim)
+    if layout.kv_dtype == "int8":
+        values = torch.zeros(shape, dtype=torch.int8)
+        scales = torch.zeros(shape[:3] + shape[4:5], dtype=torch.float32)
+        return [(Int8KVCache(values[i, 0], scales[i, 0]), Int8KVCache(values[i, 1], scales[i, 1]))
+                for i in range(layout.num_layers)]
+    cache_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[layout.kv_dtype]
+    pool = torch.zeros(shape, dtype=cache_dtype)
+    return [(pool[i, 0], pool[i, 1]) for i in range(layout.num_layers)]
