@@ -3,7 +3,7 @@
 glibc keeps freed chunks in each thread's malloc arena and returns only what sits at the top of a heap. A server
 frees a lot after start-up (loading, the path measurement) and its engine thread allocates buffers of a new size
 at nearly every step, so its RSS overstates what is live: on the built-in model the first trims gave back ~270 MB
-of ~1 GB (the soak in docs/benchmarks.md). `malloc_trim(0)` returns the whole free pages inside every arena. It
+of ~1 GB (docs/benchmarks.md#reliability). `malloc_trim(0)` returns the whole free pages inside every arena. It
 walks the arenas' free lists, so the engine thread calls it between steps (its own arena is then idle), at most
 once an interval. Where malloc_trim does not exist (musl, macOS) this does nothing.
 """
@@ -13,7 +13,7 @@ import time
 
 from tally.platform import libc_function
 
-TRIM_INTERVAL_S = 10.0  # one trim costs ~ms (docs/benchmarks.md): under 0.1% of the engine's time
+TRIM_INTERVAL_S = 10.0  # one trim costs ~ms (docs/benchmarks.md#reliability): under 0.1% of the engine's time
 
 
 class HeapTrimmer:

@@ -113,7 +113,6 @@ def _flat_batch(ids: list[int], starts: list[int], lens: list[int], tables: list
     width = max(len(t) for t in tables)
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
     if num_decode == total:  # one token a sequence (a decode step): a row's slot is one lookup, no index tensors
-        # (~10 tensor ops, ~0.1-0.25 ms a step, against ~20 µs)
         positions = torch.tensor(starts, dtype=torch.int64)
         slots = torch.tensor([t[s // bs] * bs + s % bs for t, s in zip(tables, starts)], dtype=torch.int64)
     else:

@@ -14,7 +14,7 @@ from tally.core.request import Request
 from tally.core.scheduler import Scheduler, SchedulerOutput
 from tally.sampling_params import SamplingType
 
-# LLM()'s default: at 8 the interpreter's share measured 0.05-0.07 ms a step (2% of SmolLM2's, from 9-12%), so
+# LLM()'s default: at 8 the interpreter's share of a step is already small (docs/benchmarks.md#decode-roofline), so
 # longer bursts gain little, while the tokens computed past a stop string (up to this many minus one) keep growing.
 OFFLINE_SCHEDULER_STEPS = 8
 

@@ -11,7 +11,7 @@ METHODS = ("ngram", "draft_model")
 # vLLM's other methods, refused by name rather than as unknown words.
 NOT_YET = ("eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "suffix")
 MAX_SPECULATIVE_TOKENS = 16  # every proposed token is a row of the verify step: a bound on its cost
-DRAFT_CONTEXT_TOKENS = 256  # the default bound (benchmarks/speculative.py --draft-context, docs/benchmarks.md)
+DRAFT_CONTEXT_TOKENS = 256  # the default bound (docs/benchmarks.md#speculative-decoding)
 EXAMPLE = '\'{"method": "ngram", "num_speculative_tokens": 4}\''
 
 

@@ -26,17 +26,16 @@ DECAY = 0.9
 PRIOR = 4.0
 # With a draft model, at most one running request in DRAFT_SHARE speculates: those the draft is least behind on. A
 # request it is far behind on (new, or back from an off spell) costs a catch-up over its whole context, and on a CPU
-# speculating many streams loses anyway (benchmarks/speculative.py); a price measured on a few requests also holds for a
-# few, where extrapolating it to every one did not (32 streams: 0.76x of off).
+# speculating many streams loses anyway; a price measured on a few requests also holds for a few, where extrapolating
+# it to every one did not (docs/benchmarks.md#speculative-decoding).
 DRAFT_SHARE = 4
 
 
 @dataclass
 class Acceptance:
     """Counts apart for the first proposal and for those after a kept one: once a proposal holds, the next holds far
-    more often than the first does (prompt lookup quoting: 82% at the first position, then 93-95% of the time), so
-    one rate for every position, raised to the j-th power, undervalued the later proposals: quoting's fourth is
-    worth 0.68 tokens, where 0.76 (its rate over all positions) to the fourth is 0.33."""
+    more often than the first does, so one rate for every position, raised to the j-th power, undervalues the later
+    proposals (docs/benchmarks.md#speculative-decoding)."""
 
     first_kept: float = 0.0
     first_judged: float = 0.0  # verifications (each judges its first proposal)

@@ -1,5 +1,5 @@
 """Which way the model's projections run, chosen by measuring the candidates on this CPU, not by a rule about
-its flags (the same flags rank the paths differently on different CPUs: docs/benchmarks.md).
+its flags (the same flags rank the paths differently on different CPUs: docs/benchmarks.md#paths-chosen-by-measurement).
 
 When the dtype is open (EngineConfig.path_candidates gives more than one path, or a path whose layers can send
 many-row steps to bf16), each candidate is timed on the model's own projection shapes at ROWS
