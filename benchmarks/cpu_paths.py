@@ -1,10 +1,10 @@
 """The default path against every explicit one, on the CPU at hand: batch-1 decode and prefill tokens per second,
-measured in the same run, and the default's ratio to the best explicit path (issue: fast on whatever CPU).
+measured in the same run, and the default's ratio to the best explicit path.
 
   default          no --dtype / --quantization: measured at start (tally/engine/startup/path_tuning.py), GGUF as stored
   gguf fp32        --dtype float32 --quantization gguf: the file's blocks on the native kernels, no bf16 prefill
   gguf bf16        --dtype bfloat16 --quantization gguf: the blocks on PyTorch's int4 / int8 layers in bf16
-  dequant bf16     --dtype bfloat16 --quantization none: the file dequantized to bf16 (the old default here)
+  dequant bf16     --dtype bfloat16 --quantization none: the file dequantized to bf16
   dequant fp16w    --dtype float16 --quantization none: dequantized to fp16 panels, fp32 compute
 
     python benchmarks/cpu_paths.py [--model PATH.gguf] [--threads 2] [--prefill 512] [--decode 64]

@@ -3,10 +3,10 @@ per-step time spent outside the model's kernels (Python overhead). Where the lay
 decode step is split three ways: that call, the LM head, and everything else the engine's step did (inputs,
 embedding, final norm, sampling, scheduling: Python and torch ops), the first two with the bytes they read and
 their rate against plain loads over 1 GB (the native kernels' threads, huge pages as the weights'), read just
-before each decode run: on a VM the read rate drifts by 2x within minutes, so each run is held against its own.
-Both with LLM()'s multi-step decode (several decode steps
-a native call: tally/engine/multi_step.py) and with one step a call, as `tally serve` runs them, the two
-alternating request by request (3 each), and the ratio of their TPOTs pair by pair.
+before each decode run: on a VM the read rate drifts within minutes, so each run is held against its own. Both
+with LLM()'s multi-step decode (several decode steps a native call: tally/engine/multi_step.py) and with one step a
+call, as `tally serve` runs them, the two alternating request by request (3 each), and the ratio of their TPOTs pair
+by pair.
 
     python benchmarks/decode_roofline.py [--dtype float32] [--quantization int4] [--tokens 128] [--threads 2]
 """
@@ -35,7 +35,7 @@ def read_buffer(size_bytes: int = 1 << 30) -> torch.Tensor:
 
 def read_gbs(buf: torch.Tensor, repeats: int = 3) -> float:
     """The memory's read rate with plain loads on the kernels' threads; torch's sum where the native kernels are
-    unavailable (its arithmetic, not the memory, limits it at ~33-34 GB/s on the Zen 4 VM, where loads read ~57)."""
+    unavailable (its arithmetic, not the memory, limits it, below what plain loads read)."""
     from tally.native import ops
 
     if not ops.available():

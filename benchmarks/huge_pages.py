@@ -3,8 +3,9 @@
 Two LLMs of one model: the first loaded as Tally loads it (weights moved onto huge pages), the second with this
 process's transparent huge pages switched off (prctl PR_SET_THP_DISABLE) while it loads, and from then on, so the
 kernel's background collapsing cannot give its weights huge pages later either. Each kind of memory's read rate
-(plain loads over 400 MB on the kernels' threads, one buffer of each), then batch-1 decode of 128 tokens and a 512-token prefill on each
-engine, alternating round by round so the machine's drift falls on both; ratios pair by pair.
+(plain loads over 400 MB on the kernels' threads, one buffer of each), then batch-1 decode of 128 tokens and a
+512-token prefill on each engine, alternating round by round so the machine's drift falls on both; ratios pair by
+pair.
 
     python benchmarks/huge_pages.py [--model PATH] [--rounds 8] [--threads 2]
 """

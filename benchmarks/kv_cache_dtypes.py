@@ -5,8 +5,7 @@ the perplexity ratio) and how many of the greedy tokens match.
 
 The logprob figures measure the cache's rounding only where the projections are exact in fp32 (`--dtype float16
 --quantization none`: fp16 weights, fp32 arithmetic); with a GGUF's blocks as stored, activations are rounded to
-int8 per block of 32, and any change upstream flips some of those roundings (~0.05 mean |difference| whatever
-changed).
+int8 per block of 32, and any change upstream flips some of those roundings, whatever changed.
 
 At a long context a decode step reads the cache's every byte for attention; fp16 / bf16 halve fp32's bytes and int8
 quarters them (the native kernels read each in place, fp32 arithmetic). One engine per dtype in one process, called

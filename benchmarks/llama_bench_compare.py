@@ -1,14 +1,14 @@
 """Tally's default path against llama.cpp's own `llama-bench` on the same GGUF file, in the same run: prefill of
-512 tokens and batch-1 decode of 128 (llama-bench's pp512 / tg128), the same threads (issue: fast on whatever CPU).
+512 tokens and batch-1 decode of 128 (llama-bench's pp512 / tg128), the same threads.
 
 llama-bench is built from llama.cpp's source with cmake (GGML_NATIVE=ON: the CPU at hand), e.g. from a PyPI sdist
 that vendors it; this script only runs it. Tally runs with default settings (the path measured at start), random
 prompt tokens, ignore_eos, medians of 3 (benchmarks/cpu_paths.py's measurement); llama-bench its default 5
 repetitions, averaged. Runs alternate (llama.cpp, Tally, llama.cpp) so a drifting machine shows in the spread;
 --rounds N repeats that N times and reports the median of the rounds' ratios (a noisy VM's single round can be
-20% off either way). Each round gives two ratios: against the faster of llama.cpp's two runs (the conservative
-one, which the figures before session 32 quote: on a VM whose runs vary by 10-20% the faster of two draws sits
-above a typical run) and against their mean (a drift between them cancels, and neither engine gets a second draw).
+far off either way). Each round gives two ratios: against the faster of llama.cpp's two runs (the conservative one:
+on a noisy VM the faster of two draws sits above a typical run) and against their mean (a drift between them
+cancels, and neither engine gets a second draw).
 
     python benchmarks/llama_bench_compare.py --llama-bench PATH/llama-bench [--model PATH.gguf] [--threads 2]
                                         [--llama-bench-args "-rtr 1"] [--rounds 3]

@@ -2,10 +2,10 @@
 
 llama.cpp runs as its C++ `llama-server` (--llama-server PATH: built from llama.cpp's source with cmake, target
 llama-server; --parallel 16 slots sharing a 16 x 2048-token context), or as `python -m llama_cpp.server` from
-llama-cpp-python (--llama-python: an sdist that compiles llama.cpp, ~25 min on 2 cores, in its own virtual
-environment). Both servers get --threads threads (default 1: on a shared 2-core machine two threads mostly waited on
-each other) and the built-in SmolLM2-135M Q4_1 GGUF, or --model's GGUF. Tally runs its default (the path measured at
-start); llama.cpp runs on the file's blocks with its own kernels. Prompts are cut with the same local tokenizer (the GGUF's),
+llama-cpp-python (--llama-python: an sdist that compiles llama.cpp, a long build, in its own virtual environment).
+Both servers get --threads threads (default 1: on a shared 2-core machine two threads mostly wait on each other) and
+the built-in SmolLM2-135M Q4_1 GGUF, or --model's GGUF. Tally runs its default (the path measured at start);
+llama.cpp runs on the file's blocks with its own kernels. Prompts are cut with the same local tokenizer (the GGUF's),
 and output lengths are forced on both (ignore_eos for Tally, a -inf logit bias on the end-of-turn tokens for
 llama.cpp, whose OpenAI server has no ignore_eos).
 

@@ -6,7 +6,7 @@ run: no latency target (--max-itl 1e9: the prompt's prefill shares each step wit
     python benchmarks/long_prompt_itl.py [--streams 6] [--prompt-tokens 3500] [--arms off,default]
 
 Prints per arm: the streams' usual gap (median before the long prompt), their longest gap while it was
-prefilled, the ratio, and the long prompt's TTFT. The issue's goal: longest gap < max(4 x usual, 300 ms).
+prefilled, the ratio, and the long prompt's TTFT. The goal: longest gap < max(4 x usual, 300 ms).
 """
 from __future__ import annotations
 

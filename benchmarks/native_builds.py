@@ -1,13 +1,13 @@
 """Every build of the native kernels this CPU runs (tally/native/library.py:builds: avx2, vnni256, avx512,
 avx512_gfni), against each other in one process on the integer projections of a real model's shapes: ms per call,
-best of several alternating runs, and each build's time over the widest one's (issue: fast on whatever CPU, native
-kernels for the CPU at hand). Random weights: the kernels' time does not depend on the values.
+best of several alternating runs, and each build's time over the widest one's. Random weights: the kernels' time
+does not depend on the values.
 
     python benchmarks/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
                                   [--define PAIR_ROWS=4,5]
 
 --copies N: each call goes over N copies of the weights in turn (ms per copy), so that they stream from memory as
-a decode step's layers do, rather than from the last-level cache (a 9728x896 int4 matrix is 4.4 MB; this VM's L3 32).
+a decode step's layers do, rather than from the last-level cache (a 9728x896 int4 matrix is 4.4 MB).
 --define NAME=V1,V2: the widest build at each value of a kernel constant, the same way (each / the last value).
 """
 from __future__ import annotations

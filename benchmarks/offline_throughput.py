@@ -3,8 +3,7 @@ transformers `generate` (padded static batches), same model, same requests, one 
 
     python benchmarks/offline_throughput.py --requests 200 [--dtype auto] [--hf-dtype float32] [--batches 8,16,32]
 
---batches: the static batch sizes, Tally's `--scheduling static` and transformers' padded batches alike (issue
-"fast on whatever CPU" states its goal against padded batches of 16).
+--batches: the static batch sizes, Tally's `--scheduling static` and transformers' padded batches alike.
 
 --dtype is Tally's (auto: fp16 weights with fp32 compute on CPUs without bf16 instructions, see
 tally/engine/config.py); --hf-dtype is transformers' (fp32 by default: its bf16 is emulated on such CPUs and

@@ -1,10 +1,8 @@
 """The environment for another engine that a bench script starts: the user's, not the one importing tally made.
 
 Importing tally sets OMP_WAIT_POLICY=PASSIVE for its own process (tally/__init__.py), and a child process inherits
-it. llama.cpp's OpenMP threads then sleep at every barrier: on a 2-vCPU Zen 4 VM, llama-bench decoded Qwen2.5-Coder
-0.5B at 22-26 tok/s with it and 32-45 without, one after the other (session 24). Until then the comparison scripts
-gave llama.cpp that handicap once tally was imported: the last of llama_bench_compare.py's two runs a round, and
-every llama-server that llamacpp_compare.py started.
+it; llama.cpp's OpenMP threads would then sleep at every barrier and decode slower (docs/benchmarks.md#kernels), a
+handicap the comparison scripts must not give their peer.
 """
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
-"""A prompt's attention: the native causal kernel (tally/native/prefill_attention.h) against the PyTorch path the
-auto backend took before it (torch's CPU flash SDPA for a whole prompt, the tiled online softmax or a masked SDPA
-for a chunk after cached tokens; K/V gathered from the paged cache in both, as they ran), one layer, fp32 cache,
-and the native kernel over an fp16 cache (each tile of 16 keys widened as an item reads it); then, with --whole, the whole prefill of the built-in model (every layer, projections included) with one and the
-other, alternating prompts in one process.
+"""A prompt's attention: the native causal kernel (tally/native/prefill_attention.h) against the PyTorch paths the
+auto backend takes without it (torch's CPU flash SDPA for a whole prompt, the tiled online softmax or a masked SDPA
+for a chunk after cached tokens; K/V gathered from the paged cache in both), one layer, fp32 cache, and the native
+kernel over an fp16 cache (each tile of 16 keys widened as an item reads it); then, with --whole, the whole prefill of
+the built-in model (every layer, projections included) with one and the other, alternating prompts in one process.
 
     python benchmarks/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--whole 512,1024]
 
 Shapes: SmolLM2-135M (9 query heads, 3 KV heads, 64 dims) and Qwen2.5-0.5B (14 query heads, 2 KV heads, 64 dims).
-Best of 7 alternating rounds per case (this VM's speed drifts by 10-30% between runs).
+Best of 7 alternating rounds per case (a VM's speed drifts between runs).
 """
 from __future__ import annotations
 

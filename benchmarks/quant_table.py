@@ -7,7 +7,8 @@ Rows (--rows, comma list):
   fp16w         dense, fp16 weights with fp32 compute (`--dtype float16`; what `auto` picks on AVX2-only CPUs)
   int8          int8 per-channel weights, round-to-nearest at load (`--quantization int8`)
   int4          int4 group-128 weights (g64 where 128 does not divide the inputs), RTN at load (`--quantization int4`)
-  int4-fl       int4 g128 with the first and last decoder layers dense (`tally quantize --keep-high-precision first,last`)
+  int4-fl       int4 g128 with the first and last decoder layers dense
+                (`tally quantize --keep-high-precision first,last`)
   w8a8          int8 weights and per-token int8 activations, SmoothQuant α=0.5 from 64 calibration samples
                 (`tally quantize --scheme w8a8 --method smoothquant`)
   kv-int8       fp16w with an int8 KV cache (`--kv-cache-dtype int8`): compare it with the fp16w row

@@ -2,7 +2,7 @@
 same model, in one process, the settings taking turns round by round (on a VM the memory's rate drifts within
 minutes, so each round's ratio is to its own greedy run). Greedy runs several decode steps a native call in LLM()
 (tally/engine/multi_step.py); a sampled request runs one step a call, so its ratio holds the sampler's own time
-(tally/sample/sampler.py) and the interpreter's per-step work (docs/benchmarks.md, session 29: 0.4-0.75 ms a step).
+(tally/sample/sampler.py) and the interpreter's per-step work (docs/benchmarks.md#sampler).
 Unseeded requests, as a server gets most of them.
 
     python benchmarks/sampling_cost.py [--model M] [--tokens 128] [--rounds 3] [--threads 2]

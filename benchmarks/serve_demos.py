@@ -16,7 +16,8 @@ Lengths come from the Azure conversation trace (tally/data), divided by --scale 
 written to a CSV that `tally bench --lengths trace:FILE` resamples. The server runs with
 OMP_NUM_THREADS=1: on a shared 2-core machine two OpenMP threads mostly wait on each other.
 
-    python benchmarks/serve_demos.py [--only static,prefix,chunked,lengths,sweep] [--duration 30] [--scale 16] [--rate 0.5]
+    python benchmarks/serve_demos.py [--only static,prefix,chunked,lengths,sweep] [--duration 30] [--scale 16]
+                                     [--rate 0.5]
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ offline engine on the same requests, at 1, 8 and 32 concurrent streams.
 Both sides run the same closed loop: `c` requests in flight, a new one starts when one ends. The
 offline side is the engine `LLM` wraps, driven in-process (LLM.generate would batch every request at
 once, which is not what c clients do) on a worker thread, as the server drives it: on a busy machine
-torch's 2-thread intra-op pool ran 5x slower from the main thread than from a worker thread, which
+torch's 2-thread intra-op pool runs far slower from the main thread than from a worker thread, which
 would otherwise swamp the HTTP cost this measures. Prompts are cut from real text, ignore_eos fixes
 the output length, so both sides do the same work.
 

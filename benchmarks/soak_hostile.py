@@ -1,4 +1,4 @@
-"""The reliability figure (issue: hardening): `tally serve` at about twice its measured capacity for a long run,
+"""The reliability figure: `tally serve` at about twice its measured capacity for a long run,
 with the conversation trace's lengths (divided by --scale) in bursts, shared prompt prefixes, 5% of clients
 leaving mid-stream and 1% bad requests of every kind the server must refuse. Nothing may be lost or hang, the KV
 pool must be whole again afterwards, no request may meet a 5xx it did not earn, and memory and fragmentation must
@@ -143,8 +143,8 @@ def main() -> int:
         chaos_thread.start()
         sample_s = max(a.duration / 30, 2.0)
         # The server's memory rises to a high-water mark over its first minutes under load (allocator arenas,
-        # buffers sized by the longest inputs seen: +250 MB in 3.5 min, then flat, on the built-in model); the
-        # trend is judged after it, as a soak's warmup.
+        # buffers sized by the longest inputs seen), then stays flat; the trend is judged after it, as a soak's
+        # warmup.
         warmup_s = min(a.duration / 6, 300.0)
         run = bench(server.url, a.out / "load.json", *common, "--rate", f"{rate:.3f}", "--burstiness", "0.5",
                     "--prefix-share", "0.3", "--system-prompt-tokens", "64", "--soak", f"{a.duration}s",

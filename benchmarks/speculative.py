@@ -14,11 +14,11 @@ A closed loop per concurrency C: C requests in flight on the offline engine, eac
 the loops' whole time, prompts' prefill included; TPOT is the mean time per output token after the first, per
 request (the prefill left out: what speculation shortens). After a warm-up loop (and one more for each adaptive arm,
 whose policy measures its price there, as in a server that has run a while), every arm runs --rounds loops,
-each round over new prompts and with the arms' order rotated by one, so that drift in this VM's speed falls on
-every arm alike; ratios are against `off`'s tokens/s over its rounds. "decode steps" is the same ratio over the steps without a
-prompt chunk (the engine's own count): at 16-32 streams three quarters of a run can be prompts' prefill, whose speed
-moves between arms by more than speculation's effect (docs/benchmarks.md, session 26). Every arm
-runs on one engine (one copy of the weights; with --draft-model its KV pool holds both models' KV in every arm, so
+each round over new prompts and with the arms' order rotated by one, so that drift in the machine's speed falls on
+every arm alike; ratios are against `off`'s tokens/s over its rounds. "decode steps" is the same ratio over the steps
+without a prompt chunk (the engine's own count): at 16-32 streams most of a run can be prompts' prefill, whose speed
+moves between arms by more than speculation's effect (docs/benchmarks.md#speculative-decoding). Every arm runs on
+one engine (one copy of the weights; with --draft-model its KV pool holds both models' KV in every arm, so
 the arms have the same pool): each arm is its own Speculator, swapped in for its runs, its adaptive policy kept
 from one run to the next as a server's would be. Prefix caching is off, so no arm reuses another's prompts.
 Printed per arm: acceptance (accepted / proposed), the acceptance at each proposal position (proposals accepted
@@ -147,16 +147,16 @@ def main() -> None:
         for c in (int(x) for x in a.concurrency.split(",")):
             n = max(a.min_requests, a.requests_per_slot * c)
             # A warm-up loop first (discarded): the first arm at a new concurrency meets matmul shapes (row counts)
-            # the CPU library has not compiled kernels for yet, and the arms after it would gain from that alone
-            # (seen: 1.36x with speculation almost never on). Then --rounds rounds, each over prompts of its own
-            # with the arms in an order rotated by one: this VM's speed drifts by 10-30% within minutes, and arms
-            # run back to back in a fixed order would carry that drift into their ratios.
+            # the CPU library has not compiled kernels for yet, and the arms after it would gain from that alone.
+            # Then --rounds rounds, each over prompts of its own with the arms in an order rotated by one: a VM's
+            # speed drifts within minutes, and arms run back to back in a fixed order would carry that drift into
+            # their ratios.
             engine.speculator = None
             closed_loop(llm, workloads[workload](c, random.Random(-c)), c, params)
             # An adaptive arm measures its price at each load it meets first (an epoch off, one on), then holds it
             # for KEEP_STEPS (500) steps, as a server that has run a while does; a round at 16-32 streams holds far
-            # fewer decode steps, so measuring inside the rounds charged them what a server pays once in 500 steps
-            # (session 26). Each adaptive arm gets a warm-up loop of its own, of new prompts.
+            # fewer decode steps, so measuring inside the rounds would charge them what a server pays once in 500
+            # steps. Each adaptive arm gets a warm-up loop of its own, of new prompts.
             for arm, spec in speculators.items():
                 if spec is not None and spec.config.adaptive:
                     engine.speculator = spec

@@ -6,15 +6,14 @@ import os
 import sys
 
 # OpenMP's waiting threads spin by default: with one other busy process on the machine they take the core from
-# the thread doing the work, and a 5 ms pass over SmolLM2's projections took 246 ms (2 threads, load 3; 16 ms
-# passive). libgomp reads this once, when torch loads it, so it is set before anything imports torch; a value
-# the user set wins. docs/benchmarks.md has quiet and busy figures for both.
+# the thread doing the work, and a step slows many times over (docs/benchmarks.md#kernels). libgomp reads this
+# once, when torch loads it, so it is set before anything imports torch; a value the user set wins.
 if "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ:  # too late: libgomp has read it
     logging.getLogger(__name__).warning(
         "torch was imported before tally, so its OpenMP threads spin between operations and slow the native "
         "kernels' own threads; import tally first or set OMP_WAIT_POLICY=PASSIVE")
 # What the user's environment held, for programs started from here that are not Tally (benchmarks/peer_env.py): a
-# llama.cpp that inherits PASSIVE waits through the hypervisor at each barrier and decodes at 0.55-0.7x.
+# llama.cpp that inherits PASSIVE waits through the hypervisor at each barrier and decodes slower.
 OMP_WAIT_POLICY_OF_USER = os.environ.get("OMP_WAIT_POLICY")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

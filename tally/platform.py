@@ -3,9 +3,9 @@
 Every path that picks a kernel or a dtype by the CPU asks here (tally/native/library.py, tally/quant/dispatch.py,
 EngineConfig.path_candidates), so the answer cannot differ between them; which of the possible paths is fastest
 is then measured, not inferred from the flags (tally/engine/startup/path_tuning.py). Why the flags matter:
-- bf16 matmul is fast only with AVX-512 BF16 or AMX; on AVX2-only CPUs PyTorch emulates it and a bf16 decode step
-  runs ~10x slower than fp32 (measured on the development machine);
-- `torch._int_mm` is a scalar loop without VNNI or AMX (~70x slower than fp32 there);
+- bf16 matmul is fast only with AVX-512 BF16 or AMX; on AVX2-only CPUs PyTorch emulates it, many times slower
+  than fp32 (docs/benchmarks.md#paths-chosen-by-measurement);
+- `torch._int_mm` is a scalar loop without VNNI or AMX, far slower than fp32;
 - Tally's native kernels (tally/native/kernels.c) need AVX2 with FMA and F16C.
 The flags come from /proc/cpuinfo; where it cannot be read (not Linux), no fast path is assumed.
 """

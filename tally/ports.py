@@ -2,9 +2,9 @@
 
 A port from bind(("127.0.0.1", 0)) lies in the kernel's ephemeral range, the range every outgoing connection on the
 machine takes its local port from: between choosing it and the server binding it, anything that connects may take
-it. A Ray cluster starting in that gap opens hundreds of connections, and CI once lost Ray Serve's proxy port so
-("Failed to bind to address"). Ports are therefore drawn below the ephemeral range and above Ray's worker ports
-(10002-19999), where only a server binding on purpose can collide, and the bind check catches one already there.
+it (a Ray cluster starting in that gap opens hundreds of connections: "Failed to bind to address"). Ports are
+therefore drawn below the ephemeral range and above Ray's worker ports (10002-19999), where only a server binding on
+purpose can collide, and the bind check catches one already there.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from support.tiny_models import ARCH_CONFIGS, make_checkpoint
 def pytest_configure(config):
     """Tally's cache (built kernels, path measurements: tally/platform.py:cache_dir) goes to the run's directory,
     not the user's ~/.cache: a path measured while two workers share two cores would be cached, and serve the user
-    after the run, as the slow choice it measured (session 24: rows >= 512 in bf16, prefill 0.71x the best path).
+    after the run, as the slow choice it measured.
     Set before collection, whose skip marks load the kernels; servers the tests start inherit it."""
     base = config._tmp_path_factory.getbasetemp()
     run_dir = base.parent if hasattr(config, "workerinput") else base  # xdist workers share their run's

@@ -1,7 +1,7 @@
 """The load generator's reading of a streamed answer, byte for byte: each test serves a fixed SSE body
 (as a real server sent it) from a local socket and checks the record `tally bench` makes of it.
 
-Pins the cause of a `no_output` once seen against `tally serve`: a request whose only token had no text
+Pins a false `no_output` against `tally serve`: a request whose only token had no text
 (the tiny model sampled `<|im_end|>`, an EOS ignored with ignore_eos and skipped in the text) is sent as
 one chunk with an empty text and finish_reason, then the usage. Tokens were generated, so the request
 is a success with an empty answer, never a failure."""

@@ -179,8 +179,8 @@ class TestTwoReplicas:
 
     def test_streamed_answer_is_the_answer_and_arrives_in_pieces(self, url):
         # A stream sends the latest output when it gets to write (tally/engine/async_engine.py): on a loaded machine
-        # all of a 16-token answer from the tiny model was once ready by the first write, one piece. 128 tokens
-        # take long enough that a write falls between them.
+        # a short answer from the tiny model can be ready whole by the first write, one piece. 128 tokens take long
+        # enough that a write falls between them.
         _, whole = chat(url, "The quick brown fox", max_tokens=128, ignore_eos=True)
         stream = client(url).chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "The quick brown fox"}], max_tokens=128,

@@ -99,8 +99,9 @@ def test_holdback_follows_a_growing_text():
 
 
 def test_a_long_stop_string_costs_memory_linear_in_its_length():
-    """A 1 MiB stop string once grew the server past 24 GB: every proper prefix was kept in a set."""
-    stop = "ab" * 32_768  # 64K characters: the quadratic set took 1.39 GB
+    """A set of every proper prefix of a long stop string grows with the square of its length: a 1 MiB string's
+    would exhaust the server's memory."""
+    stop = "ab" * 32_768  # 64K characters: gigabytes as a set of prefixes
     tracemalloc.start()
     checker = StopChecker([stop])
     text = "ab" * 40_000

@@ -81,7 +81,7 @@ def test_a_file_without_length_columns_is_refused(tmp_path):
 def test_azure_conversation_trace_percentiles_match_a_plain_sort(tmp_path):
     if AZURE_CONV.is_file():
         path = AZURE_CONV
-    else:  # the bench owner ships the trace; until then a same-shaped stand-in
+    else:  # an install without the shipped trace: a same-shaped stand-in
         path = _write_trace(tmp_path / "conv.csv", [(37 * i % 4000 + 1, 13 * i % 700 + 1) for i in range(2000)])
     with open(path, newline="") as f:
         totals = sorted(int(r["ContextTokens"]) + int(r["GeneratedTokens"]) for r in csv.DictReader(f))

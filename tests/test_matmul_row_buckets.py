@@ -1,5 +1,5 @@
-"""bf16 matmuls see a bounded set of row counts: oneDNN compiles and keeps a kernel (~1.2 MB) per shape, so a
-server whose steps take every row count grew by ~10 MB a minute until the rows were padded to buckets."""
+"""bf16 matmuls see a bounded set of row counts: oneDNN compiles and keeps a kernel of about a megabyte per shape,
+so without buckets a server whose steps take every row count grows for hours (docs/benchmarks.md#reliability)."""
 from __future__ import annotations
 
 import torch

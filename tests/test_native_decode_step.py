@@ -1,4 +1,5 @@
-"""The one-call native decode step (tally/models/native_decode_step.py) computes what the layer-by-layer path computes."""
+"""The one-call native decode step (tally/models/native_decode_step.py) computes what the layer-by-layer path
+computes."""
 from __future__ import annotations
 
 import pytest

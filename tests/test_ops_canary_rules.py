@@ -128,7 +128,7 @@ def _latency(n: int, ttft_s: float, tpot_s: float) -> list[Sample]:
 
 
 @pytest.mark.parametrize("rule, canary_ms, stable_ms, verdict", [
-    # The case: 3 ms against 2 ms is 1.5 x, but 1 ms is no regression anyone feels.
+    # 3 ms against 2 ms is 1.5 x, but 1 ms is no regression anyone feels.
     (Rule("ttft_p99", 1.3), 3, 2, HELD),
     (Rule("ttft_p99", 1.3), 11.9, 2, HELD),  # within the 10 ms default floor
     (Rule("ttft_p99", 1.3), 12.5, 2, BROKEN),  # worse by the ratio and by more than the floor

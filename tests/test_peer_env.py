@@ -1,5 +1,5 @@
 """benchmarks/peer_env.py: another engine a bench script starts gets the user's OpenMP waiting policy, not the PASSIVE
-that importing tally sets (llama.cpp decoded at 0.55-0.7x with it: docs/benchmarks.md, session 24). Each case in a
+that importing tally sets (llama.cpp decodes slower with it: docs/benchmarks.md#kernels). Each case in a
 fresh interpreter, since tally reads the environment once, at import."""
 from __future__ import annotations
 

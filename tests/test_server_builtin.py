@@ -29,8 +29,9 @@ def test_builtin_model_chat_matches_offline_greedy_streamed_and_not():
     expected = LLM(**ENGINE_ARGS).chat(plain, SamplingParams(temperature=0, max_tokens=16))[0].outputs[0].text
     assert r.choices[0].message.content == expected == streamed
     # On topic; whether it says Paris depends on the path: the default serves the file's 4-bit blocks as stored
-    # with int8 activations (as llama.cpp), which on this prompt tips a near-tie (perplexity is within 0.2% of
-    # the dequantized weights', docs/benchmarks.md). tests/test_builtin_model.py checks Paris on the exact path.
+    # with int8 activations (as llama.cpp), which on this prompt tips a near-tie (its perplexity is close to the
+    # dequantized weights': docs/benchmarks.md#quantization). tests/test_builtin_model.py checks Paris on the exact
+    # path.
     assert "France" in expected
     assert r.usage.completion_tokens <= 16 and r.usage.prompt_tokens > 10
 

@@ -189,8 +189,8 @@ def test_each_request_verifies_what_its_own_acceptance_pays_for():
 
 def test_a_proposal_after_a_kept_one_is_worth_its_own_measured_chance_not_the_first_ones_again():
     """Quoting: the first proposal holds 3 times in 4, and once it holds the rest do. Each proposal's worth is the
-    chance it and those before it hold: 3/4 for every position, where the first's rate to the j-th power (what the
-    policy used to price) gives 0.32 at the fourth and cut it at a price the measured chances pay."""
+    chance it and those before it hold: 3/4 for every position, where the first's rate to the j-th power would give
+    0.32 at the fourth and cut it at a price the measured chances pay."""
     spec = Speculator(SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4}), max_model_len=1_000)
     quoting, fresh = _decoding("quoting", [5, 6, 7, 8, 9]), _decoding("fresh", [11, 12, 13, 14, 15])
     for _ in range(50):

@@ -1,14 +1,10 @@
 """The "auto" backend: per prefill sequence, the kernel that suits its mask.
 
 Over an fp32 cache, every prefill (whole prompt or a chunk after cached tokens, windowed or not) goes to the native
-causal kernel (tally/native/prefill_attention.h), which reads the cache in place and skips masked tiles: 2-4.6x the
-PyTorch paths below a layer up to 1,024 tokens, 1.7-1.9x at 2,048-4,096 (`python benchmarks/prefill_attention.py`).
-Otherwise:
-a plain causal prefill goes to the reference path, where torch's fused CPU flash kernel needs no
-mask at all. A chunk after cached tokens, or a sliding window, needs an explicit mask; SDPA would
-materialise it as an [Lq, Lk] float tensor (benchmarks/attention_tiled.py: 56 MiB for a 2048-token
-chunk after 2048 tokens, against 8 MiB for the tiled kernel), so those go to the tiled kernel — unless the mask
-is small (a short chunk), where one SDPA call is cheaper.
+causal kernel (tally/native/prefill_attention.h), which reads the cache in place and skips masked tiles, faster than
+the PyTorch paths (docs/benchmarks.md#attention). Otherwise a plain causal prefill goes to the reference path (torch's
+fused CPU flash kernel, no mask), and a chunk after cached tokens or a sliding window, whose mask SDPA would
+materialise as an [Lq, Lk] float tensor, to the tiled kernel, unless the mask is small (a short chunk).
 """
 from __future__ import annotations
 

@@ -9,6 +9,9 @@ from tally.attention.reference import ReferenceBackend
 from tally.attention.tiled import TiledBackend
 from tally.errors import ConfigError
 
+# A new backend (a GPU one, say) is a class with AttentionBackend.forward's signature, or a paged.PagedBackend that
+# overrides `_prefill`; it converts the metadata to device tensors once a step (meta.memo), is listed here (imported
+# lazily in make_backend if it needs triton or flashinfer), and tests/test_attention*.py run it by its name.
 BACKENDS = {"auto": AutoBackend, "reference": ReferenceBackend, "tiled": TiledBackend}
 BACKEND_NAMES = tuple(BACKENDS)
 

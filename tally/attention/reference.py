@@ -41,7 +41,7 @@ class ReferenceBackend(PagedBackend):
             mask = meta.memo(key, lambda: causal_window_mask(
                 first_query_pos, context_len, first_key_pos, context_len, window, q.device))
         # A batch dimension matters: torch's CPU flash kernel takes 4-D inputs only; 3-D ones fall
-        # back to the math path, which materialises the [Hq, Lq, Lk] scores (5x slower at 2048).
+        # back to the math path, which materialises the [Hq, Lq, Lk] scores (several times slower on long prompts).
         result = F.scaled_dot_product_attention(
             q.to(cfg.compute_dtype).transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
             attn_mask=mask, is_causal=plain_causal, scale=cfg.scale,

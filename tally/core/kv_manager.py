@@ -1,18 +1,10 @@
 """Per-request block tables over the block pool, with prefix caching by chained block hashes.
 
-A full block is named by hash(parent block's hash, its token ids, the request's salt); a hit
-reuses the block (ref count + 1) and skips its prefill. Hashes of full blocks are always registered
-(so n>1 siblings can share a prompt even with prefix caching off); lookups happen only when
-prefix caching is enabled or the request is such a sibling.
-
-With a sliding window, blocks every future query is too far ahead to see are given back while the request
-runs (they stay in the prefix cache if registered). Such blocks are always a prefix of the table, so the
-table keeps their places (attention never reads them: it starts at the first query's window) and a count
-says how many leading entries no longer belong to the request.
-
-With a prefix tier below the pool (tally/core/kv_tiers.py: files on disk), a lookup that misses in the pool goes on
-there: blocks it holds are read into free pool blocks and registered, and are hits like the pool's own; every
-block newly registered is handed to the tier to keep."""
+A full block is named by hash(parent block's hash, its token ids, the request's salt); a hit reuses the block and
+skips its prefill. Full blocks are always registered (n>1 siblings share a prompt even with prefix caching off). Under
+a sliding window, leading blocks no future query can see go back while the request runs; the table keeps their places
+and counts them. A lookup that misses in the pool goes on to the prefix tier below it (tally/core/kv_tiers.py), whose
+blocks are read into free pool blocks and count as hits; every newly registered block is handed to the tier."""
 from __future__ import annotations
 
 from dataclasses import dataclass

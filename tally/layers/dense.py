@@ -37,10 +37,10 @@ class Fp16WeightLinear(nn.Module):
     """Weights stored in fp16, inputs and outputs fp32, no fp16 arithmetic (unusably slow on CPUs): a memory-bound
     decode step reads half of fp32's bytes. On AVX2 CPUs the weights are the native kernel's panels
     (tally/native: converted with F16C, multiplied in fp32), which also lets the one-call decode step take this
-    layer; `python benchmarks/weight_formats.py --model smol --threads 1` measures it against FBGEMM's packed fp16 GEMM
-    (used where the native kernels are unavailable): faster up to 8 rows, within 7% to 128 rows, 15% slower at 512.
-    Where the CPU multiplies bf16 much faster (AVX-512 BF16, AMX), the start-up measurement may send rows from a
-    measured count on to a bf16 matmul over panels converted a few at a time (`use_many_tokens`)."""
+    layer; FBGEMM's packed fp16 GEMM serves where the native kernels are unavailable
+    (docs/benchmarks.md#paths-chosen-by-measurement compares the two). Where the CPU multiplies bf16 much faster
+    (AVX-512 BF16, AMX), the start-up measurement may send rows from a measured count on to a bf16 matmul over panels
+    converted a few at a time (`use_many_tokens`)."""
 
     many_tokens_from = NEVER
 

@@ -1,15 +1,9 @@
-"""A model's weights moved into one arena on transparent huge pages.
+"""A model's weights moved into one arena on transparent huge pages, which a decode step streams faster than 4 KB
+pages (fewer TLB misses, each of which walks two page tables in a VM: docs/benchmarks.md#decode-roofline).
 
-A decode step streams every weight once. On 4 KB pages that stream crosses a page every 64 cache lines, and each
-page wants a TLB entry; in a virtual machine a TLB miss walks two page tables. On the Zen 4 VM of docs/benchmarks.md
-two threads read 400 MB at 35-49 GB/s from 4 KB pages and at 53-57 GB/s from 2 MB pages (docs/benchmarks.md,
-session 33; benchmarks/huge_pages.py compares the two). Linux
-gives memory huge pages only where a program asks for them under THP "madvise", the common default, so a built
-model's weights are copied into one arena advised MADV_HUGEPAGE before anything touches it: every 2 MB of it then
-faults in as one page. Where the kernel does not oblige (THP "never", not Linux) the arena is plain memory.
-Moving happens before anything takes the weights' addresses (the native decode step is built after it); each tensor
-keeps its identity (`Tensor.set_`), so modules and tied weights see the new memory. The moved tensors share one
-storage, so a deep copy of one of them copies the whole arena: copy layers before moving them (path_timing does).
+Linux gives huge pages under THP "madvise" (the common default) only where a program asks, so the weights are copied
+into one arena advised MADV_HUGEPAGE before anything takes their addresses; each tensor keeps its identity
+(`Tensor.set_`). The moved tensors share one storage: copy layers before moving them (path_timing does).
 """
 from __future__ import annotations
 
@@ -108,7 +102,7 @@ def move_weights_to_huge_pages(module: nn.Module) -> int:
             for t in tensors:
                 t.set_(arena.untyped_storage(), start // t.element_size() + t.storage_offset(), t.shape, t.stride())
     trim = libc_function("malloc_trim")
-    if trim is not None:  # glibc keeps the old copies' freed pages: without this the process held its weights twice
-        trim(0)           # until the engine's first trim (tally/engine/heap_trim.py); 1.30 GB against 0.87 here
+    if trim is not None:  # glibc keeps the old copies' freed pages: without this the process holds its weights twice
+        trim(0)           # until the engine's first trim (tally/engine/heap_trim.py)
     huge_kb = mapping_fields(arena.data_ptr()).get("AnonHugePages", "0 kB").split()[0]
     return min(total, int(huge_kb) * 1024)  # an adjacent advised mapping (a draft model's arena) may share its line

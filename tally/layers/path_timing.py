@@ -27,8 +27,7 @@ from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
 
 MIN_TIME_S = 0.02  # per (shape, rows): enough calls to see past timer and scheduler noise
 # ... and never fewer calls than this: one call of a many-row shape outlasts MIN_TIME_S, and one call is a draw from
-# the machine's noise (Qwen 0.5B's native kernels at 512 rows measured 361 and 496-614 tok/s in three starts on one
-# Zen 4 VM, while bf16 read 432-455 each time: the slow draw sent 512-row prompts to bf16, which prefilled no faster)
+# the machine's noise, which can send a row count to the slower path
 MIN_CALLS = 3
 MAX_CALLS = 64
 ROW_BLOCK = 64
@@ -58,8 +57,8 @@ class ComputePath:
 
 def timing_layers(shape: ProjectionShape, path: ComputePath, copies: int, gen: torch.Generator) -> list[nn.Module]:
     """`copies` layers of one shape, each with its own weight memory, packed as the builder packs a checkpoint's
-    (quantized ones once, then copied). The kernels' time does not depend on the values, and drawing 136 M random integers for a
-    large vocabulary's head takes longer than timing it: rows repeat a drawn block of ROW_BLOCK."""
+    (quantized ones once, then copied). The kernels' time does not depend on the values, and drawing 136 M random
+    integers for a large vocabulary's head takes longer than timing it: rows repeat a drawn block of ROW_BLOCK."""
     n, k = shape.out_features, shape.in_features
 
     def rows(draw) -> torch.Tensor:

@@ -2,10 +2,9 @@
 
 A blocking wait puts the rank's thread to sleep until gloo's network thread wakes it. A rank pinned to its own
 core then leaves that core idle, and on a virtual machine an idle vCPU is halted: waking it goes through the
-hypervisor and costs milliseconds (measured here: an all-reduce where one rank arrives 0-200 µs late took 2.9 ms
-median with a blocking wait, 0.27 ms polling with sched_yield). Polling keeps the core awake; yielding lets gloo's
-own threads, which share that core, run. After `SPIN_S` the wait blocks, so an idle or dead peer costs no CPU and
-the process group's timeout still applies.
+hypervisor and costs far more than the collective (docs/benchmarks.md#parallel). Polling keeps the core awake;
+yielding lets gloo's own threads, which share that core, run. After `SPIN_S` the wait blocks, so an idle or dead peer
+costs no CPU and the process group's timeout still applies.
 """
 from __future__ import annotations
 

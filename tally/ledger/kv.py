@@ -27,8 +27,8 @@ def auto_kv_dtype(compute_dtype: str, quantized: bool) -> str:
     """What `--kv-cache-dtype auto` stores: the compute dtype, which keeps dense weights' greedy tokens exactly
     transformers'; but float16 where quantized weights are computed in fp32 (a GGUF's blocks as stored). Their
     arithmetic is not the oracle's anyway (activations rounded to int8 per block), llama.cpp and vLLM keep 16-bit
-    caches for such models, and half the bytes hold twice the tokens and speed long decodes (Qwen2.5-Coder-0.5B
-    Q4_K_M at 3,000 tokens: TPOT 1.29x, perplexity x1.00007; docs/benchmarks.md, session 34)."""
+    caches for such models, and half the bytes hold twice the tokens and speed long decodes at no measurable cost in
+    perplexity (docs/benchmarks.md#kv-cache)."""
     return "float16" if quantized and compute_dtype == "float32" else compute_dtype
 
 

@@ -2,9 +2,9 @@
 talk (torch.distributed's gloo over loopback, each rank pinned to its own CPU).
 
 Latency is the mean all-reduce of a small tensor (a hidden state's size) as a model meets it: each one after a
-burst of work on both ranks and waited for as the engine waits (tally/layers/spin_wait.py). Back to back, with both
-ranks already waiting, an all-reduce here costs ~0.14 ms; after work, one rank arrives first, and what it pays to
-notice the other is part of every collective of a step. Bandwidth comes from a 4 MiB all-reduce's extra time over
+burst of work on both ranks and waited for as the engine waits (tally/layers/spin_wait.py): after work one rank
+arrives first, and what it pays to notice the other, which a back-to-back loop never sees, is part of every
+collective of a step. Bandwidth comes from a 4 MiB all-reduce's extra time over
 the small one, back to back (a ring all-reduce moves the tensor's size through each of two ranks).
 Two fresh processes run it, so the caller never joins a process group; it needs torch (`tally[serve]`).
 

@@ -1,9 +1,9 @@
 """Reads a GGUF file's metadata and tensor table (not its tensor data), and maps the metadata
 to a ModelConfig. Torch-free, so the ledger can plan from a GGUF without loading it.
 
-gguf.GGUFReader builds a numpy view per metadata item, which takes ~6 s on the 49k-token
-vocabulary of the built-in model; this walks the same bytes with struct in ~0.1 s and keeps
-string arrays (vocabulary, merges) as their length, since the tokenizer reads them itself."""
+gguf.GGUFReader builds a numpy view per metadata item, which takes seconds on a large vocabulary;
+this walks the same bytes with struct and keeps string arrays (vocabulary, merges) as their length,
+since the tokenizer reads them itself."""
 from __future__ import annotations
 
 import struct

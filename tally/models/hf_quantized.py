@@ -1,21 +1,10 @@
 """GPTQ and AWQ checkpoints in Hugging Face's layout, read into Tally's int4 layers without re-quantizing.
 
-config.json's quantization_config names the method:
-  {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false, "checkpoint_format": "gptq"}
-  {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true, "version": "gemm"}
-Per projection P with K inputs, N outputs and G = K / group_size groups (group_size -1: one group):
-  GPTQ (AutoGPTQ, GPTQModel, optimum): P.qweight int32 [K/8, N], input 8r + j of column n in bits 4j of word
-    [r, n]; P.qzeros int32 [G, N/8], output 8c + j in bits 4j of word [g, c], stored as zero - 1 (the format's
-    historical offset) unless checkpoint_format is "gptq_v2"; P.scales fp16 [G, N]; P.g_idx int32 [K], the group
-    of each input.
-  AWQ (AutoAWQ, GEMM layout): P.qweight int32 [K, N/8] and P.qzeros int32 [G, N/8], 8 outputs per word with
-    output 8c + AWQ_ORDER[j] in bits 4j; P.scales fp16 [G, N]; the group of input k is k // group_size.
-  Both: w[n, k] = scales[g, n] * (q[k, n] - zero[g, n]), q and zero in 0..15.
-Each projection becomes the tensors of a `tally quantize` w4a16 checkpoint (tally/models/packed_checkpoint.py): the same
-integers, scale = s and zero = s * (8 - z), so (q - 8) * scale + zero is the stored weight exactly. GPTQ's
-act-order (desc_act: g_idx not k // group_size) interleaves groups over the inputs, which group-contiguous int4
-layers cannot hold: those projections are dequantized into dense fp32 weights (exact, without the memory saving)
-and the loader says so.
+Each projection becomes the tensors of a `tally quantize` w4a16 checkpoint (tally/models/packed_checkpoint.py): the
+same integers, scale = s and zero = s * (8 - z), so (q - 8) * scale + zero is the stored weight exactly. GPTQ's
+act-order (g_idx not k // group_size) interleaves groups over the inputs, which group-contiguous int4 layers cannot
+hold: those projections are dequantized into dense fp32 weights (exact, without the memory saving), and the loader
+says so.
 """
 from __future__ import annotations
 
@@ -42,6 +31,17 @@ from tally.progress import Track
 
 log = logging.getLogger(__name__)
 
+# config.json's quantization_config names the method:
+#   {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": false, "checkpoint_format": "gptq"}
+#   {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": true, "version": "gemm"}
+# Per projection P with K inputs, N outputs and G = K / group_size groups (group_size -1: one group):
+#   GPTQ (AutoGPTQ, GPTQModel, optimum): P.qweight int32 [K/8, N], input 8r + j of column n in bits 4j of word
+#     [r, n]; P.qzeros int32 [G, N/8], output 8c + j in bits 4j of word [g, c], stored as zero - 1 (the format's
+#     historical offset) unless checkpoint_format is "gptq_v2"; P.scales fp16 [G, N]; P.g_idx int32 [K], the group
+#     of each input.
+#   AWQ (AutoAWQ, GEMM layout): P.qweight int32 [K, N/8] and P.qzeros int32 [G, N/8], 8 outputs per word with
+#     output 8c + AWQ_ORDER[j] in bits 4j; P.scales fp16 [G, N]; the group of input k is k // group_size.
+#   Both: w[n, k] = scales[g, n] * (q[k, n] - zero[g, n]), q and zero in 0..15.
 METHODS = ("gptq", "awq")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _AWQ_UNDO = tuple(AWQ_ORDER.index(j) for j in range(8))  # nibble that holds output 8c + j

@@ -26,7 +26,7 @@ def load_tokenizer(ckpt: "Checkpoint") -> PreTrainedTokenizerFast:
     try:
         if ckpt.format == "gguf":
             # The tokenizers-backed class directly: AutoTokenizer would first parse the whole GGUF
-            # a second time (gguf.GGUFReader, ~6 s) only to learn the config class.
+            # a second time (gguf.GGUFReader: seconds) only to learn the config class.
             tok = PreTrainedTokenizerFast.from_pretrained(
                 str(ckpt.path.parent), gguf_file=ckpt.path.name, local_files_only=True
             )

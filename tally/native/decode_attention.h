@@ -11,14 +11,10 @@
  * keys at a time (one accumulator a key, summed across lanes 8 at once), the chunk's max and sum of exponentials,
  * then the exponential-weighted V with each output head's D values held in registers; K and V are read in place from
  * their blocks (no gather copy). The chunks' partial outputs are then combined per row (flash-decoding's split of
- * the keys): before, the items were (rows, kv head), so one sequence used at most Hkv threads (SmolLM2's 3 heads
- * split 2:1 over 2). Measured (docs/benchmarks.md, session 17, 2 threads): 1.2-1.7x for one row at 2,400 keys while
- * the keys sit in cache; level when each layer's keys come from memory (30 layers' caches), where the kernel read
- * 5-8 GB/s of a 10-16 GB/s stream (session 37: the chunk's rows prefetched into L2 at its start, below, took
- * 0.76-0.92x the time there). Consecutive rows of one sequence (a speculative verify step's positions, a prompt run
- * as decodes) read each key once for all their queries; chunks count from the row's first key, so a row's arithmetic
- * is the same, key by key, with or without its neighbours and on any thread count: grouping and threads never
- * change a result. */
+ * the keys), so one sequence uses every thread however few kv heads the model has (docs/benchmarks.md#attention).
+ * Consecutive rows of one sequence (a speculative verify step's positions, a prompt run as decodes) read each key once
+ * for all their queries; chunks count from the row's first key, so a row's arithmetic is the same, key by key, with or
+ * without its neighbours and on any thread count: grouping and threads never change a result. */
 /* Lane i of the result: the sum of a[i]'s 8 lanes, as ((0+1)+(2+3))+((4+5)+(6+7)) */
 static inline __m256 lane_sums8(const __m256 *a) {
     __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -47,7 +43,7 @@ static inline __attribute__((always_inline)) void scores8(const float *q, const 
 
 /* p[0..len) <- exp(p - max), in place; *mx_out the max; returns the sum (a chunk's share of a softmax) */
 static float exp_scores(float *p, int64_t len, float *mx_out) {
-    /* the max in vectors: fmaxf is a libm call per element here (no -ffast-math), ~17% of decode attention (perf) */
+    /* the max in vectors: fmaxf is a libm call per element here (no -ffast-math), a large share of the kernel */
     __m256 vmax = _mm256_set1_ps(-INFINITY);
     int64_t t = 0;
     for (; t + 8 <= len; t += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(p + t));
@@ -123,7 +119,7 @@ static inline __attribute__((always_inline)) void prefetch_rows(const void *cach
         }
 }
 
-#define KAHEAD 16      /* keys ahead whose K is fetched (8-32 alike in a variant whose items read every head) */
+#define KAHEAD 16      /* keys ahead whose K is fetched */
 #define ATT_ROWS 8     /* rows of one sequence that share their keys' reads */
 #define ATT_CHUNK 128  /* keys an item takes, counted from the row's first key: a fixed count, so a row's sums
                         * depend neither on the threads nor on its neighbours */
@@ -172,11 +168,9 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
             }
         }
         memset(ks + len, 0, sizeof(float) * 8);  /* read by a last block's lanes past its keys, never stored */
-        /* The chunk's K and V rows into L2 before its first score: with only the per-8-key prefetches below, keys from
-         * memory (each layer's cache its own) read at 12-17 GB/s, one KV head's rows at a stride within randomly
-         * placed blocks. At 4,096 keys, 30 layers, 2 threads: fp16 cache 0.76x the time at 1 and 16 rows, fp32
-         * 0.84-0.92x, 16 sequences of 128-600 keys 0.76-0.86x; from cache (one layer) 1.00-1.05x (Zen 4,
-         * `benchmarks/decode_attention.py` shapes, two source trees alternating in one process). */
+        /* The chunk's K and V rows into L2 before its first score: keys from memory are one KV head's rows at a
+         * stride within randomly placed blocks, which the per-8-key prefetches below alone fetch too late
+         * (docs/benchmarks.md#attention). */
         prefetch_rows(a->k_cache, slots, 0, len, bytes, 0);
         prefetch_rows(a->v_cache, slots, 0, len, bytes, 0);
         for (int64_t t0 = 0; t0 < len; t0 += 8) {

@@ -18,7 +18,7 @@
 static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc, int mr, const float *bias,
                               int accumulate) {
     int64_t n0 = t * TILE, nr = N - n0 < TILE ? N - n0 : TILE;
-    if (nr == TILE) {  /* store_out's sums in vectors: 1.03-1.10x on Qwen 0.5B's shapes at 8-64 rows (Zen 4) */
+    if (nr == TILE) {  /* a whole tile: store_out's sums as vectors, the faster form */
         for (int i = 0; i < mr; i++) {
             __m256 v = bias ? _mm256_add_ps(acc[i], _mm256_loadu_ps(bias + n0)) : acc[i];
             float *out = y + i * N + n0;
@@ -37,12 +37,11 @@ static inline void store_tile(float *y, int64_t N, int64_t t, const __m256 *acc,
  * argument (tally/native/ops.py: pack_tile_scales, pack_tile_factors, scale_form):
  * 0: fp32.
  * 1: fp16, where every value of the layer converts exactly. GGUF stores Q4_0 / Q4_1 / Q5_0 / Q8_0's d and m in fp16;
- *    as fp32 they were a sixth of an int4 layer's bytes, which a one-row decode streams from memory: int4 at 1 row,
- *    weights from memory, 1.09-1.17x with them in fp16 (AVX2 EPYC, 2 threads).
+ *    as fp32 they would be a sixth of an int4 layer's bytes, which a one-row decode streams from memory.
  * P >= 2, a power of two: GGUF's K-quant form, an fp16 factor per super-block of P groups times an int8 step per
  *    group (Q4_K: d * sc and -dmin * mn, P = 8; Q6_K: d * sc, P = 16). Per tile and super-block a unit of 16 bytes
  *    (8 outputs' factors) then P * 8 steps (group-major). Their fp32 products are exact (11 + 8 bits): the values
- *    fp32 held, at 1.125-1.25 bytes a group instead of 4 (Qwen 0.5B's down projections: ~19 of a decode step's 416 MB).
+ *    fp32 held, at 1.125-1.25 bytes a group instead of 4.
  * Every form gives the kernels the same floats: same bits. */
 typedef struct { const void *v; int form; } GroupValues;
 
@@ -79,9 +78,8 @@ static inline __m256 values8(GroupValues a, int64_t i) {  /* elements i..i+7, i 
 }
 
 /* Form P >= 2 over a super-block's P groups (int_tile, calls of a few rows): the base converted once a run, so a
- * group's values cost a load, two converts and a multiply. Qwen 0.5B's down projection at one row, weights from
- * memory: values8 per group ran 7-8% slower than fp16 values, runs as fast (int4 8-14% faster than fp32). Calls of
- * more rows convert the layer's values to fp32 once instead (int_tiles.h: values_in_fp32). */
+ * group's values cost a load, two converts and a multiply, as fast as fp16 values (values8 per group is slower).
+ * Calls of more rows convert the layer's values to fp32 once instead (int_tiles.h: values_in_fp32). */
 typedef struct { const int8_t *steps; __m256 base; } GroupRun;
 
 static inline GroupRun run_at(GroupValues a, int64_t g0) {  /* the super-block starting at group g0 (a.v may be NULL) */
@@ -130,14 +128,11 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
  * - int6, one plane of pairs of 64 bytes: byte 32 (c & 1) + b holds bits 4-5 of chunk c's two vectors' bytes b, the
  *   low nibbles' at bit 4 (c >> 1), the high nibbles' 2 above (pair_bits). One shift and mask, or one affine
  *   transform, give a vector both its bits, and the AVX-512 one-tile loop's halves (chunks c, c + 1) both lie at one
- *   shift in the plane as loaded. As two planes of single bits it took five instructions a vector on AVX2 and four
- *   affines (GFNI) a 64-byte pair of vectors: Qwen 1.5B's Q6_K shapes at one row ran 1.22-1.35x slower (AVX-512 with
- *   GFNI), 1.10x (AVX2), at 4 rows 1.08-1.12x / 1.07x (Zen 4, 1 thread, from cache; docs/benchmarks.md, session 36).
- * The offset, -2^(bits - 1) d, is not stored
- * (m NULL): 2^(bits - 1) times the activations' sum comes off each block's (Q6_K: half-block's) integer dot before
- * it turns float, so a block's dot is sum x (q - 2^(bits - 1)) exactly. As a float minimum per group it took one
- * FMA per row and group beside the byte products, which share their ports on Zen 4: Qwen 0.5B's shapes ran
- * 1.02-1.07x faster in integers (int6 at 64-512 rows 1.09-1.10x; Zen 4, 1 thread, alternating builds).
+ *   shift in the plane as loaded (two planes of single bits take more instructions a vector:
+ *   docs/benchmarks.md#kernels).
+ * The offset, -2^(bits - 1) d, is not stored (m NULL): 2^(bits - 1) times the activations' sum comes off each
+ * block's (Q6_K: half-block's) integer dot before it turns float, so a block's dot is sum x (q - 2^(bits - 1))
+ * exactly, without a float FMA per row and group beside the byte products, which share their ports.
  * Pairs reach 2 * 63 * 127, two of them 32004: each chunk widens at once. Held per weight: 0.75 bytes (int5,
  * against int8's 1.125) and 1 byte (int6, against fp16's 2).
  * int8, symmetric per group: w = q * s (group = K: per output channel). q [T][K/4][32]: chunk c of tile t holds
@@ -162,7 +157,7 @@ static inline __m256i chunk_high_bits(__m256i p4, __m256i p5, int c, int e, int 
     return bits == 5 ? high_bits(p4, 2 * c + e) : pair_bits(c & 1 ? p5 : p4, 4 * (c >> 1) + 2 * e);
 }
 
-/* AVX-512 (VNNI and BW: Zen 4/5, Intel since Ice Lake), one tile (a job of fewer than PAIR_ROWS rows: int_tile): two
+/* AVX-512 (VNNI and BW), one tile (a job of fewer than PAIR_ROWS rows: int_tile): two
  * chunks side by side in one 64-byte vector, the same layout and the same integer sums as the 256-bit loop below, in
  * half its instructions. Lanes 0-7 hold chunk c's 8 outputs, lanes 8-15 chunk c + 1's; the halves add up at the end.
  * A row's activations for both chunks come from one 16-byte load, their 4-byte units spread over the halves by one
@@ -174,10 +169,8 @@ static inline __m256i chunk_high_bits(__m256i p4, __m256i p5, int c, int e, int 
 #define TALLY_AVX512 1
 /* high_bits' and pair_bits' rules. GFNI's affine transform moves bits within each byte in one instruction, where the
  * shifts take two (a shift and a mask, which the or after it absorbs into one vpternlog). int6's pairs always take
- * it. For int5's plane it only saves where the shifts' pipes are the busy ones: at one row, whose activation permutes
- * share them on Zen 4 (Q5_0 1.02-1.09x); at 4-8 rows it took 0.86-0.96x. (Zen 4, 1 thread, from cache: `python
- * benchmarks/native_builds.py --threads 1 --rows 1,4,8`, and two source trees alternating in one process.) library.py
- * builds with GFNI where the CPU has it (Zen 4/5, Intel since Ice Lake). */
+ * it; int5's plane only at one row, where the activation permutes keep the shifts' pipes busy
+ * (docs/benchmarks.md#kernels). library.py builds with GFNI where the CPU has it. */
 static inline __m512i high_bits512(__m512i plane, int s, int one_row) {
 #ifdef __GFNI__
     if (one_row)  /* the matrix's byte 3 picks bit s for the result's bit 4, and nothing else */
@@ -272,9 +265,8 @@ static inline __attribute__((always_inline)) void int_block_dots512(
         _Pragma("GCC unroll 1")
         for (int c = c0; c < c1; c += 2) nibble_chunks512(xq, K, wb, p4, p5, c, bits, mr, acc);
     } else {
-        /* xu: the activations + 128 against the weights as stored, as the pairs take them (block_dots_pair). The sign
-         * trick (|w| against x with w's sign) took 1.08-1.10x this time at 1 row, 1.02x at 2, 1.18-1.29x at 3-4
-         * (Zen 4, 1 thread, from cache, Qwen 0.5B's shapes, two source trees alternating in one process). */
+        /* xu: the activations + 128 against the weights as stored, as the pairs take them (block_dots_pair); faster
+         * than the sign trick (|w| against x with w's sign): docs/benchmarks.md#kernels */
         const __m512i units = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
         __m512i offset = _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
@@ -313,13 +305,10 @@ static inline __attribute__((always_inline)) void int_block_halves512(
 /* AVX-512, jobs of PAIR_ROWS rows or more (int_tiles.h): two tiles side by side in one 64-byte vector, lanes 0-7
  * tile t's 8 outputs and lanes 8-15 tile u's, each half the same chunk (the same k) of its tile, in the layout
  * above. A row's 4 activation bytes then meet 16 outputs as one broadcast, which the CPU serves from its load
- * ports, where the chunk-pair loop above needs a permute per product and a fold per block (by count, ~5.6 vector
- * instructions per 64-byte product at 4 rows, against ~2 here). The scales of both tiles are one vector, so the
- * float work per block is one convert and two multiplies for 16 outputs, and up to MR512 rows share each unpacked
- * weight vector. Against the 32-byte VNNI build in one process (`python benchmarks/native_builds.py --threads 2`, Zen
- * 5, Qwen 0.5B's gate/up and down): weights streamed from memory (`--copies 12`) 1.4-2.0x at 5 rows and 1.4-1.8x
- * at 8 (0.93-1.33x at 4); from cache 1.1-2.5x at 4-64 rows. The integer sums and the float operations per output
- * are the 256-bit loop's, in the same order: the same bits (tests/test_native_kernels.py). */
+ * ports, where the chunk-pair loop above needs a permute per product and a fold per block. The scales of both tiles
+ * are one vector, so the float work per block is one convert and two multiplies for 16 outputs, and up to MR512 rows
+ * share each unpacked weight vector (docs/benchmarks.md#kernels). The integer sums and the float operations per
+ * output are the 256-bit loop's, in the same order: the same bits (tests/test_native_kernels.py). */
 #ifdef TALLY_AVX512
 #define MR512 8  /* rows per pass: 8 float and 8 integer accumulators, within AVX-512's 32 registers */
 
@@ -341,10 +330,9 @@ static inline __m512i broadcast4x16(const int8_t *p) {  /* 4 activation bytes in
 
 /* Both tiles' sums over the part chunks c0..c1 of block b (int8: the whole block), per row. Prefetches run PREFETCH
  * bytes ahead in each tile's stream (`pos`: the block's offset in its tile of `tile_bytes`) and past a tile's end
- * go on in the next pair's tile of the same side: ahead at a fixed distance, the first stream ran into its partner
- * (read already) and nothing fetched the next pair's second tile ahead of use; a distance of two tiles ran past L1
- * on long rows. (Measured while pairs also served one row, weights streamed from memory: 0.78x of the one-tile
- * loop with a fixed distance, ~0.9x with this; hence PAIR_ROWS.) */
+ * go on in the next pair's tile of the same side: ahead at a fixed distance, the first stream would run into its
+ * partner (read already) and nothing would fetch the next pair's second tile ahead of use; a distance of two tiles
+ * runs past L1 on long rows. */
 static inline __attribute__((always_inline)) void block_dots_pair(
     const int8_t *xq, const uint8_t *xu, int64_t K, const uint8_t *wa, const uint8_t *wb, const uint8_t *ha,
     const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr, int64_t pos, int64_t tile_bytes, __m512i *dot) {
@@ -384,9 +372,7 @@ static inline __attribute__((always_inline)) void block_dots_pair(
         /* int8: xu holds the activations plus 128 (unsigned), the weights are the signed operand as stored, and
          * 128 * (the block's sum of each output's weights), one product a chunk for all rows, comes off at the end:
          * exact integers, the sums of the sign trick the 256-bit loops keep, which cost an abs and a mask a chunk
-         * and a masked subtract a row; this took 0.63-0.98x its time at 8-512 rows on Qwen 0.5B's and SmolLM2's
-         * shapes, mostly 0.75-0.83x, one cell 1.10x (Zen 4, 2 threads, alternating builds in one process:
-         * benchmarks/native_builds.py, docs/benchmarks.md session 26). */
+         * and a masked subtract a row (docs/benchmarks.md#kernels). */
         __m512i offset = _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
         for (int c = 0; c < 8; c++) {
@@ -511,7 +497,7 @@ static inline __attribute__((always_inline)) void chunk_values256(const uint8_t 
         *hi = _mm256_load_si256((const __m256i *)(wb + c * 64 + 32));
     } else {
         _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
-        /* once a 64-byte line: one a chunk took AVX2's Q6_K to 0.88-0.89x at one row, this 0.96x */
+        /* once a 64-byte line: one a chunk slows AVX2's Q6_K at one row */
         if (!(c & 1)) _mm_prefetch((const char *)(wb + c * 32 + PREFETCH_L2), _MM_HINT_T1);
         nibble_values256(_mm256_loadu_si256((const __m256i *)(wb + c * 32)), p4, p5, c, bits, lo, hi);
     }

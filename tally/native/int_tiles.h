@@ -13,8 +13,7 @@ typedef struct { int8_t *xq; float *dx; } QuantizedRows;
 /* In vectors, with the scalar loop's bits (a test holds them to it): the max of |x| is exact in any order, and
  * vmaxps returns its second operand for a NaN first, as fmaxf ignores one; cvtps rounds to nearest even, as lrintf
  * does in the default mode, and |x * inv| <= 127 rounds inside int8, so the saturating packs never clip. The scalar
- * form called libm's fmaxf and lrintf per value: 13-15% of a 512-token prefill on the AVX2 EPYC (perf), which runs
- * 1.2x faster without it. span: a multiple of 32. */
+ * form calls libm's fmaxf and lrintf per value, a large share of a prefill. span: a multiple of 32. */
 static QuantizedRows quantize_rows(const float *x, int64_t M, int64_t K, int64_t span) {
     QuantizedRows q = {malloc(M * K), malloc(sizeof(float) * M * (K / 32))};
     const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -107,7 +106,7 @@ static inline __attribute__((always_inline)) void int_group_into(
 }
 
 /* acc += (int4) group g's minima mg times the rows' sums. Called after int_group_into with mg formed there and then:
- * formed before the blocks, it held a register through them and the many-row int4 / int6 tiles ran 10-15% slower. */
+ * formed before the blocks, it would hold a register through them and slow the many-row int4 / int6 tiles. */
 static inline __attribute__((always_inline)) void int_minima_into(__m256 *acc, int64_t g, int64_t G, __m256 mg,
                                                                   const float *xsum, int mr) {
     _Pragma("GCC unroll 8")
@@ -143,7 +142,7 @@ static inline __attribute__((always_inline)) void int_tile(
             if (m.v) int_minima_into(acc, g, G, plain_values8(m, g * TILE), xsum, mr);
         }
     } else {  /* form P: super-blocks, their bases once a run (GroupRun). A constant `runs` keeps one loop per
-               * instance: with both, the one-row int4 tiles ran 3-4% slower; nested, fp32 and fp16 1.3x slower */
+               * instance: both loops in one instance, or nested, run slower */
         for (int64_t g0 = 0; g0 < G; g0 += scale.form) {
             GroupRun sr = run_at(scale, g0), mr_ = run_at(m, g0);
 #ifdef TALLY_AVX512
@@ -181,16 +180,15 @@ typedef struct {
 } IntJob;
 
 /* int5 / int6 tiles are unpacked once a call (int_dots.h: expand_tile) for jobs of more than EXPAND_ROWS rows, into a
- * buffer on the thread's stack of 8 bytes a k (K <= EXPAND_MAX_K: 128 KB), where each pass of MR rows unpacked the
- * planes of high bits again: Qwen 0.5B's shapes 1.1-1.7x at 5 to 512 rows, its prefill 1.17-1.19x (AVX2 EPYC,
- * alternating builds). int4's unpacking is three instructions a chunk: expanded it measured level, so it stays. */
+ * buffer on the thread's stack of 8 bytes a k (K <= EXPAND_MAX_K: 128 KB), so that each pass of MR rows does not
+ * unpack the planes of high bits again (docs/benchmarks.md#kernels). int4's unpacking is three instructions a chunk:
+ * it gains nothing expanded, so it stays. */
 #define EXPAND_ROWS MR
 #define EXPAND_MAX_K 16384
 
 /* One-row passes (a decode step's) of groups of 32 get the group as a constant: int_tile's block loop and index work
- * then fold away, per block a few scalar instructions of ~45 (perf annotate). Qwen 0.5B's Q5_0, Q8_0 and Q4_K shapes
- * at one row from cache 1.05-1.14x (Zen 4, 1 thread, alternating builds in one process). Groups of 16 measured level;
- * passes of 2-4 rows gained 2-11%, but every row count's own instances took the AVX2 build 2.4x as long to compile. */
+ * then fold away (docs/benchmarks.md#kernels). Groups of 16 gain nothing so; instances per row count would multiply
+ * the build's compile time. */
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
                                                                const uint8_t *hb, int expanded) {
     int64_t K = j->K, G = K / j->group;
@@ -219,8 +217,7 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
 }
 
 /* The unpacked tiles' passes (int5, int6) in functions of their own, as the pairs' (unpacked_pair_rows5): inlined
- * beside the stored tiles' loop, int6's plane of pairs took the AVX2 build's unpacked int6 loop, whose source it left
- * as it was, to 0.93x at 64 rows */
+ * beside the stored tiles' loop, GCC's code for them shifts with edits elsewhere */
 static __attribute__((noinline)) void unpacked_tile_rows5(const IntJob *j, int64_t t, const uint8_t *v) {
     tile_rows_of(j, t, 5, v, NULL, 1);
 }
@@ -254,20 +251,15 @@ static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t
 #ifdef TALLY_AVX512
 /* Items are pairs of tiles (t, t + 1); an odd last tile pairs with itself and stores one half. Jobs of fewer than
  * PAIR_ROWS rows take the tiles one at a time: with weights streamed from memory (a decode step's), a thread's two
- * streams ran at ~0.9x of one tile's at 1-3 rows, even at 4 and 1.2-1.5x at 5 on a Zen 5 (Qwen 0.5B's gate/up and
- * down, int4, 2 threads, the two loops alternating in one process); on a Zen 4 the one-tile loop took 0.68-0.89x
- * the pairs' time at 4 rows on the tall shapes (gate/up, the LM heads of Qwen 0.5B and SmolLM2) and 1.04-1.21x on
- * Qwen's down projection, 0.80-0.82x summed over each model's shapes and formats (docs/benchmarks.md, session 24).
- * From cache the pairs win at every row count. (-DPAIR_ROWS=n overrides it: benchmarks/native_builds.py --define.) */
+ * streams are slower than one tile's at a few rows, though from cache the pairs win at every row count
+ * (docs/benchmarks.md#kernels). (-DPAIR_ROWS=n overrides it: benchmarks/native_builds.py --define.) */
 #ifndef PAIR_ROWS
 #define PAIR_ROWS 5
 #endif
 /* int5 / int6 pairs are unpacked once a call (int_dots.h: expand_pair) for jobs of more rows than one pass of MR512,
- * into 16 bytes a k on the thread's stack (K <= EXPAND_MAX_K: 256 KB), as tile_rows does for one tile: Qwen 0.5B's
- * shapes (896x4864, 9728x896, 896x896) took 0.78-0.89x the time at 64 and 512 rows in int6, one cell 1.03x; int5
- * 0.85-0.97x at 64-512 rows and 0.93-1.03x at 12-16 once its offsets came off in integers (Zen 4, 2 threads,
- * alternating builds in one process). int4's unpacking is three instructions a chunk: expanded it took 0.99-1.10x
- * the time. (-DPAIR_EXPAND_ROWS=n overrides the rows: benchmarks/native_builds.py --define.) */
+ * into 16 bytes a k on the thread's stack (K <= EXPAND_MAX_K: 256 KB), as tile_rows does for one tile
+ * (docs/benchmarks.md#kernels); int4's unpacking is three instructions a chunk and gains nothing expanded.
+ * (-DPAIR_EXPAND_ROWS=n overrides the rows: benchmarks/native_builds.py --define.) */
 #ifndef PAIR_EXPAND_ROWS
 #define PAIR_EXPAND_ROWS MR512
 #endif
@@ -299,9 +291,8 @@ static inline __attribute__((always_inline)) void pair_rows(const IntJob *j, int
     }
 }
 
-/* The unpacked pairs' passes (int5, int6) in functions of their own. Inlined beside the stored pairs' loop, GCC's code
- * for the two shifted with edits elsewhere: int6's plane of pairs, which left the unpacked loop's source as it was,
- * took int5 at 64-512 rows to 0.89-0.93x (1.00-1.05x once apart; Zen 4, 1 thread, from cache). */
+/* The unpacked pairs' passes (int5, int6) in functions of their own: inlined beside the stored pairs' loop, GCC's code
+ * for them shifts with edits elsewhere. */
 static __attribute__((noinline)) void unpacked_pair_rows5(const IntJob *j, int64_t t, int64_t u, const uint8_t *v) {
     pair_rows(j, t, u, v, v, NULL, NULL, 5, 1);
 }
@@ -358,10 +349,9 @@ static void int_gemm(IntJob job, int64_t M, IntKernels k) {
     }
 }
 
-/* Factored values (form P) as fp32 [count], where a call has the rows to repay it: per group in every pass of MR
- * rows they ran Qwen 0.5B's many-row Q4_K-shaped down projection 8-9% slower than fp32 values from 64 rows on (Q6_K
- * 0-3%); the conversion, ~0.1 ms a call there, cost more than that below 64 rows (2 threads, one process). Other
- * forms as they are. */
+/* Factored values (form P) as fp32 [count], where a call has the rows to repay it: from FP32_VALUES_ROWS rows the
+ * per-group conversion in every pass of MR rows costs more than converting once (docs/benchmarks.md#kernels).
+ * Other forms as they are. */
 #define FP32_VALUES_ROWS 64
 static GroupValues values_in_fp32(GroupValues a, int64_t count, float *buf) {
     if (!a.v || a.form < 2) return a;

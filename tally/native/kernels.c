@@ -37,19 +37,14 @@ static inline void store_out(float *y, float v, const float *bias, int64_t n, in
 }
 
 /* Bytes ahead of a weight stream to prefetch, for the integer tiles (int_dots.h) and the fp16 panels below (a tile's
- * weights are contiguous and a thread's tiles follow each other): the hardware prefetcher alone left a one-row pass
- * at ~60% of the read bandwidth torch.sum reaches here; with it the LM head (151936 x 896, int8) took 7.7 instead of
- * 11.6 ms, measured at 512-4096 bytes (2048 best). */
+ * weights are contiguous and a thread's tiles follow each other): the hardware prefetcher alone leaves a one-row pass
+ * well below the read bandwidth; the distance is the measured best (docs/benchmarks.md#kernels). */
 #ifndef PREFETCH
 #define PREFETCH 2048
 #endif
-/* And bytes ahead to prefetch into L2 (hint T1) beside it, in the loops of 1-4 rows: with L1's 2 KB alone a one-row
- * pass from memory read Q4_K at ~60% of plain loads' rate on 1 thread. 8 KB ahead into L2, weights from memory: one
- * row Q4_K 1.33-1.38x, Q6_K 1.36-1.39x, Q5_0 1.27x, Q8_0 1.03-1.07x, 4 rows Q8_0 1.55x and the rest 1.02-1.06x
- * (AVX-512, Zen 4, 1-2 threads, two source trees alternating in one process); the AVX2 build at one row Q4_K
- * 1.17-1.22x, Q8_0 1.25-1.29x in the memory's fast minutes, Q6_K 0.96x. 4 KB gained nothing, 16-32 KB 0.90-1.07x of
- * 8, T2 as T1, T0 at 8 KB 0.74-0.88x. On short rows (Qwen 0.5B's gate/up, K 896) one row measured 0.87-1.13x and
- * 4 rows of the nibble formats 0.87-0.93x. The pairs' loop (5 rows on) measured level with it, so has none.
+/* And bytes ahead to prefetch into L2 (hint T1) beside it, in the loops of 1-4 rows: with L1's distance alone a
+ * one-row pass from memory reads the nibble formats well below plain loads' rate (docs/benchmarks.md#kernels). The
+ * pairs' loop (5 rows on) gains nothing from it, so has none.
  * (`python benchmarks/native_builds.py --define PREFETCH_L2=2048,8192 --copies 30` measures the distance again.) */
 #ifndef PREFETCH_L2
 #define PREFETCH_L2 8192
@@ -82,10 +77,8 @@ static inline __attribute__((always_inline)) void f16_panel(
         for (int r = 0; r < mr; r++) acc[u][r][0] = acc[u][r][1] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + ku <= K; k += ku) {
-        /* the integer loops' prefetches (PREFETCH_L2 above), a 64-byte line at a time, at 2-4 rows: weights from
-         * memory 1.03-1.34x at 2 rows, 1.23-1.84x at 3, 1.78-2.11x at 4; at one row (level without them) the hardware
-         * prefetcher keeps up, and with them it took 0.85-0.95x (Zen 4, 1-2 threads, Qwen 0.5B's and SmolLM2's
-         * shapes, two source trees alternating in one process) */
+        /* the integer loops' prefetches (PREFETCH_L2 above), a 64-byte line at a time, at 2-4 rows; at one row the
+         * hardware prefetcher keeps up and they only cost (docs/benchmarks.md#kernels) */
         if (mr > 1 && mr <= 4)
             for (int64_t b = 0; b < ku * PANEL * 2; b += 64) prefetch_stream((const uint8_t *)(w + k * PANEL) + b,
                                                                              PREFETCH, PREFETCH_L2);
@@ -252,8 +245,7 @@ static inline __m256 exp256(__m256 x) {
 
 /* ---- SiLU(gate) * up: gate_up [M, 2I] (gate, up) -> y [M, I] -------------------------------------------
  * Rows over the kernels' threads where there are many, an element's exp and divide counted as 16 multiply-adds
- * (PAR_MIN): 512-token prefills 1.02x (Qwen 0.5B) and 1.07x (SmolLM2) in one process against one thread (Zen 4, 2
- * threads); each row's values are the same. At prompt sizes it is memory-bound (Qwen: 20 MB in, 10 MB out a layer). */
+ * (PAR_MIN); each row's values are the same on any thread count. At prompt sizes it is memory-bound. */
 typedef struct { const float *gate_up; float *y; int64_t I; } SiluJob;
 
 static void silu_rows(const void *job, int64_t r0, int64_t r1) {
@@ -277,9 +269,9 @@ void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
     parallel_for(M, M * I * 16, silu_rows, &job);
 }
 
-/* ---- Memory read rate: the roofline benchmarks hold decode against (benchmarks/decode_roofline.py). torch's sum read
- * 33-34 GB/s on the Zen 4 VM, its arithmetic the limit, where plain loads over 2 MB pages read ~57 GB/s: a roofline
- * below what Tally's own kernels stream. Here each chunk's bytes are xor-folded into its own slot of `out` (so no
+/* ---- Memory read rate: the roofline benchmarks hold decode against (benchmarks/decode_roofline.py). torch's sum is
+ * limited by its arithmetic, well below plain loads' rate: a roofline below what Tally's own kernels stream
+ * (docs/benchmarks.md#decode-roofline). Here each chunk's bytes are xor-folded into its own slot of `out` (so no
  * load can be dropped), on the kernels' own threads. */
 #define READ_CHUNK ((int64_t)256 << 10)
 typedef struct { const uint8_t *p; int64_t n; int64_t *out; } ReadJob;
@@ -406,8 +398,8 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
  * `embed` table) the call looks the embeddings up itself; positions, slots [n]; block_tables [>= n, bt_stride];
  * ctx [n]. With `logits` (the model has a head): logits [m, head.n] of the rows logit_rows [m] of h, final norm and
  * LM head included. Both keep the interpreter out of the step: after the weights' stream every Python and torch
- * call starts from cold caches (a norm of one row took 100-200 us there against 5 warm). Returns -1, having run
- * nothing, when an id lies outside the table; else 0. */
+ * call starts from cold caches, many times slower than warm. Returns -1, having run nothing, when an id lies outside
+ * the table; else 0. */
 int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t *ids, const int64_t *positions,
                             const int64_t *slots, const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx,
                             const int64_t *logit_rows, int64_t m, float *logits) {
@@ -473,7 +465,7 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
  * of its stop ids (row r's: stop_ids[stop_at[r] .. stop_at[r + 1]]), and the call ends after the step where every
  * row is: what would follow is dropped anyway. Needs the model's token table and head. Returns the steps run, or
  * -1 as tally_decode_layers. Why: a step that returns to the interpreter pays its scheduling, inputs, sampling and
- * outputs (0.6-0.75 ms on the Zen 4 VM, from cold caches); here they are paid once a call. */
+ * outputs, from cold caches; here they are paid once a call. */
 int64_t tally_decode_greedy(const Model *md, int64_t n, const int64_t *ids, const int64_t *positions,
                             const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx, int64_t steps,
                             const int64_t *stop_ids, const int64_t *stop_at, int64_t *out) {
@@ -638,8 +630,8 @@ void tally_dequant_f16_bf16(const uint16_t *panels, uint16_t *w_t, int64_t n_pan
 }
 
 /* ---- Rows of the dequantized weight in fp32, out [n_rows, K]: a token table read from its tiles (an embedding
- * lookup, one row a token). q * d + m in two roundings, as the PyTorch expression these replace (~0.2-0.5 ms a
- * decode step in ~20 small tensor operations; tests/test_native_kernels.py holds them to it). A row outside the
+ * lookup, one row a token). q * d + m in two roundings, as the PyTorch expression these replace (many small tensor
+ * operations a decode step; tests/test_native_kernels.py holds them to it). A row outside the
  * table's `table_rows` (tiles x 8) writes nothing and returns -1, where the PyTorch indexing raised. ---- */
 static int rows_outside(const int64_t *rows, int64_t n_rows, int64_t table_rows) {
     for (int64_t r = 0; r < n_rows; r++)

@@ -1,30 +1,25 @@
 /* The kernels' own threads: a parallel loop whose caller never waits for a thread that took no work.
  *
- * Why not OpenMP's parallel for: every region ends in a barrier that all threads must reach. With waiting threads
- * passive (tally/__init__.py: spinning ones collapse a step beside a busy process) each of a decode step's ~100
- * regions wakes a sleeping thread, which on a virtual machine goes through the hypervisor: measured on a 2-core
- * Zen 5 VM, a 4864 x 896 int4 projection took 0.19 ms with 2 passive threads and 0.10 ms with one. Spinning
- * threads answer in nanoseconds but take the core from a neighbour, and the barrier then waits for a thread the
- * kernel has descheduled (Qwen 0.5B, 2 threads beside one busy process: 58 ms a step spinning, 23 ms one thread).
+ * Not OpenMP's parallel for: every region ends in a barrier that all threads must reach. With waiting threads passive
+ * (tally/__init__.py: spinning ones collapse a step beside a busy process) each region of a decode step wakes a
+ * sleeping thread, which on a virtual machine goes through the hypervisor; with spinning threads the barrier waits for
+ * a thread the kernel has descheduled (docs/benchmarks.md#kernels).
  *
  * Here a job is cut into one contiguous share a thread (a decode step's projections stream best so: each thread one
  * run of weights), and each share into PIECES pieces, claimed through one atomic word a share (generation << 32 |
  * front << 16 | back): a thread takes its own share's pieces from the front, then the other shares' last pieces from
  * their backs, so whoever finishes first takes the end of a slower share, and the caller waits only for pieces
- * someone is running. (With a share as one chunk the caller waited for the helper 15.6% of the threaded jobs' time
- * in a Qwen 0.5B decode; with pieces 2.6%: docs/benchmarks.md, session 32.) Helpers spin SPIN_NS after their last
- * piece (a step's next projection comes within microseconds), then sleep on a condition variable; a job finds them
- * awake, or wakes them (once until one of them runs) and starts without them. A helper descheduled while it holds a
- * piece still stalls the caller, which then measures it: a wait longer than a hiccup (LATE_NS) and than two of its
- * own pieces (beside one busy process, a scheduler slice every few milliseconds) sends the caller alone for
+ * someone is running. Helpers spin SPIN_NS after their last piece (a step's next projection comes within
+ * microseconds), then sleep on a condition variable; a job finds them awake, or wakes them (once until one of them
+ * runs) and starts without them. A helper descheduled while it holds a piece still stalls the caller, which then
+ * measures it: a wait longer than a hiccup (LATE_NS) and than two of its own pieces sends the caller alone for
  * ALONE_NS, 4 times as long after each late one (up to ALONE_MAX_NS), and half as long again only after TRUST_NS of
- * threaded jobs on time (times, not job counts: a prompt's jobs take 100x a decode step's). After a run alone the
- * sleeping helpers are woken and the next jobs run alone until one of them has run; the first threaded job then
- * (the probe) counts as late if none of them joins it. Beside one busy process a decode step then runs mostly
- * alone: SmolLM2's 2-thread step 1.00-1.11x its 1-thread quiet step, 1.13-1.65x when every job on time halved the
- * next run alone and each job woke a helper still waiting for its core (docs/benchmarks.md, session 31).
- * Threads: omp_get_max_threads() of the calling thread, which torch.set_num_threads sets, as before. A second
- * caller while a job runs (another Python thread) runs its loop alone. */
+ * threaded jobs on time (times, not job counts: a prompt's jobs take far longer than a decode step's). After a run
+ * alone the sleeping helpers are woken and the next jobs run alone until one of them has run; the first threaded job
+ * then (the probe) counts as late if none of them joins it. Beside one busy process a decode step then runs mostly
+ * alone.
+ * Threads: omp_get_max_threads() of the calling thread, which torch.set_num_threads sets. A second caller while a job
+ * runs (another Python thread) runs its loop alone. */
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -34,12 +29,12 @@ typedef void (*RangeFn)(const void *ctx, int64_t begin, int64_t end);
 
 #define POOL_MAX 255           /* helper threads at most */
 #define SPIN_NS 100000         /* a helper's spin after its last piece, before it sleeps */
-#define PIECES 8               /* a share's pieces (4: Qwen 0.5B decode 0.95x, 16: 0.98x, alternating in one process) */
-#define ALONE_NS 1000000       /* the first run alone after a late helper (a SmolLM2 decode step: ~3.5 ms) */
+#define PIECES 8               /* a share's pieces (chosen by measurement: docs/benchmarks.md#kernels) */
+#define ALONE_NS 1000000       /* the first run alone after a late helper (less than a small model's decode step) */
 #define ALONE_MAX_NS 200000000
-#define LATE_NS 500000         /* a shorter wait is a hiccup (quiet: up to ~0.2 ms), not a core lost to a neighbour
-                                * (a scheduler slice: ~3.6 ms a wait beside one busy process) */
-#define TRUST_NS 50000000      /* threaded time on time that halves the next run alone (~14 SmolLM2 decode steps) */
+#define LATE_NS 500000         /* a shorter wait is a hiccup, not a core lost to a neighbour for a scheduler slice
+                                * (milliseconds) */
+#define TRUST_NS 50000000      /* threaded time on time that halves the next run alone */
 #define PROBE_WAIT 64          /* jobs alone after such a run while the helpers woken for the probe have not run */
 #define PROBE_SPIN_NS 1000000  /* a helper woken for a probe spins this long: jobs alone may take longer than SPIN_NS */
 
@@ -153,8 +148,8 @@ static void start_helpers(int wanted) {
 }
 
 /* Wakes sleeping helpers, once until one of them runs (a wake-up that reaches a helper whose core is taken costs
- * the caller ~15 us on a VM, and every job found it still asleep: beside a busy process, half the jobs); whether
- * any slept */
+ * the caller microseconds on a VM, and beside a busy process the next jobs would find it still asleep); whether any
+ * slept */
 static int wake_sleepers(void) {
     if (atomic_load(&pool.sleepers) == 0) return 0;
     if (!atomic_exchange(&pool.wake_sent, 1)) {
@@ -205,7 +200,7 @@ static void parallel_run(int64_t n, RangeFn fn, const void *ctx, int64_t spin_ns
 
 /* fn over [0, n) in ranges; alone when `work` (multiply-adds or alike) is below PAR_MIN or one thread is asked.
  * Helpers spin `spin_ns` after it: SPIN_NS where more of the kernels' jobs follow, 0 where a torch operation does
- * (its OpenMP threads would share the cores with spinning helpers: a bf16 prefill ran 9% slower). */
+ * (its OpenMP threads would share the cores with spinning helpers and run slower). */
 static void parallel_for_then(int64_t n, int64_t work, RangeFn fn, const void *ctx, int64_t spin_ns) {
     int threads = omp_get_max_threads();
     int expected = 0;

@@ -12,8 +12,8 @@
  * whole skip the masks), and tiles wholly above the item's last row or below its first row's window are never
  * read. Keys and values are read in place from their blocks (no gather copy); a 16-bit cache's tile is widened to
  * fp32 first (16 keys' and values' rows, against the rows x group query vectors that share them).
- * Why not torch's CPU flash attention: 4.5-6 ms a layer for SmolLM2's ~550-token prompts on the 2-core Zen 5 VM,
- * ~40 GFLOP/s, a third of the whole prefill; this kernel 1.6 ms there (`python benchmarks/prefill_attention.py`). */
+ * Why not torch's CPU flash attention: at prompt lengths it is a large share of the whole prefill, several times this
+ * kernel's time (docs/benchmarks.md#attention; `python benchmarks/prefill_attention.py`). */
 
 #define PA_ROWS 16  /* query rows an item: with the kv head's group of query heads, the vectors sharing a key tile */
 #define PA_KEYS 16  /* keys a tile: two 8-float vectors of scores a query vector */

@@ -3,9 +3,9 @@
 
 /* ---- Greedy tokens: the first index of each row's maximum, x [M, V] -> out [M]; -1 for a row holding a NaN
  * (torch.argmax takes the first NaN there: the caller asks it); returns how many such rows there are.
- * torch.argmax runs a scalar loop on CPU, ~2.4 ns a value: 0.36 ms of a Qwen 0.5B decode step over its 151,936
- * logits (AVX2 EPYC), ~2%. Here two sets of 8 lanes each keep their first maximum (a strictly greater value replaces
- * it), then the lanes' maxima meet: the largest value, and of lanes holding it the smallest index. */
+ * torch.argmax runs a scalar loop on CPU, a visible share of a decode step over a large vocabulary
+ * (docs/benchmarks.md#sampler). Here two sets of 8 lanes each keep their first maximum (a strictly greater value
+ * replaces it), then the lanes' maxima meet: the largest value, and of lanes holding it the smallest index. */
 int64_t tally_argmax_rows(const float *x, int64_t M, int64_t V, int64_t *out) {
     int64_t nan_rows = 0;
     for (int64_t r = 0; r < M; r++) {
@@ -59,13 +59,12 @@ static inline float temperature_at(const SampledRows *s, int64_t r) {
 
 /* ---- Sampling: one token a row of x [M, V] (logits after the filters; -inf: dropped; row r at rows[r], or r without
  * `rows`), the first in token order whose running mass of softmax(x / temperature[r]) (1 without `temperature`)
- * passes u [M] (in [0, 1)) times the row's: the inverse of the distribution function at u, one uniform a row. The
- * exponential race it replaces (argmax of probs / Exp(1)) drew one a token: over Qwen's 151,936 logits torch's
- * uniform, log, exp and divide took 1.3-1.5 ms a row on the Zen 4 VM, here a max, a pass of exps into running sums
- * (doubles) a chunk of the row, and a walk over one chunk (sample_row). A seeded row still takes its own generator's
- * next number, whatever the batch. The temperature scales the exponents, e^((x - max) / t), so a row that
- * only has one (the sampler's plain rows) is read where its logits lie: no copy of the row, no pass dividing it (the
- * sampler at temperature 0.7 over Qwen's logits: 3.0 -> 1.0-1.1 ms a step at 16 rows, 0.33 -> 0.16 at 1). */
+ * passes u [M] (in [0, 1)) times the row's: the inverse of the distribution function at u, one uniform a row, where
+ * an exponential race (argmax of probs / Exp(1)) draws one a token (docs/benchmarks.md#sampler). Here a max, a pass
+ * of exps into running sums (doubles) a chunk of the row, and a walk over one chunk (sample_row). A seeded row still
+ * takes its own generator's next number, whatever the batch. The temperature scales the exponents, e^((x - max) / t),
+ * so a row that only has one (the sampler's plain rows) is read where its logits lie: no copy of the row, no pass
+ * dividing it. */
 typedef struct { SampledRows src; const double *u; int64_t *out; } SampleJob;
 
 static inline __m256 kept_exp(const float *v8, __m256 top, __m256 inv_t) {  /* e^((v - top) inv_t); 0 at v = -inf */
@@ -101,9 +100,8 @@ static float row_top(const RowBlocks *r, int *has_nan) {  /* the row's max; *has
     return top;
 }
 
-/* Blocks of 8 a chunk of the row's mass: a chunk's exps add up in vectors of doubles, one horizontal sum a chunk where
- * there was one and a scalar double add a block (logsumexp 0.96-0.97x the time, a draw 0.92x: 16 rows of Qwen's
- * logits, 1 thread, Zen 4). What is left of the pass is its exps. */
+/* Blocks of 8 a chunk of the row's mass: a chunk's exps add up in vectors of doubles, one horizontal sum a chunk
+ * rather than a scalar double add a block. What is left of the pass is its exps. */
 #define MASS_CHUNK 64
 
 static inline double hsum4d(__m256d v) {
@@ -183,8 +181,8 @@ void tally_sample_rows(const float *x, const int64_t *rows, int64_t M, int64_t V
 
 /* ---- log(sum(e^(x / t))) of each row (SampledRows), as torch.logsumexp(x / t, dim=-1) (NaN with a NaN, the max
  * where it is infinite):
- * the top-p filter's mass over a whole row and the logprobs' normaliser, a max and one pass of exps (torch's took
- * ~0.2-0.5 ms over Qwen's 151,936 logits on the Zen 4 VM: max, subtract, exp, sum and log as separate passes). */
+ * the top-p filter's mass over a whole row and the logprobs' normaliser, a max and one pass of exps (torch's makes
+ * max, subtract, exp, sum and log separate passes). */
 typedef struct { SampledRows src; float *out; } LseJob;
 
 static void lse_range(const void *ctx, int64_t r0, int64_t r1) {
@@ -206,13 +204,10 @@ void tally_logsumexp_rows(const float *x, const int64_t *rows, int64_t M, int64_
 /* ---- The k largest of each row of x [M, V], sorted (value descending, then token id ascending): torch.topk's
  * values for the sampler's top-k / top-p candidates (tally/sample/filters.py). One pass keeps the values above a
  * threshold that rises to the k-th largest kept each time the buffer of 4k fills (quickselect), so most values
- * cost a compare: k = 1,024 of 151,936 logits took torch.topk ~0.7 ms on the Zen 4 VM, this 0.065-0.08. A row
- * holding a NaN is the caller's (0 in its slot of `done`).
+ * cost a compare (docs/benchmarks.md#sampler). A row holding a NaN is the caller's (0 in its slot of `done`).
  * A kept value is one 64-bit key, its order in the high half (descending values ascend) and its token id in the low,
- * so that keys ascend in the order wanted and one integer compare orders two of them. With a float compare and its tie
- * on ids, and Hoare's partition branching on each, the partitioning took 53% of a row's time at k = 1,024 (perf, Zen
- * 4). With the keys, the branch-free partition and a sampled first threshold (sampled_threshold), 16 rows of Qwen's
- * logits: k = 1,024 0.33-0.34x the time on 1 thread (0.31x on 2), k = 40 0.71x (0.78-0.81x). */
+ * so that keys ascend in the order wanted and one integer compare orders two of them, and the partition is branch-free
+ * (a float compare with its tie on ids would make partitioning the row's main cost). */
 typedef uint64_t Key;
 
 static inline Key key_of(float v, int64_t id) {

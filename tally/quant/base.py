@@ -11,19 +11,17 @@ from tally.quant.dispatch import matmul_dtype
 
 # Dequantized weight per tile of the many-token path. Tiling keeps the dequantized rows in cache between the
 # write and the matmul, and bounds the per-call copy to this size instead of the whole weight in fp32 (4x an
-# int8 layer). Measured 1 thread, fp32 tiles: lm_head 576x49152 at M=1 143 ms whole vs 10.5 ms in 4 MiB tiles;
-# 896x4864 1.59 vs 0.87 ms; at M=64 19.3 vs 15.8 ms.
+# int8 layer); the size is the measured best (docs/benchmarks.md#paths-chosen-by-measurement).
 TILE_BYTES = 4 << 20
-# The native layers' bf16 tiles (dequantized by tally/native/kernels.c, 2 threads, 512 rows, Qwen2.5-0.5B's
-# shapes): 4 / 16 / 64 MiB tiles 2.5 / 1.4 / 1.7 ms (1152x896), 22.1 / 17.0 / 25.6 (9728x896), 9.9 / 7.0 / 9.5
-# (896x4864): oneDNN's bf16 matmul wants wider tiles than the fp32 dequantize-and-multiply above.
+# The native layers' bf16 tiles (dequantized by tally/native/kernels.c): oneDNN's bf16 matmul wants wider tiles than
+# the fp32 dequantize-and-multiply above (docs/benchmarks.md#paths-chosen-by-measurement).
 BF16_TILE_BYTES = 16 << 20
 
 
-# oneDNN, behind PyTorch's bf16 / fp16 matmuls on CPU, compiles and caches a kernel for each shape it meets: 1-2 MB
-# and ~1.3 ms each, up to 1,024 of them (`python benchmarks/kernel_cache_memory.py`). Prefill steps take every row count,
-# so a server grew by ~10 MB a minute for an hour (docs/benchmarks.md). Rows are padded up to one of 8 sizes per
-# octave (a power of two up to 16): a layer meets ~80 shapes up to 8,192 rows, for at most 12.5% more rows.
+# oneDNN, behind PyTorch's bf16 / fp16 matmuls on CPU, compiles and caches a kernel of a few MB for each shape it
+# meets, up to 1,024 of them; prefill steps take every row count, so a server's memory would grow for hours
+# (docs/benchmarks.md#reliability; `python benchmarks/kernel_cache_memory.py`). Rows are padded up to one of 8 sizes
+# per octave (a power of two up to 16): a layer meets ~80 shapes up to 8,192 rows, for at most 12.5% more rows.
 CACHED_KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -37,8 +35,7 @@ def bucketed_rows(rows: int) -> int:
 
 def pad_rows(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A 2-D input in `dtype` (default: its own) with zero rows added up to `bucketed_rows` (the caller keeps the
-    first x.shape[0] outputs). One pass converts and pads: a cast then F.pad cost 2.8x as much (548 x 576 fp32 to
-    bf16, ~230 against ~80 µs, 4 projections a layer of every prompt)."""
+    first x.shape[0] outputs). One pass converts and pads, where a cast then F.pad would copy twice."""
     rows, dtype = x.shape[0], dtype or x.dtype
     padded = bucketed_rows(rows)
     if padded == rows:

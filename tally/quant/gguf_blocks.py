@@ -1,19 +1,5 @@
-"""GGUF quantized blocks adopted as they are stored, with no requantization.
-
-Block layouts (ggml): 32 weights per block. Q4_0: fp16 d, 16 bytes of nibbles, w = d * (q - 8).
-Q4_1: fp16 d, fp16 m, 16 bytes of nibbles, w = d * q + m. Q8_0: fp16 d, 32 int8, w = d * q.
-Nibbles: byte j holds weight j (low) and weight j + 16 (high).
-Q4_K: super-blocks of 256 = 8 sub-blocks of 32: fp16 d, fp16 dmin, 12 bytes of 6-bit scales sc and mins mn,
-128 bytes of nibbles (each 32 bytes: sub-block 2i in the low nibbles, 2i + 1 in the high); w = d*sc*q - dmin*mn,
-i.e. group-32 asymmetric int4 with scale d*sc and minimum -dmin*mn (both exact in fp32).
-In the int4 kernel's convention w = (q - 8) * scale + zero: Q4_0 is scale d, zero 0; Q4_1 is scale d, zero m + 8d.
-Q5_0: fp16 d, 4 bytes qh (bit j: the fifth bit of weight j), 16 bytes of nibbles as Q4_0; w = d * (q - 16).
-Q6_K: super-blocks of 256 = 16 sub-blocks of 16: 128 bytes ql (low nibbles), 64 bytes qh (2 high bits each),
-16 int8 scales sc, fp16 d; w = d * sc * (q - 32), q in 0..63, i.e. group-16 6-bit values with scale d*sc.
-The native kernels hold both as their values (nibbles plus planes of high bits, tally/native/ops.py): Q5_0 in 6
-bits a weight with its scale (5.5 stored), Q6_K in 8 (6.56 stored, 16 as fp16). Elsewhere Q5_0's q - 16 is an
-int8 value (group-32 int8, exactly) and Q6_K is dequantized, as Q5_1 (a minimum) always is.
-"""
+"""GGUF quantized blocks adopted as they are stored, with no requantization: each block type's integers and scales
+in the conventions of Tally's int4, 5- / 6-bit and int8 layers."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -22,6 +8,19 @@ from typing import Any
 import numpy as np
 import torch
 
+# Block layouts (ggml): 32 weights per block. Q4_0: fp16 d, 16 bytes of nibbles, w = d * (q - 8).
+# Q4_1: fp16 d, fp16 m, 16 bytes of nibbles, w = d * q + m. Q8_0: fp16 d, 32 int8, w = d * q.
+# Nibbles: byte j holds weight j (low) and weight j + 16 (high).
+# Q4_K: super-blocks of 256 = 8 sub-blocks of 32: fp16 d, fp16 dmin, 12 bytes of 6-bit scales sc and mins mn,
+# 128 bytes of nibbles (each 32 bytes: sub-block 2i in the low nibbles, 2i + 1 in the high); w = d*sc*q - dmin*mn,
+# i.e. group-32 asymmetric int4 with scale d*sc and minimum -dmin*mn (both exact in fp32).
+# In the int4 kernel's convention w = (q - 8) * scale + zero: Q4_0 is scale d, zero 0; Q4_1 is scale d, zero m + 8d.
+# Q5_0: fp16 d, 4 bytes qh (bit j: the fifth bit of weight j), 16 bytes of nibbles as Q4_0; w = d * (q - 16).
+# Q6_K: super-blocks of 256 = 16 sub-blocks of 16: 128 bytes ql (low nibbles), 64 bytes qh (2 high bits each),
+# 16 int8 scales sc, fp16 d; w = d * sc * (q - 32), q in 0..63, i.e. group-16 6-bit values with scale d*sc.
+# The native kernels hold both as their values (nibbles plus planes of high bits, tally/native/ops.py): Q5_0 in 6
+# bits a weight with its scale (5.5 stored), Q6_K in 8 (6.56 stored, 16 as fp16). Elsewhere Q5_0's q - 16 is an
+# int8 value (group-32 int8, exactly) and Q6_K is dequantized, as Q5_1 (a minimum) always is.
 BLOCK = 32
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
 _WEIGHTS_PER_BLOCK = {"Q4_K": 256, "Q6_K": 256}

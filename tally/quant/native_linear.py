@@ -1,21 +1,8 @@
-"""int4 and int8 layers on Tally's own CPU kernels (tally/native), for fp32 compute.
-
-PyTorch's CPU weight-only kernels want bf16 activations and are slow reference paths with fp32 ones; on a CPU
-without bf16 instructions that left int4 slower than fp16 weights. These layers keep the weights in the native
-kernels' layouts and multiply them with int8 activations per block of 32 (integer dot products, as llama.cpp
-does). One kernel serves every batch size: in tiles of 8 outputs that share their unpacking across 4 activation
-rows, it beats dequantizing into an fp32 matmul from 1 to 512 rows (`python benchmarks/weight_formats.py --model smol
---threads 1`), so there is no many-token path, and a token's bits never depend on its batch.
-
-Weights are held in the kernels' tiles of 8 outputs (tally/native/ops.py: pack_q4, pack_planes, pack_q8,
-pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m [T, G, 8] (w = q * d + m per group; GGUF Q4_0 without m:
-w = d * (q - 8)); GGUF's Q5_0 and Q6_K as the same nibbles plus planes of high bits qh [T, K/32, 32 per bit] with d
-(w = d * (q - 16), groups of 32; w = d * (q - 32), groups of 16: no m);
-int8 q [T, K/4, 32] with s [T, G, 8] (group = K: one scale per output channel; 32: GGUF Q8_0). Loading GGUF
-Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks into them only rearranges the stored integers. Scales and minima are held in
-the smallest form that keeps them exactly (int_dots.h: GroupValues): Q4_K's and Q6_K's as the file factors them (an
-fp16 base per super-block times int8 steps, ops.pack_tile_factors); else fp16 where every value of the layer is one
-(GGUF's own d and m are); else fp32 (RTN's). The same floats in the kernels, fewer bytes for a decode to stream.
+"""int4 and int8 layers on Tally's own CPU kernels (tally/native), for fp32 compute, where PyTorch's weight-only
+kernels are slow reference paths. The weights stay in the kernels' layouts and meet int8 activations per block of 32
+(integer dot products, as llama.cpp does). One kernel serves every batch size, faster than dequantizing into an fp32
+matmul at every row count (docs/benchmarks.md#paths-chosen-by-measurement), so a token's bits do not depend on its
+batch (unless the start-up measurement sends many rows on to a bf16 matmul: `use_many_tokens`).
 """
 from __future__ import annotations
 
@@ -26,6 +13,15 @@ from tally.quant.base import BF16_TILE_BYTES, QuantLinear, tiled_matmul
 from tally.quant.dispatch import NEVER
 from tally.quant.gguf_blocks import SuperBlockValues
 
+# Weights are held in the kernels' tiles of 8 outputs (tally/native/ops.py: pack_q4, pack_planes, pack_q8,
+# pack_tile_scales): int4 qs uint8 [T, K/8, 32] with d, m [T, G, 8] (w = q * d + m per group; GGUF Q4_0 without m:
+# w = d * (q - 8)); GGUF's Q5_0 and Q6_K as the same nibbles plus planes of high bits qh [T, K/32, 32 per bit] with d
+# (w = d * (q - 16), groups of 32; w = d * (q - 32), groups of 16: no m);
+# int8 q [T, K/4, 32] with s [T, G, 8] (group = K: one scale per output channel; 32: GGUF Q8_0). Loading GGUF
+# Q4_0/Q4_1/Q4_K/Q5_0/Q6_K/Q8_0 blocks into them only rearranges the stored integers. Scales and minima are held in
+# the smallest form that keeps them exactly (int_dots.h: GroupValues): Q4_K's and Q6_K's as the file factors them (an
+# fp16 base per super-block times int8 steps, ops.pack_tile_factors); else fp16 where every value of the layer is one
+# (GGUF's own d and m are); else fp32 (RTN's). The same floats in the kernels, fewer bytes for a decode to stream.
 GroupValues = torch.Tensor | SuperBlockValues
 
 

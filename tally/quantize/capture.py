@@ -4,7 +4,8 @@ cache of its own, the reference attention), with forward pre-hooks on the four p
 Every projection sees the *full-precision* model's activations (GPTQ is not run layer by layer on the quantized
 prefix; see docs/quantization.md), so one pass over the calibration set serves every layer and every method.
 Per input site (a layer's qkv / o / gate_up / down input) it keeps: the Hessian sum X^T X (GPTQ), the mean |x| per
-channel (AWQ), the max |x| per channel (SmoothQuant), and a few rows per sample (AWQ's grid search and the error figures)."""
+channel (AWQ), the max |x| per channel (SmoothQuant), and a few rows per sample (AWQ's grid search and the error
+figures)."""
 from __future__ import annotations
 
 from collections.abc import Iterable

@@ -1,4 +1,5 @@
-"""`tally quantize`: write a GPTQ / AWQ / RTN / SmoothQuant (W8A8) quantized checkpoint that `tally serve --model DIR` loads as is."""
+"""`tally quantize`: write a GPTQ / AWQ / RTN / SmoothQuant (W8A8) quantized checkpoint that
+`tally serve --model DIR` loads as is."""
 from __future__ import annotations
 
 import argparse

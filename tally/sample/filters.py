@@ -78,7 +78,7 @@ def scaled_rows(x: torch.Tensor, rows: torch.Tensor | None, temperature: torch.T
 def row_logsumexp(x: torch.Tensor, rows: torch.Tensor | None = None,
                   temperature: torch.Tensor | None = None) -> torch.Tensor:
     """[S, 1] logsumexp of each row of [S, V] (of x[rows] / temperature: scaled_rows): on CPU the native kernel (one
-    pass of exps after the max: ~0.15 ms over 151,936 logits, torch's 0.2-0.5 on the Zen 4 VM)."""
+    pass of exps after the max, where torch's takes several: docs/benchmarks.md#sampler)."""
     if x.device.type != "cpu" or not ops.available():
         xs = x if rows is None and temperature is None else scaled_rows(x, rows, temperature)
         return torch.logsumexp(xs, dim=-1, keepdim=True)
@@ -88,8 +88,8 @@ def row_logsumexp(x: torch.Tensor, rows: torch.Tensor | None = None,
 def top_candidates(x: torch.Tensor, k: int, rows: torch.Tensor | None = None,
                    temperature: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's k largest logits and their ids, descending: x.topk(k) (of x[rows] / temperature: scaled_rows). On
-    CPU the native kernel (one pass above a rising threshold: 0.065-0.08 ms for 1,024 of Qwen's 151,936 logits a row,
-    torch's topk ~0.7 on the Zen 4 VM), torch's for the rows it leaves (a NaN)."""
+    CPU the native kernel (one pass above a rising threshold, faster than torch's topk:
+    docs/benchmarks.md#sampler), torch's for the rows it leaves (a NaN)."""
     if x.device.type != "cpu" or not ops.available():
         xs = x if rows is None and temperature is None else scaled_rows(x, rows, temperature)
         return xs.topk(k, dim=-1)

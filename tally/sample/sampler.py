@@ -170,7 +170,7 @@ def row_chunks(num_rows: int, vocab: int, device: torch.device) -> list[slice]:
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the vocabulary, the first index of each row's maximum. On CPU the native kernel: torch's argmax
-    is a scalar loop there, 0.36 ms of a 0.5B model's 15-20 ms decode step over 151,936 logits, the kernel 0.03."""
+    is a scalar loop there, a visible share of a decode step over a large vocabulary (docs/benchmarks.md#sampler)."""
     if logits.device.type == "cpu" and ops.available():
         return ops.argmax_rows(logits)
     return logits.argmax(dim=-1)
@@ -193,9 +193,9 @@ def draw(logits: torch.Tensor, u: torch.Tensor, rows: torch.Tensor | None = None
          temperature: torch.Tensor | None = None) -> torch.Tensor:
     """A token a row of logits [S, K] (-inf: dropped; with `rows` [S], the rows logits[rows]) at u [S] in [0, 1):
     the first, in order, whose running mass of softmax(logits / temperature) (temperature [S, 1]; none: 1) passes u
-    of the row's. On CPU the native kernel (tally/native/sampling.h): the exponential race this replaced drew a
-    number a token, 1.3-1.5 ms over Qwen's 151,936 logits, the kernel ~0.1 ms; the torch form takes the rows it
-    leaves (a NaN or +inf, nothing kept) and every row elsewhere."""
+    of the row's. On CPU the native kernel (tally/native/sampling.h), one uniform a row where an exponential race
+    draws one a token (docs/benchmarks.md#sampler); the torch form takes the rows it leaves (a NaN or +inf,
+    nothing kept) and every row elsewhere."""
     tokens = None
     if logits.device.type == "cpu" and ops.available():
         tokens = ops.sample_rows(logits, u, rows, temperature)
@@ -215,7 +215,7 @@ def draw(logits: torch.Tensor, u: torch.Tensor, rows: torch.Tensor | None = None
 
 def _with_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, t: SamplingTensors) -> SamplerOutput:
     batch, vocab = logits.shape
-    if t.logprob_rows is None:  # nobody asked: a logsumexp over the vocabulary is ~3% of a 0.5B model's decode step
+    if t.logprob_rows is None:  # nobody asked: a logsumexp over the vocabulary costs a pass over it
         return SamplerOutput(token_ids, logits.new_zeros(batch), None, None)
     chosen = logits.gather(1, token_ids[:, None])
     lse = torch.empty_like(chosen)

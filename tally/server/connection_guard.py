@@ -1,10 +1,10 @@
 """Connection-level limits uvicorn leaves open: a cap on open connections, and a deadline for a request's headers.
 
-Without them, half-open connections and clients that send a byte a second hold file descriptors forever (the
-hardening issue's probe drove `tally serve` to its descriptor limit with 20,000 of them). uvicorn's own `limit_concurrency` answers 503 only once
-headers have arrived, and its keep-alive timeout starts only after a first response, so both limits live here,
-in its HTTP protocol class: a connection over the cap is closed as it is accepted; one whose first request's
-headers are not complete within `header_timeout_s` is closed.
+Without them, half-open connections and clients that send a byte a second hold file descriptors until the server
+reaches its descriptor limit. uvicorn's own `limit_concurrency` answers 503 only once headers have arrived, and its
+keep-alive timeout starts only after a first response, so both limits live here, in its HTTP protocol class: a
+connection over the cap is closed as it is accepted; one whose first request's headers are not complete within
+`header_timeout_s` is closed.
 """
 from __future__ import annotations
 

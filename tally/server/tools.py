@@ -1,19 +1,8 @@
-"""Function calling: OpenAI's `tools` and `tool_choice`, with vLLM's flags and semantics.
-
-- `tool_choice: "auto"` (the default when tools are given) lets the model decide; its text is parsed for calls
-  by the parser `--tool-call-parser` names, which needs `--enable-auto-tool-choice` (as in vLLM; without it such a
-  request is a 400 saying which flags to set). `hermes`: Hermes / Qwen2.5's `<tool_call>{"name": ..., "arguments":
-  {...}}</tool_call>` blocks; `llama3_json`: Llama 3's bare `{"name": ..., "parameters": {...}}` objects, several
-  joined by `;`.
-- `"required"` and a named function constrain decoding (structured outputs), so the calls always parse: a named
-  function's arguments against its parameters schema; `required`, a JSON array of at least one
-  `{"name": ..., "parameters": ...}` for the tools given (vLLM's form). Neither needs a parser.
-- `"none"`: the tools go to the chat template (so the model may know of them) and nothing is parsed.
-
-Streaming, as vLLM streams calls: text before a call streams as content; each call's first delta carries its
-index, id, type and function name as soon as the name is complete, then its `function.arguments` follow in pieces
-as they are generated (tally/server/tool_parsers.py reads the growing text). The pieces add up to the arguments of
-the same answer non-streamed, character for character: both are the text the model wrote."""
+"""Function calling: OpenAI's `tools` and `tool_choice`, with vLLM's flags and semantics. "auto" parses the model's
+text with the `--tool-call-parser` named (which needs `--enable-auto-tool-choice`, as in vLLM); "required" and a named
+function constrain decoding, so the calls always parse; "none" only shows the tools to the chat template. A stream
+sends each call's name once complete, then its arguments in pieces that add up to the non-streamed answer's,
+character for character (tally/server/tool_parsers.py reads the growing text)."""
 from __future__ import annotations
 
 import uuid
