@@ -1,30 +1,24 @@
-"""A decode step through every layer in one native call (tally_decode_layers in kernels.c).
-
-At one token per step a layer's Python and dispatch cost rivals its arithmetic: on SmolLM2 (30 layers, int4) the
-per-layer path spends ~7 ms a step outside the kernels, as measured on a 30-layer model of width 64. This plan
-describes the model to C once — weight pointers, norms, cache pointers — and a decode-only step is then a single
-call. It applies when every projection is a native int4 / int8 / W8A8 layer (tally/quant/native_linear.py) or
-fp16 panels (tally/layers/dense.py), or several of them side by side (ConcatLinear: a GGUF's fused q/k/v whose
-parts are stored in different block types), the caches are fp32, fp16, bf16 or int8 (with its key smoothing) and
-no layer needs per-head q/k norms; otherwise `build` returns None (or `applies` says no) and the model runs layer
-by layer. Where the final norm and the LM head are native as well (`scores`), a step can end in the logits of the
-rows that sample (CausalLM.forward_logits), and where the token table is int4 / int8 rows (`embeds`) start from the
-token ids: every Python and torch call after the weights' stream starts from cold caches, and the calls these
-replace (embedding lookup, final norm, the head's call) cost 0.1-0.35 ms a step (docs/benchmarks.md, session 28).
-
-The structs hold raw pointers: they stay valid because the model's tensors are never replaced after loading
-(in-place changes, such as the quality gate's deliberate zeroing, are seen). The caches are checked per step.
+"""A decode step through every layer in one native call (kernels.c: tally_decode_layers), from the embeddings or the
+token ids to the last layer's output or the logits of the rows that sample, and the ctypes mirrors of the C structs
+it reads (tests/test_native_mirrors.py holds them to kernels.c). One call because at one token a step, the
+interpreter and dispatch between per-layer kernels cost as much as their arithmetic: docs/benchmarks.md#decode-roofline.
 """
 from __future__ import annotations
 
 import ctypes
 import itertools
-from typing import Any
+from typing import Protocol, Sequence
 
 import torch
+from torch import nn
 
-from tally.attention.kv_cache import Int8KVCache
+from tally.attention.kv_cache import Int8KVCache, KVCache
+from tally.attention.metadata import AttentionMetadata
 from tally.layers.dense import ConcatLinear, Fp16WeightLinear
+from tally.layers.norm import RMSNorm
+from tally.layers.parallel import TPGroup
+from tally.layers.rotary import RotaryEmbedding
+from tally.models.config import ModelConfig
 from tally.native.library import load
 from tally.native.ops import KV_INT8, KV_KINDS, scale_form
 from tally.quant.native_linear import (
@@ -34,7 +28,34 @@ from tally.quant.native_linear import (
 )
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT = 1, 2, 3, 4, 5
+PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT = 1, 2, 3, 4, 5  # Proj.kind, as kernels.c's enum
+
+
+class StepLayer(Protocol):
+    """What the step reads of a decoder layer (tally/models/llama.py: DecoderLayer)."""
+
+    native: bool
+    input_norm: RMSNorm
+    post_attn_norm: RMSNorm
+    qkv_proj: nn.Module
+    o_proj: nn.Module
+    gate_up_proj: nn.Module
+    down_proj: nn.Module
+    key_scale: torch.Tensor | None  # the int8 KV cache's key smoothing, or None
+    query_scale: torch.Tensor | None
+
+
+class StepModel(Protocol):
+    """What the step reads of the model (tally/models/llama.py: CausalLM, which imports this module)."""
+
+    cfg: ModelConfig
+    layers: Sequence[StepLayer]
+    rotary: RotaryEmbedding
+    norm: RMSNorm | None  # None, as lm_head, on a pipeline stage before the last
+    lm_head: nn.Module | None
+    tp: TPGroup | None
+    embed_tokens: torch.Tensor | None
+    embed_blocks: nn.Module | None
 
 
 class _Proj(ctypes.Structure):
@@ -55,8 +76,9 @@ class _Model(ctypes.Structure):
                 ("final_norm", _P), ("head", _Proj), ("embed", _Proj)]
 
 
-def _proj(module: torch.nn.Module, keep: list[Any]) -> _Proj | None:
-    """`keep`: where the C arrays the struct points at are held for as long as the step lives."""
+def _proj(module: nn.Module, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:
+    """The projection as the kernels run it, or None where they cannot. `keep`: where the C arrays the struct points
+    at are held for as long as the step lives."""
     if isinstance(module, ConcatLinear):  # outputs side by side, each part in its own native format
         parts = [_proj(part, keep) for part in module.parts]
         if any(p is None for p in parts):
@@ -82,7 +104,7 @@ def _proj(module: torch.nn.Module, keep: list[Any]) -> _Proj | None:
                  scale_form(module.s))
 
 
-def _head(model: Any, keep: list[Any]) -> _Proj | None:
+def _head(model: StepModel, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:
     """The LM head as the step can run it after the layers (final norm included), or None: no head on this rank
     (a pipeline stage before the last), a vocabulary-parallel one, or a norm or head the kernels do not run."""
     if model.lm_head is None or model.norm is None or not model.norm.native or model.tp is not None:
@@ -93,7 +115,7 @@ def _head(model: Any, keep: list[Any]) -> _Proj | None:
     return head if head is not None and head.n == model.cfg.vocab_size else None
 
 
-def _token_table(model: Any, keep: list[Any]) -> _Proj | None:
+def _token_table(model: StepModel, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:
     """The token table as int4 / int8 rows the step can look up itself (a GGUF table's own blocks, or a tied head's),
     or None: the caller embeds (a plain table, fp16 panels, vocabulary-parallel rows)."""
     if model.tp is not None or model.embed_tokens is not None:
@@ -103,7 +125,15 @@ def _token_table(model: Any, keep: list[Any]) -> _Proj | None:
 
 
 class NativeDecodeStep:
-    def __init__(self, model: Any, layers: list[_Layer], keep: list[Any]) -> None:
+    """The model described to C once: weight pointers, norms, rotary tables. The structs hold raw pointers, valid
+    because the model's tensors are never replaced after loading (in-place changes, such as the quality gate's
+    deliberate zeroing, are seen); the KV caches' pointers are checked each step (`applies`).
+
+    Where the final norm and the LM head are native as well (`scores`) a step can end in the logits of the rows that
+    sample, and where the token table is int4 / int8 rows (`embeds`) start from the token ids: after the weights'
+    stream every Python and torch call starts from cold caches (docs/benchmarks.md#decode-roofline)."""
+
+    def __init__(self, model: StepModel, layers: list[_Layer], keep: list[ctypes.Array[_Proj]]) -> None:
         cfg = model.cfg
         self._keep = keep  # the parts of concatenated projections, which the layers point at
         self._layers = (_Layer * len(layers))(*layers)
@@ -117,10 +147,14 @@ class NativeDecodeStep:
                              model.layers[0].input_norm.eps, self._layers, rotary.cos.data_ptr(),
                              rotary.sin.data_ptr(), model.norm.weight.data_ptr() if head else None, head or _Proj(),
                              table or _Proj())
-        self._caches: list[Any] | None = None
+        self._caches: list[tuple[KVCache, KVCache]] | None = None
 
     @classmethod
-    def build(cls, model: Any) -> NativeDecodeStep | None:
+    def build(cls, model: StepModel) -> NativeDecodeStep | None:
+        """The step, or None (the model runs layer by layer) unless the kernels are loaded, every layer runs them (no
+        per-head q/k norms) and every projection is a native int4 / int8 / W8A8 layer (tally/quant/native_linear.py),
+        fp16 panels (tally/layers/dense.py) or several of them side by side (ConcatLinear: a GGUF's fused q/k/v whose
+        parts are stored in different block types)."""
         if load() is None or not all(layer.native for layer in model.layers):
             return None
         if model.rotary.cos.dtype != torch.float32 or not model.rotary.cos.is_contiguous():
@@ -134,7 +168,7 @@ class NativeDecodeStep:
                                  *projs))
         return cls(model, layers, keep)
 
-    def applies(self, model: Any, kv_caches: list[tuple[Any, Any]]) -> bool:
+    def applies(self, model: StepModel, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
         """Whether this step can run: fp32, fp16 or bf16 caches, or the int8 cache (with its key smoothing)."""
         if kv_caches is not self._caches:
             k0 = kv_caches[0][0]
@@ -156,8 +190,8 @@ class NativeDecodeStep:
             self._caches = kv_caches
         return True
 
-    def run(self, h: torch.Tensor | None, positions: torch.Tensor, meta: Any, logit_rows: torch.Tensor | None = None,
-            ids: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, h: torch.Tensor | None, positions: torch.Tensor, meta: AttentionMetadata,
+            logit_rows: torch.Tensor | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
         """h [n, hidden] fp32 contiguous, or None: the call looks up the embeddings of the token `ids` [n] itself
         (needs `embeds`); positions [n], a decode-only step's meta. Returns the last layer's output (in h); or with
         `logit_rows` (rows of it; needs `scores`) their float32 logits [len(logit_rows), V], the final norm and the
@@ -188,7 +222,7 @@ class NativeDecodeStep:
         """Whether `greedy` can run: the call goes from the token ids to the logits."""
         return self.scores and self.embeds
 
-    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: Any, steps: int,
+    def greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, steps: int,
                stop_ids: list[tuple[int, ...]]) -> torch.Tensor:
         """Up to `steps` greedy decode steps of a decode-only batch in one call (needs `runs_greedy`): each row's
         argmax, the first index of its maximum as torch.argmax's, is its next token at the next position. The call
@@ -211,7 +245,7 @@ class NativeDecodeStep:
         return IndexError(f"token ids {ids.tolist()[:5]} reach outside a table of {self._model.embed.n} rows")
 
 
-def _context_lens(meta: Any, n: int) -> torch.Tensor:
+def _context_lens(meta: AttentionMetadata, n: int) -> torch.Tensor:
     return meta.memo("context_lens", lambda: torch.tensor(meta.context_lens[:n], dtype=torch.int64))
 
 

@@ -1,15 +1,11 @@
-"""Builds tally/native/kernels.c with the machine's C compiler on first use and loads it with ctypes.
+"""Builds tally/native/kernels.c with the machine's C compiler on first use and loads it with ctypes, its functions
+typed.
 
-pool.h, kv_rows.h, int_tiles.h (with int_dots.h), decode_attention.h and prefill_attention.h, which it includes, hold
-the kernels' own threads, the KV cache's value formats, the integer projections and their formats' dot products and
-the paged decode and prompt attention
-(pyproject.toml's package data ships them). The shared object is cached under $XDG_CACHE_HOME/tally (default
-~/.cache/tally), named by a hash of the sources and flags, so an edit rebuilds and concurrent processes never load a
-half-written file. `load()` returns
-None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C come with it
-on every x86 CPU that has it), or when no compiler is found; the reason is logged once.
-A C file and the system compiler, not a torch C++ extension: it builds in about a second instead of a
-minute, and needs no Python headers.
+The shared object is cached under $XDG_CACHE_HOME/tally (default ~/.cache/tally), named by a hash of the sources and
+flags, so an edit rebuilds and concurrent processes never load a half-written file. `load()` returns None — callers
+keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C come with it on every x86 CPU
+that has it), or when no compiler is found; the reason is logged once. A C file and the system compiler rather than a
+torch C++ extension: it builds in about a second instead of a minute, and needs no Python headers.
 """
 from __future__ import annotations
 
@@ -28,12 +24,14 @@ from tally.platform import cache_dir, cpu_flags, has_avx2
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
-# SOURCE includes them
+# SOURCE includes them (pyproject.toml's package data ships them): the kernels' own threads, the KV cache's value
+# formats, the integer projections and their formats' dot products, paged decode and prompt attention, the sampler
 HEADERS = [Path(__file__).with_name(name)
            for name in ("pool.h", "kv_rows.h", "int_tiles.h", "int_dots.h", "decode_attention.h",
                         "prefill_attention.h", "sampling.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
+# The C prototypes' argument and result types, by hand: tests/test_native_mirrors.py holds them to the C text
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "tally_gemm_q4": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int],
@@ -60,7 +58,7 @@ SIGNATURES = {
 }
 RESULTS = {name: _I for name in ("tally_argmax_rows", "tally_dequant_q4_rows",
                                   "tally_dequant_q8_rows", "tally_decode_layers", "tally_decode_greedy",
-                                  "tally_pool_helper_pieces")}  # others: none
+                                  "tally_pool_helper_pieces")}  # the others return void
 
 
 def _unavailable_reason() -> str | None:
