@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -154,3 +155,17 @@ def test_the_reader_skips_comments_literals_and_macros(tmp_path: Path):
     assert list(found.functions) == ["tally_tricky"]
     assert [str(c) for c in found.functions["tally_tricky"].params] == ["Tricky *", "int"]
     assert found.enums == {"A": 1, "B": 2, "C": 16}
+
+
+def _defined(name: str) -> int:
+    """The integer a plain `#define NAME expr` of the C sources sets (casts dropped, the rest evaluated)."""
+    for path in (library.SOURCE, *library.HEADERS):
+        found = re.search(rf"(?m)^#define {name}\s+(.+?)\s*(?:/[*/].*)?$", Path(path).read_text())
+        if found:
+            return int(eval(re.sub(r"\((?:u?int\d+_t|int|size_t)\)", "", found.group(1)), {}))  # noqa: S307
+    raise AssertionError(f"#define {name} is in no C source")
+
+
+@pytest.mark.parametrize("name", ["TILE", "PANEL", "READ_CHUNK"])
+def test_ops_constants_are_the_c_defines(name):
+    assert getattr(ops, name) == _defined(name)
