@@ -1,14 +1,5 @@
 """The swap space (vLLM's --swap-space): RAM outside the KV pool where a preempted request's full blocks wait
-instead of being recomputed when it resumes (the scheduler's side: tally/core/kv_tiers.py:SwapTier).
-
-Whether a preemption swaps is decided by measurement, per preemption (`--preemption-mode auto`): copying its blocks
-out and back (seconds per block, timed on the pool at start-up and then on every swap) against recomputing their
-tokens (the engine's fitted step cost, tally/engine/step_cost.py). On a CPU a block's copy costs a fraction of a
-millisecond and its prefill tens of milliseconds, so swapping wins while there is room; `swap` and `recompute` fix
-the choice. The blocks are kept as the pool holds them, the last, partial one included, so a resumed request goes on
-from exactly the KV it had (an int8 pool's blocks are int8 already; recomputing a partial int8 block would quantize
-it afresh, and change what follows), unless `--swap-space-dtype int8` asks for int8 copies of a float pool. A draft
-model's KV in the same blocks goes along (tally/attention/kv_blocks.py:block_tensors)."""
+instead of being recomputed when it resumes (the scheduler's side: tally/core/kv_tiers.py:SwapTier)."""
 from __future__ import annotations
 
 import time
@@ -26,6 +17,14 @@ NEW_TIMING_WEIGHT = 0.5  # of each swap's own time in the running per-block figu
 
 
 class SwapSpace:
+    """Whether a preemption swaps is decided by measurement, per preemption (`--preemption-mode auto`): copying its
+    blocks out and back (seconds per block, timed on the pool at start-up and then on every swap) against recomputing
+    their tokens (the engine's fitted step cost, tally/engine/step_cost.py). On a CPU a block's copy costs a fraction of
+    a millisecond and its prefill tens of milliseconds, so swapping wins while there is room; `swap` and `recompute` fix
+    the choice. The blocks are kept as the pool holds them, the last, partial one included, so a resumed request goes on
+    from exactly the KV it had (an int8 pool's blocks are int8 already; recomputing a partial int8 block would quantize
+    it afresh, and change what follows), unless `--swap-space-dtype int8` asks for int8 copies of a float pool. A draft
+    model's KV in the same blocks goes along (tally/attention/kv_blocks.py:block_tensors)."""
     def __init__(self, codec: ExactBlocks | Int8Blocks, capacity_bytes: int, block_size: int, mode: str,
                  recompute_seconds: Callable[[int], float | None]) -> None:
         """`recompute_seconds(tokens)`: what prefilling that many tokens costs now (None: not known yet)."""

@@ -1,15 +1,4 @@
-"""The processes of a parallel engine (tensor and pipeline), on torch.distributed (gloo on CPU).
-
-Two ways in, one code path after: under `torchrun` every rank runs the same `tally serve` command and reads its
-rank from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT);
-without it, N = tensor_parallel_size x pipeline_parallel_size on one machine makes this process rank 0, and it
-starts ranks 1..N-1 as `python -m tally.engine.parallel.follower` with the same variables set (as vLLM's multiprocessing
-executor starts its workers). Rank 0 serves; the others follow its steps (tally/engine/parallel/follower.py).
-
-CPU placement: the ranks on one machine split the CPUs this process may use into equal, disjoint sets, each rank
-pinned to its own, with one thread per physical core in it: two ranks' OpenMP pools on the same cores would
-take turns instead of working.
-"""
+"""The processes of a parallel engine (tensor and pipeline), on torch.distributed (gloo on CPU)."""
 from __future__ import annotations
 
 import json
@@ -92,7 +81,17 @@ def is_follower(config: EngineConfig) -> bool:
 
 
 def join(config: EngineConfig) -> ParallelContext:
-    """Join (or, as rank 0 outside torchrun, start) the tensor_parallel_size x pipeline_parallel_size ranks."""
+    """Two ways in, one code path after: under `torchrun` every rank runs the same `tally serve` command and reads its
+    rank from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT); without
+    it, N = tensor_parallel_size x pipeline_parallel_size on one machine makes this process rank 0, and it starts ranks
+    1..N-1 as `python -m tally.engine.parallel.follower` with the same variables set (as vLLM's multiprocessing executor
+    starts its workers). Rank 0 serves; the others follow its steps (tally/engine/parallel/follower.py).
+
+    CPU placement: the ranks on one machine split the CPUs this process may use into equal, disjoint sets, each rank
+    pinned to its own, with one thread per physical core in it: two ranks' OpenMP pools on the same cores would
+    take turns instead of working.
+
+    Join (or, as rank 0 outside torchrun, start) the tensor_parallel_size x pipeline_parallel_size ranks."""
     env = RankEnv.from_environ()
     world = config.world_size
     followers: list[subprocess.Popen] = []

@@ -1,16 +1,5 @@
-"""Which way the model's projections run, chosen by measuring the candidates on this CPU, not by a rule about
-its flags (the same flags rank the paths differently on different CPUs: docs/benchmarks.md#paths-chosen-by-measurement).
-
-When the dtype is open (EngineConfig.path_candidates gives more than one path, or a path whose layers can send
-many-row steps to bf16), each candidate is timed on the model's own projection shapes at ROWS
-(tally/layers/path_timing.py), at one row first and then, for the fastest there, at the other row counts.
-The path fastest at one row serves the model: decode steps are most steps and
-what TPOT feels, and the one-call native decode step lives on that side. Then, where that path's layers can
-multiply in bf16 over weights dequantized per call, rows from the first measured count at which that is clearly
-faster (BF16_MARGIN) for every larger count take it (prompt chunks; no second copy of the weights). The choice is
-cached on disk by (CPU model and flags, torch version, threads, shapes, candidates): a second start reads it;
-`tally tune` measures again.
-"""
+"""Which way the model's projections run, chosen by measuring the candidates on this CPU, not by a rule about its flags
+(the same flags rank the paths differently on different CPUs: docs/benchmarks.md#paths-chosen-by-measurement)."""
 from __future__ import annotations
 
 import hashlib
@@ -97,7 +86,17 @@ def measured_path(config: EngineConfig, ckpt: Checkpoint, *, remeasure: bool = F
 
 def choose_path(candidates: list[PathCandidate], shapes: dict[str, list[ProjectionShape]], *,
                 remeasure: bool = False) -> PathChoice:
-    """`shapes`: the model's projections as each candidate's quantization stores them (by quantization name,
+    """When the dtype is open (EngineConfig.path_candidates gives more than one path, or a path whose layers can send
+    many-row steps to bf16), each candidate is timed on the model's own projection shapes at ROWS
+    (tally/layers/path_timing.py), at one row first and then, for the fastest there, at the other row counts.
+    The path fastest at one row serves the model: decode steps are most steps and
+    what TPOT feels, and the one-call native decode step lives on that side. Then, where that path's layers can
+    multiply in bf16 over weights dequantized per call, rows from the first measured count at which that is clearly
+    faster (BF16_MARGIN) for every larger count take it (prompt chunks; no second copy of the weights). The choice is
+    cached on disk by (CPU model and flags, torch version, threads, shapes, candidates): a second start reads it;
+    `tally tune` measures again.
+
+    `shapes`: the model's projections as each candidate's quantization stores them (by quantization name,
     "" for dense)."""
     try_many = has_fast_bf16() and native.available()
     if len(candidates) == 1 and not (try_many and candidates[0].dtypes[0] == torch.float32):
