@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tally.metric_names import METRICS_PREFIXES
 from tally.units import parse_bytes
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -21,7 +22,6 @@ KV_CACHE_DTYPE_ALIASES = {**DTYPE_ALIASES, "float8": "fp8", "fp8_e4m3": "fp8", "
 # What the CPU engine stores; float16 and fp8 are there for `tally plan` on GPU devices
 ENGINE_KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 QUANTIZATIONS = ("int8", "int4", "w8a8", "gguf")  # gguf: a GGUF file's blocks as stored
-METRICS_PREFIXES = {"tally": "tally:", "vllm": "vllm:"}  # --metrics-prefix NAME → the series' prefix
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 

@@ -10,7 +10,7 @@ import pytest
 from support.bench_servers import serve
 
 from tally.bench.cli import main
-from tally.bench.scrape import histogram_delta, parse_metrics, process_rss_bytes
+from tally.bench.scrape import process_rss_bytes
 from tally.bench.soak import SoakSample, trend, verdict
 
 
@@ -64,17 +64,3 @@ def test_verdict_ignores_noise_and_flags_fragmentation_creep():
 
 def test_verdict_needs_enough_samples():
     assert verdict([SoakSample(1.0, 1, 0.1)])["verdict"].startswith("not enough samples")
-
-
-def test_metrics_parser_reads_vllm_names_and_histogram_deltas():
-    def text(count: int, total: float) -> str:
-        return (f'# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{{model_name="m"}} 0.3\n'
-                f'# TYPE vllm:request_queue_time_seconds histogram\n'
-                f'vllm:request_queue_time_seconds_bucket{{le="0.1",model_name="m"}} {count}\n'
-                f'vllm:request_queue_time_seconds_bucket{{le="+Inf",model_name="m"}} {count}\n'
-                f'vllm:request_queue_time_seconds_sum{{model_name="m"}} {total}\n'
-                f'vllm:request_queue_time_seconds_count{{model_name="m"}} {count}\n')
-    before, after = parse_metrics(text(10, 0.2)), parse_metrics(text(30, 1.0))
-    assert after.gauge("kv_usage") == 0.3
-    delta = histogram_delta(before.histogram("queue_time_s"), after.histogram("queue_time_s"))
-    assert delta["count"] == 20 and delta["mean"] == 0.04 and 0 < delta["p50"] <= 0.1

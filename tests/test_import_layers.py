@@ -11,8 +11,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tally"
 
 # Bottom to top. A module may import its own layer's modules and those of lower layers; never a higher one.
 LAYERS: list[tuple[str, ...]] = [
-    ("tally.errors", "tally.outputs", "tally.sampling_params", "tally.platform", "tally.units", "tally.ports", "tally.traces",
-     "tally.version", "tally.flags", "tally.progress"),
+    ("tally.errors", "tally.outputs", "tally.sampling_params", "tally.platform", "tally.units", "tally.ports",
+     "tally.traces", "tally.version", "tally.flags", "tally.progress", "tally.metric_names", "tally.prometheus_text"),
     ("tally.native",),
     ("tally.core",),
     ("tally.attention",),
@@ -26,7 +26,8 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # The load generator talks HTTP to any server: it may use the bottom layer's helpers and nothing of the engine.
 BENCH = "tally.bench"
-# Operations sit beside it (HTTP and Prometheus only): the bottom layer and the load generator's readers.
+# Operations sit beside it (HTTP and Prometheus only): the bottom layer, and the load generator's result files that
+# alert thresholds come from.
 OPS = "tally.ops"
 # Deployment writes the manifests that run the operations tools (`tally route` as a canary router) and checks
 # their settings with the tools' own validators, so it may import them; ops imports nothing of it, so no circle.

@@ -49,8 +49,8 @@ def test_a_partial_run_is_not_a_baseline(baseline, tmp_path):
 
 
 def test_a_live_baseline_counts_what_finished_in_its_window():
-    from tally.bench.scrape import parse_metrics
     from tally.ops.live_baseline import baseline_from_scrapes
+    from tally.prometheus_text import parse
 
     def scrape(ok: int, failed: int, ttft_le_01: int) -> str:
         return (f"# TYPE tally:request_success_total counter\ntally:request_success_total{{finished_reason=\"stop\"}} {ok}\n"
@@ -62,11 +62,11 @@ def test_a_live_baseline_counts_what_finished_in_its_window():
                 f"tally:time_to_first_token_seconds_sum {ok * 0.05}\n"
                 f"tally:time_to_first_token_seconds_count {ok}\n")
 
-    result = baseline_from_scrapes(parse_metrics(scrape(10, 1, 10)), parse_metrics(scrape(110, 2, 110)), [0, 3])
+    result = baseline_from_scrapes(parse(scrape(10, 1, 10)), parse(scrape(110, 2, 110)), [0, 3])
     summary = result["summary"]
     assert summary["counts"]["requests"] == 101 and summary["errors"] == {"http_5xx": 1}  # 400s are clients'
     assert summary["ttft_s"]["count"] == 100 and summary["ttft_s"]["p99"] <= 0.1
     rules = {r.name: r for r in baseline_rules(result)}
     assert "TallyTTFTP99High" in rules and "most waiting in the baseline 3" in rules["TallyRequestsWaiting"].baseline
     with pytest.raises(ConfigError, match="no request finished"):
-        baseline_from_scrapes(parse_metrics(scrape(10, 1, 10)), parse_metrics(scrape(10, 1, 10)), [])
+        baseline_from_scrapes(parse(scrape(10, 1, 10)), parse(scrape(10, 1, 10)), [])

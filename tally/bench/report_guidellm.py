@@ -1,19 +1,6 @@
 """A run's result in GuideLLM's report shape: the benchmarks.json that `guidellm run --output kind=json` writes (its
 GenerativeBenchmarksReport, report format version 2, GuideLLM 0.8), which GuideLLM's own loader
-(`GenerativeBenchmarksReport.load_file`) reads, so notebooks written for GuideLLM read Tally's runs unchanged.
-
-`config` is GuideLLM's scenario: the backend (the server's URL, model and endpoint), the profile — Tally's arrivals
-by GuideLLM's names: synchronous, concurrent, poisson (gamma and phased arrivals, which GuideLLM lacks, as poisson at
-their first rate), replay — and the data: the lengths actually sent, as a synthetic_text spec (mean, stdev, min,
-max). Tally's own description of the workload is kept beside it (`tally_workload`). One benchmark holds every
-measured request by status (`successful`, `incomplete` — cancelled by an early stop —, `errored`) as GuideLLM's
-GenerativeRequestStats: the timings and token counts GuideLLM derives its per-request figures from, and those figures
-as GuideLLM writes them out (in milliseconds; its `time_per_output_token_ms` includes the first token; its
-`inter_token_latency_ms` is what Tally calls TPOT). `metrics` are GuideLLM's distribution summaries (mean, median,
-mode, std_dev, min, max, count, total_sum, percentiles p001 ... p999) by status and in total; rates and concurrency
-weighted by time as GuideLLM computes them: a rate at each event over the span around it, the requests in flight
-over each interval. What Tally does not measure (GuideLLM's scheduler internals, websocket round trips, images,
-audio, tool calls) is zero, empty or null. Times are epoch seconds."""
+(`GenerativeBenchmarksReport.load_file`) reads, so notebooks written for GuideLLM read Tally's runs unchanged."""
 from __future__ import annotations
 
 import uuid
@@ -35,6 +22,18 @@ _SCHEDULER_DELAYS = ("queued_time_avg", "resolve_start_delay_avg", "request_star
 
 
 def as_guidellm(result: dict) -> dict:
+    """`config` is GuideLLM's scenario: the backend (the server's URL, model and endpoint), the profile — Tally's
+    arrivals by GuideLLM's names: synchronous, concurrent, poisson (gamma and phased arrivals, which GuideLLM lacks, as
+    poisson at their first rate), replay — and the data: the lengths actually sent, as a synthetic_text spec (mean,
+    stdev, min, max). Tally's own description of the workload is kept beside it (`tally_workload`). One benchmark holds
+    every measured request by status (`successful`, `incomplete` — cancelled by an early stop —, `errored`) as
+    GuideLLM's GenerativeRequestStats: the timings and token counts GuideLLM derives its per-request figures from, and
+    those figures as GuideLLM writes them out (in milliseconds; its `time_per_output_token_ms` includes the first token;
+    its `inter_token_latency_ms` is what Tally calls TPOT). `metrics` are GuideLLM's distribution summaries (mean,
+    median, mode, std_dev, min, max, count, total_sum, percentiles p001 ... p999) by status and in total; rates and
+    concurrency weighted by time as GuideLLM computes them: a rate at each event over the span around it, the requests
+    in flight over each interval. What Tally does not measure (GuideLLM's scheduler internals, websocket round trips,
+    images, audio, tool calls) is zero, empty or null. Times are epoch seconds."""
     t0 = datetime.strptime(result["started_at"], "%Y-%m-%dT%H:%M:%S%z").timestamp()
     server = result["server"]
     measured = [r for r in result["requests"] if not r["warmup"] and r["sent_s"] is not None]

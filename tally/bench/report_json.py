@@ -11,13 +11,20 @@ from pathlib import Path
 from tally.bench.arrivals import WARMUP, Phase
 from tally.bench.client import RequestRecord
 from tally.bench.prompts import PromptBuilder
-from tally.bench.scrape import Snapshot, histogram_delta
 from tally.bench.server_info import ServerInfo
 from tally.bench.soak import SoakSample, verdict
 from tally.bench.stats import DEFINITIONS, Slo, phase_breakdown, summarize
 from tally.bench.tokenizer import Tokenizer
 from tally.bench.workload import WorkloadConfig
 from tally.errors import ConfigError
+from tally.metric_names import (
+    REQUEST_QUEUE_TIME_SECONDS,
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS,
+    SPEC_DECODE_NUM_DRAFT_TOKENS,
+    SPEC_DECODE_NUM_DRAFTS,
+    TIME_TO_FIRST_TOKEN_SECONDS,
+)
+from tally.prometheus_text import Exposition, counter_increase, histogram_delta
 
 SCHEMA = "tally.bench/1"
 # Send lateness P99 above both of these means the figures include the client's own delay.
@@ -35,8 +42,8 @@ class RunOutcome:
     workload: WorkloadConfig
     records: list[RequestRecord]
     phases: list[Phase]
-    metrics_before: Snapshot | None
-    metrics_after: Snapshot | None
+    metrics_before: Exposition | None
+    metrics_after: Exposition | None
     soak_samples: list[SoakSample] | None
     stopped: dict | None = None  # why and when a run stopped early, and what it left; None: ran to its end
 
@@ -104,8 +111,8 @@ def build_result(run: RunOutcome, slo: Slo | None, timeout_s: float) -> dict:
         "summary": summary,
         "phases": phase_breakdown(run.records, run.phases, slo),
         "server_metrics": None if after is None else {
-            key: histogram_delta(before.histogram(key) if before else None, after.histogram(key))
-            for key in ("queue_time_s", "ttft_s")},
+            key: histogram_delta(before, after, name)
+            for key, name in (("queue_time_s", REQUEST_QUEUE_TIME_SECONDS), ("ttft_s", TIME_TO_FIRST_TOKEN_SECONDS))},
         "speculative_decoding": speculation_delta(before, after),
         "soak": None if run.soak_samples is None else verdict(run.soak_samples,
                                                                run.workload.warmup_s),
@@ -114,13 +121,12 @@ def build_result(run: RunOutcome, slo: Slo | None, timeout_s: float) -> dict:
     }
 
 
-def speculation_delta(before: Snapshot | None, after: Snapshot | None) -> dict | None:
+def speculation_delta(before: Exposition | None, after: Exposition | None) -> dict | None:
     """What the server's speculative decoding did during the run; None when it does not speculate."""
-    if after is None or after.counter("spec_draft_tokens") is None:
+    if after is None or SPEC_DECODE_NUM_DRAFT_TOKENS not in after.counters:
         return None
-    delta = {key: after.counter(key) - ((before.counter(key) if before else None) or 0.0)
-             for key in ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")}
-    drafted, accepted, drafts = delta["spec_draft_tokens"], delta["spec_accepted_tokens"], delta["spec_drafts"]
+    drafts, drafted, accepted = (counter_increase(before, after, name) or 0.0 for name in (
+        SPEC_DECODE_NUM_DRAFTS, SPEC_DECODE_NUM_DRAFT_TOKENS, SPEC_DECODE_NUM_ACCEPTED_TOKENS))
     return {"drafts": int(drafts), "draft_tokens": int(drafted), "accepted_tokens": int(accepted),
             "acceptance_rate": accepted / drafted if drafted else None,
             "accepted_per_draft": accepted / drafts if drafts else None}

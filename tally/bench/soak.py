@@ -11,6 +11,13 @@ import numpy as np
 
 from tally.bench.runner import RunState
 from tally.bench.scrape import process_rss_bytes, scrape
+from tally.metric_names import (
+    KV_CACHE_FRAGMENTATION_PERC,
+    KV_CACHE_USAGE_PERC,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    PROCESS_RESIDENT_MEMORY_BYTES,
+)
 
 MIN_SAMPLES = 4
 MIN_R2 = 0.5  # a trend must explain at least half the variance to be flagged
@@ -23,6 +30,8 @@ THRESHOLDS = {
     "fragmentation": (0.02, False, 0.0, "fragmentation creep"),
     "ttft_p99_s": (0.20, True, 0.05, "TTFT P99 drifting up"),
 }
+GAUGES = {"kv_usage": KV_CACHE_USAGE_PERC, "fragmentation": KV_CACHE_FRAGMENTATION_PERC,
+          "running": NUM_REQUESTS_RUNNING, "waiting": NUM_REQUESTS_WAITING}  # sample field -> the server's gauge
 
 
 @dataclass
@@ -49,9 +58,9 @@ async def sample_loop(state: RunState, http: httpx.AsyncClient, base_url: str, s
         rss = process_rss_bytes(server_pid) if server_pid else None
         sample = SoakSample(now_s, len(window), float(np.percentile(ttfts, 99)) if ttfts else None)
         if snapshot is not None:
-            for key in ("kv_usage", "fragmentation", "running", "waiting"):
-                setattr(sample, key, snapshot.gauge(key))
-            rss = rss if rss is not None else snapshot.gauge("rss_bytes")
+            for key, name in GAUGES.items():
+                setattr(sample, key, snapshot.gauge(name))
+            rss = rss if rss is not None else snapshot.gauge(PROCESS_RESIDENT_MEMORY_BYTES)
         sample.rss_bytes = rss
         samples.append(sample)
 

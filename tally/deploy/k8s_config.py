@@ -6,7 +6,8 @@ from dataclasses import dataclass, replace
 
 from tally.deploy.k8s_canary import CanaryRollout
 from tally.errors import ConfigError
-from tally.flags import DTYPES, ENGINE_KV_CACHE_DTYPES, METRICS_PREFIXES
+from tally.flags import DTYPES, ENGINE_KV_CACHE_DTYPES
+from tally.metric_names import METRICS_PREFIXES
 from tally.models.registry import DEFAULT_MODEL
 from tally.units import GiB
 from tally.version import __version__

@@ -5,7 +5,8 @@ import argparse
 import sys
 
 from tally.errors import TallyError
-from tally.flags import METRICS_PREFIX, METRICS_PREFIXES, OUT, WINDOW, parser
+from tally.flags import METRICS_PREFIX, OUT, WINDOW, parser
+from tally.metric_names import METRICS_PREFIXES
 from tally.ops.alerts import rules_file
 from tally.units import parse_duration_s
 

@@ -1,27 +1,8 @@
-"""The canary's second source: each backend's own `/metrics`, when it is a Tally server (`tally:` names) or a vLLM
-server (`vllm:` names) — which one is detected from the names it serves, per scrape.
-
-Every backend is scraped once per evaluation interval (tally/ops/router.py runs one loop per backend) and its
-scrapes are kept for as long as the rules' window needs them. An evaluation reads, per side, the difference between
-the first scrape inside its window and the latest one — histogram buckets and counters, as Prometheus' increase()
-would, a counter that went down (a restarted server) counting from zero — summed over the side's backends, and
-computes the figures the proxy's rules read (tally/ops/canary_rules.py):
-
-- TTFT and TPOT P99: `time_to_first_token_seconds`, `request_time_per_output_token_seconds` (an older vLLM's
-  `time_per_output_token_seconds`), interpolated within the buckets;
-- error share: 5xx (`request_error{code=~"5.."}`), rejections and timeouts over finished requests; a vLLM server
-  counts no errors under `vllm:`, so there its 5xx and 429 come from `http_requests_total{handler=~"/v1/.*"}` when
-  it serves that (prometheus-fastapi-instrumentator), else the error share is not exposed;
-- mean output tokens: `request_generation_tokens`;
-- length share: `request_success{finished_reason="length"}` over the requests that finished for any reason but
-  abort (per request, where the proxy counts per choice);
-- recorded but not judged: preemptions (`num_preemptions`) and KV usage (`kv_cache_usage_perc`, an older vLLM's
-  `gpu_cache_usage_perc`) at the window's end.
-
-A backend without `/metrics`, or whose `/metrics` has neither prefix (a plain OpenAI-compatible server), gives no
-figures; a side with no backend read gives "no data", and the backend rules hold the step (tally/ops/canary.py).
-Everything a backend's `/metrics` counts is counted, including traffic that did not come through this proxy.
-"""
+"""The canary's second source: each backend's own `/metrics` (a Tally or a vLLM server, told apart by the names it
+serves), scraped once per evaluation interval and kept as long as the rules' window reaches back. An evaluation adds
+up, per side, what its backends' counters and histograms increased by between the first scrape inside the window and
+the latest, into the figures the backend rules read (tally/ops/canary_rules.py). A backend's `/metrics` counts all
+its traffic, including what did not come through this proxy."""
 from __future__ import annotations
 
 import logging
@@ -29,99 +10,59 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from tally.bench.scrape import Histogram, histogram_delta
+from tally.metric_names import (
+    HTTP_REQUESTS,
+    KV_CACHE_USAGE_PERC,
+    NUM_PREEMPTIONS,
+    REQUEST_ERROR,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_REJECTED,
+    REQUEST_SUCCESS,
+    REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS,
+    REQUEST_TIMEOUT,
+    TIME_TO_FIRST_TOKEN_SECONDS,
+)
 from tally.ops.canary_rules import BackendFigures
+from tally.prometheus_text import Exposition, Histogram, counter_increase, histogram_increase, parse
 
-PREFIXES = ("tally:", "vllm:")
-HISTOGRAMS = {
-    "ttft": ("time_to_first_token_seconds",),
-    "tpot": ("request_time_per_output_token_seconds", "time_per_output_token_seconds"),
-    "output_tokens": ("request_generation_tokens",),
-}
-KV_USAGE = ("kv_cache_usage_perc", "gpu_cache_usage_perc")
-HTTP_REQUESTS = "http_requests"  # prometheus-fastapi-instrumentator's counter, unprefixed (vLLM's API server)
+HISTOGRAMS = {"ttft": TIME_TO_FIRST_TOKEN_SECONDS, "tpot": REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS,
+              "output_tokens": REQUEST_GENERATION_TOKENS}
 log = logging.getLogger("tally.route")
 
 
 @dataclass(frozen=True)
 class Scrape:
-    """One backend's /metrics at one moment, its names without the prefix; histograms summed over label sets."""
+    """One backend's /metrics at one moment."""
 
     t_s: float  # monotonic, when the answer arrived
-    prefix: str
-    histograms: dict[str, Histogram]
-    counters: dict[str, list[tuple[dict[str, str], float]]]  # by label set
-    gauges: dict[str, list[float]]  # by label set
+    metrics: Exposition
 
 
 def parse_scrape(text: str, t_s: float) -> Scrape:
-    """The Prometheus text format (prometheus_client's parser) → a Scrape; ValueError when it is unreadable or
-    serves neither tally: nor vllm: series."""
+    """ValueError when the text is unreadable or serves neither tally: nor vllm: series."""
     try:
-        families = list(text_string_to_metric_families(text))
+        metrics = parse(text)
     except ValueError as exc:
         raise ValueError(f"its /metrics is not Prometheus' text format ({exc})") from None
-    prefix = next((p for p in PREFIXES if any(f.name.startswith(p) for f in families)), None)
-    if prefix is None:
+    if metrics.prefix is None:
         raise ValueError("its /metrics serves no tally: or vllm: series")
-    histograms: dict[str, Histogram] = {}
-    counters: dict[str, list] = {}
-    gauges: dict[str, list[float]] = {}
-    for family in families:
-        if family.name.startswith(prefix):
-            name = family.name[len(prefix):]
-        elif family.name == HTTP_REQUESTS:
-            name = family.name
-        else:
-            continue  # process_*, python_*, the other prefix
-        if family.type == "histogram":
-            histograms.setdefault(name, Histogram()).add_samples(family.samples)
-        elif family.type == "counter":
-            counters[name] = [({k: v for k, v in s.labels.items()}, s.value) for s in family.samples
-                              if s.name.endswith("_total") or s.name == family.name]
-        elif family.type in ("gauge", "unknown", "untyped"):
-            gauges[name] = [s.value for s in family.samples]
-    return Scrape(t_s, prefix, histograms, counters, gauges)
-
-
-def _increase(before: float, after: float) -> float:
-    return after - before if after >= before else after  # gone down: the server restarted, counting from 0
-
-
-def _counter(first: Scrape, last: Scrape, name: str, keep=lambda labels: True) -> float | None:
-    """The increase of one counter's label sets that `keep` accepts; None when the server has no such counter."""
-    if name not in last.counters:
-        return None
-    before = {tuple(sorted(labels.items())): v for labels, v in first.counters.get(name, [])}
-    return sum(_increase(before.get(tuple(sorted(labels.items())), 0.0), v)
-               for labels, v in last.counters[name] if keep(labels))
-
-
-def _histogram(first: Scrape, last: Scrape, names: tuple[str, ...]) -> Histogram | None:
-    name = next((n for n in names if n in last.histograms), None)
-    if name is None:
-        return None
-    after, before = last.histograms[name], first.histograms.get(name, Histogram())
-    if after.count < before.count:  # restarted
-        before = Histogram()
-    return Histogram({b: _increase(before.buckets.get(b, 0.0), c) for b, c in after.buckets.items()},
-                     after.sum - before.sum, after.count - before.count)
+    return Scrape(t_s, metrics)
 
 
 def _is_5xx(code: str) -> bool:
     return code.startswith("5")
 
 
-def _errors(first: Scrape, last: Scrape) -> float | None:
-    """5xx, rejections and timeouts in the window; None when the server counts none of them."""
-    if "request_error" in last.counters:  # Tally: a failed request is counted once, as one of these three
-        server_errors = _counter(first, last, "request_error", lambda labels: _is_5xx(labels.get("code", "")))
-        rejected = _counter(first, last, "request_rejected") or 0.0
-        return server_errors + rejected + (_counter(first, last, "request_timeout") or 0.0)
-    return _counter(first, last, HTTP_REQUESTS, lambda labels: labels.get("handler", "").startswith("/v1/") and (
-        _is_5xx(labels.get("status", "")) or labels.get("status") == "429"))
+def _errors(first: Exposition, last: Exposition) -> float | None:
+    """5xx, rejections and timeouts in the window; None when the server counts none of them. A vLLM server counts no
+    errors under vllm:, so there its 5xx and 429 come from its API server's http_requests_total, when it serves that."""
+    if REQUEST_ERROR in last.counters:  # Tally: a failed request is counted once, as one of these three
+        server_errors = counter_increase(first, last, REQUEST_ERROR, lambda labels: _is_5xx(labels.get("code", "")))
+        rejected = counter_increase(first, last, REQUEST_REJECTED) or 0.0
+        return server_errors + rejected + (counter_increase(first, last, REQUEST_TIMEOUT) or 0.0)
+    return counter_increase(first, last, HTTP_REQUESTS, lambda labels: labels.get("handler", "").startswith("/v1/")
+                            and (_is_5xx(labels.get("status", "")) or labels.get("status") == "429"))
 
 
 @dataclass
@@ -138,19 +79,19 @@ class Delta:
 
 
 def delta(first: Scrape, last: Scrape) -> Delta:
+    before, after = first.metrics, last.metrics
     success = None
-    if "request_success" in last.counters:
+    if REQUEST_SUCCESS in after.counters:
         success = {}
-        for labels, _ in last.counters["request_success"]:
+        for labels, _ in after.counters[REQUEST_SUCCESS]:
             reason = labels.get("finished_reason", "")
             if reason not in success:
-                success[reason] = _counter(first, last, "request_success",
-                                           lambda lb, r=reason: lb.get("finished_reason", "") == r)
-    kv = next((last.gauges[n] for n in KV_USAGE if last.gauges.get(n)), None)
-    return Delta(last.t_s - first.t_s, last.prefix, {k: _histogram(first, last, names)
-                                                     for k, names in HISTOGRAMS.items()},
-                 success, _errors(first, last), _counter(first, last, "num_preemptions"),
-                 sum(kv) / len(kv) if kv else None)
+                success[reason] = counter_increase(before, after, REQUEST_SUCCESS,
+                                                   lambda lb, r=reason: lb.get("finished_reason", "") == r)
+    return Delta(last.t_s - first.t_s, after.prefix,
+                 {key: histogram_increase(before, after, name) for key, name in HISTOGRAMS.items()},
+                 success, _errors(before, after), counter_increase(before, after, NUM_PREEMPTIONS),
+                 after.gauge(KV_CACHE_USAGE_PERC))
 
 
 def _merged(histograms: list[Histogram]) -> Histogram:
@@ -173,8 +114,7 @@ def side_figures(deltas: dict[str, Delta], missing: dict[str, str]) -> BackendFi
     hist = {}
     for key in HISTOGRAMS:
         present = [d.histograms[key] for d in parts if d.histograms[key] is not None]
-        summary = histogram_delta(None, _merged(present)) if present else None
-        hist[key] = summary or {"count": 0}
+        hist[key] = (_merged(present).summary() if present else None) or {"count": 0}
         if not present:
             unexposed.append({"ttft": "ttft_p99_s", "tpot": "tpot_p99_s",
                               "output_tokens": "mean_output_tokens"}[key])
@@ -184,7 +124,7 @@ def side_figures(deltas: dict[str, Delta], missing: dict[str, str]) -> BackendFi
             reasons[reason] = reasons.get(reason, 0.0) + n
     if all(d.success is None for d in parts):
         unexposed.append("length_share")
-    finished = sum(n for reason, n in reasons.items() if reason != "abort")
+    finished = sum(n for reason, n in reasons.items() if reason != "abort")  # requests, where the proxy counts choices
     errors = None if any(d.errors is None for d in parts) else sum(d.errors for d in parts)
     if errors is None:
         unexposed.append("error_rate")
@@ -228,7 +168,7 @@ class BackendScrapes:
             self.fail(url, str(exc))
             return
         history = self.history[url]
-        if history and history[-1].prefix != scrape.prefix:  # a different server now: its counters start afresh
+        if history and history[-1].metrics.prefix != scrape.metrics.prefix:  # another server now: counts start afresh
             history.clear()
         history.append(scrape)
         while history and history[0].t_s < t_s - self.keep_s:

@@ -1,28 +1,6 @@
 """The rules a canary must keep, and the figures they read: each side's responses in one window, as the proxy saw
 them, and — as a second source — each side's backends' own `/metrics` over the same window
-(tally/ops/backend_metrics.py).
-
-A rules file (YAML), validated by hand here because jsonschema is not in the `ops` extra:
-
-    min_samples: 20        # per side and per figure in the window; with fewer the step holds (no verdict)
-    window: 5m             # evaluations read the responses that finished in the last 5m of the current step
-    rules:
-      - {metric: ttft_p99, max_ratio: 1.5}             # canary P99 ≤ 1.5 × stable P99, or within 10 ms of it
-      - {metric: tpot_p99, max_ratio: 1.5, min_delta_ms: 5}   # ... or within 5 ms of it
-      - {metric: error_rate, max_increase: 1%}         # canary ≤ stable + 1 percentage point
-      - {metric: mean_output_tokens, min_ratio: 0.8}   # a model that truncates looks fast
-      - {metric: length_share, max_increase: 5%}       # share of choices with finish_reason=length
-      - {metric: ttft_p99, max_ratio: 1.5, source: backend}   # the same, from the backends' /metrics
-
-`source` is `proxy` (the default: what the proxy measured of each response it passed on) or `backend` (each
-side's backends' own `/metrics`, when they are Tally or vLLM servers); to judge a signal on both, write the rule
-twice. A backend rule with nothing to read (a plain OpenAI server without `/metrics`, a vLLM without an error
-counter) is `no_data`, and the step holds as it does for too few samples: it never advances unjudged.
-
-`min_delta_ms` (latency rules only) is an absolute floor: a latency rule breaks only when the canary is worse than
-stable by the ratio AND by more than the floor, so 3 ms against 2 ms is not a regression. Defaults: 10 ms for
-ttft_p99, 2 ms for tpot_p99; `min_delta_ms: 0` turns the floor off.
-"""
+(tally/ops/backend_metrics.py)."""
 from __future__ import annotations
 
 import math
@@ -105,6 +83,26 @@ class Rule:
 
 @dataclass(frozen=True)
 class CanaryRules:
+    """A rules file (YAML), validated by hand here because jsonschema is not in the `ops` extra:
+
+        min_samples: 20        # per side and per figure in the window; with fewer the step holds (no verdict)
+        window: 5m             # evaluations read the responses that finished in the last 5m of the current step
+        rules:
+          - {metric: ttft_p99, max_ratio: 1.5}             # canary P99 ≤ 1.5 × stable P99, or within 10 ms of it
+          - {metric: tpot_p99, max_ratio: 1.5, min_delta_ms: 5}   # ... or within 5 ms of it
+          - {metric: error_rate, max_increase: 1%}         # canary ≤ stable + 1 percentage point
+          - {metric: mean_output_tokens, min_ratio: 0.8}   # a model that truncates looks fast
+          - {metric: length_share, max_increase: 5%}       # share of choices with finish_reason=length
+          - {metric: ttft_p99, max_ratio: 1.5, source: backend}   # the same, from the backends' /metrics
+
+    `source` is `proxy` (the default: what the proxy measured of each response it passed on) or `backend` (each
+    side's backends' own `/metrics`, when they are Tally or vLLM servers); to judge a signal on both, write the rule
+    twice. A backend rule with nothing to read (a plain OpenAI server without `/metrics`, a vLLM without an error
+    counter) is `no_data`, and the step holds as it does for too few samples: it never advances unjudged.
+
+    `min_delta_ms` (latency rules only) is an absolute floor: a latency rule breaks only when the canary is worse than
+    stable by the ratio AND by more than the floor, so 3 ms against 2 ms is not a regression. Defaults: 10 ms for
+    ttft_p99, 2 ms for tpot_p99; `min_delta_ms: 0` turns the floor off."""
     rules: tuple[Rule, ...]
     min_samples: int = DEFAULT_MIN_SAMPLES
     window_s: float = DEFAULT_WINDOW_S

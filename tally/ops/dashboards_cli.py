@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from tally.flags import METRICS_PREFIX, METRICS_PREFIXES, OUT, WINDOW, parser
+from tally.flags import METRICS_PREFIX, OUT, WINDOW, parser
+from tally.metric_names import METRICS_PREFIXES
 from tally.ops.dashboards import dashboard_json, rules_yaml
 
 DASHBOARD_FILE, RULES_FILE = "tally-dashboard.json", "tally-recording-rules.yml"

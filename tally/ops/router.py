@@ -1,20 +1,5 @@
 """`tally route`'s proxy: `/v1/*` (and a Tally or vLLM server's `/tokenize`, `/detokenize`) in front of replicas,
-streaming-safe.
-
-- **Balancing**: the healthy replica with the fewest requests in flight (then the fewest served); requests that
-  share a prompt prefix (a chat's system message, or a completion's first PREFIX_CHARS characters) prefer the same
-  replica, so its prefix cache hits, unless that replica has AFFINITY_SLACK more in flight than the least loaded one.
-- **Health**: every replica's `/health` is polled each `health_interval_s`; one that fails it (or refuses a
-  connection) is out until it answers again.
-- **Failover**: a request whose replica cannot be reached, or answers 5xx before any byte went to the client, is
-  sent to the next replica; once a byte was streamed it is the client's, and a failure ends the stream.
-- Bodies and streams pass through byte for byte; the proxy's own `/metrics` counts requests by replica and outcome.
-- **Canary** (tally/ops/canary.py), when configured: it picks each request's side (canary or stable) and is handed
-  what the proxy measured of every generation response (tally/ops/response_meter.py); balancing and failover
-  work within that side first, then the other — a rolled-back canary is never tried. While it runs, every
-  backend's `/metrics` is scraped once per evaluation interval, one loop per backend, so a slow or missing one
-  never delays an evaluation (tally/ops/backend_metrics.py).
-"""
+streaming-safe."""
 from __future__ import annotations
 
 import asyncio
@@ -65,6 +50,22 @@ class RouterConfig:
 
 @dataclass
 class Router:
+    """The proxy's rules:
+
+    - **Balancing**: the healthy replica with the fewest requests in flight (then the fewest served); requests that
+      share a prompt prefix (a chat's system message, or a completion's first PREFIX_CHARS characters) prefer the
+      same replica, so its prefix cache hits, unless that replica has AFFINITY_SLACK more in flight than the least
+      loaded one.
+    - **Health**: every replica's `/health` is polled each `health_interval_s`; one that fails it (or refuses a
+      connection) is out until it answers again.
+    - **Failover**: a request whose replica cannot be reached, or answers 5xx before any byte went to the client, is
+      sent to the next replica; once a byte was streamed it is the client's, and a failure ends the stream.
+    - Bodies and streams pass through byte for byte; the proxy's own `/metrics` counts requests by replica and outcome.
+    - **Canary** (tally/ops/canary.py), when configured: it picks each request's side (canary or stable) and is handed
+      what the proxy measured of every generation response (tally/ops/response_meter.py); balancing and failover
+      work within that side first, then the other — a rolled-back canary is never tried. While it runs, every
+      backend's `/metrics` is scraped once per evaluation interval, one loop per backend, so a slow or missing one
+      never delays an evaluation (tally/ops/backend_metrics.py)."""
     config: RouterConfig
     replicas: list[Replica] = field(init=False)
 

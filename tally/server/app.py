@@ -16,12 +16,13 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from tally.engine.async_engine import AsyncEngine
 from tally.engine.engine import Engine
 from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError
+from tally.metric_names import METRICS_PREFIXES
 from tally.server.auth import APIKeyMiddleware
 from tally.server.chat import ChatCompletions, render_chat
 from tally.server.completions import Completions
 from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
-from tally.server.metrics import METRICS_PREFIXES, ServerMetrics, cache_config_info
+from tally.server.metrics import ServerMetrics, cache_config_info
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
 from tally.server.request_log import RequestLog
 from tally.version import __version__

@@ -1,11 +1,8 @@
-"""Prometheus metrics with vLLM's names under the `tally:` prefix, on a registry of the app's own.
-
-Request metrics (labels model_name, endpoint) are observed when a request ends; engine gauges and
-counters (label model_name) are read from the engine loop's latest snapshot at scrape time.
-Every request to a generation endpoint ends in exactly one of success, rejected, error, timeout.
-Under `vllm:` two deprecated names that vLLM's own Grafana dashboard still queries are served as well:
-`gpu_cache_usage_perc` (now kv_cache_usage_perc) and `time_per_output_token_seconds` (now
-inter_token_latency_seconds)."""
+"""Prometheus metrics with vLLM's names under the `tally:` prefix, on a registry of the app's own (the names other
+modules read are in tally/metric_names.py). Request metrics (labels model_name, endpoint) are observed when a request
+ends, and every request to a generation endpoint ends in exactly one of success, rejected, error, timeout; engine
+gauges and counters (label model_name) are read from the engine loop's latest snapshot at scrape time. Under `vllm:`
+the two deprecated names that vLLM's own Grafana dashboard still queries are served as well."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,7 +24,29 @@ from tally.engine.config import EngineConfig
 from tally.engine.kv_tiers.stats import DiskCacheStats, SwapStats
 from tally.engine.snapshot import ITERATION_TOKEN_BUCKETS, EngineSnapshot, IterationTokens
 from tally.engine.speculation.stats import SpeculationStats
-from tally.flags import METRICS_PREFIXES
+from tally.metric_names import (
+    E2E_REQUEST_LATENCY_SECONDS,
+    GPU_CACHE_USAGE_PERC,
+    INTER_TOKEN_LATENCY_SECONDS,
+    KV_CACHE_FRAGMENTATION_PERC,
+    KV_CACHE_USAGE_PERC,
+    METRICS_PREFIXES,
+    NUM_PREEMPTIONS,
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    REQUEST_ERROR,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_QUEUE_TIME_SECONDS,
+    REQUEST_REJECTED,
+    REQUEST_SUCCESS,
+    REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS,
+    REQUEST_TIMEOUT,
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS,
+    SPEC_DECODE_NUM_DRAFT_TOKENS,
+    SPEC_DECODE_NUM_DRAFTS,
+    TIME_PER_OUTPUT_TOKEN_SECONDS,
+    TIME_TO_FIRST_TOKEN_SECONDS,
+)
 from tally.outputs import RequestOutput
 from tally.server.errors import REJECTION_REASONS
 
@@ -39,7 +58,7 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000
 REQUEST_TIME_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                           240.0, 480.0, 960.0, 1920.0, 7680.0)
 N_BUCKETS = (1, 2, 5, 10, 20)  # vLLM's for request_params_n
-PREFIX = "tally:"  # --metrics-prefix vllm serves the same series as vllm:, for dashboards built for vLLM
+PREFIX = METRICS_PREFIXES["tally"]  # --metrics-prefix vllm serves the same series as vllm:, for vLLM's dashboards
 
 
 @dataclass
@@ -72,14 +91,13 @@ class EngineCollector:
     def collect(self) -> Iterator:
         s, labels = self.snapshot(), [self.model_name]
         used_slots = s.num_used_blocks * s.block_size_tokens
-        deprecated = [("gpu_cache_usage_perc", "DEPRECATED vLLM name of kv_cache_usage_perc.", s.kv_usage)] \
+        deprecated = [(GPU_CACHE_USAGE_PERC, f"DEPRECATED vLLM name of {KV_CACHE_USAGE_PERC}.", s.kv_usage)] \
             if self.prefix == METRICS_PREFIXES["vllm"] else []
         yield from _families((
-            ("num_requests_running", "Requests in the running batch.", s.num_running),
-            ("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
-            ("kv_cache_usage_perc", "Used KV blocks / total KV blocks (0-1).",
-             s.kv_usage),
-            ("kv_cache_fragmentation_perc", "Allocated-but-unfilled KV slots / allocated slots (0-1).",
+            (NUM_REQUESTS_RUNNING, "Requests in the running batch.", s.num_running),
+            (NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", s.num_waiting),
+            (KV_CACHE_USAGE_PERC, "Used KV blocks / total KV blocks (0-1).", s.kv_usage),
+            (KV_CACHE_FRAGMENTATION_PERC, "Allocated-but-unfilled KV slots / allocated slots (0-1).",
              s.num_unfilled_slots / used_slots if used_slots else 0.0),
             *deprecated,
         ), (), labels, self.prefix)
@@ -95,7 +113,7 @@ class EngineCollector:
             ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_queried_tokens),
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache (the disk tier's included).",
              s.prefix_hit_tokens),
-            ("num_preemptions", "Requests preempted for lack of KV blocks.", s.num_preemptions),
+            (NUM_PREEMPTIONS, "Requests preempted for lack of KV blocks.", s.num_preemptions),
         ), labels, self.prefix)
         if s.speculation is not None:
             yield from _speculation_metrics(s.speculation, labels, self.prefix)
@@ -169,9 +187,9 @@ class Renamed:
 def _speculation_metrics(spec: SpeculationStats, labels: list[str], prefix: str) -> Iterator:
     """vLLM's spec_decode metrics; only when speculative decoding is configured, as in vLLM."""
     yield from _families((), (
-        ("spec_decode_num_drafts", "Requests that verified proposals, summed over steps.", spec.num_drafts),
-        ("spec_decode_num_draft_tokens", "Proposed tokens verified.", spec.num_draft_tokens),
-        ("spec_decode_num_accepted_tokens", "Proposed tokens accepted.", spec.num_accepted_tokens),
+        (SPEC_DECODE_NUM_DRAFTS, "Requests that verified proposals, summed over steps.", spec.num_drafts),
+        (SPEC_DECODE_NUM_DRAFT_TOKENS, "Proposed tokens verified.", spec.num_draft_tokens),
+        (SPEC_DECODE_NUM_ACCEPTED_TOKENS, "Proposed tokens accepted.", spec.num_accepted_tokens),
     ), labels, prefix)
     c = CounterMetricFamily(prefix + "spec_decode_num_accepted_tokens_per_pos",
                             "Proposed tokens accepted, by position in the proposal (0 = first).",
@@ -203,11 +221,11 @@ class ServerMetrics:
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
             return Counter(prefix + name, doc, req + list(extra), registry=r)
 
-        self.ttft = hist("time_to_first_token_seconds", "Arrival at the server to first token sent.")
-        self.itl = hist("inter_token_latency_seconds", "Gap between two consecutive streamed tokens.")
-        self.tpot = hist("request_time_per_output_token_seconds", "(last - first token) / (tokens - 1).")
-        self.e2e = hist("e2e_request_latency_seconds", "Arrival at the server to last token.")
-        self.queue = hist("request_queue_time_seconds", "Arrival to first scheduled.")
+        self.ttft = hist(TIME_TO_FIRST_TOKEN_SECONDS, "Arrival at the server to first token sent.")
+        self.itl = hist(INTER_TOKEN_LATENCY_SECONDS, "Gap between two consecutive streamed tokens.")
+        self.tpot = hist(REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS, "(last - first token) / (tokens - 1).")
+        self.e2e = hist(E2E_REQUEST_LATENCY_SECONDS, "Arrival at the server to last token.")
+        self.queue = hist(REQUEST_QUEUE_TIME_SECONDS, "Arrival to first scheduled.")
         self.prefill = hist("request_prefill_time_seconds", "First scheduled to first token.")
         self.decode = hist("request_decode_time_seconds", "First token to last token.")
         self.inference = hist("request_inference_time_seconds", "First scheduled to last token (prefill + decode).",
@@ -218,15 +236,15 @@ class ServerMetrics:
         self.max_generation_tokens = hist("request_max_num_generation_tokens",
                                           "Generated tokens of a request's longest sample (n > 1).", TOKEN_BUCKETS)
         self.prompt_tokens = hist("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)
-        self.generation_tokens = hist("request_generation_tokens", "Generated tokens per request.", TOKEN_BUCKETS)
+        self.generation_tokens = hist(REQUEST_GENERATION_TOKENS, "Generated tokens per request.", TOKEN_BUCKETS)
         self.prompt_tokens_total = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens_total = counter("generation_tokens", "Tokens generated.")
-        self.success = counter("request_success", "Requests finished, by finish reason.", ("finished_reason",))
-        self.rejected = counter("request_rejected", "Requests turned away by admission control.", ("reason",))
-        self.timeouts = counter("request_timeout", "Requests that ran past --request-timeout.")
-        self.errors = counter("request_error", "Requests that failed, by HTTP status.", ("code",))
+        self.success = counter(REQUEST_SUCCESS, "Requests finished, by finish reason.", ("finished_reason",))
+        self.rejected = counter(REQUEST_REJECTED, "Requests turned away by admission control.", ("reason",))
+        self.timeouts = counter(REQUEST_TIMEOUT, "Requests that ran past --request-timeout.")
+        self.errors = counter(REQUEST_ERROR, "Requests that failed, by HTTP status.", ("code",))
         if prefix == METRICS_PREFIXES["vllm"]:
-            r.register(Renamed(self.itl, prefix + "time_per_output_token_seconds"))
+            r.register(Renamed(self.itl, prefix + TIME_PER_OUTPUT_TOKEN_SECONDS))
         # Rejections, timeouts and server errors start at 0, not at their first occurrence: Prometheus' rate()
         # and increase() cannot see a counter's step from nothing to its first value, so an alert on a burst of
         # 429s in one scrape interval would never fire (tests/test_ops_prometheus.py).
