@@ -8,7 +8,10 @@ O(window) ids, not the whole output."""
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
 
 _REPLACEMENT_CHAR = "\ufffd"
 
@@ -22,7 +25,7 @@ class IncrementalDetokenizer:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         prompt_token_ids: list[int],
         skip_special_tokens: bool = True,
         spaces_between_special_tokens: bool = True,

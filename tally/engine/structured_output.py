@@ -8,7 +8,7 @@ into one boolean tensor the sampler applies in one masked_fill."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING
 
 import llguidance
 import llguidance.hf
@@ -18,6 +18,9 @@ import torch
 
 from tally.errors import InvalidRequestError
 from tally.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
 
 ANY_JSON_OBJECT = {"type": "object"}
 # JSON comes out with fixed separators (", " and ": ") and no other whitespace, as with vLLM's
@@ -30,7 +33,7 @@ JSON_LAYOUT = {"whitespace_flexible": False}
 class GrammarCompiler:
     """One per engine: the tokenizer in llguidance's form (built on first use, ~1 s) and a matcher per request."""
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
         self._hf_tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._stop_token_ids = list(stop_token_ids)

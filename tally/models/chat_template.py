@@ -6,14 +6,17 @@ A model without a template is each caller's decision, so each passes `without_te
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tally.errors import InvalidRequestError
+
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
 
 Messages = list[dict[str, Any]]
 
 
-def has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: Tokenizer) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
@@ -27,7 +30,7 @@ def join_turns(separator: str, end: str = "") -> Callable[[Messages], str]:
     return lambda messages: separator.join(str(m["content"]) for m in messages) + end
 
 
-def render_chat(tokenizer: Any, messages: Messages, *, without_template: Callable[[Messages], str],
+def render_chat(tokenizer: Tokenizer, messages: Messages, *, without_template: Callable[[Messages], str],
                 add_generation_prompt: bool = True, chat_template: str | None = None,
                 continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
                 tools: list[dict[str, Any]] | None = None) -> str:
@@ -45,7 +48,7 @@ def render_chat(tokenizer: Any, messages: Messages, *, without_template: Callabl
         raise InvalidRequestError(f"the chat template rejected these messages: {exc}", param="messages") from None
 
 
-def chat_prompt(tokenizer: Any, messages: Messages, *, without_template: Callable[[Messages], str],
+def chat_prompt(tokenizer: Tokenizer, messages: Messages, *, without_template: Callable[[Messages], str],
                 **render: Any) -> dict[str, Any]:
     """The engine's prompt: the rendered text (render_chat's options) and its token ids."""
     text = render_chat(tokenizer, messages, without_template=without_template, **render)

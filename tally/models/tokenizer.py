@@ -12,11 +12,13 @@ from tally.models.config import ModelConfig
 if TYPE_CHECKING:
     from tally.models.loader import Checkpoint
 
+Tokenizer = PreTrainedTokenizerFast  # what load_tokenizer returns; the type every module that takes one names
+
 # Special tokens chat templates close a turn with; the model emits them when it is done answering.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>")
 
 
-def load_tokenizer(ckpt: "Checkpoint") -> PreTrainedTokenizerFast:
+def load_tokenizer(ckpt: "Checkpoint") -> Tokenizer:
     """A fast tokenizer with the checkpoint's chat template; never touches the network."""
     if ckpt.format == "hf" and not (ckpt.path / "tokenizer.json").is_file():
         raise ModelLoadError(
@@ -41,7 +43,7 @@ def load_tokenizer(ckpt: "Checkpoint") -> PreTrainedTokenizerFast:
     return tok
 
 
-def stop_token_ids(tok: PreTrainedTokenizerFast, config: ModelConfig) -> tuple[int, ...]:
+def stop_token_ids(tok: Tokenizer, config: ModelConfig) -> tuple[int, ...]:
     """config.eos_token_ids (the loader already merged generation_config.json's), the tokenizer's
     eos, and the special token the chat template ends each turn with."""
     ids = list(config.eos_token_ids)

@@ -5,9 +5,9 @@ the same Decoding, so any difference in the outputs is the model's.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any
+import time
+from typing import TYPE_CHECKING
 
 from tally.engine.llm import LLM
 from tally.errors import ConfigError
@@ -15,6 +15,9 @@ from tally.quality.corrupt import corrupt
 from tally.quality.settings import Decoding
 from tally.quality.suites import Workload
 from tally.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ def open_model(spec: ModelSpec, decoding: Decoding, progress: bool = True) -> LL
     return llm
 
 
-def same_vocabulary(baseline_tok: Any, candidate_tok: Any) -> None:
+def same_vocabulary(baseline_tok: Tokenizer, candidate_tok: Tokenizer) -> None:
     if baseline_tok.get_vocab() != candidate_tok.get_vocab():
         raise ConfigError("baseline and candidate have different tokenizers; perplexity and token agreement "
                           "only compare models that share one (quantize the baseline to make the candidate)")

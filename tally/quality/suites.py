@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tally.models.chat_template import chat_prompt, join_turns
+
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
 
 DATA = Path(__file__).parent / "data"
 HELDOUT = {"python_docs": "eval_python_docs.txt", "shakespeare": "eval_shakespeare.txt"}
@@ -44,7 +47,7 @@ def read_jsonl(name: str, limit: int | None = None) -> list[dict[str, Any]]:
     return rows[:limit]
 
 
-def tokenize_heldout(tokenizer: Any) -> dict[str, list[int]]:
+def tokenize_heldout(tokenizer: Tokenizer) -> dict[str, list[int]]:
     # verbose=False: the texts are far longer than model_max_length on purpose; no warning wanted.
     return {name: tokenizer.encode(heldout_text(name), add_special_tokens=False, verbose=False) for name in HELDOUT}
 
@@ -63,12 +66,12 @@ def ppl_windows(heldout_ids: dict[str, list[int]], ppl_tokens: int, window_token
     return out
 
 
-def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+def chat_ids(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> list[int]:
     # A model without a template (a base model) is still evaluated: its turns as paragraphs.
     return chat_prompt(tokenizer, messages, without_template=join_turns("\n\n", "\n\n"))["prompt_token_ids"]
 
 
-def fill_ids(tokenizer: Any, row: dict[str, Any], source: list[int], budget_tokens: int) -> list[int]:
+def fill_ids(tokenizer: Tokenizer, row: dict[str, Any], source: list[int], budget_tokens: int) -> list[int]:
     """A long-tail prompt whose {filler} is held-out text cut so the whole prompt is close to budget_tokens."""
     def build(filler: str) -> list[int]:
         messages = [{**m, "content": m["content"].replace("{filler}", filler)} for m in row["messages"]]
@@ -82,7 +85,7 @@ def fill_ids(tokenizer: Any, row: dict[str, Any], source: list[int], budget_toke
     return ids
 
 
-def build_workload(tokenizer: Any, max_model_len: int, suites: tuple[str, ...], ppl_tokens: int,
+def build_workload(tokenizer: Tokenizer, max_model_len: int, suites: tuple[str, ...], ppl_tokens: int,
                    window_tokens: int, max_tokens: int, limit: int | None) -> Workload:
     heldout_ids = tokenize_heldout(tokenizer)
     windows = ppl_windows(heldout_ids, ppl_tokens, min(window_tokens, max_model_len)) if "ppl" in suites else {}

@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tally.errors import ConfigError
 from tally.models.chat_template import join_turns, render_chat
+
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
 
 RECOMMENDED_SAMPLES = 128
 
@@ -57,7 +60,7 @@ def _text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def load_calibration(path: str | Path, tokenizer: Any, *, max_samples: int = 256, max_tokens: int = 512,
+def load_calibration(path: str | Path, tokenizer: Tokenizer, *, max_samples: int = 256, max_tokens: int = 512,
                      deployment_system_prompt: str | None = None) -> CalibrationSet:
     """The first `max_samples` lines of `path`, each rendered and cut to `max_tokens` tokens."""
     path = Path(path)
@@ -88,7 +91,7 @@ def load_calibration(path: str | Path, tokenizer: Any, *, max_samples: int = 256
     return CalibrationSet([t for t in token_ids if t], warnings)
 
 
-def _render(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+def _render(tokenizer: Tokenizer, messages: list[dict[str, str]]) -> str:
     # A base model without a template is calibrated on the turns' plain text.
     return render_chat(tokenizer, messages, without_template=join_turns("\n"),
                        add_generation_prompt=messages[-1]["role"] != "assistant")

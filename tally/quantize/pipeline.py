@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,9 @@ from tally.quantize.layer import (
 )
 from tally.quantize.mixed import layer_sensitivity, most_sensitive, parse_keep
 from tally.quantize.writer import write_packed
+
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
 
 SENSITIVITY_SAMPLES = 8  # forwards per layer for --auto-mixed: enough to rank layers, cheap enough to run L times
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
@@ -101,7 +104,7 @@ def fp_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], max_tokens: int
                        max_model_len=min(cfg.max_position_embeddings, max_tokens))
 
 
-def _write(job: QuantizeJob, ckpt: Checkpoint, tokenizer: Any, original: dict[str, torch.Tensor], layers: list[LayerQuant],
+def _write(job: QuantizeJob, ckpt: Checkpoint, tokenizer: Tokenizer, original: dict[str, torch.Tensor], layers: list[LayerQuant],
            dense_layers: list[int], calib: CalibrationSet | None) -> None:
     tensors = dict(original)
     for layer in layers:
@@ -136,7 +139,7 @@ def _hf_config(ckpt: Checkpoint) -> dict[str, Any]:
             "eos_token_id": list(c.eos_token_ids), "torch_dtype": "float32"}
 
 
-def _write_tokenizer(ckpt: Checkpoint, tokenizer: Any, out: Path) -> None:
+def _write_tokenizer(ckpt: Checkpoint, tokenizer: Tokenizer, out: Path) -> None:
     if ckpt.format == "gguf":  # the tokenizer lives in the GGUF metadata: write it out as HF files
         tokenizer.save_pretrained(str(out))
         return

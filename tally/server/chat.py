@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tally.errors import InvalidRequestError
 from tally.models.chat_template import chat_prompt, refuse_without_template
@@ -21,8 +21,11 @@ from tally.server.protocol import (
 from tally.server.streaming import Delta, deltas
 from tally.server.tools import ToolMode, check_tools, forced_output, stream_delta, tool_mode
 
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], add_generation_prompt: bool = True,
+
+def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True,
                 **render: Any) -> dict:
     """Chat messages → the engine's prompt (text and ids); also used by POST /tokenize. `render`: tools,
     chat_template, template kwargs, continue_final_message (tally/models/chat_template.py)."""
@@ -56,7 +59,7 @@ class ChatCompletions:
     id_prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, tokenizer: Any, tool_call_parser: str | None = None, chat_template: str | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, tool_call_parser: str | None = None, chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.tool_call_parser = tool_call_parser  # set with --enable-auto-tool-choice
         self.chat_template = chat_template  # --chat-template; a request's own chat_template wins

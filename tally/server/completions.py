@@ -4,7 +4,7 @@
 what lm-evaluation-harness's `local-completions` model needs for loglikelihood tasks."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tally.errors import InvalidRequestError
 from tally.outputs import Logprob, RequestOutput
@@ -13,13 +13,16 @@ from tally.server.lifecycle import Ctx, ServerState, usage
 from tally.server.protocol import CompletionRequest, finite, refuse_unsupported
 from tally.server.streaming import Delta, deltas
 
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
+
 
 class Completions:
     path = "/v1/completions"
     id_prefix = "cmpl"
     chunk_object = "text_completion"
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
 
     def parse(self, body: dict) -> CompletionRequest:

@@ -10,7 +10,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
 import numpy as np
 from fastapi import Request
@@ -35,6 +35,9 @@ from tally.server.protocol import SamplingFields
 from tally.server.request_log import RequestLog
 from tally.server.streaming import EventStreamResponse, sse
 
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
+
 log = logging.getLogger("tally.server")
 BODY_TIMEOUT_S = 60.0
 MAX_JSON_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas about ten)
@@ -47,7 +50,7 @@ _OPENERS, _CLOSERS = np.frombuffer(b"[{", dtype=np.uint8), np.frombuffer(b"]}", 
 class ServerState:
     engine: AsyncEngine
     metrics: ServerMetrics
-    tokenizer: Any  # the server's own copy: the engine thread decodes with the engine's
+    tokenizer: Tokenizer  # the server's own copy: the engine thread decodes with the engine's
     model_name: str  # the reported name, first of model_names
     max_model_len: int
     request_timeout_s: float | None = None

@@ -6,7 +6,6 @@ lives in the same pool blocks (tally/engine/startup/load.py sizes the pool for b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -21,7 +20,7 @@ from tally.models.config import ModelConfig
 from tally.models.key_smoothing import calibration_ids, measure_key_scales
 from tally.models.llama import CausalLM
 from tally.models.loader import load_checkpoint
-from tally.models.tokenizer import load_tokenizer
+from tally.models.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass
@@ -34,7 +33,7 @@ class DraftModel:
     kv_caches: list[tuple[KVCache, KVCache]] = field(default_factory=list)  # set once the pool is sized
 
 
-def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Any, dtype: torch.dtype,
+def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Tokenizer, dtype: torch.dtype,
                weight_dtype: torch.dtype | None, max_model_len: int, kv_dtype_name: str,
                many_tokens_from: int | None = None) -> DraftModel:
     """`many_tokens_from`: the rows from which the target's projections take the bf16 path (PathChoice); the draft's

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tally.attention.kv_cache import KVCache
 from tally.engine.parallel.distributed import ParallelContext
@@ -12,12 +12,15 @@ from tally.ledger.report import EngineLedger
 from tally.models.config import ModelConfig
 from tally.models.llama import CausalLM
 
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
+
 
 @dataclass
 class LoadedModel:
     name: str
     config: ModelConfig
-    tokenizer: Any
+    tokenizer: Tokenizer
     stop_token_ids: tuple[int, ...]
     model: CausalLM
     kv_caches: list[tuple[KVCache, KVCache]]

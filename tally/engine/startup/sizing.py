@@ -3,7 +3,7 @@ and the tensors themselves."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,11 +20,14 @@ from tally.models.llama import CausalLM
 from tally.models.pipeline_split import PPStage
 from tally.platform import available_ram_bytes
 
+if TYPE_CHECKING:
+    from tally.models.tokenizer import Tokenizer
+
 DEFAULT_KV_CAP_BYTES = 2 * 2**30
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
-def kv_dtype(config: EngineConfig, dtype: torch.dtype, quantized: bool, model: CausalLM, tokenizer: Any) -> str:
+def kv_dtype(config: EngineConfig, dtype: torch.dtype, quantized: bool, model: CausalLM, tokenizer: Tokenizer) -> str:
     """--kv-cache-dtype, or the ledger's choice for this model; an int8 cache measures its key smoothing here."""
     name = auto_kv_dtype(_DTYPE_NAMES[dtype], quantized) if config.kv_cache_dtype == "auto" else config.kv_cache_dtype
     if name == "int8":
