@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from types import FrameType
@@ -17,6 +18,7 @@ from tally.errors import TallyError
 from tally.flags import DRAIN_TIMEOUT, HOST, LOG_LEVEL, METRICS_PREFIX, PORT, REQUEST_TIMEOUT, parser
 from tally.server.app_args import app_from_args
 from tally.server.connection_guard import guarded_protocol
+from tally.server.listen import bind_sockets
 from tally.server.ray_flags import add_ray_args, check_ray_args
 from tally.server.tools import TOOL_CALL_PARSERS
 from tally.server.vllm_flags import add_vllm_flags, warn_no_effect
@@ -34,6 +36,11 @@ class DrainingServer(uvicorn.Server):
         self.config.app.state.tally.draining = True
         super().handle_exit(sig, frame)
         self._captured_signals.clear()  # uvicorn would re-raise the signal after shutdown; we exit cleanly
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets and self.started:  # uvicorn names the address only for sockets it bound itself
+            self._log_started_message(sockets)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,16 +128,20 @@ def start_logging(ns: argparse.Namespace) -> None:
 
 def serve(ns: argparse.Namespace) -> int:
     start_logging(ns)
+    sockets: list[socket.socket] = []
     try:
         config = config_from_args(ns)
         if is_follower(config):  # torchrun's ranks 1..N-1 follow rank 0's steps and serve nothing
             return follow(config)
+        sockets = bind_sockets(ns.host, ns.port)  # a busy port fails now, not after the model has loaded
         app = app_from_args(ns)
     except TallyError as exc:
+        for sock in sockets:
+            sock.close()
         print(f"tally serve: {exc.message}", file=sys.stderr)
         return 2
     config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level,
                             http=guarded_protocol(ns.max_connections, ns.header_timeout),
                             timeout_graceful_shutdown=ns.drain_timeout, access_log=ns.log_level == "debug")
-    DrainingServer(config).run()
+    DrainingServer(config).run(sockets=sockets)
     return 0
