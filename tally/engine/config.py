@@ -31,6 +31,7 @@ from tally.flags import (
     Flag,
 )
 from tally.layers.linear import fp16_weights_supported
+from tally.models.generation_config import generation_overrides
 from tally.platform import has_fast_bf16, parse_cpu_list
 from tally.progress import Track, on_stderr, untracked
 from tally.sampling_params import MAX_LOGPROBS
@@ -126,8 +127,15 @@ class EngineConfig:
               "'{\"method\": \"draft_model\", \"model\": PATH, \"num_speculative_tokens\": 3}' (a smaller model with the "
               "same tokenizer)")
     generation_config: str = option("auto", "auto: the checkpoint's generation_config.json sets the default "
-                                            "temperature / top_p / top_k / min_p / repetition_penalty of requests "
-                                            "that do not set them (vLLM's default); vllm: none; or a folder")
+                                            "temperature / top_p / top_k / min_p / repetition_penalty, and "
+                                            "max_new_tokens the default max_tokens, of requests that do not set "
+                                            "them (vLLM's default; the built-in model's: max_new_tokens 512); "
+                                            "vllm: none (max_tokens unset runs to the end of the context); or a "
+                                            "folder")
+    override_generation_config: str | dict | None = option(
+        None, "JSON over the generation config (vLLM's), e.g. '{\"max_new_tokens\": 256}': the max_tokens of "
+              "requests that leave it unset (default: the checkpoint's max_new_tokens; 512 for the built-in model; "
+              "else up to the end of the context); also temperature, top_p, top_k, min_p, repetition_penalty")
     max_logprobs: int = option(MAX_LOGPROBS, "the most logprobs (or prompt_logprobs) a request may ask for; each "
                                              "costs a top-k over the vocabulary per token")
     threads: int | None = shared(THREADS)
@@ -160,6 +168,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.speculative  # refuses a bad speculative_config at start, with what to fix
+        generation_overrides(self.override_generation_config)  # and a bad override_generation_config
         if self.served_model_name is not None and not all(self.served_model_names):
             raise ConfigError("served_model_name needs non-empty names")
         if self.dtype not in ("auto", *DTYPES, *FP16_WEIGHT_NAMES):

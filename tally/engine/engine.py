@@ -34,6 +34,7 @@ from tally.engine.step_stats import StepStats, prompt_chunks
 from tally.engine.stop import StopChecker
 from tally.engine.structured_output import GrammarCompiler
 from tally.errors import EngineDeadError, InvalidRequestError
+from tally.models.generation_config import max_tokens_or_default
 from tally.outputs import RequestMetrics, RequestOutput, logprob_entry
 from tally.sampling_params import SamplingParams
 
@@ -114,7 +115,7 @@ class Engine:
         if params.truncate_prompt_tokens is not None:
             ids = ids[-params.truncate_prompt_tokens:]  # vLLM keeps the prompt's end: the part nearest the answer
         self._validate(ids, params)
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
+        max_tokens = max_tokens_or_default(params.max_tokens, self.sampling_defaults, self.max_model_len - len(ids))
         now = time.monotonic() if arrival_time is None else arrival_time
         eos = () if params.ignore_eos else self._stop_token_ids
         seqs, parent = [], None

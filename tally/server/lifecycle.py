@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from tally.engine.async_engine import AsyncEngine, RequestStream
 from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError
+from tally.models.generation_config import max_tokens_or_default
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
 from tally.server.errors import (
@@ -265,7 +266,8 @@ async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Infl
 
 def _record_success(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[RequestOutput]) -> None:
     for out, max_tokens in zip(outputs, ctx.max_tokens, strict=True):
-        allowed = state.max_model_len - len(out.prompt_token_ids) if max_tokens is None else max_tokens
+        allowed = max_tokens_or_default(max_tokens, state.sampling_defaults,
+                                        state.max_model_len - len(out.prompt_token_ids))
         state.metrics.observe_output(endpoint, out, ctx.times.get(out.request_id), allowed)
         m = out.metrics
         log.info("%s %s: %d prompt + %d output tokens, %s, TTFT %.3f s, E2E %.3f s", endpoint, out.request_id,

@@ -232,7 +232,8 @@ class ServerMetrics:
                               REQUEST_TIME_BUCKETS_S)
         self.n = hist("request_params_n", "The n request parameter.", N_BUCKETS)
         self.max_tokens = hist("request_params_max_tokens", "The max_tokens request parameter (when unset: "
-                               "max_model_len - prompt tokens, as the engine resolves it).", TOKEN_BUCKETS)
+                               "the generation config's max_new_tokens, at most max_model_len - prompt tokens, as "
+                               "the engine resolves it).", TOKEN_BUCKETS)
         self.max_generation_tokens = hist("request_max_num_generation_tokens",
                                           "Generated tokens of a request's longest sample (n > 1).", TOKEN_BUCKETS)
         self.prompt_tokens = hist("request_prompt_tokens", "Prompt tokens per request.", TOKEN_BUCKETS)

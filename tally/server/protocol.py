@@ -111,7 +111,7 @@ class SamplingFields(OpenAIModel):
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
                            defaults: dict[str, float] | None = None) -> SamplingParams:
-        """`defaults`: what the checkpoint's generation_config.json sets for fields the request leaves unset."""
+        """`defaults`: what the checkpoint's generation config sets for fields the request leaves unset."""
         bias = None
         if self.logit_bias is not None:
             try:
@@ -122,7 +122,8 @@ class SamplingFields(OpenAIModel):
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=self.repetition_penalty).items() if v is not None}
-        given = {**(defaults or {}), **given}
+        # the default max_tokens stays unset here: the engine fits it to the room the prompt leaves
+        given = {**{k: v for k, v in (defaults or {}).items() if k != "max_tokens"}, **given}
         return SamplingParams(
             n=self.n, best_of=self.best_of, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens, skip_special_tokens=self.skip_special_tokens,

@@ -67,5 +67,5 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
     return LoadedModel(
         name=name, config=full_cfg, tokenizer=tokenizer, stop_token_ids=stop_token_ids(tokenizer, full_cfg),
         model=model, kv_caches=kv_caches, kv_layout=layout, num_blocks=num_blocks, max_model_len=max_model_len,
-        ledger=ledger, sampling_defaults=sampling_defaults(config.generation_config, ckpt.path), parallel=parallel,
-        draft=draft)
+        ledger=ledger, parallel=parallel, draft=draft,
+        sampling_defaults=sampling_defaults(config.generation_config, ckpt.path, config.override_generation_config))
