@@ -1,4 +1,4 @@
-"""Loading (and dequantizing) a checkpoint shows its progress, as vLLM's "Loading safetensors checkpoint shards" bar:
+"""Loading a checkpoint shows its progress, as vLLM's "Loading safetensors checkpoint shards" bar:
 out of a total the headers give before any weight is read; a bar on a terminal, a line per tenth of the way in a
 log, nothing with use_tqdm_on_load=False (vLLM's flag) and nothing from the ranks after 0."""
 from __future__ import annotations
@@ -53,4 +53,4 @@ def test_a_gguf_files_total_comes_from_its_header_before_any_tensor_is_dequantiz
         return items
 
     next(ckpt.tensors(record))  # the first tensor only: the total is known before it is read
-    assert seen == [(len(read_header(ckpt.path).tensors), "Loading GGUF tensors (dequantizing)")]
+    assert seen == [(len(read_header(ckpt.path).tensors), "Loading GGUF tensors")]

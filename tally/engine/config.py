@@ -146,7 +146,7 @@ class EngineConfig:
     seed: int = option(0, "seed of the engine's shared sampling generator")
     disable_log_stats: bool = option(False, "no periodic throughput / queue / KV line in the server log "
                                             "(vLLM's flag)")
-    use_tqdm_on_load: bool = option(True, "a progress bar on stderr while the weights load and dequantize (a line per "
+    use_tqdm_on_load: bool = option(True, "a progress bar on stderr while the weights load (a line per "
                                           "tenth of the way where stderr is not a terminal); vLLM's flag")
     served_model_name: str | list[str] | None = option(
         None, "the name(s) the API answers to; the first is reported (default: the checkpoint's)", nargs="+")

@@ -20,6 +20,7 @@ from tally.progress import Track
 
 # convert_hf_to_gguf permutes q/k rows for these (rotary pairs interleaved, as llama.cpp wants).
 _PERMUTED_ARCHS = {"llama", "mistral"}
+GGUF_LOADING = "Loading GGUF tensors"  # the load progress bar's words, as safetensors' (hf_checkpoint.LOADING)
 _FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 _QUANTIZED_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
 
@@ -77,7 +78,8 @@ class GGUFTensorSource:
         self._row_order = _unpermute_orders(config) if config.architecture in _PERMUTED_ARCHS else {}
 
     def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
-        for name in track(list(self._infos), "Loading GGUF tensors (dequantizing)"):
+        # no "dequantizing" in the words: a quantized layer serves the stored blocks, not this float copy
+        for name in track(list(self._infos), GGUF_LOADING):
             raw = self.raw(name)
             if raw.ggml_type in _FLOAT_TYPES:
                 # numpy has no bfloat16, so floats go through torch as bytes and are reinterpreted.
