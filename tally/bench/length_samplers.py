@@ -114,7 +114,8 @@ def parse_lengths(spec: str) -> LengthSampler:
         pairs = parse_pairs(args, "--lengths lognormal")
         unknown = sorted(set(pairs) - set(fields))
         if unknown:
-            raise ConfigError(f"--lengths lognormal: unknown key(s) {unknown}; known: {list(fields)}")
+            raise ConfigError(f"--lengths lognormal: unknown key(s) {', '.join(unknown)}; known: "
+                              f"{', '.join(fields)}")
         try:
             values = {k: (int(v) if k.endswith(("_min", "_max")) else float(v))
                       for k, v in pairs.items()}

@@ -13,6 +13,7 @@ from tally.bench.report_json import partial_line
 from tally.bench.report_text import COLUMNS, LATENCIES
 from tally.bench.stats import CANCELLED
 from tally.bench.svg import Chart, Series, render
+from tally.bench.wording import causes_words, slo_words
 from tally.units import format_s
 
 _CSS = ("body{font-family:sans-serif;max-width:1420px;margin:20px auto;color:#222}"
@@ -122,13 +123,14 @@ def render_html(result: dict) -> str:
         parts.append(f'<p class="flag" data-partial="{escape(result["stopped"]["reason"])}">'
                      f'<b>PARTIAL REPORT</b> {escape(partial_line(result["stopped"]))}</p>')
     cancelled = f", {c['cancelled']} cancelled (in flight at the stop)" if c.get("cancelled") else ""
+    causes = f" ({causes_words(s['errors'])})" if s["errors"] else ""
     parts += ["<h2>Latency (successful requests)</h2>", _latency_table(s),
               (f"<p>Throughput: {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.1f} output "
                f"tok/s over a {s['window_s']:.1f} s window. Requests: {c['requests']} measured, "
-               f"{c['ok']} ok, {c['failed']} failed {escape(json.dumps(s['errors']))}{cancelled}.</p>")]
+               f"{c['ok']} ok, {c['failed']} failed{escape(causes)}{cancelled}.</p>")]
     if "goodput" in s:
         g = s["goodput"]
-        parts.append(f"<p>Goodput under {escape(json.dumps(g['slo']))}: {g['requests_per_s']:.2f} "
+        parts.append(f"<p>Goodput under {escape(slo_words(g['slo']))}: {g['requests_per_s']:.2f} "
                      f"req/s ({g['fraction']:.1%} of requests met every SLO).</p>")
     parts += [f'<p class="warn">warning: {escape(w)}</p>' for w in result["warnings"]]
     if len(result["phases"]) > 1:

@@ -15,6 +15,7 @@ from tally.bench.server_info import ServerInfo
 from tally.bench.soak import SoakSample, verdict
 from tally.bench.stats import DEFINITIONS, Slo, phase_breakdown, summarize
 from tally.bench.tokenizer import Tokenizer
+from tally.bench.wording import causes_words
 from tally.bench.workload import WorkloadConfig
 from tally.errors import ConfigError
 from tally.metric_names import (
@@ -88,7 +89,7 @@ def _warnings(summary: dict, run: RunOutcome) -> list[str]:
     if not run.server.ignore_eos:
         warnings.append("the server rejected ignore_eos: output lengths are upper bounds (max_tokens)")
     if summary["counts"]["failed"]:
-        warnings.append(f"{summary['counts']['failed']} requests failed: {summary['errors']}")
+        warnings.append(f"{summary['counts']['failed']} requests failed: {causes_words(summary['errors'])}")
     return warnings
 
 

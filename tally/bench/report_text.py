@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tally.bench.report_json import partial_line
+from tally.bench.wording import causes_words, slo_words
 from tally.units import format_s
 
 LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"),
@@ -61,13 +62,14 @@ def print_report(result: dict, console: Console | None = None) -> None:
                   f"output tok/s, {t['prompt_tokens_per_s']:.1f} prompt tok/s")
     if "goodput" in s:
         g = s["goodput"]
-        console.print(f"goodput under {g['slo']}: {g['requests_per_s']:.2f} req/s "
+        console.print(f"goodput under {slo_words(g['slo'])}: {g['requests_per_s']:.2f} req/s "
                       f"({g['met']}/{s['counts']['requests'] - s['counts'].get('cancelled', 0)} = "
                       f"{g['fraction']:.1%} met every SLO)")
     c = s["counts"]
     cancelled = f", {c['cancelled']} cancelled (in flight at the stop)" if c.get("cancelled") else ""
-    console.print(f"requests: {c['requests']} measured, {c['ok']} ok, {c['failed']} failed"
-                  f"{' ' + str(s['errors']) if s['errors'] else ''}{cancelled}")
+    causes = f" ({causes_words(s['errors'])})" if s["errors"] else ""
+    console.print(f"requests: {c['requests']} measured, {c['ok']} ok, {c['failed']} failed{causes}{cancelled}",
+                  highlight=False)
     if len(result["phases"]) > 1:
         console.print(phase_table(result["phases"]))
     for key, dist in (result.get("server_metrics") or {}).items():

@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
     console.print(table)
     differences = _workload_differences(a, b)
     if differences:
-        console.print(f"[yellow]note:[/] the workloads differ in {differences}; the comparison "
+        console.print(f"[yellow]note:[/] the workloads differ in {', '.join(differences)}; the comparison "
                       f"mixes workload and server changes")
     for name, result in (("A", a), ("B", b)):
         if result.get("partial"):

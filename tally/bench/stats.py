@@ -49,7 +49,7 @@ class Slo:
         pairs = parse_pairs(text, "--slo")
         unknown = sorted(set(pairs) - {"ttft", "tpot", "e2e"})
         if unknown:
-            raise ConfigError(f"--slo: unknown metric(s) {unknown}; use ttft, tpot and/or e2e")
+            raise ConfigError(f"--slo: unknown metric(s) {', '.join(unknown)}; use ttft, tpot and/or e2e")
         return cls(**{f"{k}_s": parse_duration_s(v, f"--slo {k}") for k, v in pairs.items()})
 
     def met(self, record: RequestRecord) -> bool:
