@@ -30,7 +30,7 @@ from tally.server.process import free_port
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "**7. Operate it**"
 # (flag, the README's value) -> this test's value; each pair must be in the README.
-SCALE = {("--duration", "2m"): "3s", ("--duration", "10m"): "8s", ("--rate", "2"): "4",
+SCALE = {("--duration", "2m"): "3s", ("--duration", "10m"): "8s", ("--rate", "1"): "4", ("--rate", "2"): "4",
          ("--baseline-window", "10m"): "3s", ("--eval-interval", "5s"): "1s",
          ("--plan", "5%:2h,20%:2h,50%:2h,100%"): "50%:2s,100%"}
 RULES_SCALE = {"min_samples": 4, "window": "4s"}

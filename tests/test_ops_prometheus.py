@@ -42,7 +42,7 @@ def rules(server, tmp_path_factory):
     assert bench_main(["--url", server.url, "--rate", "4", "--duration", "3s", "--lengths", "fixed:16,8",
                        "--out", str(out / "baseline.json"), "--quiet"]) == 0
     alerts, recording = out / "alerts.yml", out / "recording.yml"
-    alerts.write_text(rules_file(out / "baseline.json", window=WINDOW, for_s="0s"))
+    alerts.write_text(rules_file(out / "baseline.json", window=WINDOW, for_s="0s").text)
     recording.write_text(rules_yaml(window=WINDOW))
     return [alerts, recording]
 
@@ -148,7 +148,7 @@ def test_a_live_window_of_the_server_is_a_baseline_too(server, tmp_path):
                                                          "--lengths", "fixed:16,8", "--quiet"],))
     traffic.start()
     try:
-        text = rules_file(server.url, window=WINDOW, for_s="0s", baseline_window_s=3.0)
+        text = rules_file(server.url, window=WINDOW, for_s="0s", baseline_window_s=3.0).text
     finally:
         traffic.join()
     rules = {r["alert"]: r for group in yaml.safe_load(text)["groups"] for r in group["rules"]}

@@ -4,10 +4,12 @@ Each latency rule fires when a P99 over the window exceeds the baseline run's P9
 signals fire before latency does (requests waiting, KV cache nearly full, rejections, timeouts, a drop in output
 length — a model that truncates looks fast). Every rule carries its baseline figure and factor as annotations,
 so whoever is paged sees what "normal" was. The baseline is a `tally bench --out` result (tally/bench), or a
-window of a live server's /metrics (tally/ops/live_baseline.py).
+window of a live server's /metrics (tally/ops/live_baseline.py), and must not itself be an overload
+(tally/ops/saturation.py).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +17,9 @@ import yaml
 
 from tally.bench.report_json import load_result
 from tally.errors import ConfigError
-from tally.ops.live_baseline import live_baseline
+from tally.ops.live_baseline import clock, live_baseline
+from tally.ops.saturation import saturation
+from tally.units import format_s
 
 # Per signal: how far past the baseline it may go before anyone is told.
 LATENCY_FACTOR = 1.5
@@ -97,20 +101,46 @@ def baseline_rules(result: dict, prefix: str = "tally:", window: str = "5m") -> 
     return rules
 
 
+@dataclass(frozen=True)
+class RulesFile:
+    text: str  # the YAML of a Prometheus rules file (`promtool check rules` accepts it)
+    rules: int
+    summary: str  # one line: what the thresholds came from
+    warnings: tuple[str, ...]  # the baseline looked saturated (tally/ops/saturation.py), in the file's header too
+
+
 def rules_file(baseline: Path | str, prefix: str = "tally:", window: str = "5m", for_s: str = "5m",
-               baseline_window_s: float = 300.0) -> str:
-    """The YAML of a Prometheus rules file (`promtool check rules` accepts it). `baseline`: a bench result file,
-    or a server's URL, scraped over `baseline_window_s`."""
+               baseline_window_s: float = 300.0, log: Callable[[str], None] = lambda line: None) -> RulesFile:
+    """Rules from `baseline`: a bench result file, or a server's URL, scraped over `baseline_window_s` (`log` gets
+    its progress). A baseline that was itself an overload is refused, or warned about (tally/ops/saturation.py)."""
     if str(baseline).startswith(("http://", "https://")):
-        result = live_baseline(str(baseline), baseline_window_s)
-        baseline = f"{baseline} /metrics over {baseline_window_s:g} s"
+        result = live_baseline(str(baseline), baseline_window_s, log=log)
+        baseline = f"{baseline} /metrics over {clock(baseline_window_s)}"
     else:
         result = load_result(Path(baseline))
     if result.get("partial"):
         raise ConfigError(f"{baseline} is a partial run ({result['stopped']['reason']}); use a complete baseline")
+    summary = result["summary"]
+    found = saturation(summary, (result.get("server_metrics") or {}).get("queue_time_s"))
+    if found.refusals:
+        raise ConfigError(f"{baseline} is not a healthy baseline: {'; '.join(found.refusals)}. Thresholds from an "
+                          "overloaded run would call the overload normal; measure again at a load the server keeps "
+                          "up with (a lower --rate, or shorter --lengths)")
     rules = [r.to_dict(for_s, str(baseline)) for r in baseline_rules(result, prefix, window)]
     header = (f"# Alerting rules from the baseline run {baseline} (tally alerts).\n"
               f"# Factors: latency P99 × {LATENCY_FACTOR}, queue × {QUEUE_FACTOR}, output length × "
               f"{OUTPUT_DROP_FACTOR}, KV usage > {KV_USAGE_LIMIT}, 5xx share × 2 (floor {ERROR_RATIO_FLOOR}).\n")
-    return header + yaml.safe_dump({"groups": [{"name": "tally-baseline", "rules": rules}]}, sort_keys=False,
+    header += "".join(f"# WARNING: the baseline looks saturated: {w}\n" for w in found.warnings)
+    text = header + yaml.safe_dump({"groups": [{"name": "tally-baseline", "rules": rules}]}, sort_keys=False,
                                    allow_unicode=True, width=1000)
+    return RulesFile(text, len(rules), f"{len(rules)} rules from {baseline} ({_figures(summary)})", found.warnings)
+
+
+def _figures(summary: dict) -> str:
+    """The baseline's headline figures, as the one-line summary shows them."""
+    parts = [f"{summary['counts']['requests']} requests"]
+    for key, what in (("ttft_s", "TTFT"), ("tpot_s", "TPOT")):
+        p99 = (summary.get(key) or {}).get("p99")
+        if p99 is not None:
+            parts.append(f"{what} P99 {format_s(p99)}")
+    return ", ".join(parts)

@@ -26,13 +26,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        text = rules_file(ns.baseline, METRICS_PREFIXES[ns.metrics_prefix], ns.window, ns.for_s,
-                          parse_duration_s(ns.baseline_window, "--baseline-window"))
+        made = rules_file(ns.baseline, METRICS_PREFIXES[ns.metrics_prefix], ns.window, ns.for_s,
+                          parse_duration_s(ns.baseline_window, "--baseline-window"), log=_say)
     except TallyError as exc:
         print(f"tally alerts: {exc.message}", file=sys.stderr)
         return 2
+    for warning in made.warnings:
+        _say(f"WARNING: the baseline looks saturated: {warning}. Its thresholds would call that normal; measure "
+             "again at a load the server keeps up with")
     if ns.out is None:
-        sys.stdout.write(text)
+        sys.stdout.write(made.text)
     else:
-        ns.out.write_text(text)
+        ns.out.write_text(made.text)
+    _say(f"wrote {made.summary} to {ns.out or 'stdout'}")
     return 0
+
+
+def _say(line: str) -> None:
+    """Progress and the closing summary go to stderr: stdout may be the rules file itself."""
+    print(f"tally alerts: {line}", file=sys.stderr, flush=True)
