@@ -27,7 +27,7 @@ from tally.server.ray_flags import RayServeOptions, ray_options
 def build_app(args: dict[str, Any]) -> Application:
     unknown = set(args) - {"cli"} - RayServeOptions.field_names()
     if unknown:
-        raise ConfigError(f"unknown args {sorted(unknown)}; give `cli` (tally serve's flags) and RayServeOptions "
+        raise ConfigError(f"unknown args {', '.join(sorted(unknown))}; give `cli` (tally serve's flags) and RayServeOptions "
                           f"fields: {', '.join(sorted(RayServeOptions.field_names()))}")
     cli = args.get("cli", "")
     argv = ["--ray", *(shlex.split(cli) if isinstance(cli, str) else map(str, cli))]

@@ -93,7 +93,7 @@ CHECKS = {
 
 def score(text: str, check: dict[str, Any]) -> float:
     if check["type"] not in CHECKS:
-        raise ValueError(f"unknown check type {check['type']!r} in a task suite; known: {sorted(CHECKS)}")
+        raise ValueError(f"unknown check type {check['type']!r} in a task suite; known: {', '.join(sorted(CHECKS))}")
     return CHECKS[check["type"]](text, check)
 
 

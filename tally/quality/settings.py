@@ -78,7 +78,7 @@ class EvalSettings:
     def __post_init__(self) -> None:
         unknown = [s for s in self.suites if s not in SUITES]
         if unknown or not self.suites:
-            raise ConfigError(f"suites {list(self.suites)}: choose from {', '.join(SUITES)}")
+            raise ConfigError(f"suites {', '.join(self.suites) or '(none)'}: choose from {', '.join(SUITES)}")
         if self.ppl_tokens < 2 or self.ppl_window_tokens < 2:
             raise ConfigError("--ppl-tokens and the perplexity window need at least 2 tokens")
         if self.decoding.max_tokens < 1:
