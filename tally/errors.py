@@ -2,7 +2,6 @@
 exactly one place (tally/server/errors.py) and reads `http_status` from here."""
 from __future__ import annotations
 
-
 class TallyError(Exception):
     """Base of every error Tally raises on purpose."""
 
@@ -61,3 +60,17 @@ class EngineDeadError(TallyError):
     http_status = 503
     error_type = "engine_dead"
     retry_after_s = 5.0  # another replica now; this one too if it restarts its engine (--restart-on-failure)
+
+
+ECHO_CHARS = 100  # of a client's value shown back in an error message
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` cut to `limit` characters, an ellipsis marking the cut."""
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """A client's value as an error message shows it: its repr, clipped (a 100 KB model name comes back as its
+    first hundred characters, not whole)."""
+    return clip(repr(value), limit)

@@ -8,7 +8,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from tally.errors import InvalidRequestError
+from tally.errors import InvalidRequestError, echo
 
 # Below this a temperature is treated as 0 (greedy), as vLLM does: dividing logits by 1e-6
 # overflows float32 and the "sample" is the argmax anyway.
@@ -95,7 +95,7 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p"):
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and math.isfinite(value), name,
-                   f"{name} must be a finite number, got {value!r}")
+                   f"{name} must be a finite number, got {echo(value)}")
         _check(
             self.best_of is None or self.best_of == self.n, "best_of",
             f"best_of={self.best_of} with n={self.n} is not supported; omit best_of or set it to n",
@@ -130,10 +130,10 @@ class SamplingParams:
         for name in ("logprobs", "prompt_logprobs"):  # the upper bound is the engine's --max-logprobs
             value = getattr(self, name)
             _check(value is None or (isinstance(value, int) and value >= 0), name,
-                   f"{name} must be a non-negative integer, got {value!r}")
+                   f"{name} must be a non-negative integer, got {echo(value)}")
         _check(
             all(isinstance(s, str) and s for s in self.stop), "stop",
-            f"stop strings must be non-empty strings, got {self.stop!r}",
+            f"stop strings must be non-empty strings, got {echo(self.stop)}",
         )
         stop_chars = sum(map(len, self.stop))
         _check(
@@ -143,7 +143,7 @@ class SamplingParams:
         )
         _check(
             self.seed is None or SEED_RANGE[0] <= self.seed <= SEED_RANGE[1], "seed",
-            f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed}",
+            f"seed must be an integer in [-2**63, 2**64 - 1], got {echo(self.seed)}",
         )
         _check(
             len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids",
@@ -151,7 +151,7 @@ class SamplingParams:
         )
         _check(
             all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-            f"stop_token_ids must be non-negative token ids, got {self.stop_token_ids!r}",
+            f"stop_token_ids must be non-negative token ids, got {echo(self.stop_token_ids)}",
         )
         bias = self.logit_bias or {}
         _check(len(bias) <= MAX_LOGIT_BIAS, "logit_bias", f"send at most {MAX_LOGIT_BIAS} logit_bias entries")
@@ -168,7 +168,7 @@ class SamplingParams:
                f"bad_words takes at most {MAX_STOP_STRINGS} non-empty strings of {MAX_STOP_CHARS} characters in all")
         k = self.truncate_prompt_tokens
         _check(k is None or (isinstance(k, int) and k >= 1), "truncate_prompt_tokens",
-               f"truncate_prompt_tokens must be a positive integer, got {k!r}")
+               f"truncate_prompt_tokens must be a positive integer, got {echo(k)}")
 
     @property
     def sampling_type(self) -> SamplingType:

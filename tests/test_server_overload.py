@@ -99,3 +99,23 @@ def test_a_request_whose_predicted_wait_is_too_long_is_refused_early(impatient):
         for t in holders:
             t.join(120)
     assert statuses.count(200) == 3
+
+
+def test_a_request_counts_its_prompts_times_n_against_the_queue(server):
+    """One request's sequences are admitted as that many requests: more than the slots and the queue together can
+    never be (400), as many fill them (200), and the next request finds the queue full (429)."""
+    too_many = {"model": MODEL, "prompt": [[1, 2, 3]] * 3, "n": 8, "max_tokens": 2}
+    r = httpx.post(server.base_url + "/completions", json=too_many, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert "--max-queue" in r.json()["error"]["message"]
+    fill = {"model": MODEL, "prompt": [[1, 2, 3]] * 2, "n": (SLOTS + QUEUE) // 2, "max_tokens": CONTEXT - 64,
+            "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.base_url + "/completions", json=fill, timeout=120) as held:
+        assert held.status_code == 200
+        expect_ledger(server, lambda led: led["requests"]["running"] == SLOTS and led["requests"]["waiting"] == QUEUE,
+                      "every slot and the queue taken by one request")
+        r = httpx.post(server.base_url + "/completions", json={"model": MODEL, "prompt": "late", "max_tokens": 2},
+                       timeout=120)
+        assert r.status_code == 429, r.text
+    expect_ledger(server, lambda led: led["kv"]["blocks_used"] == 0 and led["requests"]["running"] == 0,
+                  "the held request aborted and its blocks freed")

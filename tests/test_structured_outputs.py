@@ -10,7 +10,8 @@ import jsonschema
 import pytest
 
 from tally import LLM, SamplingParams
-from tally.errors import InvalidRequestError
+from tally.engine.config import EngineConfig
+from tally.errors import ConfigError, InvalidRequestError
 from tally.sampling_params import StructuredOutputsParams
 
 
@@ -90,3 +91,22 @@ def test_exactly_one_constraint():
         StructuredOutputsParams(regex="a", choice=["a"])
     with pytest.raises(InvalidRequestError, match="exactly one"):
         StructuredOutputsParams()
+
+
+def test_a_spec_is_compiled_once_for_all_the_samples_and_prompts_that_share_it(llm):
+    spec = StructuredOutputsParams(regex=r"[a-c]{3}")
+    before = llm.engine.grammars.num_compiled
+    params = SamplingParams(n=4, temperature=1.0, seed=0, max_tokens=8, structured_outputs=spec)
+    outs = llm.generate(["a", "b"], params, use_tqdm=False)
+    assert all(re.fullmatch(r"[a-c]{3}", c.text) for o in outs for c in o.outputs), outs
+    assert llm.engine.grammars.num_compiled == before + 1
+
+
+@pytest.mark.parametrize("config, message", [
+    ('{"backend": "xgrammar"}', "llguidance"),
+    ('{"max_propertie": 1}', "unknown keys"),
+    ('{"compile_timeout_s": -1}', "positive"),
+])
+def test_a_bad_structured_outputs_config_is_refused_at_start(config, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(structured_outputs_config=config)

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import CONTENT_TYPE_LATEST
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
@@ -23,6 +22,7 @@ from starlette.types import Message, Receive, Scope, Send
 from tally.deploy.ray_forward import ForwardedRequest, prompt_prefix
 from tally.deploy.ray_metrics import merge_metrics
 from tally.errors import EngineDeadError, TallyError
+from tally.server.allowed_hosts import AllowedHosts, AllowedHostsMiddleware
 from tally.server.errors import error_body, error_response
 from tally.server.lifecycle import read_body
 from tally.server.streaming import sse
@@ -82,7 +82,7 @@ class HostChecked(Response):
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
             await (await respond())(scope, receive, send)
 
-        self.app = TrustedHostMiddleware(app, allowed_hosts=list(allowed_hosts))  # "*": every Host
+        self.app = AllowedHostsMiddleware(app, AllowedHosts(allowed_hosts))  # "*": every Host
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -13,13 +13,15 @@ from collections import deque
 from dataclasses import dataclass
 
 from tally.engine.engine import Engine
+from tally.engine.grammar_pool import GrammarPool
 from tally.engine.heap_trim import HeapTrimmer
 from tally.engine.queue_delay import QueueDelay
 from tally.engine.snapshot import EngineSnapshot
 from tally.engine.stats_log import StatsLog
-from tally.errors import EngineDeadError, QueueFullError, TallyError
+from tally.engine.structured_output import CompiledGrammar, GrammarCompiler
+from tally.errors import EngineDeadError, InvalidRequestError, QueueFullError, TallyError
 from tally.outputs import RequestOutput
-from tally.sampling_params import SamplingParams
+from tally.sampling_params import MAX_N, SamplingParams
 
 log = logging.getLogger("tally.engine.async")
 
@@ -34,6 +36,7 @@ class AddRequests:
     items: list[tuple[str, object, SamplingParams]]  # (engine request id, prompt, params)
     arrival_time: float
     num_seqs: int
+    grammars: tuple[CompiledGrammar | None, ...] = ()  # per item, compiled on the grammar pool; () for none
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,9 @@ class AsyncEngine:
         self._inbox: deque[Command] = deque()
         self._lock = threading.Lock()  # guards _inbox, _pending_adds and snapshot together
         self._pending_adds = 0
+        self._compiling = 0  # engine requests whose grammars compile before they reach the inbox
+        self._grammar_pool = GrammarPool()
+        self._compiles: set[asyncio.Task] = set()  # event-loop thread only
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._routes: dict[str, RequestStream] = {}  # event-loop thread only
@@ -122,6 +128,7 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self._grammar_pool.shutdown()
         if self.engine is not None and (self._thread is None or not self._thread.is_alive()):
             self.engine.shutdown()  # a tensor-parallel engine's other ranks
 
@@ -135,10 +142,22 @@ class AsyncEngine:
         with self._lock:
             return self._queued()
 
-    def _queued(self) -> int:
+    def _queued(self, arriving: int = 0) -> int:
         s = self.snapshot
         startable = min(self._max_num_seqs - s.num_running, s.num_free_blocks)
-        return max(0, self._pending_adds + s.num_waiting - startable)
+        return max(0, self._pending_adds + self._compiling + s.num_waiting + arriving - startable)
+
+    def check_fan_out(self, num_prompts: int, num_seqs: int) -> None:
+        """400 when one request asks for more sequences (prompts × n) than one request may: the larger of
+        --max-num-seqs and n's own cap, and never more than --max-queue could ever admit beside a full batch."""
+        limit, why = max(self._max_num_seqs, MAX_N), f"the larger of --max-num-seqs and {MAX_N}"
+        if self.max_queue is not None and self._max_num_seqs + self.max_queue < limit:
+            limit, why = self._max_num_seqs + self.max_queue, "--max-num-seqs + --max-queue"
+        if num_seqs > limit:
+            raise InvalidRequestError(
+                f"this request asks for {num_seqs:,} sequences ({num_prompts:,} prompt(s) × n); one request may ask "
+                f"for at most {limit:,} ({why}); send fewer prompts or a smaller n per request",
+                param="prompt" if num_prompts > 1 else "n")
 
     # -- requests (event loop thread) ----------------------------------------------------------
     def submit(self, items: list[tuple[str, object, SamplingParams]], arrival_time: float) -> RequestStream:
@@ -148,26 +167,56 @@ class AsyncEngine:
         add_request (bad prompt, too long) arrive through `stream.accepted`."""
         if not self.is_alive:
             raise EngineDeadError("the engine loop has stopped; see the server log for why")
-        stream = RequestStream([rid for rid, _, _ in items])
         n_seqs = sum(p.n for _, _, p in items)
+        self.check_fan_out(len(items), n_seqs)
+        stream = RequestStream([rid for rid, _, _ in items])
+        compiler = self.engine.grammars if any(p.structured_outputs is not None for _, _, p in items) else None
         with self._lock:
             depth = self._queued()
-            if self.max_queue is not None and depth > 0 and depth + n_seqs > self.max_queue:
+            if self.max_queue is not None and self._queued(n_seqs) > self.max_queue:
                 raise QueueFullError(
-                    f"the server's waiting queue is full ({depth} of --max-queue {self.max_queue}); "
-                    f"retry after a moment", retry_after_s=1.0)
+                    f"the server's waiting queue is full ({depth} of --max-queue {self.max_queue} waiting; this "
+                    f"request brings {n_seqs}); retry after a moment", retry_after_s=1.0)
             wait_s = self._queue_delay.predicted_wait_s(depth + n_seqs) if depth > 0 else 0.0
             if self.max_queue_delay_s is not None and wait_s > self.max_queue_delay_s:
                 shown = "no request started lately" if wait_s == float("inf") else f"about {wait_s:.0f} s"
                 raise QueueFullError(
                     f"a batch slot would take too long to free ({shown}; --max-queue-delay "
                     f"{self.max_queue_delay_s:g} s); retry later", retry_after_s=min(wait_s, 60.0))
-            self._pending_adds += n_seqs
-            self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs))
+            if compiler is not None:
+                self._compiling += n_seqs
+            else:
+                self._pending_adds += n_seqs
+                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs))
         for rid in stream.request_ids:
             self._routes[rid] = stream
+        if compiler is not None:
+            task = asyncio.ensure_future(self._compile_then_add(compiler, stream, items, arrival_time, n_seqs))
+            self._compiles.add(task)
+            task.add_done_callback(self._compiles.discard)
         self._wake.set()
         return stream
+
+    async def _compile_then_add(self, compiler: GrammarCompiler, stream: RequestStream,
+                                items: list[tuple[str, object, SamplingParams]], arrival_time: float,
+                                n_seqs: int) -> None:
+        """The request's grammars compiled off the engine thread, then the request queued as any other; a spec that
+        is too large, invalid or too slow to compile fails its stream (400)."""
+        error: BaseException | None = None
+        try:
+            grammars = await self._grammar_pool.compile(compiler, [p for _, _, p in items])
+        except Exception as exc:  # noqa: BLE001 - the request's own problem
+            error = exc if isinstance(exc, TallyError) else _internal(exc)
+        with self._lock:
+            self._compiling -= n_seqs
+            # a client gone, a timeout or a dead engine while it compiled: nobody waits for it any more
+            wanted = error is None and self.alive and self._routes.get(stream.request_ids[0]) is stream
+            if wanted:
+                self._pending_adds += n_seqs
+                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs, grammars))
+        if error is not None:
+            self._fail(stream.request_ids, error)
+        self._wake.set()
 
     def abort(self, stream: RequestStream) -> None:
         """Frees the stream's engine requests before the next step; their outputs go nowhere."""
@@ -276,8 +325,9 @@ class AsyncEngine:
         added: list[str] = []
         error: BaseException | None = None
         try:
-            for rid, prompt, params in cmd.items:
-                self.engine.add_request(rid, prompt, params, arrival_time=cmd.arrival_time)
+            for i, (rid, prompt, params) in enumerate(cmd.items):
+                self.engine.add_request(rid, prompt, params, arrival_time=cmd.arrival_time,
+                                        grammar=cmd.grammars[i] if cmd.grammars else None)
                 added.append(rid)
         except Exception as exc:  # noqa: BLE001 - a bad request is its own client's problem
             error = exc if isinstance(exc, TallyError) else _internal(exc)

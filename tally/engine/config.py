@@ -10,6 +10,7 @@ import torch
 
 from tally.attention.backend import BACKEND_NAMES
 from tally.core.scheduler import SchedulerConfig
+from tally.engine.grammar_limits import GrammarLimits
 from tally.engine.speculation.config import SpeculativeConfig
 from tally.errors import ConfigError
 from tally.flags import (
@@ -126,6 +127,12 @@ class EngineConfig:
               "(prompt_lookup_min / _max: the n-gram sizes; \"adaptive\": false fixes how many are verified), or "
               "'{\"method\": \"draft_model\", \"model\": PATH, \"num_speculative_tokens\": 3}' (a smaller model with the "
               "same tokenizer)")
+    structured_outputs_config: str | dict | None = option(
+        None, "bounds on compiling a request's JSON schema, regex, choice or grammar, vLLM's flag as JSON, e.g. "
+              f"'{{\"max_properties\": 10000, \"compile_timeout_s\": 60}}'; keys and defaults: max_bytes "
+              f"{GrammarLimits.max_bytes}, max_properties {GrammarLimits.max_properties}, max_choices "
+              f"{GrammarLimits.max_choices} (a choice's strings, a schema's enum values), compile_timeout_s "
+              f"{GrammarLimits.compile_timeout_s:g}, cache_size {GrammarLimits.cache_size} (compiled grammars kept)")
     generation_config: str = option("auto", "auto: the checkpoint's generation_config.json sets the default "
                                             "temperature / top_p / top_k / min_p / repetition_penalty, and "
                                             "max_new_tokens the default max_tokens, of requests that do not set "
@@ -166,9 +173,14 @@ class EngineConfig:
     def speculative(self) -> SpeculativeConfig | None:
         return SpeculativeConfig.parse(self.speculative_config)
 
+    @property
+    def grammar_limits(self) -> GrammarLimits:
+        return GrammarLimits.parse(self.structured_outputs_config)
+
     def __post_init__(self) -> None:
         self.speculative  # refuses a bad speculative_config at start, with what to fix
         generation_overrides(self.override_generation_config)  # and a bad override_generation_config
+        self.grammar_limits
         if self.served_model_name is not None and not all(self.served_model_names):
             raise ConfigError("served_model_name needs non-empty names")
         if self.dtype not in ("auto", *DTYPES, *FP16_WEIGHT_NAMES):

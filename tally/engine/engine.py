@@ -32,7 +32,7 @@ from tally.engine.snapshot import EngineSnapshot
 from tally.engine.speculation.speculator import Speculator
 from tally.engine.step_stats import StepStats, prompt_chunks
 from tally.engine.stop import StopChecker
-from tally.engine.structured_output import GrammarCompiler
+from tally.engine.structured_output import CompiledGrammar, GrammarCompiler
 from tally.errors import EngineDeadError, InvalidRequestError
 from tally.models.generation_config import max_tokens_or_default
 from tally.outputs import RequestMetrics, RequestOutput, logprob_entry
@@ -76,7 +76,7 @@ class Engine:
                                   m.parallel.pipe if m.parallel is not None else None)
         # The other ranks stop with this engine: when it is shut down, collected, or the interpreter exits.
         self._stop_ranks = weakref.finalize(self, _stop_ranks, peers, m.parallel) if peers is not None else None
-        self._grammars = GrammarCompiler(m.tokenizer, m.config.vocab_size, m.stop_token_ids)
+        self.grammars = GrammarCompiler(m.tokenizer, m.config.vocab_size, m.stop_token_ids, config.grammar_limits)
         spec = config.speculative
         draft = None if m.draft is None else DraftProposer(m.draft, self.kv, spec.draft_context_tokens,
                                                            spec.draft_vocab_size)
@@ -107,7 +107,10 @@ class Engine:
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+                    arrival_time: float | None = None, cache_salt: str | None = None,
+                    grammar: CompiledGrammar | None = None) -> None:
+        """`grammar`: params.structured_outputs compiled (self.grammars.compile) where the caller could afford
+        the wait; compiled here when not given."""
         params = params or SamplingParams()
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
@@ -120,17 +123,17 @@ class Engine:
         eos = () if params.ignore_eos else self._stop_token_ids
         seqs, parent = [], None
         bad_words = self._bad_words(params.bad_words or ())
+        if grammar is None and params.structured_outputs is not None:
+            grammar = self.grammars.compile(params.structured_outputs)
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             gen = None
             if params.seed is not None:
                 gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
-            grammar = None
-            if params.structured_outputs is not None:
-                grammar = self._grammars.matcher(params.structured_outputs)
             req = Request(rid, ids, max_tokens, now, sampling_params=params, cache_salt=cache_salt,
                           eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
-                          parent=parent, grammar=grammar, bad_words_token_ids=bad_words)
+                          parent=parent, grammar=None if grammar is None else grammar.matcher(),
+                          bad_words_token_ids=bad_words)
             parent = parent or req
             seq = Sequence(
                 request=req, index=i,
@@ -190,6 +193,11 @@ class Engine:
             raise InvalidRequestError(
                 f"prompt ({n:,} tokens) + max_tokens ({params.max_tokens:,}) exceeds max_model_len "
                 f"({limit:,}); lower max_tokens to ≤ {limit - n:,}", param="max_tokens")
+        if n + params.min_tokens > limit:  # (min_tokens ≤ max_tokens is SamplingParams' own check)
+            raise InvalidRequestError(
+                f"prompt ({n:,} tokens) + min_tokens ({params.min_tokens:,}) exceeds max_model_len ({limit:,}), "
+                f"so the output would be cut before it may end; lower min_tokens to ≤ {limit - n:,}",
+                param="min_tokens")
 
     def abort_request(self, request_id: str) -> None:
         group = self.groups.get(request_id)

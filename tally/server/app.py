@@ -11,12 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from tally.engine.async_engine import AsyncEngine
 from tally.engine.engine import Engine
 from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError
 from tally.metric_names import METRICS_PREFIXES
+from tally.server.allowed_hosts import AllowedHosts, AllowedHostsMiddleware
 from tally.server.auth import APIKeyMiddleware
 from tally.server.chat import ChatCompletions, render_chat
 from tally.server.completions import Completions
@@ -70,7 +70,7 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
     if "*" not in config.allowed_hosts:
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.allowed_hosts))
+        app.add_middleware(AllowedHostsMiddleware, allowed=AllowedHosts(config.allowed_hosts))
     app.state.tally = state
     completions, chat = Completions(tokenizer), ChatCompletions(tokenizer, config.tool_call_parser,
                                                                 config.chat_template)

@@ -3,14 +3,17 @@ process (tally/server/cli.py) and each Ray Serve replica (tally/deploy/ray_serve
 from __future__ import annotations
 
 import argparse
+import logging
 
 from fastapi import FastAPI
 
 from tally.engine.args import config_from_args
 from tally.engine.engine import Engine
+from tally.server.allowed_hosts import AllowedHosts
 from tally.server.app import ServerConfig, build_app
 from tally.server.request_log import RequestLog, redaction_hook
 
+log = logging.getLogger("tally.server")
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -26,11 +29,14 @@ def app_from_args(ns: argparse.Namespace) -> FastAPI:
     """Loads the engine `ns` names and wraps it in the OpenAI app; raises TallyError with what to fix."""
     request_log = None if ns.request_log is None else RequestLog(
         ns.request_log, ns.request_log_max_bytes, ns.log_prompts, redaction_hook(ns.redact))
+    hosts = allowed_hosts(ns.allowed_hosts, ns.host)
+    for warning in AllowedHosts(hosts).start_warnings(ns.port):
+        log.warning(warning)
     engine = Engine(config_from_args(ns))
     return build_app(engine, ServerConfig(max_queue=ns.max_queue, request_timeout_s=ns.request_timeout,
                                           max_queue_delay_s=ns.max_queue_delay, max_body_bytes=ns.max_body_bytes,
                                           restart_on_failure=ns.restart_on_failure,
-                                          allowed_hosts=allowed_hosts(ns.allowed_hosts, ns.host),
+                                          allowed_hosts=hosts,
                                           request_log=request_log, api_key=ns.api_key,
                                           tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice
                                           else None, chat_template=ns.chat_template,

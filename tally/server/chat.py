@@ -7,7 +7,8 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
-from tally.errors import InvalidRequestError
+from tally.errors import InvalidRequestError, echo
+from tally.json_text import check_depth
 from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -29,29 +30,38 @@ def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], add_generatio
                 **render: Any) -> dict:
     """Chat messages → the engine's prompt (text and ids); also used by POST /tokenize. `render`: tools,
     chat_template, template kwargs, continue_final_message (tally/models/chat_template.py)."""
-    return chat_prompt(tokenizer, [_turn(m) for m in messages], without_template=refuse_without_template,
+    turns = [_turn(m, i) for i, m in enumerate(messages)]
+    return chat_prompt(tokenizer, turns, without_template=refuse_without_template,
                        add_generation_prompt=add_generation_prompt, **render)
 
 
-def _turn(m: ChatMessage) -> dict:
-    """One message as chat templates read it: a tool call's arguments as a dict (Hugging Face's convention)."""
+def _turn(m: ChatMessage, index: int) -> dict:
+    """One message as chat templates read it."""
     turn: dict[str, Any] = {"role": m.role, "content": m.text()}
     if m.name:
         turn["name"] = m.name
     if m.tool_call_id:
         turn["tool_call_id"] = m.tool_call_id
     if m.tool_calls:
-        turn["tool_calls"] = [{**c, "function": {**c.get("function", {}), "arguments": _arguments(c)}}
-                              for c in m.tool_calls]
+        turn["tool_calls"] = [_tool_call(c, f"messages[{index}].tool_calls[{j}]") for j, c in enumerate(m.tool_calls)]
     return turn
 
 
-def _arguments(call: dict) -> Any:
-    args = call.get("function", {}).get("arguments")
-    try:
-        return json.loads(args) if isinstance(args, str) else args
-    except ValueError:
-        return args
+def _tool_call(call: dict, where: str) -> dict:
+    """An assistant turn's call as the API returned it, its arguments parsed to a dict where they are JSON (Hugging
+    Face's convention for templates); a 400 naming the field where it is not the API's shape."""
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise InvalidRequestError(f'{where}.function must be {{"name": "...", "arguments": "..."}}, got '
+                                  f"{echo(function)}", param=f"{where}.function")
+    args = function.get("arguments")
+    if isinstance(args, str):
+        check_depth(args, f"{where}.function.arguments", param=f"{where}.function.arguments")
+        try:
+            args = json.loads(args)
+        except ValueError:
+            pass  # text that is not JSON reaches the template as it is
+    return {**call, "function": {**function, "arguments": args}}
 
 
 class ChatCompletions:

@@ -36,9 +36,12 @@ class Completions:
         if req.echo and (req.logprobs is not None or req.max_tokens == 0):
             prompt_logprobs = req.logprobs or 0  # echo scores the prompt; max_tokens 0 needs it
         params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_logprobs, defaults=state.sampling_defaults)
-        return [(p, params) for p in self._prompts(req.prompt)]
+        prompts = self._prompts(req.prompt)
+        state.engine.check_fan_out(len(prompts), len(prompts) * params.n)  # before tokenizing them all
+        return [(self._tokenized(p), params) for p in prompts]
 
-    def _prompts(self, prompt: Any) -> list[Any]:
+    @staticmethod
+    def _prompts(prompt: Any) -> list[Any]:
         if isinstance(prompt, str):
             prompts: list = [prompt]
         elif prompt and all(isinstance(t, int) for t in prompt):
@@ -47,9 +50,13 @@ class Completions:
             prompts = list(prompt)
         if not prompts:
             raise InvalidRequestError("prompt is an empty list; send at least one prompt", param="prompt")
-        # Tokenized here, off the engine thread, so the step loop only sees token ids.
-        return [{"prompt": p, "prompt_token_ids": self.tokenizer.encode(p) if p else []}
-                if isinstance(p, str) else p for p in prompts]
+        return prompts
+
+    def _tokenized(self, prompt: Any) -> Any:
+        """Text tokenized here, off the engine thread, so the step loop only sees token ids."""
+        if not isinstance(prompt, str):
+            return prompt
+        return {"prompt": prompt, "prompt_token_ids": self.tokenizer.encode(prompt) if prompt else []}
 
     # -- responses -----------------------------------------------------------------------------
     def response(self, ctx: Ctx, outputs: list[RequestOutput], state: ServerState) -> dict:

@@ -12,12 +12,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
-import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from tally.engine.async_engine import AsyncEngine, RequestStream
-from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError
+from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError, echo
+from tally.json_text import check_depth
 from tally.models.generation_config import max_tokens_or_default
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
@@ -41,10 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tally.server")
 BODY_TIMEOUT_S = 60.0
-MAX_JSON_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas about ten)
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_OPENERS, _CLOSERS = np.frombuffer(b"[{", dtype=np.uint8), np.frombuffer(b"]}", dtype=np.uint8)
 
 
 @dataclass
@@ -63,7 +60,7 @@ class ServerState:
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in (self.model_names or (self.model_name,)):
-            raise ModelNotFoundError(f"model {model!r} is not served here; this server serves "
+            raise ModelNotFoundError(f"model {echo(model)} is not served here; this server serves "
                                      f"{self.model_name!r} (see GET /v1/models)", param="model")
 
 
@@ -137,11 +134,9 @@ async def read_json(request: Request, limit_bytes: int) -> dict:
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
     if content_type != "application/json" and not content_type.endswith("+json"):
         raise UnsupportedMediaTypeError(f"send the body as JSON with content-type: application/json, not "
-                                        f"{content_type!r}")
+                                        f"{echo(content_type)}")
     raw = await read_body(request, limit_bytes)
-    depth = json_depth(raw)
-    if depth > MAX_JSON_DEPTH:
-        raise InvalidRequestError(f"request body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted")
+    check_depth(raw, "request body")
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -178,14 +173,6 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
     except TimeoutError:
         raise BodyTimeoutError(f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
     return b"".join(parts)
-
-
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of [ and { in a JSON text, strings left out, without parsing it (vectorised)."""
-    unquoted = _JSON_STRING.sub(b"", raw)
-    codes = np.frombuffer(unquoted, dtype=np.uint8)
-    steps = np.isin(codes, _OPENERS).astype(np.int32) - np.isin(codes, _CLOSERS)
-    return int(np.cumsum(steps).max(initial=0))
 
 
 def usage(outputs: list[RequestOutput]) -> dict:

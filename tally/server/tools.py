@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from tally.errors import InvalidRequestError
+from tally.errors import InvalidRequestError, echo
 from tally.sampling_params import StructuredOutputsParams
 from tally.server.tool_parsers import PartialCall, ToolView, hermes, llama3_json, required
 
@@ -96,10 +96,14 @@ def tool_mode(tools: list[dict] | None, tool_choice: str | dict | None, parser: 
     if tool_choice == "required":
         return ToolMode("required", None)
     if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        name = (tool_choice.get("function") or {}).get("name")
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise InvalidRequestError('tool_choice.function must be {"name": "..."} naming one of the tools, got '
+                                      f"{echo(function)}", param="tool_choice.function")
         if name not in names:
-            raise InvalidRequestError(f"tool_choice names function {name!r}, which is not among the tools "
-                                      f"{sorted(names)}", param="tool_choice")
+            raise InvalidRequestError(f"tool_choice names function {echo(name)}, which is not among the tools "
+                                      f"{echo(sorted(names))}", param="tool_choice")
         return ToolMode("named", None, name)
     raise InvalidRequestError('tool_choice must be "none", "auto", "required" or {"type": "function", "function": '
                               '{"name": ...}}', param="tool_choice")
