@@ -11,6 +11,7 @@ result file has none). `conv` and `code` name the Azure LLM inference traces 202
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from datetime import datetime
@@ -82,20 +83,26 @@ def load_trace(name: str | Path) -> Trace:
     return Trace(str(path), prompts[order], outputs[order], arrival[order] - arrival[order][0])
 
 
+def json_lines(text: str) -> list[str]:
+    """The records of a JSON Lines text, split at "\\n" only: str.splitlines() also splits at U+2028, U+0085 and
+    the like, which a record may hold unescaped inside a string."""
+    return [line for line in text.split("\n") if line.strip()]
+
+
 def _records_at(path: Path) -> list[dict]:
     """A file's records, or those of every *.jsonl file in a directory (`tally serve --request-log DIR`)."""
     if path.is_dir():
-        return [r for f in sorted(path.glob("*.jsonl")) for r in _records(f.read_text(), f)]
-    return _records(path.read_text(), path)
+        return [r for f in sorted(path.glob("*.jsonl")) for r in _records(f.read_text(encoding="utf-8"), f)]
+    return _records(path.read_text(encoding="utf-8"), path)
 
 
 def _records(text: str, path: Path) -> list[dict]:
     if path.suffix.lower() == ".csv" or not text.lstrip().startswith(("{", "[")):
-        return list(csv.DictReader(text.splitlines()))
+        return list(csv.DictReader(io.StringIO(text, newline="")))  # the csv module finds the rows' ends itself
     try:
         document = json.loads(text)
     except json.JSONDecodeError:  # JSON Lines: one record per line
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return [json.loads(line) for line in json_lines(text)]
     return _records_in(document) or ([document] if isinstance(document, dict) else [])
 
 

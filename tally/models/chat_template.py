@@ -1,5 +1,6 @@
 """Chat messages through a model's chat template: the one rendering used by the server, `LLM.chat`,
-`tally generate`, calibration and the quality suites.
+`tally generate`, calibration and the quality suites. It renders in this process (tally/models/template_sandbox.py)
+or, given a `renderer` (the server's tally/models/template_workers.py), in a bounded worker process.
 
 A model without a template is each caller's decision, so each passes `without_template`: the server and
 `LLM.chat` refuse (`refuse_without_template`), offline tools join the turns as plain text."""
@@ -9,11 +10,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tally.errors import InvalidRequestError
+from tally.models.template_sandbox import TemplateJob, TemplateLimitError, TemplateRejected, render
+
+MAX_ERROR_CHARS = 500  # of a template's own error message, quoted back to the client
 
 if TYPE_CHECKING:
     from tally.models.tokenizer import Tokenizer
 
 Messages = list[dict[str, Any]]
+Renderer = Callable[[TemplateJob], str]
 
 
 def has_chat_template(tokenizer: Tokenizer) -> bool:
@@ -33,19 +38,24 @@ def join_turns(separator: str, end: str = "") -> Callable[[Messages], str]:
 def render_chat(tokenizer: Tokenizer, messages: Messages, *, without_template: Callable[[Messages], str],
                 add_generation_prompt: bool = True, chat_template: str | None = None,
                 continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
-                tools: list[dict[str, Any]] | None = None) -> str:
-    """`chat_template` replaces the model's; `continue_final_message` leaves the last (assistant) turn open for
-    the model to continue; `template_kwargs` reach the template (e.g. Qwen3's enable_thinking); `tools` (OpenAI's
-    form) are the template's to show the model (a template without tool support ignores them)."""
+                tools: list[dict[str, Any]] | None = None, renderer: Renderer = render) -> str:
+    """The text transformers' `apply_chat_template(tokenize=False)` gives. `chat_template` replaces the model's;
+    `continue_final_message` leaves the last (assistant) turn open for the model to continue; `template_kwargs`
+    reach the template (e.g. Qwen3's enable_thinking); `tools` (OpenAI's form) are the template's to show the model
+    (a template without tool support ignores them)."""
     if chat_template is None and not has_chat_template(tokenizer):
         return without_template(messages)
     try:
-        return tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt and not continue_final_message, tokenize=False,
-            chat_template=chat_template, continue_final_message=continue_final_message, tools=tools,
-            **(template_kwargs or {}))
-    except Exception as exc:  # noqa: BLE001 - templates raise their own errors for bad conversations
-        raise InvalidRequestError(f"the chat template rejected these messages: {exc}", param="messages") from None
+        job = TemplateJob(tokenizer.get_chat_template(chat_template, tools), messages, tools,
+                          add_generation_prompt and not continue_final_message, continue_final_message,
+                          {**tokenizer.special_tokens_map, **(template_kwargs or {})})
+        return renderer(job)
+    except TemplateLimitError as exc:
+        raise InvalidRequestError(f"{exc}; shorten the conversation or fix the template",
+                                  param="chat_template") from None
+    except (TemplateRejected, ValueError) as exc:  # ValueError: no template of that name (a dict of templates)
+        raise InvalidRequestError(f"the chat template rejected these messages: {str(exc)[:MAX_ERROR_CHARS]}",
+                                  param="messages") from None
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: Messages, *, without_template: Callable[[Messages], str],

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tally.models.chat_template import chat_prompt, join_turns
+from tally.traces import json_lines
 
 if TYPE_CHECKING:
     from tally.models.tokenizer import Tokenizer
@@ -43,7 +44,7 @@ def heldout_text(name: str) -> str:
 
 
 def read_jsonl(name: str, limit: int | None = None) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in json_lines((DATA / name).read_text(encoding="utf-8"))]
     return rows[:limit]
 
 

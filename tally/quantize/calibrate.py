@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tally.errors import ConfigError
 from tally.models.chat_template import join_turns, render_chat
+from tally.traces import json_lines
 
 if TYPE_CHECKING:
     from tally.models.tokenizer import Tokenizer
@@ -36,8 +37,8 @@ class CalibrationSet:
 def _lines(path: Path) -> list[str]:
     """A JSONL file's lines, or, for a `tally serve --request-log` directory, its records that hold prompts."""
     if not path.is_dir():
-        return [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    lines = [ln for f in sorted(path.glob("*.jsonl")) for ln in f.read_text(encoding="utf-8").splitlines()
+        return json_lines(path.read_text(encoding="utf-8"))
+    lines = [ln for f in sorted(path.glob("*.jsonl")) for ln in json_lines(f.read_text(encoding="utf-8"))
              if '"messages"' in ln or '"prompt"' in ln]
     if not lines:
         raise ConfigError(f"the request log {path} holds no prompts; start tally serve with --log-prompts to "

@@ -1,6 +1,7 @@
 """The FastAPI app: OpenAI routes, health, Prometheus metrics, tokenizer helpers and the live ledger."""
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from contextlib import asynccontextmanager
@@ -16,6 +17,7 @@ from tally.engine.async_engine import AsyncEngine
 from tally.engine.engine import Engine
 from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError
 from tally.metric_names import METRICS_PREFIXES
+from tally.models.template_workers import TemplateLimits, TemplateWorkers
 from tally.server.allowed_hosts import AllowedHosts, AllowedHostsMiddleware
 from tally.server.auth import APIKeyMiddleware
 from tally.server.chat import ChatCompletions, render_chat
@@ -39,9 +41,10 @@ class ServerConfig:
     # domain an attacker re-points at 127.0.0.1 (DNS rebinding) cannot reach it.
     allowed_hosts: tuple[str, ...] = ("*",)
     request_log: RequestLog | None = None  # --request-log: one JSON line per finished request
-    api_key: str | None = None  # --api-key: bearer authentication on /v1/*
+    api_key: str | None = None  # --api-key: bearer authentication on /v1/*, /tokenize and /detokenize
     tool_call_parser: str | None = None  # --enable-auto-tool-choice --tool-call-parser NAME
     chat_template: str | None = None  # --chat-template: the template text used instead of the model's
+    trust_request_chat_template: bool = False  # --trust-request-chat-template: render a request's own template
     metrics_prefix: str = "tally"  # --metrics-prefix vllm: the same series under vllm:
 
 
@@ -59,12 +62,15 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     )
     ledger = engine.ledger.to_dict()
     started_s = int(time.time())
+    templates = TemplateWorkers(TemplateLimits.for_body_limit(config.max_body_bytes))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async_engine.start()
+        templates.start()
         yield
         async_engine.stop()
+        templates.close()
 
     app = FastAPI(title="Tally", lifespan=lifespan)
     if config.api_key:
@@ -72,8 +78,9 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     if "*" not in config.allowed_hosts:
         app.add_middleware(AllowedHostsMiddleware, allowed=AllowedHosts(config.allowed_hosts))
     app.state.tally = state
-    completions, chat = Completions(tokenizer), ChatCompletions(tokenizer, config.tool_call_parser,
-                                                                config.chat_template)
+    completions = Completions(tokenizer)
+    chat = ChatCompletions(tokenizer, templates.render, config.tool_call_parser, config.chat_template,
+                           config.trust_request_chat_template)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -115,20 +122,24 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    # Tokenizing and rendering run in a thread: a prompt as long as the body limit takes seconds.
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         try:
             req = TokenizeRequest.model_validate(await read_json(request, state.max_body_bytes))
             state.check_model(req.model)
-            if req.messages is not None:
-                ids = render_chat(tokenizer, req.messages, req.add_generation_prompt,
-                                  chat_template=config.chat_template)["prompt_token_ids"]
-            elif req.prompt is not None:
-                ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-            else:
-                raise InvalidRequestError("send `prompt` (text) or `messages` (chat)", param="prompt")
+            return await asyncio.to_thread(tokenized, req)
         except Exception as exc:  # noqa: BLE001
             return error_response(exc)
+
+    def tokenized(req: TokenizeRequest) -> Response:
+        if req.messages is not None:
+            ids = render_chat(tokenizer, req.messages, req.add_generation_prompt, chat_template=config.chat_template,
+                              renderer=templates.render)["prompt_token_ids"]
+        elif req.prompt is not None:
+            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+        else:
+            raise InvalidRequestError("send `prompt` (text) or `messages` (chat)", param="prompt")
         return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids})
 
     @app.post("/detokenize")
@@ -136,15 +147,16 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         try:
             req = DetokenizeRequest.model_validate(await read_json(request, state.max_body_bytes))
             state.check_model(req.model)
-            vocab = len(tokenizer)
-            bad = [t for t in req.tokens if not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
-                                          param="tokens")
-            text = tokenizer.decode(req.tokens)
+            return await asyncio.to_thread(detokenized, req)
         except Exception as exc:  # noqa: BLE001
             return error_response(exc)
-        return JSONResponse({"prompt": text})
+
+    def detokenized(req: DetokenizeRequest) -> Response:
+        vocab = len(tokenizer)
+        bad = [t for t in req.tokens if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})", param="tokens")
+        return JSONResponse({"prompt": tokenizer.decode(req.tokens)})
 
     @app.get("/ledger")
     async def live_ledger() -> dict:

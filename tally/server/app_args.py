@@ -40,4 +40,5 @@ def app_from_args(ns: argparse.Namespace) -> FastAPI:
                                           request_log=request_log, api_key=ns.api_key,
                                           tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice
                                           else None, chat_template=ns.chat_template,
+                                          trust_request_chat_template=ns.trust_request_chat_template,
                                           metrics_prefix=ns.metrics_prefix))

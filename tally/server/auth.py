@@ -1,5 +1,6 @@
-"""`--api-key`: bearer authentication on the OpenAI routes (`/v1/*`), as vLLM does; /health, /metrics, /ledger and
-the tokenizer helpers stay open. A pure ASGI middleware (not Starlette's BaseHTTPMiddleware, which wraps the
+"""`--api-key`: bearer authentication on every route that touches the model: the OpenAI routes (`/v1/*`), as vLLM
+does, and the tokenizer helpers (a long prompt costs seconds of tokenizing); /health, /metrics, /version and /ledger
+stay open. A pure ASGI middleware (not Starlette's BaseHTTPMiddleware, which wraps the
 receive channel that streaming responses and disconnect detection read), comparing in constant time."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-PROTECTED_PREFIX = "/v1/"
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
 class APIKeyMiddleware:
@@ -17,7 +18,7 @@ class APIKeyMiddleware:
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIX):
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
                 await _unauthorized(send)

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = parser("tally serve", "OpenAI-compatible HTTP server.")
     p.add_argument("model_tag", nargs="?", metavar="MODEL", help="as --model (vLLM's `vllm serve MODEL`)")
     p.add_argument("--api-key", default=None,  # read from the environment after parsing: --help never shows it
-                   help="require 'Authorization: Bearer KEY' on /v1/* (default: $TALLY_API_KEY or $VLLM_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize (default: "
+                        "$TALLY_API_KEY or $VLLM_API_KEY)")
     HOST.add(p)
     PORT.add(p)
     p.add_argument("--max-queue", type=int, default=None,
@@ -82,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     METRICS_PREFIX.add(p)
     p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
                    help="a Jinja chat template (a file, or the template itself) used instead of the model's")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="render a request's own chat_template (a template is code: it runs sandboxed, within a time "
+                        "and memory limit); without it such a request gets 400")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser')
     p.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,

@@ -193,7 +193,7 @@ async def run_generation(request: Request, handler: Handler) -> Response:
             raise ServerDrainingError()
         req = handler.parse(await read_json(request, state.max_body_bytes))
         state.check_model(req.model)
-        items = handler.engine_requests(req, state)
+        items = await asyncio.to_thread(handler.engine_requests, req, state)  # tokenizes, renders templates
         request_id = f"{handler.id_prefix}-{uuid.uuid4().hex}"
         rids = [f"{request_id}-{i}" for i in range(len(items))]
         stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s)
