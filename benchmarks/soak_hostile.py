@@ -32,6 +32,9 @@ from tally.server.process import ServerProcess
 from tally.units import parse_duration_s
 
 SLOTS = 8
+HI = {"messages": [{"role": "user", "content": "hi"}]}
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+DEEP = "[" * 150_000 + "]" * 150_000  # JSON text nested far past any bound, inside a string field
 # Bad requests, one of each kind the server must refuse with a 4xx (docs/server.md, "What one request may ask for").
 BAD = [
     ("/v1/completions", {"prompt": "a", "stop": "x" * 2**20}),
@@ -46,6 +49,18 @@ BAD = [
     ("/v1/completions", {"prompt": "a", "max_tokens": 10**9}),
     ("/tokenize", '{"prompt": "\\udc00"}'),
     ("/v1/completions", "{not json"),
+    # templates, grammars, fan-out and tool fields: each refused before it can stall the loop or the engine thread
+    ("/v1/chat/completions", {**HI, "chat_template": "{% set x = [0] * 50000000 %}{{ x|length }}"}),
+    ("/v1/chat/completions", {**HI, "chat_template": "{% for i in range(100000) %}{% for j in range(100000) %}"
+                                                      "{% endfor %}{% endfor %}"}),
+    ("/v1/chat/completions", {**HI, "structured_outputs": {"choice": [str(i) for i in range(100_000)]}}),
+    ("/v1/completions", {"prompt": [[1, 2, 3]] * 2000, "n": 8, "max_tokens": 2}),
+    ("/v1/chat/completions", {**HI, "tools": [TOOL], "tool_choice": {"type": "function", "function": "f"}}),
+    ("/v1/chat/completions", {"messages": [HI["messages"][0], {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": DEEP}}]}]}),
+    ("/v1/chat/completions", {**HI, "guided_json": DEEP}),
+    ("/v1/chat/completions", {**HI, "min_tokens": 5000}),
+    ("/v1/chat/completions", {**HI, "model": "m" * 100_000}),
 ]
 LOST = ("timeout", "incomplete_stream", "no_output")  # a request that ended without an answer
 
@@ -127,7 +142,8 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     trace, _, _ = scaled_trace(a.out / "lengths.csv", a.scale)
     flags = ["--max-model-len", "2048", "--kv-cache-memory", "256MiB", "--max-num-seqs", str(SLOTS),
-             "--max-queue", str(4 * SLOTS), "--log-level", "warning"]
+             "--max-queue", str(4 * SLOTS), "--log-level", "warning",
+             "--trust-request-chat-template"]  # so that the hostile templates reach the sandbox
     if a.model:
         flags = ["--model", a.model, "--served-model-name", "soak", *flags]
     with ServerProcess(flags) as server:
