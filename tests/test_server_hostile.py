@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tally.sampling_params import MAX_STOP_CHARS
-from tally.server.lifecycle import MAX_JSON_DEPTH
+from tally.http_limits import MAX_JSON_DEPTH
 from tally.server.process import ServerProcess
 
 MODEL = "tiny"

@@ -12,17 +12,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol
 
-import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from tally.engine.async_engine import AsyncEngine, RequestStream
 from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError
+from tally.http_limits import check_json_depth, read_body
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
 from tally.server.errors import (
-    BodyTimeoutError,
-    BodyTooLargeError,
     ServerDrainingError,
     UnsupportedMediaTypeError,
     as_tally_error,
@@ -39,11 +37,7 @@ if TYPE_CHECKING:
     from tally.models.tokenizer import Tokenizer
 
 log = logging.getLogger("tally.server")
-BODY_TIMEOUT_S = 60.0
-MAX_JSON_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas about ten)
-_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_OPENERS, _CLOSERS = np.frombuffer(b"[{", dtype=np.uint8), np.frombuffer(b"]}", dtype=np.uint8)
 
 
 @dataclass
@@ -138,9 +132,7 @@ async def read_json(request: Request, limit_bytes: int) -> dict:
         raise UnsupportedMediaTypeError(f"send the body as JSON with content-type: application/json, not "
                                         f"{content_type!r}")
     raw = await read_body(request, limit_bytes)
-    depth = json_depth(raw)
-    if depth > MAX_JSON_DEPTH:
-        raise InvalidRequestError(f"request body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted")
+    check_json_depth(raw)
     try:
         body = json.loads(raw)
     except ValueError as exc:
@@ -156,35 +148,6 @@ async def read_json(request: Request, limit_bytes: int) -> dict:
         raise InvalidRequestError("request body holds a lone UTF-16 surrogate escape (such as \\ud800) that is "
                                   "not valid Unicode; send valid text") from None
     return body
-
-
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The whole body, refused when it is larger than `limit_bytes` (by its declared length before reading) or
-    slower than BODY_TIMEOUT_S."""
-    declared = request.headers.get("content-length")
-    too_big = BodyTooLargeError(f"request body exceeds the server's limit of {limit_bytes:,} bytes; "
-                                f"send a shorter prompt or raise --max-body-bytes")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise too_big
-    parts, size = [], 0
-    try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):  # a body sent a byte a second would hold a connection forever
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit_bytes:
-                    raise too_big
-                parts.append(chunk)
-    except TimeoutError:
-        raise BodyTimeoutError(f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
-    return b"".join(parts)
-
-
-def json_depth(raw: bytes) -> int:
-    """The deepest nesting of [ and { in a JSON text, strings left out, without parsing it (vectorised)."""
-    unquoted = _JSON_STRING.sub(b"", raw)
-    codes = np.frombuffer(unquoted, dtype=np.uint8)
-    steps = np.isin(codes, _OPENERS).astype(np.int32) - np.isin(codes, _CLOSERS)
-    return int(np.cumsum(steps).max(initial=0))
 
 
 def usage(outputs: list[RequestOutput]) -> dict:

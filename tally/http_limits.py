@@ -1,0 +1,96 @@
+"""The limits an HTTP front holds against its clients, shared by `tally serve` and `tally route`: a cap on open
+connections and a deadline for a request's headers (uvicorn's protocol class), a body read within a size and a
+time limit, and a JSON body's nesting measured before anything parses it."""
+from __future__ import annotations
+
+import asyncio
+import re
+
+import numpy as np
+from starlette.requests import Request
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from tally.errors import BodyTimeoutError, BodyTooLargeError, InvalidRequestError
+
+BODY_TIMEOUT_S = 60.0
+MAX_JSON_DEPTH = 64  # OpenAI bodies nest a few levels (tool schemas about ten)
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_OPENERS, _CLOSERS = np.frombuffer(b"[{", dtype=np.uint8), np.frombuffer(b"]}", dtype=np.uint8)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """Half-open connections and clients that send a byte a second would hold file descriptors until the process
+    reaches its descriptor limit. uvicorn's own `limit_concurrency` answers 503 only once headers have arrived, and
+    its keep-alive timeout starts only after a first response, so both limits live here: a connection over the cap
+    is closed as it is accepted; one whose first request's headers are not complete within `header_timeout_s` is
+    closed."""
+    max_connections = 1024
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._header_deadline: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.max_connections:
+            self.logger.warning("closing a connection: %d are open (--max-connections %d)",
+                                len(self.connections), self.max_connections)
+            transport.close()
+            return
+        self._header_deadline = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and self._header_deadline is not None:  # the first request's headers arrived
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+        super().connection_lost(exc)
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        if self.cycle is None and not self.transport.is_closing():
+            self.transport.close()
+
+
+def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[GuardedH11Protocol]:
+    """The protocol class uvicorn instantiates per connection, with these limits."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,),
+                {"max_connections": max_connections, "header_timeout_s": header_timeout_s})
+
+
+async def read_body(request: Request, limit_bytes: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The whole body, refused when it is larger than `limit_bytes` (by its declared length before reading, else as
+    soon as the bytes read pass it) or slower than `timeout_s`."""
+    declared = request.headers.get("content-length")
+    too_big = BodyTooLargeError(f"request body exceeds the limit of {limit_bytes:,} bytes; "
+                                f"send a shorter prompt or raise --max-body-bytes")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise too_big
+    parts, size = [], 0
+    try:
+        async with asyncio.timeout(timeout_s):  # a body sent a byte a second would hold a connection forever
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit_bytes:
+                    raise too_big
+                parts.append(chunk)
+    except TimeoutError:
+        raise BodyTimeoutError(f"the request body did not arrive within {timeout_s:g} s") from None
+    return b"".join(parts)
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of [ and { in a JSON text, strings left out, without parsing it (vectorised)."""
+    unquoted = _JSON_STRING.sub(b"", raw)
+    codes = np.frombuffer(unquoted, dtype=np.uint8)
+    steps = np.isin(codes, _OPENERS).astype(np.int32) - np.isin(codes, _CLOSERS)
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def check_json_depth(raw: bytes) -> None:
+    """Refuses (400) a body nested deeper than MAX_JSON_DEPTH, before a parser that recurses meets it."""
+    depth = json_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidRequestError(f"request body nests {depth} levels deep; at most {MAX_JSON_DEPTH} are accepted")
