@@ -21,9 +21,9 @@ _OPENERS, _CLOSERS = np.frombuffer(b"[{", dtype=np.uint8), np.frombuffer(b"]}", 
 class GuardedH11Protocol(H11Protocol):
     """Half-open connections and clients that send a byte a second would hold file descriptors until the process
     reaches its descriptor limit. uvicorn's own `limit_concurrency` answers 503 only once headers have arrived, and
-    its keep-alive timeout starts only after a first response, so both limits live here: a connection over the cap
-    is closed as it is accepted; one whose first request's headers are not complete within `header_timeout_s` is
-    closed."""
+    its keep-alive timeout restarts with every byte received, so both limits live here: a connection over the cap
+    is closed as it is accepted; one that has not sent a request's complete headers within `header_timeout_s` of
+    opening, or of its previous answer's end, is closed."""
     max_connections = 1024
     header_timeout_s = 10.0
 
@@ -35,13 +35,23 @@ class GuardedH11Protocol(H11Protocol):
                                 len(self.connections), self.max_connections)
             transport.close()
             return
+        self._await_headers()
+
+    def _await_headers(self) -> None:
+        self._answered = self.cycle  # the request before the awaited one; None on a new connection
         self._header_deadline = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
 
     def handle_events(self) -> None:
         super().handle_events()
-        if self.cycle is not None and self._header_deadline is not None:  # the first request's headers arrived
+        if self._header_deadline is not None and self.cycle is not self._answered:  # the awaited headers arrived
             self._header_deadline.cancel()
             self._header_deadline = None
+
+    def on_response_complete(self) -> None:
+        answered = self.cycle
+        super().on_response_complete()  # may already read a pipelined request
+        if self.cycle is answered and self._header_deadline is None and not self.transport.is_closing():
+            self._await_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._header_deadline is not None:
@@ -50,7 +60,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _headers_too_slow(self) -> None:
         self._header_deadline = None
-        if self.cycle is None and not self.transport.is_closing():
+        if self.cycle is self._answered and not self.transport.is_closing():
             self.transport.close()
 
 
