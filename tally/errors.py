@@ -14,11 +14,25 @@ class TallyError(Exception):
         self.param = param
 
 
+def error_body(err: TallyError) -> dict:
+    """OpenAI's error shape, the body of every error an HTTP front (tally serve, tally route) answers."""
+    return {"error": {"message": err.message, "type": err.error_type, "param": err.param,
+                      "code": err.http_status}}
+
+
 class InvalidRequestError(TallyError, ValueError):
     """A request (prompt or sampling parameters) cannot be served as given."""
 
     http_status = 400
     error_type = "invalid_request_error"
+
+
+class BodyTooLargeError(InvalidRequestError):
+    http_status = 413
+
+
+class BodyTimeoutError(InvalidRequestError):
+    http_status = 408
 
 
 class ConfigError(TallyError, ValueError):

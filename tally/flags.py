@@ -136,6 +136,11 @@ PORT = Flag("port", "port to listen on", default=8000, type=int)
 LOG_LEVEL = Flag("log_level", "log messages from this level up", default="info", choices=LOG_LEVELS)
 REQUEST_TIMEOUT = Flag("request_timeout", "seconds a request may take before it is answered 504", type=float,
                        none_means="no limit")
+MAX_BODY_BYTES = Flag("max_body_bytes", "larger bodies get 413", default="16MiB", type=parse_bytes)
+MAX_CONNECTIONS = Flag("max_connections", "open connections at most; one more is closed as it is accepted",
+                       default=1024, type=int)
+HEADER_TIMEOUT = Flag("header_timeout", "seconds a connection has to send a request's headers, from its opening or "
+                                        "its previous answer's end", default=10.0, type=float)
 DRAIN_TIMEOUT = Flag("drain_timeout", "seconds running requests may finish after SIGTERM before they are cancelled",
                      default=30.0, type=float)
 MAX_TOKENS = Flag("max_tokens", "tokens generated per request at most", type=int)

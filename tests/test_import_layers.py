@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tally"
 LAYERS: list[tuple[str, ...]] = [
     ("tally.errors", "tally.outputs", "tally.sampling_params", "tally.platform", "tally.units", "tally.ports",
      "tally.traces", "tally.version", "tally.flags", "tally.progress", "tally.metric_names", "tally.prometheus_text",
-     "tally.json_text"),
+     "tally.http_limits", "tally.json_text"),
     ("tally.native",),
     ("tally.core",),
     ("tally.attention",),

@@ -22,9 +22,9 @@ from starlette.types import Message, Receive, Scope, Send
 from tally.deploy.ray_forward import ForwardedRequest, prompt_prefix
 from tally.deploy.ray_metrics import merge_metrics
 from tally.errors import EngineDeadError, TallyError
+from tally.http_limits import read_body
 from tally.server.allowed_hosts import AllowedHosts, AllowedHostsMiddleware
 from tally.server.errors import error_body, error_response
-from tally.server.lifecycle import read_body
 from tally.server.streaming import sse
 
 log = logging.getLogger("tally.deploy")

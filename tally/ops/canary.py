@@ -227,9 +227,24 @@ class Canary:
                 self.audit.flush()  # a rollback must be on disk even if the proxy dies next
             except (OSError, ValueError) as exc:  # a full disk, a closed file: the decisions stand regardless
                 log.error("canary audit log %s: %s; decision %s taken anyway", self.config.audit_log, exc, decision)
-        if decision in ("advance", "rollback", "done"):
-            log.warning("canary %s: weight now %g%%; %s", decision, self.state.weight * 100, details["reason"])
+        self._log(decision, details)
         return record
+
+    def _log(self, decision: str, details: dict) -> None:
+        """Each decision as one line: the settings at start, then every evaluation's verdict."""
+        s, c = self.state, self.config
+        if decision == "start":
+            plan = ", ".join(f"{p.weight * 100:g}%" + (f" for {p.hold_s:g} s" if p.hold_s is not None else "")
+                             for p in c.plan)
+            rules = ", ".join(f"{r.name} {r.kind} {r.threshold:g}" for r in c.rules.rules)
+            log.info("canary start: %s at %g%% of new requests; plan %s; rules %s over %g s windows of at least %d "
+                     "samples, judged every %g s%s%s", ", ".join(c.urls), s.weight * 100, plan, rules,
+                     c.rules.window_s, c.rules.min_samples, c.eval_interval_s,
+                     f"; sticky header {c.sticky_header}" if c.sticky_header else "",
+                     f"; audit log {c.audit_log}" if c.audit_log else "")
+            return
+        log.log(logging.WARNING if decision == "rollback" else logging.INFO, "canary %s at step %d of %d: weight "
+                "now %g%%; %s", decision, details["step"] + 1, len(c.plan), s.weight * 100, details["reason"])
 
     def status(self) -> dict:
         s = self.state

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from tally.json_text import MAX_JSON_DEPTH, json_depth
 from tally.ops.canary_rules import Sample
 
 MAX_JSON_BYTES = 8 * 2**20  # a body past this goes through unread: its figures are unknown, not wrong
@@ -53,6 +54,8 @@ class ResponseMeter:
 
     @staticmethod
     def _json(data: bytes) -> dict | None:
+        if json_depth(data) > MAX_JSON_DEPTH:  # the parser recurses: a replica's odd body must not break the proxy
+            return None
         try:
             event = json.loads(data)
         except ValueError:

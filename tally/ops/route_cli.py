@@ -3,15 +3,29 @@ rolling out a canary step by step under rollback rules (tally/ops/canary.py)."""
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import uvicorn
 
 from tally.errors import ConfigError
-from tally.flags import HOST, LOG_LEVEL, PORT, REQUEST_TIMEOUT, parser
+from tally.flags import (
+    HEADER_TIMEOUT,
+    HOST,
+    LOG_LEVEL,
+    MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    PORT,
+    REQUEST_TIMEOUT,
+    parser,
+)
+from tally.http_limits import BODY_TIMEOUT_S, guarded_protocol
 from tally.ops.canary import DEFAULT_EVAL_INTERVAL_S, CanaryConfig
+from tally.ops.route_limits import RouteLimits
 from tally.ops.router import RouterConfig, build_router_app
-from tally.units import parse_duration_s
+from tally.units import fmt_small_bytes, parse_duration_s
+
+log = logging.getLogger("tally.route")
 
 CANARY_FLAGS = ("plan", "rules", "eval_interval", "audit_log", "sticky_header")
 
@@ -23,8 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     HOST.add(p)
     PORT.add(p, default=8080, note=" (8080, beside the replicas' 8000)")
     p.add_argument("--health-interval", type=float, default=1.0, help="seconds between health checks")
-    REQUEST_TIMEOUT.add(p, default=600.0, note="; the router gives its replica up")
-    LOG_LEVEL.add(p, default="warning")
+    REQUEST_TIMEOUT.add(p, default=600.0, note=", from its arrival to its last byte: a stream cut at it ends with an "
+                                               "error event and [DONE]")
+    limits = p.add_argument_group("client limits, as tally serve's")
+    MAX_BODY_BYTES.add(limits)
+    limits.add_argument("--body-timeout", type=float, default=BODY_TIMEOUT_S,
+                        help="seconds a request's body may take to arrive; a slower one gets 408")
+    HEADER_TIMEOUT.add(limits)
+    MAX_CONNECTIONS.add(limits)
+    LOG_LEVEL.add(p, note="; debug adds a line per request")
     canary = p.add_argument_group("canary release (docs/operations.md)")
     canary.add_argument("--canary", action="append", metavar="URL",
                         help="the new version's base URL (repeat for several); the --replica ones are the stable")
@@ -40,8 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     p = build_parser()
     ns = p.parse_args(argv)
-    if ns.health_interval <= 0:
-        p.error("--health-interval must be > 0 seconds")
+    for flag in ("health_interval", "request_timeout", "body_timeout", "header_timeout"):
+        if getattr(ns, flag) <= 0:
+            p.error(f"--{flag.replace('_', '-')} must be > 0 seconds")
+    if ns.max_connections < 1 or ns.max_body_bytes < 1:
+        p.error("--max-connections and --max-body-bytes must be ≥ 1")
     canary_config = None
     if ns.canary:
         overlap = sorted({u.rstrip("/") for u in ns.canary} & {u.rstrip("/") for u in ns.replica})
@@ -56,6 +80,17 @@ def main(argv: list[str]) -> int:
             p.error(e.message)
     elif any(getattr(ns, name) is not None for name in CANARY_FLAGS):
         p.error("--plan, --rules, --eval-interval, --audit-log and --sticky-header go with --canary URL")
-    app = build_router_app(RouterConfig(ns.replica, ns.health_interval, ns.request_timeout, canary_config))
-    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level)
+    limits = RouteLimits(ns.max_body_bytes, ns.body_timeout, ns.request_timeout, ns.header_timeout,
+                         ns.max_connections)
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if ns.log_level != "debug":  # a line per health check and per request otherwise
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+    log.info("tally route on http://%s:%d in front of %s; %s", ns.host, ns.port, ", ".join(ns.replica),
+             f"canary {', '.join(ns.canary)} (its plan and rules follow)" if ns.canary else "no canary")
+    log.info("limits: a body of at most %s within %g s, headers within %g s, each request whole within %g s, %d "
+             "connections", fmt_small_bytes(limits.max_body_bytes), limits.body_timeout_s, limits.header_timeout_s,
+             limits.request_timeout_s, limits.max_connections)
+    app = build_router_app(RouterConfig(ns.replica, ns.health_interval, canary_config, limits))
+    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level, access_log=ns.log_level == "debug",
+                http=guarded_protocol(limits.max_connections, limits.header_timeout_s))
     return 0

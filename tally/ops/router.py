@@ -8,24 +8,25 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tally.errors import RequestTimeoutError, TallyError
 from tally.ops.canary import CANARY, STABLE, Canary, CanaryConfig
 from tally.ops.canary_rules import Sample
 from tally.ops.response_meter import ResponseMeter
+from tally.ops.route_limits import NoReplicaError, RouteLimits, error_response, read_request
+from tally.ops.route_relay import HOP_HEADERS, passed_headers, relay, whole_answer
 
 log = logging.getLogger("tally.route")
 PREFIX_CHARS = 256
 AFFINITY_SLACK = 2
-HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
 
 
 @dataclass
@@ -44,8 +45,8 @@ class Replica:
 class RouterConfig:
     replicas: list[str]
     health_interval_s: float = 1.0
-    request_timeout_s: float = 600.0
     canary: CanaryConfig | None = None
+    limits: RouteLimits = field(default_factory=RouteLimits)
 
 
 @dataclass
@@ -59,7 +60,11 @@ class Router:
     - **Health**: every replica's `/health` is polled each `health_interval_s`; one that fails it (or refuses a
       connection) is out until it answers again.
     - **Failover**: a request whose replica cannot be reached, or answers 5xx before any byte went to the client, is
-      sent to the next replica; once a byte was streamed it is the client's, and a failure ends the stream.
+      sent to the next replica; when none does better, the last 5xx is passed on as the replica gave it (status,
+      body, Retry-After). Once a byte was streamed it is the client's: a stream its replica breaks off ends with an
+      error event and `[DONE]` (tally/ops/route_relay.py).
+    - **Limits** (tally/ops/route_limits.py): the client's headers, body size, body time and nesting, as
+      `tally serve` holds them; one deadline for the whole request, a stream's last byte included.
     - Bodies and streams pass through byte for byte; the proxy's own `/metrics` counts requests by replica and outcome.
     - **Canary** (tally/ops/canary.py), when configured: it picks each request's side (canary or stable) and is handed
       what the proxy measured of every generation response (tally/ops/response_meter.py); balancing and failover
@@ -91,6 +96,13 @@ class Router:
         return healthy + unhealthy
 
 
+class IndentedJSON(JSONResponse):
+    """The router's own pages, indented for a person reading them with curl."""
+
+    def render(self, content: object) -> bytes:
+        return json.dumps(content, indent=2, ensure_ascii=False, allow_nan=False).encode() + b"\n"
+
+
 def affinity_key(body: bytes) -> str | None:
     """What requests sharing a prefix have in common: the system message, else the prompt's start."""
     try:
@@ -115,7 +127,9 @@ def build_router_app(config: RouterConfig) -> Starlette:
     in_flight = Gauge("tally_route_in_flight", "Requests in flight, by replica.", ["replica"], registry=registry)
     healthy = Gauge("tally_route_replica_healthy", "1 while the replica passes its health check.", ["replica"],
                     registry=registry)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(config.request_timeout_s, connect=5.0))
+    limits = config.limits
+    # One deadline bounds each request as a whole (proxy, relay); httpx's would bound each read alone.
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
     canary = Canary(config.canary, time.monotonic(), registry,
                     tuple(r.url for r in router.replicas if r.side == STABLE)) if config.canary else None
 
@@ -126,6 +140,9 @@ def build_router_app(config: RouterConfig) -> Starlette:
             replica.last_error = None if ok else "health check answered non-200"
         except httpx.HTTPError as e:
             ok, replica.last_error = False, f"health check failed: {type(e).__name__}"
+        if ok != replica.healthy:
+            log.log(logging.INFO if ok else logging.WARNING, "replica %s %s", replica.url,
+                    "is back: it passes its health check" if ok else f"is out: {replica.last_error}")
         replica.healthy, replica.last_check_s = ok, time.time()
         healthy.labels(replica.url).set(1 if ok else 0)
 
@@ -153,7 +170,13 @@ def build_router_app(config: RouterConfig) -> Starlette:
             await asyncio.sleep(interval_s)
 
     async def proxy(request: Request) -> Response:
-        body = await request.body()
+        deadline_s = asyncio.get_running_loop().time() + limits.request_timeout_s
+        try:
+            body = await read_request(request, limits)
+        except TallyError as e:
+            return error_response(e)
+        except ClientDisconnect:  # gone before its body was whole: nobody reads the answer
+            return Response(status_code=499)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         sides, measured = (STABLE,), False
@@ -161,7 +184,7 @@ def build_router_app(config: RouterConfig) -> Starlette:
             sticky = canary.config.sticky_header
             sides = canary.sides(request.headers.get(sticky) if sticky else None)
             measured = request.method == "POST" and path.startswith("/v1/")  # generations; not /v1/models
-        last = None
+        passed_over = None  # the last answer failover did not take, passed on if no replica does better
         for replica in router.order(affinity_key(body), sides):
             replica.in_flight += 1
             in_flight.labels(replica.url).inc()
@@ -175,57 +198,46 @@ def build_router_app(config: RouterConfig) -> Starlette:
                     in_flight.labels(replica.url).dec()
                     requests.labels(replica.url, outcome).inc()
 
+            def failed(outcome: str, replica: Replica = replica) -> None:
+                release(outcome)
+                if measured:
+                    canary.record(replica.side, Sample(time.monotonic(), error=True))
+
             sent_s = time.monotonic()
             try:
-                upstream = await client.send(client.build_request(request.method, replica.url + path,
-                                                                  headers=headers, content=body), stream=True)
+                async with asyncio.timeout_at(deadline_s):
+                    upstream = await client.send(client.build_request(request.method, replica.url + path,
+                                                                      headers=headers, content=body), stream=True)
+            except TimeoutError:
+                failed("timeout")
+                return error_response(RequestTimeoutError(
+                    f"no replica answered within --request-timeout {limits.request_timeout_s:g} s"))
             except httpx.HTTPError as e:
+                if replica.healthy:
+                    log.warning("replica %s is out: a request could not reach it (%s)", replica.url, type(e).__name__)
                 replica.healthy, replica.failed, replica.last_error = False, replica.failed + 1, type(e).__name__
                 healthy.labels(replica.url).set(0)
-                release("unreachable")
-                if measured:
-                    canary.record(replica.side, Sample(time.monotonic(), error=True))
-                last = e
+                failed("unreachable")
                 continue
             if upstream.status_code >= 500:  # nothing went to the client yet: another replica may do better
-                await upstream.aclose()
                 replica.failed += 1
-                release(f"http_{upstream.status_code}")
-                if measured:
-                    canary.record(replica.side, Sample(time.monotonic(), error=True))
-                last = upstream
+                failed(f"http_{upstream.status_code}")
+                passed_over = await whole_answer(upstream, deadline_s)
                 continue
             replica.served += 1
             meter = ResponseMeter(sent_s, upstream.status_code, upstream.headers.get("content-type", ""),
                                   upstream.headers.get("content-encoding")) if measured else None
 
-            async def stream(upstream: httpx.Response = upstream, release=release, side: str = replica.side,
-                             meter: ResponseMeter | None = meter) -> AsyncIterator[bytes]:
-                outcome = "client_gone"  # unless the stream ends or the replica breaks it
-                try:
-                    async for chunk in upstream.aiter_raw():
-                        arrived_s = time.monotonic()
-                        yield chunk
-                        if meter is not None:  # read after the client has the bytes: never in their way
-                            meter.feed(chunk, arrived_s)
-                    outcome = "ok"
-                except httpx.HTTPError:
-                    outcome = "broken"
-                    raise
-                finally:
-                    await upstream.aclose()
-                    release(outcome)
-                    if meter is not None and outcome != "client_gone":  # a client leaving says nothing of the replica
-                        canary.record(side, meter.sample(time.monotonic(), broken=outcome == "broken"))
+            def done(outcome: str) -> None:
+                release(outcome)
+                if meter is not None and outcome != "client_gone":  # a client leaving says nothing of the replica
+                    canary.record(replica.side, meter.sample(time.monotonic(), broken=outcome != "ok"))
 
-            # Raw bytes go through, so their Content-Encoding must go with them.
-            passed = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_HEADERS}
-            return StreamingResponse(stream(), status_code=upstream.status_code, headers=passed)
-        if isinstance(last, httpx.Response):
-            return Response(status_code=last.status_code, content=b"", media_type="application/json")
-        return JSONResponse({"error": {"message": "no replica could take the request (all unreachable)",
-                                       "type": "service_unavailable", "code": 503}}, status_code=503,
-                            headers={"Retry-After": "1"})
+            return StreamingResponse(relay(upstream, deadline_s, limits.request_timeout_s, meter, done),
+                                     status_code=upstream.status_code, headers=passed_headers(upstream))
+        if passed_over is not None:
+            return passed_over
+        return error_response(NoReplicaError("no replica could take the request (all unreachable)"))
 
     async def health(_: Request) -> Response:
         ok = any(r.healthy for r in router.replicas)
@@ -233,13 +245,17 @@ def build_router_app(config: RouterConfig) -> Starlette:
                             status_code=200 if ok else 503)
 
     async def status(_: Request) -> Response:
-        return JSONResponse({"replicas": [vars(r) for r in router.replicas],
+        return IndentedJSON({"replicas": [vars(r) for r in router.replicas],
                              **({"canary": canary.status()} if canary else {})})
 
     async def canary_status(_: Request) -> Response:
         if canary is None:
             return JSONResponse({"error": "no canary: start tally route with --canary"}, status_code=404)
-        return JSONResponse(canary.status())
+        return IndentedJSON(canary.status())
+
+    async def internal_error(_: Request, exc: Exception) -> Response:
+        # Starlette logs the traceback after this answer; the client gets no exception text.
+        return error_response(TallyError("the router failed on this request; its log has the details"))
 
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
@@ -265,4 +281,4 @@ def build_router_app(config: RouterConfig) -> Starlette:
         Route("/v1/{rest:path}", proxy, methods=["GET", "POST"]),
         # A Tally or vLLM server's tokenizer, so `tally bench --url` the proxy counts prompt tokens exactly.
         Route("/tokenize", proxy, methods=["POST"]), Route("/detokenize", proxy, methods=["POST"]),
-    ], lifespan=lifespan)
+    ], lifespan=lifespan, exception_handlers={Exception: internal_error})

@@ -15,9 +15,20 @@ from tally.engine.args import add_engine_args, config_from_args
 from tally.engine.parallel.distributed import is_follower
 from tally.engine.parallel.follower import follow
 from tally.errors import TallyError
-from tally.flags import DRAIN_TIMEOUT, HOST, LOG_LEVEL, METRICS_PREFIX, PORT, REQUEST_TIMEOUT, parser
+from tally.flags import (
+    DRAIN_TIMEOUT,
+    HEADER_TIMEOUT,
+    HOST,
+    LOG_LEVEL,
+    MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    METRICS_PREFIX,
+    PORT,
+    REQUEST_TIMEOUT,
+    parser,
+)
+from tally.http_limits import guarded_protocol
 from tally.server.app_args import app_from_args
-from tally.server.connection_guard import guarded_protocol
 from tally.server.listen import bind_sockets
 from tally.server.ray_flags import add_ray_args, check_ray_args
 from tally.server.tools import TOOL_CALL_PARSERS
@@ -58,12 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="refuse (429, Retry-After) a request whose predicted wait for a batch slot, from the rate "
                         "requests started at lately, is longer (default: no limit)")
     REQUEST_TIMEOUT.add(p, note="; the engine aborts it")
-    p.add_argument("--max-body-bytes", type=parse_bytes, default="16MiB", help="larger bodies get 413")
+    MAX_BODY_BYTES.add(p)
     DRAIN_TIMEOUT.add(p)
-    p.add_argument("--max-connections", type=int, default=1024,
-                   help="open connections at most; one more is closed as it is accepted")
-    p.add_argument("--header-timeout", type=float, default=10.0,
-                   help="seconds a new connection has to send its first request's headers")
+    MAX_CONNECTIONS.add(p)
+    HEADER_TIMEOUT.add(p)
     p.add_argument("--allowed-hosts", default=None,
                    help="comma-separated Host header values to serve, * for any (default: localhost, 127.0.0.1 "
                         "and ::1 when --host is a loopback address, else any)")

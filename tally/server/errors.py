@@ -11,17 +11,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from tally.errors import InvalidRequestError, QueueFullError, TallyError
+from tally.errors import InvalidRequestError, QueueFullError, TallyError, error_body
 
 log = logging.getLogger("tally.server")
-
-
-class BodyTooLargeError(InvalidRequestError):
-    http_status = 413
-
-
-class BodyTimeoutError(InvalidRequestError):
-    http_status = 408
 
 
 class UnsupportedMediaTypeError(InvalidRequestError):
@@ -49,11 +41,6 @@ def as_tally_error(exc: BaseException) -> TallyError:
     err = TallyError(f"internal server error: {type(exc).__name__}: {exc}")
     err.__cause__ = exc
     return err
-
-
-def error_body(err: TallyError) -> dict:
-    return {"error": {"message": err.message, "type": err.error_type, "param": err.param,
-                      "code": err.http_status}}
 
 
 def error_response(exc: BaseException) -> JSONResponse:

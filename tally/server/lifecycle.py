@@ -17,13 +17,12 @@ from fastapi.responses import JSONResponse, Response
 
 from tally.engine.async_engine import AsyncEngine, RequestStream
 from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError, echo
+from tally.http_limits import read_body
 from tally.json_text import check_depth
 from tally.models.generation_config import max_tokens_or_default
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
 from tally.server.errors import (
-    BodyTimeoutError,
-    BodyTooLargeError,
     ServerDrainingError,
     UnsupportedMediaTypeError,
     as_tally_error,
@@ -40,7 +39,6 @@ if TYPE_CHECKING:
     from tally.models.tokenizer import Tokenizer
 
 log = logging.getLogger("tally.server")
-BODY_TIMEOUT_S = 60.0
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -152,27 +150,6 @@ async def read_json(request: Request, limit_bytes: int) -> dict:
         raise InvalidRequestError("request body holds a lone UTF-16 surrogate escape (such as \\ud800) that is "
                                   "not valid Unicode; send valid text") from None
     return body
-
-
-async def read_body(request: Request, limit_bytes: int) -> bytes:
-    """The whole body, refused when it is larger than `limit_bytes` (by its declared length before reading) or
-    slower than BODY_TIMEOUT_S."""
-    declared = request.headers.get("content-length")
-    too_big = BodyTooLargeError(f"request body exceeds the server's limit of {limit_bytes:,} bytes; "
-                                f"send a shorter prompt or raise --max-body-bytes")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise too_big
-    parts, size = [], 0
-    try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):  # a body sent a byte a second would hold a connection forever
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit_bytes:
-                    raise too_big
-                parts.append(chunk)
-    except TimeoutError:
-        raise BodyTimeoutError(f"the request body did not arrive within {BODY_TIMEOUT_S:.0f} s") from None
-    return b"".join(parts)
 
 
 def usage(outputs: list[RequestOutput]) -> dict:
