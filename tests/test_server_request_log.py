@@ -7,6 +7,7 @@ import random
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ from tally.models.loader import load_checkpoint
 from tally.models.tokenizer import load_tokenizer
 from tally.quantize.calibrate import load_calibration
 from tally.server.process import ServerProcess
-from tally.server.request_log import _EMAIL, redact
+from tally.server.request_log import _EMAIL, LOGGED_TEXT_CHARS, RequestLog, redact
 from tally.traces import load_trace
 
 
@@ -124,3 +125,18 @@ def test_email_redaction_replaces_what_the_plain_pattern_matches():
     for _ in range(20_000):
         text = "".join(rng.choice("ab.+-@ é1") for _ in range(rng.randint(0, 24)))
         assert _EMAIL.sub(blank, text) == plain.sub(blank, text), text
+
+
+def test_a_request_logs_at_most_a_bounded_text_its_end_kept(tmp_path):
+    """Redaction runs on the event loop: a prompt near the body limit must not stall it for seconds."""
+    log = RequestLog(tmp_path, log_prompts=True)
+    huge = "a." * 2_000_000 + "the end"
+    [logged] = log._prompts(SimpleNamespace(prompt=huge), 1)
+    assert logged["prompt"].startswith("[3,934,471 characters not logged]") and logged["prompt"].endswith("the end")
+    assert len(logged["prompt"]) < LOGGED_TEXT_CHARS + 64
+    words = "ab " * (LOGGED_TEXT_CHARS // 3)  # the budget is the request's: the last turn first
+    chat = SimpleNamespace(messages=[SimpleNamespace(role="user", text=lambda: words),
+                                     SimpleNamespace(role="user", text=lambda: "last")])
+    [turns] = log._prompts(chat, 1)
+    assert [m["content"] for m in turns["messages"]] == [f"[{len(words) + 4 - LOGGED_TEXT_CHARS} characters not "
+                                                         f"logged]{words[len(words) + 4 - LOGGED_TEXT_CHARS:]}", "last"]

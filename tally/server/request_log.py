@@ -30,6 +30,10 @@ _NUMBER = re.compile(r"\+?\d[\d ().-]{4,}\d")  # phone, card and account numbers
 # Line breaks to str.splitlines() and to JavaScript that json.dumps(ensure_ascii=False) writes raw (it escapes the
 # control characters below U+0020): escaped, every reader finds one record per line, and the file stays UTF-8 text.
 _ESCAPE_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+# The prompt text one request may log: redaction runs on the event loop and Python's regular expressions hold the
+# GIL, so a prompt near the body limit (kept by truncate_prompt_tokens, or dropped by a template) would stall every
+# request for seconds. A context's worth of text is far below it; the text's end is kept, as truncation keeps it.
+LOGGED_TEXT_CHARS = 65_536
 
 
 def redact(text: str) -> str:
@@ -88,9 +92,11 @@ class RequestLog:
             self._file = self._open()
 
     def _prompts(self, request: Any, count: int) -> list[dict | None]:
+        budget = [LOGGED_TEXT_CHARS]
         messages = getattr(request, "messages", None)
         if messages is not None:
-            turns = [{"role": m.role, "content": self.redactor(m.text())} for m in messages]
+            texts = [self._clipped(m.text(), budget) for m in reversed(messages)][::-1]
+            turns = [{"role": m.role, "content": text} for m, text in zip(messages, texts)]
             return [{"messages": turns}] * count
         prompt = request.prompt
         if isinstance(prompt, str):
@@ -99,7 +105,15 @@ class RequestLog:
             prompts = [None]  # token ids: no text to log
         else:
             prompts = list(prompt)
-        return [{"prompt": self.redactor(p)} if isinstance(p, str) else None for p in prompts][:count]
+        return [{"prompt": self._clipped(p, budget)} if isinstance(p, str) else None for p in prompts[:count]]
+
+    def _clipped(self, text: str, budget: list[int]) -> str:
+        """The text redacted, its end within what is left of the request's LOGGED_TEXT_CHARS."""
+        keep = min(len(text), budget[0])
+        budget[0] -= keep
+        if keep == len(text):
+            return self.redactor(text)
+        return f"[{len(text) - keep:,} characters not logged]" + self.redactor(text[len(text) - keep:])
 
     def close(self) -> None:
         self._file.close()
