@@ -184,3 +184,20 @@ def test_allowed_hosts_match_host_and_port_and_warn_about_entries_they_never_can
     log = strict.log()
     assert "'localhost:1' names port 1" in log and "'http://example.com/' can never match" in log, log
     assert "Traceback" not in log
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"model": MODEL, "prompt": "word " * 400_000, "max_tokens": 1}),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "word " * 400_000}]}),
+    ("/tokenize", {"model": MODEL, "prompt": "word " * 400_000}),
+])
+def test_a_text_no_context_could_hold_is_refused_before_it_is_tokenized(server, path, body):
+    """Tokenizing holds the GIL for the text's whole length: a text far past the context is refused unread."""
+    r = _post(server, body, path)
+    assert r.status_code == 400 and "characters, more than a context of" in r.json()["error"]["message"], r.text
+
+
+def test_truncate_prompt_tokens_reads_only_the_end_of_a_long_prompt(server):
+    r = _post(server, {"model": MODEL, "prompt": "word " * 400_000, "max_tokens": 1, "truncate_prompt_tokens": 8},
+              "/v1/completions")
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 8, r.text

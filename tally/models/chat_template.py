@@ -7,15 +7,13 @@ A model without a template is each caller's decision, so each passes `without_te
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tally.errors import InvalidRequestError
 from tally.models.template_sandbox import TemplateJob, TemplateLimitError, TemplateRejected, render
+from tally.models.tokenizer import Tokenizer, encode_within
 
 MAX_ERROR_CHARS = 500  # of a template's own error message, quoted back to the client
-
-if TYPE_CHECKING:
-    from tally.models.tokenizer import Tokenizer
 
 Messages = list[dict[str, Any]]
 Renderer = Callable[[TemplateJob], str]
@@ -59,8 +57,12 @@ def render_chat(tokenizer: Tokenizer, messages: Messages, *, without_template: C
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: Messages, *, without_template: Callable[[Messages], str],
-                **render: Any) -> dict[str, Any]:
-    """The engine's prompt: the rendered text (render_chat's options) and its token ids."""
+                max_prompt_tokens: int | None = None, **render: Any) -> dict[str, Any]:
+    """The engine's prompt: the rendered text (render_chat's options) and its token ids; with `max_prompt_tokens`, a
+    text no such context could hold is refused before it is tokenized."""
     text = render_chat(tokenizer, messages, without_template=without_template, **render)
     # The template already holds any BOS it wants; encoding must not add another.
-    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+    if max_prompt_tokens is None:
+        return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+    return {"prompt": text, "prompt_token_ids": encode_within(tokenizer, text, max_prompt_tokens, param="messages",
+                                                              add_special_tokens=False)}

@@ -6,13 +6,17 @@ from typing import TYPE_CHECKING
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from tally.errors import ModelLoadError
+from tally.errors import InvalidRequestError, ModelLoadError
 from tally.models.config import ModelConfig
 
 if TYPE_CHECKING:
     from tally.models.loader import Checkpoint
 
 Tokenizer = PreTrainedTokenizerFast  # what load_tokenizer returns; the type every module that takes one names
+
+# More characters than any vocabulary's tokens hold in practice: a text longer than a context of N tokens at this
+# many characters a token cannot fit it, and is refused before tokenizing (which holds the GIL for its whole length).
+MAX_CHARS_PER_TOKEN = 64
 
 # Special tokens chat templates close a turn with; the model emits them when it is done answering.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|end_of_turn|>")
@@ -53,3 +57,16 @@ def stop_token_ids(tok: Tokenizer, config: ModelConfig) -> tuple[int, ...]:
     vocab = tok.get_vocab()
     ids += [vocab[token] for token in END_OF_TURN_TOKENS if token in template and token in vocab]
     return tuple(dict.fromkeys(int(i) for i in ids))
+
+
+def encode_within(tok: Tokenizer, text: str, max_tokens: int, *, param: str, keep_last: int | None = None,
+                  add_special_tokens: bool = True) -> list[int]:
+    """`text`'s token ids, refused without tokenizing it when no context of `max_tokens` could hold it. With
+    `keep_last` (truncate_prompt_tokens) only the text's end that can hold that many tokens is tokenized."""
+    if keep_last is not None:
+        text = text[-keep_last * MAX_CHARS_PER_TOKEN:]
+    elif len(text) > max_tokens * MAX_CHARS_PER_TOKEN:
+        raise InvalidRequestError(
+            f"{param} has {len(text):,} characters, more than a context of {max_tokens:,} tokens can hold (at most "
+            f"{MAX_CHARS_PER_TOKEN} characters a token); shorten it", param=param)
+    return tok.encode(text, add_special_tokens=add_special_tokens)

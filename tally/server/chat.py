@@ -110,7 +110,8 @@ class ChatCompletions:
         prompt = render_chat(self.tokenizer, req.messages, req.add_generation_prompt, tools=req.tools,
                              chat_template=req.chat_template or self.chat_template,
                              template_kwargs=req.chat_template_kwargs,
-                             continue_final_message=req.continue_final_message, renderer=self.renderer)
+                             continue_final_message=req.continue_final_message, renderer=self.renderer,
+                             max_prompt_tokens=state.max_model_len)
         return [(prompt, params)]
 
     # -- responses -----------------------------------------------------------------------------

@@ -4,17 +4,15 @@
 what lm-evaluation-harness's `local-completions` model needs for loglikelihood tasks."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tally.errors import InvalidRequestError
+from tally.models.tokenizer import Tokenizer, encode_within
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import SamplingParams
 from tally.server.lifecycle import Ctx, ServerState, usage
 from tally.server.protocol import CompletionRequest, finite, refuse_unsupported
 from tally.server.streaming import Delta, deltas
-
-if TYPE_CHECKING:
-    from tally.models.tokenizer import Tokenizer
 
 
 class Completions:
@@ -38,7 +36,7 @@ class Completions:
         params = req.to_sampling_params(req.max_tokens, req.logprobs, prompt_logprobs, defaults=state.sampling_defaults)
         prompts = self._prompts(req.prompt)
         state.engine.check_fan_out(len(prompts), len(prompts) * params.n)  # before tokenizing them all
-        return [(self._tokenized(p), params) for p in prompts]
+        return [(self._tokenized(p, state.max_model_len, params.truncate_prompt_tokens), params) for p in prompts]
 
     @staticmethod
     def _prompts(prompt: Any) -> list[Any]:
@@ -52,11 +50,13 @@ class Completions:
             raise InvalidRequestError("prompt is an empty list; send at least one prompt", param="prompt")
         return prompts
 
-    def _tokenized(self, prompt: Any) -> Any:
+    def _tokenized(self, prompt: Any, max_model_len: int, keep_last: int | None) -> Any:
         """Text tokenized here, off the engine thread, so the step loop only sees token ids."""
         if not isinstance(prompt, str):
             return prompt
-        return {"prompt": prompt, "prompt_token_ids": self.tokenizer.encode(prompt) if prompt else []}
+        ids = encode_within(self.tokenizer, prompt, max_model_len, param="prompt", keep_last=keep_last) if prompt \
+            else []
+        return {"prompt": prompt, "prompt_token_ids": ids}
 
     # -- responses -----------------------------------------------------------------------------
     def response(self, ctx: Ctx, outputs: list[RequestOutput], state: ServerState) -> dict:
