@@ -189,7 +189,6 @@ def test_allowed_hosts_match_host_and_port_and_warn_about_entries_they_never_can
 @pytest.mark.parametrize("path,body", [
     ("/v1/completions", {"model": MODEL, "prompt": "word " * 400_000, "max_tokens": 1}),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "word " * 400_000}]}),
-    ("/tokenize", {"model": MODEL, "prompt": "word " * 400_000}),
 ])
 def test_a_text_no_context_could_hold_is_refused_before_it_is_tokenized(server, path, body):
     """Tokenizing holds the GIL for the text's whole length: a text far past the context is refused unread."""

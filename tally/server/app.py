@@ -18,7 +18,6 @@ from tally.engine.engine import Engine
 from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError
 from tally.metric_names import METRICS_PREFIXES
 from tally.models.template_workers import TemplateLimits, TemplateWorkers
-from tally.models.tokenizer import encode_within
 from tally.server.allowed_hosts import AllowedHosts, AllowedHostsMiddleware
 from tally.server.auth import APIKeyMiddleware
 from tally.server.chat import ChatCompletions, render_chat
@@ -136,10 +135,9 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     def tokenized(req: TokenizeRequest) -> Response:
         if req.messages is not None:
             ids = render_chat(tokenizer, req.messages, req.add_generation_prompt, chat_template=config.chat_template,
-                              renderer=templates.render, max_prompt_tokens=state.max_model_len)["prompt_token_ids"]
-        elif req.prompt is not None:
-            ids = encode_within(tokenizer, req.prompt, state.max_model_len, param="prompt",
-                                add_special_tokens=req.add_special_tokens)
+                              renderer=templates.render)["prompt_token_ids"]
+        elif req.prompt is not None:  # any length within the body limit: counting a long document is its use
+            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         else:
             raise InvalidRequestError("send `prompt` (text) or `messages` (chat)", param="prompt")
         return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids})
