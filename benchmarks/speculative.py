@@ -43,9 +43,9 @@ from pathlib import Path
 from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script here runs
 
 from tally import LLM, SamplingParams
+from tally.engine.speculation.config import DRAFT_CONTEXT_TOKENS, SpeculativeConfig
 from tally.engine.speculation.draft_proposer import DraftProposer
 from tally.engine.speculation.speculator import Speculator
-from tally.engine.speculation.config import DRAFT_CONTEXT_TOKENS, SpeculativeConfig
 from tally.traces import DATA_DIR
 
 ARMS = {

@@ -7,8 +7,8 @@ import json
 import httpx
 import pytest
 
-from tally.sampling_params import MAX_STOP_CHARS
 from tally.json_text import MAX_JSON_DEPTH
+from tally.sampling_params import MAX_STOP_CHARS
 from tally.server.process import ServerProcess
 
 MODEL = "tiny"

@@ -7,8 +7,8 @@ import sys
 import time
 
 from tally.engine.args import add_engine_args, config_from_args
-from tally.engine.parallel.distributed import is_follower
 from tally.engine.engine import Engine
+from tally.engine.parallel.distributed import is_follower
 from tally.engine.parallel.follower import follow
 from tally.errors import TallyError
 from tally.flags import MAX_TOKENS, parser

@@ -18,18 +18,18 @@ from tally.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from tally.core.static_scheduler import StaticBatchScheduler
 from tally.engine.config import EngineConfig
 from tally.engine.detokenizer import IncrementalDetokenizer
-from tally.engine.parallel.distributed import ParallelContext
-from tally.engine.speculation.draft_proposer import DraftProposer
 from tally.engine.group import RequestGroup
 from tally.engine.kv_tiers.tiers import build_kv_tiers
-from tally.engine.startup.load import load_model
-from tally.engine.startup.loaded_model import LoadedModel
 from tally.engine.model_step import TPDriver
 from tally.engine.multi_step import burst_steps
+from tally.engine.parallel.distributed import ParallelContext
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
 from tally.engine.snapshot import EngineSnapshot
+from tally.engine.speculation.draft_proposer import DraftProposer
 from tally.engine.speculation.speculator import Speculator
+from tally.engine.startup.load import load_model
+from tally.engine.startup.loaded_model import LoadedModel
 from tally.engine.step_stats import StepStats, prompt_chunks
 from tally.engine.stop import StopChecker
 from tally.engine.structured_output import CompiledGrammar, GrammarCompiler

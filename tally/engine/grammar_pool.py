@@ -1,6 +1,7 @@
 """The server's grammar compiles, off the engine thread: a request's structured-output spec is compiled once for all
-its prompts and samples, on a small pool of threads (llguidance releases the GIL while it compiles), within the
-time limit of tally/engine/grammar_limits.py; the engine loop only copies the compiled matcher."""
+its prompts and samples, on a small pool of threads, within the time limit of tally/engine/grammar_limits.py; the
+engine loop only copies the compiled matcher. A large spec still slows the other requests while it compiles (the
+measured cost is in docs/server.md, "What one request may ask for")."""
 from __future__ import annotations
 
 import asyncio

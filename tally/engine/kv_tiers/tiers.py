@@ -12,8 +12,8 @@ from tally.engine.config import EngineConfig
 from tally.engine.kv_tiers.disk_prefix_cache import WRITE_QUEUE_BYTES, DiskPrefixCache
 from tally.engine.kv_tiers.identity import key_smoothing_scales, kv_identity
 from tally.engine.kv_tiers.stats import DiskCacheStats, SwapStats
-from tally.engine.startup.loaded_model import LoadedModel
 from tally.engine.kv_tiers.swap_space import SwapSpace
+from tally.engine.startup.loaded_model import LoadedModel
 from tally.models.registry import resolve_model
 from tally.units import GiB
 

@@ -9,10 +9,10 @@ import os
 import sys
 
 from tally.engine.config import EngineConfig
-from tally.engine.parallel.distributed import CONFIG_ENV
-from tally.engine.startup.load import load_model
 from tally.engine.model_step import receive_step
+from tally.engine.parallel.distributed import CONFIG_ENV
 from tally.engine.parallel.pipeline import forward_step
+from tally.engine.startup.load import load_model
 
 log = logging.getLogger("tally.engine")
 

@@ -13,10 +13,10 @@ import torch
 
 from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request
-from tally.engine.speculation.draft_model import DraftModel
 from tally.engine.inputs import build_span_inputs
 from tally.engine.model_step import ModelStep, run_model_step
 from tally.engine.runner import reads_outputs
+from tally.engine.speculation.draft_model import DraftModel
 from tally.sample.batch import SamplerInput
 from tally.sample.sampler import Sampler, greedy_tokens
 from tally.sampling_params import SamplingType

@@ -14,11 +14,11 @@ import torch
 
 from tally.core.request import Request, RequestStatus
 from tally.core.scheduler import SchedulerOutput
+from tally.engine.speculation.config import SpeculativeConfig
 from tally.engine.speculation.draft_proposer import DraftProposer
 from tally.engine.speculation.ngram_proposer import propose_ngram
 from tally.engine.speculation.policy import SpeculationPolicy
 from tally.engine.speculation.stats import SpeculationStats
-from tally.engine.speculation.config import SpeculativeConfig
 
 # A request's acceptance: its own verifications, older ones fading by DECAY each, beside PRIOR verifications' worth
 # of every request's (a new request starts from what the others measured).

@@ -14,9 +14,9 @@ import torch
 
 from tally.engine.config import EngineConfig, PathCandidate
 from tally.layers.path_timing import ComputePath, PathTimes, ProjectionShape, time_path
-from tally.native import ops as native
 from tally.models.loader import Checkpoint
 from tally.models.projection_shapes import projection_shapes
+from tally.native import ops as native
 from tally.native.library import build_digest, build_name
 from tally.platform import cache_dir, cpu_flags, cpu_model, has_fast_bf16
 
