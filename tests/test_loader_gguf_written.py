@@ -202,12 +202,12 @@ def test_file_that_is_not_gguf_is_refused(tmp_path):
 
 
 def test_unsupported_gguf_architecture_lists_supported(tmp_path):
-    w = gguf.GGUFWriter(tmp_path / "g.gguf", "gemma3")
+    w = gguf.GGUFWriter(tmp_path / "g.gguf", "falcon")
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ModelLoadError, match=r"'gemma3' model; Tally reads GGUF architectures llama, mistral"):
+    with pytest.raises(ModelLoadError, match=r"'falcon' model; Tally reads GGUF architectures gemma2, gemma3, .*llama"):
         load_checkpoint(str(tmp_path / "g.gguf"))
 
 

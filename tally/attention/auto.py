@@ -40,5 +40,5 @@ class AutoBackend(PagedBackend):
             return
         plain = is_plain_causal(q.shape[0], context_len, self.config.sliding_window)
         small_mask = q.shape[0] * context_len <= SMALL_MASK_ELEMENTS
-        backend = self._plain if plain or small_mask else self._masked
+        backend = self._plain if plain or small_mask or self.config.logit_softcap is not None else self._masked
         backend._prefill(q, k_cache, v_cache, block_table_row, context_len, out, meta)

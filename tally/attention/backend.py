@@ -1,6 +1,8 @@
 """The single place that chooses an attention implementation (the interface is interface.py)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from tally.attention.auto import AutoBackend
@@ -25,6 +27,7 @@ def make_backend(
     scale: float,
     sliding_window: int | None,
     compute_dtype: torch.dtype = torch.float32,
+    logit_softcap: float | None = None,
 ) -> AttentionBackend:
     """Build the attention backend called `name` (one of BACKEND_NAMES)."""
     if num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
@@ -36,10 +39,17 @@ def make_backend(
         raise ConfigError(
             f"sliding_window must be a positive number of tokens or None, got {sliding_window}"
         )
-    config = AttentionConfig(num_heads, num_kv_heads, head_dim, scale, sliding_window, compute_dtype)
+    config = AttentionConfig(num_heads, num_kv_heads, head_dim, scale, sliding_window, compute_dtype, logit_softcap)
     if name in BACKENDS:
         return BACKENDS[name](config)
     raise ConfigError(
         f"unknown attention backend {name!r}; choose one of: {', '.join(BACKEND_NAMES)}",
         param="attention_backend",
     )
+
+
+def with_window(backend: AttentionBackend, sliding_window: int | None) -> AttentionBackend:
+    """The same backend for layers of another window (a model whose layers alternate sliding and full)."""
+    if sliding_window == backend.config.sliding_window:
+        return backend
+    return type(backend)(replace(backend.config, sliding_window=sliding_window))

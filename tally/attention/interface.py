@@ -12,7 +12,7 @@ from tally.attention.metadata import AttentionMetadata
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """The shape and masking rule of one model's attention layers (the same for every layer)."""
+    """The shape and masking rule of a model's attention layers (of one kind, where layers differ: windows)."""
 
     num_heads: int
     num_kv_heads: int
@@ -20,6 +20,7 @@ class AttentionConfig:
     scale: float
     sliding_window: int | None  # a query at position p sees keys at positions > p - sliding_window
     compute_dtype: torch.dtype = torch.float32
+    logit_softcap: float | None = None  # scores = cap * tanh(scores / cap) before the softmax (Gemma 2)
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -65,6 +65,8 @@ class TiledBackend(PagedBackend):
             k = gather_sequence_kv(k_cache, block_table_row, key_start, key_end, cfg.compute_dtype)
             v = gather_sequence_kv(v_cache, block_table_row, key_start, key_end, cfg.compute_dtype)
             scores = torch.bmm(qt, k.permute(1, 2, 0))  # [Hkv, G*n, Lk]
+            if cfg.logit_softcap is not None:
+                scores = torch.tanh(scores / cfg.logit_softcap) * cfg.logit_softcap
             crosses_diagonal = key_end - 1 > first_pos
             crosses_window = window is not None and key_start <= last_pos - window
             if crosses_diagonal or crosses_window:

@@ -62,7 +62,7 @@ class Engine:
         self.kv_tiers = build_kv_tiers(config, m, self.stats.cost.prefill_seconds)  # swap space, disk prefix tier
         self.ledger = replace(m.ledger, kv_tiers=self.kv_tiers.ledger())
         self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
-                                 sliding_window=m.config.sliding_window, prefix_tier=self.kv_tiers.disk)
+                                 sliding_window=m.config.uniform_sliding_window, prefix_tier=self.kv_tiers.disk)
         scheduler_cls = StaticBatchScheduler if config.scheduling == "static" else Scheduler
         self.scheduler = scheduler_cls(SchedulerConfig(
             max_num_seqs=config.max_num_seqs,

@@ -17,7 +17,7 @@ from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.errors import EngineDeadError
 from tally.layers.spin_wait import wait_polling
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 
 
 @dataclass

@@ -14,7 +14,7 @@ from tally.engine.model_step import ModelStep, TPDriver, run_model_step
 from tally.engine.parallel.pipeline import PipelinePeers, forward_step
 from tally.engine.structured_output import allowed_tokens
 from tally.errors import EngineDeadError
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 from tally.sample.batch import DraftRows, SamplerInput, SamplerOutput
 from tally.sample.sampler import Sampler
 

@@ -9,8 +9,13 @@ from tally.native import ops as native
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, eps: float, dtype: torch.dtype | None = None,
+                 scale_in_float: bool = False) -> None:
+        """`scale_in_float`: the weight stays float32 and multiplies before the cast back (Gemma, OLMo 2), not
+        after it (Llama)."""
         super().__init__()
+        self.scale_in_float = scale_in_float
+        dtype = torch.float32 if scale_in_float else dtype
         self.weight = nn.Parameter(weight if dtype is None else weight.to(dtype), requires_grad=False)
         self.eps = eps
         # the native kernel: one call instead of torch.rms_norm's five ops (fp32 only)
@@ -25,5 +30,7 @@ class RMSNorm(nn.Module):
             return native.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        if self.scale_in_float:
+            return torch.rms_norm(x.float(), (x.shape[-1],), self.weight, self.eps).to(x.dtype)
         normed = torch.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
         return self.weight * normed.to(x.dtype)

@@ -13,16 +13,39 @@ from torch import nn
 from tally.errors import ModelLoadError
 
 
-def inverse_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    if scaling is None:
-        return inv_freq
-    kind = scaling["rope_type"]
+SCALINGS = ("linear", "llama3", "longrope")
+
+
+def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict[str, Any] | None,
+                        max_position: int) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies, the factor cos and sin are scaled by) for the rotated dimensions of a head, whose
+    positions stay below `max_position`."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    kind = None if scaling is None else scaling["rope_type"]
+    if kind is None:
+        return inv_freq, 1.0
     if kind == "linear":
-        return inv_freq / float(scaling["factor"])
+        return inv_freq / float(scaling["factor"]), 1.0
     if kind == "llama3":
-        return _llama3_frequencies(inv_freq, scaling)
-    raise ModelLoadError(f"rope scaling {kind!r} is not supported; supported: linear, llama3")
+        return _llama3_frequencies(inv_freq, scaling), 1.0
+    if kind == "longrope":
+        return _longrope_frequencies(exponents, theta, scaling, max_position)
+    raise ModelLoadError(f"rope scaling {kind!r} is not supported; supported: {', '.join(SCALINGS)}")
+
+
+def _longrope_frequencies(exponents: torch.Tensor, theta: float, s: dict[str, Any],
+                          max_position: int) -> tuple[torch.Tensor, float]:
+    # Phi-3: per-dimension divisors, the long ones when the context may pass the original one. Chosen once for the
+    # engine's whole context, as llama.cpp does, not per batch (Hugging Face switches on a step's longest position).
+    original = int(s["original_max_position_embeddings"])
+    factors = s["long_factor"] if max_position > original else s["short_factor"]
+    inv_freq = 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta ** exponents)
+    factor = float(s.get("factor") or 1.0)
+    scale = s.get("attention_factor")
+    if scale is None:
+        scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return inv_freq, float(scale)
 
 
 def _llama3_frequencies(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
@@ -38,18 +61,32 @@ def _llama3_frequencies(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tens
 
 
 class RotaryEmbedding(nn.Module):
+    """`rotary_dim` < head_dim: only a head's first rotary_dim dimensions rotate (partial rotary, Phi-4-mini)."""
+
     def __init__(self, head_dim: int, max_position: int, theta: float,
-                 scaling: dict[str, Any] | None, dtype: torch.dtype) -> None:
+                 scaling: dict[str, Any] | None, dtype: torch.dtype, rotary_dim: int | None = None) -> None:
         super().__init__()
-        inv_freq = inverse_frequencies(head_dim, theta, scaling)
+        self.rotary_dim = rotary_dim or head_dim
+        self.partial = self.rotary_dim < head_dim
+        inv_freq, scale = inverse_frequencies(self.rotary_dim, theta, scaling, max_position)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+        cos, sin = emb.cos(), emb.sin()
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        self.register_buffer("cos", cos.to(dtype), persistent=False)
+        self.register_buffer("sin", sin.to(dtype), persistent=False)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, 1, D] for a step's positions: gathered once per step, shared by every layer."""
+        """cos, sin [T, 1, rotary_dim] for a step's positions: gathered once per step, shared by every layer."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+    def rotate(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [T, H, head_dim] with its first rotary_dim dimensions rotated."""
+        if not self.partial:
+            return apply_rotary(x, *rope)
+        d = self.rotary_dim
+        return torch.cat([apply_rotary(x[..., :d], *rope), x[..., d:]], dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from tally.ledger.gguf_file import read_gguf
 from tally.ledger.presets import find_model_preset, model_preset_names
 from tally.ledger.weights import WeightTensor, model_tensors
 from tally.models.config import ModelConfig
+from tally.models.families import read_hf_config
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def resolve_model(spec: str) -> ModelSource:
         ggufs = sorted(path.glob("*.gguf"))
         if not (path / "config.json").is_file() and len(ggufs) == 1:
             return _from_gguf(ggufs[0])
-        config = ModelConfig.from_json_file(path / "config.json")
+        config = read_hf_config(path / "config.json")
         tensors = model_tensors(config)
         raw = json.loads((path / "config.json").read_text())
         quant = raw.get("quantization_config") or {}
@@ -64,7 +65,7 @@ def resolve_model(spec: str) -> ModelSource:
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return _from_gguf(path)
-        config = ModelConfig.from_json_file(path)
+        config = read_hf_config(path)
         return ModelSource(path.parent.name or path.name, "config", config, model_tensors(config),
                            stored_dtype=_stored_dtype(json.loads(path.read_text())))
     preset = find_model_preset(spec)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from tally.attention.backend import make_backend
 from tally.attention.interface import AttentionBackend
 from tally.errors import ConfigError, ModelLoadError
 from tally.layers.dense import ConcatLinear
@@ -19,7 +20,7 @@ from tally.layers.huge_pages import move_weights_to_huge_pages
 from tally.layers.linear import build_linear, linear_from_blocks, linear_from_gguf
 from tally.layers.parallel import RowParallel, TPGroup, VocabParallelHead
 from tally.models.config import ModelConfig
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.models.packed_checkpoint import linear_from_packed
 from tally.models.pipeline_split import PPStage
@@ -28,6 +29,14 @@ from tally.quant.gguf_blocks import BLOCK, Blocks, concat_blocks, read_blocks
 
 if TYPE_CHECKING:
     from tally.models.loader import Checkpoint
+
+
+def model_attention(name: str, cfg: ModelConfig, compute_dtype: torch.dtype = torch.float32) -> AttentionBackend:
+    """The attention backend called `name` for the model's layers (build_model gives layers of another window
+    their own)."""
+    return make_backend(name, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                        scale=cfg.attention_scale, sliding_window=cfg.sliding_window, compute_dtype=compute_dtype,
+                        logit_softcap=cfg.attn_logit_softcap)
 
 
 def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype: torch.dtype,

@@ -1,27 +1,26 @@
-"""The shape of a model, parsed once from a Hugging Face config.json (or GGUF metadata by the
-GGUF loader). Pure Python: the ledger plans from it without importing torch."""
+"""The shape and traits of a model, read once from a Hugging Face config.json by its family
+(tally/models/families/) or from GGUF metadata (tally/models/gguf_header.py). Pure Python: the ledger plans
+from it without importing torch."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from tally.errors import ModelLoadError
 
-# HF `architectures[0]` → our family name. The family decides the small differences:
-# qwen2 has a QKV bias, qwen3 normalises q and k per head, mistral may use a sliding window.
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
+@dataclass(frozen=True)
+class Experts:
+    """A mixture of experts: a router picks `top_k` of `num_experts` gated MLPs per token."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's
+    normalize_top_k: bool  # the chosen experts' weights are rescaled to sum to one (Mixtral, Qwen3-MoE)
+    dense_layers: tuple[int, ...] = ()  # layers with a dense MLP instead (Qwen3-MoE's mlp_only_layers)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    architecture: str  # one of SUPPORTED_ARCHITECTURES' values
+    architecture: str  # the family's name (tally/models/families/)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -35,11 +34,57 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q, k, v projections (Qwen2)
-    qk_norm: bool = False  # RMSNorm on q and k per head (Qwen3)
+    qk_norm: str | None = None  # RMSNorm on q and k: "head" (Qwen3, Gemma 3) or "projection" (OLMo 2)
     sliding_window: int | None = None  # tokens each query may look back, itself included
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
     torch_dtype: str = "float32"  # dtype the checkpoint was saved in
+    # The traits below default to Llama's; a family (tally/models/families/) sets what differs.
+    norm_layout: str = "pre"  # "pre" (Llama), "sandwich" (Gemma: before and after attention and MLP), "post" (OLMo 2)
+    norm_scale_in_float: bool = False  # the norm's weight multiplies before the cast back (Gemma), not after
+    activation: str = "silu"  # gated MLP's activation: "silu" or "gelu_tanh"
+    layer_types: tuple[str, ...] = ()  # "sliding" / "full" per layer where they differ; () = all as sliding_window
+    rope_theta_sliding: float | None = None  # the sliding layers' own rotary base (Gemma 3)
+    nope_layers: tuple[int, ...] = ()  # layers without rotary (SmolLM3)
+    partial_rotary_factor: float = 1.0  # share of each head's dimensions that rotate (Phi-4-mini)
+    attn_logit_softcap: float | None = None  # scores = cap * tanh(scores / cap) (Gemma 2)
+    final_logit_softcap: float | None = None
+    query_scale: float | None = None  # attention's score scale; None: head_dim ** -0.5
+    embedding_multiplier: float = 1.0  # Gemma: sqrt(hidden); Granite: its embedding_multiplier
+    residual_multiplier: float = 1.0  # Granite: each block's output is scaled before the residual add
+    logits_scaling: float = 1.0  # Granite: logits are divided by it
+    experts: Experts | None = None  # a mixture of experts in place of the dense MLP
+
+    @property
+    def layer_window(self) -> tuple[int | None, ...]:
+        """Each layer's sliding window (None: full attention)."""
+        if not self.layer_types:
+            return (self.sliding_window,) * self.num_layers
+        return tuple(self.sliding_window if kind == "sliding" else None for kind in self.layer_types)
+
+    @property
+    def uniform_sliding_window(self) -> int | None:
+        """The window when every layer slides: only then may the KV cache drop what falls out of it."""
+        windows = set(self.layer_window)
+        return windows.pop() if len(windows) == 1 else None
+
+    @property
+    def is_plain(self) -> bool:
+        """Llama's layer exactly (Qwen2's biases, Mistral's window and tied heads included): what the native
+        fused paths compute."""
+        return (self.norm_layout == "pre" and not self.qk_norm and self.activation == "silu"
+                and self.uniform_sliding_window == self.sliding_window and not self.nope_layers
+                and self.partial_rotary_factor == 1.0 and self.attn_logit_softcap is None
+                and self.final_logit_softcap is None and self.query_scale is None
+                and self.embedding_multiplier == 1.0 and self.residual_multiplier == 1.0
+                and self.logits_scaling == 1.0 and self.experts is None and not self.norm_scale_in_float)
+
+    @property
+    def attention_scale(self) -> float:
+        return self.head_dim ** -0.5 if self.query_scale is None else self.query_scale
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.experts is not None and layer not in self.experts.dense_layers
 
     @property
     def q_size(self) -> int:
@@ -50,77 +95,24 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     def num_parameters(self) -> int:
-        """Parameter count from the shape alone (what the ledger plans with)."""
-        h, i, layers = self.hidden_size, self.intermediate_size, self.num_layers
+        """Parameter count from the shape alone (what the ledger plans with); every expert counts."""
+        h, layers = self.hidden_size, self.num_layers
         attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
         if self.qk_norm:
-            attn += 2 * self.head_dim
-        mlp = 3 * h * i
-        norms = 2 * h
+            attn += 2 * self.head_dim if self.qk_norm == "head" else self.q_size + self.kv_size
+        norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_layout] * h
+        mlps = sum(self.mlp_parameters(layer) for layer in range(layers))
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return layers * (attn + mlp + norms) + embed + head + h
+        return layers * (attn + norms) + mlps + embed + head + h
 
-    @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
-        archs = cfg.get("architectures") or []
-        arch_name = archs[0] if archs else cfg.get("model_type", "?")
-        family = SUPPORTED_ARCHITECTURES.get(arch_name)
-        if family is None:
-            raise ModelLoadError(
-                f"unsupported architecture {arch_name!r}; Tally supports "
-                + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
-            )
-        num_heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        head_dim = cfg.get("head_dim") or hidden // num_heads
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        window = cfg.get("sliding_window")
-        if family == "qwen2" or family == "qwen3":
-            # Qwen configs carry a sliding_window value but only use it when use_sliding_window.
-            window = window if cfg.get("use_sliding_window") else None
-        return cls(
-            architecture=family,
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=num_heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-            head_dim=int(head_dim),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
-            rope_scaling=_rope_scaling(cfg),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
-            qk_norm=family == "qwen3",
-            sliding_window=int(window) if window else None,
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32"),
-        )
-
-    @classmethod
-    def from_json_file(cls, path: str | Path) -> "ModelConfig":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError as exc:
-            raise ModelLoadError(f"no config.json at {path}") from exc
-        except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
-        return cls.from_hf_dict(data)
-
-
-def _rope_scaling(cfg: dict[str, Any]) -> dict[str, Any] | None:
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    if not scaling:
-        return None
-    kind = scaling.get("rope_type") or scaling.get("type")
-    if kind in (None, "default"):
-        return None
-    return dict(scaling, rope_type=kind)
+    def mlp_parameters(self, layer: int, active_only: bool = False) -> int:
+        """One layer's MLP (its router and experts: those a token uses when `active_only`)."""
+        h = self.hidden_size
+        if not self.is_moe_layer(layer):
+            return 3 * h * self.intermediate_size
+        e = self.experts
+        count = e.top_k if active_only else e.num_experts
+        return h * e.num_experts + count * 3 * h * e.intermediate_size

@@ -14,12 +14,11 @@ from gguf.quants import dequantize
 
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
+from tally.models.families import family
 from tally.models.gguf_header import GGUFHeader, gguf_config, read_header
 from tally.models.hf_checkpoint import check_tensor_shapes, expected_tensor_shapes
 from tally.progress import Track
 
-# convert_hf_to_gguf permutes q/k rows for these (rotary pairs interleaved, as llama.cpp wants).
-_PERMUTED_ARCHS = {"llama", "mistral"}
 GGUF_LOADING = "Loading GGUF tensors"  # the load progress bar's words, as safetensors' (hf_checkpoint.LOADING)
 _FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 _QUANTIZED_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
@@ -75,7 +74,7 @@ class GGUFTensorSource:
         self._blob = np.frombuffer(self._map, dtype=np.uint8)
         wanted = expected_tensor_shapes(config)
         self._infos = {hf_name(t.name): t for t in header.tensors if hf_name(t.name) in wanted}
-        self._row_order = _unpermute_orders(config) if config.architecture in _PERMUTED_ARCHS else {}
+        self._row_order = _unpermute_orders(config) if family(config.architecture).gguf_rope_permuted else {}
 
     def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
         # no "dequantizing" in the words: a quantized layer serves the stored blocks, not this float copy

@@ -18,10 +18,10 @@ from gguf import GGUFValueType as V
 
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
+from tally.models.families import gguf_family
 
 _SCALARS = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
             V.FLOAT32: "<f", V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d"}
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 _DEFAULT_ALIGNMENT_BYTES = 32
 _FIRST_READ_BYTES = 4 << 20  # the built-in model's header (vocabulary + merges) is ~1.5 MB
 
@@ -153,10 +153,7 @@ def _parse(cursor: _Cursor, path: Path, file_bytes: int) -> GGUFHeader:
 def gguf_config(header: GGUFHeader, path: Path) -> ModelConfig:
     """ModelConfig from `{arch}.*` and `tokenizer.ggml.*` metadata."""
     meta, arch = header.metadata, header.architecture
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(
-            f"{path} holds a {arch!r} model; Tally reads GGUF architectures {', '.join(SUPPORTED_ARCHS)}"
-        )
+    fam = gguf_family(arch, str(path))
 
     def key(name: str, default: object = ModelLoadError) -> object:
         value = meta.get(f"{arch}.{name}", default)
@@ -171,29 +168,33 @@ def gguf_config(header: GGUFHeader, path: Path) -> ModelConfig:
             raise ModelLoadError(f"{path} has a different KV head count per layer ({kv_heads}); Tally needs one")
         kv_heads = kv_heads[0]
     names = {t.name for t in header.tensors}
+    shapes = {t.name: t.shape for t in header.tensors}
     token_count = meta.get("tokenizer.ggml.tokens")
     eos_ids = [meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
     window = key("attention.sliding_window", None)
+    head_dim = int(key("attention.key_length", hidden // heads))
+    q_norm = shapes.get("blk.0.attn_q_norm.weight")
     return ModelConfig(
-        architecture=arch,
+        architecture=fam.name,
         vocab_size=int(token_count if token_count is not None else key("vocab_size")),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
         num_layers=int(key("block_count")),
         num_heads=heads,
         num_kv_heads=int(kv_heads),
-        head_dim=int(key("attention.key_length", hidden // heads)),
+        head_dim=head_dim,
         rms_norm_eps=_float32_literal(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         rope_scaling=_rope_scaling(meta, arch),
         max_position_embeddings=int(key("context_length")),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
-        qk_norm="blk.0.attn_q_norm.weight" in names,
+        qk_norm=None if q_norm is None else "head" if q_norm == (head_dim,) else "projection",
         sliding_window=int(window) if window else None,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos_ids if e is not None)),
         torch_dtype=_torch_dtype(header.tensors),
+        **fam.traits_from_gguf(key, names),
     )
 
 

@@ -14,6 +14,8 @@ from safetensors import SafetensorError, safe_open
 
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
+from tally.models.checkpoint_names import StoredPart, part_shape, tally_parts
+from tally.models.families import family, read_hf_config
 from tally.progress import Track
 
 LOADING = "Loading safetensors tensors"  # the load progress bar's words (vLLM: "Loading safetensors checkpoint shards")
@@ -25,32 +27,43 @@ _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the model needs, by HF name, with its HF shape ([out, in] for linears)."""
-    h, i, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    q, kv = config.q_size, config.kv_size
+    """Every tensor the model needs, by Tally's name (tally/models/families/family.py), with its HF shape
+    ([out, in] for linears)."""
+    h, v = config.hidden_size, config.vocab_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, h)
+    norms = {"pre": ("input_layernorm", "post_attention_layernorm"), "post": ("attn_output_norm", "mlp_output_norm"),
+             "sandwich": ("input_layernorm", "post_attention_layernorm", "attn_output_norm", "mlp_output_norm")}
     for layer in range(config.num_layers):
         p = f"model.layers.{layer}."
-        shapes |= {
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (i, h),
-            p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
-        }
-        if config.attention_bias:
-            shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                       p + "self_attn.v_proj.bias": (kv,)}
-        if config.qk_norm:
-            shapes |= {p + "self_attn.q_norm.weight": (config.head_dim,),
-                       p + "self_attn.k_norm.weight": (config.head_dim,)}
+        shapes |= {f"{p}{norm}.weight": (h,) for norm in norms[config.norm_layout]}
+        shapes |= _attention_shapes(config, p + "self_attn.")
+        if config.is_moe_layer(layer):
+            e = config.experts
+            shapes[p + "mlp.gate.weight"] = (e.num_experts, h)
+            for expert in range(e.num_experts):
+                shapes |= _mlp_shapes(h, e.intermediate_size, f"{p}mlp.experts.{expert}.")
+        else:
+            shapes |= _mlp_shapes(h, config.intermediate_size, p + "mlp.")
     return shapes
+
+
+def _attention_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]:
+    h, q, kv = config.hidden_size, config.q_size, config.kv_size
+    shapes = {p + "q_proj.weight": (q, h), p + "k_proj.weight": (kv, h), p + "v_proj.weight": (kv, h),
+              p + "o_proj.weight": (h, q)}
+    if config.attention_bias:
+        shapes |= {p + "q_proj.bias": (q,), p + "k_proj.bias": (kv,), p + "v_proj.bias": (kv,)}
+    if config.qk_norm == "head":
+        shapes |= {p + "q_norm.weight": (config.head_dim,), p + "k_norm.weight": (config.head_dim,)}
+    elif config.qk_norm == "projection":
+        shapes |= {p + "q_norm.weight": (q,), p + "k_norm.weight": (kv,)}
+    return shapes
+
+
+def _mlp_shapes(h: int, i: int, p: str) -> dict[str, tuple[int, ...]]:
+    return {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h), p + "down_proj.weight": (h, i)}
 
 
 def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, where: str) -> None:
@@ -87,41 +100,47 @@ def _first(names: list[str], count: int = 5) -> str:
 
 
 class HFTensorSource:
-    """Streams the tensors of a checkpoint directory, one safetensors file open at a time."""
+    """Streams the tensors of a checkpoint directory under Tally's names, one safetensors file open at a time."""
 
-    def __init__(self, order: list[tuple[Path, str]]) -> None:
-        self._order = order  # (file, tensor name) of every tensor the model takes, file by file
+    def __init__(self, order: list[tuple[Path, StoredPart]], norm_plus_one: bool = False) -> None:
+        self._order = order  # (file, part) of every tensor the model takes, file by file
+        self._norm_plus_one = norm_plus_one
 
     def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
-        for file, names in groupby(track(self._order, LOADING), key=itemgetter(0)):
+        for file, parts in groupby(track(self._order, LOADING), key=itemgetter(0)):
             with safe_open(str(file), framework="pt") as f:
-                for _, name in names:
-                    yield name, f.get_tensor(name)
+                for _, part in parts:
+                    tensor = f.get_tensor(part.stored) if part.rows is None else f.get_slice(part.stored)[part.rows]
+                    if self._norm_plus_one and part.name.endswith("norm.weight"):
+                        tensor = tensor.float() + 1.0  # in float32, as the family's norm adds it
+                    yield part.name, tensor
 
 
 def open_hf(path: Path) -> tuple[ModelConfig, HFTensorSource]:
     """Parse config.json (+ generation_config.json eos ids) and check every safetensors header."""
-    config = ModelConfig.from_json_file(path / "config.json")
+    config = read_hf_config(path / "config.json")
     config = dataclasses.replace(config, eos_token_ids=merged_eos_ids(config, path))
+    fam = family(config.architecture)
     files, weight_map = weight_files(path)
-    wanted = set(expected_tensor_shapes(config))
+    expected = expected_tensor_shapes(config)
     found: dict[str, tuple[int, ...]] = {}
-    order: list[tuple[Path, str]] = []
+    order: list[tuple[Path, StoredPart]] = []
     for file in files:
         header = read_header(file)
-        order += [(file, name) for name in header if name in wanted]
         for name, file_name in (weight_map or {}).items():
             if file_name == file.name and name not in header:
                 raise ModelLoadError(f"{path / INDEX_FILE} says {name} is in {file.name}, but that shard lacks it")
         for name, (shape, dtype) in header.items():
-            if dtype not in _FLOAT_DTYPES and name in wanted:
-                raise ModelLoadError(
-                    f"{file}: tensor {name} is stored as {dtype}; Tally loads float checkpoints "
-                    "(F32/F16/BF16); quantize with `tally quantize` instead"
-                )
-            found[name] = shape
+            for part in tally_parts(name, shape, fam, expected):
+                if part.name in expected and dtype not in _FLOAT_DTYPES:
+                    raise ModelLoadError(
+                        f"{file}: tensor {name} is stored as {dtype}; Tally loads float checkpoints "
+                        "(F32/F16/BF16); quantize with `tally quantize` instead"
+                    )
+                order += [(file, part)] if part.name in expected else []
+                found[part.name] = part_shape(part, shape)
     check_tensor_shapes(found, config, str(path))
-    return config, HFTensorSource(order)
+    return config, HFTensorSource(order, fam.hf_norm_plus_one)
 
 
 def weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:

@@ -19,6 +19,7 @@ from safetensors import safe_open
 
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
+from tally.models.families import read_hf_config
 from tally.models.hf_checkpoint import (
     LOADING,
     expected_tensor_shapes,
@@ -126,7 +127,7 @@ class HFQuantizedSource:
 def open_hf_quantized(path: Path, block: dict[str, Any]) -> tuple[ModelConfig, HFQuantizedSource]:
     """Check config.json's block and every projection's packed shapes; dense tensors as in an HF checkpoint."""
     _check_block(block, path)
-    config = ModelConfig.from_json_file(path / "config.json")
+    config = read_hf_config(path / "config.json")
     config = dataclasses.replace(config, eos_token_ids=merged_eos_ids(config, path))
     files, _ = weight_files(path)
     found = {name: shape for f in files for name, (shape, _dtype) in read_header(f).items()}

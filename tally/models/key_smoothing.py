@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 from tally.models.prefill import prefill
 
 ALPHA = 0.5

@@ -32,7 +32,7 @@ PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT = 1, 2, 3, 4, 5  # Proj.kind,
 
 
 class StepLayer(Protocol):
-    """What the step reads of a decoder layer (tally/models/llama.py: DecoderLayer)."""
+    """What the step reads of a decoder layer (tally/models/decoder.py: DecoderLayer)."""
 
     native: bool
     input_norm: RMSNorm
@@ -46,7 +46,7 @@ class StepLayer(Protocol):
 
 
 class StepModel(Protocol):
-    """What the step reads of the model (tally/models/llama.py: CausalLM, which imports this module)."""
+    """What the step reads of the model (tally/models/decoder.py: CausalLM, which imports this module)."""
 
     cfg: ModelConfig
     layers: Sequence[StepLayer]

@@ -21,6 +21,7 @@ from torch import nn
 from tally.errors import ModelLoadError
 from tally.layers.linear import int4_linear, int8_linear, w8a8_linear
 from tally.models.config import ModelConfig
+from tally.models.families import read_hf_config
 from tally.models.hf_checkpoint import LOADING, SINGLE_FILE, expected_tensor_shapes
 from tally.progress import Track
 
@@ -74,7 +75,7 @@ class PackedTensorSource:
 
 def open_packed(path: Path) -> tuple[ModelConfig, PackedTensorSource]:
     """Parse config.json and check that every projection is either dense or packed with consistent shapes."""
-    config = ModelConfig.from_json_file(path / "config.json")
+    config = read_hf_config(path / "config.json")
     scheme = packed_scheme(path)
     file = path / SINGLE_FILE
     try:

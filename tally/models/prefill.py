@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from tally.attention.metadata import AttentionMetadata
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 
 
 def prefill(model: CausalLM, token_ids: list[int]) -> torch.Tensor:

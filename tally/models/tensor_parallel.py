@@ -89,6 +89,11 @@ def plan_shards(cfg: ModelConfig, size: int) -> list[TPShard]:
     """Every rank's slice, or ConfigError naming why the model cannot be split `size` ways."""
     if size < 1:
         raise ConfigError(f"tensor_parallel_size must be ≥ 1, got {size}", param="tensor_parallel_size")
+    if size > 1 and (cfg.experts is not None or cfg.qk_norm == "projection"):
+        trait = "experts" if cfg.experts is not None else "q/k norms over the whole projection"
+        raise ConfigError(f"tensor_parallel_size {size}: Tally does not split {cfg.architecture} models ({trait}) "
+                          "across ranks yet; use tensor_parallel_size 1 or pipeline_parallel_size",
+                          param="tensor_parallel_size")
     heads, kv = cfg.num_heads, cfg.num_kv_heads
     group = heads // kv
     if not _heads_split(heads, kv, size):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 from tally.models.prefill import prefill
 
 SITES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")

@@ -25,7 +25,7 @@ from tally.quantize.smooth import smooth_scales
 from tally.quantize.writer import packed_tensors
 
 METHODS = ("gptq", "awq", "rtn", "smoothquant")
-# Our fused modules (tally/models/llama.py) → the HF projections they hold, in row order.
+# Our fused modules (tally/models/decoder.py) → the HF projections they hold, in row order.
 SITE_PROJECTIONS = {
     "qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "o_proj": ("self_attn.o_proj",),

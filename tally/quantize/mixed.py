@@ -13,7 +13,7 @@ import torch
 
 from tally.errors import ConfigError
 from tally.models.config import ModelConfig
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 from tally.models.prefill import prefill
 from tally.quantize.layer import SITE_PROJECTIONS, LayerQuant
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tally.attention.backend import make_backend
 from tally.errors import ConfigError
-from tally.models.builder import build_model
-from tally.models.config import SUPPORTED_ARCHITECTURES, ModelConfig
-from tally.models.llama import CausalLM
+from tally.models.builder import build_model, model_attention
+from tally.models.config import ModelConfig
+from tally.models.families import family, hf_config
+from tally.models.decoder import CausalLM
 from tally.models.loader import Checkpoint, load_checkpoint
 from tally.models.tokenizer import load_tokenizer
 from tally.progress import Track, untracked
@@ -65,6 +65,13 @@ def run(job: QuantizeJob, log: Callable[[str], None] = lambda _: None, track: Tr
     if ckpt.quantization:
         raise ConfigError(f"{ckpt.path} is already quantized ({ckpt.quantization}); quantize the original checkpoint")
     cfg = ckpt.config
+    if cfg.experts is not None:
+        raise ConfigError(f"tally quantize does not quantize mixture-of-experts models ({cfg.architecture}) yet; "
+                          "serve it with --quantization int8 or int4 to quantize on the fly")
+    if cfg.norm_layout != "pre" and job.options.method in ("awq", "smoothquant"):
+        raise ConfigError(f"--method {job.options.method} folds its scales into the norm before each projection, "
+                          f"which {cfg.architecture} does not have; use --method gptq or rtn", param="method")
+    hf_config_json = _hf_config(ckpt)
     tokenizer = load_tokenizer(ckpt)
     keep = parse_keep(job.keep_high_precision, cfg.num_layers)
     if not 0 <= job.auto_mixed <= cfg.num_layers:
@@ -92,20 +99,20 @@ def run(job: QuantizeJob, log: Callable[[str], None] = lambda _: None, track: Tr
                                         track(layers, "layer sensitivity"))
         keep = keep | most_sensitive(sensitivity, job.auto_mixed)
     layers = [layer for layer in layers if layer.index not in keep]
-    _write(job, ckpt, tokenizer, original, layers, sorted(keep), calib)
+    _write(job, ckpt, hf_config_json, tokenizer, original, layers, sorted(keep), calib)
     return QuantizeResult(job.out, calib.warnings if calib else [], sorted(keep), sensitivity, layers)
 
 
 def fp_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], max_tokens: int) -> CausalLM:
     """The full-precision (fp32, dense) model over `weights` (not consumed)."""
-    attn = make_backend("reference", num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                        scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window)
+    attn = model_attention("reference", cfg)
     return build_model(cfg, dict(weights), dtype=torch.float32, quantization=None, attn=attn,
                        max_model_len=min(cfg.max_position_embeddings, max_tokens))
 
 
-def _write(job: QuantizeJob, ckpt: Checkpoint, tokenizer: Tokenizer, original: dict[str, torch.Tensor], layers: list[LayerQuant],
-           dense_layers: list[int], calib: CalibrationSet | None) -> None:
+def _write(job: QuantizeJob, ckpt: Checkpoint, hf_config_json: dict[str, Any], tokenizer: Tokenizer,
+           original: dict[str, torch.Tensor], layers: list[LayerQuant], dense_layers: list[int],
+           calib: CalibrationSet | None) -> None:
     tensors = dict(original)
     for layer in layers:
         for names in SITE_PROJECTIONS.values():
@@ -120,15 +127,15 @@ def _write(job: QuantizeJob, ckpt: Checkpoint, tokenizer: Tokenizer, original: d
         block["smoothquant_alpha"] = opts.alpha
     job.out.mkdir(parents=True, exist_ok=True)
     _write_tokenizer(ckpt, tokenizer, job.out)
-    write_packed(job.out, _hf_config(ckpt), tensors, block)
+    write_packed(job.out, hf_config_json, tensors, block)
 
 
 def _hf_config(ckpt: Checkpoint) -> dict[str, Any]:
     if ckpt.format == "hf":
         return json.loads((ckpt.path / "config.json").read_text())
     c = ckpt.config
-    arch = next(k for k, v in SUPPORTED_ARCHITECTURES.items() if v == c.architecture)
-    return {"architectures": [arch], "model_type": c.architecture, "vocab_size": c.vocab_size,
+    written = {"architectures": [family(c.architecture).hf_architectures[0]], "model_type": c.architecture,
+               "vocab_size": c.vocab_size,
             "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
             "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
             "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps,
@@ -137,6 +144,10 @@ def _hf_config(ckpt: Checkpoint) -> dict[str, Any]:
             "attention_bias": c.attention_bias, "sliding_window": c.sliding_window,
             "use_sliding_window": c.sliding_window is not None, "bos_token_id": c.bos_token_id,
             "eos_token_id": list(c.eos_token_ids), "torch_dtype": "float32"}
+    if hf_config(written) != replace(c, torch_dtype="float32"):
+        raise ConfigError(f"tally quantize cannot write {ckpt.path}'s {c.architecture} traits into a config.json; "
+                          "quantize the model's Hugging Face checkpoint instead")
+    return written
 
 
 def _write_tokenizer(ckpt: Checkpoint, tokenizer: Tokenizer, out: Path) -> None:

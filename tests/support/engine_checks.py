@@ -97,9 +97,9 @@ def assert_speculation_stops_where_plain_decoding_does(plain, spec, prompts: lis
 def bytes_for_blocks(model_dir: Path, n: int, block_size: int = 16) -> int:
     """A KV budget of exactly n fp32 blocks for the checkpoint at model_dir."""
     from tally.ledger.kv import KVLayout
-    from tally.models.config import ModelConfig
+    from tally.models.families import read_hf_config
 
-    cfg = ModelConfig.from_json_file(model_dir / "config.json")
+    cfg = read_hf_config(model_dir / "config.json")
     return n * KVLayout.for_model(cfg, kv_dtype="float32", block_size=block_size).bytes_per_block
 
 

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from tally.attention.kv_cache import KVCache
 from tally.engine.model_step import ModelStep, run_model_step
 from tally.layers.spin_wait import wait_polling
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 
 
 @dataclass

@@ -9,16 +9,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tally.attention.backend import make_backend
 from tally.attention.kv_cache import KVCache
 from tally.engine.config import EngineConfig
 from tally.errors import ConfigError, ModelLoadError
 from tally.layers.path_timing import use_bf16_many_tokens
 from tally.ledger.kv import KVLayout
-from tally.models.builder import build_model
+from tally.models.builder import build_model, model_attention
 from tally.models.config import ModelConfig
 from tally.models.key_smoothing import calibration_ids, measure_key_scales
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 from tally.models.loader import load_checkpoint
 from tally.models.tokenizer import Tokenizer, load_tokenizer
 
@@ -66,9 +65,7 @@ def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Toke
     if cfg.sliding_window is not None or target.sliding_window is not None:
         raise ConfigError("draft_model speculation does not support sliding-window attention yet (the draft's KV "
                           "shares the target's blocks); use the ngram method")
-    attn = make_backend(config.attention_backend, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                        head_dim=cfg.head_dim, scale=cfg.head_dim ** -0.5, sliding_window=None,
-                        compute_dtype=dtype)
+    attn = model_attention(config.attention_backend, cfg, dtype)
     tensors = dict(ckpt.tensors(config.load_progress()))
     model = build_model(cfg, tensors, dtype=dtype, quantization=config.served_quantization(ckpt.format == "gguf"),
                         attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)

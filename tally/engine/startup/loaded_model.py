@@ -10,7 +10,7 @@ from tally.engine.speculation.draft_model import DraftModel
 from tally.ledger.kv import KVLayout
 from tally.ledger.report import EngineLedger
 from tally.models.config import ModelConfig
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 
 if TYPE_CHECKING:
     from tally.models.tokenizer import Tokenizer

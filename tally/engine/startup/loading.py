@@ -2,15 +2,14 @@
 path."""
 from __future__ import annotations
 
-from tally.attention.backend import make_backend
 from tally.engine.config import EngineConfig
 from tally.engine.parallel.distributed import ParallelContext
 from tally.engine.startup.path_tuning import PathChoice
 from tally.errors import ConfigError
 from tally.layers.path_timing import use_bf16_many_tokens
-from tally.models.builder import build_model
+from tally.models.builder import build_model, model_attention
 from tally.models.config import ModelConfig
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 from tally.models.loader import Checkpoint
 from tally.models.pipeline_split import PPStage
 from tally.models.tensor_parallel import TPShard
@@ -32,11 +31,7 @@ def build_target(config: EngineConfig, ckpt: Checkpoint, cfg: ModelConfig, path:
     dtype, weight_dtype = path.candidate.dtypes
     # Attention computes in the model's dtype, as transformers does (SDPA accumulates in fp32 inside): converting
     # each layer's context to fp32 first cost a fifth of a bf16 step (docs/benchmarks.md#attention).
-    attn = make_backend(
-        config.attention_backend,
-        num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        scale=cfg.head_dim ** -0.5, sliding_window=cfg.sliding_window, compute_dtype=dtype,
-    )
+    attn = model_attention(config.attention_backend, cfg, dtype)
     progress = config.load_progress(parallel.env.rank if parallel is not None else 0)
     tensors = {n: shard.shard(n, t) if shard is not None else t for n, t in ckpt.tensors(progress)
                if stage is None or stage.holds(n)}

@@ -16,7 +16,7 @@ from tally.errors import ConfigError
 from tally.ledger.kv import KVLayout, auto_kv_dtype
 from tally.models.config import ModelConfig
 from tally.models.key_smoothing import calibration_ids, measure_key_scales
-from tally.models.llama import CausalLM
+from tally.models.decoder import CausalLM
 from tally.models.pipeline_split import PPStage
 from tally.platform import available_ram_bytes
 

@@ -1,8 +1,9 @@
-"""The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3) over a flat varlen batch and a paged KV cache.
+"""The decoder every family runs (tally/models/families/) over a flat varlen batch and a paged KV cache.
 
-Differences between the family members are data in ModelConfig: QKV bias (Qwen2), per-head q/k
-RMSNorm (Qwen3), sliding window (Mistral), tied embeddings. Q, K and V are one fused projection and
-gate/up another, so a layer is five matmuls."""
+Llama's layer is the base; a family's traits (ModelConfig) change where the norms sit, the q/k norms, the
+activation, the rotary per layer, the attention's window, scale and soft-capping, the multipliers and whether the
+MLP is a mixture of experts. Q, K and V are one fused projection and gate/up another, so a dense layer is five
+matmuls. A model with Llama's layer exactly (`ModelConfig.is_plain`) may run the native fused paths."""
 from __future__ import annotations
 
 from typing import Callable
@@ -11,14 +12,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tally.attention.backend import with_window
 from tally.attention.decode import native_attention_supported
 from tally.attention.interface import AttentionBackend
 from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.layers.norm import RMSNorm
 from tally.layers.parallel import TPGroup
-from tally.layers.rotary import RotaryEmbedding, apply_rotary
+from tally.layers.rotary import RotaryEmbedding
 from tally.models.config import ModelConfig
+from tally.models.experts import MixtureOfExperts
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.models.pipeline_split import PPStage
 from tally.native import ops as native
@@ -29,56 +32,101 @@ ProjectionFactory = Callable[[list[str], bool], nn.Module]
 HeadFactory = Callable[[torch.Tensor, bool], nn.Module]
 # embedding [V, H] -> a module whose `embedding_rows` serve the lookup from the checkpoint's stored blocks, or None
 EmbeddingFactory = Callable[[torch.Tensor], nn.Module | None]
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+def gated_activation(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """[T, 2I] gate and up side by side -> act(gate) * up [T, I]."""
+    act = F.silu if kind == "silu" else lambda x: F.gelu(x, approximate="tanh")
+
+    def gated(gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return act(gate) * up
+    return gated
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, prefix: str, tensors: dict[str, torch.Tensor],
-                 make_proj: ProjectionFactory, attn: AttentionBackend, dtype: torch.dtype) -> None:
+    """`rotary`: the table this layer rotates q and k with, None for a layer without rotary (NoPE)."""
+
+    def __init__(self, cfg: ModelConfig, index: int, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
+                 attn: AttentionBackend, rotary: RotaryEmbedding | None, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg = cfg
+        prefix = f"model.layers.{index}"
         a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
         self.qkv_proj = make_proj([f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"], cfg.attention_bias)
         self.o_proj = make_proj([f"{a}.o_proj"], False)
-        self.gate_up_proj = make_proj([f"{m}.gate_proj", f"{m}.up_proj"], False)
-        self.down_proj = make_proj([f"{m}.down_proj"], False)
-        eps = cfg.rms_norm_eps
-        self.input_norm = RMSNorm(tensors.pop(f"{prefix}.input_layernorm.weight"), eps, dtype)
-        self.post_attn_norm = RMSNorm(tensors.pop(f"{prefix}.post_attention_layernorm.weight"), eps, dtype)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(tensors.pop(f"{a}.q_norm.weight"), eps, dtype)
-            self.k_norm = RMSNorm(tensors.pop(f"{a}.k_norm.weight"), eps, dtype)
+        self.activation = gated_activation(cfg.activation)
+        self.experts = None
+        if cfg.is_moe_layer(index):
+            self.experts = MixtureOfExperts(cfg, m, tensors, make_proj, self.activation, dtype)
+        else:
+            self.gate_up_proj = make_proj([f"{m}.gate_proj", f"{m}.up_proj"], False)
+            self.down_proj = make_proj([f"{m}.down_proj"], False)
+
+        def norm(name: str, wanted: bool = True) -> RMSNorm | None:
+            if not wanted:
+                return None
+            return RMSNorm(tensors.pop(f"{name}.weight"), cfg.rms_norm_eps, dtype, cfg.norm_scale_in_float)
+        pre, post = cfg.norm_layout in ("pre", "sandwich"), cfg.norm_layout in ("post", "sandwich")
+        self.input_norm = norm(f"{prefix}.input_layernorm", pre)
+        self.post_attn_norm = norm(f"{prefix}.post_attention_layernorm", pre)  # before the MLP, as Llama names it
+        self.attn_output_norm = norm(f"{prefix}.attn_output_norm", post)
+        self.mlp_output_norm = norm(f"{prefix}.mlp_output_norm", post)
+        self.q_norm = norm(f"{a}.q_norm", bool(cfg.qk_norm))
+        self.k_norm = norm(f"{a}.k_norm", bool(cfg.qk_norm))
         self.attn = attn
-        # fp32 without per-head q/k norms: the native fused steps apply (tally/native; the cache is checked per call)
-        self.native = (dtype == torch.float32 and not cfg.qk_norm and native.available()
+        self.rotary = rotary
+        # Llama's layer in fp32: the native fused steps apply (tally/native; the cache is checked per call)
+        self.native = (cfg.is_plain and dtype == torch.float32 and native.available()
                        and native.vector_supported(cfg.head_dim) and native.vector_supported(cfg.hidden_size))
         # int8 KV only (tally/models/key_smoothing.py): the cache holds k / s and q is multiplied by s.
         self.key_scale: torch.Tensor | None = None  # [Hkv, D] reciprocal of s, applied to k
         self.query_scale: torch.Tensor | None = None  # [Hq, D] s of each query head's KV head, applied to q
 
-    def forward(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: tuple[KVCache, KVCache], meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, ropes: dict[int, Rope], kv_cache: tuple[KVCache, KVCache],
+                meta: AttentionMetadata) -> torch.Tensor:
+        """`ropes`: this step's cos and sin of each rotary table, by id()."""
+        rope = ropes[id(self.rotary)] if self.rotary is not None else None
         if self.native and self.key_scale is None and native_attention_supported(kv_cache[0], self.attn.config):
             return self._forward_native(h, rope, kv_cache, meta)
+        a = self._attention(self.input_norm(h) if self.input_norm is not None else h, rope, kv_cache, meta)
+        h = self._add(h, self.attn_output_norm(a) if self.attn_output_norm is not None else a)
+        x = self.post_attn_norm(h) if self.post_attn_norm is not None else h
+        mlp = self.experts(x) if self.experts is not None else self.down_proj(self.activation(self.gate_up_proj(x)))
+        return self._add(h, self.mlp_output_norm(mlp) if self.mlp_output_norm is not None else mlp)
+
+    def _add(self, residual: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        multiplier = self.cfg.residual_multiplier
+        return residual + (block if multiplier == 1.0 else block * multiplier)
+
+    def _attention(self, x: torch.Tensor, rope: Rope | None, kv_cache: tuple[KVCache, KVCache],
+                   meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.cfg
-        t = h.shape[0]
-        qkv = self.qkv_proj(self.input_norm(h))
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size
         heads = cfg.num_heads + cfg.num_kv_heads
-        qk = qkv[:, :cfg.q_size + cfg.kv_size].view(t, heads, cfg.head_dim)
-        v = qkv[:, cfg.q_size + cfg.kv_size:].view(t, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:  # per-head norms with their own weights, before the rotation
+        if cfg.qk_norm == "projection":  # one norm over all heads' q, another over k (OLMo 2)
+            qk = torch.cat([self.q_norm(qkv[:, :q_end]), self.k_norm(qkv[:, q_end:k_end])], dim=1)
+            qk = qk.view(t, heads, cfg.head_dim)
+        else:
+            qk = qkv[:, :k_end].view(t, heads, cfg.head_dim)
+        v = qkv[:, k_end:].view(t, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm == "head":  # per-head norms with their own weights, before the rotation
             q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
             qk = torch.cat([self.q_norm(q), self.k_norm(k)], dim=1)
         # q and k rotate as one tensor (one set of ops per layer, not two), then split as views.
-        q, k = apply_rotary(qk, *rope).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+        if rope is not None:
+            qk = self.rotary.rotate(qk, rope)
+        q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         if self.key_scale is not None:
             q, k = q * self.query_scale, k * self.key_scale
         o = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
-        h = h + self.o_proj(o.reshape(t, cfg.q_size))
-        gate, up = self.gate_up_proj(self.post_attn_norm(h)).chunk(2, dim=-1)
-        return h + self.down_proj(F.silu(gate) * up)
+        return self.o_proj(o.reshape(t, cfg.q_size))
 
-    def _forward_native(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                        kv_cache: tuple[KVCache, KVCache], meta: AttentionMetadata) -> torch.Tensor:
+    def _forward_native(self, h: torch.Tensor, rope: Rope, kv_cache: tuple[KVCache, KVCache],
+                        meta: AttentionMetadata) -> torch.Tensor:
         """The same layer with its small steps fused into native calls: rotary and the cache write in one pass
         over qkv, SiLU-and-multiply in one. A decode step's layer is ~10 calls instead of ~40."""
         cfg = self.cfg
@@ -92,7 +140,9 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """`weight_dtype=torch.float16` (with fp32 `dtype`): the embedding and the LM head are stored in fp16 too. A tied
+    """A decoder-only model of any family.
+
+    `weight_dtype=torch.float16` (with fp32 `dtype`): the embedding and the LM head are stored in fp16 too. A tied
     head whose module can return rows of its weight (`embedding_rows`: native fp16 panels, native int8) also
     serves the lookup, so the table is held once; otherwise `make_embedding` may hold it as the checkpoint stores it
     (a GGUF's blocks: Qwen2.5-0.5B's Q5_0 table is 102 MB held so, 544 MB as an fp32 tensor), else (FBGEMM's packed
@@ -118,11 +168,22 @@ class CausalLM(nn.Module):
         embed = tensors.pop("model.embed_tokens.weight").to(weight_dtype or dtype) if first or tied else None
         self.vocab_rows = embed.shape[0] if embed is not None else 0
         self.embed_tokens = nn.Parameter(embed, requires_grad=False) if first else None
+        rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                      cfg.rope_scaling, dtype, rotary_dim)
+        # Gemma 3's sliding layers rotate with a base of their own, unscaled
+        sliding_rotary = self.rotary if cfg.rope_theta_sliding is None else RotaryEmbedding(
+            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta_sliding, None, dtype, rotary_dim)
+        self.rotaries = nn.ModuleList(dict.fromkeys([self.rotary, sliding_rotary]))
+        windows = cfg.layer_window
         layers = range(*stage.layers) if stage is not None else range(cfg.num_layers)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, f"model.layers.{i}", tensors, make_proj, attn, dtype) for i in layers
+            DecoderLayer(cfg, i, tensors, make_proj, with_window(attn, windows[i]),
+                         None if i in cfg.nope_layers else sliding_rotary if windows[i] else self.rotary, dtype)
+            for i in layers
         )
-        self.norm = RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps, dtype) if last else None
+        self.norm = (RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps, dtype, cfg.norm_scale_in_float)
+                     if last else None)
         self.lm_head = make_head(embed if tied else head, tied) if last else None
         self.embed_blocks = None  # the stored blocks serving the lookup, when neither a table nor the head does
         if first and tied and getattr(self.lm_head, "embedding_rows", None) is not None:
@@ -134,8 +195,6 @@ class CausalLM(nn.Module):
         # every layer's decode step in one native call, where the model's formats allow (built after loading)
         self.native_step: NativeDecodeStep | None = None
         self.huge_page_bytes = 0  # the weights' bytes moved onto huge pages (tally/layers/huge_pages.py), after loading
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                      cfg.rope_scaling, dtype)
 
     def set_key_smoothing(self, scales: list[torch.Tensor] | None) -> None:
         """Per layer s [Hkv, D] (None: off). Only while the KV cache is empty: it changes what the cache holds."""
@@ -154,9 +213,9 @@ class CausalLM(nn.Module):
         if self._native_step_runs(meta, kv_caches):
             h = self.native_step.run(h.contiguous(), positions, meta)
         else:
-            rope = self.rotary.lookup(positions)
+            ropes = {id(rotary): rotary.lookup(positions) for rotary in self.rotaries}
             for layer, kv in zip(self.layers, kv_caches):
-                h = layer(h, rope, kv, meta)
+                h = layer(h, ropes, kv, meta)
         return self.norm(h) if self.norm is not None else h
 
     @torch.inference_mode()
@@ -205,6 +264,8 @@ class CausalLM(nn.Module):
             h = F.embedding(ids, self.embed_tokens).to(self.dtype)
         if self.tp is not None:
             h = self.tp.all_reduce(h.masked_fill(outside[:, None], 0))
+        if self.cfg.embedding_multiplier != 1.0:  # in the model's dtype, as Gemma rounds its sqrt(hidden)
+            h = h * torch.tensor(self.cfg.embedding_multiplier, dtype=h.dtype)
         return h
 
     @torch.inference_mode()
@@ -212,7 +273,15 @@ class CausalLM(nn.Module):
         """hidden [N, H] → float32 logits [N, V]. vocab_rows > 0: only token ids below it are scored, the rest -inf
         (a draft model's reduced vocabulary: tally/engine/speculation/config.py, draft_vocab_size)."""
         if not vocab_rows:
-            return self.lm_head(hidden).float()
+            return self._finish_logits(self.lm_head(hidden)).float()
         logits = torch.full((hidden.shape[0], self.cfg.vocab_size), float("-inf"))
-        logits[:, :vocab_rows] = self.lm_head.first_outputs(hidden, vocab_rows)
+        logits[:, :vocab_rows] = self._finish_logits(self.lm_head.first_outputs(hidden, vocab_rows))
+        return logits
+
+    def _finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        if cfg.logits_scaling != 1.0:
+            logits = logits / cfg.logits_scaling
+        if cfg.final_logit_softcap is not None:
+            logits = torch.tanh(logits / cfg.final_logit_softcap) * cfg.final_logit_softcap
         return logits

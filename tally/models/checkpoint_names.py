@@ -1,0 +1,44 @@
+"""A checkpoint's tensor names → Tally's, through the family's renames and fused tensors (family.py): one stored
+tensor may hold the rows of several of Tally's, as Phi-3's qkv_proj holds q, k and v."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tally.errors import ModelLoadError
+from tally.models.families import Family
+
+_LAYER_PREFIX = "model.layers."
+
+
+@dataclass(frozen=True)
+class StoredPart:
+    name: str  # Tally's name
+    stored: str  # the checkpoint's name
+    rows: slice | None = None  # the stored tensor's rows it holds; None: all of it
+
+
+def tally_parts(stored: str, shape: tuple[int, ...], fam: Family,
+                expected: dict[str, tuple[int, ...]]) -> list[StoredPart]:
+    """The part(s) of Tally's tensors the stored tensor `stored` of `shape` holds."""
+    if not stored.startswith(_LAYER_PREFIX):
+        return [StoredPart(stored, stored)]
+    layer, _, rest = stored.removeprefix(_LAYER_PREFIX).partition(".")
+    prefix = f"{_LAYER_PREFIX}{layer}."
+    fused = fam.hf_fused.get(rest)
+    if fused is None:
+        return [StoredPart(prefix + fam.hf_rename(rest), stored)]
+    parts, start = [], 0
+    for name in (prefix + part for part in fused):
+        rows = expected.get(name, (0,))[0]
+        parts.append(StoredPart(name, stored, slice(start, start + rows)))
+        start += rows
+    if start != shape[0]:
+        raise ModelLoadError(f"tensor {stored} has {shape[0]} rows but the config implies {start} "
+                             f"({', '.join(p.name for p in parts)}); the config and the weights disagree")
+    return parts
+
+
+def part_shape(part: StoredPart, shape: tuple[int, ...]) -> tuple[int, ...]:
+    if part.rows is None:
+        return tuple(shape)
+    return (part.rows.stop - part.rows.start, *shape[1:])

@@ -1,0 +1,48 @@
+"""A mixture of experts in place of a layer's dense MLP: a router scores every expert per token, the top k run
+on the rows that chose them, grouped by expert, and their outputs add up weighted by the router."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tally.models.config import ModelConfig
+
+ProjectionFactory = Callable[[list[str], bool], nn.Module]
+
+
+class MixtureOfExperts(nn.Module):
+    def __init__(self, cfg: ModelConfig, prefix: str, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
+                 activation: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> None:
+        super().__init__()
+        e = cfg.experts
+        self.top_k, self.normalize = e.top_k, e.normalize_top_k
+        # the router stays dense: a few thousand weights whose rounding would move which experts run
+        self.router = nn.Parameter(tensors.pop(f"{prefix}.gate.weight").to(dtype), requires_grad=False)
+        names = [f"{prefix}.experts.{i}" for i in range(e.num_experts)]
+        self.gate_up = nn.ModuleList(make_proj([f"{n}.gate_proj", f"{n}.up_proj"], False) for n in names)
+        self.down = nn.ModuleList(make_proj([f"{n}.down_proj"], False) for n in names)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights = torch.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)
+        top_weights, top_experts = torch.topk(weights, self.top_k, dim=-1)
+        if self.normalize:
+            top_weights = top_weights / top_weights.sum(dim=-1, keepdim=True)
+        top_weights = top_weights.to(x.dtype).view(-1)
+        choices = top_experts.view(-1)
+        order = torch.argsort(choices, stable=True)  # the (row, slot) choices grouped by expert, rows in order
+        counts = torch.bincount(choices, minlength=len(self.down)).tolist()
+        out = torch.zeros_like(x)
+        start = 0
+        for expert, count in enumerate(counts):
+            if not count:
+                continue
+            picked = order[start:start + count]
+            start += count
+            rows = picked // self.top_k
+            y = self.down[expert](self.activation(self.gate_up[expert](x[rows])))
+            out.index_add_(0, rows, y * top_weights[picked, None])
+        return out
