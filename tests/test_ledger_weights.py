@@ -69,7 +69,7 @@ def test_smollm2_135m_preset_by_hand():
     tensors = model_tensors(config)
     assert sum(t.numel for t in tensors) == config.num_parameters() == params == 134_515_008
     assert sum(WeightFormat("dense", "bf16").tensor_bytes(t) for t in tensors) == 2 * params
-    assert matmul_params(tensors, tied_embeddings=True) == params - (2 * layers + 1) * hidden
+    assert matmul_params(tensors, config) == params - (2 * layers + 1) * hidden
     assert KVLayout.for_model(config).bytes_per_token == 2 * layers * 3 * 64 * 2 == 23_040
 
 

@@ -5,6 +5,7 @@ dequantization against transformers' independent implementation."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import gguf
@@ -15,6 +16,9 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
 
+from support.engine_checks import hf_greedy
+from support.tiny_models import make_checkpoint
+from tally import LLM, SamplingParams
 from tally.attention.backend import make_backend
 from tally.errors import ModelLoadError
 from tally.models.builder import build_model
@@ -59,7 +63,7 @@ def stored(tensor: np.ndarray, kind: Q) -> np.ndarray:
 
 
 def write_gguf(hf_dir: Path, out: Path, arch: str, alignment: int | None = None,
-               extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
+               extra_tensors: dict[str, np.ndarray] | None = None, all_f32: bool = False) -> Path:
     cfg = json.loads((hf_dir / "config.json").read_text())
     tok = json.loads((hf_dir / "tokenizer.json").read_text())["model"]
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -90,7 +94,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str, alignment: int | None = None,
             values = permute(values, heads)
         if GGUF_ARCH[arch] in ("llama", "mistral") and ".k_proj." in name:
             values = permute(values, kv_heads)
-        kind = storage_type(name, tensor)
+        kind = Q.F32 if all_f32 else storage_type(name, tensor)
         w.add_tensor(gguf_name(name), stored(values, kind), raw_dtype=kind if kind not in (Q.F32, Q.F16) else None)
     for name, values in (extra_tensors or {}).items():
         w.add_tensor(name, values)
@@ -181,10 +185,40 @@ def test_truncated_gguf_raises_model_load_error(tiny_gguf, tmp_path, keep):
         load_checkpoint(str(cut))
 
 
-def test_llama3_rope_frequency_factors_are_refused_not_ignored(tiny_llama, tmp_path):
+def _llama3_divisors(head_dim: int, theta: float, s: dict) -> np.ndarray:
+    """rope_freqs as llama.cpp's converter computes it from a Llama 3.1 config."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old = s["original_max_position_embeddings"]
+    out = []
+    for wavelen in 2 * math.pi / inv_freq:
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_llama3_rope_frequency_divisors_give_transformers_greedy_tokens(tmp_path):
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    hf_dir = make_checkpoint(tmp_path / "llama3", "llama", rope_scaling=scaling)
+    path = write_gguf(hf_dir, tmp_path / "llama3.gguf", "llama", all_f32=True,
+                      extra_tensors={"rope_freqs.weight": _llama3_divisors(16, 10000.0, scaling)})
+    assert load_checkpoint(str(path)).config.rope_scaling["rope_type"] == "divisors"
+    prompt = [5, 17, 33, 2, 9, 40, 41, 42]
+    llm = LLM(str(path), quantization="none", dtype="float32", max_model_len=128, kv_cache_memory=2_000_000)
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    assert list(out[0].outputs[0].token_ids) == hf_greedy(hf_dir, prompt, 12)[0]
+
+
+def test_malformed_rope_frequency_divisors_are_refused(tiny_llama, tmp_path):
     path = write_gguf(tiny_llama, tmp_path / "llama3.gguf", "llama",
-                      extra_tensors={"rope_freqs.weight": np.ones(8, dtype=np.float32)})
-    with pytest.raises(ModelLoadError, match=r"rope_freqs\.weight.*serve the Hugging Face checkpoint"):
+                      extra_tensors={"rope_freqs.weight": np.ones(5, dtype=np.float32)})
+    with pytest.raises(ModelLoadError, match=r"rope_freqs\.weight should be 8 F32 values .* re-convert"):
         load_checkpoint(str(path))
 
 

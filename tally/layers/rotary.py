@@ -13,7 +13,7 @@ from torch import nn
 from tally.errors import ModelLoadError
 
 
-SCALINGS = ("linear", "llama3", "longrope")
+SCALINGS = ("linear", "llama3", "longrope", "divisors")
 
 
 def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict[str, Any] | None,
@@ -31,6 +31,8 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict[str, Any] |
         return _llama3_frequencies(inv_freq, scaling), 1.0
     if kind == "longrope":
         return _longrope_frequencies(exponents, theta, scaling, max_position)
+    if kind == "divisors":  # llama.cpp's rope_freqs: Llama 3.1's scaling, computed by its converter
+        return inv_freq / torch.tensor(scaling["divisors"], dtype=torch.float32), 1.0
     raise ModelLoadError(f"rope scaling {kind!r} is not supported; supported: {', '.join(SCALINGS)}")
 
 

@@ -26,6 +26,7 @@ from tally.ledger.roofline import (
 from tally.ledger.weights import (
     DTYPE_BYTES,
     WeightFormat,
+    active_share,
     canonical_dtype,
     matmul_params,
 )
@@ -155,7 +156,7 @@ def make_plan(source: ModelSource, opts: PlanOptions) -> Plan:
     fits = max_concurrency(layout, budget.kv_blocks, planned_len)
     concurrency = opts.concurrency or max(fits, 1)
 
-    cost = _per_device_cost(source, opts, split, kv_dtype)
+    cost = _per_device_cost(source, opts, fmt, split, kv_dtype)
     # Decode reads each request's whole context: the workload's average when known, else the planned length.
     context = round(opts.lengths.mean_decode_context_tokens) if opts.lengths else planned_len
     rates = dict(bandwidth_bytes_per_s=device.bandwidth_bytes_per_s, flops_per_s=device.flops_per_s)
@@ -201,17 +202,20 @@ def _seconds(comm: CommEstimate | None) -> float:
 def _model_summary(source: ModelSource) -> ModelSummary:
     c, tensors = source.config, source.tensors
     return ModelSummary(source.name, source.kind, c.architecture, sum(t.numel for t in tensors),
-                        matmul_params(tensors, c.tie_word_embeddings), c.num_layers, c.num_heads, c.num_kv_heads,
+                        matmul_params(tensors, c), c.num_layers, c.num_heads, c.num_kv_heads,
                         c.head_dim, c.hidden_size, c.vocab_size, c.tie_word_embeddings, c.max_position_embeddings)
 
 
-def _per_device_cost(source: ModelSource, opts: PlanOptions, split: DeviceSplit, kv_dtype: str) -> ModelCost:
+def _per_device_cost(source: ModelSource, opts: PlanOptions, fmt: WeightFormat, split: DeviceSplit,
+                     kv_dtype: str) -> ModelCost:
     """What one TP rank reads and computes per token; a token walks through every PP stage in turn,
     so stages add up (communication is added by tally/ledger/comm.py)."""
     config = source.config
+    # a decode token reads the experts it is routed to, not all of them
+    unread = sum(fmt.tensor_bytes(t) * (1 - active_share(t, config)) for t in source.tensors)
     return ModelCost(
-        weight_bytes=split.weight_bytes * opts.pp,
-        matmul_params=matmul_params(source.tensors, config.tie_word_embeddings) // opts.tp,
+        weight_bytes=split.weight_bytes * opts.pp - int(unread) // opts.tp,
+        matmul_params=matmul_params(source.tensors, config) // opts.tp,
         attention_width=config.num_layers * -(-config.num_heads // opts.tp) * config.head_dim,
         kv_bytes_per_token=KVLayout.for_model(config, kv_dtype=kv_dtype, block_size=opts.block_size,
                                               tp_size=opts.tp).bytes_per_token,

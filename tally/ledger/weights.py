@@ -91,39 +91,55 @@ def short_dtype(dtype: str) -> str:
 
 
 def model_tensors(config: ModelConfig) -> list[WeightTensor]:
-    """Every parameter tensor of a Llama-family decoder, from its shape alone."""
-    h, i, q, kv = config.hidden_size, config.intermediate_size, config.q_size, config.kv_size
+    """Every parameter tensor of a decoder of any family, from its shape and traits alone (every expert's)."""
+    h, q, kv = config.hidden_size, config.q_size, config.kv_size
     tensors = [WeightTensor("embed_tokens", config.vocab_size, h, "embedding", tp_split="rows")]
+    norms = {"pre": ("input_norm", "post_attention_norm"), "post": ("attn_output_norm", "mlp_output_norm"),
+             "sandwich": ("input_norm", "post_attention_norm", "attn_output_norm", "mlp_output_norm")}
     for layer in range(config.num_layers):
-        def lin(name: str, rows: int, cols: int, split: str, is_kv: bool = False) -> WeightTensor:
+        def lin(name: str, rows: int, cols: int, split: str | None, is_kv: bool = False) -> WeightTensor:
             return WeightTensor(f"layers.{layer}.{name}", rows, cols, "linear", layer, split, is_kv)
 
-        tensors += [
-            lin("q_proj", q, h, "rows"), lin("k_proj", kv, h, "rows", True), lin("v_proj", kv, h, "rows", True),
-            lin("o_proj", h, q, "cols"),
-            lin("gate_proj", i, h, "rows"), lin("up_proj", i, h, "rows"), lin("down_proj", h, i, "cols"),
-            WeightTensor(f"layers.{layer}.input_norm", h, 1, "norm", layer),
-            WeightTensor(f"layers.{layer}.post_attention_norm", h, 1, "norm", layer),
-        ]
+        tensors += [lin("q_proj", q, h, "rows"), lin("k_proj", kv, h, "rows", True),
+                    lin("v_proj", kv, h, "rows", True), lin("o_proj", h, q, "cols")]
+        tensors += [WeightTensor(f"layers.{layer}.{n}", h, 1, "norm", layer) for n in norms[config.norm_layout]]
+        if config.is_moe_layer(layer):
+            e = config.experts
+            tensors.append(lin("router", e.num_experts, h, None))
+            for x in range(e.num_experts):
+                i = e.intermediate_size
+                tensors += [lin(f"experts.{x}.gate_proj", i, h, "rows"), lin(f"experts.{x}.up_proj", i, h, "rows"),
+                            lin(f"experts.{x}.down_proj", h, i, "cols")]
+        else:
+            i = config.intermediate_size
+            tensors += [lin("gate_proj", i, h, "rows"), lin("up_proj", i, h, "rows"), lin("down_proj", h, i, "cols")]
         if config.attention_bias:
             tensors += [WeightTensor(f"layers.{layer}.q_bias", q, 1, "bias", layer, "rows"),
                         WeightTensor(f"layers.{layer}.k_bias", kv, 1, "bias", layer, "rows", True),
                         WeightTensor(f"layers.{layer}.v_bias", kv, 1, "bias", layer, "rows", True)]
         if config.qk_norm:
-            tensors += [WeightTensor(f"layers.{layer}.{n}_norm", config.head_dim, 1, "norm", layer) for n in "qk"]
+            sizes = (config.head_dim,) * 2 if config.qk_norm == "head" else (q, kv)
+            tensors += [WeightTensor(f"layers.{layer}.{n}_norm", size, 1, "norm", layer) for n, size in zip("qk", sizes)]
     tensors.append(WeightTensor("norm", h, 1, "norm"))
     if not config.tie_word_embeddings:
         tensors.append(WeightTensor("lm_head", config.vocab_size, h, "lm_head", tp_split="rows"))
     return tensors
 
 
-def matmul_params(tensors: list[WeightTensor], tied_embeddings: bool) -> int:
-    """Parameters that take part in a matmul per token (2 FLOPs each): linears and the head,
-    which is the embedding itself when tied. The embedding lookup costs no FLOPs."""
-    total = sum(t.numel for t in tensors if t.role in ("linear", "lm_head"))
-    if tied_embeddings:
+def matmul_params(tensors: list[WeightTensor], config: ModelConfig) -> int:
+    """Parameters that take part in a matmul per token (2 FLOPs each): linears (of the experts, the share a token
+    uses) and the head, which is the embedding itself when tied. The embedding lookup costs no FLOPs."""
+    total = sum(t.numel * active_share(t, config) for t in tensors if t.role in ("linear", "lm_head"))
+    if config.tie_word_embeddings:
         total += sum(t.numel for t in tensors if t.role == "embedding")
-    return total
+    return int(total)
+
+
+def active_share(tensor: WeightTensor, config: ModelConfig) -> float:
+    """The share of a tensor one token reads: top_k / num_experts for an expert's, else all of it."""
+    if config.experts is None or ".experts." not in tensor.name:
+        return 1.0
+    return config.experts.top_k / config.experts.num_experts
 
 
 def canonical_name(name: str, aliases: dict[str, str], known: dict[str, int], what: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +15,11 @@ from gguf.quants import dequantize
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
 from tally.models.families import family
-from tally.models.gguf_header import GGUFHeader, gguf_config, read_header
+from tally.models.gguf_header import GGUFHeader, TensorInfo, gguf_config, read_header
 from tally.models.hf_checkpoint import check_tensor_shapes, expected_tensor_shapes
 from tally.progress import Track
 
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: what each rotary frequency is divided by
 GGUF_LOADING = "Loading GGUF tensors"  # the load progress bar's words, as safetensors' (hf_checkpoint.LOADING)
 _FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 _QUANTIZED_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
@@ -116,10 +117,20 @@ def open_gguf(path: Path) -> tuple[ModelConfig, GGUFTensorSource]:
                 f"{path}: tensor {info.name} is stored as {info.ggml_type.name}, which Tally cannot "
                 f"dequantize; supported types: {supported}"
             )
-    if any(t.name == "rope_freqs.weight" for t in header.tensors):
-        raise ModelLoadError(
-            f"{path} scales its rotary frequencies per dimension (rope_freqs.weight, Llama 3.1+ style), "
-            "which Tally's GGUF loader does not read yet; serve the Hugging Face checkpoint of this model instead"
-        )
-    check_tensor_shapes({hf_name(t.name): t.shape for t in header.tensors}, config, str(path))
+    rope_freqs = next((t for t in header.tensors if t.name == ROPE_FREQS), None)
+    if rope_freqs is not None:
+        config = replace(config, rope_scaling=_rope_divisors(path, rope_freqs, config))
+    check_tensor_shapes({hf_name(t.name): t.shape for t in header.tensors if t.name != ROPE_FREQS}, config, str(path))
     return config, GGUFTensorSource(path, header, config)
+
+
+def _rope_divisors(path: Path, info: TensorInfo, config: ModelConfig) -> dict:
+    """Llama 3.1+'s rope scaling as llama.cpp's converter stores it: each rotary frequency's divisor, a tensor."""
+    pairs = int(config.head_dim * config.partial_rotary_factor) // 2
+    if info.ggml_type != Q.F32 or info.shape != (pairs,):
+        raise ModelLoadError(f"{path}: {ROPE_FREQS} should be {pairs} F32 values (one per rotary pair), but it is "
+                             f"{info.ggml_type.name} of shape {list(info.shape)}; re-convert the model")
+    with open(path, "rb") as f:
+        f.seek(info.offset)
+        divisors = np.frombuffer(f.read(info.nbytes), dtype=np.float32)
+    return {"rope_type": "divisors", "divisors": divisors.tolist()}

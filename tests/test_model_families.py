@@ -1,0 +1,162 @@
+"""Every family Tally reads, as a tiny random checkpoint from transformers' own config class with the traits that trip
+loaders: greedy tokens identical to transformers in fp32, alone, batched, in prefill chunks and from the prefix cache;
+the parameter count the ledger plans with equals transformers'; what Tally cannot read fails at load, by name."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from support.engine_checks import hf_greedy
+from support.tiny_models import ARCH_CONFIGS, make_checkpoint
+from tally import LLM, SamplingParams
+from tally.errors import ConfigError, ModelLoadError
+from tally.models.families import read_hf_config
+
+_PHI3_FACTORS = {"long_factor": [1.0 + 0.3 * i for i in range(6)], "short_factor": [1.0 + 0.1 * i for i in range(6)]}
+FAMILIES = {
+    "llama3": dict(architectures=["LlamaForCausalLM"], model_type="llama", rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}),
+    "gemma2": dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", head_dim=16, query_pre_attn_scalar=24,
+                   attn_logit_softcapping=5.0, final_logit_softcapping=3.0, sliding_window=8, num_hidden_layers=4,
+                   hidden_activation="gelu_pytorch_tanh"),
+    "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", head_dim=16,
+                   query_pre_attn_scalar=24, sliding_window=8, num_hidden_layers=4,
+                   layer_types=["sliding_attention", "full_attention"] * 2, rope_local_base_freq=100.0,
+                   rope_theta=100000.0),
+    # prompts stay below the original context of 32: the short factors (see test_phi3_long_factors_past_...)
+    "phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", partial_rotary_factor=0.75,
+                 original_max_position_embeddings=32, max_position_embeddings=256,
+                 rope_scaling={"rope_type": "longrope", **_PHI3_FACTORS}),
+    "granite": dict(architectures=["GraniteForCausalLM"], model_type="granite", embedding_multiplier=3.0,
+                    residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0),
+    "olmo2": dict(architectures=["Olmo2ForCausalLM"], model_type="olmo2"),
+    "smollm3": dict(architectures=["SmolLM3ForCausalLM"], model_type="smollm3", num_hidden_layers=4,
+                    no_rope_layers=[1, 1, 1, 0], head_dim=16),
+    "qwen3_moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=8,
+                      num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, head_dim=16,
+                      num_hidden_layers=3, mlp_only_layers=[1]),
+    "mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4,
+                    num_experts_per_tok=2, sliding_window=8),
+    "olmoe": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=4, num_experts_per_tok=2),
+}
+PROMPTS = [[5, 17, 33, 2, 9, 40], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
+GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def family_dir(tmp_path_factory):
+    cache: dict[str, Path] = {}
+
+    def build(name: str) -> Path:
+        if name not in cache:
+            ARCH_CONFIGS.setdefault(name, FAMILIES[name])
+            cache[name] = make_checkpoint(tmp_path_factory.mktemp(name), name)
+        return cache[name]
+    return build
+
+
+def _tokens(outputs) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_greedy_matches_transformers_alone_batched_chunked_and_cached(name, family_dir):
+    model_dir = family_dir(name)
+    expected = [hf_greedy(model_dir, p, GREEDY.max_tokens)[0] for p in PROMPTS]
+    max_len = 32 if name == "phi3" else 128
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000)
+    assert _tokens(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)) == expected
+    assert _tokens(llm.generate([{"prompt_token_ids": PROMPTS[1]}], GREEDY)) == expected[1:]  # a prefix-cache hit
+    chunked = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000,
+                  max_num_batched_tokens=5, enable_prefix_caching=False)
+    assert _tokens(chunked.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)) == expected
+
+
+def test_phi3_long_factors_past_the_original_context_match_transformers(family_dir):
+    # transformers rotates with the long factors once a sequence passes the original context (32); Tally whenever
+    # max_model_len does: they agree on a prompt longer than 32
+    model_dir = family_dir("phi3")
+    prompt = list(range(3, 45))
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=64, kv_cache_memory=4_000_000)
+    assert _tokens(llm.generate([{"prompt_token_ids": prompt}], GREEDY)) == [hf_greedy(model_dir, prompt, 10)[0]]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_parameter_count_equals_transformers(name, family_dir):
+    import transformers
+
+    model_dir = family_dir(name)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    assert read_hf_config(model_dir / "config.json").num_parameters() == sum(p.numel() for p in hf.parameters())
+
+
+def _edit_config(model_dir: Path, tmp_path: Path, **changes) -> Path:
+    out = tmp_path / "edited"
+    out.mkdir()
+    for f in model_dir.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((model_dir / "config.json").read_text()) | changes
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_unknown_architecture_names_it_and_what_tally_reads(tiny_llama, tmp_path):
+    edited = _edit_config(tiny_llama, tmp_path, architectures=["FalconForCausalLM"])
+    with pytest.raises(ModelLoadError, match=r"unsupported architecture 'FalconForCausalLM'; Tally reads .*"
+                                             r"Gemma2ForCausalLM.*Phi3ForCausalLM"):
+        LLM(str(edited))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, r"llama model's rope scaling 'yarn' .* supports linear"),
+    ("hidden_act", "relu", r"llama model's activation 'relu' .* supports silu"),
+])
+def test_unsupported_trait_fails_at_load_naming_family_field_and_value(tiny_llama, tmp_path, field, value, message):
+    edited = _edit_config(tiny_llama, tmp_path, **{field: value})
+    with pytest.raises(ModelLoadError, match=message):
+        LLM(str(edited))
+
+
+def test_missing_family_tensor_is_named(family_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model_dir = family_dir("gemma2")
+    edited = _edit_config(model_dir, tmp_path)
+    tensors = load_file(edited / "model.safetensors")
+    del tensors["model.layers.1.post_feedforward_layernorm.weight"]
+    save_file(tensors, edited / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=r"missing 1 tensor\(s\) a gemma2 model .*layers.1.mlp_output_norm"):
+        LLM(str(edited))
+
+
+def test_tensor_parallel_refuses_experts_by_name(family_dir):
+    from tally.models.tensor_parallel import plan_shards
+
+    with pytest.raises(ConfigError, match=r"does not split mixtral models \(experts\)"):
+        plan_shards(read_hf_config(family_dir("mixtral") / "config.json"), 2)
+
+
+def test_traits_read_from_old_and_new_config_styles(family_dir):
+    gemma3 = read_hf_config(family_dir("gemma3") / "config.json")
+    assert gemma3.layer_window == (8, None, 8, None) and gemma3.rope_theta_sliding == 100.0
+    assert gemma3.rope_theta == 100000.0 and gemma3.uniform_sliding_window is None
+    moe = read_hf_config(family_dir("qwen3_moe") / "config.json")
+    assert [moe.is_moe_layer(i) for i in range(3)] == [True, False, True]
+    assert read_hf_config(family_dir("smollm3") / "config.json").nope_layers == (3,)
+
+
+def test_ledger_counts_every_expert_in_memory_and_the_routed_ones_per_token(family_dir):
+    from tally.ledger.weights import WeightFormat, matmul_params, model_tensors
+
+    cfg = read_hf_config(family_dir("mixtral") / "config.json")
+    tensors = model_tensors(cfg)
+    assert sum(t.numel for t in tensors) == cfg.num_parameters()
+    e, h = cfg.experts, cfg.hidden_size
+    unrouted = cfg.num_layers * (e.num_experts - e.top_k) * 3 * h * e.intermediate_size
+    assert matmul_params(tensors, cfg) == sum(t.numel for t in tensors if t.role in ("linear", "lm_head")) - unrouted
+    fmt = WeightFormat("dense", "float32")
+    assert sum(fmt.tensor_bytes(t) for t in tensors) == 4 * cfg.num_parameters()
