@@ -3,9 +3,14 @@ one per supported architecture, so every test has a real checkpoint without any 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -16,7 +21,7 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 # A little English and code so BPE learns real merges; multi-byte characters for UTF-8 tests.
-_CORPUS = [
+CORPUS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
     "def add(a, b):\n    return a + b\n\nprint(add(2, 3))\n",
     "Paris is the capital of France. Berlin is the capital of Germany.",
@@ -55,7 +60,7 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 400) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    tok.train_from_iterator(CORPUS, trainer=trainer)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     (out_dir / "tokenizer_config.json").write_text(json.dumps({
@@ -96,12 +101,25 @@ def make_checkpoint(out_dir: Path, arch: str = "llama", seed: int = 0, **overrid
     cfg.update(ARCH_CONFIGS[arch])
     cfg.update(overrides)
     config_cls = transformers.AutoConfig.for_model(cfg.pop("model_type")).__class__
-    config = config_cls(**cfg)
+    save_random_model(out_dir, config_cls(**cfg), seed)
+    return out_dir
+
+
+def save_random_model(out_dir: Path, config: PreTrainedConfig, seed: int = 0,
+                      draw_1d: Mapping[str, float] | None = None) -> None:
+    """Random fp32 weights for the transformers `config`, saved with it as safetensors. Matrices are drawn with a
+    larger std than transformers' init so logits are not all near-ties. So are the 1-D tensors whose names contain a
+    key of `draw_1d`, around that key's value: norm weights, biases and attention sinks, which transformers starts
+    at constants a reader that skips them would still match."""
+    import transformers
+
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # larger random weights so logits are not all near-ties
-        for p in model.parameters():
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            means = [mean for part, mean in (draw_1d or {}).items() if part in name]
             if p.dim() > 1:
                 p.normal_(0.0, 0.15)
+            elif means:
+                p.normal_(means[0], 0.15)
     model.save_pretrained(out_dir, safe_serialization=True)
-    return out_dir
