@@ -10,39 +10,15 @@ import pytest
 import torch
 
 from support.engine_checks import hf_greedy
-from support.tiny_models import ARCH_CONFIGS, make_checkpoint
+from support.families import FAMILIES, make_family_checkpoint
 from tally import LLM, SamplingParams
 from tally.errors import ConfigError, ModelLoadError
 from tally.models.families import read_hf_config
 
-_PHI3_FACTORS = {"long_factor": [1.0 + 0.3 * i for i in range(6)], "short_factor": [1.0 + 0.1 * i for i in range(6)]}
-FAMILIES = {
-    "llama3": dict(architectures=["LlamaForCausalLM"], model_type="llama", rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64}),
-    "gemma2": dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", head_dim=16, query_pre_attn_scalar=24,
-                   attn_logit_softcapping=5.0, final_logit_softcapping=3.0, sliding_window=8, num_hidden_layers=4,
-                   hidden_activation="gelu_pytorch_tanh"),
-    "gemma3": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", head_dim=16,
-                   query_pre_attn_scalar=24, sliding_window=8, num_hidden_layers=4,
-                   layer_types=["sliding_attention", "full_attention"] * 2, rope_local_base_freq=100.0,
-                   rope_theta=100000.0),
-    # prompts stay below the original context of 32: the short factors (see test_phi3_long_factors_past_...)
-    "phi3": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", partial_rotary_factor=0.75,
-                 original_max_position_embeddings=32, max_position_embeddings=256,
-                 rope_scaling={"rope_type": "longrope", **_PHI3_FACTORS}),
-    "granite": dict(architectures=["GraniteForCausalLM"], model_type="granite", embedding_multiplier=3.0,
-                    residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0),
-    "olmo2": dict(architectures=["Olmo2ForCausalLM"], model_type="olmo2"),
-    "smollm3": dict(architectures=["SmolLM3ForCausalLM"], model_type="smollm3", num_hidden_layers=4,
-                    no_rope_layers=[1, 1, 1, 0], head_dim=16),
-    "qwen3_moe": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=8,
-                      num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True, head_dim=16,
-                      num_hidden_layers=3, mlp_only_layers=[1]),
-    "mixtral": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4,
-                    num_experts_per_tok=2, sliding_window=8),
-    "olmoe": dict(architectures=["OlmoeForCausalLM"], model_type="olmoe", num_experts=4, num_experts_per_tok=2),
-}
+# every family the fixtures build that Tally reads (GPT-OSS: yarn, sinks and clamped SwiGLU are not in the decoder)
+NAMES = sorted(set(FAMILIES) - {"gpt_oss"})
+# a mixture-of-experts model with a dense layer among its expert layers
+VARIANTS = {"qwen3_moe_dense_layer": ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1]))}
 PROMPTS = [[5, 17, 33, 2, 9, 40], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 
@@ -53,8 +29,8 @@ def family_dir(tmp_path_factory):
 
     def build(name: str) -> Path:
         if name not in cache:
-            ARCH_CONFIGS.setdefault(name, FAMILIES[name])
-            cache[name] = make_checkpoint(tmp_path_factory.mktemp(name), name)
+            family, overrides = VARIANTS.get(name, (name, {}))
+            cache[name] = make_family_checkpoint(tmp_path_factory.mktemp(name), family, **overrides)
         return cache[name]
     return build
 
@@ -63,11 +39,11 @@ def _tokens(outputs) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", NAMES + sorted(VARIANTS))
 def test_family_greedy_matches_transformers_alone_batched_chunked_and_cached(name, family_dir):
     model_dir = family_dir(name)
     expected = [hf_greedy(model_dir, p, GREEDY.max_tokens)[0] for p in PROMPTS]
-    max_len = 32 if name == "phi3" else 128
+    max_len = 64 if name == "phi3" else 128  # Phi-3's short factors: within its original context
     llm = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000)
     assert _tokens(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)) == expected
     assert _tokens(llm.generate([{"prompt_token_ids": PROMPTS[1]}], GREEDY)) == expected[1:]  # a prefix-cache hit
@@ -77,15 +53,15 @@ def test_family_greedy_matches_transformers_alone_batched_chunked_and_cached(nam
 
 
 def test_phi3_long_factors_past_the_original_context_match_transformers(family_dir):
-    # transformers rotates with the long factors once a sequence passes the original context (32); Tally whenever
-    # max_model_len does: they agree on a prompt longer than 32
+    # transformers rotates with the long factors once a sequence passes the original context (64); Tally whenever
+    # max_model_len does: they agree on a prompt longer than 64
     model_dir = family_dir("phi3")
-    prompt = list(range(3, 45))
-    llm = LLM(str(model_dir), dtype="float32", max_model_len=64, kv_cache_memory=4_000_000)
+    prompt = list(range(3, 75))
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=128, kv_cache_memory=4_000_000)
     assert _tokens(llm.generate([{"prompt_token_ids": prompt}], GREEDY)) == [hf_greedy(model_dir, prompt, 10)[0]]
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+@pytest.mark.parametrize("name", NAMES)
 def test_parameter_count_equals_transformers(name, family_dir):
     import transformers
 
@@ -140,13 +116,27 @@ def test_tensor_parallel_refuses_experts_by_name(family_dir):
         plan_shards(read_hf_config(family_dir("mixtral") / "config.json"), 2)
 
 
-def test_traits_read_from_old_and_new_config_styles(family_dir):
+def test_traits_read_from_the_config(family_dir):
     gemma3 = read_hf_config(family_dir("gemma3") / "config.json")
-    assert gemma3.layer_window == (8, None, 8, None) and gemma3.rope_theta_sliding == 100.0
-    assert gemma3.rope_theta == 100000.0 and gemma3.uniform_sliding_window is None
-    moe = read_hf_config(family_dir("qwen3_moe") / "config.json")
+    assert gemma3.layer_window == (8, 8, 8, 8, 8, None) and gemma3.uniform_sliding_window is None
+    assert (gemma3.rope_theta, gemma3.rope_theta_sliding) == (1000000.0, 10000.0)
+    moe = read_hf_config(family_dir("qwen3_moe_dense_layer") / "config.json")
     assert [moe.is_moe_layer(i) for i in range(3)] == [True, False, True]
     assert read_hf_config(family_dir("smollm3") / "config.json").nope_layers == (3,)
+
+
+def test_traits_read_from_a_config_in_the_older_style(family_dir, tmp_path):
+    # most published checkpoints predate transformers 5: rope_theta and rope_scaling, not rope_parameters
+    cfg = json.loads((family_dir("llama3") / "config.json").read_text())
+    params = cfg.pop("rope_parameters")
+    cfg |= {"rope_theta": params.pop("rope_theta"), "rope_scaling": params}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert read_hf_config(tmp_path / "config.json") == read_hf_config(family_dir("llama3") / "config.json")
+
+
+def test_gpt_oss_is_refused_by_name(family_dir):
+    with pytest.raises(ModelLoadError, match=r"unsupported architecture 'GptOssForCausalLM'"):
+        LLM(str(family_dir("gpt_oss")))
 
 
 def test_ledger_counts_every_expert_in_memory_and_the_routed_ones_per_token(family_dir):
