@@ -150,3 +150,12 @@ def test_ledger_counts_every_expert_in_memory_and_the_routed_ones_per_token(fami
     assert matmul_params(tensors, cfg) == sum(t.numel for t in tensors if t.role in ("linear", "lm_head")) - unrouted
     fmt = WeightFormat("dense", "float32")
     assert sum(fmt.tensor_bytes(t) for t in tensors) == 4 * cfg.num_parameters()
+
+
+@pytest.mark.parametrize("name", ["olmo2", "phi3"])
+def test_int8_kv_cache_smooths_keys_through_projection_norms_and_partial_rotary(name, family_dir):
+    # key smoothing measures k after the family's q/k norm and keeps each rotary pair's scale equal
+    model_dir = family_dir(name)
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=64, kv_cache_memory=4_000_000, kv_cache_dtype="int8")
+    first = _tokens(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY))
+    assert [t[0] for t in first] == [hf_greedy(model_dir, p, 1)[0][0] for p in PROMPTS]

@@ -37,8 +37,11 @@ def measure_key_scales(model: CausalLM, token_ids: list[int], alpha: float = ALP
     handles = []
     for i, layer in enumerate(model.layers):
         def record(_module, _args, out, i=i, layer=layer):
-            k = out[:, k_start:k_end].float().view(-1, cfg.num_kv_heads, cfg.head_dim)
-            if cfg.qk_norm:
+            k = out[:, k_start:k_end].float()
+            if cfg.qk_norm == "projection":
+                k = layer.k_norm(k)
+            k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+            if cfg.qk_norm == "head":
                 k = layer.k_norm(k)
             maxima[i] = k.abs().amax(0)
         handles.append(layer.qkv_proj.register_forward_hook(record))
@@ -47,11 +50,12 @@ def measure_key_scales(model: CausalLM, token_ids: list[int], alpha: float = ALP
     finally:
         for h in handles:
             h.remove()
-    half = cfg.head_dim // 2
+    rotated = int(cfg.head_dim * cfg.partial_rotary_factor)
+    half = rotated // 2
     scales = []
     for m in maxima:
-        pair = torch.maximum(m[:, :half], m[:, half:]).clamp(min=_MIN)  # RoPE mixes i and i + D/2
-        s = pair.pow(alpha)
-        s = s / s.log().mean(-1, keepdim=True).exp()
-        scales.append(torch.cat([s, s], dim=-1).to(model.dtype))
+        m = m.clone()
+        m[:, :half] = m[:, half:rotated] = torch.maximum(m[:, :half], m[:, half:rotated])  # RoPE mixes i, i + d/2
+        s = m.clamp(min=_MIN).pow(alpha)
+        scales.append((s / s.log().mean(-1, keepdim=True).exp()).to(model.dtype))
     return scales
