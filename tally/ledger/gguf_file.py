@@ -19,8 +19,10 @@ from tally.models.gguf_header import gguf_config, read_header
 # GGUF tensor name suffix -> (role, TP split, is a K/V projection)
 _ROLES = {
     "attn_q": ("linear", "rows", False), "attn_k": ("linear", "rows", True), "attn_v": ("linear", "rows", True),
-    "attn_output": ("linear", "cols", False), "ffn_gate": ("linear", "rows", False),
-    "ffn_up": ("linear", "rows", False), "ffn_down": ("linear", "cols", False),
+    "attn_qkv": ("linear", "rows", False), "attn_output": ("linear", "cols", False),
+    "ffn_gate": ("linear", "rows", False), "ffn_up": ("linear", "rows", False), "ffn_down": ("linear", "cols", False),
+    "ffn_gate_inp": ("linear", None, False), "ffn_gate_exps": ("linear", "rows", False),
+    "ffn_up_exps": ("linear", "rows", False), "ffn_down_exps": ("linear", "cols", False),
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 

@@ -136,8 +136,9 @@ def matmul_params(tensors: list[WeightTensor], config: ModelConfig) -> int:
 
 
 def active_share(tensor: WeightTensor, config: ModelConfig) -> float:
-    """The share of a tensor one token reads: top_k / num_experts for an expert's, else all of it."""
-    if config.experts is None or ".experts." not in tensor.name:
+    """The share of a tensor one token reads: top_k / num_experts for an expert's (a GGUF's `*_exps` hold every
+    expert's), else all of it."""
+    if config.experts is None or not (".experts." in tensor.name or "_exps." in tensor.name):
         return 1.0
     return config.experts.top_k / config.experts.num_experts
 

@@ -27,8 +27,14 @@ def tally_parts(stored: str, shape: tuple[int, ...], fam: Family,
     fused = fam.hf_fused.get(rest)
     if fused is None:
         return [StoredPart(prefix + fam.hf_rename(rest), stored)]
+    return fused_parts(stored, shape, [prefix + part for part in fused], expected)
+
+
+def fused_parts(stored: str, shape: tuple[int, ...], names: list[str],
+                expected: dict[str, tuple[int, ...]]) -> list[StoredPart]:
+    """The rows of `stored` each of Tally's `names` holds, one after another, as many as `expected` says."""
     parts, start = [], 0
-    for name in (prefix + part for part in fused):
+    for name in names:
         rows = expected.get(name, (0,))[0]
         parts.append(StoredPart(name, stored, slice(start, start + rows)))
         start += rows

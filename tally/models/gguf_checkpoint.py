@@ -1,10 +1,12 @@
-"""GGUF checkpoints (llama.cpp's format): metadata → ModelConfig, tensors renamed to HF names,
-dequantized with gguf.quants, and llama.cpp's Q/K row permutation undone."""
+"""GGUF checkpoints (llama.cpp's format): tensors under Tally's names (llama.cpp's names, the family's own, fused
+tensors and experts split by rows), dequantized with gguf.quants, and llama.cpp's Q/K row permutation undone."""
 from __future__ import annotations
 
 import mmap
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +15,13 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
 
 from tally.errors import ModelLoadError
+from tally.models.checkpoint_names import StoredPart, fused_parts, part_shape
 from tally.models.config import ModelConfig
-from tally.models.families import family
-from tally.models.gguf_header import GGUFHeader, TensorInfo, gguf_config, read_header
+from tally.models.families import Family, family
+from tally.models.gguf_header import ROPE_TENSORS, TensorInfo, gguf_config, read_header
 from tally.models.hf_checkpoint import check_tensor_shapes, expected_tensor_shapes
 from tally.progress import Track
 
-ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: what each rotary frequency is divided by
 GGUF_LOADING = "Loading GGUF tensors"  # the load progress bar's words, as safetensors' (hf_checkpoint.LOADING)
 _FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
 _QUANTIZED_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
@@ -29,6 +31,7 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# llama.cpp's names of a layer's tensors (after `blk.{i}.`) -> Tally's (after `model.layers.{i}.`)
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -44,7 +47,12 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
 }
+# every expert's projection in one [experts, out, in] tensor -> each expert's name after `mlp.experts.{e}.`
+_EXPERT_NAMES = {"ffn_gate_exps.weight": "gate_proj.weight", "ffn_up_exps.weight": "up_proj.weight",
+                 "ffn_down_exps.weight": "down_proj.weight"}
+_LAYER_PREFIX = "model.layers."
 
 
 @dataclass(frozen=True)
@@ -56,30 +64,60 @@ class GGUFRawTensor:
     data: np.ndarray  # uint8, [*shape[:-1], bytes per row]; read-only view of the file unless re-ordered
 
 
-def hf_name(gguf_name: str) -> str:
-    """The HF name of a GGUF tensor; names we do not know come back unchanged (and fail the check)."""
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
-    return gguf_name
+def stored_parts(info: TensorInfo, fam: Family, expected: dict[str, tuple[int, ...]]) -> list[StoredPart]:
+    """The part(s) of Tally's tensors a GGUF tensor holds, as rows of the tensor seen as [rows, last axis]: a fused
+    tensor's parts one after another (Phi-3's attn_qkv), an expert tensor's experts one after another. Names
+    Tally does not know come back unchanged (and fail the shape check)."""
+    name = info.name
+    if name in _GLOBAL_NAMES:
+        return [StoredPart(_GLOBAL_NAMES[name], name)]
+    blk, _, rest = name.partition(".")
+    layer, _, rest = rest.partition(".")
+    if blk != "blk" or not layer.isdigit():
+        return [StoredPart(name, name)]
+    prefix = f"{_LAYER_PREFIX}{layer}."
+    if rest in fam.gguf_fused:
+        return fused_parts(name, info.shape, [prefix + part for part in fam.gguf_fused[rest]], expected)
+    if rest in _EXPERT_NAMES and len(info.shape) == 3:
+        count, rows = info.shape[:2]
+        return [StoredPart(f"{prefix}mlp.experts.{e}.{_EXPERT_NAMES[rest]}", name, slice(e * rows, (e + 1) * rows))
+                for e in range(count)]
+    ours = fam.gguf_names.get(rest) or _LAYER_NAMES.get(rest)
+    return [StoredPart(prefix + ours if ours else name, name)]
+
+
+def gguf_name(name: str, fam: Family) -> str:
+    """The GGUF tensor that holds Tally's tensor `name` (for messages)."""
+    if not name.startswith(_LAYER_PREFIX):
+        return {ours: stored for stored, ours in _GLOBAL_NAMES.items()}.get(name, name)
+    layer, _, rest = name.removeprefix(_LAYER_PREFIX).partition(".")
+    expert = re.fullmatch(r"mlp\.experts\.\d+\.(.+)", rest)
+    fused = [stored for stored, parts in fam.gguf_fused.items() if rest in parts]
+    if expert:
+        stored = {ours: stored for stored, ours in _EXPERT_NAMES.items()}[expert.group(1)]
+    else:
+        stored = fused[0] if fused else {ours: s for s, ours in (_LAYER_NAMES | fam.gguf_names).items()}.get(rest, rest)
+    return f"blk.{layer}.{stored}"
+
+
+def _as_rows(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A tensor's shape with every axis but the last as rows: [experts, out, in] -> [experts * out, in]."""
+    return shape if len(shape) < 3 else (prod(shape[:-1]), shape[-1])
 
 
 class GGUFTensorSource:
-    """Streams a GGUF file's tensors under HF names, dequantizing one tensor at a time."""
+    """Streams a GGUF file's tensors under Tally's names, dequantizing one tensor at a time."""
 
-    def __init__(self, path: Path, header: GGUFHeader, config: ModelConfig) -> None:
+    def __init__(self, path: Path, parts: dict[str, tuple[TensorInfo, slice | None]], config: ModelConfig) -> None:
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._blob = np.frombuffer(self._map, dtype=np.uint8)
-        wanted = expected_tensor_shapes(config)
-        self._infos = {hf_name(t.name): t for t in header.tensors if hf_name(t.name) in wanted}
+        self._parts = parts  # Tally's name -> (the GGUF tensor holding it, its rows there; None: all of it)
         self._row_order = _unpermute_orders(config) if family(config.architecture).gguf_rope_permuted else {}
 
     def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
         # no "dequantizing" in the words: a quantized layer serves the stored blocks, not this float copy
-        for name in track(list(self._infos), GGUF_LOADING):
+        for name in track(list(self._parts), GGUF_LOADING):
             raw = self.raw(name)
             if raw.ggml_type in _FLOAT_TYPES:
                 # numpy has no bfloat16, so floats go through torch as bytes and are reinterpreted.
@@ -89,15 +127,19 @@ class GGUFTensorSource:
             yield name, values.reshape(raw.shape)
 
     def raw(self, name: str) -> GGUFRawTensor | None:
-        info = self._infos.get(name)
-        if info is None:
+        found = self._parts.get(name)
+        if found is None:
             return None
-        # First HF axis: output rows of a linear, elements of a vector.
-        rows = self._blob[info.offset: info.offset + info.nbytes].reshape(info.shape[0], -1)
+        info, rows = found
+        # First axis: output rows of a linear (of every expert, one after another), elements of a vector.
+        shape = _as_rows(info.shape)
+        data = self._blob[info.offset: info.offset + info.nbytes].reshape(shape[0], -1)
+        if rows is not None:  # whole rows: quantized blocks stay intact
+            data, shape = data[rows], (rows.stop - rows.start, *shape[1:])
         order = self._row_order.get(name.split(".")[-2])
-        if order is not None:  # whole rows move, so quantized blocks stay intact
-            rows = rows[order]
-        return GGUFRawTensor(info.ggml_type, info.shape, rows.reshape(*info.shape[:-1], -1))
+        if order is not None:
+            data = data[order]
+        return GGUFRawTensor(info.ggml_type, shape, data.reshape(*shape[:-1], -1))
 
 
 def _unpermute_orders(config: ModelConfig) -> dict[str, np.ndarray]:
@@ -117,20 +159,16 @@ def open_gguf(path: Path) -> tuple[ModelConfig, GGUFTensorSource]:
                 f"{path}: tensor {info.name} is stored as {info.ggml_type.name}, which Tally cannot "
                 f"dequantize; supported types: {supported}"
             )
-    rope_freqs = next((t for t in header.tensors if t.name == ROPE_FREQS), None)
-    if rope_freqs is not None:
-        config = replace(config, rope_scaling=_rope_divisors(path, rope_freqs, config))
-    check_tensor_shapes({hf_name(t.name): t.shape for t in header.tensors if t.name != ROPE_FREQS}, config, str(path))
-    return config, GGUFTensorSource(path, header, config)
-
-
-def _rope_divisors(path: Path, info: TensorInfo, config: ModelConfig) -> dict:
-    """Llama 3.1+'s rope scaling as llama.cpp's converter stores it: each rotary frequency's divisor, a tensor."""
-    pairs = int(config.head_dim * config.partial_rotary_factor) // 2
-    if info.ggml_type != Q.F32 or info.shape != (pairs,):
-        raise ModelLoadError(f"{path}: {ROPE_FREQS} should be {pairs} F32 values (one per rotary pair), but it is "
-                             f"{info.ggml_type.name} of shape {list(info.shape)}; re-convert the model")
-    with open(path, "rb") as f:
-        f.seek(info.offset)
-        divisors = np.frombuffer(f.read(info.nbytes), dtype=np.float32)
-    return {"rope_type": "divisors", "divisors": divisors.tolist()}
+    fam = family(config.architecture)
+    expected = expected_tensor_shapes(config)
+    found: dict[str, tuple[int, ...]] = {}
+    parts: dict[str, tuple[TensorInfo, slice | None]] = {}
+    for info in header.tensors:
+        if info.name in ROPE_TENSORS:  # read into the config's rope scaling
+            continue
+        for part in stored_parts(info, fam, expected):
+            found[part.name] = part_shape(part, _as_rows(info.shape))
+            if part.name in expected:
+                parts[part.name] = (info, part.rows)
+    check_tensor_shapes(found, config, str(path), lambda name: gguf_name(name, fam))
+    return config, GGUFTensorSource(path, parts, config)

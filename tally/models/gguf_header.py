@@ -1,4 +1,4 @@
-"""Reads a GGUF file's metadata and tensor table (not its tensor data), and maps the metadata
+"""Reads a GGUF file's metadata and tensor table (not its weights), and maps the metadata
 to a ModelConfig. Torch-free, so the ledger can plan from a GGUF without loading it.
 
 gguf.GGUFReader builds a numpy view per metadata item, which takes seconds on a large vocabulary;
@@ -19,11 +19,15 @@ from gguf import GGUFValueType as V
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
 from tally.models.families import gguf_family
+from tally.models.families.gguf_fields import GGUFKey, float32_literal
 
 _SCALARS = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
             V.FLOAT32: "<f", V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d"}
 _DEFAULT_ALIGNMENT_BYTES = 32
 _FIRST_READ_BYTES = 4 << 20  # the built-in model's header (vocabulary + merges) is ~1.5 MB
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3.1+: what each rotary frequency is divided by
+ROPE_LONG, ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"  # LongRoPE's divisors (Phi-3)
+ROPE_TENSORS = (ROPE_FREQS, ROPE_LONG, ROPE_SHORT)  # tensors that carry the rotary scaling, not weights
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,8 @@ def _parse(cursor: _Cursor, path: Path, file_bytes: int) -> GGUFHeader:
 
 
 def gguf_config(header: GGUFHeader, path: Path) -> ModelConfig:
-    """ModelConfig from `{arch}.*` and `tokenizer.ggml.*` metadata."""
+    """ModelConfig from `{arch}.*` and `tokenizer.ggml.*` metadata, the rotary tensors (ROPE_TENSORS) and the
+    family's traits (tally/models/families/)."""
     meta, arch = header.metadata, header.architecture
     fam = gguf_family(arch, str(path))
 
@@ -173,8 +178,9 @@ def gguf_config(header: GGUFHeader, path: Path) -> ModelConfig:
     eos_ids = [meta.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
     window = key("attention.sliding_window", None)
     head_dim = int(key("attention.key_length", hidden // heads))
+    rotary_dim = int(key("rope.dimension_count", head_dim))
     q_norm = shapes.get("blk.0.attn_q_norm.weight")
-    return ModelConfig(
+    fields = dict(
         architecture=fam.name,
         vocab_size=int(token_count if token_count is not None else key("vocab_size")),
         hidden_size=hidden,
@@ -183,35 +189,57 @@ def gguf_config(header: GGUFHeader, path: Path) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=int(kv_heads),
         head_dim=head_dim,
-        rms_norm_eps=_float32_literal(key("attention.layer_norm_rms_epsilon")),
+        rms_norm_eps=float32_literal(key("attention.layer_norm_rms_epsilon")),
         rope_theta=float(key("rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(meta, arch),
+        rope_scaling=_rope_scaling(header, path, key, rotary_dim),
         max_position_embeddings=int(key("context_length")),
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm=None if q_norm is None else "head" if q_norm == (head_dim,) else "projection",
         sliding_window=int(window) if window else None,
+        partial_rotary_factor=rotary_dim / head_dim,
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(int(e) for e in eos_ids if e is not None)),
         torch_dtype=_torch_dtype(header.tensors),
-        **fam.traits_from_gguf(key, names),
     )
+    return ModelConfig(**fields | fam.traits_from_gguf(key, names))
 
 
-def _float32_literal(value: object) -> float:
-    """GGUF stores float32: 1e-5 comes back as 9.99999974e-06; recover the literal the converter saw."""
-    return float(str(np.float32(value)))
-
-
-def _rope_scaling(meta: dict, arch: str) -> dict | None:
-    kind = meta.get(f"{arch}.rope.scaling.type")
+def _rope_scaling(header: GGUFHeader, path: Path, key: GGUFKey, rotary_dim: int) -> dict | None:
+    """The rotary scaling as the metadata names it, or as llama.cpp reads it from tensors for any architecture:
+    each frequency's divisor (`rope_freqs`, Llama 3.1+) or LongRoPE's long and short ones (Phi-3)."""
+    tensors = {t.name: t for t in header.tensors if t.name in ROPE_TENSORS}
+    if ROPE_FREQS in tensors:
+        return {"rope_type": "divisors", "divisors": _rope_vector(path, tensors, ROPE_FREQS, rotary_dim)}
+    if ROPE_LONG in tensors or ROPE_SHORT in tensors:
+        original = int(key("rope.scaling.original_context_length"))
+        scaling = {"rope_type": "longrope", "long_factor": _rope_vector(path, tensors, ROPE_LONG, rotary_dim),
+                   "short_factor": _rope_vector(path, tensors, ROPE_SHORT, rotary_dim),
+                   "original_max_position_embeddings": original,
+                   "factor": int(key("context_length")) / original}
+        # the converter writes transformers' attention factor, computed as transformers does
+        attention_factor = key("rope.scaling.attn_factor", None)
+        return scaling if attention_factor is None else scaling | {"attention_factor": float(attention_factor)}
+    kind = key("rope.scaling.type", None)
     if kind in (None, "none"):
         return None
-    scaling = {"rope_type": kind, "factor": float(meta.get(f"{arch}.rope.scaling.factor", 1.0))}
-    original = meta.get(f"{arch}.rope.scaling.original_context_length")
+    scaling = {"rope_type": kind, "factor": float(key("rope.scaling.factor", 1.0))}
+    original = key("rope.scaling.original_context_length", None)
     if original is not None:
         scaling["original_max_position_embeddings"] = int(original)
     return scaling
+
+
+def _rope_vector(path: Path, tensors: dict[str, TensorInfo], name: str, rotary_dim: int) -> list[float]:
+    """The tensor `name`: one F32 value per rotary pair, read from the file."""
+    pairs, info = rotary_dim // 2, tensors.get(name)
+    if info is None or info.ggml_type != GGMLQuantizationType.F32 or info.shape != (pairs,):
+        found = "missing" if info is None else f"{info.ggml_type.name} of shape {list(info.shape)}"
+        raise ModelLoadError(f"{path}: {name} should be {pairs} F32 values (one per rotary pair), but it is "
+                             f"{found}; re-convert the model")
+    with open(path, "rb") as f:
+        f.seek(info.offset)
+        return np.frombuffer(f.read(info.nbytes), dtype=np.float32).tolist()
 
 
 def _torch_dtype(tensors: list[TensorInfo]) -> str:

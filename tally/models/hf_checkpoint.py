@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -66,26 +66,31 @@ def _mlp_shapes(h: int, i: int, p: str) -> dict[str, tuple[int, ...]]:
     return {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h), p + "down_proj.weight": (h, i)}
 
 
-def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, where: str) -> None:
-    """Missing, misshapen or unexpected tensors → ModelLoadError naming them (`where` is the file)."""
+def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, where: str,
+                        stored_name: Callable[[str], str] | None = None) -> None:
+    """Missing, misshapen or unexpected tensors → ModelLoadError naming them (`where` is the file;
+    `stored_name` gives the file's name of one of Tally's, where the file names it otherwise)."""
+    def named(names: list[str]) -> list[str]:
+        return [n if stored_name is None or stored_name(n) == n else f"{n} ({stored_name(n)})" for n in names]
+
     expected = expected_tensor_shapes(config)
     missing = [name for name in expected if name not in found]
     if missing:
         raise ModelLoadError(
             f"{where} is missing {len(missing)} tensor(s) a {config.architecture} model with "
-            f"{config.num_layers} layers needs: {_first(missing)}"
+            f"{config.num_layers} layers needs: {_first(named(missing))}"
         )
     for name, shape in expected.items():
         if tuple(found[name]) != shape:
             raise ModelLoadError(
-                f"{where}: tensor {name} has shape {list(found[name])} but the config implies {list(shape)}; "
-                "the config and the weights disagree"
+                f"{where}: tensor {named([name])[0]} has shape {list(found[name])} but the config implies "
+                f"{list(shape)}; the config and the weights disagree"
             )
     unexpected = [n for n in found if n not in expected and not _ignorable(n, config)]
     if unexpected:
         raise ModelLoadError(
             f"{where} holds {len(unexpected)} tensor(s) Tally's {config.architecture} model has no place for "
-            f"({_first(unexpected)}); serving without them would give wrong outputs"
+            f"({_first(named(unexpected))}); serving without them would give wrong outputs"
         )
 
 

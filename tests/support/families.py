@@ -274,6 +274,13 @@ def _sentencepiece_files(flavour: str) -> dict[str, bytes]:
         model_type="bpe", byte_fallback=True, character_coverage=1.0, split_digits=True,
         normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
         minloglevel=2, **trainer_args)
+    # Listed as special, as Gemma's own tokenizer_config.json lists its turn markers: the converter then marks them
+    # control tokens, which a GGUF tokenizer keeps whole (it splits a piece the file marks normal).
+    pieces = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    config = dict(config, added_tokens_decoder={
+        str(pieces.piece_to_id(symbol)): dict(content=symbol, special=True, normalized=False, lstrip=False,
+                                              rstrip=False, single_word=False)
+        for symbol in trainer_args.get("user_defined_symbols", ())})
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "tokenizer.model").write_bytes(model.getvalue())
         (Path(tmp) / "tokenizer_config.json").write_text(json.dumps(config))

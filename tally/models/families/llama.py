@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from tally.models.config import ModelConfig
+from tally.models.families import gguf_fields
 from tally.models.families.family import Family
 from tally.models.families.hf_fields import activation, shape_fields, windows
 
@@ -19,5 +20,12 @@ def _mistral(cfg: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**fields, activation=activation(cfg, "mistral"))
 
 
-LLAMA = Family("llama", ("LlamaForCausalLM",), ("llama",), _llama, gguf_rope_permuted=True)
+def _llama_gguf(key: gguf_fields.GGUFKey, names: set[str]) -> dict[str, Any]:
+    # llama.cpp writes Llama, Mistral and Mixtral alike as "llama" (and keeps no sliding window); experts make it
+    # Mixtral, whose chosen experts' weights llama.cpp renormalises, as transformers does
+    moe = gguf_fields.experts(key, normalize_top_k=True)
+    return moe | {"architecture": "mixtral"} if moe else {}
+
+
+LLAMA = Family("llama", ("LlamaForCausalLM",), ("llama",), _llama, _llama_gguf, gguf_rope_permuted=True)
 MISTRAL = Family("mistral", ("MistralForCausalLM",), ("mistral",), _mistral, gguf_rope_permuted=True)

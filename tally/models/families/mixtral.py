@@ -27,5 +27,5 @@ def _mixtral(cfg: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**fields, activation=activation(cfg, "mixtral"), experts=experts)
 
 
-# llama.cpp writes Mixtral as a "llama" GGUF with experts: the llama family reads those
-MIXTRAL = Family("mixtral", ("MixtralForCausalLM",), (), _mixtral, hf_rename=_rename)
+# llama.cpp writes Mixtral as a "llama" GGUF with experts: the llama family reads those (llama.py)
+MIXTRAL = Family("mixtral", ("MixtralForCausalLM",), (), _mixtral, hf_rename=_rename, gguf_rope_permuted=True)

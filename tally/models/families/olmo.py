@@ -6,6 +6,7 @@ from typing import Any
 
 from tally.errors import ModelLoadError
 from tally.models.config import Experts, ModelConfig
+from tally.models.families import gguf_fields
 from tally.models.families.family import Family
 from tally.models.families.hf_fields import activation, shape_fields
 
@@ -34,5 +35,15 @@ def _olmoe(cfg: dict[str, Any]) -> ModelConfig:
                        experts=experts)
 
 
-OLMO2 = Family("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), _olmo2, hf_rename=_rename)
-OLMOE = Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), _olmoe)
+def _olmo2_gguf(key: gguf_fields.GGUFKey, names: set[str]) -> dict[str, Any]:
+    return dict(norm_layout="post", norm_scale_in_float=True)  # q/k norms over the projection: by their shape
+
+
+def _olmoe_gguf(key: gguf_fields.GGUFKey, names: set[str]) -> dict[str, Any]:
+    # llama.cpp keeps the chosen experts' softmax weights unnormalised here, as OLMoE's configs (norm_topk_prob)
+    return gguf_fields.experts(key, normalize_top_k=False)
+
+
+OLMO2 = Family("olmo2", ("Olmo2ForCausalLM",), ("olmo2",), _olmo2, _olmo2_gguf, hf_rename=_rename,
+               gguf_names=gguf_fields.OUTPUT_NORM_NAMES)
+OLMOE = Family("olmoe", ("OlmoeForCausalLM",), ("olmoe",), _olmoe, _olmoe_gguf)

@@ -15,7 +15,10 @@ def _phi3(cfg: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**fields, activation=activation(cfg, "phi3"), partial_rotary_factor=float(rotary or 1.0))
 
 
-PHI3 = Family("phi3", ("Phi3ForCausalLM",), ("phi3",), _phi3, hf_fused={
-    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-})
+_QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+_GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
+
+# LongRoPE and partial rotary come from a GGUF's rotary tensors and rope.dimension_count (tally/models/gguf_header.py)
+PHI3 = Family("phi3", ("Phi3ForCausalLM",), ("phi3",), _phi3,
+              hf_fused={"self_attn.qkv_proj.weight": _QKV, "mlp.gate_up_proj.weight": _GATE_UP},
+              gguf_fused={"attn_qkv.weight": _QKV, "ffn_up.weight": _GATE_UP})

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from tally.models.config import Experts, ModelConfig
+from tally.models.families import gguf_fields
 from tally.models.families.family import Family
 from tally.models.families.hf_fields import activation, shape_fields, windows
 
@@ -35,6 +36,11 @@ def _qwen3_moe(cfg: dict[str, Any]) -> ModelConfig:
     return ModelConfig(**fields, qk_norm="head", experts=experts)
 
 
+def _qwen3_moe_gguf(key: gguf_fields.GGUFKey, names: set[str]) -> dict[str, Any]:
+    # llama.cpp renormalises the chosen experts' weights here, as Qwen3-MoE's configs do (norm_topk_prob)
+    return gguf_fields.experts(key, normalize_top_k=True)
+
+
 QWEN2 = Family("qwen2", ("Qwen2ForCausalLM",), ("qwen2",), _qwen2)
 QWEN3 = Family("qwen3", ("Qwen3ForCausalLM",), ("qwen3",), _qwen3)
-QWEN3_MOE = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3moe",), _qwen3_moe)
+QWEN3_MOE = Family("qwen3_moe", ("Qwen3MoeForCausalLM",), ("qwen3moe",), _qwen3_moe, _qwen3_moe_gguf)

@@ -5,6 +5,7 @@ from typing import Any
 
 from tally.models.config import ModelConfig
 from tally.models.families.family import Family
+from tally.models.families.gguf_fields import GGUFKey
 from tally.models.families.hf_fields import activation, shape_fields, windows
 
 
@@ -17,4 +18,9 @@ def _smollm3(cfg: dict[str, Any]) -> ModelConfig:
                        nope_layers=tuple(i for i, rotates in enumerate(uses_rope) if not rotates))
 
 
-SMOLLM3 = Family("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), _smollm3)
+def _smollm3_gguf(key: GGUFKey, names: set[str]) -> dict[str, Any]:
+    # llama.cpp leaves rotary out of every fourth layer (3, 7, ...), SmolLM3's no_rope_layer_interval
+    return {"nope_layers": tuple(i for i in range(int(key("block_count"))) if (i + 1) % 4 == 0)}
+
+
+SMOLLM3 = Family("smollm3", ("SmolLM3ForCausalLM",), ("smollm3",), _smollm3, _smollm3_gguf, gguf_rope_permuted=True)
