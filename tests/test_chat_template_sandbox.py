@@ -1,8 +1,10 @@
 """Chat templates render as transformers renders them, byte for byte, and within bounds: `*` cannot build a huge
 sequence (not even folded at compile time), and in a worker process a template that loops for hours, fills the
-memory or writes without end fails alone with an error naming the limit, its worker replaced."""
+memory or writes without end fails alone with an error naming the limit, its worker replaced. A request's own
+template renders at the lowest CPU priority, the model's at the server's."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from tally.models.template_sandbox import (
 )
 from tally.models.template_workers import TemplateLimits, TemplateWorkers
 from tally.models.tokenizer import load_tokenizer
+from tests.support.child_processes import worker_niceness
 
 # Qwen2.5-Instruct's template: tools shown as JSON, tool calls and tool responses.
 TOOLS_TEMPLATE = (Path(__file__).parent / "support" / "qwen2_5_chat_template.jinja").read_text()
@@ -43,6 +46,7 @@ CONVERSATION = [
     {"role": "tool", "content": '{"celsius": 21}', "tool_call_id": "call_1"},
     {"role": "assistant", "content": "It is 21 °C. "},
 ]
+LIMITS = TemplateLimits(timeout_s=1.0, memory_bytes=2**29, max_output_chars=2**20)
 BOMB = "{% set x = [0] * 50000000 %}{{ x|length }}"
 NESTED_LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 
@@ -54,7 +58,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def workers():
-    pool = TemplateWorkers(TemplateLimits(timeout_s=1.0, memory_bytes=2**29, max_output_chars=2**20), max_workers=2)
+    pool = TemplateWorkers(LIMITS, max_workers=2)
     yield pool
     pool.close()
 
@@ -127,3 +131,18 @@ def test_a_worker_over_its_deadline_is_killed_and_replaced(workers):
     with pytest.raises(TemplateRejected, match="boom"):
         workers.render(TemplateJob("{{ raise_exception('boom') }}", []))
     assert workers.render(TemplateJob("{{ messages[0].content }}", [{"content": "still here"}])) == "still here"
+
+
+def test_a_requests_own_template_renders_at_the_lowest_priority_the_models_at_the_servers():
+    def new_workers_niceness(limits: TemplateLimits) -> list[int]:
+        before = worker_niceness(os.getpid(), TemplateWorkers.__module__)
+        pool = TemplateWorkers(limits, max_workers=1)
+        try:
+            assert pool.render(TemplateJob("{{ messages[0].content }}", [{"content": "hi"}])) == "hi"
+            after = worker_niceness(os.getpid(), TemplateWorkers.__module__)
+            return [n for pid, n in after.items() if pid not in before]
+        finally:
+            pool.close()
+
+    assert new_workers_niceness(LIMITS) == [os.getpriority(os.PRIO_PROCESS, 0)]
+    assert new_workers_niceness(LIMITS.for_requests()) == [19]

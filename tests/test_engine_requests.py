@@ -39,6 +39,24 @@ def test_n_samples_share_the_prompt_blocks_and_differ(llm):
     assert_no_block_leak(llm)
 
 
+def test_n_samples_copy_the_prompts_last_partial_block_and_sample_as_if_they_computed_it(llm):
+    """Each sibling copies the parent's partial last block and computes only the last prompt token (whose logits it
+    samples from): one prompt's worth of prefill for all n, and the same samples as siblings that recompute it."""
+    prompt = list(range(20, 20 + 3 * 16 + 9))
+    params = SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)
+    prefilled = llm.engine.stats.prompt_tokens
+    forked = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
+    assert llm.engine.stats.prompt_tokens - prefilled == len(prompt)  # the parent's prefill only
+    copy_block, llm.engine.scheduler.copy_block = llm.engine.scheduler.copy_block, None
+    try:
+        recomputed = llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)[0]
+    finally:
+        llm.engine.scheduler.copy_block = copy_block
+    assert [o.token_ids for o in forked.outputs] == [o.token_ids for o in recomputed.outputs]
+    assert len({tuple(o.token_ids) for o in forked.outputs}) > 1
+    assert_no_block_leak(llm)
+
+
 def test_stop_string_ends_output_and_is_not_included(llm):
     free = llm.generate("Numbers:", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[0].outputs[0]
     assert len(free.text) > 4

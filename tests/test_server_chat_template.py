@@ -1,7 +1,7 @@
 """Templates and the tokenizer helpers against a real server that trusts requests' own templates (vLLM's
 --trust-request-chat-template; without it such a request is refused: tests/test_server_hostile.py): one that builds a
 huge list or loops for hours gets a 400 naming the limit while other requests are served; /tokenize and /detokenize
-need the API key and tokenize off the event loop."""
+need the API key and tokenize off the event loop, a long text in a worker process, id for id as the tokenizer."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,11 @@ import time
 import httpx
 import pytest
 
+from tally.models.loader import load_checkpoint
+from tally.models.tokenizer import load_tokenizer
+from tally.models.tokenizer_worker import LONG_TEXT_CHARS, TokenizerWorker
 from tally.server.process import ServerProcess
+from tests.support.child_processes import worker_niceness
 
 MODEL = "tiny"
 KEY = "sk-test-template"
@@ -69,6 +73,20 @@ def test_a_long_prompt_to_tokenize_does_not_stall_health(server):
     assert head.startswith(b"HTTP/1.1 200") and json.loads(payload)["count"] > 2**18
     too_big = httpx.post(server.url + "/tokenize", json={"prompt": "x" * 5 * 2**20}, headers=AUTH)
     assert too_big.status_code == 413 and "--max-body-bytes" in too_big.json()["error"]["message"]
+
+
+def test_a_long_text_is_tokenized_in_a_worker_process_as_the_tokenizer_does(server, tiny_llama):
+    tokenizer = load_tokenizer(load_checkpoint(str(tiny_llama)))
+    text = "Grüße aus 東京 🙂 <|im_end|>  \n\t" * (LONG_TEXT_CHARS // 20)
+    messages = [{"role": "user", "content": text}]
+    chat = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    plain = tokenizer.encode(text, add_special_tokens=False)
+    for body, expected in (({"prompt": text}, tokenizer.encode(text)),
+                           ({"prompt": text, "add_special_tokens": False}, plain),
+                           ({"messages": messages}, tokenizer.encode(chat, add_special_tokens=False))):
+        r = httpx.post(server.url + "/tokenize", json=body, headers=AUTH, timeout=120.0)
+        assert r.status_code == 200 and r.json() == {"count": len(expected), "max_model_len": 256, "tokens": expected}
+    assert worker_niceness(server.proc.pid, TokenizerWorker.__module__), "no tokenizer worker process"
 
 
 def test_a_template_that_builds_a_huge_list_gets_a_400_naming_the_limit(server):

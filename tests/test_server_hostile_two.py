@@ -12,7 +12,7 @@ import httpx
 import pytest
 from support.ledger_polling import expect_ledger, idle
 
-from tally.engine.grammar_limits import GrammarLimits
+from tally.engine.grammar_limits import MAX_OBJECT_PROPERTIES, GrammarLimits
 from tally.server.process import ServerProcess
 
 MODEL = "tiny"
@@ -95,6 +95,8 @@ REFUSED = {
     "min_tokens past the context": (_chat(max_tokens=None, min_tokens=1000), "min_tokens"),
     "a schema past max_properties": (_chat(response_format=_json_schema(_schema(LIMITS.max_properties + 1))),
                                      "structured_outputs"),
+    "an object past what the grammar engine holds": (
+        _chat(response_format=_json_schema(_schema(MAX_OBJECT_PROPERTIES + 1))), "structured_outputs"),
     "a choice of 100,000 strings": (_chat(structured_outputs={"choice": [str(i) for i in range(100_000)]}),
                                     "structured_outputs"),
     "2,000 prompts x n 8": ({"model": MODEL, "prompt": [[1, 2, 3]] * 2000, "n": 8, "max_tokens": 2}, "prompt"),
@@ -130,7 +132,7 @@ def test_an_echoed_model_name_comes_back_clipped(server):
 def test_a_big_schema_at_n_16_compiles_while_a_request_behind_it_finishes(server):
     """The largest schema the limits admit takes seconds to compile, once for its 16 samples, on a thread beside the
     engine: a request sent while it compiles finishes first."""
-    big = _chat(response_format=_json_schema(_schema(LIMITS.max_properties)), n=16, max_tokens=4)
+    big = _chat(response_format=_json_schema(LIMITS.largest_schema()), n=16, max_tokens=4)
     finished: list[str] = []
 
     def send_big() -> None:
@@ -151,7 +153,7 @@ def test_a_big_schema_at_n_16_compiles_while_a_request_behind_it_finishes(server
 
 
 def test_a_client_gone_while_its_grammar_compiles_leaves_nothing_behind(server):
-    body = _chat(response_format=_json_schema(_schema(3000)), n=2 * SLOTS)
+    body = _chat(response_format=_json_schema(LIMITS.largest_schema("another")), n=2 * SLOTS)
     try:
         r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=0.5)
         assert r.status_code == 200, r.text  # only a CPU that compiles it within half a second gets here
@@ -169,7 +171,7 @@ def test_a_request_may_fill_the_batch_slots_many_times_over_up_to_its_cap(server
 
 
 def test_a_grammar_slower_than_the_time_limit_is_a_400_naming_it(strict):
-    r = _post(strict, _chat(response_format=_json_schema(_schema(2000))), host=f"127.0.0.1:{strict.port}")
+    r = _post(strict, _chat(response_format=_json_schema(LIMITS.largest_schema())), host=f"127.0.0.1:{strict.port}")
     assert r.status_code == 400, r.text
     assert "compile_timeout_s" in r.json()["error"]["message"]
     ok = _post(strict, _chat(), host=f"127.0.0.1:{strict.port}")

@@ -11,6 +11,7 @@ import pytest
 
 from tally import LLM, SamplingParams
 from tally.engine.config import EngineConfig
+from tally.engine.grammar_limits import MAX_OBJECT_PROPERTIES, GrammarLimits
 from tally.errors import ConfigError, InvalidRequestError
 from tally.sampling_params import StructuredOutputsParams
 
@@ -100,6 +101,20 @@ def test_a_spec_is_compiled_once_for_all_the_samples_and_prompts_that_share_it(l
     outs = llm.generate(["a", "b"], params, use_tqdm=False)
     assert all(re.fullmatch(r"[a-c]{3}", c.text) for o in outs for c in o.outputs), outs
     assert llm.engine.grammars.num_compiled == before + 1
+
+
+def test_the_largest_objects_the_limits_admit_are_generated_past_their_first_key(llm):
+    """An object past what the grammar engine's parser holds compiles, then fails at its first key (the answer is
+    `{`); the bound on one object's properties keeps every admitted object within it."""
+    one_object = {"type": "object", "additionalProperties": False,
+                  "properties": {f"p{i}": {"type": "string", "maxLength": 2} for i in range(MAX_OBJECT_PROPERTIES)}}
+    nested = GrammarLimits().largest_schema()
+    for schema, prefix in ((one_object, '{"p'), (nested, '{"o')):
+        out = _generate(llm, [StructuredOutputsParams(json=schema)], temperature=1.0)[0]
+        assert out.text.startswith(prefix) and len(out.token_ids) > 2, out
+    one_object["properties"]["one_more"] = {"type": "string"}
+    with pytest.raises(InvalidRequestError, match=f"at most {MAX_OBJECT_PROPERTIES} in one object"):
+        llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(json=one_object)), use_tqdm=False)
 
 
 @pytest.mark.parametrize("config, message", [

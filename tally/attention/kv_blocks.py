@@ -22,6 +22,12 @@ def block_tensors(kv_caches: list[tuple[KVCache, KVCache]]) -> list[torch.Tensor
     return out
 
 
+def copy_block(tensors: list[torch.Tensor], src: int, dst: int) -> None:
+    """Block `src` of every pool tensor copied over block `dst`."""
+    for t in tensors:
+        t[dst].copy_(t[src])
+
+
 def _columns(data: torch.Tensor, widths: list[int]) -> Iterator[torch.Tensor]:
     """Consecutive column ranges of uint8 rows [n, sum(widths)], each made contiguous for a dtype view."""
     offset = 0

@@ -38,6 +38,11 @@ class KVCacheManager:
     def block_table(self, request_id: str) -> list[int]:
         return [b.block_id for b in self._blocks.get(request_id, ())]
 
+    def held_block(self, request_id: str, index: int) -> int | None:
+        """The block at this place of the request's table, None where it has none (or gave it back)."""
+        blocks = self._blocks.get(request_id, ())
+        return blocks[index].block_id if self._num_released.get(request_id, 0) <= index < len(blocks) else None
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tally.core.kv_manager import KVCacheManager
@@ -39,10 +40,13 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, swap: SwapTier | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, swap: SwapTier | None = None,
+                 copy_block: Callable[[int, int], None] | None = None) -> None:
+        """`copy_block(src, dst)`: the pool's KV of one block copied over another's (None: siblings recompute)."""
         self.config = config
         self.kv = kv
         self.swap = swap
+        self.copy_block = copy_block
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -141,17 +145,21 @@ class Scheduler:
             swapped = self.swap.swapped_tokens(req.request_id) if self.swap is not None else 0
             cached = [] if swapped else self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
-            remaining = req.num_tokens - req.num_computed_tokens - num_cached - swapped
+            forked = 0 if swapped else self._forkable_tokens(req, len(cached))
+            remaining = req.num_tokens - req.num_computed_tokens - num_cached - swapped - forked
             n = 0 if whole_only and remaining > budget else self._num_new_tokens(remaining, budget, partial)
             if n == 0:
                 i += 1
                 continue
-            req.num_computed_tokens += swapped  # computed again once copied back, before the step runs
+            req.num_computed_tokens += swapped + forked  # computed again once copied in, before the step runs
             if not self.kv.allocate(req, n, cached):
-                req.num_computed_tokens -= swapped
+                req.num_computed_tokens -= swapped + forked
                 break
             if swapped:
                 self.swap.swap_in(req.request_id, self.kv.block_table(req.request_id))
+            if forked:
+                self.copy_block(self.kv.held_block(req.parent.request_id, len(cached)),
+                                self.kv.held_block(req.request_id, len(cached)))
             del self.waiting[i]
             if req.num_cached_tokens < 0:  # first admission: preemption recomputes are not hits
                 req.num_cached_tokens = num_cached
@@ -165,6 +173,18 @@ class Scheduler:
             budget -= n
             out.scheduled.append(ScheduledRequest(req, n))
         return budget, partial
+
+    def _forkable_tokens(self, req: Request, num_cached_blocks: int) -> int:
+        """Tokens of the prompt's last, partial block that an n>1 sibling copies from its running parent instead of
+        computing them again (every sibling would otherwise prefill up to a block of the same prompt): all that the
+        parent computed but the last prompt token, whose logits the sibling needs."""
+        parent, start = req.parent, num_cached_blocks * self.kv.block_size
+        if (self.copy_block is None or parent is None or parent.status is not RequestStatus.RUNNING
+                or req.num_computed_tokens or req.num_output_tokens or req.skip_prefix_cache
+                or num_cached_blocks != (req.num_tokens - 1) // self.kv.block_size
+                or self.kv.held_block(parent.request_id, num_cached_blocks) is None):
+            return 0
+        return max(0, min(parent.num_computed_tokens, req.num_tokens - 1) - start)
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> int:
         """Free req's blocks (copied to the swap space first, where that measured cheaper than recomputing them) and

@@ -1,6 +1,7 @@
 """What compiling one structured-output spec may cost: its size, checked before compiling (the grammar engine's
 time grows faster than linearly with a schema's properties and a choice's strings), and the time compiling may
-take. vLLM's `--structured-outputs-config` flag (JSON) sets them; every refusal names the limit and its key."""
+take. vLLM's `--structured-outputs-config` flag (JSON) sets them; every refusal names the limit and its key. One
+bound is the grammar engine's own, not a setting: the properties of one object (MAX_OBJECT_PROPERTIES)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,9 @@ from tally.errors import ConfigError, InvalidRequestError, echo
 from tally.sampling_params import StructuredOutputsParams
 
 BACKENDS = ("auto", "guidance")  # vLLM's backend names this engine's grammar engine (llguidance) answers to
+# In one object: llguidance's parser holds 2,000 items in a row (its max_items_in_row) and an object's next key takes
+# four per property, so a larger object compiles (for seconds) and then fails at its first key, mid-answer.
+MAX_OBJECT_PROPERTIES = 480
 
 
 @dataclass(frozen=True)
@@ -53,10 +57,24 @@ class GrammarLimits:
         if spec.choice is not None:
             self._within(len(spec.choice), self.max_choices, "max_choices", spec, "strings", "offer fewer")
         elif isinstance(spec.json, dict):
-            properties, enum_values = _schema_counts(spec.json)
+            properties, largest, enum_values = _schema_counts(spec.json)
             self._within(properties, self.max_properties, "max_properties", spec, "properties",
                          "split the schema into smaller ones")
+            if largest > MAX_OBJECT_PROPERTIES:
+                raise InvalidRequestError(
+                    f"structured output json has an object of {largest:,} properties; the grammar engine generates "
+                    f"at most {MAX_OBJECT_PROPERTIES:,} in one object: group them in nested objects",
+                    param="structured_outputs")
             self._within(enum_values, self.max_choices, "max_choices", spec, "enum values", "offer fewer")
+
+    def largest_schema(self, title: str = "") -> dict:
+        """The largest JSON schema these limits admit (benchmarks and tests send it): objects of
+        MAX_OBJECT_PROPERTIES short strings in one object, as many as max_properties allows in all."""
+        count = min(self.max_properties // (MAX_OBJECT_PROPERTIES + 1), MAX_OBJECT_PROPERTIES)
+        inner = {"type": "object", "additionalProperties": False,
+                 "properties": {f"p{i}": {"type": "string", "maxLength": 2} for i in range(MAX_OBJECT_PROPERTIES)}}
+        return {"title": title, "type": "object", "additionalProperties": False,
+                "properties": {f"o{j}": inner for j in range(count)}}
 
     @staticmethod
     def _within(count: int, limit: int, key: str, spec: StructuredOutputsParams, unit: str, fix: str) -> None:
@@ -71,18 +89,20 @@ def _text(spec: StructuredOutputsParams) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _schema_counts(schema: dict) -> tuple[int, int]:
-    """(properties, enum values) of every object in a JSON schema, walked without recursion."""
-    properties = enum_values = 0
+def _schema_counts(schema: dict) -> tuple[int, int, int]:
+    """(properties, the most in one object, enum values) of every object in a JSON schema, walked without
+    recursion."""
+    properties = largest = enum_values = 0
     stack: list[object] = [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
             if isinstance(node.get("properties"), dict):
                 properties += len(node["properties"])
+                largest = max(largest, len(node["properties"]))
             if isinstance(node.get("enum"), list):
                 enum_values += len(node["enum"])
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
-    return properties, enum_values
+    return properties, largest, enum_values

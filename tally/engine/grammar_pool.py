@@ -1,7 +1,8 @@
 """The server's grammar compiles, off the engine thread: a request's structured-output spec is compiled once for all
 its prompts and samples, on a small pool of threads, within the time limit of tally/engine/grammar_limits.py; the
-engine loop only copies the compiled matcher. A large spec still slows the other requests while it compiles (the
-measured cost is in docs/server.md, "What one request may ask for")."""
+engine loop only copies the compiled matcher. llguidance leaves the GIL to the other threads while it compiles, and
+these threads run below the engine's priority (what the largest spec the limits admit costs a request beside it is
+measured in docs/server.md, "What one request may ask for")."""
 from __future__ import annotations
 
 import asyncio

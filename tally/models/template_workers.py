@@ -1,27 +1,22 @@
 """Chat templates rendered in worker processes with a memory limit and a deadline. A template is code (a request's,
 or a model repository's), and neither the Jinja sandbox nor a thread can stop one that loops for hours or allocates
 gigabytes: a worker past its deadline is killed and replaced, one past its memory limit fails alone, and the caller
-gets TemplateLimitError naming the bound. `python -m tally.models.template_workers` is one worker."""
+gets TemplateLimitError naming the bound. A request's own template (--trust-request-chat-template) renders in workers
+of its own at the lowest CPU priority. `python -m tally.models.template_workers` is one worker."""
 from __future__ import annotations
 
 import json
-import os
 import resource
-import signal
-import subprocess
 import sys
 import threading
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from multiprocessing.connection import Connection
-from pathlib import Path
 
-from tally.errors import TallyError
 from tally.models.template_sandbox import TemplateJob, TemplateLimitError, TemplateRejected, render
+from tally.models.worker_process import WorkerProcess, started, worker_pipes
 
 GiB = 2**30
-WORKER_START_TIMEOUT_S = 60.0  # importing jinja2 takes a tenth of a second, far longer on a crowded machine
-_TALLY_ROOT = str(Path(__file__).resolve().parents[2])  # the worker imports the same tally as its parent
+REQUEST_TEMPLATE_NICENESS = 19
 
 
 @dataclass(frozen=True)
@@ -29,12 +24,18 @@ class TemplateLimits:
     timeout_s: float = 2.0  # a template renders in about a millisecond
     memory_bytes: int = GiB
     max_output_chars: int = 32 * 2**20
+    niceness: int = 0  # added to a worker's nice value (Unix): 19 is the lowest priority
 
     @classmethod
     def for_body_limit(cls, max_body_bytes: int) -> TemplateLimits:
         """Room for a conversation as large as the body limit allows: its text written twice, and the copies that
         decoding and joining make."""
         return cls(memory_bytes=max(GiB, 32 * max_body_bytes), max_output_chars=2 * max_body_bytes)
+
+    def for_requests(self) -> TemplateLimits:
+        """A request's own template: nobody vetted it, so it renders on the CPU time the engine leaves (a template
+        that loops to its deadline then costs the other requests nothing)."""
+        return replace(self, niceness=REQUEST_TEMPLATE_NICENESS)
 
 
 class TemplateWorkers:
@@ -96,31 +97,19 @@ class TemplateWorkers:
             self._changed.notify()
 
 
-class _Worker:
+class _Worker(WorkerProcess):
     def __init__(self, limits: TemplateLimits) -> None:
-        from_parent, to_worker = os.pipe()  # (read end, write end)
-        from_worker, to_parent = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (_TALLY_ROOT, os.environ.get("PYTHONPATH"))))}
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", __spec__.name, str(from_parent), str(to_parent), str(limits.memory_bytes),
-                 str(limits.max_output_chars)], pass_fds=(from_parent, to_parent), stdin=subprocess.DEVNULL, env=env)
-        finally:
-            os.close(from_parent)
-            os.close(to_parent)
-        self._send, self._receive = Connection(to_worker, readable=False), Connection(from_worker, writable=False)
-        self.alive, self._started = True, False
+        super().__init__(__spec__.name, [str(limits.memory_bytes), str(limits.max_output_chars)], limits.niceness)
 
     def render(self, payload: bytes, limits: TemplateLimits) -> str:
-        if not self._started:
-            self._wait_started()
+        self.wait_started("a chat template worker")
         try:
-            self._send.send_bytes(payload)
-            if not self._receive.poll(limits.timeout_s):
+            self.send.send_bytes(payload)
+            if not self.receive.poll(limits.timeout_s):
                 self.close()
                 raise TemplateLimitError(f"the chat template took longer than {limits.timeout_s:g} s to render, the "
                                          "limit on a template")
-            kind, _, text = self._receive.recv_bytes().partition(b"\n")
+            kind, _, text = self.receive.recv_bytes().partition(b"\n")
         except (OSError, EOFError):  # the worker died: only the kernel kills one (over its memory, its stack)
             self.close()
             raise TemplateLimitError(_memory_message(limits)) from None
@@ -133,35 +122,17 @@ class _Worker:
             raise TemplateLimitError(_memory_message(limits))
         raise TemplateRejected(message)
 
-    def _wait_started(self) -> None:
-        if not self._receive.poll(WORKER_START_TIMEOUT_S) or self._receive.recv_bytes() != b"started":
-            self.close()
-            raise TallyError(f"a chat template worker did not start within {WORKER_START_TIMEOUT_S:g} s; see the "
-                             "server's log")
-        self._started = True
-
-    def close(self) -> None:
-        self.alive = False
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self._send.close()
-        self._receive.close()
-
 
 def _memory_message(limits: TemplateLimits) -> str:
     return f"the chat template needed more than {limits.memory_bytes / GiB:g} GiB of memory, the limit on a template"
 
 
-def _serve(from_parent: int, to_parent: int, memory_bytes: int, max_output_chars: int) -> None:
+def _serve(inbox: Connection, outbox: Connection, memory_bytes: int, max_output_chars: int) -> None:
     """One worker's life: render each job its parent sends until the parent closes the pipe or dies."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle; it closes the pipe
-    inbox, outbox = Connection(from_parent, writable=False), Connection(to_parent, readable=False)
-    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
     resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes if hard == resource.RLIM_INFINITY else
                                               min(memory_bytes, hard), hard))
-    outbox.send_bytes(b"started")
+    started(outbox)
     while True:
         try:
             job = TemplateJob(**json.loads(inbox.recv_bytes().decode("utf-8", "surrogatepass")))
@@ -180,13 +151,6 @@ def _serve(from_parent: int, to_parent: int, memory_bytes: int, max_output_chars
         outbox.send_bytes(b"memory\n" if out_of_memory else reply)
 
 
-def _exit_with(parent_pid: int) -> None:
-    """A template rendering for hours must not outlive a server that was killed (its pipe is read only between
-    renderings)."""
-    while os.getppid() == parent_pid:
-        time.sleep(1.0)
-    os._exit(0)
-
-
 if __name__ == "__main__":
-    _serve(*map(int, sys.argv[1:5]))
+    _inbox, _outbox, _args = worker_pipes(sys.argv[1:])
+    _serve(_inbox, _outbox, *map(int, _args))

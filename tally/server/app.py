@@ -18,9 +18,10 @@ from tally.engine.engine import Engine
 from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError
 from tally.metric_names import METRICS_PREFIXES
 from tally.models.template_workers import TemplateLimits, TemplateWorkers
+from tally.models.tokenizer_worker import LONG_TEXT_CHARS, TokenizerWorker, ids_json
 from tally.server.allowed_hosts import AllowedHosts, AllowedHostsMiddleware
 from tally.server.auth import APIKeyMiddleware
-from tally.server.chat import ChatCompletions, render_chat
+from tally.server.chat import ChatCompletions, chat_text
 from tally.server.completions import Completions
 from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
@@ -63,14 +64,20 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     ledger = engine.ledger.to_dict()
     started_s = int(time.time())
     templates = TemplateWorkers(TemplateLimits.for_body_limit(config.max_body_bytes))
+    request_templates = TemplateWorkers(templates.limits.for_requests(), max_workers=2)
+    long_texts = TokenizerWorker(tokenizer)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         async_engine.start()
         templates.start()
+        if config.trust_request_chat_template:
+            request_templates.start()
         yield
         async_engine.stop()
         templates.close()
+        request_templates.close()
+        long_texts.close()
 
     app = FastAPI(title="Tally", lifespan=lifespan)
     if config.api_key:
@@ -80,7 +87,7 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     app.state.tally = state
     completions = Completions(tokenizer)
     chat = ChatCompletions(tokenizer, templates.render, config.tool_call_parser, config.chat_template,
-                           config.trust_request_chat_template)
+                           request_templates.render if config.trust_request_chat_template else None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -122,25 +129,33 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    # Tokenizing and rendering run in a thread: a prompt as long as the body limit takes seconds.
+    # Rendering and tokenizing run off the event loop: a text as long as the body limit takes seconds (any length
+    # within it is taken: counting a long document is the use of /tokenize), and a long one in a worker process.
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         try:
             req = TokenizeRequest.model_validate(await read_json(request, state.max_body_bytes))
             state.check_model(req.model)
-            return await asyncio.to_thread(tokenized, req)
+            if req.messages is not None:  # the template holds any BOS it wants
+                text = await asyncio.to_thread(chat_text, tokenizer, req.messages, req.add_generation_prompt,
+                                               chat_template=config.chat_template, renderer=templates.render)
+                add_special_tokens = False
+            elif req.prompt is not None:
+                text, add_special_tokens = req.prompt, req.add_special_tokens
+            else:
+                raise InvalidRequestError("send `prompt` (text) or `messages` (chat)", param="prompt")
+            if len(text) > LONG_TEXT_CHARS:
+                count, ids = await long_texts.encode_json(text, add_special_tokens)
+            else:
+                count, ids = await asyncio.to_thread(short_text_ids, text, add_special_tokens)
+            return Response(b'{"count":%d,"max_model_len":%d,"tokens":%s}' % (count, state.max_model_len, ids),
+                            media_type="application/json")
         except Exception as exc:  # noqa: BLE001
             return error_response(exc)
 
-    def tokenized(req: TokenizeRequest) -> Response:
-        if req.messages is not None:
-            ids = render_chat(tokenizer, req.messages, req.add_generation_prompt, chat_template=config.chat_template,
-                              renderer=templates.render)["prompt_token_ids"]
-        elif req.prompt is not None:  # any length within the body limit: counting a long document is its use
-            ids = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        else:
-            raise InvalidRequestError("send `prompt` (text) or `messages` (chat)", param="prompt")
-        return JSONResponse({"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids})
+    def short_text_ids(text: str, add_special_tokens: bool) -> tuple[int, bytes]:
+        ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        return len(ids), ids_json(ids)
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> Response:

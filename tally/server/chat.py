@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from tally.errors import InvalidRequestError, echo
 from tally.json_text import check_depth
 from tally.models.chat_template import Renderer, chat_prompt, refuse_without_template
+from tally.models.chat_template import render_chat as render_text
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import MAX_LOGPROBS, SamplingParams
 from tally.server.lifecycle import Ctx, ServerState, usage
@@ -28,11 +29,19 @@ if TYPE_CHECKING:
 
 def render_chat(tokenizer: Tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True,
                 **render: Any) -> dict:
-    """Chat messages → the engine's prompt (text and ids); also used by POST /tokenize. `render`: tools,
-    chat_template, template kwargs, continue_final_message, the renderer (tally/models/chat_template.py). Blocks
-    while the template renders: call it off the event loop."""
+    """Chat messages → the engine's prompt (text and ids). `render`: tools, chat_template, template kwargs,
+    continue_final_message, the renderer (tally/models/chat_template.py). Blocks while the template renders: call it
+    off the event loop."""
     turns = [_turn(m, i) for i, m in enumerate(messages)]
     return chat_prompt(tokenizer, turns, without_template=refuse_without_template,
+                       add_generation_prompt=add_generation_prompt, **render)
+
+
+def chat_text(tokenizer: Tokenizer, messages: list[ChatMessage], add_generation_prompt: bool = True,
+              **render: Any) -> str:
+    """The rendered text alone, which POST /tokenize tokenizes itself; as render_chat otherwise."""
+    turns = [_turn(m, i) for i, m in enumerate(messages)]
+    return render_text(tokenizer, turns, without_template=refuse_without_template,
                        add_generation_prompt=add_generation_prompt, **render)
 
 
@@ -71,13 +80,13 @@ class ChatCompletions:
     chunk_object = "chat.completion.chunk"
 
     def __init__(self, tokenizer: Tokenizer, renderer: Renderer, tool_call_parser: str | None = None,
-                 chat_template: str | None = None, trust_request_chat_template: bool = False) -> None:
+                 chat_template: str | None = None, request_renderer: Renderer | None = None) -> None:
         self.tokenizer = tokenizer
         self.renderer = renderer  # the server's template workers
         self.tool_call_parser = tool_call_parser  # set with --enable-auto-tool-choice
         self.chat_template = chat_template  # --chat-template
-        # --trust-request-chat-template: a request's own chat_template is rendered, instead of the server's
-        self.trust_request_chat_template = trust_request_chat_template
+        # --trust-request-chat-template: where a request's own chat_template renders, instead of the server's
+        self.request_renderer = request_renderer
 
     def _tool_mode(self, req: ChatCompletionRequest) -> ToolMode | None:
         return tool_mode(req.tools, req.tool_choice, self.tool_call_parser)
@@ -103,14 +112,15 @@ class ChatCompletions:
                 raise InvalidRequestError("a forced tool_choice constrains the output itself; drop the other "
                                           "constraint", param="tool_choice")
             params = dataclasses.replace(params, structured_outputs=forced_output(mode, req.tools))
-        if req.chat_template is not None and not self.trust_request_chat_template:
+        if req.chat_template is not None and self.request_renderer is None:
             raise InvalidRequestError("chat_template: this server does not render a request's own chat template "
                                       "(a template is code); drop the field, or start the server with "
                                       "--trust-request-chat-template", param="chat_template")
         prompt = render_chat(self.tokenizer, req.messages, req.add_generation_prompt, tools=req.tools,
                              chat_template=req.chat_template or self.chat_template,
                              template_kwargs=req.chat_template_kwargs,
-                             continue_final_message=req.continue_final_message, renderer=self.renderer,
+                             continue_final_message=req.continue_final_message,
+                             renderer=self.renderer if req.chat_template is None else self.request_renderer,
                              max_prompt_tokens=state.max_model_len)
         return [(prompt, params)]
 

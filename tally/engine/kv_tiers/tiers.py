@@ -1,13 +1,14 @@
 """The KV tiers below the pool, built from the config in one place: the swap space for preemption
 (tally/engine/kv_tiers/swap_space.py) and the disk prefix tier (tally/engine/kv_tiers/disk_prefix_cache.py), with what
-the ledger says of them. Both move every pool tensor of a block: the target's K and V and, with a draft model, the
-draft's."""
+the ledger says of them, and the copy of one pool block over another (an n>1 sibling takes its parent's last prompt
+block so). All move every pool tensor of a block: the target's K and V and, with a draft model, the draft's."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
-from tally.attention.kv_blocks import ExactBlocks, Int8Blocks, block_tensors
+from tally.attention.kv_blocks import ExactBlocks, Int8Blocks, block_tensors, copy_block
 from tally.engine.config import EngineConfig
 from tally.engine.kv_tiers.disk_prefix_cache import WRITE_QUEUE_BYTES, DiskPrefixCache
 from tally.engine.kv_tiers.identity import key_smoothing_scales, kv_identity
@@ -22,6 +23,7 @@ from tally.units import GiB
 class KVTiers:
     swap: SwapSpace | None = None
     disk: DiskPrefixCache | None = None
+    copy_block: Callable[[int, int], None] | None = None  # (src, dst) within the pool: n>1 siblings' prompt end
 
     def swap_stats(self) -> SwapStats | None:
         return self.swap.snapshot() if self.swap is not None else None
@@ -58,7 +60,7 @@ def build_kv_tiers(config: EngineConfig, m: LoadedModel, recompute_seconds: Call
         return KVTiers()
     caches = m.kv_caches + (m.draft.kv_caches if m.draft is not None else [])
     tensors = block_tensors(caches)
-    tiers = KVTiers()
+    tiers = KVTiers(copy_block=partial(copy_block, tensors))
     if config.swap_space > 0 and config.preemption_mode != "recompute":
         lossy = config.swap_space_dtype == "int8" and all(t.is_floating_point() for t in tensors)
         tiers.swap = SwapSpace(Int8Blocks(tensors) if lossy else ExactBlocks(tensors), int(config.swap_space * GiB),
