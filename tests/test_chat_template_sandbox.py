@@ -5,6 +5,7 @@ template renders at the lowest CPU priority, the model's at the server's."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -116,12 +117,23 @@ def test_repeating_a_sequence_past_the_limit_fails_before_allocating_it():
 
 def test_the_bounds_are_400s_that_name_the_limit(tokenizer, workers):
     chat = [{"role": "user", "content": "hi"}]
-    for template, limit in ((BOMB, "1,000,000"), (NESTED_LOOPS, "1 s"), ("{{ 'x' * 999999 }}" * 2, "characters"),
-                            ("{% set s = 'a' * 999999 %}" + "{% set s = s + s %}" * 12, "GiB of memory")):
+    for template, limit in ((BOMB, "1,000,000"), (NESTED_LOOPS, "1 s"), ("{{ 'x' * 999999 }}" * 2, "characters")):
         with pytest.raises(InvalidRequestError, match=limit) as err:
             _ours(tokenizer, chat, chat_template=template, renderer=workers.render)
         assert err.value.param == "chat_template"
     assert _ours(tokenizer, chat, renderer=workers.render).endswith("<|im_start|>assistant\n")
+
+
+def test_the_memory_bound_is_a_400_that_names_it(tokenizer):
+    # a deadline long enough that a loaded machine reaches the memory limit first
+    pool = TemplateWorkers(replace(LIMITS, timeout_s=60.0), max_workers=1)
+    try:
+        with pytest.raises(InvalidRequestError, match="GiB of memory") as err:
+            _ours(tokenizer, [{"role": "user", "content": "hi"}], renderer=pool.render,
+                  chat_template="{% set s = 'a' * 999999 %}" + "{% set s = s + s %}" * 12)
+        assert err.value.param == "chat_template"
+    finally:
+        pool.close()
 
 
 def test_a_worker_over_its_deadline_is_killed_and_replaced(workers):
