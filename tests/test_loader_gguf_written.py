@@ -63,7 +63,9 @@ def stored(tensor: np.ndarray, kind: Q) -> np.ndarray:
 
 
 def write_gguf(hf_dir: Path, out: Path, arch: str, alignment: int | None = None,
-               extra_tensors: dict[str, np.ndarray] | None = None, all_f32: bool = False) -> Path:
+               extra_tensors: dict[str, np.ndarray] | None = None, all_f32: bool = False,
+               types: dict[str, Q] | None = None) -> Path:
+    """`types`: storage types by HF module name (q_proj, ...) instead of _TYPES'."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     tok = json.loads((hf_dir / "tokenizer.json").read_text())["model"]
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -94,7 +96,7 @@ def write_gguf(hf_dir: Path, out: Path, arch: str, alignment: int | None = None,
             values = permute(values, heads)
         if GGUF_ARCH[arch] in ("llama", "mistral") and ".k_proj." in name:
             values = permute(values, kv_heads)
-        kind = Q.F32 if all_f32 else storage_type(name, tensor)
+        kind = Q.F32 if all_f32 or tensor.dim() != 2 else (_TYPES | (types or {}))[name.split(".")[-2]]
         w.add_tensor(gguf_name(name), stored(values, kind), raw_dtype=kind if kind not in (Q.F32, Q.F16) else None)
     for name, values in (extra_tensors or {}).items():
         w.add_tensor(name, values)
@@ -280,3 +282,16 @@ def test_a_quantized_untied_embedding_is_looked_up_from_its_blocks(tiny_llama, t
     table = expected_from_hf("model.embed_tokens.weight", load_file(tiny_llama / "model.safetensors")[
         "model.embed_tokens.weight"])
     assert torch.equal(model._embed(ids), table[ids])
+
+
+def test_block_types_without_a_native_kernel_are_served_dequantized_with_one_warning(tiny_llama, tmp_path, caplog):
+    path = write_gguf(tiny_llama, tmp_path / "mxfp4.gguf", "llama",
+                      types={"gate_proj": Q.MXFP4, "up_proj": Q.MXFP4, "down_proj": Q.Q5_1})
+    prompt = [{"prompt_token_ids": [5, 17, 33, 2]}]
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    with caplog.at_level("WARNING", logger="tally.models.gguf_checkpoint"):
+        served = LLM(str(path), dtype="float32", max_model_len=64, kv_cache_memory=2_000_000).generate(prompt, greedy)
+    warnings = [r.getMessage() for r in caplog.records if "no native kernel" in r.getMessage()]
+    assert len(warnings) == 1 and "MXFP4 (4 tensors), Q5_1 (2 tensors)" in warnings[0]
+    plain = LLM(str(path), quantization="none", dtype="float32", max_model_len=64, kv_cache_memory=2_000_000)
+    assert served[0].outputs[0].token_ids[0] == plain.generate(prompt, greedy)[0].outputs[0].token_ids[0]

@@ -2,8 +2,10 @@
 tensors and experts split by rows), dequantized with gguf.quants, and llama.cpp's Q/K row permutation undone."""
 from __future__ import annotations
 
+import logging
 import mmap
 import re
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from math import prod
@@ -21,10 +23,15 @@ from tally.models.families import Family, family
 from tally.models.gguf_header import ROPE_TENSORS, TensorInfo, gguf_config, read_header
 from tally.models.hf_checkpoint import check_tensor_shapes, expected_tensor_shapes
 from tally.progress import Track
+from tally.quant.gguf_blocks import NATIVE_BLOCK_TYPES
 
 GGUF_LOADING = "Loading GGUF tensors"  # the load progress bar's words, as safetensors' (hf_checkpoint.LOADING)
 _FLOAT_TYPES = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
-_QUANTIZED_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+# every block type gguf.quants dequantizes; those without a native kernel (NATIVE_BLOCK_TYPES) are served dequantized
+_QUANTIZED_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL,
+                    Q.IQ4_XS, Q.MXFP4, Q.IQ1_S, Q.IQ1_M, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.TQ1_0,
+                    Q.TQ2_0}
+log = logging.getLogger(__name__)
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -159,6 +166,12 @@ def open_gguf(path: Path) -> tuple[ModelConfig, GGUFTensorSource]:
                 f"{path}: tensor {info.name} is stored as {info.ggml_type.name}, which Tally cannot "
                 f"dequantize; supported types: {supported}"
             )
+    dequantized = Counter(t.ggml_type.name for t in header.tensors
+                          if t.ggml_type in _QUANTIZED_TYPES and t.ggml_type.name not in NATIVE_BLOCK_TYPES)
+    if dequantized:
+        kinds = ", ".join(f"{name} ({count} tensors)" for name, count in sorted(dequantized.items()))
+        log.warning("%s stores tensors as %s, which Tally has no native kernel for: they are dequantized at load, "
+                    "taking more memory and more bytes per token than in the file", path, kinds)
     fam = family(config.architecture)
     expected = expected_tensor_shapes(config)
     found: dict[str, tuple[int, ...]] = {}

@@ -23,6 +23,7 @@ import torch
 # int8 value (group-32 int8, exactly) and Q6_K is dequantized, as Q5_1 (a minimum) always is.
 BLOCK = 32
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
+NATIVE_BLOCK_TYPES = frozenset(_BLOCK_BYTES)  # the GGUF block types served as stored; others are dequantized
 _WEIGHTS_PER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 
 
