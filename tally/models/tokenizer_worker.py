@@ -1,8 +1,8 @@
-"""Long texts tokenized in a worker process at a lower CPU priority: the fast tokenizer holds the GIL while it turns a
-long text's tokens into Python objects, and so does writing millions of ids as JSON, which would stall the server's
+"""Long texts tokenized in a worker process at the lowest CPU priority: the fast tokenizer holds the GIL while it turns
+a long text's tokens into Python objects, and so does writing millions of ids as JSON, which would stall the server's
 event loop and engine thread for seconds for a text as large as the body limit. The worker loads the same tokenizer
-(the tokenizers library's own serialisation of it) and answers with the ids as JSON text, which the server forwards as
-it is. `python -m tally.models.tokenizer_worker` is the worker."""
+(the tokenizers library's own serialisation of it) and answers with the ids as JSON text, which the server forwards
+as it is. `python -m tally.models.tokenizer_worker` is the worker."""
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from tally.models.tokenizer import Tokenizer
 
 LONG_TEXT_CHARS = 65_536  # shorter texts hold the GIL for milliseconds: tokenized in the server's own threads
-TOKENIZER_NICENESS = 10  # as the grammar compiles: a long text takes the CPU time the engine leaves
+# The lowest: a text as long as the body limit is many seconds of CPU, which beside the engine at any higher priority
+# slows every request it decodes; on a busy server a long text waits for the CPU time the engine leaves.
+TOKENIZER_NICENESS = 19
 
 
 class TokenizerWorker:
