@@ -131,6 +131,11 @@ def metrics(url: str) -> dict[tuple[str, str], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def _listed(counts: dict) -> str:
+    """{'ok': 3, 'failed': 1} -> 'ok 3, failed 1', for a reader rather than Python."""
+    return ", ".join(f"{key} {value}" for key, value in counts.items())
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--duration", type=parse_duration_s, default=parse_duration_s("60m"))
@@ -194,9 +199,9 @@ def main() -> int:
               "ledger_after": led, "command": " ".join(sys.argv)}
     (a.out / "soak.json").write_text(json.dumps(result, indent=2))
     print(f"\nsoak {a.duration:.0f} s at {rate:.2f} req/s (capacity {capacity_rps:.2f} req/s measured first)")
-    print(f"load: {run['summary']['counts']}, errors {errors}")
-    print(f"chaos: {chaos.left} clients left mid-stream, bad requests by status {chaos.bad_status}")
-    print(f"soak verdict: {result['soak']['verdict']} {result['soak']['flags'] or ''}")
+    print(f"load: {_listed(run['summary']['counts'])}; errors: {_listed(errors) or 'none'}")
+    print(f"chaos: {chaos.left} clients left mid-stream, bad requests by status: {_listed(chaos.bad_status)}")
+    print(f"soak verdict: {result['soak']['verdict']} {', '.join(map(str, result['soak']['flags'] or []))}")
     for name, ok in checks.items():
         print(f"  {'PASS' if ok else 'FAIL'}  {name}")
     print(f"result: {a.out / 'soak.json'}\ncommand: python {' '.join(sys.argv)}")
