@@ -92,5 +92,6 @@ def test_gguf_of_an_architecture_tally_does_not_read_names_those_it_reads(tmp_pa
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ModelLoadError, match=r"'gpt-oss' model; Tally reads GGUF architectures gemma2, gemma3, "
-                                             r"granite, llama, mistral, olmo2, olmoe, phi3, qwen2, qwen3, qwen3moe, smollm3$"):
+                                             r"granite, llama, mistral, olmo2, olmoe, phi3, qwen2, qwen3, qwen3moe, "
+                                             r"smollm3$"):
         load_checkpoint(str(tmp_path / "gpt-oss.gguf"))

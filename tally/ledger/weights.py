@@ -119,7 +119,8 @@ def model_tensors(config: ModelConfig) -> list[WeightTensor]:
                         WeightTensor(f"layers.{layer}.v_bias", kv, 1, "bias", layer, "rows", True)]
         if config.qk_norm:
             sizes = (config.head_dim,) * 2 if config.qk_norm == "head" else (q, kv)
-            tensors += [WeightTensor(f"layers.{layer}.{n}_norm", size, 1, "norm", layer) for n, size in zip("qk", sizes)]
+            tensors += [WeightTensor(f"layers.{layer}.{n}_norm", size, 1, "norm", layer)
+                        for n, size in zip("qk", sizes)]
     tensors.append(WeightTensor("norm", h, 1, "norm"))
     if not config.tie_word_embeddings:
         tensors.append(WeightTensor("lm_head", config.vocab_size, h, "lm_head", tp_split="rows"))
