@@ -129,6 +129,17 @@ def _served(router: ServerProcess) -> dict[str, int]:
     return {r["side"]: r["served"] for r in httpx.get(router.url + "/router/status").json()["replicas"]}
 
 
+def _served_once_drained(router: ServerProcess, side: str, timeout_s: float = 30.0) -> int:
+    """`side`'s served count once the requests sent to it before a decision have answered (they count when they do)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        replica, = (r for r in httpx.get(router.url + "/router/status").json()["replicas"] if r["side"] == side)
+        if replica["in_flight"] == 0:
+            return replica["served"]
+        time.sleep(0.05)
+    raise AssertionError(f"{side} still has requests in flight {timeout_s:g} s after the decision")
+
+
 def _audit(tmp_path: Path) -> list[dict]:
     return [json.loads(line) for line in (tmp_path / "audit.jsonl").read_text().splitlines()]
 
@@ -179,7 +190,7 @@ def test_a_canary_that_truncates_is_rolled_back_and_then_gets_no_traffic(servers
         with Traffic(router.base_url, sticky=True) as traffic:
             status = _wait_until_decided(router)
             assert status["phase"] == "rolled_back", _audit(tmp_path)[-3:]
-            canary_served = _served(router)["canary"]
+            canary_served = _served_once_drained(router, "canary")
             time.sleep(1.0)  # traffic goes on, sticky sessions included, after the rollback
         assert traffic.lost == [] and traffic.completed > 0
         assert _served(router)["canary"] == canary_served
