@@ -1,4 +1,4 @@
-"""`tally bench` end to end against a real streaming HTTP server on 127.0.0.1: a 20-second
+"""`tally bench` end to end against a real streaming HTTP server on 127.0.0.1: a 10-second
 phased run, every request accounted for, and the JSON and HTML reports readable."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tally.bench.arrivals import RateArrivals, build_schedule, parse_phases
 from tally.bench.cli import main
 from tally.bench.run_diff import compare
 
-PHASES = "4/s:8s,25/s:2s,4/s:8s"  # a burst in the middle of steady load; 2 s warmup in front
+PHASES = "4/s:4s,25/s:1s,4/s:4s"  # a burst in the middle of steady load; 1 s warmup in front
 PLOTS = {"ttft_cdf", "tpot_cdf", "e2e_cdf", "ttft_over_time", "tpot_over_time",
          "throughput_over_time", "token_throughput_over_time"}
 
@@ -22,7 +22,7 @@ PLOTS = {"ttft_cdf", "tpot_cdf", "e2e_cdf", "ttft_over_time", "tpot_over_time",
 def phased_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     with serve(token_delay_ms=2) as server:
-        rc = main(["--url", server.url, "--phases", PHASES, "--warmup", "2s", "--seed", "5",
+        rc = main(["--url", server.url, "--phases", PHASES, "--warmup", "1s", "--seed", "5",
                    "--lengths", "lognormal:prompt_median=200,output_median=12,output_max=40",
                    "--system-prompt-tokens", "100", "--prefix-share", "0.5",
                    "--slo", "ttft=1s,tpot=200ms", "--out", str(out / "run.json"),
@@ -34,7 +34,7 @@ def phased_run(tmp_path_factory):
 def test_every_scheduled_request_is_accounted_for(phased_run):
     result = json.loads((phased_run / "run.json").read_text())
     schedule = build_schedule(RateArrivals(4.0, phases=parse_phases(PHASES)), seed=5,
-                              warmup_s=2.0, duration_s=None, max_requests=None)
+                              warmup_s=1.0, duration_s=None, max_requests=None)
     requests = result["requests"]
     assert len(requests) == len(schedule.scheduled_s)
     assert sorted(r["id"] for r in requests) == list(range(len(requests)))

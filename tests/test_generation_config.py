@@ -9,6 +9,7 @@ import shutil
 
 import httpx
 import pytest
+from support.servers import started
 
 from tally import LLM
 from tally.engine.config import EngineConfig
@@ -27,6 +28,17 @@ def greedy_by_default(tiny_llama, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def servers(greedy_by_default, tiny_llama):
+    """The greedy checkpoint as it is; the tiny one in a short context with max_new_tokens set by the override.
+    Started side by side."""
+    flags = ["--served-model-name", "tiny", "--dtype", "float32", "--kv-cache-memory", "8MB", "--log-level", "warning"]
+    with started(ServerProcess([str(greedy_by_default), *flags]),
+                 ServerProcess([str(tiny_llama), *flags, "--max-model-len", "64",
+                                "--override-generation-config", '{"max_new_tokens": 5}'])) as pair:
+        yield pair
+
+
 def test_the_checkpoints_defaults_apply_and_vllm_turns_them_off(greedy_by_default):
     llm = LLM(str(greedy_by_default), dtype="float32", kv_cache_memory=4_000_000)
     assert llm.engine.sampling_defaults == {"top_k": 1, "temperature": 0.9}
@@ -38,15 +50,13 @@ def test_the_checkpoints_defaults_apply_and_vllm_turns_them_off(greedy_by_defaul
         LLM(str(greedy_by_default), dtype="float32", kv_cache_memory=4_000_000, generation_config="/nonexistent")
 
 
-def test_the_server_fills_unset_fields_from_it(greedy_by_default):
-    with ServerProcess([str(greedy_by_default), "--served-model-name", "tiny", "--dtype", "float32",
-                        "--kv-cache-memory", "8MB", "--log-level", "warning"]) as server:
-        def text(**kw) -> str:
-            body = {"model": "tiny", "prompt": "hello there", "max_tokens": 8, "seed": 1, **kw}
-            return httpx.post(server.base_url + "/completions", json=body, timeout=60).json()["choices"][0]["text"]
-        # top_k 1 from the file makes every seed give the greedy text; the request's own top_k wins.
-        assert text() == text(seed=2) == text(temperature=0)
-        assert len({text(seed=s, top_k=0) for s in range(4)}) > 1
+def test_the_server_fills_unset_fields_from_it(servers):
+    def text(**kw) -> str:
+        body = {"model": "tiny", "prompt": "hello there", "max_tokens": 8, "seed": 1, **kw}
+        return httpx.post(servers[0].base_url + "/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    # top_k 1 from the file makes every seed give the greedy text; the request's own top_k wins.
+    assert text() == text(seed=2) == text(temperature=0)
+    assert len({text(seed=s, top_k=0) for s in range(4)}) > 1
 
 
 def test_max_new_tokens_becomes_the_default_max_tokens_and_the_override_goes_on_top(greedy_by_default):
@@ -71,16 +81,13 @@ def test_a_bad_override_is_refused_at_start_naming_what_to_fix(override, says):
         EngineConfig(override_generation_config=override)
 
 
-def test_a_request_without_max_tokens_gets_the_default_within_the_context(tiny_llama):
-    with ServerProcess([str(tiny_llama), "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "64",
-                        "--kv-cache-memory", "8MB", "--log-level", "warning",
-                        "--override-generation-config", '{"max_new_tokens": 5}']) as server:
-        def generated(path: str, **body) -> tuple[int, str]:
-            answer = httpx.post(server.base_url + path, json={"model": "tiny", "ignore_eos": True, **body},
-                                timeout=60).json()
-            return answer["usage"]["completion_tokens"], answer["choices"][0]["finish_reason"]
-        chat = {"messages": [{"role": "user", "content": "hello"}]}
-        assert generated("/chat/completions", **chat) == (5, "length")
-        assert generated("/chat/completions", **chat, max_tokens=7) == (7, "length")  # the request's own wins
-        assert generated("/completions", prompt=[5] * 10, max_tokens=None) == (5, "length")
-        assert generated("/completions", prompt=[5] * 61, max_tokens=None) == (3, "length")  # what the context left
+def test_a_request_without_max_tokens_gets_the_default_within_the_context(servers):
+    def generated(path: str, **body) -> tuple[int, str]:
+        answer = httpx.post(servers[1].base_url + path, json={"model": "tiny", "ignore_eos": True, **body},
+                            timeout=60).json()
+        return answer["usage"]["completion_tokens"], answer["choices"][0]["finish_reason"]
+    chat = {"messages": [{"role": "user", "content": "hello"}]}
+    assert generated("/chat/completions", **chat) == (5, "length")
+    assert generated("/chat/completions", **chat, max_tokens=7) == (7, "length")  # the request's own wins
+    assert generated("/completions", prompt=[5] * 10, max_tokens=None) == (5, "length")
+    assert generated("/completions", prompt=[5] * 61, max_tokens=None) == (3, "length")  # what the context left

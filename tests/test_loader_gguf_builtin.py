@@ -1,10 +1,13 @@
 """The built-in SmolLM2-135M GGUF (Q4_1, Q8_0 embeddings) against transformers as the oracle:
-transformers dequantizes and un-permutes the same file with its own code."""
+transformers dequantizes and un-permutes the same file with its own code. Its tensors and tokenizer are the
+oracle's, and the engine dequantized (quantization="none") in fp32 gives its greedy tokens, logprobs within 1e-3."""
 from __future__ import annotations
 
 import pytest
 import torch
+from support.engine_checks import assert_no_block_leak, hf_greedy
 
+from tally import LLM, SamplingParams
 from tally.models.loader import load_checkpoint
 from tally.models.tokenizer import load_tokenizer, stop_token_ids
 
@@ -77,3 +80,21 @@ def test_builtin_tokenizer_matches_transformers_and_stops_on_im_end(builtin):
     assert rendered.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     assert tok.convert_tokens_to_ids("<|im_end|>") == 2
     assert 2 in stop_token_ids(tok, builtin.config)
+
+
+def test_builtin_model_greedy_matches_transformers(builtin_hf_model):
+    llm = LLM(None, dtype="float32", quantization="none", max_model_len=512, kv_cache_memory=64_000_000)
+    tok = llm.get_tokenizer()
+    chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                   add_generation_prompt=True, tokenize=False)
+    prompts = [chat, "def fibonacci(n):"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": tok.encode(p, add_special_tokens=False)} for p in prompts], params)
+    for prompt, out in zip(prompts, outs):
+        ref_ids, ref_lp = hf_greedy(builtin_hf_model, tok.encode(prompt, add_special_tokens=False), 24)
+        got = out.outputs[0]
+        assert got.token_ids == ref_ids
+        got_lp = [d[t].logprob for d, t in zip(got.logprobs, got.token_ids)]
+        assert max(abs(a - b) for a, b in zip(got_lp, ref_lp)) < 1e-3
+    assert "Paris" in outs[0].outputs[0].text
+    assert_no_block_leak(llm)

@@ -15,7 +15,6 @@ import json
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -26,6 +25,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
+from support.servers import started
 
 from tally.ops import route_cli
 from tally.server.process import ServerProcess, free_port
@@ -49,14 +49,8 @@ BACKEND_RULES = """\
 @pytest.fixture(scope="module")
 def servers(tiny_llama):
     """stable, an identical canary, and a canary whose answers are cut short."""
-    procs = [ServerProcess([str(tiny_llama), *FLAGS, "--max-model-len", str(n)]) for n in (64, 64, 32)]
-    try:
-        with ThreadPoolExecutor(3) as pool:
-            list(pool.map(ServerProcess.start, procs))
-        yield procs
-    finally:
-        for p in procs:
-            p.__exit__(None, None, None)
+    with started(*(ServerProcess([str(tiny_llama), *FLAGS, "--max-model-len", str(n)]) for n in (64, 64, 32))) as s:
+        yield s
 
 
 def _router(stable, canary, tmp_path: Path, plan: str, *extra: str, rules: str = RULES) -> ServerProcess:

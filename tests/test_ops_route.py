@@ -1,5 +1,6 @@
 """`tally route` in front of two real `tally serve` replicas: answers and streams pass through unchanged, load
-spreads, a shared system prompt sticks to one replica, a killed replica is taken out and nothing fails."""
+spreads, a shared system prompt sticks to one replica, a killed replica is taken out and nothing fails. One pair of
+replicas serves the file (starting one costs more than all of a test's requests): the last test kills them."""
 from __future__ import annotations
 
 import sys
@@ -8,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+from support.servers import started
 
 from tally.server.process import ServerProcess
 
@@ -27,9 +29,8 @@ def _served(router: ServerProcess) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def replicas(tiny_llama):
-    a, b = ServerProcess([str(tiny_llama), *FLAGS]), ServerProcess([str(tiny_llama), *FLAGS])
-    with a, b:
-        yield a, b
+    with started(ServerProcess([str(tiny_llama), *FLAGS]), ServerProcess([str(tiny_llama), *FLAGS])) as pair:
+        yield pair
 
 
 def test_answers_and_streams_pass_through_and_load_spreads(replicas):
@@ -55,9 +56,10 @@ def test_answers_and_streams_pass_through_and_load_spreads(replicas):
         assert sorted(gained) == [0, 6], gained  # one replica holds the shared prefix
 
 
-def test_a_killed_replica_is_taken_out_and_no_request_fails(tiny_llama):
-    a, b = ServerProcess([str(tiny_llama), *FLAGS]), ServerProcess([str(tiny_llama), *FLAGS])
-    with a, b, _router(a.url, b.url) as router:
+def test_a_killed_replica_is_taken_out_and_no_request_fails(replicas):
+    """The file's last test: it kills the module's replicas."""
+    a, b = replicas
+    with _router(a.url, b.url) as router:
         routed = openai.OpenAI(base_url=router.base_url, api_key="x", max_retries=0)
         a.proc.kill()
         a.proc.wait()

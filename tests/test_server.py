@@ -11,6 +11,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.ledger_polling import ledger, wait_for_ledger
+from support.servers import started
 from support.tiny_models import make_checkpoint
 
 from tally import LLM
@@ -21,13 +22,6 @@ MODEL = "tiny"
 PROMPTS = ["The quick brown fox", "def add(a, b):", "Paris is the capital of", "Numbers: 0 1 2"]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llama):
-    with ServerProcess(["--model", str(tiny_llama), "--served-model-name", MODEL, "--dtype", "float32",
-                        "--kv-cache-memory", "8MB", "--max-body-bytes", "64KB"]) as s:
-        yield s
-
-
 # A context so long that a request filling it runs for many seconds on any CPU (each decode step is a forward
 # pass, so tens of thousands of steps): the disconnect tests leave such a request while the server's
 # own counters show it generating, instead of guessing from a timer how far it got.
@@ -35,11 +29,23 @@ LONG_LEN = 65536
 
 
 @pytest.fixture(scope="module")
-def long_server(tmp_path_factory):
-    ckpt = make_checkpoint(tmp_path_factory.mktemp("tiny-64k"), "llama", max_position_embeddings=LONG_LEN)
-    with ServerProcess(["--model", str(ckpt), "--served-model-name", MODEL, "--dtype", "float32",
-                        "--kv-cache-memory", "48MB", "--max-model-len", str(LONG_LEN)]) as s:
-        yield s
+def servers(tiny_llama, tmp_path_factory):
+    long_ckpt = make_checkpoint(tmp_path_factory.mktemp("tiny-64k"), "llama", max_position_embeddings=LONG_LEN)
+    with started(ServerProcess(["--model", str(tiny_llama), "--served-model-name", MODEL, "--dtype", "float32",
+                                "--kv-cache-memory", "8MB", "--max-body-bytes", "64KB"]),
+                 ServerProcess(["--model", str(long_ckpt), "--served-model-name", MODEL, "--dtype", "float32",
+                                "--kv-cache-memory", "48MB", "--max-model-len", str(LONG_LEN)])) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def long_server(servers):
+    return servers[1]
 
 
 @pytest.fixture(scope="module")

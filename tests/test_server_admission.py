@@ -27,6 +27,7 @@ from support.ledger_polling import (
     kv_tokens,
     ledger,
 )
+from support.servers import started
 from support.tiny_models import make_checkpoint
 
 from tally.server.process import ServerProcess
@@ -57,19 +58,31 @@ def check_pool_holds(server: ServerProcess, long_requests: int) -> None:
         f"the pool no longer holds {long_requests} full contexts (KV_BYTES_PER_TOKEN is stale?): {led['kv']}"
 
 
-@pytest.fixture(scope="module")
-def queue_server(long_context_tiny):
-    with long_server(long_context_tiny, "--max-num-seqs", "2", "--max-queue", "2", long_requests=2) as s:
-        check_pool_holds(s, 2)
-        yield s
+# Each server's flags, and how many full-context requests its pool holds at once.
+SERVERS = {"queue": (("--max-num-seqs", "2", "--max-queue", "2"), 2),
+           # A request of LONG["max_tokens"] decode steps outlasts the 2 s timeout on any CPU by an order of magnitude.
+           "timeout": (("--request-timeout", "2"), 1),
+           "drain": (("--max-num-seqs", "1", "--drain-timeout", str(NEVER_S)), 1),
+           "cut": (("--drain-timeout", "2"), 1)}
 
 
 @pytest.fixture(scope="module")
-def timeout_server(long_context_tiny):
-    # A request of LONG["max_tokens"] decode steps outlasts the 2 s timeout on any CPU by an order of magnitude.
-    with long_server(long_context_tiny, "--request-timeout", "2") as s:
-        check_pool_holds(s, 1)
-        yield s
+def servers(long_context_tiny) -> dict[str, ServerProcess]:
+    """The file's servers, started side by side; each test uses one, and the SIGTERM tests end theirs."""
+    with started(*(long_server(long_context_tiny, *flags, long_requests=n) for flags, n in SERVERS.values())) as s:
+        for server, (_, n) in zip(s, SERVERS.values()):
+            check_pool_holds(server, n)
+        yield dict(zip(SERVERS, s))
+
+
+@pytest.fixture(scope="module")
+def queue_server(servers):
+    return servers["queue"]
+
+
+@pytest.fixture(scope="module")
+def timeout_server(servers):
+    return servers["timeout"]
 
 
 def metric(server, name: str, **labels: str) -> float:
@@ -183,7 +196,7 @@ def assert_turned_away(answers: list[httpx.Response | httpx.TransportError]) -> 
             assert int(a.headers["retry-after"]) >= 1
 
 
-def test_sigterm_drains_admitted_requests_then_exits_cleanly(long_context_tiny):
+def test_sigterm_drains_admitted_requests_then_exits_cleanly(servers):
     """A request admitted before SIGTERM is served to its end while new requests are turned away; the server
     exits 0 as soon as nothing is left. Here that request waits for the one batch slot, held by a full-context
     stream, until that stream's client leaves after SIGTERM: it is certainly unfinished when SIGTERM arrives, and
@@ -195,9 +208,8 @@ def test_sigterm_drains_admitted_requests_then_exits_cleanly(long_context_tiny):
         with httpx.stream("POST", server.base_url + "/completions", json=body, timeout=NEVER_S) as r:
             return r.status_code, data_events(r.iter_lines())
 
-    with long_server(long_context_tiny, "--max-num-seqs", "1", "--drain-timeout", str(NEVER_S)) as server, \
-            ThreadPoolExecutor(1) as pool:
-        check_pool_holds(server, 1)
+    server = servers["drain"]
+    with ThreadPoolExecutor(1) as pool:
         with httpx.stream("POST", server.base_url + "/completions", json={**LONG, "stream": True},
                           timeout=NEVER_S) as held:
             unread = past_first_event(held)  # noqa: F841 - held open until the `with` ends
@@ -218,23 +230,22 @@ def test_sigterm_drains_admitted_requests_then_exits_cleanly(long_context_tiny):
     assert chunks[-1]["usage"]["completion_tokens"] == short["max_tokens"]
 
 
-def test_sigterm_cancels_what_outlasts_the_drain_timeout_then_exits_cleanly(long_context_tiny):
+def test_sigterm_cancels_what_outlasts_the_drain_timeout_then_exits_cleanly(servers):
     """A full-context stream cannot finish within a 2 s --drain-timeout on any CPU: the server cuts it (no
     finish_reason, no [DONE]) when the drain timeout runs out, and still exits 0."""
-    with long_server(long_context_tiny, "--drain-timeout", "2") as server:
-        check_pool_holds(server, 1)
-        rest: list[str] = []
-        with httpx.stream("POST", server.base_url + "/completions", json={**LONG, "stream": True},
-                          timeout=NEVER_S) as r:
-            lines = past_first_event(r)
-            expect_ledger(server, lambda x: x["requests"]["running"] == 1, "the long request running")
-            server.proc.send_signal(signal.SIGTERM)
-            try:
-                for line in lines:
-                    rest.append(line)
-            except (httpx.RemoteProtocolError, httpx.ReadError):  # the connection closed mid-body: the cut
-                pass
-        assert server.proc.wait(NEVER_S) == 0, server.log()
+    server = servers["cut"]
+    rest: list[str] = []
+    with httpx.stream("POST", server.base_url + "/completions", json={**LONG, "stream": True},
+                      timeout=NEVER_S) as r:
+        lines = past_first_event(r)
+        expect_ledger(server, lambda x: x["requests"]["running"] == 1, "the long request running")
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            for line in lines:
+                rest.append(line)
+        except (httpx.RemoteProtocolError, httpx.ReadError):  # the connection closed mid-body: the cut
+            pass
+    assert server.proc.wait(NEVER_S) == 0, server.log()
     events = data_events(rest)
     assert "[DONE]" not in events
     assert all(c["choices"][0]["finish_reason"] is None for c in map(json.loads, events) if c.get("choices"))

@@ -11,6 +11,7 @@ import threading
 import httpx
 import pytest
 from support.ledger_polling import expect_ledger, idle
+from support.servers import started
 
 from tally.engine.grammar_limits import MAX_OBJECT_PROPERTIES, GrammarLimits
 from tally.server.process import ServerProcess
@@ -27,19 +28,24 @@ def _args(ckpt, *flags: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama):
-    with ServerProcess(_args(tiny_llama, "--max-num-seqs", str(SLOTS))) as s:
-        yield s
+def servers(tiny_llama):
+    """A plain server, and a strict one: a compile time limit no real grammar compiles within, and --allowed-hosts
+    with a port: its own port (how the test and the readiness probe reach it), another port, and an entry that is
+    no host at all. Started side by side."""
+    strict = ServerProcess(_args(tiny_llama, "--structured-outputs-config", '{"compile_timeout_s": 0.001}'))
+    strict.args += ["--allowed-hosts", f"127.0.0.1:{strict.port},localhost:1,http://example.com/"]
+    with started(ServerProcess(_args(tiny_llama, "--max-num-seqs", str(SLOTS))), strict) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
-def strict(tiny_llama):
-    """A compile time limit no real grammar compiles within, and --allowed-hosts with a port: its own port
-    (how the test and the readiness probe reach it), another port, and an entry that is no host at all."""
-    s = ServerProcess(_args(tiny_llama, "--structured-outputs-config", '{"compile_timeout_s": 0.001}'))
-    s.args += ["--allowed-hosts", f"127.0.0.1:{s.port},localhost:1,http://example.com/"]
-    with s:
-        yield s
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def strict(servers):
+    return servers[1]
 
 
 def _chat(**fields) -> dict:

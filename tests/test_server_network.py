@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from support.servers import started
 
 from tally.server.process import ServerProcess
 
@@ -21,16 +22,22 @@ def _server(ckpt, *flags: str) -> ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama):
-    with _server(tiny_llama, "--header-timeout", "1") as s:
-        yield s
+def servers(tiny_llama):
+    """A 1 s header deadline; and few connections with a header deadline far beyond the test, so only the cap can
+    close them. Started side by side."""
+    with started(_server(tiny_llama, "--header-timeout", "1"),
+                 _server(tiny_llama, "--max-connections", str(MAX_CONNECTIONS), "--header-timeout", "600")) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")
-def capped(tiny_llama):
-    """Few connections, and a header deadline far beyond the test, so only the cap can close them."""
-    with _server(tiny_llama, "--max-connections", str(MAX_CONNECTIONS), "--header-timeout", "600") as s:
-        yield s
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def capped(servers):
+    return servers[1]
 
 
 def _closed_by_server(sock: socket.socket) -> bool:

@@ -8,6 +8,7 @@ import threading
 import httpx
 import pytest
 from support.ledger_polling import expect_ledger
+from support.servers import started
 from support.tiny_models import make_checkpoint
 
 from tally.server.process import ServerProcess
@@ -18,12 +19,20 @@ SLOTS, QUEUE, CLIENTS = 16, 4, 30
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def servers(tmp_path_factory):
+    """`--max-queue` behind SLOTS batch slots; and two slots where a request may wait at most 0.1 s for one by the
+    measured start rate. Started side by side."""
     ckpt = make_checkpoint(tmp_path_factory.mktemp("tiny-64k"), "llama", max_position_embeddings=CONTEXT)
-    with ServerProcess(["--model", str(ckpt), "--served-model-name", MODEL, "--dtype", "float32",
-                        "--max-model-len", str(CONTEXT), "--kv-cache-memory", "64MB",
-                        "--max-num-seqs", str(SLOTS), "--max-queue", str(QUEUE), "--log-level", "warning"]) as s:
-        yield s
+    flags = ["--model", str(ckpt), "--served-model-name", MODEL, "--dtype", "float32", "--max-model-len",
+             str(CONTEXT), "--kv-cache-memory", "64MB", "--log-level", "warning"]
+    with started(ServerProcess([*flags, "--max-num-seqs", str(SLOTS), "--max-queue", str(QUEUE)]),
+                 ServerProcess([*flags, "--max-num-seqs", "2", "--max-queue-delay", "0.1"])) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers[0]
 
 
 def test_free_slots_are_filled_before_anyone_is_refused(server):
@@ -59,13 +68,8 @@ def test_free_slots_are_filled_before_anyone_is_refused(server):
 
 
 @pytest.fixture(scope="module")
-def impatient(tmp_path_factory):
-    """Two batch slots, and a request may wait at most 0.1 s for one by the measured start rate."""
-    ckpt = make_checkpoint(tmp_path_factory.mktemp("tiny-64k-delay"), "llama", max_position_embeddings=CONTEXT)
-    with ServerProcess(["--model", str(ckpt), "--served-model-name", MODEL, "--dtype", "float32",
-                        "--max-model-len", str(CONTEXT), "--kv-cache-memory", "64MB", "--max-num-seqs", "2",
-                        "--max-queue-delay", "0.1", "--log-level", "warning"]) as s:
-        yield s
+def impatient(servers):
+    return servers[1]
 
 
 def test_a_request_whose_predicted_wait_is_too_long_is_refused_early(impatient):

@@ -9,6 +9,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.servers import started
 
 from tally.bench.cli import main as bench_main
 from tally.server.process import ServerProcess
@@ -23,16 +24,12 @@ PROMPTS = ["the cat sat on the mat and the cat sat on the", "one two three one t
 
 @pytest.fixture(scope="module")
 def servers(tiny_llama):
-    with ServerProcess([str(tiny_llama), *FLAGS]) as plain, \
-            ServerProcess([str(tiny_llama), *FLAGS, "--speculative-config", json.dumps(NGRAM)]) as spec:
-        yield plain, spec
-
-
-@pytest.fixture(scope="module")
-def draft_server(tiny_llama):
+    """Plain, n-gram speculation, and a draft model."""
     draft = {"method": "draft_model", "model": str(tiny_llama), "num_speculative_tokens": 3, "adaptive": False}
-    with ServerProcess([str(tiny_llama), *FLAGS, "--speculative-config", json.dumps(draft)]) as server:
-        yield server
+    with started(ServerProcess([str(tiny_llama), *FLAGS]),
+                 ServerProcess([str(tiny_llama), *FLAGS, "--speculative-config", json.dumps(NGRAM)]),
+                 ServerProcess([str(tiny_llama), *FLAGS, "--speculative-config", json.dumps(draft)])) as s:
+        yield s
 
 
 def _client(server) -> openai.OpenAI:
@@ -49,7 +46,7 @@ def _streamed(server, prompt: str, **kw) -> tuple[str, str | None]:
 
 
 def test_streamed_text_and_stops_are_the_plain_servers(servers):
-    plain, spec = servers
+    plain, spec, _ = servers
     for prompt in PROMPTS:
         full, _ = _streamed(plain, prompt)
         assert _streamed(spec, prompt) == (full, "length")
@@ -61,8 +58,8 @@ def test_streamed_text_and_stops_are_the_plain_servers(servers):
             assert (whole.choices[0].text, whole.choices[0].finish_reason) == _streamed(plain, prompt, stop=[stop])
 
 
-def test_draft_model_streams_the_plain_servers_text(servers, draft_server):
-    plain, _ = servers
+def test_draft_model_streams_the_plain_servers_text(servers):
+    plain, _, draft_server = servers
     for prompt in PROMPTS:
         full, _ = _streamed(plain, prompt)
         assert _streamed(draft_server, prompt) == (full, "length")
@@ -76,7 +73,7 @@ def test_draft_model_streams_the_plain_servers_text(servers, draft_server):
 
 
 def test_spec_decode_counters_in_metrics_and_ledger(servers):
-    _, spec = servers
+    plain, spec, _ = servers
     _streamed(spec, PROMPTS[0])
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(spec.url + "/metrics").text)}
     drafts = families["tally:spec_decode_num_draft_tokens"].samples[0].value
@@ -87,12 +84,12 @@ def test_spec_decode_counters_in_metrics_and_ledger(servers):
     assert sum(per_pos.values()) == accepted and set(per_pos) == {"0", "1", "2", "3"}
     ledger = httpx.get(spec.url + "/ledger").json()["speculative_decoding"]
     assert ledger["num_accepted_tokens"] >= accepted and 0 < ledger["acceptance_rate"] <= 1
-    plain_families = {f.name for f in text_string_to_metric_families(httpx.get(servers[0].url + "/metrics").text)}
+    plain_families = {f.name for f in text_string_to_metric_families(httpx.get(plain.url + "/metrics").text)}
     assert not any(name.startswith("tally:spec_decode") for name in plain_families)  # only when configured
 
 
 def test_tally_bench_reports_what_speculation_did(servers, tmp_path):
-    _, spec = servers
+    _, spec, _ = servers
     out = tmp_path / "run.json"
     assert bench_main(["--url", spec.url, "--model", "tiny", "--concurrency", "2", "--requests", "6",
                        "--lengths", "fixed:16,24", "--out", str(out), "--quiet"]) == 0

@@ -10,6 +10,7 @@ import json
 import jsonschema
 import openai
 import pytest
+from support.servers import started
 
 from tally.server.process import ServerProcess
 from tally.server.tools import ToolMode, stream_delta
@@ -37,16 +38,11 @@ def _client(server: ServerProcess) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def servers(tiny_llama):
-    with ServerProcess([str(tiny_llama), *FLAGS]) as plain, ServerProcess(
-            [str(tiny_llama), *FLAGS, "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]) as auto:
-        yield _client(plain), _client(auto)
-
-
-@pytest.fixture(scope="module")
-def llama3_server(tiny_llama):
-    with ServerProcess([str(tiny_llama), *FLAGS, "--enable-auto-tool-choice", "--tool-call-parser",
-                        "llama3_json"]) as server:
-        yield _client(server)
+    """Clients of a plain server and of servers with auto tool choice by each parser: hermes, llama3_json."""
+    auto = [str(tiny_llama), *FLAGS, "--enable-auto-tool-choice", "--tool-call-parser"]
+    with started(ServerProcess([str(tiny_llama), *FLAGS]), ServerProcess([*auto, "hermes"]),
+                 ServerProcess([*auto, "llama3_json"])) as s:
+        yield tuple(_client(server) for server in s)
 
 
 def _streamed(client, **kw) -> tuple[str, list[dict], str]:
@@ -81,9 +77,8 @@ def _stream_calls(client, **kw) -> tuple[str, list[dict], str]:
 
 @pytest.mark.parametrize("parser, steer", [("hermes", "Sure\\. " + HERMES_CALL + "\\n" + HERMES_CALL),
                                            ("llama3_json", LLAMA3_CALLS)])
-def test_streamed_arguments_arrive_in_pieces_that_add_up_to_the_non_streamed_answer(servers, llama3_server,
-                                                                                    parser, steer):
-    client = servers[1] if parser == "hermes" else llama3_server
+def test_streamed_arguments_arrive_in_pieces_that_add_up_to_the_non_streamed_answer(servers, parser, steer):
+    client = servers[1] if parser == "hermes" else servers[2]
     kw = {"tools": TOOLS, "temperature": 0, "extra_body": {"structured_outputs": {"regex": steer}}}
     whole = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=220, **kw).choices[0]
     content, calls, reason = _stream_calls(client, **kw)
@@ -99,7 +94,7 @@ def test_streamed_arguments_arrive_in_pieces_that_add_up_to_the_non_streamed_ans
 
 
 def test_a_named_function_is_called_with_arguments_that_validate(servers):
-    plain, _ = servers
+    plain, _, _ = servers
     choice = {"type": "function", "function": {"name": "get_weather"}}
     for temperature in (0.0, 1.0):
         r = plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=80, tools=TOOLS, tool_choice=choice,
@@ -115,7 +110,7 @@ def test_a_named_function_is_called_with_arguments_that_validate(servers):
 
 
 def test_required_gives_one_or_more_calls_of_the_tools_given(servers):
-    plain, _ = servers
+    plain, _, _ = servers
     r = plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=120, tools=TOOLS,
                                       tool_choice="required", temperature=1.0, seed=3)
     calls = r.choices[0].message.tool_calls
@@ -127,7 +122,7 @@ def test_required_gives_one_or_more_calls_of_the_tools_given(servers):
 
 
 def test_auto_needs_the_servers_flags(servers):
-    plain, _ = servers
+    plain, _, _ = servers
     with pytest.raises(openai.BadRequestError, match="--enable-auto-tool-choice and --tool-call-parser"):
         plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, tools=TOOLS)
     r = plain.chat.completions.create(model="tiny", messages=ASK, max_tokens=4, tools=TOOLS, tool_choice="none")
@@ -135,7 +130,7 @@ def test_auto_needs_the_servers_flags(servers):
 
 
 def test_auto_parses_hermes_calls_with_content_before_them_streamed_and_not(servers):
-    _, auto = servers
+    _, auto, _ = servers
     steer = {"structured_outputs": {"regex": "Sure\\. " + HERMES_CALL + "\\n" + HERMES_CALL}}  # two calls
     r = auto.chat.completions.create(model="tiny", messages=ASK, max_tokens=220, tools=TOOLS, extra_body=steer)
     message = r.choices[0].message
@@ -153,7 +148,7 @@ def test_auto_parses_hermes_calls_with_content_before_them_streamed_and_not(serv
 
 
 def test_a_conversation_with_calls_and_tool_results_renders(servers):
-    _, auto = servers
+    _, auto, _ = servers
     history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather",
                                                           "arguments": '{"city": "Paris", "days": 1}'}}]},

@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.servers import started
 
 from tally.engine.snapshot import EngineSnapshot, IterationTokens
 from tally.server.metrics import METRICS_PREFIXES, ServerMetrics
@@ -17,12 +18,25 @@ KEY = "sk-test-0123456789"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama):
-    """The model given positionally, as `vllm serve MODEL` takes it; the key from vLLM's variable."""
-    with ServerProcess([str(tiny_llama), "--served-model-name", "tiny", "tiny-alias", "--dtype", "float32",
-                        "--max-model-len", "256", "--kv-cache-memory", "8MB", "--log-level", "warning"],
-                       env={"VLLM_API_KEY": KEY}) as s:
-        yield s
+def servers(tiny_llama) -> dict[str, ServerProcess]:
+    """The file's servers, started side by side. keyed: the model given positionally, as `vllm serve MODEL` takes it,
+    the key from vLLM's variable. vllm_command_line: one from vLLM's docs, GPU-only flags and vLLM's dtype spelling
+    included. vllm_metrics: --metrics-prefix vllm."""
+    tiny = str(tiny_llama)
+    with started(ServerProcess([tiny, "--served-model-name", "tiny", "tiny-alias", "--dtype", "float32",
+                                "--max-model-len", "256", "--kv-cache-memory", "8MB", "--log-level", "warning"],
+                               env={"VLLM_API_KEY": KEY}),
+                 ServerProcess([tiny, "--dtype", "half", "--gpu-memory-utilization", "0.9", "--enforce-eager",
+                                "--tensor-parallel-size", "1", "--max-model-len", "256", "--kv-cache-memory", "8MB",
+                                "--served-model-name", "tiny"]),
+                 ServerProcess([tiny, "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256",
+                                "--kv-cache-memory", "8MB", "--log-level", "warning", "--metrics-prefix", "vllm"])) as s:
+        yield dict(zip(("keyed", "vllm_command_line", "vllm_metrics"), s))
+
+
+@pytest.fixture(scope="module")
+def server(servers):
+    return servers["keyed"]
 
 
 def test_the_api_key_guards_v1_and_leaves_health_and_metrics_open(server):
@@ -56,18 +70,15 @@ def test_caller_metadata_is_accepted(server):
     assert r.status_code == 200, r.text
 
 
-def test_a_vllm_command_line_runs_unchanged(tiny_llama):
+def test_a_vllm_command_line_runs_unchanged(servers):
     """From vLLM's docs: GPU-only flags are named in one warning; vLLM's dtype spelling is understood."""
-    flags = [str(tiny_llama), "--dtype", "half", "--gpu-memory-utilization", "0.9", "--enforce-eager",
-             "--tensor-parallel-size", "1", "--max-model-len", "256", "--kv-cache-memory", "8MB",
-             "--served-model-name", "tiny"]
-    with ServerProcess(flags) as server:
-        r = httpx.post(server.base_url + "/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
-        assert r.status_code == 200, r.text
-        log = server.log()
-        assert "ignoring vLLM flags that have no effect on this CPU engine: --gpu-memory-utilization, " \
-               "--enforce-eager" in log
-        assert "prompt + 2 output tokens, length" in log  # the access line at info, one per request
+    server = servers["vllm_command_line"]
+    r = httpx.post(server.base_url + "/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    log = server.log()
+    assert "ignoring vLLM flags that have no effect on this CPU engine: --gpu-memory-utilization, " \
+           "--enforce-eager" in log
+    assert "prompt + 2 output tokens, length" in log  # the access line at info, one per request
 
 
 # Every series vLLM's own Grafana dashboard queries: the metric names in the PromQL of
@@ -87,15 +98,14 @@ VLLM_DASHBOARD_SERIES = (
 )
 
 
-def test_metrics_prefix_vllm_serves_every_series_vllms_dashboard_queries(tiny_llama):
-    with ServerProcess([str(tiny_llama), "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256",
-                        "--kv-cache-memory", "8MB", "--log-level", "warning", "--metrics-prefix", "vllm"]) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
-        client.completions.create(model="tiny", prompt="hi", max_tokens=3, n=2, extra_body={"ignore_eos": True})
-        for _ in client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                max_tokens=4, stream=True):
-            pass
-        text = httpx.get(server.url + "/metrics").text
+def test_metrics_prefix_vllm_serves_every_series_vllms_dashboard_queries(servers):
+    server = servers["vllm_metrics"]
+    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    client.completions.create(model="tiny", prompt="hi", max_tokens=3, n=2, extra_body={"ignore_eos": True})
+    for _ in client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=4, stream=True):
+        pass
+    text = httpx.get(server.url + "/metrics").text
     samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
     names = {s.name for s in samples}
     assert set(VLLM_DASHBOARD_SERIES) <= names, sorted(set(VLLM_DASHBOARD_SERIES) - names)

@@ -28,6 +28,7 @@ SHARED = "In a paged KV cache, blocks of tokens are shared between requests with
 PROMPTS = [SHARED + "The quick brown fox", SHARED + "def add(a, b):", "Paris is the capital", SHARED + "Numbers: 0 1"]
 # Small steps (chunked prefill) and a pool of a few blocks (preemption), so every scheduling path runs under TP.
 BUSY = dict(max_num_batched_tokens=24, num_gpu_blocks_override=8, max_model_len=128)
+BUILTIN_DENSE = dict(dtype="float32", quantization="none", max_model_len=256, kv_cache_memory=64 * 2**20)
 
 
 def _tokens(llm: LLM, prompts: list[str], params: SamplingParams = GREEDY) -> list[list[int]]:
@@ -121,31 +122,27 @@ def test_a_group_that_straddles_two_ranks_is_refused(tiny_llama, tmp_path):
     assert _tokens(LLM(str(ckpt)), PROMPTS[:1])  # the ranks it started are gone and this process is whole again
 
 
-def test_builtin_model_with_uneven_heads_matches_one_process():
-    """SmolLM2: 9 heads in 3 KV groups, split 6 + 3; fp32 dense is exact. The GGUF blocks as stored round
-    activations to int8 at every projection (and auto keeps their cache in fp16), so the all-reduce's other summation
-    order can tip a rounding and grow through 30 layers: their prompt logprobs agree closely instead (measured: mean
-    0.05-0.06 nats; the largest 0.07 with an fp32 cache, 0.24 with the fp16 one)."""
-    kw = dict(dtype="float32", max_model_len=256, kv_cache_memory=64 * 2**20)
-    prompts = ["The capital of France is", "def fibonacci(n):"]
-    expected = _tokens(LLM(None, quantization="none", **kw), prompts)
-    with _tp_llm(None, quantization="none", **kw) as llm:
-        assert _tokens(llm, prompts) == expected
-    probe = SamplingParams(max_tokens=1, prompt_logprobs=0)
-    one = LLM(None, **kw).generate(prompts, probe, use_tqdm=False)
-    with _tp_llm(None, **kw) as llm:
-        two = llm.generate(prompts, probe, use_tqdm=False)
-    diffs = [abs(pb[token].logprob - lp.logprob) for a, b in zip(one, two)
-             for pa, pb in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]) for token, lp in pa.items()]
-    assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 0.35, diffs
+@pytest.fixture(scope="class")
+def builtin_dense_tp():
+    """SmolLM2 on two ranks, fp32 dense, for the tests of one class: each rank loads the model, and no other split
+    may run beside it (one process group per process)."""
+    with _tp_llm(None, **BUILTIN_DENSE) as llm:
+        yield llm
 
 
-def test_each_rank_holds_and_talks_what_the_plan_says():
-    """Weights, KV and communication buffers per rank, and the collectives a step makes (each one a link latency in
-    the plan's communication time)."""
-    gguf = str(resolve_model(None).path)
-    kw = dict(dtype="float32", quantization="none", max_model_len=256, kv_cache_memory=64 * 2**20)
-    with _tp_llm(None, **kw) as llm:
+class TestBuiltinModelDense:
+    """SmolLM2 on two ranks, fp32 dense (exact)."""
+
+    def test_uneven_heads_match_one_process(self, builtin_dense_tp):
+        """9 heads in 3 KV groups, split 6 + 3."""
+        prompts = ["The capital of France is", "def fibonacci(n):"]
+        assert _tokens(builtin_dense_tp, prompts) == _tokens(LLM(None, **BUILTIN_DENSE), prompts)
+
+    def test_each_rank_holds_and_talks_what_the_plan_says(self, builtin_dense_tp):
+        """Weights, KV and communication buffers per rank, and the collectives a step makes (each one a link
+        latency in the plan's communication time)."""
+        gguf = str(resolve_model(None).path)
+        llm = builtin_dense_tp
         ledger = llm.engine.ledger
         first, second = ledger.ranks
         tp = llm.engine.model.tp
@@ -153,20 +150,36 @@ def test_each_rank_holds_and_talks_what_the_plan_says():
         _tokens(llm, ["The capital of France is"])
         calls_per_step = (tp.comm_calls - calls0) / (llm.engine.snapshot().num_steps - steps0)
         batched_tokens = llm.engine.config.max_num_batched_tokens
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert tally_main(["plan", "--model", gguf, "--weights", "dense", "--dtype", "fp32", "--kv-cache-dtype", "fp32",
-                           "--max-model-len", "256", "--memory", "8GiB", "--bandwidth", "50GB/s", "--flops", "100G",
-                           "-tp", "2", "--link", "pcie4", "--max-num-batched-tokens", str(batched_tokens),
-                           "--json"]) == 0
-    plan = json.loads(buf.getvalue())
-    planned = plan["weights"]["per_device_bytes"]
-    assert abs(first["weight_bytes"] - planned) / planned < 0.01
-    assert second["weight_bytes"] < first["weight_bytes"]  # 3 of 9 heads against 6
-    assert ledger.kv_pool_bytes == ledger.kv_blocks * plan["kv"]["bytes_per_block_per_device"]
-    assert second["kv_pool_bytes"] * 2 == first["kv_pool_bytes"]  # 1 KV head against 2, same blocks
-    assert first["comm_buffer_bytes"] == plan["split"]["activation_buffer_bytes"] > 0
-    assert calls_per_step == plan["comm_one"]["collectives"] == 2 * 30 + 2  # SmolLM2's 30 layers
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert tally_main(["plan", "--model", gguf, "--weights", "dense", "--dtype", "fp32", "--kv-cache-dtype",
+                               "fp32", "--max-model-len", "256", "--memory", "8GiB", "--bandwidth", "50GB/s",
+                               "--flops", "100G", "-tp", "2", "--link", "pcie4", "--max-num-batched-tokens",
+                               str(batched_tokens), "--json"]) == 0
+        plan = json.loads(buf.getvalue())
+        planned = plan["weights"]["per_device_bytes"]
+        assert abs(first["weight_bytes"] - planned) / planned < 0.01
+        assert second["weight_bytes"] < first["weight_bytes"]  # 3 of 9 heads against 6
+        assert ledger.kv_pool_bytes == ledger.kv_blocks * plan["kv"]["bytes_per_block_per_device"]
+        assert second["kv_pool_bytes"] * 2 == first["kv_pool_bytes"]  # 1 KV head against 2, same blocks
+        assert first["comm_buffer_bytes"] == plan["split"]["activation_buffer_bytes"] > 0
+        assert calls_per_step == plan["comm_one"]["collectives"] == 2 * 30 + 2  # SmolLM2's 30 layers
+
+
+def test_builtin_gguf_blocks_on_two_ranks_agree_closely_with_one_process():
+    """The GGUF blocks as stored round activations to int8 at every projection (and auto keeps their cache in fp16),
+    so the all-reduce's other summation order can tip a rounding and grow through 30 layers: their prompt logprobs
+    agree closely instead of exactly (measured: mean 0.05-0.06 nats; the largest 0.07 with an fp32 cache, 0.24 with
+    the fp16 one)."""
+    kw = dict(dtype="float32", max_model_len=256, kv_cache_memory=64 * 2**20)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    probe = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    one = LLM(None, **kw).generate(prompts, probe, use_tqdm=False)
+    with _tp_llm(None, **kw) as llm:
+        two = llm.generate(prompts, probe, use_tqdm=False)
+    diffs = [abs(pb[token].logprob - lp.logprob) for a, b in zip(one, two)
+             for pa, pb in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]) for token, lp in pa.items()]
+    assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 0.35, diffs
 
 
 def test_a_rank_that_dies_fails_the_engine_instead_of_hanging(tiny_llama):

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from support.servers import started
 
 from tally import LLM, SamplingParams
 from tally.server.process import ServerProcess, free_port
@@ -24,6 +25,14 @@ PROMPT = "The quick brown fox"
 def expected(tiny_llama) -> str:
     out = LLM(str(tiny_llama)).generate([PROMPT], SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
     return out[0].outputs[0].text
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_llama):
+    """`-tp 2` and `-pp 2`, started side by side (each command starts its second rank itself)."""
+    with started(ServerProcess([str(tiny_llama), "--tensor-parallel-size", "2"], startup_timeout_s=180),
+                 ServerProcess([str(tiny_llama), "-pp", "2"], startup_timeout_s=180)) as pair:
+        yield pair
 
 
 def _complete(server: ServerProcess) -> str:
@@ -58,27 +67,27 @@ def _wait_for(condition, timeout_s: float = 120.0) -> bool:
     return False
 
 
-def test_one_command_serves_with_two_ranks_and_fails_cleanly_when_one_dies(tiny_llama, expected):
-    with ServerProcess([str(tiny_llama), "--tensor-parallel-size", "2"], startup_timeout_s=180) as server:
-        assert _complete(server) == expected
-        ranks = httpx.get(server.url + "/ledger").json()["plan"]["ranks"]
-        assert [r["rank"] for r in ranks] == [0, 1]
-        follower, = _children(server.proc.pid, "tally.engine.parallel.follower")
-        os.kill(follower, 9)
-        # seen while idle (the engine loop watches the ranks it started), before any request needs the rank
-        assert _wait_for(lambda: httpx.get(server.url + "/health").status_code == 503)
-        with pytest.raises(openai.APIStatusError) as failed:
-            _complete(server)
-        assert failed.value.status_code == 503
-        assert server.proc.poll() is None  # the server says so instead of vanishing
-        assert "parallel rank 1 exited" in server.log()
+def test_one_command_serves_with_two_ranks_and_fails_cleanly_when_one_dies(servers, expected):
+    server = servers[0]
+    assert _complete(server) == expected
+    ranks = httpx.get(server.url + "/ledger").json()["plan"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    follower, = _children(server.proc.pid, "tally.engine.parallel.follower")
+    os.kill(follower, 9)
+    # seen while idle (the engine loop watches the ranks it started), before any request needs the rank
+    assert _wait_for(lambda: httpx.get(server.url + "/health").status_code == 503)
+    with pytest.raises(openai.APIStatusError) as failed:
+        _complete(server)
+    assert failed.value.status_code == 503
+    assert server.proc.poll() is None  # the server says so instead of vanishing
+    assert "parallel rank 1 exited" in server.log()
 
 
-def test_one_command_serves_two_pipeline_stages(tiny_llama, expected):
-    with ServerProcess([str(tiny_llama), "-pp", "2"], startup_timeout_s=180) as server:
-        assert _complete(server) == expected
-        ranks = httpx.get(server.url + "/ledger").json()["plan"]["ranks"]
-        assert [(r["stage"], r["layers"]) for r in ranks] == [(0, [0, 1]), (1, [1, 2])]
+def test_one_command_serves_two_pipeline_stages(servers, expected):
+    server = servers[1]
+    assert _complete(server) == expected
+    ranks = httpx.get(server.url + "/ledger").json()["plan"]["ranks"]
+    assert [(r["stage"], r["layers"]) for r in ranks] == [(0, [0, 1]), (1, [1, 2])]
 
 
 def test_two_torchrun_nodes_serve_as_one(tiny_llama, expected):
