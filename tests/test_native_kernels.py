@@ -214,14 +214,17 @@ def test_gemm_f16_matches_fp32_math_on_fp16_weights(m: int, k: int) -> None:
     torch.testing.assert_close(got, F.linear(x, w.float(), bias), atol=1e-4, rtol=1e-4)
 
 
-def test_rms_norm_and_silu_mul() -> None:
+@pytest.mark.parametrize("activation, act", [("silu", F.silu), ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"))])
+def test_rms_norm_and_gated_mul(activation: str, act) -> None:
     x, w = rand(5, 64), rand(64)
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-5), torch.rms_norm(x, (64,), w, 1e-5), atol=1e-5, rtol=1e-5)
     gu = rand(3, 2 * 50)  # 6 vectors of 8 and a scalar tail of 2
     gu[0, :4] = torch.tensor([-100.0, 100.0, -30.0, 90.0])  # exp's clamped range
-    torch.testing.assert_close(ops.silu_mul(gu), F.silu(gu[:, :50]) * gu[:, 50:], atol=1e-6, rtol=1e-5)
+    gu[0, 48:50] = torch.tensor([-9.0, 1e-3])  # the tail's own arithmetic
+    torch.testing.assert_close(ops.gated_mul(gu, activation), act(gu[:, :50]) * gu[:, 50:], atol=1e-6, rtol=1e-5)
     many = rand(300, 2 * 100)  # a prompt's rows: over the kernels' threads, each row's bits as alone
-    assert torch.equal(ops.silu_mul(many), torch.cat([ops.silu_mul(many[r:r + 1]) for r in range(300)]))
+    assert torch.equal(ops.gated_mul(many, activation),
+                       torch.cat([ops.gated_mul(many[r:r + 1], activation) for r in range(300)]))
 
 
 def test_logsumexp_rows_is_torchs_with_its_nan_and_infinities() -> None:
@@ -340,6 +343,55 @@ def test_rope_store_rotates_q_k_and_writes_the_cache(cache_dtype: torch.dtype) -
     rotated_k = got[:, hq * d:v_at].view(t, hkv, d)
     assert torch.equal(k_cache.view(-1, hkv, d)[slots], rotated_k.to(cache_dtype))
     assert torch.equal(v_cache.view(-1, hkv, d)[slots], qkv[:, v_at:].view(t, hkv, d).to(cache_dtype))
+
+
+@pytest.mark.parametrize("norms, rotary_dim", [("head", 16), ("whole", 12), ("head", None)])
+def test_rope_store_norms_q_and_k_then_rotates_part_or_none_of_each_head(norms: str, rotary_dim: int | None) -> None:
+    """q/k norms before the rotation (each head's: Qwen3, Gemma 3; all heads' at once: OLMo 2), partial rotary
+    (Phi-4-mini: the first 12 of 16 dimensions) and layers without rotary (None: SmolLM3's NoPE layers)."""
+    from tally.layers.rotary import RotaryEmbedding
+
+    hq, hkv, d, t, eps = 4, 2, 16, 3, 1e-6
+    qkv = rand(t, (hq + 2 * hkv) * d) * 3
+    q_w, k_w = (rand(d), rand(d)) if norms == "head" else (rand(hq * d), rand(hkv * d))
+    q, k = qkv[:, :hq * d], qkv[:, hq * d:(hq + hkv) * d]
+    if norms == "head":
+        q = torch.rms_norm(q.view(t, hq, d), (d,), q_w, eps)
+        k = torch.rms_norm(k.view(t, hkv, d), (d,), k_w, eps)
+    else:
+        q = torch.rms_norm(q, (hq * d,), q_w, eps).view(t, hq, d)
+        k = torch.rms_norm(k, (hkv * d,), k_w, eps).view(t, hkv, d)
+    expected = torch.cat([q, k], dim=1)
+    cos = sin = None
+    if rotary_dim is not None:
+        rope = RotaryEmbedding(d, 64, 10000.0, None, torch.float32, rotary_dim)
+        cos, sin = rope.lookup(torch.tensor([5, 9, 2]))
+        expected = rope.rotate(expected, (cos, sin))
+        cos, sin = cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous()
+    k_cache, v_cache = torch.zeros(4, 4, hkv, d), torch.zeros(4, 4, hkv, d)
+    slots = torch.tensor([3, 7, 12])
+    got = qkv.clone()
+    ops.rope_store(got, cos, sin, hq, hkv, d, k_cache, v_cache, slots, q_w, k_w, norms == "whole", eps)
+    torch.testing.assert_close(got[:, :(hq + hkv) * d].view(t, hq + hkv, d), expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(k_cache.view(-1, hkv, d)[slots], got[:, hq * d:(hq + hkv) * d].view(t, hkv, d))
+
+
+def test_decode_attention_soft_caps_scores_as_gemma_2() -> None:
+    """scores = cap * tanh(scores / cap) before the softmax, against the PyTorch softcapped attention; scores both
+    small and large (tanh's two forms)."""
+    from tally.attention.softcap import softcapped_attention
+
+    hq, hkv, d, bs, cap = 4, 2, 16, 4, 5.0
+    k_cache, v_cache = rand(10, bs, hkv, d) * 3, rand(10, bs, hkv, d)
+    tables = torch.tensor([[3, 1, 7, 0], [9, 2, 0, 0]])
+    lens = torch.tensor([13, 6])
+    q = rand(2, hq, d) * 2
+    got = ops.decode_attention(q, k_cache, v_cache, tables, lens, None, 0.25, cap)
+    for b in range(2):
+        slots = torch.cat([tables[b, i // bs:i // bs + 1] * bs + i % bs for i in range(int(lens[b]))])
+        k, v = (c.view(-1, hkv, d)[slots].transpose(0, 1)[None] for c in (k_cache, v_cache))
+        ref = softcapped_attention(q[b][None, :, None], k, v, None, 0.25, cap)
+        torch.testing.assert_close(got[b], ref[0, :, 0], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("window", [None, 5])

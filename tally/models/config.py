@@ -69,17 +69,6 @@ class ModelConfig:
         return windows.pop() if len(windows) == 1 else None
 
     @property
-    def is_plain(self) -> bool:
-        """Llama's layer exactly (Qwen2's biases, Mistral's window and tied heads included): what the native
-        fused paths compute."""
-        return (self.norm_layout == "pre" and not self.qk_norm and self.activation == "silu"
-                and self.uniform_sliding_window == self.sliding_window and not self.nope_layers
-                and self.partial_rotary_factor == 1.0 and self.attn_logit_softcap is None
-                and self.final_logit_softcap is None and self.query_scale is None
-                and self.embedding_multiplier == 1.0 and self.residual_multiplier == 1.0
-                and self.logits_scaling == 1.0 and self.experts is None and not self.norm_scale_in_float)
-
-    @property
     def attention_scale(self) -> float:
         return self.head_dim ** -0.5 if self.query_scale is None else self.query_scale
 

@@ -3,7 +3,7 @@
 Llama's layer is the base; a family's traits (ModelConfig) change where the norms sit, the q/k norms, the
 activation, the rotary per layer, the attention's window, scale and soft-capping, the multipliers and whether the
 MLP is a mixture of experts. Q, K and V are one fused projection and gate/up another, so a dense layer is five
-matmuls. A model with Llama's layer exactly (`ModelConfig.is_plain`) may run the native fused paths."""
+matmuls. In fp32 the native fused paths run every trait tally/models/native_traits.py lists."""
 from __future__ import annotations
 
 from typing import Callable
@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from tally.attention.backend import with_window
-from tally.attention.decode import native_attention_supported
 from tally.attention.interface import AttentionBackend
 from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
@@ -23,6 +22,7 @@ from tally.layers.rotary import RotaryEmbedding
 from tally.models.config import ModelConfig
 from tally.models.experts import MixtureOfExperts
 from tally.models.native_decode_step import NativeDecodeStep
+from tally.models.native_traits import layer_unsupported
 from tally.models.pipeline_split import PPStage
 from tally.native import ops as native
 
@@ -77,8 +77,8 @@ class DecoderLayer(nn.Module):
         self.k_norm = norm(f"{a}.k_norm", bool(cfg.qk_norm))
         self.attn = attn
         self.rotary = rotary
-        # Llama's layer in fp32: the native fused steps apply (tally/native; the cache is checked per call)
-        self.native = (cfg.is_plain and dtype == torch.float32 and native.available()
+        # fp32 and traits the native fused steps compute (tally/native; the cache is checked per call)
+        self.native = (not layer_unsupported(cfg) and dtype == torch.float32 and native.available()
                        and native.vector_supported(cfg.head_dim) and native.vector_supported(cfg.hidden_size))
         # int8 KV only (tally/models/key_smoothing.py): the cache holds k / s and q is multiplied by s.
         self.key_scale: torch.Tensor | None = None  # [Hkv, D] reciprocal of s, applied to k
@@ -88,7 +88,9 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         """`ropes`: this step's cos and sin of each rotary table, by id()."""
         rope = ropes[id(self.rotary)] if self.rotary is not None else None
-        if self.native and self.key_scale is None and native_attention_supported(kv_cache[0], self.attn.config):
+        k_cache = kv_cache[0]
+        if (self.native and self.key_scale is None and isinstance(k_cache, torch.Tensor)
+                and k_cache.dtype in native.KV_KINDS):
             return self._forward_native(h, rope, kv_cache, meta)
         a = self._attention(self.input_norm(h) if self.input_norm is not None else h, rope, kv_cache, meta)
         h = self._add(h, self.attn_output_norm(a) if self.attn_output_norm is not None else a)
@@ -125,18 +127,27 @@ class DecoderLayer(nn.Module):
         o = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
         return self.o_proj(o.reshape(t, cfg.q_size))
 
-    def _forward_native(self, h: torch.Tensor, rope: Rope, kv_cache: tuple[KVCache, KVCache],
+    def _forward_native(self, h: torch.Tensor, rope: Rope | None, kv_cache: tuple[KVCache, KVCache],
                         meta: AttentionMetadata) -> torch.Tensor:
-        """The same layer with its small steps fused into native calls: rotary and the cache write in one pass
-        over qkv, SiLU-and-multiply in one. A decode step's layer is ~10 calls instead of ~40."""
+        """The same layer with its small steps fused into native calls: q/k norms, rotary and the cache write in one
+        pass over qkv, the gated activation in one; attention is the backend's. A decode step's layer is ~10 calls
+        instead of ~40."""
         cfg = self.cfg
         t = h.shape[0]
-        qkv = self.qkv_proj(self.input_norm(h))
-        native.rope_store(qkv, rope[0], rope[1], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv_cache[0],
-                          kv_cache[1], meta.slot_mapping)
+        qkv = self.qkv_proj(self.input_norm(h) if self.input_norm is not None else h)
+        cos, sin = (None, None) if rope is None else rope
+        norms = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
+        native.rope_store(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv_cache[0], kv_cache[1],
+                          meta.slot_mapping, *norms, cfg.qk_norm == "projection", cfg.rms_norm_eps)
         o = self.attn.attend(qkv[:, :cfg.q_size].view(t, cfg.num_heads, cfg.head_dim), *kv_cache, meta)
-        h = h + self.o_proj(o.reshape(t, cfg.q_size))
-        return h + self.down_proj(native.silu_mul(self.gate_up_proj(self.post_attn_norm(h))))
+        a = self.o_proj(o.reshape(t, cfg.q_size))
+        h = self._add(h, self.attn_output_norm(a) if self.attn_output_norm is not None else a)
+        x = self.post_attn_norm(h) if self.post_attn_norm is not None else h
+        if self.experts is not None:
+            mlp = self.experts(x)
+        else:
+            mlp = self.down_proj(native.gated_mul(self.gate_up_proj(x), cfg.activation))
+        return self._add(h, self.mlp_output_norm(mlp) if self.mlp_output_norm is not None else mlp)
 
 
 class CausalLM(nn.Module):

@@ -12,6 +12,7 @@ from typing import Protocol, Sequence
 import torch
 from torch import nn
 
+from tally.attention.interface import AttentionBackend
 from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.layers.dense import ConcatLinear, Fp16WeightLinear
@@ -19,8 +20,9 @@ from tally.layers.norm import RMSNorm
 from tally.layers.parallel import TPGroup
 from tally.layers.rotary import RotaryEmbedding
 from tally.models.config import ModelConfig
+from tally.models.native_traits import step_unsupported
 from tally.native.library import load
-from tally.native.ops import KV_INT8, KV_KINDS, scale_form
+from tally.native.ops import ACTIVATIONS, KV_INT8, KV_KINDS, scale_form
 from tally.quant.native_linear import (
     NativeInt4Linear,
     NativeInt8Linear,
@@ -35,8 +37,14 @@ class StepLayer(Protocol):
     """What the step reads of a decoder layer (tally/models/decoder.py: DecoderLayer)."""
 
     native: bool
-    input_norm: RMSNorm
-    post_attn_norm: RMSNorm
+    input_norm: RMSNorm | None  # None where the family has no such norm (OLMo 2: output norms only)
+    post_attn_norm: RMSNorm | None
+    attn_output_norm: RMSNorm | None
+    mlp_output_norm: RMSNorm | None
+    q_norm: RMSNorm | None
+    k_norm: RMSNorm | None
+    rotary: RotaryEmbedding | None  # None: a layer without rotary
+    attn: AttentionBackend  # its config holds the layer's window, score scale and soft cap
     qkv_proj: nn.Module
     o_proj: nn.Module
     gate_up_proj: nn.Module
@@ -50,7 +58,8 @@ class StepModel(Protocol):
 
     cfg: ModelConfig
     layers: Sequence[StepLayer]
-    rotary: RotaryEmbedding
+    rotary: RotaryEmbedding  # the full-attention layers' table (rotary_dim: how much of a head rotates)
+    rotaries: Sequence[RotaryEmbedding]  # every table a layer rotates with
     norm: RMSNorm | None  # None, as lm_head, on a pipeline stage before the last
     lm_head: nn.Module | None
     tp: TPGroup | None
@@ -64,16 +73,20 @@ class _Proj(ctypes.Structure):
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("input_norm", _P), ("post_norm", _P), ("qkv", _Proj), ("o", _Proj), ("gate_up", _Proj),
+    _fields_ = [("input_norm", _P), ("post_norm", _P), ("attn_out_norm", _P), ("mlp_out_norm", _P), ("q_norm", _P),
+                ("k_norm", _P), ("cos", _P), ("sin", _P), ("window", _I), ("qkv", _Proj), ("o", _Proj),
+                ("gate_up", _Proj),
                 ("down", _Proj), ("k_cache", _P), ("v_cache", _P), ("kv_kind", _I), ("k_scales", _P),
                 ("v_scales", _P), ("key_scale", _P), ("query_scale", _P)]
 
 
 class _Model(ctypes.Structure):
     _fields_ = [("num_layers", _I), ("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
-                ("intermediate", _I), ("block_size", _I), ("window", _I), ("scale", ctypes.c_float),
-                ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("cos", _P), ("sin", _P),
-                ("final_norm", _P), ("head", _Proj), ("embed", _Proj)]
+                ("intermediate", _I), ("block_size", _I), ("rotary_dim", _I), ("qk_norm_whole", _I),
+                ("activation", _I), ("scale", ctypes.c_float), ("eps", ctypes.c_float), ("softcap", ctypes.c_float),
+                ("embedding_multiplier", ctypes.c_float), ("residual_multiplier", ctypes.c_float),
+                ("logits_scaling", ctypes.c_float), ("final_softcap", ctypes.c_float),
+                ("layers", ctypes.POINTER(_Layer)), ("final_norm", _P), ("head", _Proj), ("embed", _Proj)]
 
 
 def _proj(module: nn.Module, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:
@@ -109,7 +122,7 @@ def _head(model: StepModel, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:
     (a pipeline stage before the last), a vocabulary-parallel one, or a norm or head the kernels do not run."""
     if model.lm_head is None or model.norm is None or not model.norm.native or model.tp is not None:
         return None
-    if model.norm.eps != model.layers[0].input_norm.eps:
+    if model.norm.eps != model.cfg.rms_norm_eps:
         return None
     head = _proj(model.lm_head, keep)
     return head if head is not None and head.n == model.cfg.vocab_size else None
@@ -141,31 +154,35 @@ class NativeDecodeStep:
         self.scores = head is not None  # whether a step can end in the logits
         self.embeds = table is not None  # whether it can start from the token ids
         self._vocab = cfg.vocab_size
-        rotary = model.rotary
+        attention = model.layers[0].attn.config
         self._model = _Model(len(layers), cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                             cfg.intermediate_size, 0, cfg.sliding_window or 0, cfg.head_dim ** -0.5,
-                             model.layers[0].input_norm.eps, self._layers, rotary.cos.data_ptr(),
-                             rotary.sin.data_ptr(), model.norm.weight.data_ptr() if head else None, head or _Proj(),
-                             table or _Proj())
+                             cfg.intermediate_size, 0, model.rotary.rotary_dim, cfg.qk_norm == "projection",
+                             ACTIVATIONS[cfg.activation], attention.scale, cfg.rms_norm_eps,
+                             attention.logit_softcap or 0.0, cfg.embedding_multiplier, cfg.residual_multiplier,
+                             cfg.logits_scaling, cfg.final_logit_softcap or 0.0, self._layers,
+                             model.norm.weight.data_ptr() if head else None, head or _Proj(), table or _Proj())
         self._caches: list[tuple[KVCache, KVCache]] | None = None
 
     @classmethod
     def build(cls, model: StepModel) -> NativeDecodeStep | None:
-        """The step, or None (the model runs layer by layer) unless the kernels are loaded, every layer runs them (no
-        per-head q/k norms) and every projection is a native int4 / int8 / W8A8 layer (tally/quant/native_linear.py),
-        fp16 panels (tally/layers/dense.py) or several of them side by side (ConcatLinear: a GGUF's fused q/k/v whose
-        parts are stored in different block types)."""
-        if load() is None or not all(layer.native for layer in model.layers):
+        """The step, or None (the model runs layer by layer) unless the kernels are loaded, every layer runs them (a
+        dense model: native_traits.step_unsupported is empty) and every projection is a native int4 / int8 / W8A8
+        layer (tally/quant/native_linear.py), fp16 panels (tally/layers/dense.py) or several of them side by side
+        (ConcatLinear: a GGUF's fused q/k/v whose parts are stored in different block types)."""
+        if load() is None or step_unsupported(model.cfg) or not all(layer.native for layer in model.layers):
             return None
-        if model.rotary.cos.dtype != torch.float32 or not model.rotary.cos.is_contiguous():
+        if any(rotary.cos.dtype != torch.float32 or not rotary.cos.is_contiguous() for rotary in model.rotaries):
             return None
         layers, keep = [], []
         for layer in model.layers:
             projs = [_proj(m, keep) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
             if any(p is None for p in projs):
                 return None
-            layers.append(_Layer(layer.input_norm.weight.data_ptr(), layer.post_attn_norm.weight.data_ptr(),
-                                 *projs))
+            norms = [_weight(n) for n in (layer.input_norm, layer.post_attn_norm, layer.attn_output_norm,
+                                          layer.mlp_output_norm, layer.q_norm, layer.k_norm)]
+            rotary = layer.rotary
+            table = (None, None) if rotary is None else (rotary.cos.data_ptr(), rotary.sin.data_ptr())
+            layers.append(_Layer(*norms, *table, layer.attn.config.sliding_window or 0, *projs))
         return cls(model, layers, keep)
 
     def applies(self, model: StepModel, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
@@ -243,6 +260,10 @@ class NativeDecodeStep:
     def _outside(self, ids: torch.Tensor) -> IndexError:
         """The call ran nothing: as PyTorch's indexing, an error."""
         return IndexError(f"token ids {ids.tolist()[:5]} reach outside a table of {self._model.embed.n} rows")
+
+
+def _weight(norm: RMSNorm | None) -> int | None:
+    return None if norm is None else norm.weight.data_ptr()
 
 
 def _context_lens(meta: AttentionMetadata, n: int) -> torch.Tensor:

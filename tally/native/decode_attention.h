@@ -6,7 +6,7 @@
  * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] of `kind` (kv_rows.h):
  * fp32, fp16, bf16, or int8 with scales [blocks, Hkv] (the int8 KV cache, read as value * scale);
  * block_tables [n, bt_stride] int64; ctx [n] keys per row (the query's own included); window > 0 keeps the
- * last `window` keys. out [n, Hq, D].
+ * last `window` keys; softcap > 0: scores = softcap * tanh(scores / softcap) (Gemma 2). out [n, Hq, D].
  * Per (rows of one sequence, chunk of ATT_CHUNK keys, kv head): the scores of every query head sharing the head, 8
  * keys at a time (one accumulator a key, summed across lanes 8 at once), the chunk's max and sum of exponentials,
  * then the exponential-weighted V with each output head's D values held in registers; K and V are read in place from
@@ -133,7 +133,7 @@ typedef struct {
     const int64_t *chunk_first, *part_first;  /* chunk c's partial results start at record part_first[c] */
     int64_t q_stride, bt_stride, Hq, Hkv, D, block_size, window;
     int kind;
-    float scale;
+    float scale, softcap;
     float *parts;  /* per (chunk, row of its group, query head): D unnormalised outputs, the chunk's max, its sum */
 } AttentionJob;
 
@@ -199,6 +199,7 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
                     continue;
                 }
                 float *pj = p + (r * G + j) * ATT_CHUNK;
+                if (a->softcap > 0) softcap_values(pj, pj, seen, a->softcap);
                 part[D + 1] = exp_scores(pj, seen, part + D);
                 if (int8)
                     for (int64_t t = 0; t < seen; t++) pj[t] *= vs[t];
@@ -225,7 +226,7 @@ static int64_t rows_sharing_keys(const int64_t *block_tables, int64_t bt_stride,
 static void decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                              int kind, const float *k_scales, const float *v_scales, const int64_t *block_tables,
                              int64_t bt_stride, const int64_t *ctx, int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
-                             int64_t block_size, int64_t window, float scale, float *out) {
+                             int64_t block_size, int64_t window, float scale, float softcap, float *out) {
     int64_t *first = malloc(sizeof(int64_t) * (n + 1)), groups = 0;
     for (int64_t b = 0; b < n; b += rows_sharing_keys(block_tables, bt_stride, ctx, n, b, block_size, window))
         first[groups++] = b;
@@ -246,7 +247,7 @@ static void decode_attention(const float *q, int64_t q_stride, const void *k_cac
     for (int64_t r = 0; r < n; r++) work += (ctx[r] - first_key(ctx[r], window)) * Hq * D;
     float *partial = malloc(sizeof(float) * parts * (D + 2));
     AttentionJob job = {q, k_scales, v_scales, k_cache, v_cache, block_tables, ctx, first, chunk_group, chunk_first,
-                        part_first, q_stride, bt_stride, Hq, Hkv, D, block_size, window, kind, scale, partial};
+                        part_first, q_stride, bt_stride, Hq, Hkv, D, block_size, window, kind, scale, softcap, partial};
     parallel_for(chunks * Hkv, work, attention_chunks, &job);
     /* out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c over the row's chunks, in their order */
     for (int64_t g = 0; g < groups; g++) {

@@ -169,16 +169,26 @@ void tally_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t
     }
 }
 
-/* ---- Rotary (rotate-half) on q and k in place, then k and v into the paged cache ----------------------
- * qkv [T, row] holds q [Hq, D], k [Hkv, D], v [Hkv, D] side by side; cos, sin [T, D]; the caches are
- * [slots, Hkv, D] of `kind` (fp32, fp16 or bf16); slots [T] the cache slot of each token. */
-static void rope_rotate(float *qkv, int64_t T, int64_t row, const float *cos, const float *sin, int64_t heads,
-                        int64_t D) {
-    int64_t half = D / 2;
+/* ---- q/k norms and rotary (rotate-half) on q and k in place, then k and v into the paged cache ------------
+ * qkv [T, row] holds q [Hq, D], k [Hkv, D], v [Hkv, D] side by side. q_norm, k_norm (NULL: none) are RMSNorm
+ * weights applied before the rotation: of each head's D values (norm_whole 0: Qwen3, Gemma 3) or of all heads' at
+ * once (1: OLMo 2). cos, sin [T, R] (NULL: a layer without rotary, SmolLM3's NoPE layers) rotate each head's first R
+ * dimensions (R < D: partial rotary, Phi-4-mini). The caches are [slots, Hkv, D] of `kind` (fp32, fp16 or bf16);
+ * slots [T] the cache slot of each token. */
+static void qk_prepare(float *qkv, int64_t T, int64_t row, const float *q_norm, const float *k_norm,
+                       int64_t norm_whole, float eps, const float *cos, const float *sin, int64_t R, int64_t Hq,
+                       int64_t Hkv, int64_t D) {
+    int64_t half = R / 2;
     for (int64_t t = 0; t < T; t++) {
-        const float *c = cos + t * D, *s = sin + t * D;
-        for (int64_t h = 0; h < heads; h++) {
-            float *v = qkv + t * row + h * D;
+        float *q = qkv + t * row, *k = q + Hq * D;
+        if (q_norm) {  /* in place: tally_rms_norm reads a row's values before it writes them */
+            tally_rms_norm(q, q_norm, q, norm_whole ? 1 : Hq, norm_whole ? Hq * D : D, eps);
+            tally_rms_norm(k, k_norm, k, norm_whole ? 1 : Hkv, norm_whole ? Hkv * D : D, eps);
+        }
+        if (!cos) continue;
+        const float *c = cos + t * R, *s = sin + t * R;
+        for (int64_t h = 0; h < Hq + Hkv; h++) {
+            float *v = q + h * D;
             for (int64_t i = 0; i < half; i++) {
                 float a = v[i], b = v[i + half];
                 v[i] = a * c[i] - b * s[i];
@@ -188,9 +198,10 @@ static void rope_rotate(float *qkv, int64_t T, int64_t row, const float *cos, co
     }
 }
 
-void tally_rope_store(float *qkv, int64_t T, int64_t row, const float *cos, const float *sin, int64_t Hq,
+void tally_rope_store(float *qkv, int64_t T, int64_t row, const float *q_norm, const float *k_norm,
+                      int64_t norm_whole, float eps, const float *cos, const float *sin, int64_t R, int64_t Hq,
                       int64_t Hkv, int64_t D, void *k_cache, void *v_cache, const int64_t *slots, int kind) {
-    rope_rotate(qkv, T, row, cos, sin, Hq + Hkv, D);
+    qk_prepare(qkv, T, row, q_norm, k_norm, norm_whole, eps, cos, sin, R, Hq, Hkv, D);
     int64_t bytes = Hkv * D * kv_bytes(kind);
     for (int64_t t = 0; t < T; t++) {
         store_row((char *)k_cache + slots[t] * bytes, qkv + t * row + Hq * D, Hkv * D, kind);
@@ -243,30 +254,63 @@ static inline __m256 exp256(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-/* ---- SiLU(gate) * up: gate_up [M, 2I] (gate, up) -> y [M, I] -------------------------------------------
- * Rows over the kernels' threads where there are many, an element's exp and divide counted as 16 multiply-adds
- * (PAR_MIN); each row's values are the same on any thread count. At prompt sizes it is memory-bound. */
-typedef struct { const float *gate_up; float *y; int64_t I; } SiluJob;
+/* tanh(x), |error| < 2e-7: Cephes' odd polynomial below 0.625, 1 - 2 / (e^2|x| + 1) above (no cancellation there) */
+static inline __m256 tanh256(__m256 x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    __m256 ax = _mm256_andnot_ps(sign, x), s = _mm256_mul_ps(x, x);
+    __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(2.06390887954e-2f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-5.37397155531e-2f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.33314422036e-1f));
+    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-3.33332819422e-1f));
+    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, s), x, x);
+    __m256 e = exp256(_mm256_add_ps(ax, ax));
+    __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    large = _mm256_or_ps(large, _mm256_and_ps(x, sign));
+    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+}
 
-static void silu_rows(const void *job, int64_t r0, int64_t r1) {
-    const SiluJob *j = job;
+/* y[0..n) = cap * tanh(x / cap), in place where y == x (Gemma 2's soft-capped scores and logits) */
+static void softcap_values(const float *x, float *y, int64_t n, float cap) {
+    const __m256 c = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(tanh256(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv)), c));
+    for (; i < n; i++) y[i] = tanhf(x[i] / cap) * cap;
+}
+
+/* ---- act(gate) * up: gate_up [M, 2I] (gate, up) -> y [M, I], act SiLU or GELU-tanh (Gemma) -----------------
+ * GELU-tanh as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 x (1 + tanh u) exactly, without 1 + tanh's
+ * cancellation where u is very negative. Rows over the kernels' threads where there are many, an element's exp and
+ * divide counted as 16 multiply-adds (PAR_MIN); each row's values are the same on any thread count. At prompt sizes
+ * it is memory-bound. */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+typedef struct { const float *gate_up; float *y; int64_t I; int act; } GatedJob;
+
+static inline float gelu_arg(float g) { return -2.0f * 0.7978845608028654f * (g + 0.044715f * g * g * g); }
+
+static void gated_rows(const void *job, int64_t r0, int64_t r1) {
+    const GatedJob *j = job;
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    const __m256 k0 = _mm256_set1_ps(-2.0f * 0.7978845608028654f), k1 = _mm256_set1_ps(0.044715f);
     for (int64_t r = r0; r < r1; r++) {
         const float *g = j->gate_up + r * 2 * j->I, *u = g + j->I;
         float *yr = j->y + r * j->I;
         int64_t i = 0;
         for (; i + 8 <= j->I; i += 8) {
             __m256 gv = _mm256_loadu_ps(g + i);
-            __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gv))));
-            _mm256_storeu_ps(yr + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+            __m256 arg = j->act == ACT_SILU ? _mm256_sub_ps(zero, gv)
+                : _mm256_mul_ps(k0, _mm256_fmadd_ps(_mm256_mul_ps(k1, gv), _mm256_mul_ps(gv, gv), gv));
+            __m256 a = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(arg)));
+            _mm256_storeu_ps(yr + i, _mm256_mul_ps(a, _mm256_loadu_ps(u + i)));
         }
-        for (; i < j->I; i++) yr[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (; i < j->I; i++) yr[i] = g[i] / (1.0f + expf(j->act == ACT_SILU ? -g[i] : gelu_arg(g[i]))) * u[i];
     }
 }
 
-void tally_silu_mul(const float *gate_up, float *y, int64_t M, int64_t I) {
-    SiluJob job = {gate_up, y, I};
-    parallel_for(M, M * I * 16, silu_rows, &job);
+void tally_gated_mul(const float *gate_up, float *y, int64_t M, int64_t I, int act) {
+    GatedJob job = {gate_up, y, I, act};
+    parallel_for(M, M * I * 16, gated_rows, &job);
 }
 
 /* ---- Memory read rate: the roofline benchmarks hold decode against (benchmarks/decode_roofline.py). torch's sum is
@@ -308,9 +352,9 @@ void tally_read_bytes(const uint8_t *p, int64_t n, int64_t *out) {  /* out: one 
 void tally_decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,
                             const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx, int64_t n,
                             int64_t Hq, int64_t Hkv, int64_t D, int64_t block_size, int64_t window, float scale,
-                            float *out) {
+                            float softcap, float *out) {
     decode_attention(q, q_stride, k_cache, v_cache, kind, NULL, NULL, block_tables, bt_stride, ctx, n, Hq, Hkv, D,
-                     block_size, window, scale, out);
+                     block_size, window, scale, softcap, out);
 }
 
 #include "prefill_attention.h"  /* prefill_attention: causal attention of a prompt's rows of one sequence */
@@ -323,9 +367,10 @@ void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cac
 }
 
 /* ---- A whole decode step through every layer, in one call ---------------------------------------------
- * For decode-only steps of models whose projections all have native formats: per layer the same sequence as
- * DecoderLayer._forward_native (norm, qkv, rotary + cache write, paged attention, o into the residual, norm,
- * gate/up, SiLU-and-multiply, down into the residual), with no interpreter between the steps. The Python side
+ * For decode-only steps of dense models whose projections all have native formats: per layer the same sequence as
+ * DecoderLayer._forward_native (norm, qkv, q/k norms, rotary + cache write, paged attention, o, its output norm,
+ * into the residual, norm, gate/up, the gated activation, down, its output norm, into the residual), with no
+ * interpreter between the steps; each family's traits are fields below. The Python side
  * (tally/models/native_decode_step.py) fills these structs once, from the loaded model's tensors. */
 enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5 };
 
@@ -339,7 +384,11 @@ typedef struct {
 } Proj;
 
 typedef struct {
-    const float *input_norm, *post_norm;
+    const float *input_norm, *post_norm;        /* before attention and before the MLP; NULL: none (OLMo 2) */
+    const float *attn_out_norm, *mlp_out_norm;  /* of each block's output before the residual add; NULL: none */
+    const float *q_norm, *k_norm;               /* before the rotation (Model.qk_norm_whole says over what); or NULL */
+    const float *cos, *sin;                     /* this layer's rotary table [positions, rotary_dim]; NULL: none */
+    int64_t window;                             /* sliding window in keys; 0: full attention */
     Proj qkv, o, gate_up, down;
     void *k_cache, *v_cache;
     int64_t kv_kind;                        /* the caches' format (kv_rows.h) */
@@ -348,10 +397,13 @@ typedef struct {
 } Layer;
 
 typedef struct {
-    int64_t num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size, window;
+    int64_t num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size;
+    int64_t rotary_dim, qk_norm_whole, activation;  /* rotated dims of a head; q/k norms over all heads; ACT_* */
     float scale, eps;
+    float softcap;              /* attention scores' soft cap (Gemma 2); 0: none */
+    float embedding_multiplier, residual_multiplier;  /* the looked-up embeddings', each block output's (Granite) */
+    float logits_scaling, final_softcap;  /* logits / logits_scaling (Granite), then soft-capped (Gemma 2; 0: none) */
     const Layer *layers;
-    const float *cos, *sin;   /* the rotary tables [positions, head_dim] */
     const float *final_norm;  /* with `head` (kind 0: none), a step can end in the logits */
     Proj head;
     Proj embed;               /* the token table as int4 / int8 rows (kind 0: the caller embeds) */
@@ -394,6 +446,22 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
         tally_gemm_f16(x, p->w, p->bias, y, M, p->n, p->k, accumulate);
 }
 
+/* h += block(x) (times the residual multiplier, after the block output's norm where there is one): straight into
+ * h where neither applies, else through `out` [n, hidden], in the order the PyTorch layer computes it */
+static void add_block(const Model *md, const Proj *p, const float *x, const float *norm, float *out, float *h,
+                      int64_t n) {
+    if (!norm && md->residual_multiplier == 1.0f) {
+        project(p, x, h, n, 1);
+        return;
+    }
+    project(p, x, out, n, 0);
+    if (norm) tally_rms_norm(out, norm, out, n, md->hidden, md->eps);
+    /* two passes: the product rounded on its own, as PyTorch's, not contracted into the add (a multiply-add) */
+    if (md->residual_multiplier != 1.0f)
+        for (int64_t i = 0; i < n * md->hidden; i++) out[i] *= md->residual_multiplier;
+    for (int64_t i = 0; i < n * md->hidden; i++) h[i] += out[i];
+}
+
 /* h [n, hidden] (the embeddings in, the last layer's output out, in place); with `ids` [n] (the model has an
  * `embed` table) the call looks the embeddings up itself; positions, slots [n]; block_tables [>= n, bt_stride];
  * ctx [n]. With `logits` (the model has a head): logits [m, head.n] of the rows logit_rows [m] of h, final norm and
@@ -411,21 +479,30 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
             : tally_dequant_q8_rows(e->w, e->scale, ids, n, e->n, e->k, e->group, (int)e->scale_form, h);
         if (status < 0) return status;
     }
-    int64_t H = md->hidden, D = md->head_dim, q_size = md->heads * D;
+    int64_t H = md->hidden, D = md->head_dim, R = md->rotary_dim, q_size = md->heads * D;
     int64_t row = (md->heads + 2 * md->kv_heads) * D, I = md->intermediate;
-    float *x = malloc(sizeof(float) * n * H), *qkv = malloc(sizeof(float) * n * row);
-    float *att = malloc(sizeof(float) * n * q_size), *gu = malloc(sizeof(float) * n * 2 * I);
-    float *act = malloc(sizeof(float) * n * I), *cos = malloc(sizeof(float) * n * D), *sin = malloc(sizeof(float) * n * D);
-    for (int64_t t = 0; t < n; t++) {
-        memcpy(cos + t * D, md->cos + positions[t] * D, sizeof(float) * D);
-        memcpy(sin + t * D, md->sin + positions[t] * D, sizeof(float) * D);
-    }
+    if (ids && md->embedding_multiplier != 1.0f)
+        for (int64_t i = 0; i < n * H; i++) h[i] *= md->embedding_multiplier;
+    float *x = malloc(sizeof(float) * n * H), *out = malloc(sizeof(float) * n * H);
+    float *qkv = malloc(sizeof(float) * n * row), *att = malloc(sizeof(float) * n * q_size);
+    float *gu = malloc(sizeof(float) * n * 2 * I), *act = malloc(sizeof(float) * n * I);
+    float *cos = malloc(sizeof(float) * n * R), *sin = malloc(sizeof(float) * n * R);
+    const float *table = NULL;  /* the rotary table cos and sin hold this step's rows of */
     for (int64_t l = 0; l < md->num_layers; l++) {
         const Layer *L = md->layers + l;
-        tally_rms_norm(h, L->input_norm, x, n, H, md->eps);
-        project(&L->qkv, x, qkv, n, 0);
+        if (L->cos && L->cos != table) {
+            for (int64_t t = 0; t < n; t++) {
+                memcpy(cos + t * R, L->cos + positions[t] * R, sizeof(float) * R);
+                memcpy(sin + t * R, L->sin + positions[t] * R, sizeof(float) * R);
+            }
+            table = L->cos;
+        }
+        const float *c = L->cos ? cos : NULL, *s = L->cos ? sin : NULL;
+        if (L->input_norm) tally_rms_norm(h, L->input_norm, x, n, H, md->eps);
+        project(&L->qkv, L->input_norm ? x : h, qkv, n, 0);
         if (L->kv_kind == KV_I8) {
-            rope_rotate(qkv, n, row, cos, sin, md->heads + md->kv_heads, D);
+            qk_prepare(qkv, n, row, L->q_norm, L->k_norm, md->qk_norm_whole, md->eps, c, s, R, md->heads,
+                       md->kv_heads, D);
             for (int64_t t = 0; t < n; t++) {
                 float *qt = qkv + t * row, *kt = qt + q_size, *vt = kt + md->kv_heads * D;
                 if (L->key_scale) {
@@ -436,16 +513,17 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
                 store_q8(vt, L->v_cache, L->v_scales, slots[t], md->block_size, md->kv_heads, D);
             }
         } else {
-            tally_rope_store(qkv, n, row, cos, sin, md->heads, md->kv_heads, D, L->k_cache, L->v_cache, slots,
-                             (int)L->kv_kind);
+            tally_rope_store(qkv, n, row, L->q_norm, L->k_norm, md->qk_norm_whole, md->eps, c, s, R, md->heads,
+                             md->kv_heads, D, L->k_cache, L->v_cache, slots, (int)L->kv_kind);
         }
         decode_attention(qkv, row, L->k_cache, L->v_cache, (int)L->kv_kind, L->k_scales, L->v_scales, block_tables,
-                         bt_stride, ctx, n, md->heads, md->kv_heads, D, md->block_size, md->window, md->scale, att);
-        project(&L->o, att, h, n, 1);
-        tally_rms_norm(h, L->post_norm, x, n, H, md->eps);
-        project(&L->gate_up, x, gu, n, 0);
-        tally_silu_mul(gu, act, n, I);
-        project(&L->down, act, h, n, 1);
+                         bt_stride, ctx, n, md->heads, md->kv_heads, D, md->block_size, L->window, md->scale,
+                         md->softcap, att);
+        add_block(md, &L->o, att, L->attn_out_norm, out, h, n);
+        if (L->post_norm) tally_rms_norm(h, L->post_norm, x, n, H, md->eps);
+        project(&L->gate_up, L->post_norm ? x : h, gu, n, 0);
+        tally_gated_mul(gu, act, n, I, (int)md->activation);
+        add_block(md, &L->down, act, L->mlp_out_norm, out, h, n);
     }
     if (logits && m > 0) {
         float *rows = malloc(sizeof(float) * m * H);
@@ -453,8 +531,12 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
         tally_rms_norm(rows, md->final_norm, rows, m, H, md->eps);
         project(&md->head, rows, logits, m, 0);
         free(rows);
+        int64_t V = md->head.n;
+        if (md->logits_scaling != 1.0f)
+            for (int64_t i = 0; i < m * V; i++) logits[i] /= md->logits_scaling;
+        if (md->final_softcap > 0) softcap_values(logits, logits, m * V, md->final_softcap);
     }
-    free(x); free(qkv); free(att); free(gu); free(act); free(cos); free(sin);
+    free(x); free(qkv); free(out); free(att); free(gu); free(act); free(cos); free(sin);
     return 0;
 }
 

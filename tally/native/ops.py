@@ -383,35 +383,44 @@ def read_seconds(buf: torch.Tensor, repeats: int = 5) -> float:
     return best
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[M, 2I] (gate, up) -> silu(gate) * up [M, I]."""
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # kernels.c: ACT_SILU, ACT_GELU_TANH
+
+
+def gated_mul(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+    """[M, 2I] (gate, up) -> act(gate) * up [M, I], act one of ACTIVATIONS (GELU-tanh: Gemma's GeGLU)."""
     m, i2 = gate_up.shape
     y = torch.empty(m, i2 // 2, dtype=torch.float32)
-    load().tally_silu_mul(gate_up.data_ptr(), y.data_ptr(), m, i2 // 2)
+    load().tally_gated_mul(gate_up.data_ptr(), y.data_ptr(), m, i2 // 2, ACTIVATIONS[activation])
     return y
 
 
-def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
-               head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> None:
-    """Rotate q and k of qkv [T, (Hq + 2 Hkv) D] in place (cos/sin [T, D]), then store k and v at `slots`
-    (int64 [T]) of the caches [blocks, block_size, Hkv, D] (a KV_KINDS dtype, rounded to nearest even as torch
-    casts)."""
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, num_heads: int,
+               num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+               q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, norm_whole: bool = False,
+               eps: float = 0.0) -> None:
+    """Norm (with q_norm and k_norm: RMSNorm of each head, or `norm_whole` of all heads at once, before the
+    rotation), then rotate q and k of qkv [T, (Hq + 2 Hkv) D] in place (cos/sin [T, R]: each head's first R
+    dimensions; None: no rotary), then store k and v at `slots` (int64 [T]) of the caches [blocks, block_size, Hkv, D]
+    (a KV_KINDS dtype, rounded to nearest even as torch casts)."""
     if not qkv.is_contiguous():
         raise ValueError("rope_store rotates qkv in place and needs it contiguous")
-    load().tally_rope_store(qkv.data_ptr(), qkv.shape[0], qkv.shape[1], cos.data_ptr(), sin.data_ptr(),
-                            num_heads, num_kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
-                            slots.data_ptr(), KV_KINDS[k_cache.dtype])
+    load().tally_rope_store(qkv.data_ptr(), qkv.shape[0], qkv.shape[1], _ptr(q_norm), _ptr(k_norm), norm_whole, eps,
+                            _ptr(cos), _ptr(sin), head_dim if cos is None else cos.shape[-1], num_heads,
+                            num_kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                            KV_KINDS[k_cache.dtype])
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                     context_lens: torch.Tensor, window: int | None, scale: float) -> torch.Tensor:
+                     context_lens: torch.Tensor, window: int | None, scale: float,
+                     softcap: float | None = None) -> torch.Tensor:
     """q [n, Hq, D] (one token per sequence; rows may be strided, heads contiguous) against caches [blocks,
     block_size, Hkv, D] (a KV_KINDS dtype) through block_tables int64 [>= n, max_blocks] and context_lens int64 [n]
-    -> [n, Hq, D]."""
+    -> [n, Hq, D]. `softcap`: scores = softcap * tanh(scores / softcap) before the softmax (Gemma 2)."""
     n, hq, d = q.shape
     out = torch.empty(n, hq, d, dtype=torch.float32)
     load().tally_decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                                   KV_KINDS[k_cache.dtype], block_tables.data_ptr(),
                                   block_tables.stride(0), context_lens.data_ptr(), n, hq, k_cache.shape[2], d,
-                                  k_cache.shape[1], window or 0, scale, out.data_ptr())
+                                  k_cache.shape[1], window or 0, scale, softcap or 0.0,
+                                  out.data_ptr())
     return out
