@@ -14,6 +14,7 @@ from support.families import FAMILIES, make_family_checkpoint
 from tally import LLM, SamplingParams
 from tally.errors import ConfigError, ModelLoadError
 from tally.models.families import read_hf_config
+from tally.native import ops as native
 
 # every family the fixtures build that Tally reads (GPT-OSS: yarn, sinks and clamped SwiGLU are not in the decoder)
 NAMES = sorted(set(FAMILIES) - {"gpt_oss"})
@@ -45,6 +46,8 @@ def test_family_greedy_matches_transformers_alone_batched_chunked_and_cached(nam
     expected = [hf_greedy(model_dir, p, GREEDY.max_tokens)[0] for p in PROMPTS]
     max_len = 64 if name == "phi3" else 128  # Phi-3's short factors: within its original context
     llm = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000)
+    # the fused native layers compute every family's traits (where the kernels load)
+    assert all(layer.native for layer in llm.engine.model.layers) or not native.available()
     assert _tokens(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)) == expected
     assert _tokens(llm.generate([{"prompt_token_ids": PROMPTS[1]}], GREEDY)) == expected[1:]  # a prefix-cache hit
     chunked = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000,

@@ -39,7 +39,7 @@ def assert_step_matches_layers(llm: LLM) -> None:
 
 @pytest.mark.parametrize("arch, dtype, quantization", [
     ("llama", "float32", "int4"), ("mistral", "float32", "int8"), ("qwen2", "float32", "int4"),
-    ("llama", "float32", "w8a8"), ("llama_tied_mqa", "float16", None),
+    ("llama", "float32", "w8a8"), ("llama_tied_mqa", "float16", None), ("qwen3", "float32", "int8"),
 ])
 def test_native_step_equals_the_layer_by_layer_path(tiny_model_factory, arch, dtype, quantization):
     llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, quantization=quantization, kv_cache_memory=2_000_000)
@@ -50,6 +50,35 @@ def test_native_step_equals_the_layer_by_layer_path(tiny_model_factory, arch, dt
         ids = torch.tensor([3, 7, 3])
         assert model.lm_head.embedding_rows(ids).shape == (3, model.cfg.hidden_size)
     assert_step_matches_layers(llm)
+
+
+# Each dense family's traits: q/k norms per head (qwen3, gemma3) or over the projection (olmo2), sandwich (gemma2,
+# gemma3) or output-only norms (olmo2), GELU-tanh, per-layer windows and rotary bases, soft-capped scores and logits
+# (gemma2), partial rotary (phi3), NoPE layers (smollm3), multipliers (granite). int8 rounds the activations: an ulp
+# apart anywhere shows.
+@pytest.mark.parametrize("family, dtype, quantization", [
+    ("gemma2", "float32", "int8"), ("gemma2", "float16", None), ("gemma3", "float32", "int8"),
+    ("phi3", "float32", "int8"), ("granite", "float32", "int8"), ("olmo2", "float32", "int8"),
+    ("smollm3", "float32", "int8"), ("llama3", "float32", "int4"),
+])
+def test_native_step_computes_each_familys_traits_as_the_layers_do(tmp_path_factory, family, dtype, quantization):
+    from support.families import make_family_checkpoint
+
+    model_dir = make_family_checkpoint(tmp_path_factory.mktemp(family), family)
+    llm = LLM(str(model_dir), dtype=dtype, quantization=quantization, max_model_len=64, kv_cache_memory=2_000_000)
+    step = llm.engine.model.native_step
+    assert step is not None and step.scores
+    assert_step_matches_layers(llm)
+
+
+def test_experts_run_native_layers_but_not_the_one_call_step(tmp_path_factory):
+    """A mixture of experts keeps its experts in PyTorch: its layers' attention and norms run natively, the one-call
+    step (dense MLPs only) is not built."""
+    from support.families import make_family_checkpoint
+
+    model_dir = make_family_checkpoint(tmp_path_factory.mktemp("qwen3_moe"), "qwen3_moe")
+    model = LLM(str(model_dir), dtype="float32", quantization="int8", kv_cache_memory=2_000_000).engine.model
+    assert all(layer.native for layer in model.layers) and model.native_step is None
 
 
 def test_native_step_rows_do_not_depend_on_their_batch(tiny_llama):
@@ -84,7 +113,7 @@ def test_native_int4_model_stays_close_to_its_dequantized_weights(tiny_llama, mo
         assert top in g and abs(g[top].logprob - w[top].logprob) < 0.05
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_int8_kv_cache_in_the_one_call_step_equals_the_layer_by_layer_path(tiny_model_factory, arch):
     """int8 KV with key smoothing: the C step writes (growing block scales, requantizing earlier values) and reads
     the cache as tally/attention/kv_cache.py does; 24 tokens cross a 16-slot block."""
