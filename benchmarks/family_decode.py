@@ -27,7 +27,8 @@ SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_
 AT_SHAPE = {
     "gemma2": dict(sliding_window=512), "gemma3": dict(sliding_window=512), "mistral": dict(sliding_window=512),
     "phi3": dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.75)),
-    "qwen3_moe": dict(moe_intermediate_size=704, num_experts=8, num_experts_per_tok=2),
+    # two of eight experts of half llama's MLP: the active size of the dense llama (`--families qwen3_moe`)
+    "qwen3_moe": dict(moe_intermediate_size=1408, num_experts=8, num_experts_per_tok=2),
     "llama": dict(model_type="llama", architectures=["LlamaForCausalLM"]),
     "qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"]),
 }

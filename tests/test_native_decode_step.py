@@ -66,9 +66,14 @@ def test_native_step_computes_each_familys_traits_as_the_layers_do(tmp_path_fact
 
     model_dir = make_family_checkpoint(tmp_path_factory.mktemp(family), family)
     llm = LLM(str(model_dir), dtype=dtype, quantization=quantization, max_model_len=64, kv_cache_memory=2_000_000)
-    step = llm.engine.model.native_step
-    assert step is not None and step.scores
+    model = llm.engine.model
+    assert model.native_step is not None and model.native_step.scores
     assert_step_matches_layers(llm)
+    # greedy without logprobs: bursts of steps in one call where the step starts from token ids (tally_decode_greedy:
+    # the argmax of the capped, scaled logits)
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    assert ([o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy)]
+            == [o.outputs[0].token_ids for o in run(llm, PROMPTS, False)])
 
 
 def test_experts_run_native_layers_but_not_the_one_call_step(tmp_path_factory):
