@@ -4,7 +4,7 @@ native layers, PyTorch's matmuls) and int8 weights (every layer of a step in one
 moderately realistic shape (hidden 1024, 8 layers, 16 heads of 64, 4 KV heads, vocabulary 32,768), built from
 transformers' own config classes by the test fixtures' builder (tests/support/families.py); nothing is downloaded.
 
-    python benchmarks/family_decode.py [--families llama3,qwen3,...] [--formats fp32,int8] [--tokens 32]
+    python benchmarks/family_decode.py [--families llama3,qwen3,...] [--formats fp32,int8] [--tokens 32] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -46,16 +46,16 @@ def build(family: str, out: Path) -> Path:
 
 
 def decode_tokens_per_s(llm, batch: int, tokens: int, native: bool) -> float:
-    """Decode tokens per second of `batch` requests of 16-token prompts: the time of `tokens` tokens less that of
-    one (the prefill), median of 3."""
+    """Decode tokens per second of `batch` requests of 16-token prompts on the native paths or (`native` False) on
+    the PyTorch layers, one step a call: the time of `tokens` tokens less that of one (the prefill)."""
     from tally import SamplingParams
 
-    model = llm.engine.model
-    saved = [layer.native for layer in model.layers], model.native_step
+    engine, model = llm.engine, llm.engine.model
+    saved = [layer.native for layer in model.layers], model.native_step, engine._burst_limit
     if not native:
         for layer in model.layers:
             layer.native = False
-        model.native_step = None
+        model.native_step, engine._burst_limit = None, 1  # bursts of steps need the one-call step
     prompts = [{"prompt_token_ids": [100 + 7 * r + i for i in range(16)]} for r in range(batch)]
 
     def timed(n: int) -> float:
@@ -64,13 +64,19 @@ def decode_tokens_per_s(llm, batch: int, tokens: int, native: bool) -> float:
         return time.perf_counter() - start
 
     try:
-        timed(4)  # warm-up
-        runs = [batch * (tokens - 1) / (timed(tokens) - timed(1)) for _ in range(3)]
+        return batch * (tokens - 1) / (timed(tokens) - timed(1))
     finally:
         for layer, was in zip(model.layers, saved[0]):
             layer.native = was
-        model.native_step = saved[1]
-    return statistics.median(runs)
+        model.native_step, engine._burst_limit = saved[1], saved[2]
+
+
+def paired_rates(llm, batch: int, tokens: int, repeats: int) -> tuple[float, float]:
+    """(PyTorch, native) tokens per second, medians of runs that alternate (a shared machine's load drifts)."""
+    decode_tokens_per_s(llm, batch, 4, native=True)  # warm-up
+    runs = [(decode_tokens_per_s(llm, batch, tokens, False), decode_tokens_per_s(llm, batch, tokens, True))
+            for _ in range(repeats)]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
 def main() -> int:
@@ -79,6 +85,7 @@ def main() -> int:
     p.add_argument("--formats", default=",".join(FORMATS))
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args()
     from tally import LLM
 
@@ -99,8 +106,7 @@ def main() -> int:
                 path = "one call" if model.native_step is not None else (
                     "layers" if all(layer.native for layer in model.layers) else "torch")
                 for batch in (1, 8):
-                    torch_rate = decode_tokens_per_s(llm, batch, a.tokens, native=False)
-                    native_rate = decode_tokens_per_s(llm, batch, a.tokens, native=True)
+                    torch_rate, native_rate = paired_rates(llm, batch, a.tokens, a.repeats)
                     rows[family, fmt, batch] = (torch_rate, native_rate, path)
                     base = rows.get(("llama", fmt, batch))
                     vs_llama = f"{native_rate / base[1]:.2f}x" if base else "-"
