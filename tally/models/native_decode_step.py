@@ -75,9 +75,8 @@ class _Proj(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("attn_out_norm", _P), ("mlp_out_norm", _P), ("q_norm", _P),
                 ("k_norm", _P), ("cos", _P), ("sin", _P), ("window", _I), ("qkv", _Proj), ("o", _Proj),
-                ("gate_up", _Proj),
-                ("down", _Proj), ("k_cache", _P), ("v_cache", _P), ("kv_kind", _I), ("k_scales", _P),
-                ("v_scales", _P), ("key_scale", _P), ("query_scale", _P)]
+                ("gate_up", _Proj), ("down", _Proj), ("k_cache", _P), ("v_cache", _P), ("kv_kind", _I),
+                ("k_scales", _P), ("v_scales", _P), ("key_scale", _P), ("query_scale", _P)]
 
 
 class _Model(ctypes.Structure):
