@@ -25,6 +25,7 @@ from tally.server.chat import ChatCompletions, chat_text
 from tally.server.completions import Completions
 from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
+from tally.server.messages import Messages
 from tally.server.metrics import ServerMetrics, cache_config_info
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
 from tally.server.request_log import RequestLog
@@ -88,6 +89,7 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     completions = Completions(tokenizer)
     chat = ChatCompletions(tokenizer, templates.render, config.tool_call_parser, config.chat_template,
                            request_templates.render if config.trust_request_chat_template else None)
+    messages = Messages(tokenizer, templates.render, config.tool_call_parser, config.chat_template)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -108,6 +110,18 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Response:
         return await run_generation(request, chat)
+
+    @app.post("/v1/messages")
+    async def create_message(request: Request) -> Response:
+        return await run_generation(request, messages)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request) -> Response:
+        try:
+            body = await read_json(request, state.max_body_bytes)
+            return JSONResponse(await asyncio.to_thread(messages.count_tokens, body, state))
+        except Exception as exc:  # noqa: BLE001
+            return error_response(exc, messages.framing.error_body)
 
     @app.get("/v1/models")
     async def models() -> dict:

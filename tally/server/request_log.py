@@ -16,6 +16,7 @@ from typing import Any
 
 from tally.errors import ConfigError
 from tally.outputs import RequestOutput
+from tally.server.protocol import ChatMessage
 
 FILE_PATTERN = "requests-{:06d}.jsonl"
 # An e-mail address, `[\w.+-]+@[\w-]+(?:\.[\w-]+)+` as a pattern searched at every position would read a long run
@@ -94,11 +95,13 @@ class RequestLog:
     def _prompts(self, request: Any, count: int) -> list[dict | None]:
         budget = [LOGGED_TEXT_CHARS]
         messages = getattr(request, "messages", None)
-        if messages is not None:
+        if messages is not None and all(isinstance(m, ChatMessage) for m in messages):
             texts = [self._clipped(m.text(), budget) for m in reversed(messages)][::-1]
             turns = [{"role": m.role, "content": text} for m, text in zip(messages, texts)]
             return [{"messages": turns}] * count
-        prompt = request.prompt
+        prompt = getattr(request, "prompt", None)  # None: an API whose input is neither (messages, responses)
+        if prompt is None:
+            return [None] * count
         if isinstance(prompt, str):
             prompts = [prompt]
         elif prompt and all(isinstance(t, int) for t in prompt):
