@@ -1,7 +1,8 @@
 """`--api-key`: bearer authentication on every route that touches the model: the OpenAI routes (`/v1/*`), as vLLM
 does, and the tokenizer helpers (a long prompt costs seconds of tokenizing); /health, /metrics, /version and /ledger
-stay open. The key may also come as `x-api-key`, the header Anthropic's clients send. A pure ASGI middleware (not Starlette's BaseHTTPMiddleware, which wraps the
-receive channel that streaming responses and disconnect detection read), comparing in constant time."""
+stay open. The key may also come as `x-api-key`, the header Anthropic's clients send. A pure ASGI middleware (not
+Starlette's BaseHTTPMiddleware, which wraps the receive channel that streaming responses and disconnect detection
+read), comparing in constant time."""
 from __future__ import annotations
 
 import hmac

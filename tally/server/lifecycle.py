@@ -138,6 +138,7 @@ class Inflight:
     def __init__(self, state: ServerState, request: Request, stream: RequestStream, arrival_s: float) -> None:
         self.state, self.stream = state, stream
         self.latest: dict[str, RequestOutput] = {}  # the outputs last read
+        self.closed = asyncio.Event()  # set once its answer is written or its stream closed
         self._disconnect = asyncio.ensure_future(self._watch(request))
         self._deadline: asyncio.TimerHandle | None = None
         if state.request_timeout_s:
@@ -172,6 +173,7 @@ class Inflight:
             self.state.engine.abort(self.stream)
         for key in [k for k, v in self.state.inflight.items() if v is self]:
             del self.state.inflight[key]
+        self.closed.set()
 
 
 async def read_json(request: Request, limit_bytes: int) -> dict:
