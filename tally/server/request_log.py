@@ -16,7 +16,6 @@ from typing import Any
 
 from tally.errors import ConfigError
 from tally.outputs import RequestOutput
-from tally.server.protocol import ChatMessage
 
 FILE_PATTERN = "requests-{:06d}.jsonl"
 # An e-mail address, `[\w.+-]+@[\w-]+(?:\.[\w-]+)+` as a pattern searched at every position would read a long run
@@ -95,7 +94,7 @@ class RequestLog:
     def _prompts(self, request: Any, count: int) -> list[dict | None]:
         budget = [LOGGED_TEXT_CHARS]
         messages = getattr(request, "messages", None)
-        if messages is not None and all(isinstance(m, ChatMessage) for m in messages):
+        if messages is not None and all(hasattr(m, "text") for m in messages):  # chat's, not Anthropic's dicts
             texts = [self._clipped(m.text(), budget) for m in reversed(messages)][::-1]
             turns = [{"role": m.role, "content": text} for m, text in zip(messages, texts)]
             return [{"messages": turns}] * count
