@@ -13,7 +13,7 @@ from tally.models.chat_template import Renderer, chat_prompt, refuse_without_tem
 from tally.models.chat_template import render_chat as render_text
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import MAX_LOGPROBS, SamplingParams
-from tally.server.lifecycle import Ctx, ServerState, usage
+from tally.server.lifecycle import Ctx, OpenAIStream, ServerState, usage
 from tally.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -74,7 +74,7 @@ def _tool_call(call: dict, where: str) -> dict:
     return {**call, "function": {**function, "arguments": args}}
 
 
-class ChatCompletions:
+class ChatCompletions(OpenAIStream):
     path = "/v1/chat/completions"
     id_prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"

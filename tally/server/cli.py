@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
                    help="how calls are read from the model's text: hermes (Hermes, Qwen2.5: <tool_call> JSON), "
                         "llama3_json (Llama 3's JSON)")
+    p.add_argument("--responses-store-size", type=int, default=1000, metavar="N",
+                   help="finished /v1/responses kept in memory for previous_response_id and GET (least recently used "
+                        "evicted first; at most 64 MiB of conversation text in all); 0 keeps none "
+                        "(default: %(default)s)")
     add_engine_args(p)
     add_vllm_flags(p)
     add_ray_args(p)

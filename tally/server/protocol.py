@@ -22,9 +22,9 @@ class OpenAIModel(BaseModel):
 HARMLESS_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 
 
-def refuse_unsupported(body: dict, model: type[BaseModel]) -> None:
-    """400 naming the body's fields that `model` does not implement (and that are not harmless)."""
-    unknown = sorted(set(body) - set(model.model_fields) - HARMLESS_FIELDS)
+def refuse_unsupported(body: dict, model: type[BaseModel], harmless: frozenset[str] = HARMLESS_FIELDS) -> None:
+    """400 naming the body's fields that `model` does not implement (and that are not `harmless`)."""
+    unknown = sorted(set(body) - set(model.model_fields) - harmless)
     if body.get("tool_choice") == "none":  # asks for nothing (clients send it on completions too)
         unknown = [f for f in unknown if f != "tool_choice"]
     if unknown:
