@@ -46,6 +46,11 @@ def metrics_of(item: SuiteItem, scored: ItemScore) -> dict[str, float]:
     return out
 
 
+def _comparable(header: dict[str, Any]) -> dict[str, Any]:
+    """A suite is the same by its bytes and decoding, wherever its file now lies."""
+    return {"model": header.get("model"), "suites": [{**s, "path": None} for s in header.get("suites", [])]}
+
+
 class RunFile:
     """The results file: a header line (the model, the suites with their hashes and decoding), then one line per
     scored item."""
@@ -63,7 +68,7 @@ class RunFile:
         lines = self.path.read_text(encoding="utf-8").splitlines()
         written = json.loads(lines[0]).get("header", {}) if lines else {}
         for what in ("model", "suites"):
-            if written.get(what) != header[what]:
+            if _comparable(written)[what] != _comparable(header)[what]:
                 raise ConfigError(f"--resume: {self.path} holds results of another {what} "
                                   f"({json.dumps(written.get(what))}); drop --resume to start over, or use "
                                   "another --results folder")
