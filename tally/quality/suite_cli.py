@@ -63,12 +63,12 @@ def _run(ns: argparse.Namespace, who: str, suites: list[SuiteFile]) -> tuple[lis
     try:
         results = run_suites(source, suites, run_file, ns.batch_size, who)
     except KeyboardInterrupt:
-        log.warning("interrupted: %d items of %s kept in %s; run again with --resume to go on", len(run_file.done),
-                    who, path)
+        log.warning("interrupted: %s's results so far (items scored: %d) are in %s; run the same command with "
+                    "--resume to go on", who, len(run_file.done), path)
         raise
     except ConfigError as e:
-        raise ConfigError(f"{e.message} ({len(run_file.done)} items of {who} kept in {path}; --resume goes on)") \
-            from None
+        raise ConfigError(f"{e.message} ({who}'s results so far, items scored: {len(run_file.done)}, are in {path}; "
+                          "--resume goes on)") from None
     finally:
         run_file.close()
     return results, source.describe(), path
