@@ -163,18 +163,18 @@ def test_comparing_without_rules_and_a_down_url_are_clear_errors(suite, tmp_path
 def test_an_interrupted_eval_keeps_its_results_and_resume_runs_only_the_rest(server, tmp_path):
     marker = tmp_path / "hang"
     marker.touch()
-    # The program is the prompt, the answer, then the tests: the random model's answer sits in a string literal, so
-    # the program's fate is the marker's (the sandbox may read files, not write them).
-    hang = f"import os, time\nif os.path.exists({str(marker)!r}):\n    time.sleep(120)\nr\"\"\""
+    # The program is the prompt, then the answer, then the tests: the random model's one-token answer lands in a
+    # comment, so the program's fate is the marker's (the sandbox may read files, not write them).
+    hang = f"import os, time\nif os.path.exists({str(marker)!r}):\n    time.sleep(120)\n# "
     suite = _write(tmp_path / "slow.jsonl", [
+        {"decoding": {"max_tokens": 1}},
         {"id": "first", "prompt": "Hello", "scorer": {"type": "regex", "pattern": ".*"}},
-        {"id": "stuck", "prompt": hang, "scorer": {"type": "code", "tests": '"""', "with_prompt": True,
+        {"id": "stuck", "prompt": hang, "scorer": {"type": "code", "tests": "pass", "with_prompt": True,
                                                    "timeout_s": 150}},
         {"id": "last", "prompt": "Hey", "scorer": {"type": "regex", "pattern": ".*"}}])
     results = tmp_path / "runs" / "baseline.jsonl"
     env = {**os.environ, "PYTHONPATH": str(Path(tally.__file__).parents[1])}
-    argv = ["--suite", str(suite), "--baseline", server.url, "--results", str(results.parent), "--batch-size", "1",
-            "--max-tokens", "4"]
+    argv = ["--suite", str(suite), "--baseline", server.url, "--results", str(results.parent), "--batch-size", "1"]
     proc = subprocess.Popen([sys.executable, "-m", "tally.cli", "eval", *argv], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as at a terminal
@@ -184,7 +184,7 @@ def test_an_interrupted_eval_keeps_its_results_and_resume_runs_only_the_rest(ser
     time.sleep(1.0)  # now in the "stuck" item's sandbox
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == EXIT_INTERRUPTED
+    assert proc.returncode == EXIT_INTERRUPTED, err
     assert "(items scored: 1)" in err and "--resume" in err
     kept = results.read_text()
     assert [r.get("id") for r in _lines(results)] == [None, "first"]
