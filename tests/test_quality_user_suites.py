@@ -61,10 +61,12 @@ def _write(path: Path, rows: list[dict]) -> Path:
 def suite(server, tmp_path_factory) -> Path:
     """Exact-match items whose expected answers are the served model's own greedy answers (so a sound model scores
     100%), a chat item per tag, a code item and a json_fields item the tiny model fails either way."""
-    rows = [{"id": f"p{i}", "prompt": p, "scorer": {"type": "exact", "expected": _served_answer(server, prompt=p).strip()},
-             "tags": ["text"]} for i, p in enumerate(PROMPTS)]
+    rows = [{"id": f"p{i}", "prompt": p, "tags": ["text"],
+             "scorer": {"type": "exact", "expected": _served_answer(server, prompt=p).strip()}}
+            for i, p in enumerate(PROMPTS)]
     rows += [{"id": f"c{i}", "messages": [{"role": "user", "content": c}], "tags": ["chat"],
-              "scorer": {"type": "exact", "expected": _served_answer(server, chat=c).strip()}} for i, c in enumerate(CHATS)]
+              "scorer": {"type": "exact", "expected": _served_answer(server, chat=c).strip()}}
+             for i, c in enumerate(CHATS)]
     rows += [{"id": "code", "prompt": "def double(x):", "scorer": {"type": "code", "tests": "assert double(2) == 4",
                                                                    "with_prompt": True, "timeout_s": 20}},
              {"id": "json", "prompt": "Lena is 26. JSON:", "tags": ["text"],

@@ -26,7 +26,8 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
 
 
 def same_value(got: Any, want: Any) -> bool:
-    """Numbers compare as numbers ("1,200" is 1200), text ignoring case and surrounding spaces, anything else exactly."""
+    """Numbers compare as numbers ("1,200" is 1200), text ignoring case and surrounding spaces, anything else
+    exactly."""
     if isinstance(want, (dict, list, bool)) or want is None:
         return got == want
     if isinstance(want, (int, float)):

@@ -91,7 +91,8 @@ def print_table(report: SuiteReport, command: str) -> None:
     for col in cols:
         table.add_column(col, justify="left" if col in ("metric", "tag") else "right")
     for g in report.groups:
-        row = [g.metric, g.tag, str(g.n), _pct(g.baseline.estimate), f"{_pct(g.baseline.low)}–{_pct(g.baseline.high)}"]
+        row = [g.metric, g.tag, str(g.n), _pct(g.baseline.estimate),
+               f"{_pct(g.baseline.low)}–{_pct(g.baseline.high)}"]
         if two:
             row += [_pct(g.candidate.estimate), f"{_pct(g.candidate.low)}–{_pct(g.candidate.high)}",
                     f"{g.change.estimate * 100:+.1f}", f"{g.change.low * 100:+.1f} … {g.change.high * 100:+.1f}"]
