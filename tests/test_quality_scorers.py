@@ -34,6 +34,8 @@ def _score(spec: dict, answer: str, prompt: str | None = None):
     ({"type": "json_schema", "schema": {"type": "object", "required": ["a"], "properties": {"a": {"type": "integer"}}}},
      'Here: ```json\n{"a": 3}\n```', '{"a": "3"}'),
     ({"type": "json_schema", "schema": {"type": "array"}, "strict": True}, " [1, 2] ", "list: [1, 2]"),
+    ({"type": "json_schema", "schema": {"type": "object", "required": ["a"]}},  # a fence closes, another opens
+     '{"a": 1}\n```\n\nAlso:\n```json\n{"b"', '```\n{"b": 1}\n```'),
     ({"type": "code", "tests": "assert double(4) == 8", "timeout_s": 20},
      "```python\ndef double(x):\n    return 2 * x\n```", "def double(x):\n    return x + 2"),
 ])

@@ -13,9 +13,17 @@ from tally.quality.scoring import same_value
 _FENCE = re.compile(r"```[A-Za-z]*\s*\n(.*?)```", re.DOTALL)
 
 
+def _first_value(text: str) -> Any:
+    """The JSON object or array that starts at the first { or [ of the text (text after it is ignored)."""
+    starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
+    if not starts:
+        raise ValueError("no { or [")
+    return json.JSONDecoder().raw_decode(text, min(starts))[0]
+
+
 def extract_json(answer: str, strict: bool) -> tuple[Any, str | None]:
     """(the value, None) or (None, why not). Strict: the stripped answer is JSON and nothing else. Lenient (the
-    default): also the inside of a ``` fence, or the first JSON object or array in the text."""
+    default): else the inside of the first ``` fence, else the first JSON object or array in the text."""
     text = answer.strip()
     try:
         return json.loads(text), None
@@ -23,13 +31,10 @@ def extract_json(answer: str, strict: bool) -> tuple[Any, str | None]:
         if strict:
             return None, f"the answer is not JSON ({e.msg} at character {e.pos})"
     fence = _FENCE.search(text)
-    if fence:
-        text = fence.group(1)
-    starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
-    if starts:
+    for candidate in ([fence.group(1)] if fence else []) + [text]:
         try:
-            return json.JSONDecoder().raw_decode(text, min(starts))[0], None
-        except json.JSONDecodeError:
+            return _first_value(candidate), None
+        except ValueError:  # json.JSONDecodeError is one
             pass
     return None, "the answer holds no JSON object or array that parses"
 
