@@ -154,6 +154,18 @@ def test_bad_suites_and_rules_are_refused_before_any_model_loads(tmp_path, capsy
         assert word in err
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["--suite", "{suite}", "--thresholds", "ppl=1,2"], ["--thresholds", "go in --rules"]),
+    (["--suite", "{suite}", "--limit", "3"], ["--limit"]),
+    (["--rules", "rules.yaml", "--resume"], ["--rules, --resume", "add --suite"]),
+])
+def test_an_option_of_the_other_mode_is_refused_by_name(suite, capsys, argv, words):
+    assert main([a.format(suite=suite) for a in argv]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err
+
+
 def test_comparing_without_rules_and_a_down_url_are_clear_errors(suite, tmp_path, capsys):
     assert main(["--suite", str(suite), "--baseline", "/nonexistent", "--candidate", "/other"]) == EXIT_USAGE
     assert "needs --rules" in capsys.readouterr().err

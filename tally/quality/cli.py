@@ -62,10 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    ns = build_parser().parse_args(argv)
+    p = build_parser()
+    ns = p.parse_args(argv)
     logging.getLogger("tally.quality").setLevel(logging.WARNING if ns.quiet else logging.INFO)
     logging.basicConfig(format="tally eval: %(message)s")
     command = "tally eval " + shlex.join(argv)
+    try:
+        suite_cli.check_options(ns, p.parse_args([]))
+    except TallyError as exc:
+        print(f"tally eval: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
     if ns.suite:
         return suite_cli.main(ns, command, EXIT_USAGE, EXIT_NO_GO)
     try:

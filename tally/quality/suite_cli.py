@@ -38,6 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help=f"--suite with a URL as --{who}: the served model's name (default: the first listed)")
 
 
+GATE_ONLY = ("suites", "ppl_tokens", "ppl_window", "limit", "thresholds", "fail_on")  # the shipped suites' options
+SUITE_ONLY = ("rules", "results", "resume", "baseline_model", "candidate_model")
+
+
+def check_options(ns: argparse.Namespace, defaults: argparse.Namespace) -> None:
+    """Options of one mode given in the other are refused by name, never ignored."""
+    wrong = GATE_ONLY if ns.suite else SUITE_ONLY
+    given = [name for name in wrong if getattr(ns, name) != getattr(defaults, name)]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise ConfigError(f"{flags}: an option of the shipped suites' gate; with --suite, thresholds go in --rules"
+                          if ns.suite else f"{flags}: an option of --suite (your own suites); add --suite FILE.jsonl")
+
+
 def has_candidate(ns: argparse.Namespace) -> bool:
     return bool(ns.candidate or ns.candidate_quantization or ns.candidate_corrupt
                 or ns.candidate_kv_cache_dtype != "auto")

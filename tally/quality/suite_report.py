@@ -90,7 +90,10 @@ def print_table(report: SuiteReport, command: str) -> None:
     cols += ["candidate %", ci, "change pts", f"change {ci}"] if two else []
     for col in cols:
         table.add_column(col, justify="left" if col in ("metric", "tag") else "right")
+    everything = {g.metric: g.n for g in report.groups if g.tag == "all"}
     for g in report.groups:
+        if g.tag != "all" and g.n == everything[g.metric]:
+            continue  # a tag every item of the metric has: the same row as "all" (the JSON keeps it)
         row = [g.metric, g.tag, str(g.n), _pct(g.baseline.estimate),
                f"{_pct(g.baseline.low)}–{_pct(g.baseline.high)}"]
         if two:
