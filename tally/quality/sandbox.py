@@ -1,8 +1,8 @@
 """Run a model's Python code against its tests in a subprocess with CPU time, memory and file-size limits, a fresh
 temporary directory as its working directory, and no network; what each guarantee rests on is in docs/quality.md.
 
-With Linux namespaces available to an unprivileged user (`unshare -rnm`), the network is an empty namespace and the
-file system is read-only outside the temporary directory; without them, sockets are refused in the interpreter
+With Linux namespaces available to an unprivileged user (`unshare -rnmpf`), the network is an empty namespace, the
+file system is read-only outside the temporary directory, and every process the code starts dies with it; without them, sockets are refused in the interpreter
 (best effort) and writes are confined only by convention (cwd, HOME and TMPDIR point into the directory)."""
 from __future__ import annotations
 
@@ -38,13 +38,13 @@ class RunResult:
 
 @functools.cache
 def isolation() -> str:
-    """`namespace` when this system lets an unprivileged process make user, network and mount namespaces,
+    """`namespace` when this system lets an unprivileged process make user, network, mount and PID namespaces,
     else `sockets`."""
     unshare = shutil.which("unshare")
     if unshare is None:
         return "sockets"
     try:
-        ok = subprocess.run([unshare, "-rnm", "true"], capture_output=True, timeout=10).returncode == 0
+        ok = subprocess.run([unshare, "-rnmpf", "true"], capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         ok = False
     return "namespace" if ok else "sockets"
@@ -86,7 +86,7 @@ def run_python(program: str, limits: Limits) -> RunResult:
         mode = isolation()
         command = [sys.executable, "-I", str(LAUNCHER), mode, str(workdir)]
         if mode == "namespace":
-            command = [shutil.which("unshare") or "unshare", "-rnm", *command]
+            command = [shutil.which("unshare") or "unshare", "-rnmpf", *command]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "TMPDIR": str(workdir),
                "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
         # stderr into a file, not a pipe: a background child holding a pipe open would make waiting for it hang.

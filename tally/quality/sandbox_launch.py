@@ -1,9 +1,10 @@
 """Started by sandbox.py as `python -I sandbox_launch.py MODE DIR`: shuts the program's doors, then runs DIR/main.py.
 Stdlib only, and imports nothing of Tally: it runs in the sandbox, before the program, as the same interpreter.
 
-MODE `namespace` (under `unshare -rnm`: a user, network and mount namespace of its own): every mount but DIR is
-remounted read-only, then all capabilities are dropped and main.py is exec'd, so it can neither remount nor reach
-a network (the namespace has only a loopback, down). MODE `sockets` (no namespaces on this system): socket creation
+MODE `namespace` (under `unshare -rnmpf`: user, network, mount and PID namespaces of its own, this process their
+PID 1): every mount but DIR is remounted read-only, then all capabilities are dropped and main.py is exec'd, so it
+can neither remount nor reach a network (the namespace has only a loopback, down), and when it ends the kernel ends
+whatever it started. MODE `sockets` (no namespaces on this system): socket creation
 is refused in this interpreter, then main.py runs in it — a best effort that code calling into C can get around."""
 from __future__ import annotations
 
