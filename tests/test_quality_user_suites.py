@@ -174,7 +174,7 @@ def test_comparing_without_rules_and_a_down_url_are_clear_errors(suite, tmp_path
     assert f"{down}: cannot reach" in capsys.readouterr().err
 
 
-def test_an_interrupted_eval_keeps_its_results_and_resume_runs_only_the_rest(server, tmp_path):
+def test_an_interrupted_eval_keeps_its_results_and_resume_runs_only_the_rest(server, tmp_path, capsys):
     marker = tmp_path / "hang"
     marker.touch()
     # The program is the prompt, then the answer, then the tests: the random model's one-token answer lands in a
@@ -207,3 +207,6 @@ def test_an_interrupted_eval_keeps_its_results_and_resume_runs_only_the_rest(ser
     rows = _lines(results)
     assert results.read_text().startswith(kept)  # the first item was not run again
     assert [r.get("id") for r in rows] == [None, "first", "stuck", "last"] and rows[2]["score"] == 1.0
+    suite.write_text(suite.read_text().replace('"max_tokens": 1', '"max_tokens": 2'))
+    assert main([*argv, "--resume", "--quiet"]) == EXIT_USAGE  # the same file, another decoding: not resumed
+    assert "different suites or decoding" in capsys.readouterr().err

@@ -68,11 +68,10 @@ class UrlAnswers:
         path, body = self._request(item)
         try:
             response = self.client.post(path, json=body)
-        except (httpx.ConnectError, httpx.RemoteProtocolError) as e:
-            raise ConfigError(f"{self.url} stopped answering ({type(e).__name__}: {e}); the items scored so far "
-                              "are kept") from None
         except httpx.TimeoutException:
             return Answer("", None, f"no answer within {REQUEST_TIMEOUT_S:g} s")
+        except httpx.TransportError as e:  # refused, reset, cut off: the server, not this item
+            raise ConfigError(f"{self.url} stopped answering ({type(e).__name__}: {e})") from None
         if response.status_code != 200:
             return Answer("", None, f"{path} answered {response.status_code}: {clip(response.text, 300)}")
         try:

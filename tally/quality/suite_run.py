@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tally.errors import ConfigError
+from tally.errors import ConfigError, clip
 from tally.quality.answers import AnswerSource
 from tally.quality.scorer_params import ItemScore
 from tally.quality.scorers import safe_score
@@ -66,12 +66,15 @@ class RunFile:
 
     def _read(self, header: dict[str, Any]) -> None:
         lines = self.path.read_text(encoding="utf-8").splitlines()
-        written = json.loads(lines[0]).get("header", {}) if lines else {}
-        for what in ("model", "suites"):
+        try:
+            written = json.loads(lines[0])["header"]
+        except (IndexError, ValueError, KeyError, TypeError):
+            written = {}  # not a results file of ours: the check below says so
+        for what, other in (("model", "a different model"), ("suites", "different suites or decoding")):
             if _comparable(written)[what] != _comparable(header)[what]:
-                raise ConfigError(f"--resume: {self.path} holds results of another {what} "
-                                  f"({json.dumps(written.get(what))}); drop --resume to start over, or use "
-                                  "another --results folder")
+                raise ConfigError(f"--resume: {self.path} holds results of {other} "
+                                  f"({clip(json.dumps(written.get(what)), 300)}); drop --resume to start over, or "
+                                  "use another --results folder")
         for line in lines[1:]:
             try:
                 result = ItemResult.from_json(json.loads(line))
