@@ -6,7 +6,7 @@ from typing import Any
 
 from tally.errors import ModelLoadError
 
-ROPE_SCALINGS = ("linear", "llama3", "longrope")
+ROPE_SCALINGS = ("linear", "llama3", "longrope", "yarn")
 
 
 def require(cfg: dict[str, Any], key: str, family: str) -> Any:
@@ -58,8 +58,9 @@ def rope_settings(cfg: dict[str, Any], family: str, layer_type: str = "full_atte
         raise ModelLoadError(f"this {family} model's rope scaling {kind!r} (config.json rope_scaling) is not "
                              f"supported; Tally supports {', '.join(ROPE_SCALINGS)}")
     scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "type")}
-    if kind == "longrope":  # Phi-3 keeps the original context beside the scaling, and its ratio is the factor
-        original = scaling.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+    if kind in ("longrope", "yarn"):  # the original context may sit beside the scaling; their ratio is the factor
+        original = (scaling.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+                    or cfg.get("max_position_embeddings"))
         scaling["original_max_position_embeddings"] = int(original)
         if not scaling.get("factor"):
             scaling["factor"] = int(cfg.get("max_position_embeddings", original)) / int(original)

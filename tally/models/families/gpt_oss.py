@@ -1,0 +1,78 @@
+"""GPT-OSS: alternating sliding and full layers with attention sinks and biases on every projection, YaRN, and
+experts with biases routed by a softmax over the top k logits, through a clamped SwiGLU. The HF file stacks each
+layer's experts in [experts, in, out] tensors with gate and up interleaved; they are cut apart at load."""
+from __future__ import annotations
+
+from typing import Any
+
+from tally.errors import ModelLoadError
+from tally.models.config import Experts, ModelConfig
+from tally.models.families import gguf_fields
+from tally.models.families.family import Family, Relaid
+from tally.models.families.hf_fields import shape_fields, windows
+
+_NAMES = {"mlp.router.weight": "mlp.gate.weight", "mlp.router.bias": "mlp.gate.bias"}
+# llama.cpp's names where they are not Llama's: GPT-OSS's norm before the MLP is written as a post-attention norm
+GGUF_NAMES = {"attn_sinks.weight": "self_attn.sinks", "attn_output.bias": "self_attn.o_proj.bias",
+              "post_attention_norm.weight": "post_attention_layernorm.weight", "ffn_gate_inp.bias": "mlp.gate.bias"}
+
+
+def _experts(stored: str, shape: tuple[int, ...]) -> list[Relaid]:
+    """Each expert's projections and biases, as Tally's [out, in] weights, out of the stacked tensors: gate_up_proj
+    [E, H, 2I] (gate in even columns, up in odd), down_proj [E, I, H] and their biases [E, 2I], [E, H]."""
+    kind = stored.removeprefix("mlp.experts.")
+    if kind == stored:
+        return []
+    parts = {"gate_up_proj": [("gate_proj.weight", lambda t: t[0, :, 0::2].t()),
+                              ("up_proj.weight", lambda t: t[0, :, 1::2].t())],
+             "gate_up_proj_bias": [("gate_proj.bias", lambda t: t[0, 0::2]), ("up_proj.bias", lambda t: t[0, 1::2])],
+             "down_proj": [("down_proj.weight", lambda t: t[0].t())],
+             "down_proj_bias": [("down_proj.bias", lambda t: t[0])]}.get(kind)
+    if parts is None:
+        return []
+    rest = shape[1:]
+    out = rest[::-1] if len(rest) == 2 else rest
+    if kind.startswith("gate_up"):
+        out = (out[0] // 2, *out[1:])
+    return [Relaid(f"mlp.experts.{e}.{name}", slice(e, e + 1), out, lambda t, take=take: take(t).contiguous())
+            for e in range(shape[0]) for name, take in parts]
+
+
+def _traits(limit: float, alpha: float) -> dict[str, Any]:
+    return dict(attention_sinks=True, attention_output_bias=True, activation="clamped_swiglu", swiglu_limit=limit,
+                swiglu_alpha=alpha, norm_scale_in_float=True)
+
+
+def _gpt_oss(cfg: dict[str, Any]) -> ModelConfig:
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    if quant is not None:
+        raise ModelLoadError(f"this gpt_oss model's experts are quantized as {quant!r} (config.json "
+                             "quantization_config); Tally reads GPT-OSS from float safetensors (dequantize it with "
+                             "transformers and save it) or from GGUF, whose MXFP4 experts it reads")
+    fields = shape_fields(cfg, "gpt_oss")
+    layers = fields["num_layers"]
+    default_kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    fields |= windows({"layer_types": cfg.get("layer_types") or default_kinds}, layers, cfg.get("sliding_window"))
+    bias = bool(cfg.get("attention_bias", True))
+    experts = Experts(num_experts=int(cfg["num_local_experts"]), top_k=int(cfg["num_experts_per_tok"]),
+                      intermediate_size=fields["intermediate_size"], normalize_top_k=False, routing="top_k_softmax",
+                      bias=True)
+    return ModelConfig(**fields | {"attention_bias": bias}, experts=experts,
+                       **_traits(float(cfg.get("swiglu_limit", 7.0)), float(cfg.get("swiglu_alpha", 1.702))))
+
+
+def _gpt_oss_gguf(key: gguf_fields.GGUFKey, names: set[str]) -> dict[str, Any]:
+    # llama.cpp fixes what the file does not say: layers 0, 2, 4, ... slide; SwiGLU clamped at 7 with alpha 1.702.
+    # YaRN's correction range is not rounded out, as the released models' configs say (truncate: false; llama.cpp
+    # rounds it).
+    layers = int(key("block_count"))
+    moe = gguf_fields.experts(key, normalize_top_k=False)["experts"]
+    experts = Experts(moe.num_experts, moe.top_k, moe.intermediate_size, False, routing="top_k_softmax", bias=True)
+    scaling = gguf_fields.yarn_scaling(key)
+    return dict(layer_types=tuple("sliding" if i % 2 == 0 else "full" for i in range(layers)), experts=experts,
+                attention_bias=True, rope_scaling=None if scaling is None else scaling | {"truncate": False},
+                **_traits(7.0, 1.702))
+
+
+GPT_OSS = Family("gpt_oss", ("GptOssForCausalLM",), ("gpt-oss",), _gpt_oss, _gpt_oss_gguf,
+                 hf_rename=lambda name: _NAMES.get(name, name), hf_relaid=_experts, gguf_names=GGUF_NAMES)
