@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from tally.errors import ModelLoadError
 from tally.models.config import Experts, ModelConfig
 from tally.models.families import gguf_fields
 from tally.models.families.family import Family, Relaid
@@ -44,11 +43,6 @@ def _traits(limit: float, alpha: float) -> dict[str, Any]:
 
 
 def _gpt_oss(cfg: dict[str, Any]) -> ModelConfig:
-    quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    if quant is not None:
-        raise ModelLoadError(f"this gpt_oss model's experts are quantized as {quant!r} (config.json "
-                             "quantization_config); Tally reads GPT-OSS from float safetensors (dequantize it with "
-                             "transformers and save it) or from GGUF, whose MXFP4 experts it reads")
     fields = shape_fields(cfg, "gpt_oss")
     layers = fields["num_layers"]
     default_kinds = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
