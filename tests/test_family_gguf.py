@@ -132,7 +132,7 @@ def test_gguf_of_an_architecture_tally_does_not_read_names_those_it_reads(tmp_pa
         load_checkpoint(str(tmp_path / "falcon.gguf"))
 
 
-def test_gpt_oss_mxfp4_experts_give_transformers_greedy_tokens_on_the_blocks_dequantized(files, caplog):
+def test_gpt_oss_mxfp4_experts_give_transformers_greedy_tokens_and_serve_as_int8_blocks(files):
     # the converter repacks the HF checkpoint's MXFP4 blocks into GGML's MXFP4 as they are (no requantization)
     header = read_header(files["gpt_oss-mxfp4"])
     assert {t.name for t in header.tensors if t.ggml_type == gguf.GGMLQuantizationType.MXFP4} == {
@@ -140,7 +140,10 @@ def test_gpt_oss_mxfp4_experts_give_transformers_greedy_tokens_on_the_blocks_deq
     ids = transformers.AutoTokenizer.from_pretrained(files["gpt_oss"]).encode(PROMPT)
     expected = hf_greedy(files["gpt_oss-dequantized"], ids, GREEDY.max_tokens)[0]
     assert expected != hf_greedy(files["gpt_oss"], ids, GREEDY.max_tokens)[0]  # the blocks round the experts
-    with caplog.at_level("WARNING"):
-        llm = LLM(str(files["gpt_oss-mxfp4"]), dtype="float32", **ENGINE)
-    assert "MXFP4 (6 tensors)" in caplog.text
-    assert _greedy(llm, ids) == expected
+    dequantized = LLM(str(files["gpt_oss-mxfp4"]), quantization="none", dtype="float32", **ENGINE)
+    assert _greedy(dequantized, ids) == expected
+    # by default each expert's blocks are int8 values with block scales, exactly (tally/quant/gguf_blocks.py)
+    stored = LLM(str(files["gpt_oss-mxfp4"]), **ENGINE)
+    experts = stored.engine.model.layers[0].experts
+    assert {layer.scheme for layer in [*experts.gate_up, *experts.down]} == {"q8_0"}
+    assert _greedy(stored, ids)[0] == expected[0]
