@@ -140,6 +140,8 @@ def test_traits_read_from_a_config_in_the_older_style(family_dir, tmp_path):
 @pytest.mark.parametrize("field, value, message", [
     ("rope_parameters", {"rope_type": "dynamic", "rope_theta": 150000.0, "factor": 4.0},
      r"gpt_oss model's rope scaling 'dynamic' \(config.json rope_scaling\)"),
+    ("layer_types", ["sliding_attention", "chunked_attention"], r"layer_types has 'chunked_attention'; Tally "
+                                                                 r"supports 'sliding_attention' and 'full_attention'"),
     # the released checkpoints' MXFP4 experts: their GGUF serves them
     ("quantization_config", {"quant_method": "mxfp4"}, r"config.json has a quantization_config Tally does not read "
                                                         r"\('mxfp4'\)"),

@@ -16,30 +16,30 @@ GGUF_NAMES = {"attn_sinks.weight": "self_attn.sinks", "attn_output.bias": "self_
               "post_attention_norm.weight": "post_attention_layernorm.weight", "ffn_gate_inp.bias": "mlp.gate.bias"}
 
 
+_GATE_UP = (("gate", 0), ("up", 1))  # gate in the even columns, up in the odd ones
+
+
 def _experts(stored: str, shape: tuple[int, ...]) -> list[Relaid]:
     """Each expert's projections and biases, as Tally's [out, in] weights, out of the stacked tensors: gate_up_proj
-    [E, H, 2I] (gate in even columns, up in odd), down_proj [E, I, H] and their biases [E, 2I], [E, H]."""
-    kind = stored.removeprefix("mlp.experts.")
-    if kind == stored:
+    [E, H, 2I], down_proj [E, I, H] and their biases [E, 2I], [E, H]."""
+    kind, (count, *rest) = stored.removeprefix("mlp.experts."), shape
+    if kind == "gate_up_proj" and len(rest) == 2:
+        parts = [(f"{p}_proj.weight", (rest[1] // 2, rest[0]), lambda t, i=i: t[0, :, i::2].t()) for p, i in _GATE_UP]
+    elif kind == "gate_up_proj_bias" and len(rest) == 1:
+        parts = [(f"{p}_proj.bias", (rest[0] // 2,), lambda t, i=i: t[0, i::2]) for p, i in _GATE_UP]
+    elif kind == "down_proj" and len(rest) == 2:
+        parts = [("down_proj.weight", (rest[1], rest[0]), lambda t: t[0].t())]
+    elif kind == "down_proj_bias" and len(rest) == 1:
+        parts = [("down_proj.bias", (rest[0],), lambda t: t[0])]
+    else:
         return []
-    parts = {"gate_up_proj": [("gate_proj.weight", lambda t: t[0, :, 0::2].t()),
-                              ("up_proj.weight", lambda t: t[0, :, 1::2].t())],
-             "gate_up_proj_bias": [("gate_proj.bias", lambda t: t[0, 0::2]), ("up_proj.bias", lambda t: t[0, 1::2])],
-             "down_proj": [("down_proj.weight", lambda t: t[0].t())],
-             "down_proj_bias": [("down_proj.bias", lambda t: t[0])]}.get(kind)
-    if parts is None:
-        return []
-    rest = shape[1:]
-    out = rest[::-1] if len(rest) == 2 else rest
-    if kind.startswith("gate_up"):
-        out = (out[0] // 2, *out[1:])
     return [Relaid(f"mlp.experts.{e}.{name}", slice(e, e + 1), out, lambda t, take=take: take(t).contiguous())
-            for e in range(shape[0]) for name, take in parts]
+            for e in range(count) for name, out, take in parts]
 
 
-def _traits(limit: float, alpha: float) -> dict[str, Any]:
-    return dict(attention_sinks=True, attention_output_bias=True, activation="clamped_swiglu", swiglu_limit=limit,
-                swiglu_alpha=alpha, norm_scale_in_float=True)
+def _traits(limit: float, alpha: float, output_bias: bool) -> dict[str, Any]:
+    return dict(attention_sinks=True, attention_output_bias=output_bias, activation="clamped_swiglu",
+                swiglu_limit=limit, swiglu_alpha=alpha, norm_scale_in_float=True)
 
 
 def _gpt_oss(cfg: dict[str, Any]) -> ModelConfig:
@@ -52,7 +52,7 @@ def _gpt_oss(cfg: dict[str, Any]) -> ModelConfig:
                       intermediate_size=fields["intermediate_size"], normalize_top_k=False, routing="top_k_softmax",
                       bias=True)
     return ModelConfig(**fields | {"attention_bias": bias}, experts=experts,
-                       **_traits(float(cfg.get("swiglu_limit", 7.0)), float(cfg.get("swiglu_alpha", 1.702))))
+                       **_traits(float(cfg.get("swiglu_limit", 7.0)), float(cfg.get("swiglu_alpha", 1.702)), bias))
 
 
 def _gpt_oss_gguf(key: gguf_fields.GGUFKey, names: set[str]) -> dict[str, Any]:
@@ -63,9 +63,9 @@ def _gpt_oss_gguf(key: gguf_fields.GGUFKey, names: set[str]) -> dict[str, Any]:
     moe = gguf_fields.experts(key, normalize_top_k=False)["experts"]
     experts = Experts(moe.num_experts, moe.top_k, moe.intermediate_size, False, routing="top_k_softmax", bias=True)
     scaling = gguf_fields.yarn_scaling(key)
+    yarn = {} if scaling is None else {"rope_scaling": scaling | {"truncate": False}}
     return dict(layer_types=tuple("sliding" if i % 2 == 0 else "full" for i in range(layers)), experts=experts,
-                attention_bias=True, rope_scaling=None if scaling is None else scaling | {"truncate": False},
-                **_traits(7.0, 1.702))
+                **yarn, **_traits(7.0, 1.702, "blk.0.attn_output.bias" in names))
 
 
 GPT_OSS = Family("gpt_oss", ("GptOssForCausalLM",), ("gpt-oss",), _gpt_oss, _gpt_oss_gguf,

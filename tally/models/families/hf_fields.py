@@ -81,6 +81,10 @@ def windows(cfg: dict[str, Any], num_layers: int, window: int | None) -> dict[st
     """ModelConfig's `layer_types` and `sliding_window` from transformers' `layer_types` (per layer
     "sliding_attention" or "full_attention") and the window: per layer only where layers differ."""
     kinds = tuple("sliding" if t == "sliding_attention" else "full" for t in cfg.get("layer_types") or ())
+    unknown = sorted(set(cfg.get("layer_types") or ()) - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise ModelLoadError(f"config.json's layer_types has {', '.join(map(repr, unknown))}; Tally supports "
+                             "'sliding_attention' and 'full_attention'")
     if kinds and len(kinds) != num_layers:
         raise ModelLoadError(f"config.json's layer_types lists {len(kinds)} layers but num_hidden_layers is "
                              f"{num_layers}")
