@@ -120,6 +120,16 @@ def test_gguf_missing_a_family_tensor_is_refused_naming_it(files, tmp_path, fami
         load_checkpoint(str(broken))
 
 
+def test_gguf_rope_scaling_tally_does_not_read_is_refused_naming_the_key(files, tmp_path):
+    data = files["gpt_oss-q8_0"].read_bytes()
+    typed = (4).to_bytes(8, "little") + b"yarn"  # the value of gpt-oss.rope.scaling.type: its length, then the text
+    assert data.count(typed) == 1
+    (tmp_path / "xpos.gguf").write_bytes(data.replace(typed, (4).to_bytes(8, "little") + b"xpos"))
+    with pytest.raises(ModelLoadError, match=r"gpt-oss model's rope scaling 'xpos' \(gpt-oss.rope.scaling.type\) is "
+                                             r"not supported; Tally reads linear and yarn"):
+        load_checkpoint(str(tmp_path / "xpos.gguf"))
+
+
 def test_gguf_of_an_architecture_tally_does_not_read_names_those_it_reads(tmp_path):
     writer = gguf.GGUFWriter(tmp_path / "falcon.gguf", "falcon")
     writer.write_header_to_file()

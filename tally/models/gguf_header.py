@@ -223,6 +223,10 @@ def _rope_scaling(header: GGUFHeader, path: Path, key: GGUFKey, rotary_dim: int)
     kind = key("rope.scaling.type", None)
     if kind in (None, "none"):
         return None
+    if kind not in ("linear", "yarn"):
+        raise ModelLoadError(f"{path}: its {header.architecture} model's rope scaling {kind!r} "
+                             f"({header.architecture}.rope.scaling.type) is not supported; Tally reads linear and yarn "
+                             "(and LongRoPE's and Llama 3.1's factor tensors)")
     if kind == "yarn":
         return yarn_scaling(key)
     scaling = {"rope_type": kind, "factor": float(key("rope.scaling.factor", 1.0))}
