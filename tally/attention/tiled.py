@@ -4,8 +4,8 @@ For each tile of query rows, K/V are read from the cache one key tile (a few who
 time; a running max m, running sum l and output accumulator per query row are rescaled as each
 tile arrives (an attention sink, GPT-OSS, is a first key with no value). Key tiles above the causal
 diagonal or below the sliding window are never read, and masks are built only for tiles that
-straddle those edges. Peak extra memory is one score tile
-[Hq, query_tile, key_tile] instead of [Hq, Lq, Lk].
+straddle those edges. Peak extra memory is one score tile [Hq, query_tile, key_tile] instead of
+[Hq, Lq, Lk].
 """
 from __future__ import annotations
 
