@@ -34,6 +34,9 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    # The constraint begins after this token (a reasoning model's end-of-thinking tag), as vLLM's grammar waits for
+    # its reasoning parser: the thinking before it is free text.
+    after_token_id: int | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, name)]

@@ -125,14 +125,17 @@ class Engine:
         bad_words = self._bad_words(params.bad_words or ())
         if grammar is None and params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
+        after = params.structured_outputs.after_token_id if grammar is not None else None
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
+            matcher = None if grammar is None else grammar.matcher()
             gen = None
             if params.seed is not None:
                 gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
             req = Request(rid, ids, max_tokens, now, sampling_params=params, cache_salt=cache_salt,
                           eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
-                          parent=parent, grammar=None if grammar is None else grammar.matcher(),
+                          parent=parent, grammar=matcher if after is None else None,
+                          held_grammar=matcher if after is not None else None, grammar_after_token_id=after,
                           bad_words_token_ids=bad_words)
             parent = parent or req
             seq = Sequence(
@@ -306,6 +309,8 @@ class Engine:
                         req.grammar is not None and self._grammar_done(req, seq, token_ids[i])):
                     self.scheduler.finish(req, seq.status)
                     break
+                if req.held_grammar is not None and token_ids[i] == req.grammar_after_token_id:
+                    req.grammar, req.held_grammar = req.held_grammar, None
             first_row += count
         return appended
 

@@ -27,6 +27,7 @@ from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
 from tally.server.metrics import ServerMetrics, cache_config_info
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
+from tally.server.reasoning import reasoning_parser
 from tally.server.request_log import RequestLog
 from tally.version import __version__
 
@@ -47,6 +48,7 @@ class ServerConfig:
     chat_template: str | None = None  # --chat-template: the template text used instead of the model's
     trust_request_chat_template: bool = False  # --trust-request-chat-template: render a request's own template
     metrics_prefix: str = "tally"  # --metrics-prefix vllm: the same series under vllm:
+    reasoning_parser: str | None = None  # --reasoning-parser NAME: chat returns the thinking apart
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -87,7 +89,8 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     app.state.tally = state
     completions = Completions(tokenizer)
     chat = ChatCompletions(tokenizer, templates.render, config.tool_call_parser, config.chat_template,
-                           request_templates.render if config.trust_request_chat_template else None)
+                           request_templates.render if config.trust_request_chat_template else None,
+                           reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

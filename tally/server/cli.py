@@ -14,7 +14,7 @@ import uvicorn
 from tally.engine.args import add_engine_args, config_from_args
 from tally.engine.parallel.distributed import is_follower
 from tally.engine.parallel.follower import follow
-from tally.errors import TallyError
+from tally.errors import ConfigError, TallyError
 from tally.flags import (
     DRAIN_TIMEOUT,
     HEADER_TIMEOUT,
@@ -31,6 +31,7 @@ from tally.http_limits import guarded_protocol
 from tally.server.app_args import app_from_args
 from tally.server.listen import bind_sockets
 from tally.server.ray_flags import add_ray_args, check_ray_args
+from tally.server.reasoning import REASONING_PARSERS, reasoning_parser
 from tally.server.tools import TOOL_CALL_PARSERS
 from tally.server.vllm_flags import add_vllm_flags, warn_no_effect
 from tally.units import parse_bytes
@@ -100,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
                    help="how calls are read from the model's text: hermes (Hermes, Qwen2.5: <tool_call> JSON), "
                         "llama3_json (Llama 3's JSON)")
+    p.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help=f"return a reasoning model's thinking apart from its answer ({' | '.join(REASONING_PARSERS)}): "
+                        "deepseek_r1 (text before </think> is thinking), qwen3 (<think>...</think>), mistral "
+                        "([THINK]...[/THINK]), or any pair of tags")
     add_engine_args(p)
     add_vllm_flags(p)
     add_ray_args(p)
@@ -124,9 +129,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--request-timeout must be > 0 seconds")
     if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
         p.error(f"--enable-auto-tool-choice needs --tool-call-parser ({' | '.join(TOOL_CALL_PARSERS)})")
-    if ns.chat_template is not None and Path(ns.chat_template).is_file():
+    if ns.reasoning_parser is not None:
+        try:
+            reasoning_parser(ns.reasoning_parser)
+        except ConfigError as e:
+            p.error(f"--reasoning-parser: {e.message}")
+    if ns.chat_template is not None and _is_file(ns.chat_template):
         ns.chat_template = Path(ns.chat_template).read_text()
     return ns
+
+
+def _is_file(path_or_text: str) -> bool:
+    try:
+        return Path(path_or_text).is_file()
+    except OSError:  # a template's text longer than a file name may be
+        return False
 
 
 def main(argv: list[str]) -> int:

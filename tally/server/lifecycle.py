@@ -76,6 +76,7 @@ class Ctx:
     times: dict[str, StreamTimes] = field(default_factory=dict)
     arrival_unix_s: float = 0.0
     max_tokens: list[int | None] = field(default_factory=list)  # per prompt; None: up to max_model_len
+    reasoning: dict[tuple[int, int], Any] = field(default_factory=dict)  # chat's thinking streams (chat.py:_split)
 
 
 class Handler(Protocol):

@@ -160,6 +160,8 @@ class ChatMessage(OpenAIModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls, as the API returned them
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    reasoning_content: str | None = None  # an assistant turn's thinking, as --reasoning-parser returned it
+    reasoning: str | None = None  # the same, under the other name clients use
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:
