@@ -26,6 +26,7 @@ class Request:
     prompt_token_ids: list[int]
     max_tokens: int  # resolved by the engine: never past max_model_len
     arrival_time: float
+    priority: int = 0  # under the priority policy (vLLM's): lower is admitted sooner and preempted later
     sampling_params: Any = None  # tally.sampling_params.SamplingParams; opaque to the scheduler
     cache_salt: str | None = None  # part of every block hash: requests with different salts never share KV
     eos_token_ids: tuple[int, ...] = ()  # empty when ignore_eos

@@ -69,6 +69,7 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_partial_prefills=config.max_num_partial_prefills,
             enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.scheduling_policy,
         ), self.kv, self.kv_tiers.swap, self.kv_tiers.copy_block)
         self.parallel = m.parallel
         peers = TPDriver(m.parallel.control, m.parallel.env.world_size) if m.parallel is not None else None
@@ -108,10 +109,14 @@ class Engine:
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
                     arrival_time: float | None = None, cache_salt: str | None = None,
-                    grammar: CompiledGrammar | None = None) -> None:
+                    grammar: CompiledGrammar | None = None, priority: int = 0) -> None:
         """`grammar`: params.structured_outputs compiled (self.grammars.compile) where the caller could afford
-        the wait; compiled here when not given."""
+        the wait; compiled here when not given. `priority`: lower runs sooner, under --scheduling-policy priority."""
         params = params or SamplingParams()
+        if priority and not self.scheduler.by_priority:  # vLLM refuses it too: an order it cannot keep
+            raise InvalidRequestError(f"priority {priority} needs a server started with --scheduling-policy priority "
+                                      "(this one serves first come, first served); drop the field or send 0",
+                                      param="priority")
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
         text, ids = self._tokenize(prompt)
@@ -132,7 +137,7 @@ class Engine:
             gen = None
             if params.seed is not None:
                 gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
-            req = Request(rid, ids, max_tokens, now, sampling_params=params, cache_salt=cache_salt,
+            req = Request(rid, ids, max_tokens, now, priority=priority, sampling_params=params, cache_salt=cache_salt,
                           eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
                           parent=parent, grammar=matcher if after is None else None,
                           held_grammar=matcher if after is not None else None, grammar_after_token_id=after,

@@ -68,6 +68,7 @@ class SamplingFields(OpenAIModel):
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
     bad_words: list[str] | None = None
+    priority: int = 0  # vLLM's: lower runs sooner, under --scheduling-policy priority
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Constrained decoding: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
