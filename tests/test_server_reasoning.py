@@ -6,13 +6,17 @@ tags when sampling is narrowed to a few tokens, the tags among them (tests/suppo
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 from support.servers import started
 from support.think_models import QWEN3_TEMPLATE, R1_TEMPLATE, think_checkpoint
+from transformers import AutoTokenizer
 
+from tally.errors import InvalidRequestError
+from tally.server.chat import ChatCompletions
 from tally.server.cli import parse_args
 from tally.server.process import ServerProcess
 from tally.server.reasoning import reasoning_parser
@@ -25,9 +29,13 @@ NUMBER = {"type": "object", "properties": {"n": {"type": "integer"}}, "required"
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
+def model(tmp_path_factory):
+    return think_checkpoint(tmp_path_factory.mktemp("think"))
+
+
+@pytest.fixture(scope="module")
+def servers(model):
     """A deepseek_r1 server (with hermes tool calls) and a qwen3 one, each with its model's kind of template."""
-    model = think_checkpoint(tmp_path_factory.mktemp("think"))
     (model / "r1.jinja").write_text(R1_TEMPLATE)
     (model / "qwen3.jinja").write_text(QWEN3_TEMPLATE)
     r1 = ServerProcess([str(model), *FLAGS, "--chat-template", str(model / "r1.jinja"), "--reasoning-parser",
@@ -109,6 +117,16 @@ def test_forced_tool_call_is_read_from_the_answer(servers) -> None:
     assert choice.message.model_extra["reasoning_content"]
     (call,) = choice.message.tool_calls
     assert call.function.name == "count" and set(json.loads(call.function.arguments)) == {"n"}
+
+
+def test_a_constraint_needs_an_end_tag_of_one_token(model) -> None:
+    """The grammar waits for the end tag's token; a tag the vocabulary spells in several tokens is refused by name."""
+    chat = ChatCompletions(AutoTokenizer.from_pretrained(model), renderer=None,
+                           reasoning_parser=reasoning_parser("tags:<r>,</r>"))
+    req = chat.parse({"messages": ASK, "response_format": {"type": "json_object"}})
+    with pytest.raises(InvalidRequestError, match="'</r>' to be one token") as refused:
+        chat.engine_requests(req, SimpleNamespace(sampling_defaults={}, max_model_len=256))
+    assert refused.value.param == "response_format"
 
 
 def test_unknown_parser_is_refused_with_the_known_ones(capsys) -> None:

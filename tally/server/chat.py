@@ -128,7 +128,9 @@ class ChatCompletions:
                                           "constraint", param="tool_choice")
             params = dataclasses.replace(params, structured_outputs=forced_output(mode, req.tools))
         if params.structured_outputs is not None and self._reasoning(req) is not None:
-            params = dataclasses.replace(params, structured_outputs=self._after_thinking(params.structured_outputs))
+            field = "tool_choice" if mode is not None and mode.forced else "response_format"
+            params = dataclasses.replace(params, structured_outputs=self._after_thinking(params.structured_outputs,
+                                                                                         field))
         if req.chat_template is not None and self.request_renderer is None:
             raise InvalidRequestError("chat_template: this server does not render a request's own chat template "
                                       "(a template is code); drop the field, or start the server with "
@@ -141,14 +143,14 @@ class ChatCompletions:
                              max_prompt_tokens=state.max_model_len)
         return [(prompt, params)]
 
-    def _after_thinking(self, spec: StructuredOutputsParams) -> StructuredOutputsParams:
+    def _after_thinking(self, spec: StructuredOutputsParams, field: str) -> StructuredOutputsParams:
         """The constraint begins after the thinking's end tag, as vLLM's: the thinking is free text."""
         if self._reasoning_end_id is None:
             raise InvalidRequestError(
                 f"structured outputs (response_format, a forced tool_choice) with --reasoning-parser "
                 f"{self.reasoning_parser.name} need its end tag {self.reasoning_parser.end!r} to be one token of "
                 f"this model's vocabulary, and it is not; drop the constraint, or send chat_template_kwargs "
-                f'{{"enable_thinking": false}}', param="response_format")
+                f'{{"enable_thinking": false}}', param=field)
         return dataclasses.replace(spec, after_token_id=self._reasoning_end_id)
 
     # -- responses -----------------------------------------------------------------------------
