@@ -55,16 +55,19 @@ def test_a_batch_file_runs_and_resumes(tiny_llama, tmp_path, capsys):
         out.write('{"id": "batch_req_x", "custom_id": "streamed", "resp')
     with requests.open("a") as f:
         f.write(_line("streamed", "/v1/chat/completions", {**CHAT, "stream": True})
-                + _line("unknown-field", "/v1/completions", {**COMPLETION, "suffix": "!"}))
+                + _line("unknown-field", "/v1/completions", {**COMPLETION, "suffix": "!"})
+                + _line("urgent-now", "/v1/completions", {**COMPLETION, "priority": -1}))
+    argv += ["--scheduling-policy", "priority"]
     assert main(argv) == 0
-    assert "6 requests, 4 already in" in capsys.readouterr().err
+    assert "7 requests, 4 already in" in capsys.readouterr().err
     second = _results(results)
     assert {k: second[k] for k in first} == first
+    assert second["urgent-now"]["response"]["body"]["choices"] == first["fox"]["response"]["body"]["choices"]
     assert second["streamed"]["error"]["message"].startswith("stream:")
     assert second["unknown-field"]["response"]["status_code"] == 400
     assert second["unknown-field"]["response"]["body"]["error"]["param"] == "suffix"
     assert main(argv) == 0  # nothing left to run: the model is not even loaded
-    assert "6 requests, 6 already in" in capsys.readouterr().err
+    assert "7 requests, 7 already in" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text,message", [
