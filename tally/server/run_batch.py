@@ -17,7 +17,7 @@ import httpx
 
 from tally.engine.args import add_engine_args, config_from_args
 from tally.engine.engine import Engine
-from tally.errors import ConfigError, TallyError
+from tally.errors import ConfigError, InvalidRequestError, TallyError, error_body
 from tally.flags import LOG_LEVEL, parser
 from tally.server.answer_flags import add_answer_flags, check_answer_flags
 from tally.server.app import ServerConfig, build_app
@@ -104,24 +104,28 @@ async def run_lines(app: Any, lines: list[BatchLine], out: Any, max_concurrency:
             print(f"run-batch: {finished}/{len(lines)} done, {failed} failed", file=sys.stderr, flush=True)
 
     async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)  # a 500 is one line's result
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=None) as client:
             await asyncio.gather(*(one(client, line) for line in lines))
 
 
 async def _request(client: httpx.AsyncClient, line: BatchLine) -> dict[str, Any]:
-    request_id = f"tally-batch-{uuid.uuid4().hex}"
     if line.body.get("stream"):
-        status, body = 400, {"error": {"message": "stream: a batch line's answer is written whole; drop the field",
-                                       "type": "invalid_request_error", "param": "stream", "code": 400}}
+        status, body = 400, error_body(InvalidRequestError("stream: a batch line's answer is written whole; drop the "
+                                                           "field", param="stream"))
     else:
         answer = await client.post(line.url, json=line.body)
-        status, body = answer.status_code, answer.json()
+        status = answer.status_code
+        try:
+            body = answer.json()
+        except ValueError:  # an unexpected failure's plain text
+            body = error_body(TallyError(answer.text))
     error = None
     if status >= 400:
         error = {"code": status, "message": (body.get("error") or {}).get("message", str(body))}
     return {"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": line.custom_id,
-            "response": {"status_code": status, "request_id": body.get("id", request_id), "body": body},
+            "response": {"status_code": status, "request_id": body.get("id", f"tally-batch-{uuid.uuid4().hex}"),
+                         "body": body},
             "error": error}
 
 
