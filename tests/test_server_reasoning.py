@@ -90,26 +90,39 @@ def test_enable_thinking_false_leaves_all_text_to_the_answer(servers) -> None:
     assert "think>" in message.content  # the tags the model wrote stay in the answer
 
 
-def test_constraint_starts_after_the_thinking(servers) -> None:
+def _token(server: ServerProcess, tag: str) -> str:
+    return str(httpx.post(f"{server.url}/tokenize", json={"prompt": tag}).json()["tokens"][0])
+
+
+@pytest.mark.parametrize("parser,bias", [
+    ("deepseek_r1", {"</think>": 3.0}), ("qwen3", {"<think>": 8.0, "</think>": 3.0}), ("qwen3", {}),
+], ids=["r1", "qwen3-thinking", "qwen3-answering-at-once"])
+def test_a_constraint_binds_the_answer_only(servers, parser: str, bias: dict[str, float]) -> None:
     """The JSON schema binds the answer only: the thinking before </think> is free (here the model's random text,
-    far from JSON), and the answer parses, streamed and not."""
-    client = _client(servers["deepseek_r1"])
-    end = str(httpx.post(f"{servers['deepseek_r1'].url}/tokenize", json={"prompt": "</think>"}).json()["tokens"][0])
-    kw = dict(model="tiny", messages=ASK, max_tokens=80, temperature=1.0, seed=1, logit_bias={end: 3.0},
+    far from JSON), and the answer parses, streamed and not. Under qwen3 a model may also answer without thinking
+    (no <think> first): then the constraint binds from the first token."""
+    server = servers[parser]
+    client = _client(server)
+    kw = dict(model="tiny", messages=ASK, max_tokens=80, temperature=1.0, seed=1,
+              logit_bias={_token(server, tag): b for tag, b in bias.items()},
               response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": NUMBER}})
     message = client.chat.completions.create(**kw).choices[0].message
-    assert message.model_extra["reasoning_content"] and not message.model_extra["reasoning_content"].startswith("{")
+    reasoning = message.model_extra["reasoning_content"]
+    if bias:
+        assert reasoning and not reasoning.lstrip().startswith("{")
+    else:
+        assert reasoning is None
     assert set(json.loads(message.content)) == {"n"}
-    content, reasoning = "", ""
+    content, streamed_reasoning = "", ""
     for chunk in client.chat.completions.create(stream=True, **kw):
         content += chunk.choices[0].delta.content or ""
-        reasoning += (chunk.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
-    assert (reasoning, content) == (message.model_extra["reasoning_content"], message.content)
+        streamed_reasoning += (chunk.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+    assert (streamed_reasoning, content) == (reasoning or "", message.content)
 
 
 def test_forced_tool_call_is_read_from_the_answer(servers) -> None:
     server = servers["deepseek_r1"]
-    end = str(httpx.post(f"{server.url}/tokenize", json={"prompt": "</think>"}).json()["tokens"][0])
+    end = _token(server, "</think>")
     tool = {"type": "function", "function": {"name": "count", "parameters": NUMBER}}
     choice = _client(server).chat.completions.create(
         model="tiny", messages=ASK, max_tokens=80, temperature=1.0, seed=1, logit_bias={end: 3.0}, tools=[tool],

@@ -32,9 +32,11 @@ class Request:
     eos_token_ids: tuple[int, ...] = ()  # empty when ignore_eos
     generator: Any = None  # torch.Generator of a seeded request; opaque to the scheduler
     grammar: Any = None  # the structured-output matcher of a constrained request; opaque to the scheduler
-    # A matcher held back until its request samples `grammar_after_token_id` (the end of its thinking).
+    # A matcher held back until its request samples `grammar_after_token_id` (the end of its thinking); one that
+    # binds at once but lets `grammar_opener_token_id` come first, which then holds it back.
     held_grammar: Any = None
     grammar_after_token_id: int | None = None
+    grammar_opener_token_id: int | None = None
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never to complete (bad_words)
     skip_prefix_cache: bool = False  # prompt logprobs need every prompt position computed
     parent: "Request | None" = None  # a sibling of n>1 waits for the parent's prefill, then shares its blocks

@@ -130,7 +130,9 @@ class Engine:
         bad_words = self._bad_words(params.bad_words or ())
         if grammar is None and params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
-        after = params.structured_outputs.after_token_id if grammar is not None else None
+        spec = params.structured_outputs
+        after, opener = (spec.after_token_id, spec.opener_token_id) if grammar is not None else (None, None)
+        held = after is not None and opener is None
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
             matcher = None if grammar is None else grammar.matcher()
@@ -139,8 +141,8 @@ class Engine:
                 gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
             req = Request(rid, ids, max_tokens, now, priority=priority, sampling_params=params, cache_salt=cache_salt,
                           eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
-                          parent=parent, grammar=matcher if after is None else None,
-                          held_grammar=matcher if after is not None else None, grammar_after_token_id=after,
+                          parent=parent, grammar=None if held else matcher, held_grammar=matcher if held else None,
+                          grammar_after_token_id=after, grammar_opener_token_id=opener,
                           bad_words_token_ids=bad_words)
             parent = parent or req
             seq = Sequence(
@@ -310,6 +312,9 @@ class Engine:
                     top = logprob_entry(token_ids[i], logprobs[i], ranks[i], top_ids[i][:k], top_lps[i][:k],
                                         self._decode_one)
                 appended += 1
+                if (req.grammar is not None and token_ids[i] == req.grammar_opener_token_id
+                        and not req.output_token_ids):  # the model opened its thinking: the constraint waits
+                    req.grammar, req.held_grammar = None, req.grammar
                 if seq.append(token_ids[i], logprobs[i], top, self.max_model_len) or (
                         req.grammar is not None and self._grammar_done(req, seq, token_ids[i])):
                     self.scheduler.finish(req, seq.status)

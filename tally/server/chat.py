@@ -93,7 +93,10 @@ class ChatCompletions:
         # --trust-request-chat-template: where a request's own chat_template renders, instead of the server's
         self.request_renderer = request_renderer
         self.reasoning_parser = reasoning_parser  # --reasoning-parser
-        self._reasoning_end_id = _single_token(tokenizer, reasoning_parser.end) if reasoning_parser else None
+        # the tags' token ids, which hold a constraint back while the model thinks (None: not one token)
+        self._thinking_ids = (None if reasoning_parser is None else
+                              (_single_token(tokenizer, reasoning_parser.start),
+                               _single_token(tokenizer, reasoning_parser.end)))
 
     def _reasoning(self, req: ChatCompletionRequest) -> ReasoningParser | None:
         """The parser, unless the request turned thinking off in its template (Qwen3's enable_thinking, DeepSeek
@@ -144,14 +147,19 @@ class ChatCompletions:
         return [(prompt, params)]
 
     def _after_thinking(self, spec: StructuredOutputsParams, field: str) -> StructuredOutputsParams:
-        """The constraint begins after the thinking's end tag, as vLLM's: the thinking is free text."""
-        if self._reasoning_end_id is None:
+        """The constraint begins after the thinking's end tag, as vLLM's: the thinking is free text. Where the
+        thinking must open with its start tag (qwen3), the constraint binds at once unless the model writes that tag
+        first, so an answer given without thinking is constrained too."""
+        parser, (start_id, end_id) = self.reasoning_parser, self._thinking_ids
+        needed = [t for t, i in ((parser.end, end_id), (parser.start, start_id if not parser.implicit_start else 0))
+                  if i is None]
+        if needed:
             raise InvalidRequestError(
-                f"structured outputs (response_format, a forced tool_choice) with --reasoning-parser "
-                f"{self.reasoning_parser.name} need its end tag {self.reasoning_parser.end!r} to be one token of "
-                f"this model's vocabulary, and it is not; drop the constraint, or send chat_template_kwargs "
-                f'{{"enable_thinking": false}}', param=field)
-        return dataclasses.replace(spec, after_token_id=self._reasoning_end_id)
+                f"structured outputs (response_format, a forced tool_choice) with --reasoning-parser {parser.name} "
+                f"need its tag {needed[0]!r} to be one token of this model's vocabulary, and it is not; drop the "
+                f'constraint, or send chat_template_kwargs {{"enable_thinking": false}}', param=field)
+        return dataclasses.replace(spec, after_token_id=end_id,
+                                   opener_token_id=None if parser.implicit_start else start_id)
 
     # -- responses -----------------------------------------------------------------------------
     def response(self, ctx: Ctx, outputs: list[RequestOutput], state: ServerState) -> dict:
