@@ -83,11 +83,14 @@ def test_chat_returns_the_parsers_split_of_the_text_streamed_and_not(servers, pa
 
 def test_enable_thinking_false_leaves_all_text_to_the_answer(servers) -> None:
     server = servers["qwen3"]
-    message = _client(server).chat.completions.create(
-        model="tiny", messages=ASK, **{**_narrowed(server), "extra_body": {
-            **_narrowed(server)["extra_body"], "chat_template_kwargs": {"enable_thinking": False}}}).choices[0].message
-    assert message.model_extra["reasoning_content"] is None
-    assert "think>" in message.content  # the tags the model wrote stay in the answer
+    client, kw = _client(server), _narrowed(server)
+    thinking = client.chat.completions.create(model="tiny", messages=ASK, **kw)
+    done = client.chat.completions.create(model="tiny", messages=ASK, **{**kw, "extra_body": {
+        **kw["extra_body"], "chat_template_kwargs": {"enable_thinking": False}}})
+    # the template got the switch: it closed an empty thinking section in the prompt ("<think>\n\n</think>\n\n")
+    assert done.usage.prompt_tokens > thinking.usage.prompt_tokens
+    assert done.choices[0].message.model_extra["reasoning_content"] is None
+    assert "think>" in done.choices[0].message.content  # the tags the model wrote stay in the answer
 
 
 def _token(server: ServerProcess, tag: str) -> str:
