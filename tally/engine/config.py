@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tally.attention.backend import BACKEND_NAMES
-from tally.core.scheduler import SchedulerConfig
+from tally.core.scheduler import SCHEDULING_POLICIES, SchedulerConfig
 from tally.engine.grammar_limits import GrammarLimits
 from tally.engine.speculation.config import SpeculativeConfig
 from tally.errors import ConfigError
@@ -113,6 +113,9 @@ class EngineConfig:
                                              "used blocks go first")
     scheduling: str = option("continuous", "static exists only to show what continuous batching buys",
                              choices=SCHEDULINGS)
+    scheduling_policy: str = option("fcfs", "fcfs: the queue is admitted in arrival order; priority: by each request's "
+                                            "priority field, lower first (vLLM's), and under memory pressure the "
+                                            "lowest is preempted first", choices=SCHEDULING_POLICIES)
     attention_backend: str = option("auto", "auto: the reference kernel for plain causal prefills, tiled for "
                                             "masked ones", choices=BACKEND_NAMES)
     max_itl_s: float | None = option(None, "seconds: while streams decode, a step holds only as many prompt tokens as "
@@ -196,6 +199,9 @@ class EngineConfig:
                               f"{', '.join(ENGINE_KV_CACHE_DTYPES)}", param="kv_cache_dtype")
         if self.scheduling not in SCHEDULINGS:
             raise ConfigError(f"scheduling must be one of {SCHEDULINGS}, got {self.scheduling!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}",
+                              param="scheduling_policy")
         if self.attention_backend not in BACKEND_NAMES:
             raise ConfigError(f"attention_backend {self.attention_backend!r} unknown; use one of {BACKEND_NAMES}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:

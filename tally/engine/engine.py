@@ -69,6 +69,7 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_partial_prefills=config.max_num_partial_prefills,
             enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.scheduling_policy,
         ), self.kv, self.kv_tiers.swap, self.kv_tiers.copy_block)
         self.parallel = m.parallel
         peers = TPDriver(m.parallel.control, m.parallel.env.world_size) if m.parallel is not None else None
@@ -108,10 +109,14 @@ class Engine:
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
                     arrival_time: float | None = None, cache_salt: str | None = None,
-                    grammar: CompiledGrammar | None = None) -> None:
+                    grammar: CompiledGrammar | None = None, priority: int = 0) -> None:
         """`grammar`: params.structured_outputs compiled (self.grammars.compile) where the caller could afford
-        the wait; compiled here when not given."""
+        the wait; compiled here when not given. `priority`: lower runs sooner, under --scheduling-policy priority."""
         params = params or SamplingParams()
+        if priority and not self.scheduler.by_priority:  # vLLM refuses it too: an order it cannot keep
+            raise InvalidRequestError(f"priority {priority} needs a server started with --scheduling-policy priority "
+                                      "(this one serves first come, first served); drop the field or send 0",
+                                      param="priority")
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
         text, ids = self._tokenize(prompt)
@@ -125,14 +130,19 @@ class Engine:
         bad_words = self._bad_words(params.bad_words or ())
         if grammar is None and params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
+        spec = params.structured_outputs
+        after, opener = (spec.after_token_id, spec.opener_token_id) if grammar is not None else (None, None)
+        held = after is not None and opener is None
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
+            matcher = None if grammar is None else grammar.matcher()
             gen = None
             if params.seed is not None:
                 gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
-            req = Request(rid, ids, max_tokens, now, sampling_params=params, cache_salt=cache_salt,
+            req = Request(rid, ids, max_tokens, now, priority=priority, sampling_params=params, cache_salt=cache_salt,
                           eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
-                          parent=parent, grammar=None if grammar is None else grammar.matcher(),
+                          parent=parent, grammar=None if held else matcher, held_grammar=matcher if held else None,
+                          grammar_after_token_id=after, grammar_opener_token_id=opener,
                           bad_words_token_ids=bad_words)
             parent = parent or req
             seq = Sequence(
@@ -302,10 +312,15 @@ class Engine:
                     top = logprob_entry(token_ids[i], logprobs[i], ranks[i], top_ids[i][:k], top_lps[i][:k],
                                         self._decode_one)
                 appended += 1
+                if (req.grammar is not None and token_ids[i] == req.grammar_opener_token_id
+                        and not req.output_token_ids):  # the model opened its thinking: the constraint waits
+                    req.grammar, req.held_grammar = None, req.grammar
                 if seq.append(token_ids[i], logprobs[i], top, self.max_model_len) or (
                         req.grammar is not None and self._grammar_done(req, seq, token_ids[i])):
                     self.scheduler.finish(req, seq.status)
                     break
+                if req.held_grammar is not None and token_ids[i] == req.grammar_after_token_id:
+                    req.grammar, req.held_grammar = req.held_grammar, None
             first_row += count
         return appended
 

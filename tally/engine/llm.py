@@ -45,9 +45,10 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order. `use_tqdm` (vLLM's name): a progress
-        bar of finished prompts on stderr while more than one runs."""
+        bar of finished prompts on stderr while more than one runs. `priority`: one per prompt, lower sooner (needs
+        scheduling_policy="priority", as vLLM's)."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -58,11 +59,15 @@ class LLM:
             if len(params) != len(prompts):
                 raise InvalidRequestError(
                     f"got {len(params)} SamplingParams for {len(prompts)} prompts; pass one, or one per prompt")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise InvalidRequestError(f"got {len(priorities)} priorities for {len(prompts)} prompts; pass one per "
+                                      "prompt", param="priority")
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         added = []
         try:
-            for rid, prompt, p in zip(ids, prompts, params):
-                self.engine.add_request(rid, prompt, p)
+            for rid, prompt, p, rank in zip(ids, prompts, params, priorities):
+                self.engine.add_request(rid, prompt, p, priority=rank)
                 added.append(rid)
         except Exception:
             for rid in added:

@@ -75,14 +75,17 @@ class ModelRunner:
             outputs = [r.output_token_ids + r.spec_token_ids[:j] if j and reads_outputs(r) else r.output_token_ids
                        for r, count in zip(reqs, inputs.sample_counts) for j in range(count)]
         constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
+        allowed = allowed_tokens([rows[i].grammar for i in constrained], logits.shape[1]) if constrained else None
+        for k, i in enumerate(constrained):
+            if rows[i].grammar_opener_token_id is not None and not rows[i].output_token_ids:
+                allowed[k, rows[i].grammar_opener_token_id] = True  # thinking may open first (Request's comment)
         sampler_input = SamplerInput(
             params=[r.sampling_params for r in rows],
             generators=[r.generator for r in rows],
             output_token_ids=outputs,
             prompt_token_ids=[r.prompt_token_ids for r in rows],
             eos_token_ids=[r.eos_token_ids for r in rows],
-            allowed=(constrained, allowed_tokens([rows[i].grammar for i in constrained], logits.shape[1]))
-            if constrained else None,
+            allowed=(constrained, allowed) if constrained else None,
             bad_words_token_ids=[r.bad_words_token_ids for r in rows] if any(r.bad_words_token_ids for r in rows)
             else None,
             draft=_draft_rows(reqs, inputs.sample_counts, draft_probs) if draft_probs else None,

@@ -4,7 +4,7 @@ it; `cache_control` is accepted and does nothing, because the prefix cache alrea
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,7 @@ class MessagesRequest(BaseModel):
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
+    priority: ClassVar[int] = 0  # Anthropic's API has no priority field: every message takes the default
 
     def output_format(self) -> dict | None:
         """output_config.format's JSON schema, the one part of output_config implemented."""

@@ -31,6 +31,7 @@ from tally.server.responses import Responses
 from tally.server.responses_store import ResponsesStore
 from tally.server.metrics import ServerMetrics, cache_config_info
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
+from tally.server.reasoning import reasoning_parser
 from tally.server.request_log import RequestLog
 from tally.version import __version__
 
@@ -55,6 +56,7 @@ class ServerConfig:
     trust_request_chat_template: bool = False  # --trust-request-chat-template: render a request's own template
     metrics_prefix: str = "tally"  # --metrics-prefix vllm: the same series under vllm:
     responses_store_size: int = 1000  # --responses-store-size: finished responses kept for previous_response_id
+    reasoning_parser: str | None = None  # --reasoning-parser NAME: chat returns the thinking apart
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -94,10 +96,11 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         app.add_middleware(AllowedHostsMiddleware, allowed=AllowedHosts(config.allowed_hosts))
     app.state.tally = state
     completions = Completions(tokenizer)
+    reasoning = reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None
     chat = ChatCompletions(tokenizer, templates.render, config.tool_call_parser, config.chat_template,
-                           request_templates.render if config.trust_request_chat_template else None)
+                           request_templates.render if config.trust_request_chat_template else None, reasoning)
     messages = Messages(tokenizer, templates.render, config.tool_call_parser, config.chat_template)
-    responses = Responses(chat, ResponsesStore(config.responses_store_size))
+    responses = Responses(chat, ResponsesStore(config.responses_store_size), reasoning)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -78,6 +78,7 @@ class Ctx:
     prompts: list[Any] = field(default_factory=list)  # the engine prompts, in prompt order
     cancelled: bool = False  # a cancel ended it (POST /v1/responses/{id}/cancel); outputs are partial
     handler_state: dict[str, Any] = field(default_factory=dict)  # the handler's own bookkeeping of a stream
+    reasoning: dict[tuple[int, int], Any] = field(default_factory=dict)  # chat's thinking streams (chat.py:_split)
 
 
 class Handler(Protocol):
@@ -230,7 +231,7 @@ async def run_generation(request: Request, handler: Handler) -> Response:
         items = await asyncio.to_thread(handler.engine_requests, req, state)  # tokenizes, renders templates
         request_id = f"{handler.id_prefix}-{uuid.uuid4().hex}"
         rids = [f"{request_id}-{i}" for i in range(len(items))]
-        stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s)
+        stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s, req.priority)
         inflight = Inflight(state, request, stream, arrival_s)
         state.inflight[request_id] = inflight
         ctx = Ctx(request_id, int(arrival_unix_s), state.model_name, req, rids, arrival_unix_s=arrival_unix_s,

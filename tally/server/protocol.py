@@ -68,6 +68,7 @@ class SamplingFields(OpenAIModel):
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
     bad_words: list[str] | None = None
+    priority: int = 0  # vLLM's: lower runs sooner, under --scheduling-policy priority
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Constrained decoding: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -160,6 +161,8 @@ class ChatMessage(OpenAIModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls, as the API returned them
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    reasoning_content: str | None = None  # an assistant turn's thinking, as --reasoning-parser returned it
+    reasoning: str | None = None  # the same, under the other name clients use
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:

@@ -39,6 +39,7 @@ class ResponsesRequest(BaseModel):
     previous_response_id: str | None = None
     store: bool = True
     stream: bool = False
+    priority: int = 0  # vLLM's: lower runs sooner, under --scheduling-policy priority
     background: Literal[False] = False  # no background mode: a response answers on its own connection
     truncation: Literal["disabled"] = "disabled"  # a prompt longer than the context is refused, never cut
     _conversation: list[ChatMessage] = PrivateAttr(default_factory=list)  # earlier turns and this input
