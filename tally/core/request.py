@@ -38,7 +38,8 @@ class Request:
     grammar_after_token_id: int | None = None
     grammar_opener_token_id: int | None = None
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never to complete (bad_words)
-    skip_prefix_cache: bool = False  # prompt logprobs need every prompt position computed
+    skip_prefix_cache: bool = False  # prompt logprobs need every prompt position computed (so do MEAN and CLS pooling)
+    pooling: Any = None  # an embedding request's pooling state (tally/engine/pooling.py); opaque to the scheduler
     parent: "Request | None" = None  # a sibling of n>1 waits for the parent's prefill, then shares its blocks
     token_ids: list[int] = field(init=False)  # prompt then output: the "known" tokens
     output_token_ids: list[int] = field(default_factory=list)  # kept beside token_ids: read every step

@@ -242,6 +242,17 @@ class CausalLM(nn.Module):
             return hidden.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
         return self.compute_logits(hidden[logit_rows], vocab_rows)
 
+    @torch.inference_mode()
+    def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata,
+                       logit_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward, returning float32 logits of `logit_rows` and the final (normed) hidden states [T, H] of every row:
+        a step holding pooling requests (tally/engine/pooling.py) reads both."""
+        hidden = self(input_ids, positions, kv_caches, meta)
+        if not len(logit_rows):
+            return hidden.new_empty((0, self.cfg.vocab_size), dtype=torch.float32), hidden
+        return self.compute_logits(hidden[logit_rows]), hidden
+
     def runs_greedy_steps(self, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
         """Whether decode steps can run several at a time in one native call (greedy_steps)."""
         step = self.native_step

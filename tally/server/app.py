@@ -24,15 +24,18 @@ from tally.server.allowed_hosts import AllowedHosts, AllowedHostsMiddleware
 from tally.server.auth import APIKeyMiddleware
 from tally.server.chat import ChatCompletions, chat_text
 from tally.server.completions import Completions
+from tally.server.embeddings import Embeddings
 from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
 from tally.server.messages import Messages
+from tally.server.pooling_lifecycle import run_pooling
 from tally.server.responses import Responses
 from tally.server.responses_store import ResponsesStore
 from tally.server.metrics import ServerMetrics, cache_config_info
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
 from tally.server.reasoning import reasoning_parser
 from tally.server.request_log import RequestLog
+from tally.server.scoring import Rerank, Score
 from tally.version import __version__
 
 
@@ -69,7 +72,7 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         tokenizer=tokenizer, model_name=engine.model_name, model_names=engine.model_names,
         max_model_len=engine.max_model_len, sampling_defaults=engine.sampling_defaults,
         request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,
-        request_log=config.request_log,
+        request_log=config.request_log, supported_tasks=engine.supported_tasks,
     )
     ledger = engine.ledger.to_dict()
     started_s = int(time.time())
@@ -162,6 +165,23 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
             return JSONResponse({"id": response_id, "object": "response", "status": "cancelled"})
         except Exception as exc:  # noqa: BLE001
             return error_response(exc)
+
+    embeddings, score, rerank = Embeddings(), Score(), Rerank()
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(request: Request) -> Response:
+        return await run_pooling(request, embeddings)
+
+    @app.post("/v1/score")
+    @app.post("/score")
+    async def create_score(request: Request) -> Response:
+        return await run_pooling(request, score)
+
+    @app.post("/v1/rerank")
+    @app.post("/rerank")
+    @app.post("/v2/rerank")
+    async def create_rerank(request: Request) -> Response:
+        return await run_pooling(request, rerank)
 
     @app.get("/v1/models")
     async def models() -> dict:

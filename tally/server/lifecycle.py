@@ -55,6 +55,15 @@ class ServerState:
     draining: bool = False
     request_log: RequestLog | None = None
     inflight: dict[str, Inflight] = field(default_factory=dict)  # by the id its response carries, for a cancel
+    supported_tasks: tuple[str, ...] = ("generate",)  # the engine's: a generative model, or an embedding one
+
+    def check_task(self, task: str, path: str) -> None:
+        """400 for an endpoint of the task this server does not serve (vLLM's: one runner per server)."""
+        if task not in self.supported_tasks:
+            served = "embeddings (--runner pooling)" if "embed" in self.supported_tasks else "text generation"
+            wanted = "--runner pooling (an embedding model)" if task == "embed" else "--runner generate"
+            raise InvalidRequestError(f"{path} is not served here: this server serves {served} for "
+                                      f"{self.model_name!r}; start one with {wanted} for it", param="model")
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in (self.model_names or (self.model_name,)):
@@ -228,6 +237,7 @@ async def run_generation(request: Request, handler: Handler) -> Response:
             raise ServerDrainingError()
         req = handler.parse(await read_json(request, state.max_body_bytes))
         state.check_model(req.model)
+        state.check_task("generate", handler.path)
         items = await asyncio.to_thread(handler.engine_requests, req, state)  # tokenizes, renders templates
         request_id = f"{handler.id_prefix}-{uuid.uuid4().hex}"
         rids = [f"{request_id}-{i}" for i in range(len(items))]
@@ -249,7 +259,7 @@ async def run_generation(request: Request, handler: Handler) -> Response:
         ctx.cancelled = True
         return JSONResponse(handler.response(ctx, [inflight.latest.get(rid) for rid in rids], state))
     except Exception as exc:  # noqa: BLE001 - every failure becomes one error of the API's shape
-        return error_response(_record_failure(state, handler.path, exc), handler.framing.error_body)
+        return error_response(record_failure(state, handler.path, exc), handler.framing.error_body)
     finally:
         # Also on cancellation (drain timeout): the engine must not keep computing for nobody.
         if inflight is not None and not handed_off:
@@ -288,7 +298,7 @@ async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Infl
         return
     except Exception as exc:  # noqa: BLE001 - headers are sent: the error travels as an event
         recorded = True
-        yield framing.frame([framing.stream_error(_record_failure(state, handler.path, exc))])
+        yield framing.frame([framing.stream_error(record_failure(state, handler.path, exc))])
     finally:
         inflight.close()
         if not recorded:  # client went away (disconnect, or the server cancelled us while draining), or a cancel
@@ -329,7 +339,7 @@ def _note_sent(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[Reques
         t.last_token_sent_s, t.num_tokens_sent = now, n_tokens
 
 
-def _record_failure(state: ServerState, endpoint: str, exc: BaseException):
+def record_failure(state: ServerState, endpoint: str, exc: BaseException):
     err = as_tally_error(exc)
     reason = rejection_reason(err)
     if reason is not None:
