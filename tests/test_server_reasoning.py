@@ -1,13 +1,15 @@
 """--reasoning-parser through the official openai client: chat returns the thinking as `reasoning_content` and
 `reasoning`, the answer as `content`, streamed and not, exactly the parser's split of the text the model wrote (read
 back through /v1/completions with the same prompt and seed); enable_thinking false leaves all text to the answer;
-a constraint or a forced tool call starts after the thinking; max_tokens counts both. A random model writes think
+a constraint or a forced tool call starts after the thinking; max_tokens counts both; /v1/messages returns the
+thinking as thinking blocks through the official anthropic client. A random model writes think
 tags when sampling is narrowed to a few tokens, the tags among them (tests/support/think_models.py)."""
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -149,3 +151,57 @@ def test_unknown_parser_is_refused_with_the_known_ones(capsys) -> None:
     with pytest.raises(SystemExit):
         parse_args(["m", "--reasoning-parser", "deepseek"])
     assert "known: deepseek_r1, qwen3" in capsys.readouterr().err
+
+
+def _anthropic(server: ServerProcess) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=120)
+
+
+def test_messages_return_the_thinking_as_thinking_blocks_streamed_and_not(servers) -> None:
+    """Greedy, the model's text is the completion of the same prompt; the message holds the parser's split of it: a
+    thinking block (R1's template opens the thinking), then the answer's text block if there is one."""
+    server = servers["deepseek_r1"]
+    prompt = httpx.post(f"{server.url}/tokenize", json={"messages": ASK}).json()["tokens"]
+    raw = _client(server).completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS,
+                                             temperature=0.0).choices[0].text
+    reasoning, answer = reasoning_parser("deepseek_r1").split(raw)
+    expected = [("thinking", reasoning)] + ([("text", answer)] if answer else [])
+    kw = dict(model="tiny", messages=ASK, max_tokens=MAX_TOKENS, extra_body={"temperature": 0.0})  # thinking unsaid
+    message = _anthropic(server).messages.create(**kw)
+    assert [(b.type, b.thinking if b.type == "thinking" else b.text) for b in message.content] == expected
+    assert message.usage.output_tokens == MAX_TOKENS and message.stop_reason == "max_tokens"
+    with _anthropic(server).messages.stream(**kw) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.content == message.content
+
+
+def test_messages_thinking_disabled_reaches_the_template_and_budget_is_checked(servers) -> None:
+    server = servers["qwen3"]
+    client = _anthropic(server)
+    kw = dict(model="tiny", messages=ASK, max_tokens=8, extra_body={"temperature": 0.0})
+    on = client.messages.create(**kw)
+    off = client.messages.create(thinking={"type": "disabled"}, **kw)
+    # the template closed an empty thinking section itself; the whole text is the answer
+    assert off.usage.input_tokens > on.usage.input_tokens
+    assert [b.type for b in off.content] == ["text"]
+    with pytest.raises(anthropic.BadRequestError, match="budget_tokens") as refused:
+        client.messages.create(thinking={"type": "enabled", "budget_tokens": 1024}, **kw)  # not below max_tokens
+    assert refused.value.body["error"]["type"] == "invalid_request_error"
+    enabled = client.messages.count_tokens(model="tiny", messages=ASK,
+                                           thinking={"type": "enabled", "budget_tokens": 1024})
+    assert enabled.input_tokens == on.usage.input_tokens  # the switch on is the template's default
+
+
+def test_responses_return_the_thinking_as_a_reasoning_item_streamed_and_not(servers) -> None:
+    server = servers["deepseek_r1"]
+    client = _client(server)
+    prompt = httpx.post(f"{server.url}/tokenize", json={"messages": ASK}).json()["tokens"]
+    raw = client.completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0.0).choices[0].text
+    reasoning, answer = reasoning_parser("deepseek_r1").split(raw)
+    kw = dict(model="tiny", input="Why?", max_output_tokens=MAX_TOKENS, temperature=0.0)
+    done = client.responses.create(**kw)
+    item = done.output[0]
+    assert item.type == "reasoning" and item.content[0].text == reasoning
+    assert done.output_text == answer
+    final = [e.response for e in client.responses.create(stream=True, **kw) if e.type == "response.incomplete"]
+    assert [o.model_dump(exclude={"id"}) for o in final[0].output] == [o.model_dump(exclude={"id"}) for o in done.output]

@@ -142,8 +142,9 @@ def single_call(choice: dict | None) -> bool:
     return bool(choice and choice.get("type") == "any" and choice.get("disable_parallel_tool_use"))
 
 
-def check_thinking(thinking: dict | None, reasoning: bool) -> None:
-    """`thinking` needs a server whose --reasoning-parser splits the model's thinking out; disabled is always fine."""
+def check_thinking(thinking: dict | None, reasoning: bool, max_tokens: int | None) -> None:
+    """`thinking` enabled needs a server whose --reasoning-parser splits the model's thinking out; disabled is always
+    fine. `budget_tokens` is checked as Anthropic checks it; max_tokens bounds thinking and answer together."""
     if thinking is None or thinking.get("type") == "disabled":
         return
     if thinking.get("type") != "enabled":
@@ -151,6 +152,14 @@ def check_thinking(thinking: dict | None, reasoning: bool) -> None:
     if not reasoning:
         raise InvalidRequestError("thinking: this server splits no thinking out of the model's text; start it with "
                                   "--reasoning-parser, or omit thinking", param="thinking")
+    _refuse_keys(thinking, {"type", "budget_tokens"}, "thinking")
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1024:
+        raise InvalidRequestError("thinking.budget_tokens must be an integer of at least 1024",
+                                  param="thinking.budget_tokens")
+    if max_tokens is not None and budget >= max_tokens:
+        raise InvalidRequestError(f"thinking.budget_tokens ({budget}) must be less than max_tokens ({max_tokens})",
+                                  param="thinking.budget_tokens")
 
 
 def _system_text(system: str | list[dict]) -> str:

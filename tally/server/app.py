@@ -99,11 +99,11 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         app.add_middleware(AllowedHostsMiddleware, allowed=AllowedHosts(config.allowed_hosts))
     app.state.tally = state
     completions = Completions(tokenizer)
-    reasoning = reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None
     chat = ChatCompletions(tokenizer, templates.render, config.tool_call_parser, config.chat_template,
-                           request_templates.render if config.trust_request_chat_template else None, reasoning)
-    messages = Messages(tokenizer, templates.render, config.tool_call_parser, config.chat_template)
-    responses = Responses(chat, ResponsesStore(config.responses_store_size), reasoning)
+                           request_templates.render if config.trust_request_chat_template else None,
+                           reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None)
+    messages = Messages(chat)
+    responses = Responses(chat, ResponsesStore(config.responses_store_size))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -132,7 +132,7 @@ class ChatCompletions(OpenAIStream):
             params = dataclasses.replace(params, structured_outputs=forced_output(mode, req.tools))
         if params.structured_outputs is not None and self._reasoning(req) is not None:
             field = "tool_choice" if mode is not None and mode.forced else "response_format"
-            params = dataclasses.replace(params, structured_outputs=self._after_thinking(params.structured_outputs,
+            params = dataclasses.replace(params, structured_outputs=self.after_thinking(params.structured_outputs,
                                                                                          field))
         if req.chat_template is not None and self.request_renderer is None:
             raise InvalidRequestError("chat_template: this server does not render a request's own chat template "
@@ -146,7 +146,7 @@ class ChatCompletions(OpenAIStream):
                              max_prompt_tokens=state.max_model_len)
         return [(prompt, params)]
 
-    def _after_thinking(self, spec: StructuredOutputsParams, field: str) -> StructuredOutputsParams:
+    def after_thinking(self, spec: StructuredOutputsParams, field: str) -> StructuredOutputsParams:
         """The constraint begins after the thinking's end tag, as vLLM's: the thinking is free text. Where the
         thinking must open with its start tag (qwen3), the constraint binds at once unless the model writes that tag
         first, so an answer given without thinking is constrained too."""
@@ -157,7 +157,8 @@ class ChatCompletions(OpenAIStream):
             raise InvalidRequestError(
                 f"structured outputs (response_format, a forced tool_choice) with --reasoning-parser {parser.name} "
                 f"need its tag {needed[0]!r} to be one token of this model's vocabulary, and it is not; drop the "
-                f'constraint, or send chat_template_kwargs {{"enable_thinking": false}}', param=field)
+                "constraint, or turn thinking off for this request (chat: chat_template_kwargs "
+                '{"enable_thinking": false}; messages: thinking {"type": "disabled"})', param=field)
         return dataclasses.replace(spec, after_token_id=end_id,
                                    opener_token_id=None if parser.implicit_start else start_id)
 
@@ -227,19 +228,7 @@ class ChatCompletions(OpenAIStream):
         return out
 
     def _split(self, ctx: Ctx, d: Delta) -> tuple[str, str, str]:
-        """A chunk's text → (its thinking, its answer, the choice's answer before it); all answer without a parser."""
-        parser = self._reasoning(ctx.req)
-        if parser is None:
-            text = d.choice.text
-            return "", d.text, text[:len(text) - len(d.text)]
-        key = (d.prompt_index, d.choice.index)
-        stream, before = ctx.reasoning.get(key) or (parser.streamer(), "")
-        reasoning, answer = stream.feed(d.text)
-        if d.finish_reason is not None:
-            more_reasoning, more_answer = stream.finish()
-            reasoning, answer = reasoning + more_reasoning, answer + more_answer
-        ctx.reasoning[key] = (stream, before + answer)
-        return reasoning, answer, before
+        return split_delta(ctx, d, self._reasoning(ctx.req))
 
     def _logprobs(self, d: Delta, top_k: int) -> dict | None:
         c = d.choice
@@ -275,3 +264,18 @@ def _token(lp: Logprob) -> dict:
     text = lp.decoded_token or ""
     return {"token": text, "logprob": finite(lp.logprob), "bytes": list(text.encode())}
 
+
+def split_delta(ctx: Ctx, d: Delta, parser: ReasoningParser | None) -> tuple[str, str, str]:
+    """A chunk's text → (its thinking, its answer, the choice's answer before it); all answer without a parser. Each
+    choice's thinking stream lives in ctx.reasoning."""
+    if parser is None:
+        text = d.choice.text
+        return "", d.text, text[:len(text) - len(d.text)]
+    key = (d.prompt_index, d.choice.index)
+    stream, before = ctx.reasoning.get(key) or (parser.streamer(), "")
+    reasoning, answer = stream.feed(d.text)
+    if d.finish_reason is not None:
+        more_reasoning, more_answer = stream.finish()
+        reasoning, answer = reasoning + more_reasoning, answer + more_answer
+    ctx.reasoning[key] = (stream, before + answer)
+    return reasoning, answer, before

@@ -1,15 +1,14 @@
 """POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API over the chat machinery (the chat
-template, tool calls of tally/server/tools.py), with its content blocks, stop reasons and named stream events
-(message_start, content_block_start/delta/stop, message_delta, message_stop)."""
+template, tool calls of tally/server/tools.py, the thinking split of --reasoning-parser), with its content blocks,
+stop reasons and named stream events (message_start, content_block_start/delta/stop, message_delta, message_stop)."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tally.errors import InvalidRequestError
-from tally.models.chat_template import Renderer
 from tally.outputs import CompletionOutput, RequestOutput
 from tally.sampling_params import SamplingParams, StructuredOutputsParams
 from tally.server.anthropic import (
@@ -23,14 +22,12 @@ from tally.server.anthropic import (
     openai_tools,
     single_call,
 )
-from tally.server.chat import render_chat
+from tally.server.chat import ChatCompletions, render_chat, split_delta
 from tally.server.lifecycle import Ctx, ServerState
 from tally.server.protocol import SamplingFields, refuse_unsupported
+from tally.server.reasoning import ReasoningParser
 from tally.server.streaming import Framing, deltas
 from tally.server.tools import ToolMode, forced_output, stream_delta, tool_mode
-
-if TYPE_CHECKING:
-    from tally.models.tokenizer import Tokenizer
 
 ANTHROPIC = Framing(named=True, done=b"", error_body=anthropic_error, stream_error=anthropic_error)
 
@@ -44,12 +41,8 @@ class Messages:
     id_prefix = "msg"
     framing = ANTHROPIC
 
-    def __init__(self, tokenizer: Tokenizer, renderer: Renderer, tool_call_parser: str | None = None,
-                 chat_template: str | None = None) -> None:
-        self.tokenizer = tokenizer
-        self.renderer = renderer
-        self.tool_call_parser = tool_call_parser
-        self.chat_template = chat_template
+    def __init__(self, chat: ChatCompletions) -> None:
+        self.chat = chat  # its tokenizer, templates, tool-call parser and reasoning parser
 
     def parse(self, body: dict) -> MessagesRequest:
         refuse_unsupported(body, MessagesRequest, HARMLESS_FIELDS)
@@ -57,16 +50,23 @@ class Messages:
 
     def _mode(self, req: MessagesRequest) -> ToolMode | None:
         tools = openai_tools(req.tools)
-        return tool_mode(tools, openai_tool_choice(req.tool_choice, bool(tools)), self.tool_call_parser)
+        return tool_mode(tools, openai_tool_choice(req.tool_choice, bool(tools)), self.chat.tool_call_parser)
+
+    def _parser(self, req: MessagesRequest) -> ReasoningParser | None:
+        """The server's reasoning parser, unless the request turned thinking off."""
+        return None if _thinking_off(req.thinking) else self.chat.reasoning_parser
 
     def prompt(self, req: MessagesRequest | CountTokensRequest, state: ServerState) -> dict:
         """The engine's prompt: the conversation through the chat template; a last assistant message is continued
         (Anthropic's prefill). Blocks while the template renders: call it off the event loop."""
-        check_thinking(req.thinking, reasoning=False)
+        check_thinking(req.thinking, self.chat.reasoning_parser is not None, getattr(req, "max_tokens", None))
         turns = chat_messages(req.system, req.messages)
         prefill = turns[-1].role == "assistant"
-        return render_chat(self.tokenizer, turns, not prefill, tools=openai_tools(req.tools),
-                           chat_template=self.chat_template, continue_final_message=prefill, renderer=self.renderer,
+        # Thinking asked on or off reaches the template as Qwen3's switch; unsaid, the template's default holds.
+        switch = None if req.thinking is None else {"enable_thinking": not _thinking_off(req.thinking)}
+        return render_chat(self.chat.tokenizer, turns, not prefill, tools=openai_tools(req.tools),
+                           chat_template=self.chat.chat_template, template_kwargs=switch,
+                           continue_final_message=prefill, renderer=self.chat.renderer,
                            max_prompt_tokens=state.max_model_len)
 
     def count_tokens(self, body: dict, state: ServerState) -> dict:
@@ -98,6 +98,10 @@ class Messages:
             if single_call(req.tool_choice):
                 constraint = StructuredOutputsParams(json={**constraint.json, "maxItems": 1})
             params = dataclasses.replace(params, structured_outputs=constraint)
+        if params.structured_outputs is not None and self._parser(req) is not None:
+            field = "output_config.format" if schema is not None else "tool_choice"
+            params = dataclasses.replace(params, structured_outputs=self.chat.after_thinking(params.structured_outputs,
+                                                                                            field))
         return [(self.prompt(req, state), params)]
 
     # -- responses -----------------------------------------------------------------------------
@@ -105,9 +109,11 @@ class Messages:
         req: MessagesRequest = ctx.req
         out = outputs[0]
         c = out.outputs[0]
-        mode = self._mode(req)
-        text, calls = mode.parse(c.text) if mode is not None else (c.text, [])
-        content: list[dict] = [{"type": "text", "text": text}] if text else []
+        mode, parser = self._mode(req), self._parser(req)
+        thinking, answer = parser.split(c.text) if parser is not None else (None, c.text)
+        text, calls = mode.parse(answer) if mode is not None else (answer, [])
+        content: list[dict] = [{"type": "thinking", "thinking": thinking, "signature": ""}] if thinking else []
+        content += [{"type": "text", "text": text}] if text else []
         content += [{"type": "tool_use", "id": tool_use_id(), "name": call.name, "input": _input(call.arguments)}
                     for call in calls]
         reason, sequence = _stop_reason(c, bool(calls), req.stop_sequences)
@@ -123,17 +129,19 @@ class Messages:
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
 
     def events(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]:
-        """Text opens a text block; a tool call's name opens a tool_use block, whose input then streams as
-        input_json_delta pieces (tally/server/tools.py:stream_delta reads the calls out of the growing text)."""
-        st, mode, out = ctx.handler_state, self._mode(ctx.req), []
+        """Thinking opens a thinking block, text a text block; a tool call's name opens a tool_use block, whose input
+        then streams as input_json_delta pieces (tally/server/tools.py:stream_delta reads the calls out of the
+        growing answer)."""
+        st, mode, parser, out = ctx.handler_state, self._mode(ctx.req), self._parser(ctx.req), []
         for d in deltas(ctx.sent, outputs):
+            thinking, answer, before = split_delta(ctx, d, parser)
+            if thinking:
+                out += _thinking(st, thinking)
             if mode is None:
-                if d.text:
-                    out += _text(st, d.text)
+                if answer:
+                    out += _text(st, answer)
                 continue
-            text = d.choice.text
-            content, calls, called = stream_delta(mode, text[:len(text) - len(d.text)], text,
-                                                  d.finish_reason is not None)
+            content, calls, called = stream_delta(mode, before, before + answer, d.finish_reason is not None)
             if content:
                 out += _text(st, content)
             for call in calls:
@@ -165,6 +173,17 @@ def _open(st: dict, block: dict) -> list[dict]:
     out = [] if st["open"] is None else [{"type": "content_block_stop", "index": st["open"]}]
     st.update(open=st["next"], kind=block["type"], next=st["next"] + 1)
     return [*out, {"type": "content_block_start", "index": st["open"], "content_block": block}]
+
+
+def _thinking(st: dict, text: str) -> list[dict]:
+    # No signature: nothing here verifies a thinking block sent back (earlier turns' thinking is dropped).
+    out = [] if st["kind"] == "thinking" else _open(st, {"type": "thinking", "thinking": "", "signature": ""})
+    return [*out, {"type": "content_block_delta", "index": st["open"],
+                   "delta": {"type": "thinking_delta", "thinking": text}}]
+
+
+def _thinking_off(thinking: dict | None) -> bool:
+    return thinking is not None and thinking.get("type") == "disabled"
 
 
 def _text(st: dict, text: str) -> list[dict]:

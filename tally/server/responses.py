@@ -14,7 +14,6 @@ from tally.sampling_params import SamplingParams, StructuredOutputsParams
 from tally.server.chat import ChatCompletions, render_chat
 from tally.server.lifecycle import Ctx, ServerState
 from tally.server.protocol import ChatMessage, SamplingFields, refuse_unsupported
-from tally.server.reasoning import ReasoningParser
 from tally.server.responses_input import (
     HARMLESS_FIELDS,
     ResponsesRequest,
@@ -43,10 +42,10 @@ class Responses:
     id_prefix = "resp"
     framing = RESPONSES
 
-    def __init__(self, chat: ChatCompletions, store: ResponsesStore, reasoning: ReasoningParser | None = None) -> None:
-        self.chat = chat  # its tokenizer, templates, tool-call parser and logprobs
+    def __init__(self, chat: ChatCompletions, store: ResponsesStore) -> None:
+        self.chat = chat  # its tokenizer, templates, tool-call parser, reasoning parser and logprobs
         self.store = store
-        self.reasoning = reasoning
+        self.reasoning = chat.reasoning_parser
 
     def parse(self, body: dict) -> ResponsesRequest:
         refuse_unsupported(body, ResponsesRequest, HARMLESS_FIELDS)
@@ -76,6 +75,9 @@ class Responses:
             constraint = forced_output(mode, chat_tools(req.tools))
             if not req.parallel_tool_calls and mode.choice == "required":
                 constraint = StructuredOutputsParams(json={**constraint.json, "maxItems": 1})
+        if constraint is not None and self.reasoning is not None:  # the answer is constrained, not the thinking
+            constraint = self.chat.after_thinking(constraint, "tool_choice" if mode is not None and mode.forced
+                                                  else "text.format")
         params = dataclasses.replace(params, structured_outputs=constraint)
         earlier = []
         if req.previous_response_id is not None:
