@@ -204,4 +204,5 @@ def test_responses_return_the_thinking_as_a_reasoning_item_streamed_and_not(serv
     assert item.type == "reasoning" and item.content[0].text == reasoning
     assert done.output_text == answer
     final = [e.response for e in client.responses.create(stream=True, **kw) if e.type == "response.incomplete"]
-    assert [o.model_dump(exclude={"id"}) for o in final[0].output] == [o.model_dump(exclude={"id"}) for o in done.output]
+    items = [[o.model_dump(exclude={"id"}) for o in r.output] for r in (final[0], done)]
+    assert items[0] == items[1]
