@@ -24,10 +24,11 @@ generate: $(STAMP)
 
 # Test files run on TEST_WORKERS pytest-xdist workers, each file on one: most tests wait on servers and
 # subprocesses, so two workers on two cores take ~13 minutes where one takes ~20. Tests marked `exclusive` run
-# alone (tests/conftest.py). TEST_WORKERS=0: one process.
+# alone (tests/conftest.py). TEST_WORKERS=0: one process. The slowest twenty tests are listed at the end, so a
+# run shows where its time went.
 TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV)

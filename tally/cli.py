@@ -7,6 +7,7 @@ import sys
 
 VERBS: dict[str, tuple[str, str]] = {
     "serve": ("tally.deploy.serve_cli", "OpenAI-compatible HTTP server (--ray: replicas on Ray Serve)"),
+    "run-batch": ("tally.server.run_batch", "run an OpenAI batch file (JSON lines) offline, as vllm run-batch"),
     "generate": ("tally.engine.cli", "generate text from a prompt, streamed to the terminal"),
     "tune": ("tally.engine.tune_cli", "measure which projection path is fastest on this CPU (cached for starts)"),
     "plan": ("tally.ledger.cli", "memory and capacity plan before allocation"),

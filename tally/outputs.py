@@ -80,3 +80,36 @@ class RequestOutput:
 
 def _since(start: float, end: float | None) -> float | None:
     return None if end is None else end - start
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """vLLM's shape: `outputs.embedding` is the pooled vector of one prompt."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput | None  # None while the prompt is still being read, or when aborted
+    finished: bool
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class ScoringRequestOutput:
+    """vLLM's shape for LLM.score: one pair's `outputs.score`, with both prompts' token ids."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: ScoringOutput
+    finished: bool = True

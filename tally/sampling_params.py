@@ -34,6 +34,12 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    # The constraint begins after this token (a reasoning model's end-of-thinking tag), as vLLM's grammar waits for
+    # its reasoning parser: the thinking before it is free text.
+    after_token_id: int | None = None
+    # With after_token_id: the constraint binds from the first token, but this one (the start-of-thinking tag of a
+    # model that may answer without thinking, Qwen3's) may come first, and then the constraint waits as above.
+    opener_token_id: int | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, name)]

@@ -6,6 +6,7 @@ import torch
 from test_attention_toy import PagedKV, dense_oracle, random_seq
 
 from tally.attention import AttentionConfig, make_backend
+from tally.attention.backend import with_sinks
 from tally.attention.reference import ReferenceBackend
 from tally.attention.tiled import TiledBackend
 from tally.errors import ConfigError, TallyError
@@ -14,11 +15,12 @@ from tally.errors import ConfigError, TallyError
 BACKENDS = ["reference", "tiled", "tiled_small", "auto"]
 
 
-def build(name: str, hq: int, hkv: int, d: int, window: int | None = None):
+def build(name: str, hq: int, hkv: int, d: int, window: int | None = None, sinks: torch.Tensor | None = None):
     if name == "tiled_small":
-        return TiledBackend(AttentionConfig(hq, hkv, d, d ** -0.5, window), query_tile=8, key_tile=8)
-    return make_backend(name, num_heads=hq, num_kv_heads=hkv, head_dim=d, scale=d ** -0.5,
-                        sliding_window=window)
+        config = AttentionConfig(hq, hkv, d, d ** -0.5, window, sinks=None if sinks is None else tuple(sinks.tolist()))
+        return TiledBackend(config, query_tile=8, key_tile=8)
+    backend = make_backend(name, num_heads=hq, num_kv_heads=hkv, head_dim=d, scale=d ** -0.5, sliding_window=window)
+    return backend if sinks is None else with_sinks(backend, sinks)
 
 
 def check_rows(outs, rows, d, window, atol=1e-5, kv_dtype=torch.float32):
@@ -67,6 +69,22 @@ def test_mixed_batch_of_decodes_chunks_and_prefix_hits_matches_dense_oracle(name
         (random_seq(37, 4, 1, 16, gen), 32, 5),   # the tail after a 32-token prefix-cache hit
     ]
     check_rows(kv.step(build(name, 4, 1, 16), rows), rows, 16, None)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("window", [None, 12])
+def test_attention_sinks_join_each_softmax_denominator_in_every_backend(name, window):
+    # GPT-OSS: one learned logit per query head, as a key with no value; decodes, a chunk, a prefix hit, a prompt
+    gen = torch.Generator().manual_seed(11)
+    sinks = torch.tensor([2.0, -1.0, 0.5, 4.0])
+    kv = PagedKV(2, 16, 4)
+    rows = [(random_seq(10, 4, 2, 16, gen), 9, 1), (random_seq(40, 4, 2, 16, gen), 39, 1),
+            (random_seq(22, 4, 2, 16, gen), 13, 9), (random_seq(37, 4, 2, 16, gen), 32, 5),
+            (random_seq(30, 4, 2, 16, gen), 0, 30)]
+    outs = kv.step(build(name, 4, 2, 16, window, sinks), rows)
+    for out, (seq, computed, new) in zip(outs, rows):
+        expected = dense_oracle(seq, computed, new, scale=0.25, window=window, sinks=sinks)
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", BACKENDS)

@@ -97,8 +97,9 @@ class PagedKV:
 
 
 def dense_oracle(seq: Seq, computed: int, new: int, *, scale: float, window: int | None,
-                 kv_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Full [Hq, new, ctx] score matrix in float64 with explicit causal and window masks."""
+                 kv_dtype: torch.dtype = torch.float32, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Full [Hq, new, ctx] score matrix in float64 with explicit causal and window masks; `sinks` [Hq]: each head's
+    logit added to its softmax's denominator."""
     ctx = computed + new
     group = seq.q.shape[1] // seq.k.shape[1]
     q = seq.q[computed:ctx].double()
@@ -110,5 +111,8 @@ def dense_oracle(seq: Seq, computed: int, new: int, *, scale: float, window: int
     allowed = key_pos <= query_pos
     if window is not None:
         allowed &= key_pos > query_pos - window
-    probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.double()[:, None, None].expand(-1, new, 1)], dim=-1)
+    probs = scores.softmax(dim=-1)[..., :ctx]
     return torch.einsum("hqk,khd->qhd", probs, v)

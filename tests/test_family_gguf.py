@@ -1,23 +1,28 @@
 """Every family Tally reads, from the GGUF llama.cpp's own converter writes of a tiny random checkpoint
 (tests/support/families.py): greedy tokens identical to transformers in fp32 with the weights dequantized; the
 default path serving a q8_0 file's blocks as stored; the tokenizer and chat template read from the file; a file
-missing one of the family's tensors, or of an architecture Tally does not read, refused by name."""
+missing one of the family's tensors, or of an architecture Tally does not read, refused by name. GPT-OSS's experts
+also as the released files store them, MXFP4, read as transformers dequantizes the HF checkpoint's blocks."""
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 import gguf
 import pytest
+import torch
 import transformers
 
 from support.engine_checks import hf_greedy
 from support.families import make_family_checkpoint, to_gguf_many
 from tally import LLM, SamplingParams
 from tally.errors import ModelLoadError
+from tally.models.gguf_header import read_header
 from tally.models.loader import load_checkpoint
 
 FAMILIES = ("llama3", "mistral", "gemma2", "gemma3", "phi3", "granite", "olmo2", "smollm3", "qwen3_moe", "mixtral",
-            "olmoe")
+            "olmoe", "gpt_oss")
 # Traits no GGUF key carries, set as llama.cpp assumes them for the architecture (and as the released models'
 # configs have them): the "llama" architecture Mistral is written as has no window (Mistral 7B v0.2+ has none);
 # Gemma 2's scores scale by 1/sqrt(head_dim) (query_pre_attn_scalar = head_dim below 27B).
@@ -34,8 +39,39 @@ def files(tmp_path_factory) -> dict[str, Path]:
     converted in one converter process (its imports cost seconds)."""
     root = tmp_path_factory.mktemp("family-gguf")
     out = {f: make_family_checkpoint(root / f, f, **LLAMA_CPP_TRAITS.get(f, {})) for f in FAMILIES}
+    out["gpt_oss-mxfp4-hf"], out["gpt_oss-dequantized"] = _mxfp4_experts(out["gpt_oss"], root)
     jobs = [(out[f], root / f"{f}-{t}.gguf", t) for f in FAMILIES for t in ("f32", "q8_0")]
+    jobs.append((out["gpt_oss-mxfp4-hf"], root / "gpt_oss-mxfp4.gguf", "f32"))
     return out | {path.stem: path for path in to_gguf_many(jobs)}
+
+
+def _mxfp4_experts(hf_dir: Path, root: Path) -> tuple[Path, Path]:
+    """GPT-OSS's checkpoint with its experts' projections as the released ones store them: MXFP4 blocks of 32
+    (e2m1 values, two a byte, and an e8m0 scale: quantization_config mxfp4); and the same checkpoint with those
+    blocks dequantized as transformers dequantizes them, the oracle."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
+
+    quantized, dequantized = root / "gpt_oss-mxfp4-hf", root / "gpt_oss-dequantized"
+    shutil.copytree(hf_dir, quantized)
+    shutil.copytree(hf_dir, dequantized)
+    packed = load_file(hf_dir / "model.safetensors")
+    dense = dict(packed)
+    values = torch.tensor(FP4_VALUES)
+    for name in [n for n in packed if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        rows = packed.pop(name).transpose(1, 2)  # [experts, out, in]: blocks run along the input
+        rows = rows.reshape(*rows.shape[:2], -1, 32)
+        exponent = torch.floor(torch.log2(rows.abs().amax(dim=-1))) - 2  # the largest value within e2m1's 6
+        codes = ((rows / torch.exp2(exponent)[..., None])[..., None] - values).abs().argmin(dim=-1)  # nearest
+        blocks = (codes[..., 0::2] | codes[..., 1::2] << 4).to(torch.uint8)
+        scales = (exponent + 127).to(torch.uint8)
+        packed |= {f"{name}_blocks": blocks, f"{name}_scales": scales}
+        dense[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+    save_file(packed, quantized / "model.safetensors")
+    save_file(dense, dequantized / "model.safetensors")
+    config = json.loads((hf_dir / "config.json").read_text()) | {"quantization_config": {"quant_method": "mxfp4"}}
+    (quantized / "config.json").write_text(json.dumps(config))
+    return quantized, dequantized
 
 
 def _greedy(llm: LLM, ids: list[int]) -> list[int]:
@@ -84,14 +120,40 @@ def test_gguf_missing_a_family_tensor_is_refused_naming_it(files, tmp_path, fami
         load_checkpoint(str(broken))
 
 
+def test_gguf_rope_scaling_tally_does_not_read_is_refused_naming_the_key(files, tmp_path):
+    data = files["gpt_oss-q8_0"].read_bytes()
+    typed = (4).to_bytes(8, "little") + b"yarn"  # the value of gpt-oss.rope.scaling.type: its length, then the text
+    assert data.count(typed) == 1
+    (tmp_path / "xpos.gguf").write_bytes(data.replace(typed, (4).to_bytes(8, "little") + b"xpos"))
+    with pytest.raises(ModelLoadError, match=r"gpt-oss model's rope scaling 'xpos' \(gpt-oss.rope.scaling.type\) is "
+                                             r"not supported; Tally reads linear and yarn"):
+        load_checkpoint(str(tmp_path / "xpos.gguf"))
+
+
 def test_gguf_of_an_architecture_tally_does_not_read_names_those_it_reads(tmp_path):
-    # GPT-OSS: YaRN, attention sinks and a clamped SwiGLU the decoder does not compute
-    writer = gguf.GGUFWriter(tmp_path / "gpt-oss.gguf", "gpt-oss")
+    writer = gguf.GGUFWriter(tmp_path / "falcon.gguf", "falcon")
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(ModelLoadError, match=r"'gpt-oss' model; Tally reads GGUF architectures gemma2, gemma3, "
-                                             r"granite, llama, mistral, olmo2, olmoe, phi3, qwen2, qwen3, qwen3moe, "
-                                             r"smollm3$"):
-        load_checkpoint(str(tmp_path / "gpt-oss.gguf"))
+    with pytest.raises(ModelLoadError, match=r"'falcon' model; Tally reads GGUF architectures gemma2, gemma3, "
+                                             r"gpt-oss, granite, llama, mistral, olmo2, olmoe, phi3, qwen2, qwen3, "
+                                             r"qwen3moe, smollm3$"):
+        load_checkpoint(str(tmp_path / "falcon.gguf"))
+
+
+def test_gpt_oss_mxfp4_experts_give_transformers_greedy_tokens_and_serve_as_int8_blocks(files):
+    # the converter repacks the HF checkpoint's MXFP4 blocks into GGML's MXFP4 as they are (no requantization)
+    header = read_header(files["gpt_oss-mxfp4"])
+    assert {t.name for t in header.tensors if t.ggml_type == gguf.GGMLQuantizationType.MXFP4} == {
+        f"blk.{i}.ffn_{p}_exps.weight" for i in range(2) for p in ("gate", "up", "down")}
+    ids = transformers.AutoTokenizer.from_pretrained(files["gpt_oss"]).encode(PROMPT)
+    expected = hf_greedy(files["gpt_oss-dequantized"], ids, GREEDY.max_tokens)[0]
+    assert expected != hf_greedy(files["gpt_oss"], ids, GREEDY.max_tokens)[0]  # the blocks round the experts
+    dequantized = LLM(str(files["gpt_oss-mxfp4"]), quantization="none", dtype="float32", **ENGINE)
+    assert _greedy(dequantized, ids) == expected
+    # by default each expert's blocks are int8 values with block scales, exactly (tally/quant/gguf_blocks.py)
+    stored = LLM(str(files["gpt_oss-mxfp4"]), **ENGINE)
+    experts = stored.engine.model.layers[0].experts
+    assert {layer.scheme for layer in [*experts.gate_up, *experts.down]} == {"q8_0"}
+    assert _greedy(stored, ids)[0] == expected[0]

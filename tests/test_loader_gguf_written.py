@@ -285,13 +285,13 @@ def test_a_quantized_untied_embedding_is_looked_up_from_its_blocks(tiny_llama, t
 
 
 def test_block_types_without_a_native_kernel_are_served_dequantized_with_one_warning(tiny_llama, tmp_path, caplog):
-    path = write_gguf(tiny_llama, tmp_path / "mxfp4.gguf", "llama",
-                      types={"gate_proj": Q.MXFP4, "up_proj": Q.MXFP4, "down_proj": Q.Q5_1})
+    path = write_gguf(tiny_llama, tmp_path / "q5_1.gguf", "llama",
+                      types={"gate_proj": Q.Q5_1, "up_proj": Q.Q5_1, "down_proj": Q.Q5_1})
     prompt = [{"prompt_token_ids": [5, 17, 33, 2]}]
     greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     with caplog.at_level("WARNING", logger="tally.models.gguf_checkpoint"):
         served = LLM(str(path), dtype="float32", max_model_len=64, kv_cache_memory=2_000_000).generate(prompt, greedy)
     warnings = [r.getMessage() for r in caplog.records if "no native kernel" in r.getMessage()]
-    assert len(warnings) == 1 and "MXFP4 (4 tensors), Q5_1 (2 tensors)" in warnings[0]
+    assert len(warnings) == 1 and "Q5_1 (6 tensors)" in warnings[0]
     plain = LLM(str(path), quantization="none", dtype="float32", max_model_len=64, kv_cache_memory=2_000_000)
     assert served[0].outputs[0].token_ids[0] == plain.generate(prompt, greedy)[0].outputs[0].token_ids[0]

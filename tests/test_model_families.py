@@ -14,12 +14,15 @@ from support.families import FAMILIES, make_family_checkpoint
 from tally import LLM, SamplingParams
 from tally.errors import ConfigError, ModelLoadError
 from tally.models.families import read_hf_config
+from tally.models.native_traits import layer_unsupported
 from tally.native import ops as native
 
-# every family the fixtures build that Tally reads (GPT-OSS: yarn, sinks and clamped SwiGLU are not in the decoder)
-NAMES = sorted(set(FAMILIES) - {"gpt_oss"})
-# a mixture-of-experts model with a dense layer among its expert layers
-VARIANTS = {"qwen3_moe_dense_layer": ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1]))}
+NAMES = sorted(FAMILIES)
+# a mixture-of-experts model with a dense layer among its expert layers; YaRN (rounded correction range, attention
+# factor from `factor`) on Llama's layer, as Qwen2.5's long-context configs have it, on the native paths
+VARIANTS = {"qwen3_moe_dense_layer": ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1])),
+            "mistral_yarn": ("mistral", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                                                   original_max_position_embeddings=64)))}
 PROMPTS = [[5, 17, 33, 2, 9, 40], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 
@@ -46,8 +49,9 @@ def test_family_greedy_matches_transformers_alone_batched_chunked_and_cached(nam
     expected = [hf_greedy(model_dir, p, GREEDY.max_tokens)[0] for p in PROMPTS]
     max_len = 64 if name == "phi3" else 128  # Phi-3's short factors: within its original context
     llm = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000)
-    # the fused native layers compute every family's traits (where the kernels load)
-    assert all(layer.native for layer in llm.engine.model.layers) or not native.available()
+    # the fused native layers compute every family's traits but GPT-OSS's sinks and clamped SwiGLU (where the
+    # kernels load)
+    assert all(layer.native for layer in llm.engine.model.layers) == (name != "gpt_oss") or not native.available()
     assert _tokens(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)) == expected
     assert _tokens(llm.generate([{"prompt_token_ids": PROMPTS[1]}], GREEDY)) == expected[1:]  # a prefix-cache hit
     chunked = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000,
@@ -91,7 +95,8 @@ def test_unknown_architecture_names_it_and_what_tally_reads(tiny_llama, tmp_path
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, r"llama model's rope scaling 'yarn' .* supports linear"),
+    ("rope_scaling", {"rope_type": "dynamic", "factor": 4.0}, r"llama model's rope scaling 'dynamic' .* supports "
+                                                              r"linear, llama3, longrope, yarn"),
     ("hidden_act", "relu", r"llama model's activation 'relu' .* supports silu"),
 ])
 def test_unsupported_trait_fails_at_load_naming_family_field_and_value(tiny_llama, tmp_path, field, value, message):
@@ -137,15 +142,44 @@ def test_traits_read_from_a_config_in_the_older_style(family_dir, tmp_path):
     assert read_hf_config(tmp_path / "config.json") == read_hf_config(family_dir("llama3") / "config.json")
 
 
-def test_gpt_oss_is_refused_by_name(family_dir):
-    with pytest.raises(ModelLoadError, match=r"unsupported architecture 'GptOssForCausalLM'"):
-        LLM(str(family_dir("gpt_oss")))
+@pytest.mark.parametrize("field, value, message", [
+    ("rope_parameters", {"rope_type": "dynamic", "rope_theta": 150000.0, "factor": 4.0},
+     r"gpt_oss model's rope scaling 'dynamic' \(config.json rope_scaling\)"),
+    ("layer_types", ["sliding_attention", "chunked_attention"], r"layer_types has 'chunked_attention'; Tally "
+                                                                 r"supports 'sliding_attention' and 'full_attention'"),
+    # the released checkpoints' MXFP4 experts: their GGUF serves them
+    ("quantization_config", {"quant_method": "mxfp4"}, r"config.json has a quantization_config Tally does not read "
+                                                        r"\('mxfp4'\)"),
+])
+def test_gpt_oss_trait_tally_cannot_read_fails_at_load_naming_it(family_dir, tmp_path, field, value, message):
+    edited = _edit_config(family_dir("gpt_oss"), tmp_path, **{field: value})
+    with pytest.raises(ModelLoadError, match=message):
+        LLM(str(edited))
 
 
-def test_ledger_counts_every_expert_in_memory_and_the_routed_ones_per_token(family_dir):
+def test_gpt_oss_traits_and_paths(family_dir):
+    # sinks, biases and clamped experts keep it off the fused native layer; its attention backends carry each
+    # layer's own sinks, and its YaRN scales cos and sin by transformers' attention factor
+    import math
+
+    cfg = read_hf_config(family_dir("gpt_oss") / "config.json")
+    assert cfg.layer_window == (8, None) and cfg.attention_sinks and cfg.attention_output_bias
+    assert layer_unsupported(cfg)  # the native fused paths' gate: tally/models/native_traits.py
+    assert (cfg.activation, cfg.experts.routing, cfg.experts.bias) == ("clamped_swiglu", "top_k_softmax", True)
+    llm = LLM(str(family_dir("gpt_oss")), dtype="float32", max_model_len=64, kv_cache_memory=4_000_000)
+    model = llm.engine.model
+    layers = model.layers
+    assert not any(layer.native for layer in layers)
+    assert [len(layer.attn.config.sinks) for layer in layers] == [4, 4]
+    assert layers[0].attn.config.sinks != layers[1].attn.config.sinks
+    assert model.rotary.cos[0, 0].item() == pytest.approx(0.1 * math.log(4.0) + 1)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "gpt_oss"])  # GPT-OSS: with the experts' biases and the sinks
+def test_ledger_counts_every_expert_in_memory_and_the_routed_ones_per_token(family_dir, name):
     from tally.ledger.weights import WeightFormat, matmul_params, model_tensors
 
-    cfg = read_hf_config(family_dir("mixtral") / "config.json")
+    cfg = read_hf_config(family_dir(name) / "config.json")
     tensors = model_tensors(cfg)
     assert sum(t.numel for t in tensors) == cfg.num_parameters()
     e, h = cfg.experts, cfg.hidden_size

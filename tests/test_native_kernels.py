@@ -379,7 +379,7 @@ def test_rope_store_norms_q_and_k_then_rotates_part_or_none_of_each_head(norms: 
 def test_decode_attention_soft_caps_scores_as_gemma_2() -> None:
     """scores = cap * tanh(scores / cap) before the softmax, against the PyTorch softcapped attention; scores both
     small and large (tanh's two forms)."""
-    from tally.attention.softcap import softcapped_attention
+    from tally.attention.eager import eager_attention
 
     hq, hkv, d, bs, cap = 4, 2, 16, 4, 5.0
     k_cache, v_cache = rand(10, bs, hkv, d) * 3, rand(10, bs, hkv, d)
@@ -390,7 +390,7 @@ def test_decode_attention_soft_caps_scores_as_gemma_2() -> None:
     for b in range(2):
         slots = torch.cat([tables[b, i // bs:i // bs + 1] * bs + i % bs for i in range(int(lens[b]))])
         k, v = (c.view(-1, hkv, d)[slots].transpose(0, 1)[None] for c in (k_cache, v_cache))
-        ref = softcapped_attention(q[b][None, :, None], k, v, None, 0.25, cap)
+        ref = eager_attention(q[b][None, :, None], k, v, None, 0.25, cap)
         torch.testing.assert_close(got[b], ref[0, :, 0], atol=1e-5, rtol=1e-5)
 
 

@@ -40,5 +40,7 @@ class AutoBackend(PagedBackend):
             return
         plain = is_plain_causal(q.shape[0], context_len, self.config.sliding_window)
         small_mask = q.shape[0] * context_len <= SMALL_MASK_ELEMENTS
-        backend = self._plain if plain or small_mask or self.config.logit_softcap is not None else self._masked
+        # the reference path materialises a soft-capped or sink-weighted prompt's scores; the tiled kernel adds sinks
+        plain_kernel = plain and self.config.sinks is None
+        backend = self._plain if plain_kernel or small_mask or self.config.logit_softcap is not None else self._masked
         backend._prefill(q, k_cache, v_cache, block_table_row, context_len, out, meta)

@@ -48,6 +48,11 @@ def make_backend(
     )
 
 
+def with_sinks(backend: AttentionBackend, sinks: torch.Tensor) -> AttentionBackend:
+    """The same backend for a layer with attention sinks: its learned logit per query head [Hq]."""
+    return type(backend)(replace(backend.config, sinks=tuple(sinks.float().tolist())))
+
+
 def with_window(backend: AttentionBackend, sliding_window: int | None) -> AttentionBackend:
     """The same backend for layers of another window (a model whose layers alternate sliding and full)."""
     if sliding_window == backend.config.sliding_window:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from tally.attention.interface import AttentionConfig
 from tally.attention.kv_cache import Int8KVCache, KVCache, dequantize_slots_into
 from tally.attention.metadata import AttentionMetadata
-from tally.attention.softcap import softcapped_attention
+from tally.attention.eager import eager_attention
 from tally.attention.workspace import Workspace
 from tally.native import ops as native
 
@@ -80,7 +80,7 @@ def native_attention_supported(k_cache: KVCache, config: AttentionConfig) -> boo
     """The C kernels (tally/native: decode rows, and a prompt's rows in auto.py) read an fp32, fp16 or bf16 cache
     in place, through the block tables, with fp32 arithmetic: no gather copy and one call per layer instead of a
     dozen."""
-    return (config.compute_dtype == torch.float32 and config.logit_softcap is None and isinstance(k_cache, torch.Tensor)
+    return (config.compute_dtype == torch.float32 and not config.eager and isinstance(k_cache, torch.Tensor)
             and k_cache.dtype in native.KV_KINDS and native.vector_supported(config.head_dim) and native.available())
 
 
@@ -113,9 +113,9 @@ def _attend(
 ) -> torch.Tensor:
     k = _gather_slots(k_cache, group, workspace, "k", config.compute_dtype)  # [n, L, Hkv, D]
     v = _gather_slots(v_cache, group, workspace, "v", config.compute_dtype)
-    if config.logit_softcap is not None:
-        out = softcapped_attention(q.to(config.compute_dtype).unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
-                                   group.mask, config.scale, config.logit_softcap)
+    if config.eager:
+        out = eager_attention(q.to(config.compute_dtype).unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
+                              group.mask, config.scale, config.logit_softcap, config.sink_logits())
         return out.squeeze(2)
     out = F.scaled_dot_product_attention(
         q.to(config.compute_dtype).unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),

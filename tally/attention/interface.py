@@ -21,6 +21,16 @@ class AttentionConfig:
     sliding_window: int | None  # a query at position p sees keys at positions > p - sliding_window
     compute_dtype: torch.dtype = torch.float32
     logit_softcap: float | None = None  # scores = cap * tanh(scores / cap) before the softmax (Gemma 2)
+    # one learned logit per query head that joins each softmax's denominator, with no value (GPT-OSS); a layer's own
+    sinks: tuple[float, ...] | None = None
+
+    @property
+    def eager(self) -> bool:
+        """Scores no fused kernel computes (tally/attention/eager.py): soft-capped, or with sinks."""
+        return self.logit_softcap is not None or self.sinks is not None
+
+    def sink_logits(self) -> torch.Tensor | None:
+        return None if self.sinks is None else torch.tensor(self.sinks, dtype=torch.float32)
 
     @property
     def num_queries_per_kv(self) -> int:

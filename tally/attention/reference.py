@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.attention.paged import PagedBackend, gather_sequence_kv, is_plain_causal
-from tally.attention.softcap import softcapped_attention
+from tally.attention.eager import eager_attention
 
 
 def causal_window_mask(
@@ -42,10 +42,11 @@ class ReferenceBackend(PagedBackend):
             mask = meta.memo(key, lambda: causal_window_mask(
                 first_query_pos, context_len, first_key_pos, context_len, window, q.device))
         q4, k4, v4 = q.to(cfg.compute_dtype).transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-        if cfg.logit_softcap is not None:
+        if cfg.eager:
             allowed = mask if mask is not None else causal_window_mask(
                 first_query_pos, context_len, first_key_pos, context_len, window, q.device)
-            out.copy_(softcapped_attention(q4, k4, v4, allowed, cfg.scale, cfg.logit_softcap)[0].transpose(0, 1))
+            out.copy_(eager_attention(q4, k4, v4, allowed, cfg.scale, cfg.logit_softcap, cfg.sink_logits())[0]
+                      .transpose(0, 1))
             return
         # A batch dimension matters: torch's CPU flash kernel takes 4-D inputs only; 3-D ones fall
         # back to the math path, which materialises the [Hq, Lq, Lk] scores (several times slower on long prompts).

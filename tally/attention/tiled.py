@@ -2,9 +2,10 @@
 
 For each tile of query rows, K/V are read from the cache one key tile (a few whole blocks) at a
 time; a running max m, running sum l and output accumulator per query row are rescaled as each
-tile arrives. Key tiles above the causal diagonal or below the sliding window are never read, and
-masks are built only for tiles that straddle those edges. Peak extra memory is one score tile
-[Hq, query_tile, key_tile] instead of [Hq, Lq, Lk].
+tile arrives (an attention sink, GPT-OSS, is a first key with no value). Key tiles above the causal
+diagonal or below the sliding window are never read, and masks are built only for tiles that
+straddle those edges. Peak extra memory is one score tile [Hq, query_tile, key_tile] instead of
+[Hq, Lq, Lk].
 """
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ class TiledBackend(PagedBackend):
         qt = qt.permute(1, 2, 0, 3).reshape(kv_heads, group * n, head_dim)
         row_max = torch.full((kv_heads, group * n, 1), float("-inf"), dtype=qt.dtype, device=qt.device)
         row_sum = torch.zeros_like(row_max)
+        if cfg.sinks is not None:  # a sink is one more key, seen first: its logit the running max, exp(0) the sum
+            row_max = cfg.sink_logits().to(qt.dtype).view(kv_heads, group, 1, 1).expand(-1, -1, n, -1)
+            row_max = row_max.reshape(kv_heads, group * n, 1)
+            row_sum = torch.ones_like(row_max)
         acc = torch.zeros_like(qt)
 
         lowest_key = 0 if window is None else max(0, first_pos - window + 1)

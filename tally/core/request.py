@@ -26,13 +26,20 @@ class Request:
     prompt_token_ids: list[int]
     max_tokens: int  # resolved by the engine: never past max_model_len
     arrival_time: float
+    priority: int = 0  # under the priority policy (vLLM's): lower is admitted sooner and preempted later
     sampling_params: Any = None  # tally.sampling_params.SamplingParams; opaque to the scheduler
     cache_salt: str | None = None  # part of every block hash: requests with different salts never share KV
     eos_token_ids: tuple[int, ...] = ()  # empty when ignore_eos
     generator: Any = None  # torch.Generator of a seeded request; opaque to the scheduler
     grammar: Any = None  # the structured-output matcher of a constrained request; opaque to the scheduler
+    # A matcher held back until its request samples `grammar_after_token_id` (the end of its thinking); one that
+    # binds at once but lets `grammar_opener_token_id` come first, which then holds it back.
+    held_grammar: Any = None
+    grammar_after_token_id: int | None = None
+    grammar_opener_token_id: int | None = None
     bad_words_token_ids: tuple[tuple[int, ...], ...] = ()  # token sequences never to complete (bad_words)
-    skip_prefix_cache: bool = False  # prompt logprobs need every prompt position computed
+    skip_prefix_cache: bool = False  # prompt logprobs need every prompt position computed (so do MEAN and CLS pooling)
+    pooling: Any = None  # an embedding request's pooling state (tally/engine/pooling.py); opaque to the scheduler
     parent: "Request | None" = None  # a sibling of n>1 waits for the parent's prefill, then shares its blocks
     token_ids: list[int] = field(init=False)  # prompt then output: the "known" tokens
     output_token_ids: list[int] = field(default_factory=list)  # kept beside token_ids: read every step
@@ -68,6 +75,12 @@ class Request:
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         self.output_token_ids.append(token_id)
+
+    @property
+    def constrained(self) -> bool:
+        """A grammar applies now or will: steps that sample several tokens unmasked (proposals, multi-step decode)
+        must not take it."""
+        return self.grammar is not None or self.held_grammar is not None
 
     @property
     def prefill_done(self) -> bool:

@@ -1,11 +1,13 @@
 """One rule, one token budget per step: each running request's computed tokens catch up to its known tokens
 (prompt + output, and any speculative proposals after them). Prefill chunks and decode tokens share the step;
 requests that fit whole go before chunks of long prompts, so a short prompt never waits behind a long one; the
-queue is otherwise admitted first-come-first-served while the KV pool has room; when it runs out, the newest
-running request is preempted (proposals are dropped first: nobody is preempted for a bet): its blocks go to the swap
-space where that is measured cheaper than recomputing them (tally/core/kv_tiers.py), else it recomputes."""
+queue is otherwise admitted first-come-first-served (or by priority, then arrival) while the KV pool has room; when it
+runs out, the newest running request (or the lowest in priority) is preempted (proposals are dropped first: nobody is
+preempted for a bet): its blocks go to the swap space where that is measured cheaper than recomputing them
+(tally/core/kv_tiers.py), else it recomputes."""
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from collections.abc import Callable
@@ -16,6 +18,8 @@ from tally.core.kv_tiers import SwapTier
 from tally.core.request import Request, RequestStatus
 from tally.flags import MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS
 
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -25,6 +29,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS.default
     max_num_partial_prefills: int = 1  # requests whose prefill is split across steps, at once
     enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # one of SCHEDULING_POLICIES
 
 
 @dataclass
@@ -47,13 +52,21 @@ class Scheduler:
         self.kv = kv
         self.swap = swap
         self.copy_block = copy_block
-        self.waiting: deque[Request] = deque()
+        self.by_priority = config.policy == "priority"
+        self.waiting: deque[Request] = deque()  # in the order admission tries them
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_started = 0  # requests admitted for the first time (preemption recomputes not counted)
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        if self.by_priority:
+            self._queue(req)
+        else:
+            self.waiting.append(req)
+
+    def _queue(self, req: Request) -> None:
+        """Into the waiting queue by (priority, arrival), after the requests it ties with."""
+        self.waiting.insert(bisect.bisect_right(self.waiting, _rank(req), key=_rank), req)
 
     def schedule(self, token_budget: int | None = None) -> SchedulerOutput:
         """`token_budget` lowers this step's budget below max_num_batched_tokens (the engine's latency target).
@@ -99,7 +112,7 @@ class Scheduler:
                     n -= len(req.spec_token_ids)
                     req.spec_token_ids.clear()
                     continue
-                victim = self.running[-1]
+                victim = max(self.running, key=_rank) if self.by_priority else self.running[-1]
                 budget += self._preempt(victim, out)
                 if victim is req:
                     break
@@ -198,7 +211,10 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        if self.by_priority:
+            self._queue(req)
+        else:
+            self.waiting.appendleft(req)
         out.preempted.append(req)
         taken = sum(s.num_new_tokens for s in out.scheduled if s.request is req)
         out.scheduled = [s for s in out.scheduled if s.request is not req]
@@ -224,3 +240,8 @@ class Scheduler:
         self.kv.free(req)
         if self.swap is not None:
             self.swap.discard(req.request_id)
+
+
+def _rank(req: Request) -> tuple[int, float]:
+    """The priority policy's order: lower priority first, then earlier arrival (vLLM's)."""
+    return req.priority, req.arrival_time

@@ -37,6 +37,7 @@ class AddRequests:
     arrival_time: float
     num_seqs: int
     grammars: tuple[CompiledGrammar | None, ...] = ()  # per item, compiled on the grammar pool; () for none
+    priority: int = 0  # --scheduling-policy priority: lower runs sooner
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,8 @@ class AsyncEngine:
                 param="prompt" if num_prompts > 1 else "n")
 
     # -- requests (event loop thread) ----------------------------------------------------------
-    def submit(self, items: list[tuple[str, object, SamplingParams]], arrival_time: float) -> RequestStream:
+    def submit(self, items: list[tuple[str, object, SamplingParams]], arrival_time: float,
+               priority: int = 0) -> RequestStream:
         """Queues engine requests (request id, prompt, params); one stream receives all their outputs.
 
         Raises QueueFullError at once when admitting them would overflow --max-queue; errors of
@@ -187,11 +189,12 @@ class AsyncEngine:
                 self._compiling += n_seqs
             else:
                 self._pending_adds += n_seqs
-                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs))
+                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs, priority=priority))
         for rid in stream.request_ids:
             self._routes[rid] = stream
         if compiler is not None:
-            task = asyncio.ensure_future(self._compile_then_add(compiler, stream, items, arrival_time, n_seqs))
+            task = asyncio.ensure_future(self._compile_then_add(compiler, stream, items, arrival_time, n_seqs,
+                                                                priority))
             self._compiles.add(task)
             task.add_done_callback(self._compiles.discard)
         self._wake.set()
@@ -199,7 +202,7 @@ class AsyncEngine:
 
     async def _compile_then_add(self, compiler: GrammarCompiler, stream: RequestStream,
                                 items: list[tuple[str, object, SamplingParams]], arrival_time: float,
-                                n_seqs: int) -> None:
+                                n_seqs: int, priority: int) -> None:
         """The request's grammars compiled off the engine thread, then the request queued as any other; a spec that
         is too large, invalid or too slow to compile fails its stream (400)."""
         error: BaseException | None = None
@@ -213,7 +216,7 @@ class AsyncEngine:
             wanted = error is None and self.alive and self._routes.get(stream.request_ids[0]) is stream
             if wanted:
                 self._pending_adds += n_seqs
-                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs, grammars))
+                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs, grammars, priority))
         if error is not None:
             self._fail(stream.request_ids, error)
         self._wake.set()
@@ -327,7 +330,7 @@ class AsyncEngine:
         try:
             for i, (rid, prompt, params) in enumerate(cmd.items):
                 self.engine.add_request(rid, prompt, params, arrival_time=cmd.arrival_time,
-                                        grammar=cmd.grammars[i] if cmd.grammars else None)
+                                        grammar=cmd.grammars[i] if cmd.grammars else None, priority=cmd.priority)
                 added.append(rid)
         except Exception as exc:  # noqa: BLE001 - a bad request is its own client's problem
             error = exc if isinstance(exc, TallyError) else _internal(exc)

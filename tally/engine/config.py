@@ -9,8 +9,9 @@ from typing import Any
 import torch
 
 from tally.attention.backend import BACKEND_NAMES
-from tally.core.scheduler import SchedulerConfig
+from tally.core.scheduler import SCHEDULING_POLICIES, SchedulerConfig
 from tally.engine.grammar_limits import GrammarLimits
+from tally.engine.pooling import CONVERTS, POOLING_TYPES, RUNNERS, TASKS, parse_pooler_config, serving_runner
 from tally.engine.speculation.config import SpeculativeConfig
 from tally.errors import ConfigError
 from tally.flags import (
@@ -32,6 +33,7 @@ from tally.flags import (
     Flag,
 )
 from tally.layers.linear import fp16_weights_supported
+from tally.models.sentence_transformers import CheckpointPooling
 from tally.models.generation_config import generation_overrides
 from tally.platform import has_fast_bf16, parse_cpu_list
 from tally.progress import Track, on_stderr, untracked
@@ -113,6 +115,9 @@ class EngineConfig:
                                              "used blocks go first")
     scheduling: str = option("continuous", "static exists only to show what continuous batching buys",
                              choices=SCHEDULINGS)
+    scheduling_policy: str = option("fcfs", "fcfs: the queue is admitted in arrival order; priority: by each request's "
+                                            "priority field, lower first (vLLM's), and under memory pressure the "
+                                            "lowest is preempted first", choices=SCHEDULING_POLICIES)
     attention_backend: str = option("auto", "auto: the reference kernel for plain causal prefills, tiled for "
                                             "masked ones", choices=BACKEND_NAMES)
     max_itl_s: float | None = option(None, "seconds: while streams decode, a step holds only as many prompt tokens as "
@@ -155,6 +160,19 @@ class EngineConfig:
                                             "(vLLM's flag)")
     use_tqdm_on_load: bool = option(True, "a progress bar on stderr while the weights load (a line per "
                                           "tenth of the way where stderr is not a terminal); vLLM's flag")
+    runner: str = option("auto", "generate: text (completions, chat, messages, responses); pooling: embeddings "
+                                 "(/v1/embeddings, /v1/score, /v1/rerank, LLM.embed / LLM.score); auto: pooling for a "
+                                 "sentence-transformers checkpoint (modules.json), else generate (vLLM's flag)",
+                         choices=RUNNERS)
+    convert: str = option("auto", "embed: serve a generative checkpoint as an embedding model (vLLM's flag; the same "
+                                  "as --runner pooling)", choices=CONVERTS)
+    task: str = option("auto", "vLLM's older spelling: embed is --runner pooling, generate --runner generate",
+                       choices=TASKS)
+    pooler_config: str | dict | None = option(
+        None, "how embeddings are pooled, vLLM's JSON, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}' "
+              f"(pooling_type one of {', '.join(POOLING_TYPES)}; also is_matryoshka and matryoshka_dimensions, which "
+              "allow a request's dimensions); default: the checkpoint's sentence-transformers modules, else LAST, "
+              "normalized", aliases=("--override-pooler-config",))
     served_model_name: str | list[str] | None = option(
         None, "the name(s) the API answers to; the first is reported (default: the checkpoint's)", nargs="+")
 
@@ -181,6 +199,14 @@ class EngineConfig:
         self.speculative  # refuses a bad speculative_config at start, with what to fix
         generation_overrides(self.override_generation_config)  # and a bad override_generation_config
         self.grammar_limits
+        parse_pooler_config(self.pooler_config)  # and a bad pooler_config
+        for name, allowed in (("runner", RUNNERS), ("convert", CONVERTS), ("task", TASKS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}", param=name)
+        if serving_runner(self.runner, self.convert, self.task, CheckpointPooling()) == "pooling" \
+                and self.pipeline_parallel_size > 1:  # the hidden states stay on the last stage
+            raise ConfigError("embeddings do not run under pipeline parallelism; use tensor_parallel_size",
+                              param="pipeline_parallel_size")
         if self.served_model_name is not None and not all(self.served_model_names):
             raise ConfigError("served_model_name needs non-empty names")
         if self.dtype not in ("auto", *DTYPES, *FP16_WEIGHT_NAMES):
@@ -196,6 +222,9 @@ class EngineConfig:
                               f"{', '.join(ENGINE_KV_CACHE_DTYPES)}", param="kv_cache_dtype")
         if self.scheduling not in SCHEDULINGS:
             raise ConfigError(f"scheduling must be one of {SCHEDULINGS}, got {self.scheduling!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"scheduling_policy must be one of {SCHEDULING_POLICIES}, got {self.scheduling_policy!r}",
+                              param="scheduling_policy")
         if self.attention_backend not in BACKEND_NAMES:
             raise ConfigError(f"attention_backend {self.attention_backend!r} unknown; use one of {BACKEND_NAMES}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:

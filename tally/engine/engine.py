@@ -22,6 +22,7 @@ from tally.engine.group import RequestGroup
 from tally.engine.kv_tiers.tiers import build_kv_tiers
 from tally.engine.model_step import TPDriver
 from tally.engine.multi_step import burst_steps
+from tally.engine.pooling import PoolingGroup, PoolingSequence, PoolingState, check_params
 from tally.engine.parallel.distributed import ParallelContext
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
@@ -35,13 +36,16 @@ from tally.engine.stop import StopChecker
 from tally.engine.structured_output import CompiledGrammar, GrammarCompiler
 from tally.errors import EngineDeadError, InvalidRequestError
 from tally.models.generation_config import max_tokens_or_default
-from tally.outputs import RequestMetrics, RequestOutput, logprob_entry
+from tally.outputs import EmbeddingRequestOutput, RequestMetrics, RequestOutput, logprob_entry
+from tally.pooling_params import PoolingParams
 from tally.sampling_params import SamplingParams
 
 log = logging.getLogger("tally.engine")
 # Steps are planned to take this share of --max-itl: steps of the same size vary by a third on a shared 2-core
 # CPU (`python benchmarks/long_prompt_itl.py`), and the target is a bound on the gap, not its mean.
 PLANNED_SHARE_OF_ITL = 0.75
+# A pooling request's sampling parameters: never sampled, but read by the per-step checks (prompt logprobs).
+_NOT_SAMPLED = SamplingParams()
 
 
 class Engine:
@@ -59,6 +63,10 @@ class Engine:
         self.model_names = config.served_model_names or (m.name,)
         self.model_name = self.model_names[0]  # the name the API reports
         self.max_model_len = m.max_model_len
+        self.supported_tasks = m.supported_tasks  # what the API serves: ("generate",) or ("embed",), as vLLM
+        self.pooler = m.pooler  # how a pooling request's vector is made (any model may take one here)
+        self._hidden_size = m.config.hidden_size
+        self._num_pooling = 0  # pooling requests held: only then does a step look for pooling rows
         self.kv_tiers = build_kv_tiers(config, m, self.stats.cost.prefill_seconds)  # swap space, disk prefix tier
         self.ledger = replace(m.ledger, kv_tiers=self.kv_tiers.ledger())
         self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
@@ -69,6 +77,7 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_partial_prefills=config.max_num_partial_prefills,
             enable_chunked_prefill=config.enable_chunked_prefill,
+            policy=config.scheduling_policy,
         ), self.kv, self.kv_tiers.swap, self.kv_tiers.copy_block)
         self.parallel = m.parallel
         peers = TPDriver(m.parallel.control, m.parallel.env.world_size) if m.parallel is not None else None
@@ -106,14 +115,22 @@ class Engine:
             self._stop_ranks()
 
     # -- requests ------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, cache_salt: str | None = None,
-                    grammar: CompiledGrammar | None = None) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int] | dict,
+                    params: SamplingParams | PoolingParams | None = None, arrival_time: float | None = None,
+                    cache_salt: str | None = None, grammar: CompiledGrammar | None = None, priority: int = 0) -> None:
         """`grammar`: params.structured_outputs compiled (self.grammars.compile) where the caller could afford
-        the wait; compiled here when not given."""
+        the wait; compiled here when not given. PoolingParams: an embedding request (tally/engine/pooling.py),
+        which shares the steps of generation requests. `priority`: lower runs sooner, under --scheduling-policy
+        priority."""
         params = params or SamplingParams()
+        if priority and not self.scheduler.by_priority:  # vLLM refuses it too: an order it cannot keep
+            raise InvalidRequestError(f"priority {priority} needs a server started with --scheduling-policy priority "
+                                      "(this one serves first come, first served); drop the field or send 0",
+                                      param="priority")
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
+        if isinstance(params, PoolingParams):
+            return self._add_pooling(request_id, prompt, params, arrival_time, cache_salt, priority)
         text, ids = self._tokenize(prompt)
         if params.truncate_prompt_tokens is not None:
             ids = ids[-params.truncate_prompt_tokens:]  # vLLM keeps the prompt's end: the part nearest the answer
@@ -125,14 +142,19 @@ class Engine:
         bad_words = self._bad_words(params.bad_words or ())
         if grammar is None and params.structured_outputs is not None:
             grammar = self.grammars.compile(params.structured_outputs)
+        spec = params.structured_outputs
+        after, opener = (spec.after_token_id, spec.opener_token_id) if grammar is not None else (None, None)
+        held = after is not None and opener is None
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
+            matcher = None if grammar is None else grammar.matcher()
             gen = None
             if params.seed is not None:
                 gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
-            req = Request(rid, ids, max_tokens, now, sampling_params=params, cache_salt=cache_salt,
+            req = Request(rid, ids, max_tokens, now, priority=priority, sampling_params=params, cache_salt=cache_salt,
                           eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
-                          parent=parent, grammar=None if grammar is None else grammar.matcher(),
+                          parent=parent, grammar=None if held else matcher, held_grammar=matcher if held else None,
+                          grammar_after_token_id=after, grammar_opener_token_id=opener,
                           bad_words_token_ids=bad_words)
             parent = parent or req
             seq = Sequence(
@@ -150,6 +172,30 @@ class Engine:
         for seq in seqs:
             self.scheduler.add(seq.request)
 
+    def _add_pooling(self, request_id: str, prompt: str | list[int] | dict, params: PoolingParams,
+                     arrival_time: float | None, cache_salt: str | None, priority: int) -> None:
+        if self.parallel is not None and self.parallel.pipe is not None:
+            raise InvalidRequestError("embeddings do not run under pipeline parallelism (the hidden states stay on "
+                                      "the last stage); serve the model with tensor_parallel_size instead")
+        text, ids = self._tokenize(prompt)
+        if params.truncate_prompt_tokens is not None:
+            ids = ids[-params.truncate_prompt_tokens:]
+        self._check_ids(ids)
+        if len(ids) > self.max_model_len:
+            raise InvalidRequestError(
+                f"input has {len(ids):,} tokens but max_model_len is {self.max_model_len:,}; shorten it, send "
+                f"truncate_prompt_tokens, or start the engine with --max-model-len ≥ {len(ids)}", param="input")
+        check_params(params, self.pooler, self._hidden_size)
+        state = PoolingState(params, self.pooler.pooling_type, self.pooler.normalize)
+        now = time.monotonic() if arrival_time is None else arrival_time
+        req = Request(request_id, ids, 0, now, priority=priority, sampling_params=_NOT_SAMPLED,
+                      cache_salt=cache_salt, skip_prefix_cache=state.needs_every_position, pooling=state)
+        self.groups[request_id] = group = PoolingGroup(request_id, text, ids, [PoolingSequence(req)],
+                                                       RequestMetrics(arrival_time=now))
+        self._seq_of[request_id] = (group.sequences[0], group)
+        self._num_pooling += 1
+        self.scheduler.add(req)
+
     def _bad_words(self, words: list[str] | tuple[()]) -> tuple[tuple[int, ...], ...]:
         """Each word as it would start the output and as it would follow a space (vLLM's two spellings)."""
         seqs = {tuple(self.tokenizer.encode(form, add_special_tokens=False))
@@ -165,7 +211,7 @@ class Engine:
             return prompt, self.tokenizer.encode(prompt) if prompt else []
         return None, list(prompt)
 
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+    def _check_ids(self, ids: list[int]) -> None:
         if not ids:
             raise InvalidRequestError("prompt is empty; send at least one token", param="prompt")
         vocab = self._vocab_size
@@ -173,6 +219,10 @@ class Engine:
         if bad:
             raise InvalidRequestError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})",
                                       param="prompt")
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        self._check_ids(ids)
+        vocab = self._vocab_size
         for name in ("logprobs", "prompt_logprobs"):
             asked = getattr(params, name)
             if asked is not None and asked > self.config.max_logprobs:
@@ -213,7 +263,7 @@ class Engine:
         return bool(self.groups)
 
     # -- the step ------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
         started_s = time.perf_counter()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
@@ -245,7 +295,8 @@ class Engine:
             for s in out.scheduled:
                 s.num_new_tokens = steps  # every step's input token is computed now
         else:
-            result = self.runner.execute(out, self.speculator.draft_probs if self.speculator is not None else None)
+            result = self.runner.execute(out, self.speculator.draft_probs if self.speculator is not None else None,
+                                         pooling=self._num_pooling > 0)
             keep = self._verify(out, result)
         self.scheduler.finish_step(out)
         now = time.monotonic()
@@ -253,6 +304,12 @@ class Engine:
             group = self._seq_of[s.request.request_id][1]
             if group.metrics.first_scheduled_time is None:
                 group.metrics.first_scheduled_time = s.request.first_scheduled_time or now
+        for rid, vector in result.pooled.items():  # their prompt is read: done, blocks freed
+            seq, group = self._seq_of[rid]
+            group.finish(vector)
+            group.metrics.first_token_time = group.metrics.last_token_time = now
+            self.scheduler.finish(seq.request, RequestStatus.FINISHED_STOPPED)
+            moved[rid] = group
         for rid, plp in result.prompt_logprobs.items():
             self._seq_of[rid][1].add_prompt_logprobs(plp, self._decode_one)
         return self._apply_samples(result, keep, now, moved), steps
@@ -302,10 +359,15 @@ class Engine:
                     top = logprob_entry(token_ids[i], logprobs[i], ranks[i], top_ids[i][:k], top_lps[i][:k],
                                         self._decode_one)
                 appended += 1
+                if (req.grammar is not None and token_ids[i] == req.grammar_opener_token_id
+                        and not req.output_token_ids):  # the model opened its thinking: the constraint waits
+                    req.grammar, req.held_grammar = None, req.grammar
                 if seq.append(token_ids[i], logprobs[i], top, self.max_model_len) or (
                         req.grammar is not None and self._grammar_done(req, seq, token_ids[i])):
                     self.scheduler.finish(req, seq.status)
                     break
+                if req.held_grammar is not None and token_ids[i] == req.grammar_after_token_id:
+                    req.grammar, req.held_grammar = req.held_grammar, None
             first_row += count
         return appended
 
@@ -318,8 +380,9 @@ class Engine:
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-    def _forget(self, group: RequestGroup) -> None:
-        self.groups.pop(group.request_id, None)
+    def _forget(self, group: RequestGroup | PoolingGroup) -> None:
+        if self.groups.pop(group.request_id, None) is not None and isinstance(group, PoolingGroup):
+            self._num_pooling -= 1
         for seq in group.sequences:
             self._seq_of.pop(seq.request.request_id, None)
 

@@ -12,10 +12,12 @@ from rich.progress import Progress
 from tally.engine.config import EngineConfig
 from tally.engine.engine import Engine
 from tally.engine.multi_step import OFFLINE_SCHEDULER_STEPS
+from tally.engine.scoring import cosine, score_pairs
 from tally.engine.vllm_compat import NO_EFFECT
 from tally.errors import ConfigError, InvalidRequestError
 from tally.models.chat_template import chat_prompt, refuse_without_template
-from tally.outputs import RequestOutput
+from tally.outputs import EmbeddingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput
+from tally.pooling_params import PoolingParams
 from tally.sampling_params import SamplingParams
 
 log = logging.getLogger("tally")
@@ -45,12 +47,12 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order. `use_tqdm` (vLLM's name): a progress
-        bar of finished prompts on stderr while more than one runs."""
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        bar of finished prompts on stderr while more than one runs. `priority`: one per prompt, lower sooner (needs
+        scheduling_policy="priority", as vLLM's)."""
+        self._check_task("generate", "generate")
+        prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         else:
@@ -58,11 +60,48 @@ class LLM:
             if len(params) != len(prompts):
                 raise InvalidRequestError(
                     f"got {len(params)} SamplingParams for {len(prompts)} prompts; pass one, or one per prompt")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise InvalidRequestError(f"got {len(priorities)} priorities for {len(prompts)} prompts; pass one per "
+                                      "prompt", param="priority")
+        return self._run(prompts, params, use_tqdm, priorities)
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = True, truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
+        """vLLM's `LLM.embed`: each prompt's pooled vector (`outputs.embedding`), in prompt order."""
+        self._check_task("embed", "embed")
+        params = pooling_params or PoolingParams()
+        if truncate_prompt_tokens is not None:
+            params = PoolingParams(params.dimensions, params.normalize, truncate_prompt_tokens)
+        prompts = _prompt_list(prompts)
+        return self._run(prompts, [params] * len(prompts), use_tqdm)
+
+    def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], use_tqdm: bool = True,
+              truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
+        """vLLM's `LLM.score` for an embedding model: the cosine of each pair's embeddings, one `data_1` against every
+        `data_2` or pairwise."""
+        self._check_task("embed", "score")
+        pairs = score_pairs(data_1, data_2, str, ("data_1", "data_2"))
+        texts = list(dict.fromkeys(t for pair in pairs for t in pair))  # each text embedded once
+        outs = dict(zip(texts, self.embed(texts, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)))
+        return [ScoringRequestOutput(f"{outs[a].request_id}_{outs[b].request_id}",
+                                     outs[a].prompt_token_ids + outs[b].prompt_token_ids,
+                                     ScoringOutput(cosine(outs[a].outputs.embedding, outs[b].outputs.embedding)))
+                for a, b in pairs]
+
+    def _check_task(self, task: str, method: str) -> None:
+        if task not in self.engine.supported_tasks:
+            other = "--runner pooling (runner=\"pooling\")" if task == "embed" else "--runner generate"
+            raise InvalidRequestError(f"LLM.{method}() needs a model served for {task!r}; this one serves "
+                                      f"{list(self.engine.supported_tasks)}; load it with {other}")
+
+    def _run(self, prompts: list[PromptType], params: list[SamplingParams] | list[PoolingParams],
+             use_tqdm: bool, priorities: list[int] | None = None) -> list[Any]:
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         added = []
         try:
-            for rid, prompt, p in zip(ids, prompts, params):
-                self.engine.add_request(rid, prompt, p)
+            for rid, prompt, p, rank in zip(ids, prompts, params, priorities or [0] * len(prompts)):
+                self.engine.add_request(rid, prompt, p, priority=rank)
                 added.append(rid)
         except Exception:
             for rid in added:
@@ -91,3 +130,9 @@ class LLM:
                                continue_final_message=continue_final_message, template_kwargs=chat_template_kwargs)
                    for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)

@@ -27,13 +27,22 @@ class ModelStep:
     meta: AttentionMetadata
     logit_rows: torch.Tensor  # flat rows whose logits the step needs (prompt logprobs, then sampled positions)
     vocab_rows: int = 0  # > 0: only token ids below it are scored (a draft's reduced vocabulary); 0: all
+    returns_hidden: bool = False  # pooling requests in the step: rank 0 reads the final hidden states too
 
 
 def run_model_step(model: CausalLM, kv_caches: list[tuple[KVCache, KVCache]], step: ModelStep) -> torch.Tensor:
     """The forward pass, then float32 logits [len(logit_rows), V] (every rank gets them under tensor parallelism;
     only rank 0 samples)."""
+    if step.returns_hidden:  # the same forward and collectives as rank 0's run_hidden_step
+        return run_hidden_step(model, kv_caches, step)[0]
     return model.forward_logits(step.input_ids, step.positions, kv_caches, step.meta, step.logit_rows,
                                 step.vocab_rows)
+
+
+def run_hidden_step(model: CausalLM, kv_caches: list[tuple[KVCache, KVCache]],
+                    step: ModelStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward pass, then the logits of `logit_rows` and every row's final hidden state [T, H]."""
+    return model.forward_hidden(step.input_ids, step.positions, kv_caches, step.meta, step.logit_rows)
 
 
 class TPDriver:

@@ -1,7 +1,9 @@
 """ModelRunner: owns the model and its KV cache tensors; runs one scheduled step and samples."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -10,8 +12,9 @@ from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request
 from tally.core.scheduler import SchedulerOutput
 from tally.engine.inputs import build_step_inputs
-from tally.engine.model_step import ModelStep, TPDriver, run_model_step
+from tally.engine.model_step import ModelStep, TPDriver, run_hidden_step, run_model_step
 from tally.engine.parallel.pipeline import PipelinePeers, forward_step
+from tally.engine.pooling import pool_rows, split_pooling_rows
 from tally.engine.structured_output import allowed_tokens
 from tally.errors import EngineDeadError
 from tally.models.decoder import CausalLM
@@ -36,6 +39,7 @@ class StepResult:
     counts: list[int]  # per sampled request: its rows in sampler_output (1 + proposals verified)
     sampler_output: SamplerOutput | None
     prompt_logprobs: dict[str, PromptLogprobs]
+    pooled: dict[str, torch.Tensor] = field(default_factory=dict)  # embeddings of pooling requests that finished
 
 
 class ModelRunner:
@@ -49,21 +53,30 @@ class ModelRunner:
         self.sampler = Sampler()  # keeps per-batch parameter tensors while the batch is unchanged
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput, draft_probs: dict[str, torch.Tensor] | None = None) -> StepResult:
+    def execute(self, out: SchedulerOutput, draft_probs: dict[str, torch.Tensor] | None = None,
+                pooling: bool = False) -> StepResult:
         """`draft_probs`: request id → [k, V] the draft model's distributions its proposals were drawn from (sampled
-        requests speculating with a draft model): their rows are verified by rejection sampling."""
+        requests speculating with a draft model): their rows are verified by rejection sampling. `pooling`: the
+        engine holds pooling requests, which may be in this step (a step without them does no pooling work)."""
         inputs = build_step_inputs(out, self.kv)
+        pooled = []
+        if pooling:
+            inputs, pooled = split_pooling_rows(out, inputs)
         spans = self._prompt_logprob_spans(out, inputs.row_start)
         # Every row that needs logits goes through the head in one call (under tensor parallelism, one gather).
         rows = inputs.sample_token_index
         if spans:  # rare: a request asking for prompt logprobs
             rows = torch.cat([torch.arange(start, start + n) for _, _, start, n in spans] + [rows])
-        step = ModelStep(inputs.input_ids, inputs.positions, inputs.meta, rows)
-        logits = self._run(step)
+        step = ModelStep(inputs.input_ids, inputs.positions, inputs.meta, rows, returns_hidden=bool(pooled))
+        if pooled:
+            logits, hidden = self._run(step, run_hidden_step)
+            embeddings = pool_rows(pooled, hidden)
+        else:
+            logits, embeddings = self._run(step), {}
         n_prompt = len(rows) - len(inputs.sample_token_index)
         prompt_lp = self._prompt_logprobs(spans, logits[:n_prompt])
         if not inputs.sample_rows:
-            return StepResult([], [], None, prompt_lp)
+            return StepResult([], [], None, prompt_lp, embeddings)
         logits = logits[n_prompt:]
         reqs = [out.scheduled[i].request for i in inputs.sample_rows]
         if len(reqs) == len(inputs.sample_token_index):  # no proposals to verify: one row per request
@@ -75,19 +88,22 @@ class ModelRunner:
             outputs = [r.output_token_ids + r.spec_token_ids[:j] if j and reads_outputs(r) else r.output_token_ids
                        for r, count in zip(reqs, inputs.sample_counts) for j in range(count)]
         constrained = [i for i, r in enumerate(rows) if r.grammar is not None]
+        allowed = allowed_tokens([rows[i].grammar for i in constrained], logits.shape[1]) if constrained else None
+        for k, i in enumerate(constrained):
+            if rows[i].grammar_opener_token_id is not None and not rows[i].output_token_ids:
+                allowed[k, rows[i].grammar_opener_token_id] = True  # thinking may open first (Request's comment)
         sampler_input = SamplerInput(
             params=[r.sampling_params for r in rows],
             generators=[r.generator for r in rows],
             output_token_ids=outputs,
             prompt_token_ids=[r.prompt_token_ids for r in rows],
             eos_token_ids=[r.eos_token_ids for r in rows],
-            allowed=(constrained, allowed_tokens([rows[i].grammar for i in constrained], logits.shape[1]))
-            if constrained else None,
+            allowed=(constrained, allowed) if constrained else None,
             bad_words_token_ids=[r.bad_words_token_ids for r in rows] if any(r.bad_words_token_ids for r in rows)
             else None,
             draft=_draft_rows(reqs, inputs.sample_counts, draft_probs) if draft_probs else None,
         )
-        return StepResult(reqs, inputs.sample_counts, self.sampler(logits, sampler_input), prompt_lp)
+        return StepResult(reqs, inputs.sample_counts, self.sampler(logits, sampler_input), prompt_lp, embeddings)
 
     @property
     def runs_greedy_steps(self) -> bool:
@@ -106,12 +122,14 @@ class ModelRunner:
         sampled = SamplerOutput(tokens.reshape(-1), torch.zeros(tokens.numel()), None, None)
         return StepResult(reqs, [tokens.shape[1]] * len(reqs), sampled, {})
 
-    def _run(self, step: ModelStep) -> torch.Tensor:
+    def _run(self, step: ModelStep, run: Callable = run_model_step) -> Any:
+        """`run`(model, kv caches, step) on this rank; a pooling step (run_hidden_step) never runs in a pipeline."""
         if self.peers is None:
-            return run_model_step(self.model, self.kv_caches, step)
+            return run(self.model, self.kv_caches, step)
         self.peers.send(step)
         try:
-            return forward_step(self.model, self.kv_caches, step, self.pipeline)
+            return forward_step(self.model, self.kv_caches, step, self.pipeline) if self.pipeline is not None \
+                else run(self.model, self.kv_caches, step)
         except Exception as exc:
             # A step that failed on one rank leaves the ranks out of step with each other: none can go on.
             raise EngineDeadError(f"a parallel step failed ({type(exc).__name__}: {exc}); every rank must "

@@ -13,7 +13,7 @@ from torch import nn
 from tally.errors import ModelLoadError
 
 
-SCALINGS = ("linear", "llama3", "longrope", "divisors")
+SCALINGS = ("linear", "llama3", "longrope", "yarn", "divisors")
 
 
 def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict[str, Any] | None,
@@ -31,6 +31,8 @@ def inverse_frequencies(rotary_dim: int, theta: float, scaling: dict[str, Any] |
         return _llama3_frequencies(inv_freq, scaling), 1.0
     if kind == "longrope":
         return _longrope_frequencies(exponents, theta, scaling, max_position)
+    if kind == "yarn":
+        return _yarn_frequencies(exponents, theta, rotary_dim, scaling)
     if kind == "divisors":  # llama.cpp's rope_freqs: Llama 3.1's scaling, computed by its converter
         return inv_freq / torch.tensor(scaling["divisors"], dtype=torch.float32), 1.0
     raise ModelLoadError(f"rope scaling {kind!r} is not supported; supported: {', '.join(SCALINGS)}")
@@ -48,6 +50,35 @@ def _longrope_frequencies(exponents: torch.Tensor, theta: float, s: dict[str, An
     if scale is None:
         scale = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     return inv_freq, float(scale)
+
+
+def _yarn_frequencies(exponents: torch.Tensor, theta: float, dim: int,
+                      s: dict[str, Any]) -> tuple[torch.Tensor, float]:
+    # YaRN, as transformers computes it: frequencies that turn fewer than beta_slow times over the original context
+    # are divided by `factor`, those that turn more than beta_fast times are kept, a linear ramp blends in between;
+    # cos and sin are scaled by the attention factor (0.1 ln(factor) + 1 unless the config gives it or mscales).
+    factor, original = float(s["factor"]), int(s["original_max_position_embeddings"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = s.get("attention_factor")
+    if attention is None:
+        m, m_all = s.get("mscale"), s.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(s.get("beta_fast") or 32), correction_dim(s.get("beta_slow") or 1)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / ((high - low) or 0.001), 0, 1)
+    pos_freqs = theta ** exponents
+    extrapolation = 1 - ramp  # the share of each frequency kept as it is
+    inv_freq = 1.0 / (factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
+    return inv_freq, float(attention)
 
 
 def _llama3_frequencies(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:

@@ -23,6 +23,7 @@ _ROLES = {
     "ffn_gate": ("linear", "rows", False), "ffn_up": ("linear", "rows", False), "ffn_down": ("linear", "cols", False),
     "ffn_gate_inp": ("linear", None, False), "ffn_gate_exps": ("linear", "rows", False),
     "ffn_up_exps": ("linear", "rows", False), "ffn_down_exps": ("linear", "cols", False),
+    "attn_sinks": ("bias", "rows", False),  # GPT-OSS: a logit per query head, counted as model_tensors counts it
 }
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 

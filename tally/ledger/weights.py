@@ -106,10 +106,15 @@ def model_tensors(config: ModelConfig) -> list[WeightTensor]:
         if config.is_moe_layer(layer):
             e = config.experts
             tensors.append(lin("router", e.num_experts, h, None))
+            i = e.intermediate_size
             for x in range(e.num_experts):
-                i = e.intermediate_size
                 tensors += [lin(f"experts.{x}.gate_proj", i, h, "rows"), lin(f"experts.{x}.up_proj", i, h, "rows"),
                             lin(f"experts.{x}.down_proj", h, i, "cols")]
+                if e.bias:
+                    tensors += [WeightTensor(f"layers.{layer}.experts.{x}.{n}_bias", size, 1, "bias", layer)
+                                for n, size in (("gate", i), ("up", i), ("down", h))]
+            if e.bias:
+                tensors.append(WeightTensor(f"layers.{layer}.router_bias", e.num_experts, 1, "bias", layer))
         else:
             i = config.intermediate_size
             tensors += [lin("gate_proj", i, h, "rows"), lin("up_proj", i, h, "rows"), lin("down_proj", h, i, "cols")]
@@ -117,6 +122,10 @@ def model_tensors(config: ModelConfig) -> list[WeightTensor]:
             tensors += [WeightTensor(f"layers.{layer}.q_bias", q, 1, "bias", layer, "rows"),
                         WeightTensor(f"layers.{layer}.k_bias", kv, 1, "bias", layer, "rows", True),
                         WeightTensor(f"layers.{layer}.v_bias", kv, 1, "bias", layer, "rows", True)]
+        if config.attention_output_bias:
+            tensors.append(WeightTensor(f"layers.{layer}.o_bias", h, 1, "bias", layer))
+        if config.attention_sinks:
+            tensors.append(WeightTensor(f"layers.{layer}.sinks", config.num_heads, 1, "bias", layer, "rows"))
         if config.qk_norm:
             sizes = (config.head_dim,) * 2 if config.qk_norm == "head" else (q, kv)
             tensors += [WeightTensor(f"layers.{layer}.{n}_norm", size, 1, "norm", layer)

@@ -2,7 +2,9 @@
 tensor may hold the rows of several of Tally's, as Phi-3's qkv_proj holds q, k and v."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tally.errors import ModelLoadError
 from tally.models.families import Family
@@ -15,6 +17,8 @@ class StoredPart:
     name: str  # Tally's name
     stored: str  # the checkpoint's name
     rows: slice | None = None  # the stored tensor's rows it holds; None: all of it
+    take: Callable[[Any], Any] | None = None  # those rows -> Tally's tensor, where laid out otherwise (Relaid)
+    shape: tuple[int, ...] | None = None  # Tally's tensor's, where `take` gives it
 
 
 def tally_parts(stored: str, shape: tuple[int, ...], fam: Family,
@@ -24,6 +28,9 @@ def tally_parts(stored: str, shape: tuple[int, ...], fam: Family,
         return [StoredPart(stored, stored)]
     layer, _, rest = stored.removeprefix(_LAYER_PREFIX).partition(".")
     prefix = f"{_LAYER_PREFIX}{layer}."
+    relaid = fam.hf_relaid(rest, shape)
+    if relaid:
+        return [StoredPart(prefix + r.name, stored, r.rows, r.take, r.shape) for r in relaid]
     fused = fam.hf_fused.get(rest)
     if fused is None:
         return [StoredPart(prefix + fam.hf_rename(rest), stored)]
@@ -45,6 +52,8 @@ def fused_parts(stored: str, shape: tuple[int, ...], names: list[str],
 
 
 def part_shape(part: StoredPart, shape: tuple[int, ...]) -> tuple[int, ...]:
+    if part.shape is not None:
+        return part.shape
     if part.rows is None:
         return tuple(shape)
     return (part.rows.stop - part.rows.start, *shape[1:])

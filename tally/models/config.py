@@ -16,6 +16,10 @@ class Experts:
     intermediate_size: int  # each expert's
     normalize_top_k: bool  # the chosen experts' weights are rescaled to sum to one (Mixtral, Qwen3-MoE)
     dense_layers: tuple[int, ...] = ()  # layers with a dense MLP instead (Qwen3-MoE's mlp_only_layers)
+    # "softmax": over every expert's logit, then the top k (Mixtral, Qwen3-MoE); "top_k_softmax": the top k logits,
+    # then a softmax over those alone (GPT-OSS)
+    routing: str = "softmax"
+    bias: bool = False  # the router and every expert projection have biases (GPT-OSS)
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,8 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q, k, v projections (Qwen2)
+    attention_output_bias: bool = False  # bias on o_proj too (GPT-OSS)
+    attention_sinks: bool = False  # a learned logit per head in each softmax's denominator, with no value (GPT-OSS)
     qk_norm: str | None = None  # RMSNorm on q and k: "head" (Qwen3, Gemma 3) or "projection" (OLMo 2)
     sliding_window: int | None = None  # tokens each query may look back, itself included
     bos_token_id: int | None = None
@@ -42,7 +48,10 @@ class ModelConfig:
     # The traits below default to Llama's; a family (tally/models/families/) sets what differs.
     norm_layout: str = "pre"  # "pre" (Llama), "sandwich" (Gemma: before and after attention and MLP), "post" (OLMo 2)
     norm_scale_in_float: bool = False  # the norm's weight multiplies before the cast back (Gemma), not after
-    activation: str = "silu"  # gated MLP's activation: "silu" or "gelu_tanh"
+    activation: str = "silu"  # gated MLP's activation: "silu", "gelu_tanh" or "clamped_swiglu" (GPT-OSS's experts)
+    # clamped_swiglu: gate clamped above at the limit, up at +-limit; (up + 1) * gate * sigmoid(alpha * gate)
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
     layer_types: tuple[str, ...] = ()  # "sliding" / "full" per layer where they differ; () = all as sliding_window
     rope_theta_sliding: float | None = None  # the sliding layers' own rotary base (Gemma 3)
     nope_layers: tuple[int, ...] = ()  # layers without rotary (SmolLM3)
@@ -89,6 +98,7 @@ class ModelConfig:
         attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
+        attn += h * self.attention_output_bias + self.num_heads * self.attention_sinks
         if self.qk_norm:
             attn += 2 * self.head_dim if self.qk_norm == "head" else self.q_size + self.kv_size
         norms = {"pre": 2, "sandwich": 4, "post": 2}[self.norm_layout] * h
@@ -104,4 +114,5 @@ class ModelConfig:
             return 3 * h * self.intermediate_size
         e = self.experts
         count = e.top_k if active_only else e.num_experts
-        return h * e.num_experts + count * 3 * h * e.intermediate_size
+        expert = 3 * h * e.intermediate_size + (2 * e.intermediate_size + h) * e.bias
+        return (h + e.bias) * e.num_experts + count * expert

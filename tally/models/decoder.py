@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tally.attention.backend import with_window
+from tally.attention.backend import with_sinks, with_window
 from tally.attention.interface import AttentionBackend
 from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
@@ -35,9 +35,18 @@ EmbeddingFactory = Callable[[torch.Tensor], nn.Module | None]
 Rope = tuple[torch.Tensor, torch.Tensor]
 
 
-def gated_activation(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """[T, 2I] gate and up side by side -> act(gate) * up [T, I]."""
-    act = F.silu if kind == "silu" else lambda x: F.gelu(x, approximate="tanh")
+def gated_activation(cfg: ModelConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+    """[T, 2I] gate and up side by side -> act(gate) * up [T, I]; GPT-OSS's clamped SwiGLU as transformers computes
+    it."""
+    if cfg.activation == "clamped_swiglu":
+        limit, alpha = cfg.swiglu_limit, cfg.swiglu_alpha
+
+        def clamped(gate_up: torch.Tensor) -> torch.Tensor:
+            gate, up = gate_up.chunk(2, dim=-1)
+            gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+            return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+        return clamped
+    act = F.silu if cfg.activation == "silu" else lambda x: F.gelu(x, approximate="tanh")
 
     def gated(gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
@@ -55,8 +64,8 @@ class DecoderLayer(nn.Module):
         prefix = f"model.layers.{index}"
         a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
         self.qkv_proj = make_proj([f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"], cfg.attention_bias)
-        self.o_proj = make_proj([f"{a}.o_proj"], False)
-        self.activation = gated_activation(cfg.activation)
+        self.o_proj = make_proj([f"{a}.o_proj"], cfg.attention_output_bias)
+        self.activation = gated_activation(cfg)
         self.experts = None
         if cfg.is_moe_layer(index):
             self.experts = MixtureOfExperts(cfg, m, tensors, make_proj, self.activation, dtype)
@@ -75,7 +84,7 @@ class DecoderLayer(nn.Module):
         self.mlp_output_norm = norm(f"{prefix}.mlp_output_norm", post)
         self.q_norm = norm(f"{a}.q_norm", bool(cfg.qk_norm))
         self.k_norm = norm(f"{a}.k_norm", bool(cfg.qk_norm))
-        self.attn = attn
+        self.attn = with_sinks(attn, tensors.pop(f"{a}.sinks")) if cfg.attention_sinks else attn
         self.rotary = rotary
         # fp32 and traits the native fused steps compute (tally/native; the cache is checked per call)
         self.native = (not layer_unsupported(cfg) and dtype == torch.float32 and native.available()
@@ -243,6 +252,17 @@ class CausalLM(nn.Module):
         if not len(logit_rows):
             return hidden.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
         return self.compute_logits(hidden[logit_rows], vocab_rows)
+
+    @torch.inference_mode()
+    def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       kv_caches: list[tuple[KVCache, KVCache]], meta: AttentionMetadata,
+                       logit_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward, returning float32 logits of `logit_rows` and the final (normed) hidden states [T, H] of every row:
+        a step holding pooling requests (tally/engine/pooling.py) reads both."""
+        hidden = self(input_ids, positions, kv_caches, meta)
+        if not len(logit_rows):
+            return hidden.new_empty((0, self.cfg.vocab_size), dtype=torch.float32), hidden
+        return self.compute_logits(hidden[logit_rows]), hidden
 
     def runs_greedy_steps(self, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
         """Whether decode steps can run several at a time in one native call (greedy_steps)."""

@@ -1,5 +1,6 @@
 """A mixture of experts in place of a layer's dense MLP: a router scores every expert per token, the top k run
-on the rows that chose them, grouped by expert, and their outputs add up weighted by the router."""
+on the rows that chose them, grouped by expert, and their outputs add up weighted by the router (its softmax over
+every expert, or over the chosen ones: `Experts.routing`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -18,17 +19,24 @@ class MixtureOfExperts(nn.Module):
                  activation: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> None:
         super().__init__()
         e = cfg.experts
-        self.top_k, self.normalize = e.top_k, e.normalize_top_k
+        self.top_k, self.normalize, self.routing = e.top_k, e.normalize_top_k, e.routing
         # the router stays dense: a few thousand weights whose rounding would move which experts run
         self.router = nn.Parameter(tensors.pop(f"{prefix}.gate.weight").to(dtype), requires_grad=False)
+        bias = tensors.pop(f"{prefix}.gate.bias").to(dtype) if e.bias else None
+        self.router_bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         names = [f"{prefix}.experts.{i}" for i in range(e.num_experts)]
-        self.gate_up = nn.ModuleList(make_proj([f"{n}.gate_proj", f"{n}.up_proj"], False) for n in names)
-        self.down = nn.ModuleList(make_proj([f"{n}.down_proj"], False) for n in names)
+        self.gate_up = nn.ModuleList(make_proj([f"{n}.gate_proj", f"{n}.up_proj"], e.bias) for n in names)
+        self.down = nn.ModuleList(make_proj([f"{n}.down_proj"], e.bias) for n in names)
         self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights = torch.softmax(F.linear(x, self.router), dim=-1, dtype=torch.float32)
-        top_weights, top_experts = torch.topk(weights, self.top_k, dim=-1)
+        logits = F.linear(x, self.router, self.router_bias)
+        if self.routing == "top_k_softmax":
+            top_logits, top_experts = torch.topk(logits, self.top_k, dim=-1)
+            top_weights = torch.softmax(top_logits, dim=-1, dtype=torch.float32)
+        else:
+            weights = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            top_weights, top_experts = torch.topk(weights, self.top_k, dim=-1)
         if self.normalize:
             top_weights = top_weights / top_weights.sum(dim=-1, keepdim=True)
         top_weights = top_weights.to(x.dtype).view(-1)

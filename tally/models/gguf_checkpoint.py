@@ -56,9 +56,10 @@ _LAYER_NAMES = {
     "ffn_down.weight": "mlp.down_proj.weight",
     "ffn_gate_inp.weight": "mlp.gate.weight",
 }
-# every expert's projection in one [experts, out, in] tensor -> each expert's name after `mlp.experts.{e}.`
-_EXPERT_NAMES = {"ffn_gate_exps.weight": "gate_proj.weight", "ffn_up_exps.weight": "up_proj.weight",
-                 "ffn_down_exps.weight": "down_proj.weight"}
+# every expert's projection in one [experts, out, in] tensor (its biases in one [experts, out], GPT-OSS) -> each
+# expert's name after `mlp.experts.{e}.`
+_EXPERT_NAMES = {f"ffn_{theirs}_exps.{kind}": f"{ours}_proj.{kind}" for theirs, ours in
+                 (("gate", "gate"), ("up", "up"), ("down", "down")) for kind in ("weight", "bias")}
 _LAYER_PREFIX = "model.layers."
 
 
@@ -89,6 +90,9 @@ def stored_parts(info: TensorInfo, fam: Family, expected: dict[str, tuple[int, .
         count, rows = info.shape[:2]
         return [StoredPart(f"{prefix}mlp.experts.{e}.{_EXPERT_NAMES[rest]}", name, slice(e * rows, (e + 1) * rows))
                 for e in range(count)]
+    if rest in _EXPERT_NAMES and len(info.shape) == 2:  # biases: one row each
+        return [StoredPart(f"{prefix}mlp.experts.{e}.{_EXPERT_NAMES[rest]}", name, slice(e, e + 1),
+                           shape=info.shape[1:]) for e in range(info.shape[0])]
     ours = fam.gguf_names.get(rest) or _LAYER_NAMES.get(rest)
     return [StoredPart(prefix + ours if ours else name, name)]
 
@@ -115,11 +119,11 @@ def _as_rows(shape: tuple[int, ...]) -> tuple[int, ...]:
 class GGUFTensorSource:
     """Streams a GGUF file's tensors under Tally's names, dequantizing one tensor at a time."""
 
-    def __init__(self, path: Path, parts: dict[str, tuple[TensorInfo, slice | None]], config: ModelConfig) -> None:
+    def __init__(self, path: Path, parts: dict[str, tuple[TensorInfo, StoredPart]], config: ModelConfig) -> None:
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._blob = np.frombuffer(self._map, dtype=np.uint8)
-        self._parts = parts  # Tally's name -> (the GGUF tensor holding it, its rows there; None: all of it)
+        self._parts = parts  # Tally's name -> (the GGUF tensor holding it, which part of it)
         self._row_order = _unpermute_orders(config) if family(config.architecture).gguf_rope_permuted else {}
 
     def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
@@ -137,12 +141,12 @@ class GGUFTensorSource:
         found = self._parts.get(name)
         if found is None:
             return None
-        info, rows = found
+        info, part = found
         # First axis: output rows of a linear (of every expert, one after another), elements of a vector.
         shape = _as_rows(info.shape)
         data = self._blob[info.offset: info.offset + info.nbytes].reshape(shape[0], -1)
-        if rows is not None:  # whole rows: quantized blocks stay intact
-            data, shape = data[rows], (rows.stop - rows.start, *shape[1:])
+        if part.rows is not None:  # whole rows: quantized blocks stay intact
+            data, shape = data[part.rows], part_shape(part, shape)
         order = self._row_order.get(name.split(".")[-2])
         if order is not None:
             data = data[order]
@@ -175,13 +179,13 @@ def open_gguf(path: Path) -> tuple[ModelConfig, GGUFTensorSource]:
     fam = family(config.architecture)
     expected = expected_tensor_shapes(config)
     found: dict[str, tuple[int, ...]] = {}
-    parts: dict[str, tuple[TensorInfo, slice | None]] = {}
+    parts: dict[str, tuple[TensorInfo, StoredPart]] = {}
     for info in header.tensors:
         if info.name in ROPE_TENSORS:  # read into the config's rope scaling
             continue
         for part in stored_parts(info, fam, expected):
             found[part.name] = part_shape(part, _as_rows(info.shape))
             if part.name in expected:
-                parts[part.name] = (info, part.rows)
+                parts[part.name] = (info, part)
     check_tensor_shapes(found, config, str(path), lambda name: gguf_name(name, fam))
     return config, GGUFTensorSource(path, parts, config)

@@ -19,7 +19,7 @@ from gguf import GGUFValueType as V
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
 from tally.models.families import gguf_family
-from tally.models.families.gguf_fields import GGUFKey, float32_literal
+from tally.models.families.gguf_fields import GGUFKey, float32_literal, yarn_scaling
 
 _SCALARS = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
             V.FLOAT32: "<f", V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d"}
@@ -223,6 +223,12 @@ def _rope_scaling(header: GGUFHeader, path: Path, key: GGUFKey, rotary_dim: int)
     kind = key("rope.scaling.type", None)
     if kind in (None, "none"):
         return None
+    if kind not in ("linear", "yarn"):
+        raise ModelLoadError(f"{path}: its {header.architecture} model's rope scaling {kind!r} "
+                             f"({header.architecture}.rope.scaling.type) is not supported; Tally reads linear and yarn "
+                             "(and LongRoPE's and Llama 3.1's factor tensors)")
+    if kind == "yarn":
+        return yarn_scaling(key)
     scaling = {"rope_type": kind, "factor": float(key("rope.scaling.factor", 1.0))}
     original = key("rope.scaling.original_context_length", None)
     if original is not None:

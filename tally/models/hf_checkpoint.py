@@ -42,8 +42,10 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         if config.is_moe_layer(layer):
             e = config.experts
             shapes[p + "mlp.gate.weight"] = (e.num_experts, h)
+            if e.bias:
+                shapes[p + "mlp.gate.bias"] = (e.num_experts,)
             for expert in range(e.num_experts):
-                shapes |= _mlp_shapes(h, e.intermediate_size, f"{p}mlp.experts.{expert}.")
+                shapes |= _mlp_shapes(h, e.intermediate_size, f"{p}mlp.experts.{expert}.", e.bias)
         else:
             shapes |= _mlp_shapes(h, config.intermediate_size, p + "mlp.")
     return shapes
@@ -55,6 +57,10 @@ def _attention_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]
               p + "o_proj.weight": (h, q)}
     if config.attention_bias:
         shapes |= {p + "q_proj.bias": (q,), p + "k_proj.bias": (kv,), p + "v_proj.bias": (kv,)}
+    if config.attention_output_bias:
+        shapes[p + "o_proj.bias"] = (h,)
+    if config.attention_sinks:
+        shapes[p + "sinks"] = (config.num_heads,)
     if config.qk_norm == "head":
         shapes |= {p + "q_norm.weight": (config.head_dim,), p + "k_norm.weight": (config.head_dim,)}
     elif config.qk_norm == "projection":
@@ -62,8 +68,11 @@ def _attention_shapes(config: ModelConfig, p: str) -> dict[str, tuple[int, ...]]
     return shapes
 
 
-def _mlp_shapes(h: int, i: int, p: str) -> dict[str, tuple[int, ...]]:
-    return {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h), p + "down_proj.weight": (h, i)}
+def _mlp_shapes(h: int, i: int, p: str, bias: bool = False) -> dict[str, tuple[int, ...]]:
+    shapes = {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h), p + "down_proj.weight": (h, i)}
+    if bias:
+        shapes |= {p + "gate_proj.bias": (i,), p + "up_proj.bias": (i,), p + "down_proj.bias": (h,)}
+    return shapes
 
 
 def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, where: str,
@@ -116,6 +125,8 @@ class HFTensorSource:
             with safe_open(str(file), framework="pt") as f:
                 for _, part in parts:
                     tensor = f.get_tensor(part.stored) if part.rows is None else f.get_slice(part.stored)[part.rows]
+                    if part.take is not None:
+                        tensor = part.take(tensor)
                     if self._norm_plus_one and part.name.endswith("norm.weight"):
                         tensor = tensor.float() + 1.0  # in float32, as the family's norm adds it
                     yield part.name, tensor

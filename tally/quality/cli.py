@@ -1,6 +1,8 @@
 """`tally eval`: candidate vs baseline on perplexity, task suites and a long-tail suite; exit 1 on no-go.
+With --suite, on your own tasks instead (models loaded here or served at a URL), judged by your --rules.
 
     tally eval --baseline M --candidate M --candidate-quantization int4 [--out report.json]
+    tally eval --suite tasks.jsonl --baseline http://stable:8000 --candidate http://canary:8000 --rules rules.yaml
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from tally.flags import (
     THREADS,
     parser,
 )
+from tally.quality import suite_cli
 from tally.quality.settings import SUITES, VERDICTS, Decoding, EvalSettings, Thresholds
 
 EXIT_NO_GO = 1
@@ -32,7 +35,8 @@ EXIT_USAGE = 2
 def build_parser() -> argparse.ArgumentParser:
     p = parser("tally eval", __doc__)
     for who in ("baseline", "candidate"):
-        p.add_argument(f"--{who}", default=None, help="checkpoint dir, .gguf file or alias (default: built-in model)")
+        p.add_argument(f"--{who}", default=None, help="checkpoint dir, .gguf file or alias (default: built-in model); "
+                       "with --suite also a server's URL")
         QUANTIZATION.add(p, prefix=who)
         KV_CACHE_DTYPE.add(p, prefix=who, note="; int8 with the weights unchanged gates the KV quantization alone")
     p.add_argument("--candidate-corrupt", default=None, metavar="zero-layer:N",
@@ -53,14 +57,23 @@ def build_parser() -> argparse.ArgumentParser:
     JSON.add(p)
     THREADS.add(p, note="; both models")
     QUIET.add(p)
+    suite_cli.add_arguments(p)
     return p
 
 
 def main(argv: list[str]) -> int:
-    ns = build_parser().parse_args(argv)
+    p = build_parser()
+    ns = p.parse_args(argv)
     logging.getLogger("tally.quality").setLevel(logging.WARNING if ns.quiet else logging.INFO)
     logging.basicConfig(format="tally eval: %(message)s")
     command = "tally eval " + shlex.join(argv)
+    try:
+        suite_cli.check_options(ns, p.parse_args([]))
+    except TallyError as exc:
+        print(f"tally eval: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    if ns.suite:
+        return suite_cli.main(ns, command, EXIT_USAGE, EXIT_NO_GO)
     try:
         settings = EvalSettings(
             suites=tuple(s.strip() for s in ns.suites.split(",") if s.strip()),

@@ -25,8 +25,12 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _same_value(got: Any, want: Any) -> bool:
-    if isinstance(want, (int, float)) and not isinstance(want, bool):
+def same_value(got: Any, want: Any) -> bool:
+    """Numbers compare as numbers ("1,200" is 1200), text ignoring case and surrounding spaces, anything else
+    exactly."""
+    if isinstance(want, (dict, list, bool)) or want is None:
+        return got == want
+    if isinstance(want, (int, float)):
         try:
             return float(str(got).replace(",", "")) == float(want)
         except ValueError:
@@ -39,7 +43,7 @@ def json_fields(text: str, fields: dict[str, Any]) -> float:
     obj = parse_json_object(text)
     if obj is None:
         return 0.0
-    return sum(k in obj and _same_value(obj[k], v) for k, v in fields.items()) / len(fields)
+    return sum(k in obj and same_value(obj[k], v) for k, v in fields.items()) / len(fields)
 
 
 def number(text: str, expected: str) -> float:

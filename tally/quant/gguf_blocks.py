@@ -21,8 +21,12 @@ import torch
 # The native kernels hold both as their values (nibbles plus planes of high bits, tally/native/ops.py): Q5_0 in 6
 # bits a weight with its scale (5.5 stored), Q6_K in 8 (6.56 stored, 16 as fp16). Elsewhere Q5_0's q - 16 is an
 # int8 value (group-32 int8, exactly) and Q6_K is dequantized, as Q5_1 (a minimum) always is.
+# MXFP4 (GPT-OSS's experts): a uint8 e8m0 exponent e, 16 bytes of e2m1 nibbles as Q4_0's; w = v(q) * 2^(e - 127) with
+# v in {0, 0.5, 1, 1.5, 2, 3, 4, 6} and signs: twice v is an int8 value, so it is group-32 int8 with scale
+# 2^(e - 128), exactly (llama.cpp's own table, gguf.quants.MXFP4).
 BLOCK = 32
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210, "MXFP4": 17}
+_E2M1_DOUBLED = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int8)
 NATIVE_BLOCK_TYPES = frozenset(_BLOCK_BYTES)  # the GGUF block types served as stored; others are dequantized
 _WEIGHTS_PER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 
@@ -106,6 +110,13 @@ def _q5_0(blocks: np.ndarray) -> torch.Tensor:
     return torch.from_numpy((low | high).reshape(blocks.shape[0], -1))
 
 
+def _mxfp4(blocks: np.ndarray) -> Int8Blocks:
+    """MXFP4 blocks [N, K/32, 17] -> twice the e2m1 values as int8 [N, K], scale 2^(e - 128) [N, K/32]."""
+    # 2^-128 and 2^-127 are subnormal float32s: still exact
+    scale = np.ldexp(np.float32(1), blocks[..., 0].astype(np.int32) - 128).astype(np.float32)
+    return Int8Blocks(_E2M1_DOUBLED[_nibbles(blocks, 1).long()], torch.from_numpy(scale))
+
+
 def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, SuperBlockValues, SuperBlockValues]:
     """Q4_K super-blocks [N, S, 144] -> q uint8 [N, 256 S], scale d * sc and minimum -dmin * mn [N, 8 S] per 32
     weights."""
@@ -138,7 +149,8 @@ def adopted_storage(type_name: str) -> tuple[str, int] | None:
     """(storage, group size) for the block types read_blocks adopts, None for those it leaves dense."""
     if type_name not in _BLOCK_BYTES:
         return None
-    return {"Q8_0": ("int8", 32), "Q5_0": ("int5", 32), "Q6_K": ("int6", 16)}.get(type_name, ("int4", 32))
+    return {"Q8_0": ("int8", 32), "MXFP4": ("int8", 32), "Q5_0": ("int5", 32),
+            "Q6_K": ("int6", 16)}.get(type_name, ("int4", 32))
 
 
 def concat_blocks(parts: list[Blocks | None]) -> Blocks | None:
@@ -171,13 +183,15 @@ def _stacked(values: list[Any]) -> Any:
 
 def read_blocks(raw: Any) -> Blocks | None:
     """`raw`'s blocks as the integers and scales they store, exactly (Q4_0, Q4_1, Q4_K -> int4 group 32; Q5_0,
-    Q6_K -> 5- and 6-bit values; Q8_0 -> int8 with block scales), or None for types that are not adopted (the
+    Q6_K -> 5- and 6-bit values; Q8_0, MXFP4 -> int8 with block scales), or None for types that are not adopted (the
     caller dequantizes those). `raw` is duck-typed: fields ggml_type (gguf.GGMLQuantizationType), shape (out, in)
     in HF orientation, data (uint8 blocks, rows in HF order). tally/layers/linear.py turns them into a layer."""
     type_name = getattr(raw.ggml_type, "name", str(raw.ggml_type))
     if type_name not in _BLOCK_BYTES or len(raw.shape) != 2:
         return None
     blocks = _blocks(raw, type_name)
+    if type_name == "MXFP4":
+        return _mxfp4(blocks)
     if type_name == "Q6_K":
         q, scale = _q6_k(blocks)
         return OffsetBlocks(q, scale.values(), 6, scale)

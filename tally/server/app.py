@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import time
 from contextlib import asynccontextmanager
@@ -15,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tally.engine.async_engine import AsyncEngine
 from tally.engine.engine import Engine
-from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError
+from tally.errors import EngineDeadError, InvalidRequestError, ModelNotFoundError, echo
 from tally.metric_names import METRICS_PREFIXES
 from tally.models.template_workers import TemplateLimits, TemplateWorkers
 from tally.models.tokenizer_worker import LONG_TEXT_CHARS, TokenizerWorker, ids_json
@@ -23,12 +24,22 @@ from tally.server.allowed_hosts import AllowedHosts, AllowedHostsMiddleware
 from tally.server.auth import APIKeyMiddleware
 from tally.server.chat import ChatCompletions, chat_text
 from tally.server.completions import Completions
+from tally.server.embeddings import Embeddings
 from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
+from tally.server.messages import Messages
+from tally.server.pooling_lifecycle import run_pooling
+from tally.server.responses import Responses
+from tally.server.responses_store import ResponsesStore
 from tally.server.metrics import ServerMetrics, cache_config_info
 from tally.server.protocol import DetokenizeRequest, TokenizeRequest
+from tally.server.reasoning import reasoning_parser
 from tally.server.request_log import RequestLog
+from tally.server.scoring import Rerank, Score
 from tally.version import __version__
+
+
+CANCEL_WAIT_S = 5.0  # a cancel answers with the cancelled response once its request has let go, or after this
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,8 @@ class ServerConfig:
     chat_template: str | None = None  # --chat-template: the template text used instead of the model's
     trust_request_chat_template: bool = False  # --trust-request-chat-template: render a request's own template
     metrics_prefix: str = "tally"  # --metrics-prefix vllm: the same series under vllm:
+    responses_store_size: int = 1000  # --responses-store-size: finished responses kept for previous_response_id
+    reasoning_parser: str | None = None  # --reasoning-parser NAME: chat returns the thinking apart
 
 
 def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
@@ -59,7 +72,7 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         tokenizer=tokenizer, model_name=engine.model_name, model_names=engine.model_names,
         max_model_len=engine.max_model_len, sampling_defaults=engine.sampling_defaults,
         request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,
-        request_log=config.request_log,
+        request_log=config.request_log, supported_tasks=engine.supported_tasks,
     )
     ledger = engine.ledger.to_dict()
     started_s = int(time.time())
@@ -87,7 +100,10 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     app.state.tally = state
     completions = Completions(tokenizer)
     chat = ChatCompletions(tokenizer, templates.render, config.tool_call_parser, config.chat_template,
-                           request_templates.render if config.trust_request_chat_template else None)
+                           request_templates.render if config.trust_request_chat_template else None,
+                           reasoning_parser(config.reasoning_parser) if config.reasoning_parser else None)
+    messages = Messages(chat)
+    responses = Responses(chat, ResponsesStore(config.responses_store_size))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -108,6 +124,64 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def create_chat_completion(request: Request) -> Response:
         return await run_generation(request, chat)
+
+    @app.post("/v1/messages")
+    async def create_message(request: Request) -> Response:
+        return await run_generation(request, messages)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_message_tokens(request: Request) -> Response:
+        try:
+            body = await read_json(request, state.max_body_bytes)
+            return JSONResponse(await asyncio.to_thread(messages.count_tokens, body, state))
+        except Exception as exc:  # noqa: BLE001
+            return error_response(exc, messages.framing.error_body)
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        return await run_generation(request, responses)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> Response:
+        try:
+            return JSONResponse(responses.get(response_id, state))
+        except Exception as exc:  # noqa: BLE001
+            return error_response(exc)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> Response:
+        """Ends a response in progress; its client gets what was generated, with status "cancelled"."""
+        try:
+            inflight = state.inflight.get(response_id) if response_id.startswith(responses.id_prefix) else None
+            if inflight is None:
+                responses.get(response_id, state)  # 404 when unknown
+                raise InvalidRequestError(f"response {echo(response_id)} has finished; only a response in progress "
+                                          "can be cancelled", param="response_id")
+            inflight.cancel()
+            with contextlib.suppress(asyncio.TimeoutError):  # a stream's client may be slow to take its last events
+                await asyncio.wait_for(inflight.closed.wait(), CANCEL_WAIT_S)
+            with contextlib.suppress(ModelNotFoundError):  # stored unless the request said store: false
+                return JSONResponse(responses.get(response_id, state))
+            return JSONResponse({"id": response_id, "object": "response", "status": "cancelled"})
+        except Exception as exc:  # noqa: BLE001
+            return error_response(exc)
+
+    embeddings, score, rerank = Embeddings(), Score(), Rerank()
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(request: Request) -> Response:
+        return await run_pooling(request, embeddings)
+
+    @app.post("/v1/score")
+    @app.post("/score")
+    async def create_score(request: Request) -> Response:
+        return await run_pooling(request, score)
+
+    @app.post("/v1/rerank")
+    @app.post("/rerank")
+    @app.post("/v2/rerank")
+    async def create_rerank(request: Request) -> Response:
+        return await run_pooling(request, rerank)
 
     @app.get("/v1/models")
     async def models() -> dict:

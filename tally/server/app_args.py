@@ -41,4 +41,6 @@ def app_from_args(ns: argparse.Namespace) -> FastAPI:
                                           tool_call_parser=ns.tool_call_parser if ns.enable_auto_tool_choice
                                           else None, chat_template=ns.chat_template,
                                           trust_request_chat_template=ns.trust_request_chat_template,
-                                          metrics_prefix=ns.metrics_prefix))
+                                          reasoning_parser=ns.reasoning_parser,
+                                          metrics_prefix=ns.metrics_prefix,
+                                          responses_store_size=ns.responses_store_size))

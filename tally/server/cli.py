@@ -28,10 +28,10 @@ from tally.flags import (
     parser,
 )
 from tally.http_limits import guarded_protocol
+from tally.server.answer_flags import add_answer_flags, check_answer_flags
 from tally.server.app_args import app_from_args
 from tally.server.listen import bind_sockets
 from tally.server.ray_flags import add_ray_args, check_ray_args
-from tally.server.tools import TOOL_CALL_PARSERS
 from tally.server.vllm_flags import add_vllm_flags, warn_no_effect
 from tally.units import parse_bytes
 
@@ -90,16 +90,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="when the engine loop dies, fail the requests in flight, reload the engine, serve again")
     LOG_LEVEL.add(p)
     METRICS_PREFIX.add(p)
-    p.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
-                   help="a Jinja chat template (a file, or the template itself) used instead of the model's")
+    add_answer_flags(p)
     p.add_argument("--trust-request-chat-template", action="store_true",
                    help="render a request's own chat_template (a template is code: it runs sandboxed, within a time "
                         "and memory limit); without it such a request gets 400")
-    p.add_argument("--enable-auto-tool-choice", action="store_true",
-                   help='let the model decide to call tools (tool_choice "auto"); needs --tool-call-parser')
-    p.add_argument("--tool-call-parser", default=None, choices=TOOL_CALL_PARSERS,
-                   help="how calls are read from the model's text: hermes (Hermes, Qwen2.5: <tool_call> JSON), "
-                        "llama3_json (Llama 3's JSON)")
+    p.add_argument("--responses-store-size", type=int, default=1000, metavar="N",
+                   help="finished /v1/responses kept in memory for previous_response_id and GET (least recently used "
+                        "evicted first; at most 64 MiB of conversation text in all); 0 keeps none "
+                        "(default: %(default)s)")
     add_engine_args(p)
     add_vllm_flags(p)
     add_ray_args(p)
@@ -122,10 +120,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--max-connections must be ≥ 1 and --header-timeout > 0 seconds")
     if ns.request_timeout is not None and ns.request_timeout <= 0:
         p.error("--request-timeout must be > 0 seconds")
-    if ns.enable_auto_tool_choice and ns.tool_call_parser is None:
-        p.error(f"--enable-auto-tool-choice needs --tool-call-parser ({' | '.join(TOOL_CALL_PARSERS)})")
-    if ns.chat_template is not None and Path(ns.chat_template).is_file():
-        ns.chat_template = Path(ns.chat_template).read_text()
+    check_answer_flags(p, ns)
     return ns
 
 

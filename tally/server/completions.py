@@ -10,12 +10,12 @@ from tally.errors import InvalidRequestError
 from tally.models.tokenizer import Tokenizer, encode_within
 from tally.outputs import Logprob, RequestOutput
 from tally.sampling_params import SamplingParams
-from tally.server.lifecycle import Ctx, ServerState, usage
+from tally.server.lifecycle import Ctx, OpenAIStream, ServerState, usage
 from tally.server.protocol import CompletionRequest, finite, refuse_unsupported
 from tally.server.streaming import Delta, deltas
 
 
-class Completions:
+class Completions(OpenAIStream):
     path = "/v1/completions"
     id_prefix = "cmpl"
     chunk_object = "text_completion"

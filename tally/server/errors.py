@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -43,7 +44,8 @@ def as_tally_error(exc: BaseException) -> TallyError:
     return err
 
 
-def error_response(exc: BaseException) -> JSONResponse:
+def error_response(exc: BaseException, body: Callable[[TallyError], dict] = error_body) -> JSONResponse:
+    """`body`: the API's error shape (OpenAI's unless told)."""
     err = as_tally_error(exc)
     if err.http_status == 500:  # a bug of ours, not the client's: keep the traceback
         log.error("internal error: %s", err.message, exc_info=err.__cause__ or err)
@@ -51,7 +53,7 @@ def error_response(exc: BaseException) -> JSONResponse:
     retry_after_s = getattr(err, "retry_after_s", None)
     if retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
-    return JSONResponse(error_body(err), status_code=err.http_status, headers=headers)
+    return JSONResponse(body(err), status_code=err.http_status, headers=headers)
 
 
 REJECTION_REASONS = ("queue_full", "draining")

@@ -1,6 +1,6 @@
-"""The life of one generation request, shared by /v1/completions and /v1/chat/completions:
-read and validate → submit → wait (racing client disconnect and --request-timeout) → respond,
-and count exactly one outcome in the metrics. The endpoint modules only translate formats."""
+"""The life of one generation request, shared by every generation endpoint (completions, chat, messages,
+responses): read and validate → submit → wait (racing client disconnect, --request-timeout and a cancel) →
+respond, and count exactly one outcome in the metrics. The endpoint modules only translate formats."""
 from __future__ import annotations
 
 import asyncio
@@ -26,14 +26,12 @@ from tally.server.errors import (
     ServerDrainingError,
     UnsupportedMediaTypeError,
     as_tally_error,
-    error_body,
     error_response,
     rejection_reason,
 )
 from tally.server.metrics import ServerMetrics, StreamTimes
-from tally.server.protocol import SamplingFields
 from tally.server.request_log import RequestLog
-from tally.server.streaming import EventStreamResponse, sse
+from tally.server.streaming import OPENAI, EventStreamResponse, Framing
 
 if TYPE_CHECKING:
     from tally.models.tokenizer import Tokenizer
@@ -56,6 +54,16 @@ class ServerState:
     sampling_defaults: dict[str, float] = field(default_factory=dict)  # generation_config.json's, for unset fields
     draining: bool = False
     request_log: RequestLog | None = None
+    inflight: dict[str, Inflight] = field(default_factory=dict)  # by the id its response carries, for a cancel
+    supported_tasks: tuple[str, ...] = ("generate",)  # the engine's: a generative model, or an embedding one
+
+    def check_task(self, task: str, path: str) -> None:
+        """400 for an endpoint of the task this server does not serve (vLLM's: one runner per server)."""
+        if task not in self.supported_tasks:
+            served = "embeddings (--runner pooling)" if "embed" in self.supported_tasks else "text generation"
+            wanted = "--runner pooling (an embedding model)" if task == "embed" else "--runner generate"
+            raise InvalidRequestError(f"{path} is not served here: this server serves {served} for "
+                                      f"{self.model_name!r}; start one with {wanted} for it", param="model")
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model not in (self.model_names or (self.model_name,)):
@@ -76,21 +84,61 @@ class Ctx:
     times: dict[str, StreamTimes] = field(default_factory=dict)
     arrival_unix_s: float = 0.0
     max_tokens: list[int | None] = field(default_factory=list)  # per prompt; None: up to max_model_len
+    prompts: list[Any] = field(default_factory=list)  # the engine prompts, in prompt order
+    cancelled: bool = False  # a cancel ended it (POST /v1/responses/{id}/cancel); outputs are partial
+    handler_state: dict[str, Any] = field(default_factory=dict)  # the handler's own bookkeeping of a stream
+    reasoning: dict[tuple[int, int], Any] = field(default_factory=dict)  # chat's thinking streams (chat.py:_split)
 
 
 class Handler(Protocol):
+    """One API's formats. A stream is `opening`'s events, then `events` each time outputs move, then `closing`'s;
+    `framing` writes them and the API's errors."""
+
     path: str
     id_prefix: str
-    chunk_object: str
+    framing: Framing
 
-    def parse(self, body: dict) -> SamplingFields: ...
+    def parse(self, body: dict) -> Any: ...  # the request, with at least `model` and `stream`
     def engine_requests(self, req: Any, state: ServerState) -> list[tuple[Any, SamplingParams]]: ...
     def response(self, ctx: Ctx, outputs: list[RequestOutput], state: ServerState) -> dict: ...
-    def chunks(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]: ...
+    def opening(self, ctx: Ctx) -> list[dict]: ...
+    def events(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]: ...
+    def closing(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]: ...
+
+
+class OpenAIStream:
+    """The stream of OpenAI's completions and chat: `chunks`, with usage in each (vLLM's continuous_usage_stats)
+    and after the last (include_usage)."""
+
+    framing = OPENAI
+    chunk_object: str
+
+    def chunks(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]:
+        raise NotImplementedError
+
+    def opening(self, ctx: Ctx) -> list[dict]:
+        return []
+
+    def events(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]:
+        chunks = self.chunks(ctx, outputs)
+        if chunks and ctx.req.continuous_usage:
+            so_far = usage([o for o in outputs if o is not None])
+            chunks = [{**c, "usage": so_far} for c in chunks]
+        return chunks
+
+    def closing(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]:
+        if not ctx.req.include_usage:
+            return []
+        return [{"id": ctx.request_id, "object": self.chunk_object, "created": ctx.created_s, "model": ctx.model,
+                 "choices": [], "usage": usage([o for o in outputs if o is not None])}]
 
 
 class ClientDisconnected(Exception):
     pass
+
+
+class Cancelled(Exception):
+    """A cancel request ended the generation; what it had made is the answer."""
 
 
 class Inflight:
@@ -99,6 +147,8 @@ class Inflight:
 
     def __init__(self, state: ServerState, request: Request, stream: RequestStream, arrival_s: float) -> None:
         self.state, self.stream = state, stream
+        self.latest: dict[str, RequestOutput] = {}  # the outputs last read
+        self.closed = asyncio.Event()  # set once its answer is written or its stream closed
         self._disconnect = asyncio.ensure_future(self._watch(request))
         self._deadline: asyncio.TimerHandle | None = None
         if state.request_timeout_s:
@@ -112,11 +162,18 @@ class Inflight:
             pass
         self.stream.fail(ClientDisconnected())
 
+    async def next(self) -> dict[str, RequestOutput]:
+        self.latest = await self.stream.next()
+        return self.latest
+
     async def until_finished(self) -> dict[str, RequestOutput]:
         while True:
-            latest = await self.stream.next()
+            latest = await self.next()
             if self.stream.is_finished(latest):
                 return latest
+
+    def cancel(self) -> None:
+        self.stream.fail(Cancelled())
 
     def close(self) -> None:
         self._disconnect.cancel()
@@ -124,6 +181,9 @@ class Inflight:
             self._deadline.cancel()
         if not self.stream.is_finished():
             self.state.engine.abort(self.stream)
+        for key in [k for k, v in self.state.inflight.items() if v is self]:
+            del self.state.inflight[key]
+        self.closed.set()
 
 
 async def read_json(request: Request, limit_bytes: int) -> dict:
@@ -171,19 +231,22 @@ async def run_generation(request: Request, handler: Handler) -> Response:
     arrival_s, arrival_unix_s = time.monotonic(), time.time()
     inflight: Inflight | None = None
     handed_off = False  # a streaming response owns the request from then on
+    ctx: Ctx | None = None
     try:
         if state.draining:
             raise ServerDrainingError()
         req = handler.parse(await read_json(request, state.max_body_bytes))
         state.check_model(req.model)
+        state.check_task("generate", handler.path)
         items = await asyncio.to_thread(handler.engine_requests, req, state)  # tokenizes, renders templates
         request_id = f"{handler.id_prefix}-{uuid.uuid4().hex}"
         rids = [f"{request_id}-{i}" for i in range(len(items))]
-        stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s)
+        stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s, req.priority)
         inflight = Inflight(state, request, stream, arrival_s)
-        await stream.accepted
+        state.inflight[request_id] = inflight
         ctx = Ctx(request_id, int(arrival_unix_s), state.model_name, req, rids, arrival_unix_s=arrival_unix_s,
-                  max_tokens=[sp.max_tokens for _, sp in items])
+                  max_tokens=[sp.max_tokens for _, sp in items], prompts=[p for p, _ in items])
+        await stream.accepted
         if req.stream:
             handed_off = True
             return EventStreamResponse(_events(state, handler, ctx, inflight))
@@ -191,8 +254,12 @@ async def run_generation(request: Request, handler: Handler) -> Response:
     except ClientDisconnected:
         state.metrics.count_success(handler.path, "abort")
         return Response(status_code=499)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes one OpenAI-shaped error
-        return error_response(_record_failure(state, handler.path, exc))
+    except Cancelled:
+        state.metrics.count_success(handler.path, "abort")
+        ctx.cancelled = True
+        return JSONResponse(handler.response(ctx, [inflight.latest.get(rid) for rid in rids], state))
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one error of the API's shape
+        return error_response(record_failure(state, handler.path, exc), handler.framing.error_body)
     finally:
         # Also on cancellation (drain timeout): the engine must not keep computing for nobody.
         if inflight is not None and not handed_off:
@@ -204,34 +271,39 @@ async def run_generation(request: Request, handler: Handler) -> Response:
 
 async def _events(state: ServerState, handler: Handler, ctx: Ctx, inflight: Inflight) -> AsyncIterator[bytes]:
     recorded = False
+    framing = handler.framing
+    outputs: list[RequestOutput | None] = [None] * len(ctx.request_ids)
     try:
+        opening = framing.frame(handler.opening(ctx))
+        if opening:
+            yield opening
         while True:
-            latest = await inflight.stream.next()
+            try:
+                latest = await inflight.next()
+            except Cancelled:
+                ctx.cancelled = True
+                break
             outputs = [latest.get(rid) for rid in ctx.request_ids]
-            chunks = handler.chunks(ctx, outputs)
-            if chunks and ctx.req.continuous_usage:
-                so_far = usage([o for o in outputs if o is not None])
-                chunks = [{**c, "usage": so_far} for c in chunks]
-            if chunks:
-                yield b"".join(sse(c) for c in chunks)
+            events = handler.events(ctx, outputs)
+            if events:
+                yield framing.frame(events)
                 _note_sent(state, handler.path, ctx, outputs)
             if inflight.stream.is_finished(latest):
                 break
-        if ctx.req.include_usage:
-            yield sse({"id": ctx.request_id, "object": handler.chunk_object, "created": ctx.created_s,
-                       "model": ctx.model, "choices": [], "usage": usage(outputs)})
-        _record_success(state, handler.path, ctx, outputs)
-        recorded = True
+        yield framing.frame(handler.closing(ctx, outputs))
+        if not ctx.cancelled:
+            _record_success(state, handler.path, ctx, outputs)
+            recorded = True
     except ClientDisconnected:
         return
     except Exception as exc:  # noqa: BLE001 - headers are sent: the error travels as an event
         recorded = True
-        yield sse(error_body(_record_failure(state, handler.path, exc)))
+        yield framing.frame([framing.stream_error(record_failure(state, handler.path, exc))])
     finally:
         inflight.close()
-        if not recorded:  # client went away (disconnect, or the server cancelled us while draining)
+        if not recorded:  # client went away (disconnect, or the server cancelled us while draining), or a cancel
             state.metrics.count_success(handler.path, "abort")
-    yield b"data: [DONE]\n\n"
+    yield framing.done
 
 
 def _record_success(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[RequestOutput]) -> None:
@@ -267,7 +339,7 @@ def _note_sent(state: ServerState, endpoint: str, ctx: Ctx, outputs: list[Reques
         t.last_token_sent_s, t.num_tokens_sent = now, n_tokens
 
 
-def _record_failure(state: ServerState, endpoint: str, exc: BaseException):
+def record_failure(state: ServerState, endpoint: str, exc: BaseException):
     err = as_tally_error(exc)
     reason = rejection_reason(err)
     if reason is not None:

@@ -22,9 +22,9 @@ class OpenAIModel(BaseModel):
 HARMLESS_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls"})
 
 
-def refuse_unsupported(body: dict, model: type[BaseModel]) -> None:
-    """400 naming the body's fields that `model` does not implement (and that are not harmless)."""
-    unknown = sorted(set(body) - set(model.model_fields) - HARMLESS_FIELDS)
+def refuse_unsupported(body: dict, model: type[BaseModel], harmless: frozenset[str] = HARMLESS_FIELDS) -> None:
+    """400 naming the body's fields that `model` does not implement (and that are not `harmless`)."""
+    unknown = sorted(set(body) - set(model.model_fields) - harmless)
     if body.get("tool_choice") == "none":  # asks for nothing (clients send it on completions too)
         unknown = [f for f in unknown if f != "tool_choice"]
     if unknown:
@@ -68,6 +68,7 @@ class SamplingFields(OpenAIModel):
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
     bad_words: list[str] | None = None
+    priority: int = 0  # vLLM's: lower runs sooner, under --scheduling-policy priority
     stream: bool = False
     stream_options: StreamOptions | None = None
     # Constrained decoding: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields.
@@ -160,6 +161,8 @@ class ChatMessage(OpenAIModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls, as the API returned them
     tool_call_id: str | None = None  # a tool turn: the call it answers
+    reasoning_content: str | None = None  # an assistant turn's thinking, as --reasoning-parser returned it
+    reasoning: str | None = None  # the same, under the other name clients use
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:

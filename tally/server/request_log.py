@@ -94,11 +94,13 @@ class RequestLog:
     def _prompts(self, request: Any, count: int) -> list[dict | None]:
         budget = [LOGGED_TEXT_CHARS]
         messages = getattr(request, "messages", None)
-        if messages is not None:
+        if messages is not None and all(hasattr(m, "text") for m in messages):  # chat's, not Anthropic's dicts
             texts = [self._clipped(m.text(), budget) for m in reversed(messages)][::-1]
             turns = [{"role": m.role, "content": text} for m, text in zip(messages, texts)]
             return [{"messages": turns}] * count
-        prompt = request.prompt
+        prompt = getattr(request, "prompt", None)  # None: an API whose input is neither (messages, responses)
+        if prompt is None:
+            return [None] * count
         if isinstance(prompt, str):
             prompts = [prompt]
         elif prompt and all(isinstance(t, int) for t in prompt):

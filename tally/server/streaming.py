@@ -1,20 +1,44 @@
-"""Streaming: deltas computed from the engine's cumulative outputs, OpenAI's `data: {json}` SSE
-framing, and a response that always closes its event generator, so a request whose client went
-away is aborted at once, not at garbage collection."""
+"""Streaming: deltas computed from the engine's cumulative outputs, the SSE framings (OpenAI's `data: {json}`
+chunks closed by `[DONE]`, or named `event:` lines as Anthropic's API and the Responses API send), and a response that
+always closes its event generator, so a request whose client went away is aborted at once, not at garbage
+collection."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from tally.errors import TallyError, error_body
 from tally.outputs import CompletionOutput, RequestOutput
 
 
 def sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def named_sse(obj: dict) -> bytes:
+    """An event named by its own `type` field, the framing of Anthropic's API and the Responses API."""
+    return b"event: " + obj["type"].encode() + b"\n" + sse(obj)
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How one API writes its stream's events and its errors."""
+
+    named: bool = False  # `event: <type>` lines before each `data:`
+    done: bytes = b"data: [DONE]\n\n"  # written last, whatever happened
+    error_body: Callable[[TallyError], dict] = error_body  # an error's JSON body, answered with its HTTP status
+    stream_error: Callable[[TallyError], dict] = error_body  # an error as the event that ends a begun stream
+
+    def frame(self, events: list[dict]) -> bytes:
+        return b"".join(map(named_sse if self.named else sse, events))
+
+
+OPENAI = Framing()
 
 
 class EventStreamResponse(Response):

@@ -87,7 +87,7 @@ class Speculator:
         for req in running:
             room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens) - 1
             if (req.num_computed_tokens == req.num_tokens - 1 and req.num_output_tokens > 0 and room > 0
-                    and req.generator is None and req.grammar is None):
+                    and req.generator is None and not req.constrained):
                 candidates.append(req)
                 limits.append(min(room, cfg.num_speculative_tokens))
                 rooms.append(room)

@@ -6,6 +6,7 @@ import torch
 
 from tally.engine.config import EngineConfig
 from tally.engine.parallel.distributed import ParallelContext, join
+from tally.engine.pooling import pooler_config, serving_runner
 from tally.engine.speculation.draft_model import load_draft, model_weight_bytes
 from tally.engine.startup.engine_ledger import engine_ledger
 from tally.engine.startup.loaded_model import LoadedModel
@@ -16,6 +17,7 @@ from tally.engine.startup.sizing import allocate_kv, kv_dtype, kv_layout, pool_b
 from tally.models.generation_config import sampling_defaults
 from tally.models.loader import Checkpoint, load_checkpoint
 from tally.models.pipeline_split import PPStage, plan_stages
+from tally.models.sentence_transformers import checkpoint_pooling
 from tally.models.tensor_parallel import TPShard, plan_shards
 from tally.models.tokenizer import load_tokenizer, stop_token_ids
 
@@ -62,10 +64,14 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
     if draft is not None:  # a block holds its tokens' KV for the target and the draft: one pool, one budget
         draft.kv_caches = allocate_kv(draft.config, draft.layout, num_blocks)
     name = (config.served_model_names or (ckpt.name,))[0]
+    declared = checkpoint_pooling(ckpt.path)
+    runner = serving_runner(config.runner, config.convert, config.task, declared)
     ledger = engine_ledger(config, name, full_cfg, model_weight_bytes(model), model.huge_page_bytes, layout,
                            num_blocks, max_model_len, path, draft, stage, parallel)
     return LoadedModel(
         name=name, config=full_cfg, tokenizer=tokenizer, stop_token_ids=stop_token_ids(tokenizer, full_cfg),
         model=model, kv_caches=kv_caches, kv_layout=layout, num_blocks=num_blocks, max_model_len=max_model_len,
         ledger=ledger, parallel=parallel, draft=draft,
+        supported_tasks=("embed",) if runner == "pooling" else ("generate",),
+        pooler=pooler_config(config.pooler_config, declared, runner == "pooling"),
         sampling_defaults=sampling_defaults(config.generation_config, ckpt.path, config.override_generation_config))

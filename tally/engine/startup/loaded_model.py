@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from tally.attention.kv_cache import KVCache
 from tally.engine.parallel.distributed import ParallelContext
+from tally.engine.pooling import PoolerConfig
 from tally.engine.speculation.draft_model import DraftModel
 from tally.ledger.kv import KVLayout
 from tally.ledger.report import EngineLedger
@@ -29,5 +30,7 @@ class LoadedModel:
     max_model_len: int
     ledger: EngineLedger
     sampling_defaults: dict[str, float]  # from generation_config.json (--generation-config)
+    supported_tasks: tuple[str, ...]  # ("generate",) or ("embed",): --runner, else what the checkpoint is
+    pooler: PoolerConfig  # how embeddings are pooled (the checkpoint's, under --pooler-config)
     parallel: ParallelContext | None = None  # tensor / pipeline parallel: this process's rank and its groups
     draft: DraftModel | None = None  # speculative decoding's draft model; its KV in the same pool blocks

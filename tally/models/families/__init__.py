@@ -10,6 +10,7 @@ from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
 from tally.models.families.family import Family
 from tally.models.families.gemma import GEMMA2, GEMMA3
+from tally.models.families.gpt_oss import GPT_OSS
 from tally.models.families.granite import GRANITE
 from tally.models.families.llama import LLAMA, MISTRAL
 from tally.models.families.mixtral import MIXTRAL
@@ -19,7 +20,7 @@ from tally.models.families.qwen import QWEN2, QWEN3, QWEN3_MOE
 from tally.models.families.smollm3 import SMOLLM3
 
 FAMILIES: tuple[Family, ...] = (LLAMA, MISTRAL, QWEN2, QWEN3, QWEN3_MOE, GEMMA2, GEMMA3, PHI3, GRANITE, OLMO2,
-                                OLMOE, SMOLLM3, MIXTRAL)
+                                OLMOE, SMOLLM3, MIXTRAL, GPT_OSS)
 _BY_NAME = {f.name: f for f in FAMILIES}
 _BY_HF = {arch: f for f in FAMILIES for arch in f.hf_architectures}
 _BY_GGUF = {arch: f for f in FAMILIES for arch in f.gguf_architectures}

@@ -23,6 +23,20 @@ def float32_literal(value: object) -> float:
     return float(str(np.float32(value)))
 
 
+def yarn_scaling(key: GGUFKey) -> dict[str, Any] | None:
+    """The rotary scaling where the file's is YaRN (None otherwise), by transformers' names."""
+    if key("rope.scaling.type", None) != "yarn":
+        return None
+    scaling = {"rope_type": "yarn", "factor": float32_literal(key("rope.scaling.factor")),
+               "original_max_position_embeddings": int(key("rope.scaling.original_context_length"))}
+    for ours, theirs in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
+                         ("attention_factor", "yarn_attn_factor")):
+        value = key(f"rope.scaling.{theirs}", None)
+        if value is not None:
+            scaling[ours] = float32_literal(value)
+    return scaling
+
+
 def experts(key: GGUFKey, normalize_top_k: bool) -> dict[str, Any]:
     """ModelConfig's `experts` where the file has any (`expert_count`), in every layer as llama.cpp reads them.
     `normalize_top_k`: what llama.cpp fixes for the architecture where the file does not say

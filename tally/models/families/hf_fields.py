@@ -6,7 +6,7 @@ from typing import Any
 
 from tally.errors import ModelLoadError
 
-ROPE_SCALINGS = ("linear", "llama3", "longrope")
+ROPE_SCALINGS = ("linear", "llama3", "longrope", "yarn")
 
 
 def require(cfg: dict[str, Any], key: str, family: str) -> Any:
@@ -58,8 +58,9 @@ def rope_settings(cfg: dict[str, Any], family: str, layer_type: str = "full_atte
         raise ModelLoadError(f"this {family} model's rope scaling {kind!r} (config.json rope_scaling) is not "
                              f"supported; Tally supports {', '.join(ROPE_SCALINGS)}")
     scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "type")}
-    if kind == "longrope":  # Phi-3 keeps the original context beside the scaling, and its ratio is the factor
-        original = scaling.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+    if kind in ("longrope", "yarn"):  # the original context may sit beside the scaling; their ratio is the factor
+        original = (scaling.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings")
+                    or cfg.get("max_position_embeddings"))
         scaling["original_max_position_embeddings"] = int(original)
         if not scaling.get("factor"):
             scaling["factor"] = int(cfg.get("max_position_embeddings", original)) / int(original)
@@ -80,6 +81,10 @@ def windows(cfg: dict[str, Any], num_layers: int, window: int | None) -> dict[st
     """ModelConfig's `layer_types` and `sliding_window` from transformers' `layer_types` (per layer
     "sliding_attention" or "full_attention") and the window: per layer only where layers differ."""
     kinds = tuple("sliding" if t == "sliding_attention" else "full" for t in cfg.get("layer_types") or ())
+    unknown = sorted(set(cfg.get("layer_types") or ()) - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise ModelLoadError(f"config.json's layer_types has {', '.join(map(repr, unknown))}; Tally supports "
+                             "'sliding_attention' and 'full_attention'")
     if kinds and len(kinds) != num_layers:
         raise ModelLoadError(f"config.json's layer_types lists {len(kinds)} layers but num_hidden_layers is "
                              f"{num_layers}")
