@@ -86,8 +86,8 @@ def main(argv: list[str]) -> int:
     if ns.canary:
         overlap = sorted({u.rstrip("/") for u in ns.canary} & {u for _, urls in pools.pools for u in urls})
         if overlap:
-            p.error(f"{overlap[0]} is both a stable replica (--replica or --pool) and a --canary; give it as one "
-                    "of them")
+            p.error(f"{overlap[0]} is both a --replica (stable, or in a --pool) and a --canary; give it as one of "
+                    "them")
         if ns.canary_pool is not None and ns.canary_pool not in dict(pools.pools):
             p.error(f"--canary-pool {ns.canary_pool}: no such pool; the pools are {', '.join(dict(pools.pools))}")
         try:
@@ -106,6 +106,7 @@ def main(argv: list[str]) -> int:
     if ns.log_level != "debug":  # a line per health check and per request otherwise
         logging.getLogger("httpx").setLevel(logging.WARNING)
     log.info("tally route on http://%s:%d in front of %s; %s", ns.host, ns.port,
+             ", ".join(pools.pools[0][1]) if len(pools.pools) == 1 else
              "; ".join(f"pool {name}: {', '.join(urls)}" for name, urls in pools.pools),
              f"canary {', '.join(ns.canary)} (its plan and rules follow)" if ns.canary else "no canary")
     if pools.long_pool is not None:
