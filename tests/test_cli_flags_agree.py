@@ -31,6 +31,7 @@ HOMONYMS = {
     "--canary": {"route": "the canary replicas' URLs", "deploy": "the canary pods' tally serve flags"},
     "--device": {"serve": "vLLM's --device, accepted and ignored (no effect on CPU)", "plan": "the device planned for"},
     "--api-key": {"serve": "the key clients must send", "bench": "the key it sends"},
+    "--plan": {"route": "the canary's weights and holds", "deploy": "a `tally plan --out` result: its length pools"},
     "--rules": {"eval": "a user suite's GO/NO-GO thresholds on scores", "route": "the canary's rollback rules"},
 }
 

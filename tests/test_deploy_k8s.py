@@ -327,7 +327,7 @@ def test_the_router_command_line_is_one_tally_route_accepts(tmp_path, rules, mon
     config = started["config"]
     assert (started["host"], started["port"]) == ("0.0.0.0", route["ports"][0]["containerPort"])
     port = files["tally-stable-service"]["spec"]["ports"][0]["port"]
-    assert config.replicas == [f"http://tally-stable:{port}"]
+    assert config.pools.pools == (("main", (f"http://tally-stable:{port}",)),)
     assert config.canary.urls == (f"http://tally-canary:{files['tally-canary-service']['spec']['ports'][0]['port']}",)
     assert [step.weight for step in config.canary.plan] == [0.05, 0.2, 1.0]
     assert (config.canary.eval_interval_s, config.canary.sticky_header) == (10.0, "X-Session")
@@ -381,3 +381,37 @@ def test_bad_canary_options_are_refused_before_any_manifest_is_written(tmp_path,
     captured = capsys.readouterr()
     assert message in captured.err and captured.out == ""
     assert not out.exists()
+
+
+def test_a_length_plan_writes_both_pools_and_the_router_that_splits_them(tmp_path, monkeypatch):
+    """`tally plan --lengths --out` → `tally deploy k8s --plan`: each pool's pods start at its own max_model_len and
+    the router's command line is one `tally route` accepts, with the plan's threshold."""
+    from tally.ops import route_cli
+
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--model", "smollm2-135m", "--device", "h100-80gb", "--lengths", "conv",
+                 "--out", str(plan)]) == 0
+    pools = json.loads(plan.read_text())["pools"]
+    files = _files(tmp_path / "k8s", "--plan", str(plan), "--replicas", "3")
+    for doc in files.values():
+        if doc["kind"] != "PodMonitor":
+            kubernetes_validate.validate(doc, K8S_VERSIONS[-1], strict=True)
+    lens = {pool: int(_arg(_spec(files[f"tally-{pool}-deployment"])["containers"][0], "--max-model-len"))
+            for pool in ("main", "long")}
+    assert lens == {"main": pools["main"]["max_model_len"], "long": pools["long"]["max_model_len"]}
+    assert lens["main"] < lens["long"]
+    assert files["tally-main-deployment"]["spec"]["replicas"] == 3 and files["tally-long-deployment"]["spec"][
+        "replicas"] >= 1
+    router = files["tally-route-deployment"]
+    assert _selects(files["tally-service"], router)
+    (route,) = _spec(router)["containers"]
+    started = {}
+    monkeypatch.setattr(route_cli, "build_router_app", lambda config: started.setdefault("config", config))
+    monkeypatch.setattr(route_cli.uvicorn, "run", lambda app, **kwargs: None)
+    assert route_cli.main(route["args"]) == 0
+    config = started["config"].pools
+    assert (config.long_pool, config.long_threshold_tokens) == ("long", pools["long_threshold_tokens"])
+    assert config.pools == (("main", ("http://tally-main:8000",)), ("long", ("http://tally-long:8000",)))
+    # the router reads the plan file itself too
+    assert route_cli.PoolsConfig.from_args(None, ["main=http://a", "long=http://b"], "long", str(plan)) \
+        .long_threshold_tokens == pools["long_threshold_tokens"]

@@ -11,8 +11,9 @@ import yaml
 
 from tally.deploy.k8s_canary import CanaryRollout
 from tally.deploy.k8s_config import CANARY, STABLE, K8sConfig
-from tally.deploy.k8s_manifests import adapter_values, hpa_metric, manifests
+from tally.deploy.k8s_manifests import adapter_values, hpa_metric, manifests, pool_manifests, pool_parts
 from tally.deploy.k8s_pod import PORT
+from tally.deploy.k8s_pools import LengthPools
 from tally.deploy.k8s_sizing import size_pod
 from tally.errors import TallyError
 from tally.flags import (
@@ -36,6 +37,7 @@ EPILOG = """examples:
   tally deploy k8s --model Llama-3.2-1B --model-pvc models --max-model-len 8192 --cpus 8 | kubectl apply -f -
   tally deploy k8s --replicas 2 --canary-image tally:0.2.0 --canary-plan 5%:2h,20%:2h,100% \
       --canary-rules rules.yaml --out k8s/          # a canary behind the tally route router, judged by rules.yaml
+  tally deploy k8s --plan plan.json --replicas 2 --out k8s/   # the main and long pools of tally plan --out
 """
 ADAPTER_FILE = "prometheus-adapter/values.yaml"  # a folder down: `kubectl apply -f DIR` does not descend into it
 
@@ -59,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     REPLICAS.add(k, default=K8sConfig.replicas, note=": pods to start with; the autoscaler's floor")
     k.add_argument("--max-replicas", type=int, help="the autoscaler's ceiling (default: twice --replicas)")
     MAX_MODEL_LEN.add(k)
+    k.add_argument("--plan", type=Path, metavar="FILE",
+                   help="a `tally plan --lengths ... --out FILE` result: a main and a long pool, each at its "
+                        "max_model_len (--replicas pods for the main one, the plan's share for the long one), and "
+                        "the tally route router in front sending each request to its pool by length")
     CONCURRENCY.add(k, default=K8sConfig.concurrency, note=" in each pod: its KV pool holds this many requests of "
                                                            "--max-model-len tokens; shorter requests share it")
     MAX_NUM_SEQS.add(k, default=None, note=" (default: tally serve's)")
@@ -113,22 +119,32 @@ def config_from_args(ns: argparse.Namespace) -> K8sConfig:
         api_key_secret=ns.api_key_secret,
         monitor_labels=tuple(labels.items()),
         canary=CanaryRollout.from_args(ns.canary, ns.canary_image, ns.canary_replicas, ns.canary_plan,
-                                       ns.canary_rules, ns.canary_eval_interval, ns.canary_sticky_header))
+                                       ns.canary_rules, ns.canary_eval_interval, ns.canary_sticky_header),
+        pools=LengthPools.from_plan(ns.plan) if ns.plan is not None else None)
 
 
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
     try:
         config = config_from_args(ns)
-        sizing = size_pod(config)
-        docs = manifests(config, sizing)
+        if config.pools is None:
+            sizing = size_pod(config)
+            docs = manifests(config, sizing)
+        else:
+            sizings = {pool: size_pod(part) for pool, part in pool_parts(config).items()}
+            docs, sizing = pool_manifests(config, sizings), None
     except TallyError as exc:
         print(f"tally deploy {ns.target}: {exc.message}", file=sys.stderr)
         return 2
     header = f"# written by: tally deploy {shlex.join(argv)}\n"
     adapter = (f"the autoscaler reads {hpa_metric(config)}, which the Prometheus adapter makes of what the "
                "PodMonitor scrapes")
-    summary = sizing.summary()
+    if sizing is not None:
+        summary = sizing.summary()
+    else:
+        summary = "\n".join(f"pool {pool}: {s.summary()}" for pool, s in sizings.items()) + (
+            f"\nclients use Service {config.name} (port {PORT}): the tally route router, which sends requests above "
+            f"{config.pools.threshold_tokens:,} tokens (prompt + max_tokens) to pool long, the others to pool main")
     if config.canary is not None:
         summary += (f"\nclients use Service {config.name} (port {PORT}): the tally route router, which sends the "
                     f"canary ({config.name}-{CANARY}) its share of new requests and the rest to the stable pods "

@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, replace
 
 from tally.deploy.k8s_canary import CanaryRollout
+from tally.deploy.k8s_pools import LONG, MAIN, LengthPools
 from tally.errors import ConfigError
 from tally.flags import DTYPES, ENGINE_KV_CACHE_DTYPES
 from tally.metric_names import METRICS_PREFIXES
@@ -48,6 +49,7 @@ class K8sConfig:
     monitor_labels: tuple[tuple[str, str], ...] = ()  # labels the Prometheus Operator selects PodMonitors by
     serve_flags: tuple[str, ...] = ()  # tally serve flags after the ones written for the pod: the canary's
     canary: CanaryRollout | None = None  # a canary beside these pods, and the `tally route` router in front
+    pools: LengthPools | None = None  # a main and a long pool (tally plan --out), and the router in front
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -79,6 +81,18 @@ class K8sConfig:
         _check(_SUBDOMAIN, "--api-key-secret", self.api_key_secret, 253)
         if self.canary is not None:
             self._check_canary(self.canary)
+        if self.pools is not None:
+            self._check_pools()
+
+    def _check_pools(self) -> None:
+        if self.canary is not None:
+            raise ConfigError("--plan (length pools) and --canary are not written together yet: deploy the pools, "
+                              "then run a canary in one pool with tally route --canary-pool")
+        if self.max_model_len is not None:
+            raise ConfigError("--max-model-len comes from --plan with length pools: each pool has its own")
+        if max(len(f"{self.name}-{part}") for part in (MAIN, LONG, ROUTE)) > 63:
+            raise ConfigError(f"--name {self.name!r} is too long for length pools: its parts are named NAME-{MAIN}, "
+                              f"NAME-{LONG} and NAME-{ROUTE}, at most 63 characters each")
 
     def _check_canary(self, canary: CanaryRollout) -> None:
         if max(len(f"{self.name}-{part}") for part in (STABLE, CANARY, ROUTE)) > 63:
@@ -97,7 +111,7 @@ class K8sConfig:
 
     def part(self, suffix: str, **changes: object) -> K8sConfig:
         """The same deployment's other part (the canary's pods, the router): its objects named NAME-suffix."""
-        return replace(self, name=f"{self.name}-{suffix}", canary=None, **changes)
+        return replace(self, name=f"{self.name}-{suffix}", canary=None, pools=None, **changes)
 
 
 def _check(pattern: re.Pattern, flag: str, value: str | None, max_len: int) -> None:

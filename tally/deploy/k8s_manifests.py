@@ -1,7 +1,8 @@
 """The objects `tally deploy k8s` writes: Deployment, Service, HorizontalPodAutoscaler on the waiting queue,
 PodMonitor for the Prometheus Operator, and the Prometheus adapter rule that turns the scraped series into the
 autoscaler's metric. With a canary, the same four for the canary's pods, and the `tally route` router in front of
-both (tally/deploy/k8s_router.py), whose Service takes the name clients already use."""
+both (tally/deploy/k8s_router.py), whose Service takes the name clients already use; with length pools, the four
+for each pool and the router in front of the two."""
 from __future__ import annotations
 
 from tally.deploy.k8s_config import CANARY, METRICS_PREFIXES, ROUTE, STABLE, K8sConfig
@@ -22,6 +23,23 @@ def hpa_metric(config: K8sConfig) -> str:
     """The custom metric the autoscaler asks for: tally_num_requests_waiting. The adapter renames the colon away,
     as vLLM's production stack does for vllm:num_requests_waiting (observability/prom-adapter.yaml)."""
     return f"{config.metrics_prefix}_{WAITING}"
+
+
+def pool_parts(config: K8sConfig) -> dict[str, K8sConfig]:
+    """Each length pool's part: its pods at its own max_model_len, as many as the plan's share of slots asks."""
+    pools = config.pools
+    return {pool: config.part(pool, max_model_len=length, replicas=pools.replicas(pool, config.replicas),
+                              max_replicas=pools.replicas(pool, config.hpa_max_replicas))
+            for pool, length in pools.max_model_lens.items()}
+
+
+def pool_manifests(config: K8sConfig, sizings: dict[str, PodSizing]) -> list[dict]:
+    """Both pools, each its Service, and the router in front of them under the name clients use."""
+    route = config.part(ROUTE)
+    docs = [_service(route, config.name)]
+    for pool, part in pool_parts(config).items():
+        docs += [_service(part), *_pods(part, sizings[pool])]
+    return docs + [_router_deployment(config, route), _pod_monitor(route)]
 
 
 def manifests(config: K8sConfig, sizing: PodSizing) -> list[dict]:

@@ -1,11 +1,12 @@
-"""The pod of the `tally route` canary router (tally deploy k8s --canary): its command line, with the stable pods'
-Service as its replica and the canary's as its canary, the rules file mounted from a ConfigMap, and probes that
-never restart it for what its replicas do."""
+"""The pod of the `tally route` router (tally deploy k8s --canary or --plan): its command line — the stable pods'
+Service as its replica and the canary's as its canary, with the rules file mounted from a ConfigMap; or each length
+pool's Service as a pool — and probes that never restart it for what its replicas do."""
 from __future__ import annotations
 
 import hashlib
 
 from tally.deploy.k8s_config import CANARY, STABLE, K8sConfig
+from tally.deploy.k8s_pools import LONG, MAIN
 from tally.deploy.k8s_pod import (
     PORT,
     PORT_NAME,
@@ -33,10 +34,14 @@ def service_url(config: K8sConfig, part: str) -> str:
 
 
 def route_args(config: K8sConfig) -> list[str]:
-    """`tally route` flags for `config`'s canary: the router judges the canary's Service against the stable's."""
+    """`tally route` flags for `config`'s length pools, or its canary: the router judges the canary's Service
+    against the stable's."""
+    args = ["--host", "0.0.0.0", "--port", str(ROUTE_PORT)]
+    if config.pools is not None:
+        return args + ["--pool", f"{MAIN}={service_url(config, MAIN)}", "--pool", f"{LONG}={service_url(config, LONG)}",
+                       "--long-pool", LONG, "--long-threshold", str(config.pools.threshold_tokens)]
     rollout = config.canary
-    args = ["--host", "0.0.0.0", "--port", str(ROUTE_PORT),
-            "--replica", service_url(config, STABLE), "--canary", service_url(config, CANARY),
+    args += ["--replica", service_url(config, STABLE), "--canary", service_url(config, CANARY),
             "--plan", rollout.plan, "--rules", f"{RULES_DIR}/{RULES_FILE}", "--audit-log", AUDIT_LOG]
     if rollout.eval_interval is not None:
         args += ["--eval-interval", rollout.eval_interval]
@@ -62,14 +67,15 @@ def router_pod_template(config: K8sConfig, route: K8sConfig) -> dict:
         "livenessProbe": probe("/router/status", 10, 5, 3),
         "lifecycle": pre_stop(),
         "securityContext": container_security(),
-        "volumeMounts": [{"name": "rules", "mountPath": RULES_DIR, "readOnly": True}],
     }
+    # streams through the router last as long as the servers' own
+    spec = {"containers": [container], "securityContext": pod_security(),
+            "terminationGracePeriodSeconds": PRE_STOP_S + config.drain_timeout_s + 10}
+    if config.canary is None:
+        return {"metadata": {"labels": selector_labels(route)}, "spec": spec}
+    container["volumeMounts"] = [{"name": "rules", "mountPath": RULES_DIR, "readOnly": True}]
+    spec["volumes"] = [{"name": "rules", "configMap": {"name": route.name}}]
     rules_sha256 = hashlib.sha256(config.canary.rules_yaml.encode()).hexdigest()
-    return {
-        # the router reads its rules once, at start: a changed file rolls the pod
-        "metadata": {"labels": selector_labels(route), "annotations": {"tally/rules-sha256": rules_sha256}},
-        "spec": {"containers": [container], "securityContext": pod_security(),
-                 # streams through the router last as long as the servers' own
-                 "terminationGracePeriodSeconds": PRE_STOP_S + config.drain_timeout_s + 10,
-                 "volumes": [{"name": "rules", "configMap": {"name": route.name}}]},
-    }
+    # the router reads its rules once, at start: a changed file rolls the pod
+    return {"metadata": {"labels": selector_labels(route), "annotations": {"tally/rules-sha256": rules_sha256}},
+            "spec": spec}

@@ -97,3 +97,13 @@ def long_tail_plan(layout: KVLayout, kv_blocks: int, stats: LengthStats, *, perc
         tail_concurrency=tail_concurrency,
         tail_pool_bytes=tail_concurrency * layout.bytes_for_tokens(tail_len),
     )
+
+
+def pools_section(tail: LongTailPlan, main_concurrency: int) -> dict:
+    """What `tally route --long-threshold` and `tally deploy k8s --plan` read of a plan: the threshold (the main
+    pool's max_model_len) and each pool's length and concurrency."""
+    return {"long_threshold_tokens": tail.max_model_len,
+            "main": {"max_model_len": tail.max_model_len, "concurrency": main_concurrency},
+            # the longest request seen, within the model's context (the plan warns of any beyond it)
+            "long": {"max_model_len": min(tail.tail_max_len, tail.theoretical_max_len),
+                     "concurrency": tail.tail_concurrency, "request_share": tail.tail_request_share}}

@@ -13,12 +13,14 @@ from tally.flags import (
     DTYPE,
     JSON,
     KV_CACHE_DTYPE,
+    OUT,
     MAX_MODEL_LEN,
     MAX_NUM_BATCHED_TOKENS,
     PIPELINE_PARALLEL_SIZE,
     TENSOR_PARALLEL_SIZE,
     parser,
 )
+from tally.ledger.capacity import pools_section
 from tally.ledger.comm import LINKS, Link, find_link
 from tally.ledger.length_percentiles import load_lengths, summarize
 from tally.ledger.levers import compare_variants, render_comparison
@@ -33,6 +35,7 @@ EPILOG = """examples:
   tally plan --model Llama-3.1-8B --device h100-80gb --max-model-len 8192 --concurrency 64
   tally plan --model SmolLM2-135M --device cpu --weights int4 --kv-cache-dtype int8
   tally plan --model Qwen2.5-72B --device h100-80gb -tp 4 --lengths trace.csv --compare --json
+  tally plan --model Llama-3.1-8B --device h100-80gb --lengths conv --out plan.json   # for route and deploy k8s
 """
 
 
@@ -63,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "here); default: gloo with --device cpu, else nvlink4")
     p.add_argument("--compare", action="store_true", help="show weight / KV / attention options side by side")
     JSON.add(p)
+    OUT.add(p, note=": with --lengths, the plan as JSON with its two pools (main and long), which `tally route "
+                    "--long-threshold` and `tally deploy k8s --plan` read")
     return p
 
 
@@ -137,6 +142,10 @@ def _is_number(text: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.out is not None and (args.lengths is None or args.compare):
+        print("tally plan: --out writes the main and long pools a --lengths trace calls for; give --lengths (and "
+              "no --compare)", file=sys.stderr)
+        return 2
     try:
         source = resolve_model(args.model)
         opts = _options(args, source)
@@ -152,6 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tally plan: {exc.message}", file=sys.stderr)
         return 2
     print(json.dumps(plan.to_dict(), indent=2) if args.json else render_plan(plan))
+    if args.out is not None:
+        try:
+            args.out.write_text(json.dumps({"pools": pools_section(plan.long_tail, plan.concurrency),
+                                            **plan.to_dict()}, indent=2) + "\n")
+        except OSError as exc:
+            print(f"tally plan: --out {args.out}: {exc.strerror}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.out}: requests above {plan.long_tail.max_model_len:,} tokens go to the long pool",
+              file=sys.stderr)
     return 0
 
 

@@ -17,11 +17,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tally.errors import RequestTimeoutError, TallyError
+from tally.errors import InvalidRequestError, RequestTimeoutError, TallyError
 from tally.ops.canary import CANARY, STABLE, Canary, CanaryConfig
 from tally.ops.canary_rules import Sample
 from tally.ops.response_meter import ResponseMeter
+from tally.ops.route_length import bound_need, exact_need
 from tally.ops.route_limits import NoReplicaError, RouteLimits, error_response, read_request
+from tally.ops.route_pools import MAIN, Need, PoolsConfig, pool_order
 from tally.ops.route_relay import HOP_HEADERS, passed_headers, relay, whole_answer
 
 log = logging.getLogger("tally.route")
@@ -33,6 +35,8 @@ AFFINITY_SLACK = 2
 class Replica:
     url: str
     side: str = STABLE
+    pool: str = MAIN
+    max_model_len: int | None = None  # from its /v1/models, read whenever it comes up
     healthy: bool = True
     in_flight: int = 0
     served: int = 0
@@ -43,10 +47,15 @@ class Replica:
 
 @dataclass
 class RouterConfig:
-    replicas: list[str]
+    pools: PoolsConfig
     health_interval_s: float = 1.0
     canary: CanaryConfig | None = None
     limits: RouteLimits = field(default_factory=RouteLimits)
+    canary_pool: str | None = None  # the pool the canary's replicas join; None: the main pool
+
+    @property
+    def pool_of_canary(self) -> str:
+        return self.canary_pool or self.pools.main_pool
 
 
 @dataclass
@@ -70,20 +79,35 @@ class Router:
       what the proxy measured of every generation response (tally/ops/response_meter.py); balancing and failover
       work within that side first, then the other — a rolled-back canary is never tried. While it runs, every
       backend's `/metrics` is scraped once per evaluation interval, one loop per backend, so a slow or missing one
-      never delays an evaluation (tally/ops/backend_metrics.py)."""
+      never delays an evaluation (tally/ops/backend_metrics.py). The canary belongs to one pool (`canary_pool`) and
+      is judged against that pool's stable replicas; requests routed to another pool never reach it.
+    - **Length pools** (tally/ops/route_pools.py), when a long pool is named: each generation request goes to the
+      pool its tokens (prompt + max_tokens, tally/ops/route_length.py) call for, balanced and failed over within
+      that pool first, then within the other one if it can hold the request."""
     config: RouterConfig
     replicas: list[Replica] = field(init=False)
 
     def __post_init__(self) -> None:
         canary = self.config.canary.urls if self.config.canary else ()
-        self.replicas = [Replica(u.rstrip("/")) for u in self.config.replicas] + [Replica(u, CANARY) for u in canary]
+        self.replicas = [Replica(u, pool=name) for name, urls in self.config.pools.pools for u in urls] + [
+            Replica(u, CANARY, self.config.pool_of_canary) for u in canary]
 
-    def order(self, affinity_key: str | None, sides: tuple[str, ...] = (STABLE,)) -> list[Replica]:
-        """Replicas to try, best first: each side's healthy ones in turn, by load (the affine one first when not
-        much busier), then the unhealthy ones as a last resort. Replicas of a side not named are never tried."""
+    def max_model_lens(self) -> dict[str, int | None]:
+        """Each pool's max_model_len: the least its replicas report (None until one has)."""
+        known: dict[str, int | None] = {name: None for name, _ in self.config.pools.pools}
+        for r in self.replicas:
+            if r.max_model_len is not None:
+                known[r.pool] = min(r.max_model_len, known[r.pool] or r.max_model_len)
+        return known
+
+    def order(self, affinity_key: str | None, sides: tuple[str, ...] = (STABLE,),
+              pools: list[str] | None = None) -> list[Replica]:
+        """Replicas to try, best first: each pool's (default: all) and within it each side's healthy ones in turn,
+        by load (the affine one first when not much busier), then the unhealthy ones as a last resort. Replicas of
+        a side or pool not named are never tried."""
         healthy, unhealthy = [], []
-        for side in sides:
-            mine = [r for r in self.replicas if r.side == side]
+        for pool, side in ((p, s) for p in (pools or [name for name, _ in self.config.pools.pools]) for s in sides):
+            mine = [r for r in self.replicas if r.side == side and r.pool == pool]
             # Ties (an idle fleet) go to the replica that has served least, so sequential requests alternate.
             ranked = sorted((r for r in mine if r.healthy), key=lambda r: (r.in_flight, r.served))
             if affinity_key is not None and ranked:
@@ -119,6 +143,16 @@ def affinity_key(body: bytes) -> str | None:
     return prompt[:PREFIX_CHARS] if isinstance(prompt, str) and len(prompt) >= PREFIX_CHARS else None
 
 
+async def served_max_model_len(client: httpx.AsyncClient, url: str) -> int | None:
+    """The context a replica serves, as its /v1/models says (Tally and vLLM both give `max_model_len`)."""
+    try:
+        data = (await client.get(url + "/v1/models", timeout=5.0)).json()["data"]
+        value = data[0].get("max_model_len")
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def build_router_app(config: RouterConfig) -> Starlette:
     router = Router(config)
     registry = CollectorRegistry()
@@ -127,11 +161,18 @@ def build_router_app(config: RouterConfig) -> Starlette:
     in_flight = Gauge("tally_route_in_flight", "Requests in flight, by replica.", ["replica"], registry=registry)
     healthy = Gauge("tally_route_replica_healthy", "1 while the replica passes its health check.", ["replica"],
                     registry=registry)
+    pool_requests = Counter("tally_route_pool_requests", "Generation requests by the pool their length chose.",
+                            ["pool"], registry=registry)
+    pool_refused = Counter("tally_route_pool_refused", "Requests refused because no pool's max_model_len holds "
+                           "them.", registry=registry)
+    pools = config.pools
+    routed = {name: 0 for name, _ in pools.pools}
     limits = config.limits
     # One deadline bounds each request as a whole (proxy, relay); httpx's would bound each read alone.
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
-    canary = Canary(config.canary, time.monotonic(), registry,
-                    tuple(r.url for r in router.replicas if r.side == STABLE)) if config.canary else None
+    canary = Canary(config.canary, time.monotonic(), registry, tuple(
+        r.url for r in router.replicas if r.side == STABLE and r.pool == config.pool_of_canary)) \
+        if config.canary else None
 
     async def check(replica: Replica) -> None:
         try:
@@ -140,6 +181,8 @@ def build_router_app(config: RouterConfig) -> Starlette:
             replica.last_error = None if ok else "health check answered non-200"
         except httpx.HTTPError as e:
             ok, replica.last_error = False, f"health check failed: {type(e).__name__}"
+        if ok and (not replica.healthy or replica.max_model_len is None):  # it may have restarted with another
+            replica.max_model_len = await served_max_model_len(client, replica.url)
         if ok != replica.healthy:
             log.log(logging.INFO if ok else logging.WARNING, "replica %s %s", replica.url,
                     "is back: it passes its health check" if ok else f"is out: {replica.last_error}")
@@ -179,13 +222,23 @@ def build_router_app(config: RouterConfig) -> Starlette:
             return Response(status_code=499)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
         path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        generation = request.method == "POST" and request.url.path.startswith("/v1/")  # not /v1/models
+        order = None
+        if pools.long_pool is not None and generation:
+            try:
+                order = pool_order(pools, router.max_model_lens(), await need(body, request.url.path))
+            except InvalidRequestError as e:
+                pool_refused.inc()
+                return error_response(e)
+            pool_requests.labels(order[0]).inc()
+            routed[order[0]] += 1
         sides, measured = (STABLE,), False
-        if canary is not None:
+        if canary is not None and (order is None or order[0] == config.pool_of_canary):
             sticky = canary.config.sticky_header
             sides = canary.sides(request.headers.get(sticky) if sticky else None)
-            measured = request.method == "POST" and path.startswith("/v1/")  # generations; not /v1/models
+            measured = generation
         passed_over = None  # the last answer failover did not take, passed on if no replica does better
-        for replica in router.order(affinity_key(body), sides):
+        for replica in router.order(affinity_key(body), sides, order):
             replica.in_flight += 1
             in_flight.labels(replica.url).inc()
             released = False
@@ -200,7 +253,7 @@ def build_router_app(config: RouterConfig) -> Starlette:
 
             def failed(outcome: str, replica: Replica = replica) -> None:
                 release(outcome)
-                if measured:
+                if measured and replica.pool == config.pool_of_canary:
                     canary.record(replica.side, Sample(time.monotonic(), error=True))
 
             sent_s = time.monotonic()
@@ -226,7 +279,8 @@ def build_router_app(config: RouterConfig) -> Starlette:
                 continue
             replica.served += 1
             meter = ResponseMeter(sent_s, upstream.status_code, upstream.headers.get("content-type", ""),
-                                  upstream.headers.get("content-encoding")) if measured else None
+                                  upstream.headers.get("content-encoding")) \
+                if measured and replica.pool == config.pool_of_canary else None
 
             def done(outcome: str) -> None:
                 release(outcome)
@@ -239,13 +293,32 @@ def build_router_app(config: RouterConfig) -> Starlette:
             return passed_over
         return error_response(NoReplicaError("no replica could take the request (all unreachable)"))
 
+    async def need(body: bytes, path: str) -> Need:
+        """The request's need: the free bound when it is short and fits the main pool, else counted exactly by a
+        healthy replica (the bound again if none can count it, which only ever sends it to a longer pool)."""
+        bound, payload = bound_need(body, path)
+        main_len = router.max_model_lens()[pools.main_pool]
+        threshold = pools.long_threshold_tokens or main_len
+        if payload is None or (threshold is not None and bound.total_tokens <= min(threshold, main_len or threshold)):
+            return bound
+        for replica in [r for r in router.order(None) if r.healthy][:2]:
+            exact = await exact_need(client, replica.url, payload, bound, min(5.0, limits.request_timeout_s))
+            if exact is not None:
+                return exact
+        return bound
+
     async def health(_: Request) -> Response:
         ok = any(r.healthy for r in router.replicas)
         return JSONResponse({"healthy_replicas": sum(r.healthy for r in router.replicas)},
                             status_code=200 if ok else 503)
 
     async def status(_: Request) -> Response:
+        lens = router.max_model_lens()
         return IndentedJSON({"replicas": [vars(r) for r in router.replicas],
+                             "pools": {name: {"urls": list(urls), "max_model_len": lens[name], "routed": routed[name],
+                                              "long": name == pools.long_pool} for name, urls in pools.pools},
+                             **({"long_threshold_tokens": pools.long_threshold_tokens or lens[pools.main_pool]}
+                                if pools.long_pool else {}),
                              **({"canary": canary.status()} if canary else {})})
 
     async def canary_status(_: Request) -> Response:
