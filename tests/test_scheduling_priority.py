@@ -19,7 +19,7 @@ PROMPT = "The quick brown fox"
 
 
 def test_the_queue_is_admitted_by_priority_then_arrival():
-    s = Scheduler(SchedulerConfig(max_num_seqs=1, policy="priority"), KVCacheManager(64, 4, False))
+    s = Scheduler(SchedulerConfig(max_num_seqs=1, scheduling_policy="priority"), KVCacheManager(64, 4, False))
     for rid, priority, arrival in (("late-low", 2, 0.0), ("urgent", 0, 1.0), ("mid", 1, 2.0), ("urgent-2", 0, 3.0)):
         s.add(Request(rid, [1, 2], 4, arrival, priority=priority))
     assert [r.request_id for r in s.waiting] == ["urgent", "urgent-2", "mid", "late-low"]

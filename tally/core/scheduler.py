@@ -29,7 +29,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = MAX_NUM_BATCHED_TOKENS.default
     max_num_partial_prefills: int = 1  # requests whose prefill is split across steps, at once
     enable_chunked_prefill: bool = True
-    policy: str = "fcfs"  # one of SCHEDULING_POLICIES
+    scheduling_policy: str = "fcfs"  # one of SCHEDULING_POLICIES
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Scheduler:
         self.kv = kv
         self.swap = swap
         self.copy_block = copy_block
-        self.by_priority = config.policy == "priority"
+        self.by_priority = config.scheduling_policy == "priority"
         self.waiting: deque[Request] = deque()  # in the order admission tries them
         self.running: list[Request] = []
         self.num_preemptions = 0

@@ -77,7 +77,7 @@ class Engine:
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_partial_prefills=config.max_num_partial_prefills,
             enable_chunked_prefill=config.enable_chunked_prefill,
-            policy=config.scheduling_policy,
+            scheduling_policy=config.scheduling_policy,
         ), self.kv, self.kv_tiers.swap, self.kv_tiers.copy_block)
         self.parallel = m.parallel
         peers = TPDriver(m.parallel.control, m.parallel.env.world_size) if m.parallel is not None else None
