@@ -172,7 +172,8 @@ def test_header_reader_agrees_with_gguf_reader(tiny_gguf):
         if key.startswith("GGUF."):
             continue
         value = field.contents()
-        assert ours.metadata[key] == (len(value) if isinstance(value, list) and isinstance(value[0], str) else value), key
+        counted = isinstance(value, list) and isinstance(value[0], str)
+        assert ours.metadata[key] == (len(value) if counted else value), key
     assert [(t.name, t.ggml_type, t.shape, t.offset, t.nbytes) for t in ours.tensors] == [
         (t.name, t.tensor_type, tuple(reversed(t.shape.tolist())), t.data_offset, t.n_bytes) for t in theirs.tensors
     ]
@@ -252,7 +253,8 @@ def _random_blocks(kind: Q, count: int, half_offsets: list[int]) -> np.ndarray:
     rng = np.random.default_rng(int(kind))
     blocks = rng.integers(0, 256, size=(count, gguf.GGML_QUANT_SIZES[kind][1]), dtype=np.uint8)
     for offset in half_offsets:
-        blocks[:, offset:offset + 2] = (rng.standard_normal(count) * 0.05).astype(np.float16).view(np.uint8).reshape(count, 2)
+        scales = (rng.standard_normal(count) * 0.05).astype(np.float16)
+        blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(count, 2)
     return blocks
 
 

@@ -1,7 +1,8 @@
 """Anthropic's Messages API through the official `anthropic` client against a real `tally serve`: a streamed answer
 adds up to the whole one, block for block; tools (forced, and "auto" read by the hermes parser) come back as tool_use
-blocks whose streamed input_json pieces add up to the input, and tool results go back; stop reasons map; count_tokens counts the prompt the
-answer's usage reports; x-api-key authenticates; unsupported fields get Anthropic-shaped 400s naming them."""
+blocks whose streamed input_json pieces add up to the input, and tool results go back; stop reasons map;
+count_tokens counts the prompt the answer's usage reports; x-api-key authenticates; unsupported fields get
+Anthropic-shaped 400s naming them."""
 from __future__ import annotations
 
 import json

@@ -30,7 +30,8 @@ def servers(tiny_llama) -> dict[str, ServerProcess]:
                                 "--tensor-parallel-size", "1", "--max-model-len", "256", "--kv-cache-memory", "8MB",
                                 "--served-model-name", "tiny"]),
                  ServerProcess([tiny, "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "256",
-                                "--kv-cache-memory", "8MB", "--log-level", "warning", "--metrics-prefix", "vllm"])) as s:
+                                "--kv-cache-memory", "8MB", "--log-level", "warning", "--metrics-prefix",
+                                "vllm"])) as s:
         yield dict(zip(("keyed", "vllm_command_line", "vllm_metrics"), s))
 
 

@@ -130,8 +130,8 @@ class EngineConfig:
     speculative_config: str | dict | None = option(
         None, "speculative decoding, vLLM's JSON form, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}' "
               "(prompt_lookup_min / _max: the n-gram sizes; \"adaptive\": false fixes how many are verified), or "
-              "'{\"method\": \"draft_model\", \"model\": PATH, \"num_speculative_tokens\": 3}' (a smaller model with the "
-              "same tokenizer)")
+              "'{\"method\": \"draft_model\", \"model\": PATH, \"num_speculative_tokens\": 3}' (a smaller model "
+              "with the same tokenizer)")
     structured_outputs_config: str | dict | None = option(
         None, "bounds on compiling a request's JSON schema, regex, choice or grammar, vLLM's flag as JSON, e.g. "
               f"'{{\"max_properties\": 10000, \"compile_timeout_s\": 60}}'; keys and defaults: max_bytes "
@@ -247,7 +247,8 @@ class EngineConfig:
         if self.pipeline_parallel_size > 1 and self.kv_cache_dtype == "int8":
             # its key scales are measured by one prefill through the whole model (tally/models/key_smoothing.py)
             raise ConfigError("kv_cache_dtype int8 does not run under pipeline parallelism yet; use auto, float32, "
-                              "float16 or bfloat16, or split the model with tensor_parallel_size", param="kv_cache_dtype")
+                              "float16 or bfloat16, or split the model with tensor_parallel_size",
+                              param="kv_cache_dtype")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"threads must be ≥ 1, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 1:

@@ -2,8 +2,9 @@
 temporary directory as its working directory, and no network; what each guarantee rests on is in docs/quality.md.
 
 With Linux namespaces available to an unprivileged user (`unshare -rnmpf`), the network is an empty namespace, the
-file system is read-only outside the temporary directory, and every process the code starts dies with it; without them, sockets are refused in the interpreter
-(best effort) and writes are confined only by convention (cwd, HOME and TMPDIR point into the directory)."""
+file system is read-only outside the temporary directory, and every process the code starts dies with it; without
+them, sockets are refused in the interpreter (best effort) and writes are confined only by convention (cwd, HOME and
+TMPDIR point into the directory)."""
 from __future__ import annotations
 
 import contextlib
