@@ -26,6 +26,7 @@ from tally.flags import (
     parser,
 )
 from tally.quality import suite_cli
+from tally.quality.report_output import write_report
 from tally.quality.settings import SUITES, VERDICTS, Decoding, EvalSettings, Thresholds
 
 EXIT_NO_GO = 1
@@ -93,10 +94,5 @@ def main(argv: list[str]) -> int:
     except TallyError as exc:
         print(f"tally eval: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
-    if ns.json:
-        sys.stdout.write(json_text(report, command))
-    else:
-        print_table(report, command)
-    if ns.out:
-        ns.out.write_text(json_text(report, command))
+    write_report(report, ns, command, json_text, print_table)
     return 0 if report.go else EXIT_NO_GO

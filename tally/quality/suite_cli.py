@@ -14,6 +14,7 @@ from typing import Any
 from tally.errors import ConfigError, TallyError
 from tally.quality.answers import AnswerSource
 from tally.quality.answers_url import UrlAnswers, is_url
+from tally.quality.report_output import write_report
 from tally.quality.suite_compare import group_results, judge, suite_metrics
 from tally.quality.suite_file import SuiteFile, read_suites
 from tally.quality.suite_report import SuiteReport, json_text, print_table, worst_items
@@ -126,10 +127,5 @@ def main(ns: argparse.Namespace, command: str, exit_usage: int, exit_no_go: int)
         return exit_usage
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    if ns.json:
-        sys.stdout.write(json_text(report, command))
-    else:
-        print_table(report, command)
-    if ns.out:
-        ns.out.write_text(json_text(report, command))
+    write_report(report, ns, command, json_text, print_table)
     return exit_no_go if report.go is False else 0
