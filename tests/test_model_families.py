@@ -4,9 +4,12 @@ the parameter count the ledger plans with equals transformers'; what Tally canno
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 from support.engine_checks import hf_greedy
@@ -57,6 +60,27 @@ def test_family_greedy_matches_transformers_alone_batched_chunked_and_cached(nam
     chunked = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000,
                   max_num_batched_tokens=5, enable_prefix_caching=False)
     assert _tokens(chunked.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)) == expected
+
+
+# a family -> a multimodal model_type whose text part it is (Gemma 3 4B and up; Mistral Small 3.1 and 3.2)
+MULTIMODAL = {"gemma3": "gemma3", "mistral": "mistral3"}
+
+
+@pytest.mark.parametrize("name", sorted(MULTIMODAL))
+def test_a_multimodal_checkpoint_serves_its_text_model_as_transformers_does(name, tmp_path, caplog):
+    hub = make_family_checkpoint(tmp_path / "hub", name, wrapper=MULTIMODAL[name])
+    expected = [hf_greedy(hub, p, GREEDY.max_tokens)[0] for p in PROMPTS]
+    # the same tensors under transformers 5's names for them (model.language_model.*) read the same
+    renamed = tmp_path / "v5"
+    shutil.copytree(hub, renamed)
+    tensors = safetensors.torch.load_file(hub / "model.safetensors")
+    safetensors.torch.save_file({re.sub(r"^language_model\.model\.", "model.language_model.", k): v
+                                 for k, v in tensors.items()}, renamed / "model.safetensors")
+    for model_dir in (hub, renamed):
+        caplog.clear()
+        llm = LLM(str(model_dir), dtype="float32", max_model_len=128, kv_cache_memory=4_000_000)
+        assert "leaves the" in caplog.text and "tensors of its vision side unread" in caplog.text
+        assert _tokens(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)) == expected
 
 
 def test_phi3_long_factors_past_the_original_context_match_transformers(family_dir):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable, Iterator
 from itertools import groupby
 from operator import itemgetter
@@ -16,6 +17,7 @@ from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
 from tally.models.checkpoint_names import StoredPart, part_shape, tally_parts
 from tally.models.families import family, read_hf_config
+from tally.models.families.multimodal import is_multimodal, text_tensor_name
 from tally.progress import Track
 
 LOADING = "Loading safetensors tensors"  # the load progress bar's words (vLLM: "Loading safetensors checkpoint shards")
@@ -24,6 +26,8 @@ INDEX_FILE = "model.safetensors.index.json"
 _FLOAT_DTYPES = {"F32", "F16", "BF16"}
 # Tensors some checkpoints carry that the model recomputes or does not need.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+log = logging.getLogger(__name__)
 
 
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -141,13 +145,19 @@ def open_hf(path: Path) -> tuple[ModelConfig, HFTensorSource]:
     expected = expected_tensor_shapes(config)
     found: dict[str, tuple[int, ...]] = {}
     order: list[tuple[Path, StoredPart]] = []
+    text_name = _text_names(path)
+    left: list[str] = []
     for file in files:
         header = read_header(file)
         for name, file_name in (weight_map or {}).items():
             if file_name == file.name and name not in header:
                 raise ModelLoadError(f"{path / INDEX_FILE} says {name} is in {file.name}, but that shard lacks it")
         for name, (shape, dtype) in header.items():
-            for part in tally_parts(name, shape, fam, expected):
+            if (as_text := text_name(name)) is None:
+                left.append(name)
+                continue
+            for part in tally_parts(as_text, shape, fam, expected):
+                part = dataclasses.replace(part, stored=name)
                 if part.name in expected and dtype not in _FLOAT_DTYPES:
                     raise ModelLoadError(
                         f"{file}: tensor {name} is stored as {dtype}; Tally loads float checkpoints "
@@ -156,7 +166,17 @@ def open_hf(path: Path) -> tuple[ModelConfig, HFTensorSource]:
                 order += [(file, part)] if part.name in expected else []
                 found[part.name] = part_shape(part, shape)
     check_tensor_shapes(found, config, str(path))
+    if left:
+        log.warning("%s is a multimodal checkpoint: Tally serves its text model and leaves the %d tensors of its "
+                    "vision side unread (image inputs are refused)", path, len(left))
     return config, HFTensorSource(order, fam.hf_norm_plus_one)
+
+
+def _text_names(path: Path) -> Callable[[str], str | None]:
+    """A stored tensor's name as the text model stores it (None: not the text model's), for a multimodal
+    checkpoint; the name itself otherwise."""
+    raw = json.loads((path / "config.json").read_text())
+    return text_tensor_name if is_multimodal(raw) else (lambda name: name)
 
 
 def weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:

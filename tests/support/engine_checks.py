@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from tally import SamplingParams
+from support.tiny_models import auto_model_class
 
 
 def hf_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
@@ -38,8 +39,8 @@ def _hf_model(model_dir: Path):
 
     key = str(model_dir)
     if key not in _HF_CACHE:
-        _HF_CACHE[key] = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+        auto = auto_model_class(transformers.AutoConfig.from_pretrained(model_dir))
+        _HF_CACHE[key] = auto.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
     return _HF_CACHE[key]
 
 

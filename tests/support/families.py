@@ -41,6 +41,8 @@ class Family:
 # The shape every family shares: small enough to build in well under a second.
 _TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              max_position_embeddings=256)
+_TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                    patch_size=14)
 
 FAMILIES: dict[str, Family] = {
     # Original context 256 puts this head size's wavelengths in all three bands of the llama3 scaling.
@@ -97,9 +99,11 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def make_family_checkpoint(out_dir: Path, family: str, seed: int = 0, **overrides: Any) -> Path:
+def make_family_checkpoint(out_dir: Path, family: str, seed: int = 0, wrapper: str | None = None,
+                           **overrides: Any) -> Path:
     """Write a random fp32 checkpoint of `family` (a key of FAMILIES) to out_dir: config.json, model.safetensors and
-    tokenizer files that AutoTokenizer loads. `overrides` replace config keyword arguments whole."""
+    tokenizer files that AutoTokenizer loads. `overrides` replace config keyword arguments whole. With `wrapper` (a
+    multimodal model_type, e.g. "gemma3"), the family's model is the text part of that multimodal model."""
     import transformers
 
     spec = FAMILIES[family]
@@ -112,7 +116,11 @@ def make_family_checkpoint(out_dir: Path, family: str, seed: int = 0, **override
     cfg.update(spec.config)
     cfg.update(overrides)
     config_cls = transformers.AutoConfig.for_model(cfg.pop("model_type")).__class__
-    save_random_model(out_dir, config_cls(**cfg), seed, draw_1d=dict(spec.draw_1d))
+    config = config_cls(**cfg)
+    if wrapper is not None:  # the text model inside a multimodal one, with a one-layer vision tower beside it
+        config = transformers.AutoConfig.for_model(wrapper, text_config=config.to_dict(), vision_config=_TINY_VISION,
+                                                   dtype="float32")
+    save_random_model(out_dir, config, seed, draw_1d=dict(spec.draw_1d))
     return out_dir
 
 

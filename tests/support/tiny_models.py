@@ -105,6 +105,16 @@ def make_checkpoint(out_dir: Path, arch: str = "llama", seed: int = 0, **overrid
     return out_dir
 
 
+def auto_model_class(config: PreTrainedConfig) -> type:
+    """transformers' Auto class that builds `config`'s model: the causal LM, or for a multimodal model (whose text
+    part Tally serves) the image-text-to-text one."""
+    import transformers
+
+    if type(config) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        return transformers.AutoModelForCausalLM
+    return transformers.AutoModelForImageTextToText
+
+
 def save_random_model(out_dir: Path, config: PreTrainedConfig, seed: int = 0,
                       draw_1d: Mapping[str, float] | None = None) -> None:
     """Random fp32 weights for the transformers `config`, saved with it as safetensors. Matrices are drawn with a
@@ -114,7 +124,7 @@ def save_random_model(out_dir: Path, config: PreTrainedConfig, seed: int = 0,
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = auto_model_class(config).from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
             means = [mean for part, mean in (draw_1d or {}).items() if part in name]

@@ -14,6 +14,7 @@ from tally.models.families.gpt_oss import GPT_OSS
 from tally.models.families.granite import GRANITE
 from tally.models.families.llama import LLAMA, MISTRAL
 from tally.models.families.mixtral import MIXTRAL
+from tally.models.families.multimodal import is_multimodal, text_config
 from tally.models.families.olmo import OLMO2, OLMOE
 from tally.models.families.phi3 import PHI3
 from tally.models.families.qwen import QWEN2, QWEN3, QWEN3_MOE
@@ -34,7 +35,10 @@ def family(name: str) -> Family:
 
 
 def hf_config(cfg: dict[str, Any]) -> ModelConfig:
-    """A config.json's contents → ModelConfig, or a ModelLoadError naming the architecture and what Tally reads."""
+    """A config.json's contents → ModelConfig, or a ModelLoadError naming the architecture and what Tally reads.
+    A multimodal checkpoint reads as the text model it wraps."""
+    if is_multimodal(cfg):
+        cfg = text_config(cfg)
     archs = cfg.get("architectures") or []
     name = archs[0] if archs else cfg.get("model_type", "?")
     found = _BY_HF.get(name)
