@@ -1,0 +1,94 @@
+"""Quantized checkpoints written by the tools people download them from, run here on CPU: compressed-tensors (the
+format llm-compressor writes and vLLM reads) and AutoAWQ; and each producer's own dequantized weights as the fp32
+reference. llm-compressor itself pins an older transformers than ours, so its round-to-nearest recipe is done here
+with compressed-tensors' own calls: min/max per group, `calculate_qparams`, `ModelCompressor` (see docs/quantization.md).
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+
+def _copy_tokenizer(src: Path, out: Path) -> None:
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")) or f.name == "generation_config.json":
+            shutil.copy(f, out)
+
+
+def write_compressed_tensors(src: Path, out: Path, preset: str, group_size: int = 32) -> Path:
+    """`src` quantized with compressed-tensors' preset scheme ("W4A16", "W4A16_ASYM", "W8A16", "W8A8"), round to
+    nearest (llm-compressor's QuantizationModifier without calibration data), lm_head kept dense, saved to `out`."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams, is_module_quantized
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    scheme = preset_name_to_scheme(preset, ["Linear"])
+    if scheme.weights.group_size:
+        scheme.weights.group_size = group_size
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    with torch.no_grad():
+        for module in model.modules():
+            if not is_module_quantized(module):
+                continue
+            args, w = module.quantization_scheme.weights, module.weight
+            grouped = w.view(w.shape[0], -1, args.group_size) if args.strategy == "group" else w[:, None, :]
+            scale, zero_point = calculate_qparams(grouped.amin(-1), grouped.amax(-1), args)
+            module.weight_scale.copy_(scale)
+            if hasattr(module, "weight_zero_point"):
+                module.weight_zero_point.copy_(zero_point)
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(str(out))
+    compressor.update_config(str(out))
+    _copy_tokenizer(src, out)
+    return out
+
+
+def compressed_tensors_reference(path: Path) -> torch.nn.Module:
+    """transformers' fp32 model of the checkpoint's weights as compressed-tensors decompresses them."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
+                                                quantization_config=CompressedTensorsConfig(dequantize=True))
+
+
+def write_autoawq(src: Path, out: Path, group_size: int = 32) -> Path:
+    """`src` quantized by AutoAWQ (GEMM layout, zero points) on a few lines of text. Without its clipping search:
+    that splits the outputs into batches of 64, which these tiny layers' 32 rows do not fill."""
+    from awq import AutoAWQForCausalLM
+    from support.tiny_models import CORPUS
+    from transformers import AutoTokenizer
+
+    model = AutoAWQForCausalLM.from_pretrained(str(src), device_map="cpu")
+    model.quantize(AutoTokenizer.from_pretrained(str(src)), calib_data=CORPUS, max_calib_samples=8,
+                   max_calib_seq_len=32, apply_clip=False,
+                   quant_config={"zero_point": True, "q_group_size": group_size, "w_bit": 4, "version": "GEMM"})
+    model.save_quantized(str(out))
+    _copy_tokenizer(src, out)
+    return out
+
+
+def autoawq_reference(src: Path, path: Path) -> torch.nn.Module:
+    """transformers' fp32 model of `src` with every projection AutoAWQ packed replaced by AutoAWQ's own
+    dequantization of it."""
+    from awq.utils.packing_utils import dequantize_gemm
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    stored = load_file(str(path / "model.safetensors"))
+    group = int(__import__("json").loads((path / "config.json").read_text())["quantization_config"]["group_size"])
+    modules = dict(model.named_modules())
+    with torch.no_grad():
+        for name in [n.removesuffix(".qweight") for n in stored if n.endswith(".qweight")]:
+            w = dequantize_gemm(stored[f"{name}.qweight"], stored[f"{name}.qzeros"], stored[f"{name}.scales"], 4,
+                                group)  # [K, N]
+            modules[name].weight.copy_(w.t().float())
+        for name, tensor in stored.items():  # what AWQ changed besides the projections: the norms it scaled
+            if not name.endswith((".qweight", ".qzeros", ".scales")) and name in dict(model.named_parameters()):
+                dict(model.named_parameters())[name].copy_(tensor.float())
+    return model
