@@ -5,6 +5,7 @@ with compressed-tensors' own calls: min/max per group, `calculate_qparams`, `Mod
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -73,22 +74,22 @@ def write_autoawq(src: Path, out: Path, group_size: int = 32) -> Path:
 
 
 def autoawq_reference(src: Path, path: Path) -> torch.nn.Module:
-    """transformers' fp32 model of `src` with every projection AutoAWQ packed replaced by AutoAWQ's own
-    dequantization of it."""
+    """transformers' fp32 model of AutoAWQ's checkpoint: its dense tensors (norms AWQ rescaled) as stored, each packed
+    projection as AutoAWQ's own `dequantize_gemm` unpacks it."""
     from awq.utils.packing_utils import dequantize_gemm
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
     stored = load_file(str(path / "model.safetensors"))
-    group = int(__import__("json").loads((path / "config.json").read_text())["quantization_config"]["group_size"])
-    modules = dict(model.named_modules())
+    group = json.loads((path / "config.json").read_text())["quantization_config"]["group_size"]
+    params = dict(model.named_parameters())
     with torch.no_grad():
-        for name in [n.removesuffix(".qweight") for n in stored if n.endswith(".qweight")]:
-            w = dequantize_gemm(stored[f"{name}.qweight"], stored[f"{name}.qzeros"], stored[f"{name}.scales"], 4,
-                                group)  # [K, N]
-            modules[name].weight.copy_(w.t().float())
-        for name, tensor in stored.items():  # what AWQ changed besides the projections: the norms it scaled
-            if not name.endswith((".qweight", ".qzeros", ".scales")) and name in dict(model.named_parameters()):
-                dict(model.named_parameters())[name].copy_(tensor.float())
+        for name, tensor in stored.items():
+            if name in params:
+                params[name].copy_(tensor.float())
+            elif name.endswith(".qweight"):
+                base = name.removesuffix(".qweight")
+                w_kn = dequantize_gemm(tensor, stored[f"{base}.qzeros"], stored[f"{base}.scales"], 4, group)
+                params[f"{base}.weight"].copy_(w_kn.t().float())
     return model
