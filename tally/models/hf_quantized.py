@@ -48,6 +48,7 @@ METHODS = ("gptq", "awq")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _AWQ_UNDO = tuple(AWQ_ORDER.index(j) for j in range(8))  # nibble that holds output 8c + j
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+Parts = dict[str, torch.Tensor]  # {suffix: tensor} of one projection
 
 
 def reads(block: dict[str, Any]) -> bool:
@@ -83,7 +84,7 @@ class HFQuantizedSource:
     stored, each packed projection through `convert` ({suffix: tensor} of its stored parts -> Tally's tensors)."""
 
     def __init__(self, files: list[Path], shapes: dict[str, tuple[int, ...]], packed: list[str],
-                 suffixes: tuple[str, ...], convert: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> None:
+                 suffixes: tuple[str, ...], convert: Callable[[dict[str, torch.Tensor]], Parts]) -> None:
         self._files, self._shapes, self._packed = files, shapes, packed
         self._suffixes, self._convert = suffixes, convert
 

@@ -1,7 +1,7 @@
 """Quantized checkpoints written by the tools people download them from, run here on CPU: compressed-tensors (the
 format llm-compressor writes and vLLM reads) and AutoAWQ; and each producer's own dequantized weights as the fp32
 reference. llm-compressor itself pins an older transformers than ours, so its round-to-nearest recipe is done here
-with compressed-tensors' own calls: min/max per group, `calculate_qparams`, `ModelCompressor` (see docs/quantization.md).
+with compressed-tensors' own calls: min/max per group, `calculate_qparams`, `ModelCompressor`.
 """
 from __future__ import annotations
 
@@ -19,14 +19,16 @@ def _copy_tokenizer(src: Path, out: Path) -> None:
 
 
 def write_compressed_tensors(src: Path, out: Path, preset: str, group_size: int = 32) -> Path:
-    """`src` quantized with compressed-tensors' preset scheme ("W4A16", "W4A16_ASYM", "W8A16", "W8A8"), round to
-    nearest (llm-compressor's QuantizationModifier without calibration data), lm_head kept dense, saved to `out`."""
+    """`src` (an HF directory, or a GGUF file transformers dequantizes) quantized with compressed-tensors' preset
+    scheme ("W4A16", "W4A16_ASYM", "W8A16", "W8A8"), round to nearest (llm-compressor's QuantizationModifier without
+    calibration data), lm_head kept dense, saved to `out`."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams, is_module_quantized
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    where = {"gguf_file": src.name} if src.suffix == ".gguf" else {}
+    model = AutoModelForCausalLM.from_pretrained(str(src.parent if where else src), dtype=torch.float32, **where)
     scheme = preset_name_to_scheme(preset, ["Linear"])
     if scheme.weights.group_size:
         scheme.weights.group_size = group_size
@@ -45,7 +47,10 @@ def write_compressed_tensors(src: Path, out: Path, preset: str, group_size: int 
     compressor.compress_model(model)
     model.save_pretrained(str(out))
     compressor.update_config(str(out))
-    _copy_tokenizer(src, out)
+    if where:
+        AutoTokenizer.from_pretrained(str(src.parent), **where).save_pretrained(str(out))
+    else:
+        _copy_tokenizer(src, out)
     return out
 
 
