@@ -128,3 +128,27 @@ def test_unsupported_compressed_tensors_schemes_are_refused_by_field(produced, t
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match=message):
         LLM(str(path), dtype="float32", kv_cache_memory=2_000_000)
+
+
+def test_interleaved_group_index_is_served_dense_and_exact(produced, tmp_path, torch_kernels):
+    """actorder "group" stores weight_g_idx; where it interleaves the groups over the inputs, the projection is
+    the dense weight scale[g_idx] * q, exactly (int4 layers hold contiguous groups only)."""
+    from safetensors.torch import load_file, save_file
+
+    from tally.models.loader import load_checkpoint
+    from tally.quant.base import QuantLinear
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(produced("llama", "W4A16"), path)
+    tensors = load_file(str(path / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj"
+    k = int(tensors[f"{name}.weight_shape"][1])
+    g_idx = (torch.arange(k) // 32)[torch.randperm(k, generator=torch.Generator().manual_seed(0))]
+    save_file(tensors | {f"{name}.weight_g_idx": g_idx.to(torch.int32)}, str(path / "model.safetensors"))
+    stored = dict(load_checkpoint(str(path)).tensors())
+    words = tensors[f"{name}.weight_packed"]
+    q = ((words[..., None] >> torch.arange(0, 32, 4, dtype=torch.int32)) & 15).reshape(words.shape[0], -1) - 8
+    assert torch.equal(stored[f"{name}.weight"], tensors[f"{name}.weight_scale"][:, g_idx] * q.float())
+    model = LLM(str(path), dtype="float32", kv_cache_memory=2_000_000).engine.model
+    assert not isinstance(model.layers[0].down_proj, QuantLinear)
+    assert isinstance(model.layers[1].down_proj, QuantLinear)

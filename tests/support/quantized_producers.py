@@ -29,6 +29,7 @@ def write_compressed_tensors(src: Path, out: Path, preset: str, group_size: int 
 
     where = {"gguf_file": src.name} if src.suffix == ".gguf" else {}
     model = AutoModelForCausalLM.from_pretrained(str(src.parent if where else src), dtype=torch.float32, **where)
+    model.hf_quantizer = None  # a GGUF's weights are dequantized dense ones now; transformers would refuse to save them
     scheme = preset_name_to_scheme(preset, ["Linear"])
     if scheme.weights.group_size:
         scheme.weights.group_size = group_size
