@@ -147,7 +147,8 @@ def main() -> None:
 
     scratch = tempfile.TemporaryDirectory()
     if a.compressed_tensors:
-        a.model = str(compressed_copy(a.model, Path(scratch.name), a.compressed_tensors, a.group_size))
+        out = Path(scratch.name) / f"compressed-tensors-{a.compressed_tensors.lower()}"
+        a.model = str(compressed_copy(a.model, out, a.compressed_tensors, a.group_size))
     llm = LLM(a.model, dtype=a.dtype, quantization=a.quantization, max_model_len=1024, kv_cache_memory=256 * 2**20)
     ledger = llm.engine.ledger
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
