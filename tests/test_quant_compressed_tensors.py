@@ -25,9 +25,11 @@ def produced(tiny_model_factory, tmp_path_factory):
     cache: dict[tuple[str, str], Path] = {}
 
     def get(arch: str, preset: str) -> Path:
+        """preset: compressed-tensors' name, or "NAME:FORMAT" to store it in another format."""
         if (arch, preset) not in cache:
-            out = tmp_path_factory.mktemp(f"ct-{arch}-{preset}")
-            cache[arch, preset] = write_compressed_tensors(tiny_model_factory(arch), out, preset)
+            out = tmp_path_factory.mktemp(f"ct-{arch}-{preset.replace(':', '-')}")
+            name, _, storage = preset.partition(":")
+            cache[arch, preset] = write_compressed_tensors(tiny_model_factory(arch), out, name, storage=storage or None)
         return cache[arch, preset]
 
     return get
@@ -51,7 +53,8 @@ def tally_tokens(llm: LLM) -> list[list[int]]:
 @pytest.mark.parametrize("arch, preset, layers", [
     ("llama", "W4A16", ("NativeInt4Linear", "Int4Linear")), ("qwen2", "W4A16_ASYM", ("NativeInt4Linear", "Int4Linear")),
     ("llama", "W8A16", ("NativeInt8Linear", "GroupInt8Linear")),
-], ids=["llama-w4a16", "qwen2-w4a16-asym", "llama-w8a16-g32"])
+    ("llama", "W4A16_ASYM:naive-quantized", ("NativeInt4Linear", "Int4Linear")),
+], ids=["llama-w4a16", "qwen2-w4a16-asym", "llama-w8a16-g32", "llama-w4a16-asym-naive"])
 @pytest.mark.parametrize("kernels", ["native", "torch"])
 def test_weight_only_checkpoint_greedy_matches_the_producers_dequantized_model(produced, monkeypatch, arch, preset,
                                                                               layers, kernels):

@@ -18,10 +18,12 @@ def _copy_tokenizer(src: Path, out: Path) -> None:
             shutil.copy(f, out)
 
 
-def write_compressed_tensors(src: Path, out: Path, preset: str, group_size: int = 32) -> Path:
+def write_compressed_tensors(src: Path, out: Path, preset: str, group_size: int = 32,
+                             storage: str | None = None) -> Path:
     """`src` (an HF directory, or a GGUF file transformers dequantizes) quantized with compressed-tensors' preset
     scheme ("W4A16", "W4A16_ASYM", "W8A16", "W8A8"), round to nearest (llm-compressor's QuantizationModifier without
-    calibration data), lm_head kept dense, saved to `out`."""
+    calibration data), lm_head kept dense, saved to `out` in the format compressed-tensors picks or `storage`
+    ("naive-quantized": one int8 per weight)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
     from compressed_tensors.quantization.utils import calculate_qparams, is_module_quantized
@@ -44,7 +46,7 @@ def write_compressed_tensors(src: Path, out: Path, preset: str, group_size: int 
             module.weight_scale.copy_(scale)
             if hasattr(module, "weight_zero_point"):
                 module.weight_zero_point.copy_(zero_point)
-    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor = ModelCompressor.from_pretrained_model(model, storage)
     compressor.compress_model(model)
     model.save_pretrained(str(out))
     compressor.update_config(str(out))
