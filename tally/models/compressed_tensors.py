@@ -104,22 +104,22 @@ def _check_group(where: str, group: dict[str, Any], block: dict[str, Any], path:
     return "w8a8", weights
 
 
-def _unpack(words: torch.Tensor, bits: int, count: int) -> torch.Tensor:
-    """int32 [R, C] packed along the rows' elements -> int16 [R, count], offset taken off (signed values)."""
+def _unpack(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 [R, C] packed along the rows -> int16 [R, C * 32 / bits], the offset taken off (signed values)."""
     shifts = torch.arange(0, 32, bits, dtype=torch.int32)
     values = (words[..., None] >> shifts) & ((1 << bits) - 1)
-    return (values.reshape(words.shape[0], -1)[:, :count] - (1 << (bits - 1))).to(torch.int16)
+    return (values.reshape(words.shape[0], -1) - (1 << (bits - 1))).to(torch.int16)
 
 
 def _convert(weights: Weights, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     scale = parts["weight_scale"].float()
     if "weight_packed" in parts:
-        q = _unpack(parts["weight_packed"], weights.bits, parts["weight_packed"].shape[1] * 32 // weights.bits)
+        q = _unpack(parts["weight_packed"], weights.bits)
     else:
         q = parts["weight"].to(torch.int16)
     zp = parts.get("weight_zero_point")
     if zp is not None and zp.dtype == torch.int32:  # pack-quantized: packed down the outputs
-        zp = _unpack(zp.t().contiguous(), weights.bits, q.shape[0]).t()
+        zp = _unpack(zp.t().contiguous(), weights.bits).t()
     zero = torch.zeros_like(scale) if zp is None else zp.float()
     g_idx = parts.get("weight_g_idx")
     if weights.bits == 4:  # unsigned nibbles: w = s * ((q + 8) - (zp + 8))
@@ -147,7 +147,7 @@ def _check_shapes(base: str, shape: tuple[int, ...], found: dict[str, tuple[int,
         want["weight_g_idx"] = (k,)
     for suffix, expected in want.items():
         have = found.get(f"{base}.{suffix}")
-        if have != expected or k % group or n % 8:
+        if have != expected or (k * weights.bits) % 32 or (n * weights.bits) % 32:
             raise ModelLoadError(f"{path}: {base}.{suffix} is {list(have) if have else 'missing'}, but a "
                                  f"compressed-tensors {weights.bits}-bit layer of {k} inputs and {n} outputs in "
                                  f"groups of {group} stores it as {list(expected)}")
