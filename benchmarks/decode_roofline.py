@@ -9,13 +9,16 @@ call, as `tally serve` runs them, the two alternating request by request (3 each
 by pair.
 
     python benchmarks/decode_roofline.py [--dtype float32] [--quantization int4] [--tokens 128] [--threads 2]
+        [--compressed-tensors W4A16]  (the model as compressed-tensors writes it: llm-compressor's format)
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
@@ -118,6 +121,16 @@ def head_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
 
 
+def compressed_copy(model: str | None, out: Path, preset: str, group_size: int) -> Path:
+    """compressed-tensors' checkpoint of `model`, as the tests write it (tests/support/quantized_producers.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from support.quantized_producers import write_compressed_tensors
+
+    from tally.models.registry import resolve_model
+
+    return write_compressed_tensors(Path(resolve_model(model).path), out, preset, group_size)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", default=None)
@@ -125,10 +138,17 @@ def main() -> None:
     p.add_argument("--quantization", default=None)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--compressed-tensors", metavar="PRESET", help="serve the model as compressed-tensors quantizes it "
+                   "with this preset (W4A16, W8A16, W8A8; groups of --group-size), written to a temporary directory")
+    p.add_argument("--group-size", type=int, default=64)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     from tally import LLM, SamplingParams
 
+    scratch = tempfile.TemporaryDirectory()
+    if a.compressed_tensors:
+        out = Path(scratch.name) / f"compressed-tensors-{a.compressed_tensors.lower()}"
+        a.model = str(compressed_copy(a.model, out, a.compressed_tensors, a.group_size))
     llm = LLM(a.model, dtype=a.dtype, quantization=a.quantization, max_model_len=1024, kv_cache_memory=256 * 2**20)
     ledger = llm.engine.ledger
     params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)

@@ -18,6 +18,7 @@ from tally.layers.dense import DenseLinear, Fp16WeightLinear
 from tally.native import ops as native
 from tally.quant.base import QuantLinear
 from tally.quant.gguf_blocks import Blocks, Int4Blocks, OffsetBlocks, SuperBlockValues, read_blocks
+from tally.quant.group_int8 import BLOCK as GROUP_INT8_BLOCK
 from tally.quant.group_int8 import GroupInt8Linear
 from tally.quant.int4 import Int4Linear
 from tally.quant.int8 import Int8Linear
@@ -93,13 +94,14 @@ def offset_linear(blocks: OffsetBlocks, bias: torch.Tensor | None, compute_dtype
 
 def int8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                 compute_dtype: torch.dtype) -> QuantLinear:
-    """Stored int8 integers as a layer: scale [N] per output channel, or [N, K/32] per block of 32."""
+    """Stored int8 integers as a layer: scale [N] per output channel, or [N, K/group] per group of a multiple of 32."""
     group_size = q.shape[1] if scale.dim() == 1 else q.shape[1] // scale.shape[1]
     if native_supported(compute_dtype, q.shape[1], group_size):
         return NativeInt8Linear(q, scale.reshape(q.shape[0], -1), bias)
     if scale.dim() == 1:
         return Int8Linear(q, scale, bias, compute_dtype)
-    return GroupInt8Linear(q, scale, bias, compute_dtype)
+    # Wider groups (compressed-tensors' W8A16 takes 64-256) as that many blocks of 32 under one scale: exact.
+    return GroupInt8Linear(q, scale.repeat_interleave(group_size // GROUP_INT8_BLOCK, dim=1), bias, compute_dtype)
 
 
 def w8a8_linear(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, compute_dtype: torch.dtype,

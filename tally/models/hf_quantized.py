@@ -9,8 +9,9 @@ says so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ METHODS = ("gptq", "awq")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _AWQ_UNDO = tuple(AWQ_ORDER.index(j) for j in range(8))  # nibble that holds output 8c + j
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
+Parts = dict[str, torch.Tensor]  # {suffix: tensor} of one projection
 
 
 def reads(block: dict[str, Any]) -> bool:
@@ -78,11 +80,13 @@ def _unpack_outputs(words: torch.Tensor, awq: bool) -> torch.Tensor:
 
 
 class HFQuantizedSource:
-    """Streams a GPTQ / AWQ checkpoint's tensors as a w4a16 `tally quantize` checkpoint would hold them."""
+    """Streams a quantized HF checkpoint's tensors as a `tally quantize` checkpoint would hold them: dense tensors as
+    stored, each packed projection through `convert` ({suffix: tensor} of its stored parts -> Tally's tensors)."""
 
     def __init__(self, files: list[Path], shapes: dict[str, tuple[int, ...]], packed: list[str],
-                 block: dict[str, Any]) -> None:
-        self._files, self._shapes, self._packed, self._block = files, shapes, packed, block
+                 suffixes: tuple[str, ...], convert: Callable[[dict[str, torch.Tensor]], Parts]) -> None:
+        self._files, self._shapes, self._packed = files, shapes, packed
+        self._suffixes, self._convert = suffixes, convert
 
     def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
         handles = [safe_open(str(f), framework="pt") for f in self._files]
@@ -93,35 +97,38 @@ class HFQuantizedSource:
                 yield name, where[name].get_tensor(name)
                 continue
             parts = {s: where[f"{name}.{s}"].get_tensor(f"{name}.{s}")
-                     for s in ("qweight", "qzeros", "scales", "g_idx") if f"{name}.{s}" in where}
+                     for s in self._suffixes if f"{name}.{s}" in where}
             converted = self._convert(parts)
             dense_fallbacks += "weight" in converted
             for suffix, tensor in converted.items():
                 yield f"{name}.{suffix}", tensor
         if dense_fallbacks:
-            log.warning("%d GPTQ projection(s) use act-order (desc_act): their groups interleave over the "
-                        "inputs, so they are served dequantized (dense fp32, exact, no memory saving)",
-                        dense_fallbacks)
+            log.warning("%d projection(s) use act-order (g_idx): their groups interleave over the inputs, so they "
+                        "are served dequantized (dense fp32, exact, no memory saving)", dense_fallbacks)
 
-    def _convert(self, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        awq = self._block["quant_method"] == "awq"
-        if awq:
-            q_kn = _unpack_outputs(parts["qweight"], True)
-        else:  # 8 inputs per word: [K/8, N, 8] -> [K, N]
-            words = parts["qweight"]
-            q_kn = _nibbles(words).permute(0, 2, 1).reshape(words.shape[0] * 8, words.shape[1])
-        k = q_kn.shape[0]
-        z = _unpack_outputs(parts["qzeros"], awq).float()
-        if not awq and self._block.get("checkpoint_format", "gptq") != "gptq_v2":
-            z += 1
-        s = parts["scales"].float()
-        group = k // s.shape[0]
-        g_idx = parts.get("g_idx")
-        if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
-            g = g_idx.long()
-            return {"weight": (s[g] * (q_kn.float() - z[g])).t().contiguous()}
-        return {"qweight": pack_int4(q_kn.t()), "scales": s.t().contiguous(),
-                "zeros": (s * (8.0 - z)).t().contiguous()}
+
+def in_groups(q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor,
+              g_idx: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """q uint8 [N, K] in 0..15, zero and scale [N, G] with w = scale * (q - zero): a w4a16 projection's tensors, or
+    the dense weight where g_idx [K] is not k // (K / G) (act-order)."""
+    k = q.shape[1]
+    if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // (k // scale.shape[1])):
+        g = g_idx.long()
+        return {"weight": scale[:, g] * (q.float() - zero[:, g])}
+    return {"qweight": pack_int4(q), "scales": scale.contiguous(), "zeros": (scale * (8.0 - zero)).contiguous()}
+
+
+def _convert(block: dict[str, Any], parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    awq = block["quant_method"] == "awq"
+    if awq:
+        q_kn = _unpack_outputs(parts["qweight"], True)
+    else:  # 8 inputs per word: [K/8, N, 8] -> [K, N]
+        words = parts["qweight"]
+        q_kn = _nibbles(words).permute(0, 2, 1).reshape(words.shape[0] * 8, words.shape[1])
+    z = _unpack_outputs(parts["qzeros"], awq).float()
+    if not awq and block.get("checkpoint_format", "gptq") != "gptq_v2":
+        z += 1
+    return in_groups(q_kn.t(), z.t(), parts["scales"].float().t(), parts.get("g_idx"))
 
 
 def open_hf_quantized(path: Path, block: dict[str, Any]) -> tuple[ModelConfig, HFQuantizedSource]:
@@ -129,22 +136,32 @@ def open_hf_quantized(path: Path, block: dict[str, Any]) -> tuple[ModelConfig, H
     _check_block(block, path)
     config = read_hf_config(path / "config.json")
     config = dataclasses.replace(config, eos_token_ids=merged_eos_ids(config, path))
-    files, _ = weight_files(path)
-    found = {name: shape for f in files for name, (shape, _dtype) in read_header(f).items()}
     awq = block["quant_method"] == "awq"
+    dense, packed = split_projections(config, path, "qweight",
+                                      lambda base, shape, found: _check_shapes(base, shape, found, block, awq, path))
+    return config, HFQuantizedSource(weight_files(path)[0], dense, packed, ("qweight", "qzeros", "scales", "g_idx"),
+                                     functools.partial(_convert, block))
+
+
+def split_projections(config: ModelConfig, path: Path, marker: str,
+                      check: Callable[[str, tuple[int, ...], dict[str, tuple[int, ...]]], None],
+                      ) -> tuple[dict[str, tuple[int, ...]], list[str]]:
+    """({dense tensor: shape}, [packed projection]) of a quantized checkpoint: a projection P is packed where
+    P.`marker` is stored (`check` then checks its parts' shapes), else P.weight must be dense."""
+    found = {name: shape for f in weight_files(path)[0] for name, (shape, _dtype) in read_header(f).items()}
     dense, packed = {}, []
     for name, shape in expected_tensor_shapes(config).items():
         base = name.removesuffix(".weight")
-        if found.get(name) == shape:
-            dense[name] = shape
-        elif name.endswith(".weight") and f"{base}.qweight" in found:
-            _check_shapes(base, shape, found, block, awq, path)
+        if name.endswith(".weight") and f"{base}.{marker}" in found:
+            check(base, shape, found)
             packed.append(base)
+        elif found.get(name) == shape:
+            dense[name] = shape
         elif not (name == "lm_head.weight" and config.tie_word_embeddings):
             have = found.get(name)
             raise ModelLoadError(f"{path}: tensor {name} is {'missing' if have is None else f'shaped {list(have)}'}"
-                                 f"; expected {list(shape)} dense or {base}.qweight packed")
-    return config, HFQuantizedSource(files, dense, packed, block)
+                                 f"; expected {list(shape)} dense or {base}.{marker} packed")
+    return dense, packed
 
 
 def _check_shapes(base: str, shape: tuple[int, ...], found: dict, block: dict[str, Any], awq: bool,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from tally.models import compressed_tensors
 from tally.models.config import ModelConfig
 from tally.models.gguf_checkpoint import GGUFRawTensor, GGUFTensorSource, open_gguf
 from tally.models.hf_checkpoint import HFTensorSource, open_hf
@@ -32,8 +33,8 @@ class Checkpoint:
     config: ModelConfig
     format: str  # "hf" or "gguf"
     _source: HFTensorSource | GGUFTensorSource | PackedTensorSource | HFQuantizedSource = field(repr=False)
-    # scheme of a pre-quantized checkpoint (w4a16, w8a16, w8a8): written by `tally quantize`, or GPTQ / AWQ
-    # read as w4a16 (tally/models/hf_quantized.py)
+    # scheme of a pre-quantized checkpoint (w4a16, w8a16, w8a8): written by `tally quantize`, GPTQ / AWQ read as
+    # w4a16 (tally/models/hf_quantized.py), or compressed-tensors' (tally/models/compressed_tensors.py)
     quantization: str | None = None
 
     def tensors(self, track: Track = untracked) -> Iterator[tuple[str, torch.Tensor]]:
@@ -57,6 +58,9 @@ def load_checkpoint(model: str | None) -> Checkpoint:
     if block is not None and reads(block):
         config, hf_source = open_hf_quantized(location.path, block)
         return Checkpoint(location.path, location.name, config, location.format, hf_source, "w4a16")
+    if block is not None and compressed_tensors.reads(block):
+        config, hf_source, scheme = compressed_tensors.open_compressed_tensors(location.path, block)
+        return Checkpoint(location.path, location.name, config, location.format, hf_source, scheme)
     scheme = packed_scheme(location.path) if location.format == "hf" else None
     opener = open_gguf if location.format == "gguf" else (open_packed if scheme else open_hf)
     config, source = opener(location.path)

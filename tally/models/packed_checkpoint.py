@@ -47,8 +47,8 @@ def packed_scheme(path: Path) -> str | None:
     if block.get("quant_method") != QUANT_METHOD or block.get("scheme") not in SCHEMES:
         raise ModelLoadError(
             f"{path}/config.json has a quantization_config Tally does not read ({block.get('quant_method')!r}); "
-            "Tally reads `tally quantize` checkpoints and 4-bit GPTQ / AWQ ones; otherwise serve the unquantized "
-            "checkpoint, or quantize it with `tally quantize`")
+            "Tally reads `tally quantize` checkpoints, 4-bit GPTQ / AWQ ones and compressed-tensors' integer ones; "
+            "otherwise serve the unquantized checkpoint, or quantize it with `tally quantize`")
     return block["scheme"]
 
 
