@@ -1,6 +1,7 @@
 """A mixture of experts in place of a layer's dense MLP: a router scores every expert per token, the top k run
 on the rows that chose them, grouped by expert, and their outputs add up weighted by the router (its softmax over
-every expert, or over the chosen ones: `Experts.routing`)."""
+every expert, or over the chosen ones: `Experts.routing`). In fp32 on native projections the whole MLP is one native
+call (tally/models/native_experts.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tally.models.config import ModelConfig
+from tally.models.native_experts import NativeExperts
 
 ProjectionFactory = Callable[[list[str], bool], nn.Module]
 
@@ -27,9 +29,22 @@ class MixtureOfExperts(nn.Module):
         names = [f"{prefix}.experts.{i}" for i in range(e.num_experts)]
         self.gate_up = nn.ModuleList(make_proj([f"{n}.gate_proj", f"{n}.up_proj"], e.bias) for n in names)
         self.down = nn.ModuleList(make_proj([f"{n}.down_proj"], e.bias) for n in names)
-        self.activation = activation
+        self.activation, self.activation_name = activation, cfg.activation
+        self.use_native = True  # benchmarks and tests turn it off to time or check the PyTorch loop
+        self._native: NativeExperts | None = None
+        self._native_built = False
+
+    def native(self) -> NativeExperts | None:
+        """The native call over these weights, or None. Built on first use: after loading has moved the weights
+        where they stay (huge pages), since the call holds their addresses."""
+        if not self._native_built:
+            self._native, self._native_built = NativeExperts.build(self), True
+        return self._native if self.use_native else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        native = self.native() if x.dtype == torch.float32 and x.dim() == 2 else None
+        if native is not None:
+            return native(x.contiguous())
         logits = F.linear(x, self.router, self.router_bias)
         if self.routing == "top_k_softmax":
             top_logits, top_experts = torch.topk(logits, self.top_k, dim=-1)

@@ -1,0 +1,116 @@
+"""Decode speed of a mixture of experts from a q8_0 GGUF: its experts' stored blocks in one native call a layer (and
+the one-call decode step), against the same blocks through the per-expert PyTorch loop, the experts dequantized to
+fp32 (`quantization="none"`), and a dense Llama of the same active size, each held against the memory's read rate
+measured just before it (its roofline share: the bytes a token reads, the routed experts' only, per second over the
+rate). Random weights (Qwen3-MoE, hidden 1024, 8 layers, 8 experts of 1408 with 2 routed: the dense model's 2816),
+written by llama.cpp's own converter (tests/support/families.py); nothing is downloaded.
+
+    python benchmarks/moe_decode.py [--tokens 32] [--threads 2] [--repeats 3] [--batches 1,8]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_roofline import read_buffer, read_gbs, weight_bytes_read_per_step  # noqa: E402
+
+SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+             num_key_value_heads=4, head_dim=64, vocab_size=32768, max_position_embeddings=4096)
+MOE = dict(moe_intermediate_size=1408, num_experts=8, num_experts_per_tok=2)
+DENSE = dict(model_type="llama", architectures=["LlamaForCausalLM"])
+
+
+def active_bytes(model: torch.nn.Module) -> int:
+    """Weight bytes a batch-1 decode token reads: every weight once (the token table's one row), of each layer's
+    experts only the routed ones' share."""
+    total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]
+                if t.dim() > 1 or t.dtype != torch.float32)  # weights; norms, biases and rotary tables aside
+    skipped = 0
+    for layer in model.layers:
+        moe = layer.experts
+        if moe is not None:
+            held = sum(m.weight_nbytes() if hasattr(m, "weight_nbytes") else m.weight.numel() * 4
+                       for m in [*moe.gate_up, *moe.down])
+            skipped += held * (1 - moe.top_k / len(moe.down))
+    return int(weight_bytes_read_per_step(model, total) - skipped)
+
+
+def tokens_per_s(llm, batch: int, tokens: int) -> float:
+    """Decode tokens per second of `batch` 16-token prompts: the time of `tokens` tokens less that of one."""
+    from tally import SamplingParams
+
+    prompts = [{"prompt_token_ids": [100 + 7 * r + i for i in range(16)]} for r in range(batch)]
+
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+        return time.perf_counter() - start
+
+    return batch * (tokens - 1) / (timed(tokens) - timed(1))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batches", default="1,8")
+    a = p.parse_args()
+    from support.families import make_family_checkpoint, to_gguf_many
+    from tally import LLM
+
+    work = Path(tempfile.mkdtemp(prefix="tally-moe-"))
+    try:
+        moe_dir = make_family_checkpoint(work / "moe", "qwen3_moe", **SHAPE, **MOE)
+        dense_dir = make_family_checkpoint(work / "dense", "olmo2", **SHAPE, **DENSE)
+        moe_gguf, dense_gguf = to_gguf_many([(moe_dir, work / "moe.gguf", "q8_0"),
+                                             (dense_dir, work / "dense.gguf", "q8_0")])
+        engine = dict(dtype="float32", threads=a.threads, max_model_len=256, kv_cache_memory=64 * 2**20,
+                      enable_prefix_caching=False)
+        buf = read_buffer()
+        cases = [("experts native", moe_gguf, None, False), ("experts loop", moe_gguf, None, True),
+                 ("dequantized", moe_gguf, "none", False), ("dense q8_0", dense_gguf, None, False)]
+        print(f"{'model':<15} {'batch':>5} {'tok/s':>8} {'MB/token':>9} {'GB/s read':>9} {'roofline':>8}")
+        rates: dict[tuple[str, int], float] = {}
+        for name, path, quantization, loop in cases:
+            llm = LLM(str(path), quantization=quantization, **engine)
+            if loop:  # the per-expert PyTorch loop; bursts of steps and the one-call step need the native call
+                for layer in llm.engine.model.layers:
+                    layer.experts.use_native = False
+                llm.engine.model.native_step, llm.engine._burst_limit = None, 1
+            per_token = active_bytes(llm.engine.model)
+            for batch in map(int, a.batches.split(",")):
+                tokens_per_s(llm, batch, 4)  # warm-up
+                runs = []
+                for _ in range(a.repeats):
+                    bw = read_gbs(buf)
+                    runs.append((tokens_per_s(llm, batch, a.tokens), bw))
+                rate, bw = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+                rates[name, batch] = rate
+                share = f"{rate * per_token / 1e9 / bw:.0%}" if batch == 1 else "-"
+                print(f"{name:<15} {batch:>5} {rate:>8.1f} {per_token / 1e6:>9.1f} {bw:>9.1f} {share:>8}",
+                      flush=True)
+            del llm
+        for batch in map(int, a.batches.split(",")):
+            native = rates["experts native", batch]
+            print(f"batch {batch}: native / loop {native / rates['experts loop', batch]:.2f}x, native / dequantized "
+                  f"{native / rates['dequantized', batch]:.2f}x, native / dense {native / rates['dense q8_0', batch]:.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("command: python " + " ".join(sys.argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
