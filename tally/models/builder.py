@@ -61,7 +61,8 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
 
     def make_proj(names: list[str], bias: bool) -> nn.Module:
         layer = _make_proj(names, bias)
-        if tp is not None and names[0].endswith(("o_proj", "down_proj")):
+        # an expert's partial sums are all-reduced once for all experts (MixtureOfExperts)
+        if tp is not None and names[0].endswith(("o_proj", "down_proj")) and ".experts." not in names[0]:
             return RowParallel(layer, tp)
         return layer
 

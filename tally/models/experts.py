@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tally.layers.parallel import TPGroup
 from tally.models.config import ModelConfig
 from tally.models.native_experts import NativeExperts
 
@@ -18,8 +19,12 @@ ProjectionFactory = Callable[[list[str], bool], nn.Module]
 
 class MixtureOfExperts(nn.Module):
     def __init__(self, cfg: ModelConfig, prefix: str, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
-                 activation: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> None:
+                 activation: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype,
+                 tp: TPGroup | None = None) -> None:
+        """`tp`: under tensor parallelism each expert holds this rank's columns (tally/models/tensor_parallel.py), and
+        the experts' weighted partial sums are all-reduced once."""
         super().__init__()
+        self.tp = tp
         e = cfg.experts
         self.top_k, self.normalize, self.routing = e.top_k, e.normalize_top_k, e.routing
         # the router stays dense: a few thousand weights whose rounding would move which experts run
@@ -43,8 +48,10 @@ class MixtureOfExperts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         native = self.native() if x.dtype == torch.float32 and x.dim() == 2 else None
-        if native is not None:
-            return native(x.contiguous())
+        out = native(x.contiguous()) if native is not None else self._loop(x)
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+    def _loop(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.router, self.router_bias)
         if self.routing == "top_k_softmax":
             top_logits, top_experts = torch.topk(logits, self.top_k, dim=-1)
