@@ -173,7 +173,9 @@ def _shard_blocks(blocks: Blocks | None, rows: slice | None, cols: slice | None)
     group = blocks.q.shape[1] // blocks.scale.shape[1]
     groups = slice(cols.start // group, cols.stop // group)
     per_group = [getattr(blocks, f)[rows, groups].contiguous() for f in ("scale", "zero") if hasattr(blocks, f)]
-    return replace(blocks, q=blocks.q[rows, cols].contiguous(), **dict(zip(("scale", "zero"), per_group)))
+    # the file's factors (Int4Blocks, OffsetBlocks) are dropped: the kernels take the sliced values as they are
+    factors = {"factors": None} if getattr(blocks, "factors", None) is not None else {}
+    return replace(blocks, q=blocks.q[rows, cols].contiguous(), **dict(zip(("scale", "zero"), per_group)), **factors)
 
 
 def _concat_raw(raws: list[Any]) -> Any:

@@ -24,7 +24,8 @@ VALUES = {"norm_layout": ("pre", "sandwich", "post"), "qk_norm": (None, "head", 
 
 def layer_unsupported(cfg: ModelConfig) -> list[str]:
     """`field=value` of each trait the native fused paths do not compute (experts: tally/models/native_experts.py
-    says which it runs, else the PyTorch loop runs inside them). A field this module does not know (a trait added later) counts unless it holds its default."""
+    says which it runs, else the PyTorch loop runs inside them). A field this module does not know (a trait added
+    later) counts unless it holds its default."""
     found = []
     for f in fields(cfg):
         value = getattr(cfg, f.name)

@@ -82,7 +82,8 @@ void tally_experts(const Experts *e, const float *x, int64_t n, float *out) {
     for (int64_t ex = 0; ex < E; ex++) start[ex + 1] += start[ex];
     int64_t *fill = malloc(sizeof(int64_t) * E);
     memcpy(fill, start, sizeof(int64_t) * E);
-    for (int64_t i = 0; i < n * k; i++) picks[fill[chosen[i]]++] = i;  /* (row, slot) choices by expert, rows in order */
+    /* the (row, slot) choices grouped by expert, rows in order */
+    for (int64_t i = 0; i < n * k; i++) picks[fill[chosen[i]]++] = i;
     float *xr = malloc(sizeof(float) * n * H), *gu = malloc(sizeof(float) * n * 2 * I);
     float *act = malloc(sizeof(float) * n * I), *y = malloc(sizeof(float) * n * H);
     memset(out, 0, sizeof(float) * n * H);
