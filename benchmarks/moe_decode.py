@@ -79,26 +79,35 @@ def main() -> int:
                                              (dense_dir, work / "dense.gguf", "q8_0")])
         engine = dict(dtype="float32", threads=a.threads, max_model_len=256, kv_cache_memory=64 * 2**20,
                       enable_prefix_caching=False)
-        cases = [("experts native", moe_gguf, None, False), ("experts loop", moe_gguf, None, True),
-                 ("dequantized", moe_gguf, "none", False), ("dense q8_0", dense_gguf, None, False)]
+        native, dequantized, dense = (LLM(str(path), quantization=q, **engine)
+                                      for path, q in ((moe_gguf, None), (moe_gguf, "none"), (dense_gguf, None)))
+        # (name, engine, whether its experts run the per-expert PyTorch loop: then neither bursts of steps nor the
+        # one-call step, which need the native call)
+        cases = [("experts native", native, False), ("experts loop", native, True), ("dequantized", dequantized, False),
+                 ("dense q8_0", dense, False)]
+        saved = native.engine.model.native_step, native.engine._burst_limit
+
+        def loop(on: bool) -> None:
+            for layer in native.engine.model.layers:
+                layer.experts.use_native = not on
+            native.engine.model.native_step, native.engine._burst_limit = (None, 1) if on else saved
+
         print(f"{'model':<15} {'batch':>5} {'tok/s':>8} {'MB/token':>9} {'GB/s':>6}")
         rates: dict[tuple[str, int], float] = {}
         streamed: dict[str, float] = {}  # batch 1's weight bytes a second
-        for name, path, quantization, loop in cases:
-            llm = LLM(str(path), quantization=quantization, **engine)
-            if loop:  # the per-expert PyTorch loop; bursts of steps and the one-call step need the native call
-                for layer in llm.engine.model.layers:
-                    layer.experts.use_native = False
-                llm.engine.model.native_step, llm.engine._burst_limit = None, 1
-            per_token = active_bytes(llm.engine.model)
-            for batch in map(int, a.batches.split(",")):
-                tokens_per_s(llm, batch, 4)  # warm-up
-                rate = statistics.median(tokens_per_s(llm, batch, a.tokens) for _ in range(a.repeats))
+        for batch in map(int, a.batches.split(",")):
+            runs: dict[str, list[float]] = {name: [] for name, *_ in cases}
+            for _ in range(a.repeats + 1):  # the cases alternate (a shared host's load drifts); the first warms up
+                for name, llm, looped in cases:
+                    loop(looped)
+                    runs[name].append(tokens_per_s(llm, batch, a.tokens))
+            loop(False)
+            for name, llm, _ in cases:
+                rate, per_token = statistics.median(runs[name][1:]), active_bytes(llm.engine.model)
                 rates[name, batch] = rate
                 streamed.setdefault(name, rate * per_token / 1e9)
                 print(f"{name:<15} {batch:>5} {rate:>8.1f} {per_token / 1e6:>9.1f} {rate * per_token / 1e9:>6.2f}",
                       flush=True)
-            del llm
         print("batch 1, share of the dense model's roofline (weight bytes a second): "
               + ", ".join(f"{name} {streamed[name] / streamed['dense q8_0']:.2f}" for name in streamed))
         for batch in map(int, a.batches.split(",")):
