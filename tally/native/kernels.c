@@ -367,10 +367,10 @@ void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cac
 }
 
 /* ---- A whole decode step through every layer, in one call ---------------------------------------------
- * For decode-only steps of dense models whose projections all have native formats: per layer the same sequence as
+ * For decode-only steps of models whose projections all have native formats: per layer the same sequence as
  * DecoderLayer._forward_native (norm, qkv, q/k norms, rotary + cache write, paged attention, o, its output norm,
- * into the residual, norm, gate/up, the gated activation, down, its output norm, into the residual), with no
- * interpreter between the steps; each family's traits are fields below. The Python side
+ * into the residual, norm, gate/up, the gated activation, down, or the experts (experts.h), its output norm, into
+ * the residual), with no interpreter between the steps; each family's traits are fields below. The Python side
  * (tally/models/native_decode_step.py) fills these structs once, from the loaded model's tensors. */
 enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5 };
 
