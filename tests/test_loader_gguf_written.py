@@ -286,14 +286,17 @@ def test_a_quantized_untied_embedding_is_looked_up_from_its_blocks(tiny_llama, t
     assert torch.equal(model._embed(ids), table[ids])
 
 
-def test_block_types_without_a_native_kernel_are_served_dequantized_with_one_warning(tiny_llama, tmp_path, caplog):
+def test_q5_1_blocks_are_served_as_stored_without_a_warning(tiny_llama, tmp_path, caplog):
+    """Q5_1 (5-bit values with minima) on the native 5-bit kernel; tests/test_gguf_block_types.py checks each such
+    type's values against gguf's dequantizer."""
     path = write_gguf(tiny_llama, tmp_path / "q5_1.gguf", "llama",
                       types={"gate_proj": Q.Q5_1, "up_proj": Q.Q5_1, "down_proj": Q.Q5_1})
     prompt = [{"prompt_token_ids": [5, 17, 33, 2]}]
     greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     with caplog.at_level("WARNING", logger="tally.models.gguf_checkpoint"):
-        served = LLM(str(path), dtype="float32", max_model_len=64, kv_cache_memory=2_000_000).generate(prompt, greedy)
-    warnings = [r.getMessage() for r in caplog.records if "no native kernel" in r.getMessage()]
-    assert len(warnings) == 1 and "Q5_1 (6 tensors)" in warnings[0]
+        llm = LLM(str(path), dtype="float32", max_model_len=64, kv_cache_memory=2_000_000)
+        served = llm.generate(prompt, greedy)
+    assert not [r for r in caplog.records if "no native kernel" in r.getMessage()]
+    assert llm.engine.model.layers[0].gate_up_proj.bits == 5
     plain = LLM(str(path), quantization="none", dtype="float32", max_model_len=64, kv_cache_memory=2_000_000)
     assert served[0].outputs[0].token_ids[0] == plain.generate(prompt, greedy)[0].outputs[0].token_ids[0]

@@ -15,7 +15,7 @@ import torch
 from support.engine_checks import hf_greedy
 from support.families import FAMILIES, make_family_checkpoint
 from tally import LLM, SamplingParams
-from tally.errors import ConfigError, ModelLoadError
+from tally.errors import ModelLoadError
 from tally.models.families import read_hf_config
 from tally.models.native_traits import layer_unsupported
 from tally.native import ops as native
@@ -139,13 +139,6 @@ def test_missing_family_tensor_is_named(family_dir, tmp_path):
     save_file(tensors, edited / "model.safetensors")
     with pytest.raises(ModelLoadError, match=r"missing 1 tensor\(s\) a gemma2 model .*layers.1.mlp_output_norm"):
         LLM(str(edited))
-
-
-def test_tensor_parallel_refuses_experts_by_name(family_dir):
-    from tally.models.tensor_parallel import plan_shards
-
-    with pytest.raises(ConfigError, match=r"does not split mixtral models \(experts\)"):
-        plan_shards(read_hf_config(family_dir("mixtral") / "config.json"), 2)
 
 
 def test_traits_read_from_the_config(family_dir):

@@ -76,16 +76,6 @@ def test_native_step_computes_each_familys_traits_as_the_layers_do(tmp_path_fact
             == [o.outputs[0].token_ids for o in run(llm, PROMPTS, False)])
 
 
-def test_experts_run_native_layers_but_not_the_one_call_step(tmp_path_factory):
-    """A mixture of experts keeps its experts in PyTorch: its layers' attention and norms run natively, the one-call
-    step (dense MLPs only) is not built."""
-    from support.families import make_family_checkpoint
-
-    model_dir = make_family_checkpoint(tmp_path_factory.mktemp("qwen3_moe"), "qwen3_moe")
-    model = LLM(str(model_dir), dtype="float32", quantization="int8", kv_cache_memory=2_000_000).engine.model
-    assert all(layer.native for layer in model.layers) and model.native_step is None
-
-
 def test_native_step_rows_do_not_depend_on_their_batch(tiny_llama):
     """Every row goes through the same kernel instructions whatever its batch: tokens and logprobs are equal."""
     llm = LLM(str(tiny_llama), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)

@@ -15,13 +15,13 @@ import torch
 
 from support.c_declarations import CType, Struct, read
 from tally import LLM
-from tally.models import native_decode_step
+from tally.models import native_decode_step, native_experts
 from tally.native import library, ops
 
 C = read([library.SOURCE, *library.HEADERS])
-MIRRORS = {cls.__name__.lstrip("_"): cls for cls in vars(native_decode_step).values()
-           if isinstance(cls, type) and issubclass(cls, ctypes.Structure)
-           and cls.__module__ == native_decode_step.__name__}
+MIRRORS = {cls.__name__.lstrip("_"): cls for module in (native_decode_step, native_experts)
+           for cls in vars(module).values()
+           if isinstance(cls, type) and issubclass(cls, ctypes.Structure) and cls.__module__ == module.__name__}
 SCALARS = {"int8_t": ctypes.c_int8, "uint8_t": ctypes.c_uint8, "int16_t": ctypes.c_int16, "uint16_t": ctypes.c_uint16,
            "int32_t": ctypes.c_int32, "uint32_t": ctypes.c_uint32, "int64_t": ctypes.c_int64,
            "uint64_t": ctypes.c_uint64, "int": ctypes.c_int, "size_t": ctypes.c_size_t, "float": ctypes.c_float,
@@ -86,6 +86,8 @@ def test_enum_constants_have_their_c_values():
     py_kv = {"KV_F32": ops.KV_KINDS[torch.float32], "KV_I8": ops.KV_INT8, "KV_F16": ops.KV_KINDS[torch.float16],
              "KV_BF16": ops.KV_KINDS[torch.bfloat16]}
     assert {name: value for name, value in C.enums.items() if name.startswith("KV_")} == py_kv
+    routes = {f"ROUTE_{name.upper()}": value for name, value in native_experts.ROUTINGS.items()}
+    assert {name: value for name, value in C.enums.items() if name.startswith("ROUTE_")} == routes
 
 
 def test_struct_mirrors_have_the_compilers_layout(tmp_path: Path):

@@ -99,6 +99,21 @@ def test_two_ranks_give_the_greedy_tokens_of_one(arch, tiny_model_factory):
             assert snap.num_preemptions > 0  # the pool was small enough to preempt
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_experts_split_by_their_columns_give_the_greedy_tokens_of_one(family, tmp_path):
+    """Each expert's gate/up by columns and down by the same columns, the router on every rank; GPT-OSS's sinks by
+    query heads, its row-parallel biases (o_proj's, each expert's down's) added by one rank."""
+    from support.families import make_family_checkpoint
+
+    ckpt = str(make_family_checkpoint(tmp_path / family, family, **{
+        "qwen3_moe": dict(moe_intermediate_size=64), "gpt_oss": dict(intermediate_size=64)}[family]))
+    kw = dict(dtype="float32", max_model_len=128, kv_cache_memory=4_000_000)
+    expected = _tokens(LLM(ckpt, **kw), PROMPTS)
+    with _tp_llm(ckpt, **kw) as llm:
+        assert llm.engine.model.layers[0].experts.down[0].weight.shape == (64, 32)  # this rank's half of 64 columns
+        assert _tokens(llm, PROMPTS) == expected
+
+
 @pytest.mark.parametrize("scheme", ["w4a16-g32", "w8a16", "awq"])
 def test_stored_integers_split_like_their_weights(scheme, tiny_llama, tmp_path):
     """A `tally quantize` checkpoint (packed int4 with group scales, int8 with per-channel scales) and an AWQ one:

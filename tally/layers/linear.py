@@ -17,7 +17,7 @@ from tally.errors import ConfigError
 from tally.layers.dense import DenseLinear, Fp16WeightLinear
 from tally.native import ops as native
 from tally.quant.base import QuantLinear
-from tally.quant.gguf_blocks import Blocks, Int4Blocks, OffsetBlocks, SuperBlockValues, read_blocks
+from tally.quant.gguf_blocks import Blocks, GroupValues, Int4Blocks, OffsetBlocks, read_blocks
 from tally.quant.group_int8 import BLOCK as GROUP_INT8_BLOCK
 from tally.quant.group_int8 import GroupInt8Linear
 from tally.quant.int4 import Int4Linear
@@ -69,9 +69,9 @@ def build_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, quantizatio
 
 def int4_linear(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int,
                 bias: torch.Tensor | None, compute_dtype: torch.dtype,
-                factors: tuple[SuperBlockValues, SuperBlockValues] | None = None) -> QuantLinear:
+                factors: tuple[GroupValues, GroupValues | None] | None = None) -> QuantLinear:
     """Stored int4 integers (q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero per group) as a layer; `factors`
-    (Q4_K's scale and minimum as stored) are what the native kernels hold where given."""
+    (the file's own d and m: Int4Blocks) are what the native kernels hold where given."""
     if native_supported(compute_dtype, q.shape[1], group_size):
         if factors is not None:
             return NativeInt4Linear(q, *factors, group_size, bias)
@@ -132,7 +132,14 @@ def linear_from_blocks(blocks: Blocks | None, bias: torch.Tensor | None, *,
     if blocks is None:
         return None
     if isinstance(blocks, Int4Blocks):
-        return int4_linear(blocks.q, blocks.scale, blocks.zero, 32, bias, compute_dtype, blocks.factors)
+        group = blocks.q.shape[1] // blocks.scale.shape[1]
+        native = native_supported(compute_dtype, blocks.q.shape[1], group)
+        if not native and (blocks.bits != 4 or group not in INT4_GROUP_SIZES):
+            return None  # 5-bit values with minima, groups of 16 (Q5_1, Q5_K; Q2_K, Q3_K): no PyTorch layer takes them
+        if blocks.bits == 5:
+            d, m = blocks.factors or (blocks.scale, blocks.zero - 8.0 * blocks.scale)  # a rank's slice: values
+            return NativeInt4Linear(blocks.q, d, m, group, bias, bits=5)
+        return int4_linear(blocks.q, blocks.scale, blocks.zero, group, bias, compute_dtype, blocks.factors)
     if isinstance(blocks, OffsetBlocks):
         return offset_linear(blocks, bias, compute_dtype)
     return int8_linear(blocks.q, blocks.scale, bias, compute_dtype)

@@ -78,6 +78,8 @@ def _held_fraction(tensor: WeightTensor, config: ModelConfig, shard: TPShard) ->
         return (shard.kv_heads[1] - shard.kv_heads[0]) / config.num_kv_heads
     if split == config.q_size:
         return (shard.q_heads[1] - shard.q_heads[0]) / config.num_heads
+    if ".experts." in tensor.name:  # each expert by its own intermediate columns
+        return (shard.expert_intermediate[1] - shard.expert_intermediate[0]) / config.experts.intermediate_size
     return (shard.intermediate[1] - shard.intermediate[0]) / config.intermediate_size
 
 

@@ -61,7 +61,8 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
 
     def make_proj(names: list[str], bias: bool) -> nn.Module:
         layer = _make_proj(names, bias)
-        if tp is not None and names[0].endswith(("o_proj", "down_proj")):
+        # an expert's partial sums are all-reduced once for all experts (MixtureOfExperts)
+        if tp is not None and names[0].endswith(("o_proj", "down_proj")) and ".experts." not in names[0]:
             return RowParallel(layer, tp)
         return layer
 
@@ -172,7 +173,9 @@ def _shard_blocks(blocks: Blocks | None, rows: slice | None, cols: slice | None)
     group = blocks.q.shape[1] // blocks.scale.shape[1]
     groups = slice(cols.start // group, cols.stop // group)
     per_group = [getattr(blocks, f)[rows, groups].contiguous() for f in ("scale", "zero") if hasattr(blocks, f)]
-    return replace(blocks, q=blocks.q[rows, cols].contiguous(), **dict(zip(("scale", "zero"), per_group)))
+    # the file's factors (Int4Blocks, OffsetBlocks) are dropped: the kernels take the sliced values as they are
+    factors = {"factors": None} if getattr(blocks, "factors", None) is not None else {}
+    return replace(blocks, q=blocks.q[rows, cols].contiguous(), **dict(zip(("scale", "zero"), per_group)), **factors)
 
 
 def _concat_raw(raws: list[Any]) -> Any:

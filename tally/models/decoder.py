@@ -58,7 +58,8 @@ class DecoderLayer(nn.Module):
     """`rotary`: the table this layer rotates q and k with, None for a layer without rotary (NoPE)."""
 
     def __init__(self, cfg: ModelConfig, index: int, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
-                 attn: AttentionBackend, rotary: RotaryEmbedding | None, dtype: torch.dtype) -> None:
+                 attn: AttentionBackend, rotary: RotaryEmbedding | None, dtype: torch.dtype,
+                 tp: TPGroup | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         prefix = f"model.layers.{index}"
@@ -68,7 +69,7 @@ class DecoderLayer(nn.Module):
         self.activation = gated_activation(cfg)
         self.experts = None
         if cfg.is_moe_layer(index):
-            self.experts = MixtureOfExperts(cfg, m, tensors, make_proj, self.activation, dtype)
+            self.experts = MixtureOfExperts(cfg, m, tensors, make_proj, self.activation, dtype, tp)
         else:
             self.gate_up_proj = make_proj([f"{m}.gate_proj", f"{m}.up_proj"], False)
             self.down_proj = make_proj([f"{m}.down_proj"], False)
@@ -199,7 +200,7 @@ class CausalLM(nn.Module):
         layers = range(*stage.layers) if stage is not None else range(cfg.num_layers)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, tensors, make_proj, with_window(attn, windows[i]),
-                         None if i in cfg.nope_layers else sliding_rotary if windows[i] else self.rotary, dtype)
+                         None if i in cfg.nope_layers else sliding_rotary if windows[i] else self.rotary, dtype, tp)
             for i in layers
         )
         self.norm = (RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps, dtype, cfg.norm_scale_in_float)

@@ -1,6 +1,7 @@
 """A mixture of experts in place of a layer's dense MLP: a router scores every expert per token, the top k run
 on the rows that chose them, grouped by expert, and their outputs add up weighted by the router (its softmax over
-every expert, or over the chosen ones: `Experts.routing`)."""
+every expert, or over the chosen ones: `Experts.routing`). In fp32 on native projections the whole MLP is one native
+call (tally/models/native_experts.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,15 +10,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tally.layers.parallel import TPGroup
 from tally.models.config import ModelConfig
+from tally.models.native_experts import NativeExperts
 
 ProjectionFactory = Callable[[list[str], bool], nn.Module]
 
 
 class MixtureOfExperts(nn.Module):
     def __init__(self, cfg: ModelConfig, prefix: str, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
-                 activation: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype) -> None:
+                 activation: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype,
+                 tp: TPGroup | None = None) -> None:
+        """`tp`: under tensor parallelism each expert holds this rank's columns (tally/models/tensor_parallel.py), and
+        the experts' weighted partial sums are all-reduced once."""
         super().__init__()
+        self.tp = tp
         e = cfg.experts
         self.top_k, self.normalize, self.routing = e.top_k, e.normalize_top_k, e.routing
         # the router stays dense: a few thousand weights whose rounding would move which experts run
@@ -27,9 +34,24 @@ class MixtureOfExperts(nn.Module):
         names = [f"{prefix}.experts.{i}" for i in range(e.num_experts)]
         self.gate_up = nn.ModuleList(make_proj([f"{n}.gate_proj", f"{n}.up_proj"], e.bias) for n in names)
         self.down = nn.ModuleList(make_proj([f"{n}.down_proj"], e.bias) for n in names)
-        self.activation = activation
+        self.activation, self.activation_name = activation, cfg.activation
+        self.use_native = True  # benchmarks and tests turn it off to time or check the PyTorch loop
+        self._native: NativeExperts | None = None
+        self._native_built = False
+
+    def native(self) -> NativeExperts | None:
+        """The native call over these weights, or None. Built on first use: after loading has moved the weights
+        where they stay (huge pages), since the call holds their addresses."""
+        if not self._native_built:
+            self._native, self._native_built = NativeExperts.build(self), True
+        return self._native if self.use_native else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        native = self.native() if x.dtype == torch.float32 and x.dim() == 2 else None
+        out = native(x.contiguous()) if native is not None else self._loop(x)
+        return out if self.tp is None else self.tp.all_reduce(out)
+
+    def _loop(self, x: torch.Tensor) -> torch.Tensor:
         logits = F.linear(x, self.router, self.router_bias)
         if self.routing == "top_k_softmax":
             top_logits, top_experts = torch.topk(logits, self.top_k, dim=-1)

@@ -20,7 +20,7 @@ from tally.layers.norm import RMSNorm
 from tally.layers.parallel import TPGroup
 from tally.layers.rotary import RotaryEmbedding
 from tally.models.config import ModelConfig
-from tally.models.native_traits import step_unsupported
+from tally.models.native_traits import layer_unsupported
 from tally.native.library import load
 from tally.native.ops import ACTIVATIONS, KV_INT8, KV_KINDS, scale_form
 from tally.quant.native_linear import (
@@ -31,6 +31,16 @@ from tally.quant.native_linear import (
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT = 1, 2, 3, 4, 5  # Proj.kind, as kernels.c's enum
+
+
+class StepExperts(Protocol):
+    """What the step reads of a layer's mixture of experts (tally/models/experts.py): its native call's struct."""
+
+    def native(self) -> NativeExpertsCall | None: ...
+
+
+class NativeExpertsCall(Protocol):
+    address: int  # of its C struct (tally/native/experts.h: Experts), alive as long as the model
 
 
 class StepLayer(Protocol):
@@ -47,6 +57,7 @@ class StepLayer(Protocol):
     attn: AttentionBackend  # its config holds the layer's window, score scale and soft cap
     qkv_proj: nn.Module
     o_proj: nn.Module
+    experts: StepExperts | None  # in place of gate_up_proj and down_proj (a mixture of experts' layer)
     gate_up_proj: nn.Module
     down_proj: nn.Module
     key_scale: torch.Tensor | None  # the int8 KV cache's key smoothing, or None
@@ -76,7 +87,7 @@ class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("attn_out_norm", _P), ("mlp_out_norm", _P), ("q_norm", _P),
                 ("k_norm", _P), ("cos", _P), ("sin", _P), ("window", _I), ("qkv", _Proj), ("o", _Proj),
                 ("gate_up", _Proj), ("down", _Proj), ("k_cache", _P), ("v_cache", _P), ("kv_kind", _I),
-                ("k_scales", _P), ("v_scales", _P), ("key_scale", _P), ("query_scale", _P)]
+                ("k_scales", _P), ("v_scales", _P), ("key_scale", _P), ("query_scale", _P), ("experts", _P)]
 
 
 class _Model(ctypes.Structure):
@@ -164,24 +175,31 @@ class NativeDecodeStep:
 
     @classmethod
     def build(cls, model: StepModel) -> NativeDecodeStep | None:
-        """The step, or None (the model runs layer by layer) unless the kernels are loaded, every layer runs them (a
-        dense model: native_traits.step_unsupported is empty) and every projection is a native int4 / int8 / W8A8
-        layer (tally/quant/native_linear.py), fp16 panels (tally/layers/dense.py) or several of them side by side
-        (ConcatLinear: a GGUF's fused q/k/v whose parts are stored in different block types)."""
-        if load() is None or step_unsupported(model.cfg) or not all(layer.native for layer in model.layers):
+        """The step, or None (the model runs layer by layer) unless the kernels are loaded, every layer runs them
+        (native_traits.layer_unsupported is empty; a mixture of experts has its native call) and every projection is a
+        native int4 / int8 / W8A8 layer (tally/quant/native_linear.py), fp16 panels (tally/layers/dense.py) or several
+        of them side by side (ConcatLinear: a GGUF's fused q/k/v whose parts are stored in different block types)."""
+        if load() is None or layer_unsupported(model.cfg) or not all(layer.native for layer in model.layers):
             return None
         if any(rotary.cos.dtype != torch.float32 or not rotary.cos.is_contiguous() for rotary in model.rotaries):
             return None
         layers, keep = [], []
         for layer in model.layers:
-            projs = [_proj(m, keep) for m in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)]
+            experts = None if layer.experts is None else layer.experts.native()
+            if layer.experts is not None and experts is None:
+                return None
+            mlp = (layer.gate_up_proj, layer.down_proj) if experts is None else ()
+            projs = [_proj(m, keep) for m in (layer.qkv_proj, layer.o_proj, *mlp)]
             if any(p is None for p in projs):
                 return None
+            projs += [_Proj(), _Proj()] if experts is not None else []
             norms = [_weight(n) for n in (layer.input_norm, layer.post_attn_norm, layer.attn_output_norm,
                                           layer.mlp_output_norm, layer.q_norm, layer.k_norm)]
             rotary = layer.rotary
             table = (None, None) if rotary is None else (rotary.cos.data_ptr(), rotary.sin.data_ptr())
-            layers.append(_Layer(*norms, *table, layer.attn.config.sliding_window or 0, *projs))
+            layer_struct = _Layer(*norms, *table, layer.attn.config.sliding_window or 0, *projs)
+            layer_struct.experts = None if experts is None else experts.address
+            layers.append(layer_struct)
         return cls(model, layers, keep)
 
     def applies(self, model: StepModel, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:

@@ -23,8 +23,9 @@ VALUES = {"norm_layout": ("pre", "sandwich", "post"), "qk_norm": (None, "head", 
 
 
 def layer_unsupported(cfg: ModelConfig) -> list[str]:
-    """`field=value` of each trait the per-layer fused forward does not compute (experts run in PyTorch inside it).
-    A field this module does not know (a trait added later) counts unless it holds its default."""
+    """`field=value` of each trait the native fused paths do not compute (experts: tally/models/native_experts.py
+    says which it runs, else the PyTorch loop runs inside them). A field this module does not know (a trait added
+    later) counts unless it holds its default."""
     found = []
     for f in fields(cfg):
         value = getattr(cfg, f.name)
@@ -36,7 +37,3 @@ def layer_unsupported(cfg: ModelConfig) -> list[str]:
         found.append(f"partial_rotary_factor={cfg.partial_rotary_factor!r}")  # rotate-half needs pairs
     return found
 
-
-def step_unsupported(cfg: ModelConfig) -> list[str]:
-    """As layer_unsupported, for the one-call decode step: mixtures of experts stay on the per-layer path."""
-    return layer_unsupported(cfg) + ([f"experts={cfg.experts!r}"] if cfg.experts is not None else [])

@@ -3,7 +3,10 @@
 Column-parallel (each rank computes some output features): the fused QKV projection by attention heads, gate/up
 by intermediate columns, the embedding and the LM head by vocabulary rows. Row-parallel (each rank owns some input
 features and its output is a partial sum, all-reduced): o_proj by the same heads, down_proj by the same columns.
-Norms are replicated. So a layer needs one all-reduce after attention and one after the MLP.
+Norms are replicated. So a layer needs one all-reduce after attention and one after the MLP. A mixture of experts
+splits the same way inside every expert (gate/up by the expert's intermediate columns, down by them), with its
+router replicated: every rank routes a token to the same experts, and the weighted sum of its partial outputs is
+all-reduced once (vLLM's split of fused MoE layers). A row-parallel bias is held by rank 0 alone, so it adds once.
 
 Heads go to ranks by whole KV groups, as evenly as they divide: with 3 KV heads on 2 ranks rank 0 holds 2 groups
 and rank 1 one (vLLM refuses such a model; the sums do not care). With fewer KV heads than ranks, each KV head is
@@ -39,20 +42,26 @@ class TPShard:
     vocab_rows: int
     head_dim: int
     in_features: tuple[int, int]  # the whole model's inputs of o_proj and down_proj: q_size, intermediate_size
+    expert_intermediate: tuple[int, int] = (0, 0)  # each expert's columns it holds (a mixture of experts)
+    expert_in_features: int = 0  # the whole model's inputs of an expert's down_proj
 
     def local_config(self, cfg: ModelConfig) -> ModelConfig:
         """The config of this rank's slice: a smaller Llama with the same hidden size."""
+        experts = None if cfg.experts is None else replace(cfg.experts,
+                                                           intermediate_size=_width(self.expert_intermediate))
         return replace(cfg, num_heads=_width(self.q_heads), num_kv_heads=_width(self.kv_heads),
-                       intermediate_size=_width(self.intermediate))
+                       intermediate_size=_width(self.intermediate), experts=experts)
 
     def rows(self, name: str) -> slice | None:
         """The output rows of HF tensor `name` (weight or bias) this rank holds; None: not split by rows."""
         if ".q_proj." in name:
             return self._head_slice(self.q_heads)
+        if name.endswith(".sinks"):  # one per query head (GPT-OSS)
+            return slice(*self.q_heads)
         if ".k_proj." in name or ".v_proj." in name:
             return self._head_slice(self.kv_heads)
         if ".gate_proj." in name or ".up_proj." in name:
-            return slice(*self.intermediate)
+            return slice(*(self.expert_intermediate if ".experts." in name else self.intermediate))
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             return slice(*self.vocab)
         return None
@@ -62,7 +71,7 @@ class TPShard:
         if ".o_proj." in name:
             return self._head_slice(self.q_heads)
         if ".down_proj." in name:
-            return slice(*self.intermediate)
+            return slice(*(self.expert_intermediate if ".experts." in name else self.intermediate))
         return None
 
     def shard(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
@@ -70,10 +79,13 @@ class TPShard:
         Stored integers split like the weight they hold: a packed int4 `qweight` [N, K/2] two columns per byte,
         group `scales` / `zeros` [N, K/g] one per group; per-channel scales [N] only by rows."""
         rows, cols = self.rows(name), self.columns(name)
+        if cols is not None and name.endswith(".bias"):  # a row-parallel bias: rank 0's alone
+            return tensor.clone() if self.rank == 0 else tensor.new_zeros(tensor.shape)
         if rows is not None:
             tensor = tensor[rows]
         if cols is not None and tensor.dim() == 2:
-            unit = self.in_features[".down_proj." in name] // tensor.shape[1]  # weight columns per stored column
+            whole = self.expert_in_features if ".experts." in name else self.in_features[".down_proj." in name]
+            unit = whole // tensor.shape[1]  # weight columns per stored column
             if cols.start % unit or cols.stop % unit:
                 raise ConfigError(f"{name} stores {unit} input columns per value, and this rank's columns "
                                   f"[{cols.start}, {cols.stop}) cut one; choose another tensor_parallel_size",
@@ -89,11 +101,10 @@ def plan_shards(cfg: ModelConfig, size: int) -> list[TPShard]:
     """Every rank's slice, or ConfigError naming why the model cannot be split `size` ways."""
     if size < 1:
         raise ConfigError(f"tensor_parallel_size must be ≥ 1, got {size}", param="tensor_parallel_size")
-    if size > 1 and (cfg.experts is not None or cfg.qk_norm == "projection"):
-        trait = "experts" if cfg.experts is not None else "q/k norms over the whole projection"
-        raise ConfigError(f"tensor_parallel_size {size}: Tally does not split {cfg.architecture} models ({trait}) "
-                          "across ranks yet; use tensor_parallel_size 1 or pipeline_parallel_size",
-                          param="tensor_parallel_size")
+    if size > 1 and cfg.qk_norm == "projection":
+        raise ConfigError(f"tensor_parallel_size {size}: Tally does not split {cfg.architecture} models (q/k norms "
+                          "over the whole projection) across ranks yet; use tensor_parallel_size 1 or "
+                          "pipeline_parallel_size", param="tensor_parallel_size")
     heads, kv = cfg.num_heads, cfg.num_kv_heads
     group = heads // kv
     if not _heads_split(heads, kv, size):
@@ -109,15 +120,21 @@ def plan_shards(cfg: ModelConfig, size: int) -> list[TPShard]:
         per_kv = size // kv  # ranks sharing (replicating) one KV head
         kv_ranges = [(r // per_kv, r // per_kv + 1) for r in range(size)]
         q_ranges = [(r * heads // size, (r + 1) * heads // size) for r in range(size)]
-    unit = next((a for a in _ALIGN if cfg.intermediate_size % a == 0 and cfg.intermediate_size // a >= size), 1)
-    if cfg.intermediate_size // unit < size:
-        raise ConfigError(f"intermediate size {cfg.intermediate_size} cannot be split {size} ways",
-                          param="tensor_parallel_size")
-    inter = [(a * unit, b * unit) for a, b in _even(cfg.intermediate_size // unit, size)]
+    inter = _columns(cfg.intermediate_size, size)
+    expert = _columns(cfg.experts.intermediate_size, size) if cfg.experts is not None else [(0, 0)] * size
     rows = -(-cfg.vocab_size // size)
     vocab = [(min(r * rows, cfg.vocab_size), min((r + 1) * rows, cfg.vocab_size)) for r in range(size)]
     return [TPShard(r, size, kv_ranges[r], q_ranges[r], inter[r], vocab[r], rows, cfg.head_dim,
-                    (cfg.q_size, cfg.intermediate_size)) for r in range(size)]
+                    (cfg.q_size, cfg.intermediate_size), expert[r],
+                    cfg.experts.intermediate_size if cfg.experts is not None else 0) for r in range(size)]
+
+
+def _columns(width: int, size: int) -> list[tuple[int, int]]:
+    """An MLP's intermediate columns in `size` ranges, on int4 group / GGUF block boundaries where they allow."""
+    unit = next((a for a in _ALIGN if width % a == 0 and width // a >= size), 1)
+    if width // unit < size:
+        raise ConfigError(f"intermediate size {width} cannot be split {size} ways", param="tensor_parallel_size")
+    return [(a * unit, b * unit) for a, b in _even(width // unit, size)]
 
 
 def _heads_split(heads: int, kv: int, size: int) -> bool:

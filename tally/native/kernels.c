@@ -367,10 +367,10 @@ void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cac
 }
 
 /* ---- A whole decode step through every layer, in one call ---------------------------------------------
- * For decode-only steps of dense models whose projections all have native formats: per layer the same sequence as
+ * For decode-only steps of models whose projections all have native formats: per layer the same sequence as
  * DecoderLayer._forward_native (norm, qkv, q/k norms, rotary + cache write, paged attention, o, its output norm,
- * into the residual, norm, gate/up, the gated activation, down, its output norm, into the residual), with no
- * interpreter between the steps; each family's traits are fields below. The Python side
+ * into the residual, norm, gate/up, the gated activation, down, or the experts (experts.h), its output norm, into
+ * the residual), with no interpreter between the steps; each family's traits are fields below. The Python side
  * (tally/models/native_decode_step.py) fills these structs once, from the loaded model's tensors. */
 enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5 };
 
@@ -383,6 +383,9 @@ typedef struct {
     int64_t scale_form;              /* scale and min: fp32, fp16 or factored (int_dots.h: GroupValues) */
 } Proj;
 
+static void project(const Proj *p, const float *x, float *y, int64_t M, int accumulate);
+#include "experts.h"  /* a mixture of experts' MLP: routing, and each expert's rows through its projections */
+
 typedef struct {
     const float *input_norm, *post_norm;        /* before attention and before the MLP; NULL: none (OLMo 2) */
     const float *attn_out_norm, *mlp_out_norm;  /* of each block's output before the residual add; NULL: none */
@@ -394,6 +397,7 @@ typedef struct {
     int64_t kv_kind;                        /* the caches' format (kv_rows.h) */
     float *k_scales, *v_scales;             /* int8 KV cache: [blocks, Hkv]; NULL otherwise */
     const float *key_scale, *query_scale;   /* int8 KV key smoothing: k *= [Hkv, D], q *= [Hq, D]; or NULL */
+    const void *experts;  /* an Experts (experts.h): a mixture of experts in place of gate_up and down; or NULL */
 } Layer;
 
 typedef struct {
@@ -448,6 +452,8 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
 
 /* h += block(x) (times the residual multiplier, after the block output's norm where there is one): straight into
  * h where neither applies, else through `out` [n, hidden], in the order the PyTorch layer computes it */
+static void add_output(const Model *md, float *out, const float *norm, float *h, int64_t n);
+
 static void add_block(const Model *md, const Proj *p, const float *x, const float *norm, float *out, float *h,
                       int64_t n) {
     if (!norm && md->residual_multiplier == 1.0f) {
@@ -455,6 +461,11 @@ static void add_block(const Model *md, const Proj *p, const float *x, const floa
         return;
     }
     project(p, x, out, n, 0);
+    add_output(md, out, norm, h, n);
+}
+
+/* h += out, after its norm and the residual multiplier where they apply */
+static void add_output(const Model *md, float *out, const float *norm, float *h, int64_t n) {
     if (norm) tally_rms_norm(out, norm, out, n, md->hidden, md->eps);
     /* two passes: the product rounded on its own, as PyTorch's, not contracted into the add (a multiply-add) */
     if (md->residual_multiplier != 1.0f)
@@ -521,6 +532,11 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
                          md->softcap, att);
         add_block(md, &L->o, att, L->attn_out_norm, out, h, n);
         if (L->post_norm) tally_rms_norm(h, L->post_norm, x, n, H, md->eps);
+        if (L->experts) {
+            tally_experts(L->experts, L->post_norm ? x : h, n, out);
+            add_output(md, out, L->mlp_out_norm, h, n);
+            continue;
+        }
         project(&L->gate_up, L->post_norm ? x : h, gu, n, 0);
         tally_gated_mul(gu, act, n, I, (int)md->activation);
         add_block(md, &L->down, act, L->mlp_out_norm, out, h, n);

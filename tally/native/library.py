@@ -25,10 +25,11 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
 # SOURCE includes them (pyproject.toml's package data ships them): the kernels' own threads, the KV cache's value
-# formats, the integer projections and their formats' dot products, paged decode and prompt attention, the sampler
+# formats, the integer projections and their formats' dot products, paged decode and prompt attention, the sampler,
+# a mixture of experts' MLP
 HEADERS = [Path(__file__).with_name(name)
            for name in ("pool.h", "kv_rows.h", "int_tiles.h", "int_dots.h", "decode_attention.h",
-                        "prefill_attention.h", "sampling.h")]
+                        "prefill_attention.h", "sampling.h", "experts.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 # The C prototypes' argument and result types, by hand: tests/test_native_mirrors.py holds them to the C text
@@ -43,6 +44,7 @@ SIGNATURES = {
     "tally_rope_store": [_P, _I, _I, _P, _P, _I, _F, _P, _P, _I, _I, _I, _I, _P, _P, _P, ctypes.c_int],
     "tally_decode_layers": [_P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _I, _P],
     "tally_decode_greedy": [_P, _I, _P, _P, _P, _I, _P, _I, _P, _P, _P],
+    "tally_experts": [_P, _P, _I, _P],
     "tally_decode_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P],
     "tally_prefill_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, _I, _I, _F, _P],
     "tally_dequant_q4_bf16": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],

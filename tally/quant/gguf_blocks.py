@@ -24,11 +24,19 @@ import torch
 # MXFP4 (GPT-OSS's experts): a uint8 e8m0 exponent e, 16 bytes of e2m1 nibbles as Q4_0's; w = v(q) * 2^(e - 127) with
 # v in {0, 0.5, 1, 1.5, 2, 3, 4, 6} and signs: twice v is an int8 value, so it is group-32 int8 with scale
 # 2^(e - 128), exactly (llama.cpp's own table, gguf.quants.MXFP4).
+# IQ4_NL (fp16 d, nibbles as Q4_0's) and IQ4_XS (super-blocks of 256: fp16 d, 6-bit scales ls per 32): w = d (* ls) *
+# v(q), v a table of 16 int8 values: group-32 int8 with scale d (* ls), exactly (at 1.125 bytes a weight, not 0.53).
+# Q5_1 (fp16 d, m, 4 bytes qh, nibbles: w = d q + m) and Q5_K (Q4_K with a fifth bit per weight in 32 bytes qh) are
+# 5-bit values with minima; Q2_K (16 groups of 16: 4-bit sc and mn, 2-bit q; w = d sc q - dmin mn) 2-bit values with
+# minima, held as nibbles; Q3_K (16 groups of 16: 6-bit signed scales, 3-bit q - 4) as nibbles q - 4 + 8 without
+# minima, w = d sc (q4 - 8). All exact, on the int4 kernels with their high-bit planes where the values need them.
 BLOCK = 32
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210, "MXFP4": 17}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210, "MXFP4": 17,
+                "Q5_1": 24, "Q5_K": 176, "Q3_K": 110, "Q2_K": 84, "IQ4_NL": 18, "IQ4_XS": 136}
+_IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8)
 _E2M1_DOUBLED = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int8)
 NATIVE_BLOCK_TYPES = frozenset(_BLOCK_BYTES)  # the GGUF block types served as stored; others are dequantized
-_WEIGHTS_PER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
+_WEIGHTS_PER_BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q5_K": 256, "Q3_K": 256, "Q2_K": 256, "IQ4_XS": 256}
 
 
 @dataclass(frozen=True)
@@ -46,15 +54,20 @@ class SuperBlockValues:
         return self.base.repeat_interleave(per, dim=1) * self.steps.float()
 
 
+GroupValues = torch.Tensor | SuperBlockValues
+
+
 @dataclass(frozen=True)
 class Int4Blocks:
-    """Group-32 int4 in Int4Linear's convention: q uint8 [N, K] in 0..15, w = (q - 8) * scale + zero. Q4_K's also
-    keep their factors as the file stores them (scale d * sc, minimum -dmin * mn: zero is minimum + 8 scale)."""
+    """Int4Linear's convention: q uint8 [N, K] below 2**bits, w = (q - 8) * scale + zero per group (32, or Q2_K's and
+    Q3_K's 16). Where given, `factors` are the values as the file stores them, exactly: (d, m) with w = q * d + m, m
+    None for w = d * (q - 8) (Q4_K: d * sc and -dmin * mn as SuperBlockValues; Q5_1: its fp16 d and m)."""
 
     q: torch.Tensor
-    scale: torch.Tensor  # [N, K/32]
-    zero: torch.Tensor  # [N, K/32]
-    factors: tuple[SuperBlockValues, SuperBlockValues] | None = None
+    scale: torch.Tensor  # [N, K/group]
+    zero: torch.Tensor  # [N, K/group]
+    factors: tuple[GroupValues, GroupValues | None] | None = None
+    bits: int = 4  # 5: Q5_1's and Q5_K's values, which only the native kernels hold
 
 
 @dataclass(frozen=True)
@@ -149,8 +162,9 @@ def adopted_storage(type_name: str) -> tuple[str, int] | None:
     """(storage, group size) for the block types read_blocks adopts, None for those it leaves dense."""
     if type_name not in _BLOCK_BYTES:
         return None
-    return {"Q8_0": ("int8", 32), "MXFP4": ("int8", 32), "Q5_0": ("int5", 32),
-            "Q6_K": ("int6", 16)}.get(type_name, ("int4", 32))
+    return {"Q8_0": ("int8", 32), "MXFP4": ("int8", 32), "IQ4_NL": ("int8", 32), "IQ4_XS": ("int8", 32),
+            "Q5_0": ("int5", 32), "Q5_1": ("int5", 32), "Q5_K": ("int5", 32), "Q6_K": ("int6", 16),
+            "Q3_K": ("int4", 16), "Q2_K": ("int4", 16)}.get(type_name, ("int4", 32))
 
 
 def concat_blocks(parts: list[Blocks | None]) -> Blocks | None:
@@ -159,8 +173,8 @@ def concat_blocks(parts: list[Blocks | None]) -> Blocks | None:
     other mixes (their parts stay apart)."""
     if any(p is None for p in parts):
         return None
-    kinds = {(type(p), getattr(p, "bits", 8)) for p in parts}
-    if kinds == {(OffsetBlocks, 5), (Int8Blocks, 8)}:
+    kinds = {(type(p), getattr(p, "bits", 8), p.q.shape[1] // p.scale.shape[1]) for p in parts}
+    if kinds == {(OffsetBlocks, 5, 32), (Int8Blocks, 8, 32)}:
         parts = [p.as_int8() if isinstance(p, OffsetBlocks) else p for p in parts]
     elif len(kinds) != 1:
         return None
@@ -192,6 +206,8 @@ def read_blocks(raw: Any) -> Blocks | None:
     blocks = _blocks(raw, type_name)
     if type_name == "MXFP4":
         return _mxfp4(blocks)
+    if type_name in _MORE_TYPES:
+        return _MORE_TYPES[type_name](blocks)
     if type_name == "Q6_K":
         q, scale = _q6_k(blocks)
         return OffsetBlocks(q, scale.values(), 6, scale)
@@ -207,3 +223,68 @@ def read_blocks(raw: Any) -> Blocks | None:
     if type_name == "Q4_0":
         return Int4Blocks(_nibbles(blocks, 2), d, torch.zeros_like(d))
     return Int4Blocks(_nibbles(blocks, 4), d, _fp16(blocks, 2) + 8.0 * d)
+
+
+def _with_minima(q: torch.Tensor, d: GroupValues, m: GroupValues, bits: int) -> Int4Blocks:
+    """w = q * d + m as Int4Blocks, the file's values kept as factors"""
+    dv, mv = (v.values() if isinstance(v, SuperBlockValues) else v for v in (d, m))
+    return Int4Blocks(q, dv, mv + 8.0 * dv, (d, m), bits)
+
+
+def _q5_1(blocks: np.ndarray) -> Int4Blocks:
+    q = _q5_0(np.concatenate([blocks[..., :2], blocks[..., 4:]], axis=-1))  # d, qh, nibbles: Q5_0's layout
+    return _with_minima(q, _fp16(blocks, 0), _fp16(blocks, 2), 5)
+
+
+def _q5_k(blocks: np.ndarray) -> Int4Blocks:
+    q4, scale, minimum = _q4_k(np.concatenate([blocks[..., :16], blocks[..., 48:]], axis=-1))
+    n, s = blocks.shape[:2]
+    high = (blocks[..., 16:48].reshape(n, s, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
+    return _with_minima(q4 | torch.from_numpy(high.reshape(n, -1) << 4), scale, minimum, 5)
+
+
+def _two_bit_fields(qs: np.ndarray) -> np.ndarray:
+    """[N, S, 64] bytes of 2-bit values -> [N, 256 S] in llama.cpp's order: per half, per shift, 32 bytes."""
+    n, s = qs.shape[:2]
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+    return ((qs.reshape(n, s, 2, 1, 32) >> shifts) & 3).reshape(n, -1)
+
+
+def _q2_k(blocks: np.ndarray) -> Int4Blocks:
+    """scales [16] (sc low nibble, mn high), qs [64], d, dmin: w = d sc q - dmin mn per 16"""
+    sc = blocks[..., :16]
+    q = torch.from_numpy(np.ascontiguousarray(_two_bit_fields(blocks[..., 16:80])))
+    return _with_minima(q, _steps(_fp16(blocks, 80), sc & 15), _steps(-_fp16(blocks, 82), sc >> 4), 4)
+
+
+def _q3_k(blocks: np.ndarray) -> Int4Blocks:
+    """hmask [32], qs [64], scales [12] (16 6-bit values, gguf.quants.Q3_K's unpacking), d: w = d (sc - 32) v per 16,
+    v = q - 4 unless the mask bit is set; held as nibbles v + 8, no minima"""
+    n, s = blocks.shape[:2]
+    low = _two_bit_fields(blocks[..., 32:96])
+    high = ((blocks[..., :32].reshape(n, s, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1)
+    q = torch.from_numpy(np.ascontiguousarray(low + 4 * high.reshape(n, -1) + 4).astype(np.uint8))
+    packed = blocks[..., 96:108]
+    lo = (packed[..., :8].reshape(n, s, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)).reshape(n, s, 16)
+    hi = (packed[..., 8:].reshape(n, s, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1))
+    sc = ((lo & 15) | ((hi.reshape(n, s, 16) & 3) << 4)).astype(np.int16) - 32
+    scale = _steps(_fp16(blocks, 108), sc)
+    return Int4Blocks(q, scale.values(), torch.zeros(n, 16 * s), (scale, None))
+
+
+def _iq4_nl(blocks: np.ndarray) -> Int8Blocks:
+    return Int8Blocks(_IQ4_VALUES[_nibbles(blocks, 2).long()], _fp16(blocks, 0))
+
+
+def _iq4_xs(blocks: np.ndarray) -> Int8Blocks:
+    """d, scales_h (2 bits a group, uint16), scales_l (4 bits a group), 8 groups of 16 nibble bytes"""
+    n, s = blocks.shape[:2]
+    high = np.ascontiguousarray(blocks[..., 2:4]).view("<u2") >> (2 * np.arange(8, dtype=np.uint16))  # [N, S, 8]
+    low = (blocks[..., 4:8].reshape(n, s, 4, 1) >> np.array([0, 4], dtype=np.uint8)).reshape(n, s, 8)
+    ls = ((low & 15) | ((high & 3).astype(np.uint8) << 4)).astype(np.float32) - 32
+    q = _nibbles(blocks[..., 8:].reshape(n, s * 8, 16), 0)  # each group's 16 bytes as a Q4_0 block's nibbles
+    scale = torch.from_numpy(ls) * _fp16(blocks, 0)[..., None]  # d * ls: an fp16 times a small integer, exact
+    return Int8Blocks(_IQ4_VALUES[q.long()], scale.reshape(n, -1))
+
+
+_MORE_TYPES = {"Q5_1": _q5_1, "Q5_K": _q5_k, "Q2_K": _q2_k, "Q3_K": _q3_k, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs}

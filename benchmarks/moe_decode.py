@@ -1,0 +1,125 @@
+"""Decode speed of a mixture of experts from a q8_0 GGUF: its experts' stored blocks in one native call a layer (and
+the one-call decode step), against the same blocks through the per-expert PyTorch loop, the experts dequantized to
+fp32 (`quantization="none"`), and a dense Llama of the same active size: tokens per second, and at batch 1 the weight
+bytes a token reads (the routed experts' only) per second against the dense model's, i.e. the share of the dense
+model's roofline the experts reach (a ratio, so a busy host's drifting read rate cancels). Random weights (Qwen3-MoE,
+hidden 1024, 8 layers, 8 experts of 1408 with 2 routed: the dense model's 2816), written by llama.cpp's own
+converter (tests/support/families.py); nothing is downloaded.
+
+    python benchmarks/moe_decode.py [--tokens 32] [--threads 2] [--repeats 3] [--batches 1,8]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decode_roofline import weight_bytes_read_per_step  # noqa: E402
+
+SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+             num_key_value_heads=4, head_dim=64, max_position_embeddings=4096)  # SmolLM2's tokenizer: 49,152 tokens
+MOE = dict(moe_intermediate_size=1408, num_experts=8, num_experts_per_tok=2)
+DENSE = dict(model_type="llama", architectures=["LlamaForCausalLM"])  # OLMo 2's fixture renamed: its tokenizer
+
+
+def active_bytes(model: torch.nn.Module) -> int:
+    """Weight bytes a batch-1 decode token reads: every weight once (the token table's one row), of each layer's
+    experts only the routed ones' share."""
+    total = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]
+                if t.dim() > 1 or t.dtype != torch.float32)  # weights; norms, biases and rotary tables aside
+    skipped = 0
+    for layer in model.layers:
+        moe = layer.experts
+        if moe is not None:
+            held = sum(m.weight_nbytes() if hasattr(m, "weight_nbytes") else m.weight.numel() * 4
+                       for m in [*moe.gate_up, *moe.down])
+            skipped += held * (1 - moe.top_k / len(moe.down))
+    return int(weight_bytes_read_per_step(model, total) - skipped)
+
+
+def tokens_per_s(llm, batch: int, tokens: int) -> float:
+    """Decode tokens per second of `batch` 16-token prompts: the time of `tokens` tokens less that of one."""
+    from tally import SamplingParams
+
+    prompts = [{"prompt_token_ids": [100 + 7 * r + i for i in range(16)]} for r in range(batch)]
+
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+        return time.perf_counter() - start
+
+    return batch * (tokens - 1) / (timed(tokens) - timed(1))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batches", default="1,8")
+    a = p.parse_args()
+    from support.families import make_family_checkpoint, to_gguf_many
+    from tally import LLM
+
+    work = Path(tempfile.mkdtemp(prefix="tally-moe-"))
+    try:
+        moe_dir = make_family_checkpoint(work / "moe", "qwen3_moe", **SHAPE, **MOE)
+        dense_dir = make_family_checkpoint(work / "dense", "olmo2", **SHAPE, **DENSE)
+        moe_gguf, dense_gguf = to_gguf_many([(moe_dir, work / "moe.gguf", "q8_0"),
+                                             (dense_dir, work / "dense.gguf", "q8_0")])
+        engine = dict(dtype="float32", threads=a.threads, max_model_len=256, kv_cache_memory=64 * 2**20,
+                      enable_prefix_caching=False)
+        native, dequantized, dense = (LLM(str(path), quantization=q, **engine)
+                                      for path, q in ((moe_gguf, None), (moe_gguf, "none"), (dense_gguf, None)))
+        # (name, engine, whether its experts run the per-expert PyTorch loop: then neither bursts of steps nor the
+        # one-call step, which need the native call)
+        cases = [("experts native", native, False), ("experts loop", native, True), ("dequantized", dequantized, False),
+                 ("dense q8_0", dense, False)]
+        saved = native.engine.model.native_step, native.engine._burst_limit
+
+        def loop(on: bool) -> None:
+            for layer in native.engine.model.layers:
+                layer.experts.use_native = not on
+            native.engine.model.native_step, native.engine._burst_limit = (None, 1) if on else saved
+
+        print(f"{'model':<15} {'batch':>5} {'tok/s':>8} {'MB/token':>9} {'GB/s':>6}")
+        rates: dict[tuple[str, int], float] = {}
+        streamed: dict[str, float] = {}  # batch 1's weight bytes a second
+        for batch in map(int, a.batches.split(",")):
+            runs: dict[str, list[float]] = {name: [] for name, *_ in cases}
+            for _ in range(a.repeats + 1):  # the cases alternate (a shared host's load drifts); the first warms up
+                for name, llm, looped in cases:
+                    loop(looped)
+                    runs[name].append(tokens_per_s(llm, batch, a.tokens))
+            loop(False)
+            for name, llm, _ in cases:
+                rate, per_token = statistics.median(runs[name][1:]), active_bytes(llm.engine.model)
+                rates[name, batch] = rate
+                streamed.setdefault(name, rate * per_token / 1e9)
+                print(f"{name:<15} {batch:>5} {rate:>8.1f} {per_token / 1e6:>9.1f} {rate * per_token / 1e9:>6.2f}",
+                      flush=True)
+        print("batch 1, share of the dense model's roofline (weight bytes a second): "
+              + ", ".join(f"{name} {streamed[name] / streamed['dense q8_0']:.2f}" for name in streamed))
+        for batch in map(int, a.batches.split(",")):
+            native = rates["experts native", batch]
+            print(f"batch {batch}: native / loop {native / rates['experts loop', batch]:.2f}x, native / dequantized "
+                  f"{native / rates['dequantized', batch]:.2f}x, "
+                  f"native / dense {native / rates['dense q8_0', batch]:.2f}x")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("command: python " + " ".join(sys.argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
