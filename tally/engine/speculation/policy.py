@@ -109,9 +109,12 @@ class SpeculationPolicy:
         self.speculating = False  # whether proposals may be verified now (read by the engine's metrics)
 
     # -- measurements ------------------------------------------------------------------------
-    def observe_step(self, generated_tokens: int, seconds: float, batch: int, proposals: int) -> None:
+    def observe_step(self, generated_tokens: int, seconds: float, batch: int, proposals: int,
+                     catch_up_seconds: float = 0.0) -> None:
         """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation): the tokens it
-        appended to outputs, how long it took, how many requests were running and how many proposals it verified."""
+        appended to outputs, how long it took, how many requests were running, how many proposals it verified, and
+        of its seconds those a draft spent catching up on requests it starts on. A measuring epoch prices a proposal
+        without them (start_repaid charges each request its own catch-up); following a price, they count."""
         self._steps += 1
         epoch, price, off = self._epoch, self._price, self._off
         if price is None and off is not None:  # measuring "on"
@@ -120,6 +123,7 @@ class SpeculationPolicy:
                 return
             if proposals == 0:
                 return  # an off step: it says nothing of what a proposal costs
+            seconds -= catch_up_seconds
         epoch.add(generated_tokens, seconds, batch, proposals)
         if price is not None:
             if self._steps - price.step >= price.holds_steps or not same_load(batch, self._load):
