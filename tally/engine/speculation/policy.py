@@ -2,7 +2,8 @@
 measured on this machine at this load; and whether speculating at that price pays at all.
 
 - The price: an epoch with speculation off, then one verifying every proposal; c = (t_on - t_off) / p seconds per
-  proposal from the epochs' median step times (step times, not tokens: acceptance swings with the text).
+  proposal from the epochs' median step times (step times, not tokens: acceptance swings with the text), less
+  what a draft spent catching up on the requests it started on: that is each request's own start price.
 - Per request: its j-th proposal is worth w_j = f · g^(j-1) tokens (f: its first proposal's acceptance, g: a later
   one's after a kept predecessor) and pays while w_j ≥ c · rate; with a draft model a request starts only where
   its expected gain repays the draft's catch-up over its context.
