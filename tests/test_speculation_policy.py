@@ -67,6 +67,17 @@ def test_a_request_the_draft_must_first_catch_up_on_starts_only_where_its_remain
                         np.array([1e6, 1e6, 1e6])).tolist() == [False, False, True]  # no proposal repays anything
 
 
+def test_a_draft_catching_up_while_a_price_is_measured_does_not_raise_the_price_of_a_proposal():
+    """The catch-up is what starting on a request costs, charged to that request (start_repaid) before it starts;
+    counted in the measuring epoch's steps it would price every later proposal as dear as a start."""
+    caught_up = SpeculationPolicy()
+    _steps(caught_up, EPOCH_STEPS, 0.1)
+    for _ in range(EPOCH_STEPS):  # 0.11 s of proposals, and 0.4 s catching up on new requests
+        caught_up.observe_step(12, 0.51, 4, 8, catch_up_seconds=0.4)
+    assert caught_up.choose(WORTH, LIMITS).tolist() == _priced(on_seconds=0.11).choose(WORTH, LIMITS).tolist()
+    assert _priced(on_seconds=0.51).choose(WORTH, LIMITS).tolist() == [0, 0]  # what counting it would have done
+
+
 def test_measuring_another_load_starts_only_what_the_last_price_repays_and_waits_for_proposals():
     policy = _priced(on_seconds=0.11)  # a price at 4 requests
     _steps(policy, KEEP_STEPS, 0.1, tokens=8, proposals=8)  # it expires: the load is measured again

@@ -20,6 +20,7 @@ from tally.engine.speculation import speculator as speculation
 from tally.engine.speculation.ngram_proposer import propose_ngram
 from tally.errors import ConfigError
 from tally.native import ops
+from tally.traces import DATA_DIR
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 FIXED = {**NGRAM, "adaptive": False}  # every proposal verified: the tests check verification, not the policy
@@ -195,3 +196,20 @@ def test_prompt_lookup_finds_what_every_window_would():
 def test_bad_settings_fail_at_start_with_what_to_fix(tiny_llama, config, message):
     with pytest.raises(ConfigError, match=message):
         LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, speculative_config=config)
+
+
+def test_prompt_lookup_at_its_default_settings_quotes_exactly_what_plain_decoding_does():
+    """The built-in model asked to repeat a passage of its prompt, at vLLM's default n-gram settings and the adaptive
+    policy: the same greedy tokens as without speculation, with proposals kept (the quoting workload of
+    benchmarks/speculative.py, whose speed is measured there)."""
+    passage = (DATA_DIR / "shakespeare.txt").read_text()[20_000:20_400]
+    opening = passage[150:200]
+    prompt = f"Read this scene.\n\n{passage}\n\nQuote the speech that begins \"{opening}\" word for word.\n\n{opening}"
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    plain = LLM(max_model_len=1024, kv_cache_memory=64_000_000)
+    expected = _tokens(plain.generate([prompt], params, use_tqdm=False))
+    del plain
+    spec = LLM(max_model_len=1024, kv_cache_memory=64_000_000,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 4})
+    assert _tokens(spec.generate([prompt], params, use_tqdm=False)) == expected
+    assert spec.engine.speculator.stats.num_accepted_tokens > 0

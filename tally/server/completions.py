@@ -65,9 +65,12 @@ class Completions(OpenAIStream):
                 "choices": choices, "usage": usage(outputs)}
 
     def chunks(self, ctx: Ctx, outputs: list[RequestOutput | None]) -> list[dict]:
-        choices = [self._choice(ctx, d) for d in deltas(ctx.sent, outputs)]
+        # A chunk for every step that made tokens, text or not (a skipped special token, a partial character or a
+        # possible stop string held back), as vLLM's completions do: a stream's pace is the engine's, not its text's.
+        choices = [(self._choice(ctx, d), len(d.choice.token_ids) > d.token_start) for d in deltas(ctx.sent, outputs)]
         return [{"id": ctx.request_id, "object": "text_completion", "created": ctx.created_s, "model": ctx.model,
-                 "choices": [c]} for c in choices if c["text"] or c["logprobs"] or c["finish_reason"]]
+                 "choices": [c]} for c, made_tokens in choices
+                if made_tokens or c["text"] or c["logprobs"] or c["finish_reason"]]
 
     def _choice(self, ctx: Ctx, d: Delta) -> dict:
         req: CompletionRequest = ctx.req

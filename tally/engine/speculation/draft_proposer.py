@@ -58,6 +58,7 @@ class DraftProposer:
         self.context_tokens = context_tokens  # draft_context_tokens; 0: the whole context
         self.vocab_rows = vocab_rows  # draft_vocab_size: only token ids below it are proposed; 0: any
         self.catch_up_seconds_per_token: float | None = None  # measured on long catch-ups, averaged with the last
+        self.last_catch_up_seconds = 0.0  # of the last propose: its first pass's share spent catching up
         self.sampler = Sampler()  # its own: the draft's batches are not the target's
         self._states: weakref.WeakKeyDictionary[Request, DraftState] = weakref.WeakKeyDictionary()
 
@@ -66,6 +67,7 @@ class DraftProposer:
                 reserve_blocks: int) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
         """For each request up to its k proposals (none where their blocks cannot be had while `reserve_blocks`
         stay free): ({request id: proposals}, {request id: [k, V] q rows} of the sampled requests)."""
+        self.last_catch_up_seconds = 0.0
         chosen = [(r, k) for r, k in zip(reqs, ks)
                   if k > 0 and self._in_vocabulary(r) and self._allocate(r, k, reserve_blocks)]
         if not chosen:
@@ -80,7 +82,11 @@ class DraftProposer:
             spans.append((table, start - state.offset, req.token_ids[start:]))
         started = time.perf_counter()
         logits = self._forward(spans)
-        self._timed(sum(len(tokens) for _, _, tokens in spans) - len(spans), time.perf_counter() - started)
+        seconds, read = time.perf_counter() - started, sum(len(tokens) for _, _, tokens in spans)
+        self._timed(read - len(spans), seconds)
+        # The tokens of long spans beyond their last are catch-up, the rest the proposal's own first pass
+        behind = sum(len(tokens) - 1 for _, _, tokens in spans if len(tokens) > SHORT_SPAN)
+        self.last_catch_up_seconds = seconds * behind / read
         sampled = {i for i, (req, _) in enumerate(chosen) if req.sampling_params.sampling_type != SamplingType.GREEDY}
         proposals: list[list[int]] = [[] for _ in chosen]
         q_rows: list[list[torch.Tensor]] = [[] for _ in chosen]

@@ -2,7 +2,8 @@
 measured on this machine at this load; and whether speculating at that price pays at all.
 
 - The price: an epoch with speculation off, then one verifying every proposal; c = (t_on - t_off) / p seconds per
-  proposal from the epochs' median step times (step times, not tokens: acceptance swings with the text).
+  proposal from the epochs' median step times (step times, not tokens: acceptance swings with the text), less
+  what a draft spent catching up on the requests it started on: that is each request's own start price.
 - Per request: its j-th proposal is worth w_j = f · g^(j-1) tokens (f: its first proposal's acceptance, g: a later
   one's after a kept predecessor) and pays while w_j ≥ c · rate; with a draft model a request starts only where
   its expected gain repays the draft's catch-up over its context.
@@ -109,9 +110,12 @@ class SpeculationPolicy:
         self.speculating = False  # whether proposals may be verified now (read by the engine's metrics)
 
     # -- measurements ------------------------------------------------------------------------
-    def observe_step(self, generated_tokens: int, seconds: float, batch: int, proposals: int) -> None:
+    def observe_step(self, generated_tokens: int, seconds: float, batch: int, proposals: int,
+                     catch_up_seconds: float = 0.0) -> None:
         """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation): the tokens it
-        appended to outputs, how long it took, how many requests were running and how many proposals it verified."""
+        appended to outputs, how long it took, how many requests were running, how many proposals it verified, and
+        of its seconds those a draft spent catching up on requests it starts on. A measuring epoch prices a proposal
+        without them (start_repaid charges each request its own catch-up); following a price, they count."""
         self._steps += 1
         epoch, price, off = self._epoch, self._price, self._off
         if price is None and off is not None:  # measuring "on"
@@ -120,6 +124,7 @@ class SpeculationPolicy:
                 return
             if proposals == 0:
                 return  # an off step: it says nothing of what a proposal costs
+            seconds -= catch_up_seconds
         epoch.add(generated_tokens, seconds, batch, proposals)
         if price is not None:
             if self._steps - price.step >= price.holds_steps or not same_load(batch, self._load):

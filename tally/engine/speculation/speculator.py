@@ -170,9 +170,10 @@ class Speculator:
         return keep
 
     def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
-        """A step without a prompt chunk, for the policy (a draft's catch-up over a request's context counts: it is
-        what speculating that request costs)."""
-        self.policy.observe_step(generated_tokens, seconds, batch, self._step_proposals)
+        """A step without a prompt chunk, for the policy, with what the draft spent in it catching up on requests
+        (priced per request before it starts on one, not as part of a proposal's price)."""
+        catch_up_s = self.draft.last_catch_up_seconds if self.draft is not None and self._step_proposals else 0.0
+        self.policy.observe_step(generated_tokens, seconds, batch, self._step_proposals, catch_up_s)
 
     def _record(self, req: Request, proposed: int, accepted: int) -> None:
         st = self.stats
