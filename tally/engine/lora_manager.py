@@ -76,9 +76,10 @@ class LoRAManager:
         """The adapter's key (its digest), reading and checking it the first time its name and path are seen."""
         with self._lock:
             key = self._keys.get((request.lora_name, request.lora_path))
-            if key is not None:
-                return key
-            adapter = self._read(request.lora_name, request.lora_path)
+        if key is not None:
+            return key
+        adapter = self._read(request.lora_name, request.lora_path)  # outside the lock: steps go on meanwhile
+        with self._lock:
             self._keys[(request.lora_name, request.lora_path)] = adapter.key
             self._paths[adapter.key] = (request.lora_name, request.lora_path)
             self._keep(adapter)
