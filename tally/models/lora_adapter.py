@@ -76,7 +76,7 @@ def load_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int, dtype: t
             if site in ("gate_up", "down") and cfg.is_moe_layer(layer):
                 raise _bad(f"LoRA adapter {name!r} targets {', '.join(targeted)}, but layer {layer} of this model "
                            "is a mixture of experts; LoRA on experts is not supported: target attention only")
-            ins, outs = _site_shapes(cfg, site)
+            ins, outs = site_shapes(cfg, site)
             a = torch.zeros(rank * len(targeted), ins, dtype=dtype)
             b = torch.zeros(sum(outs[modules.index(m)] for m in modules), rank * len(targeted), dtype=dtype)
             row_starts = [sum(outs[:j]) for j in range(len(modules))]
@@ -148,7 +148,7 @@ def _parts(name: str, tensors: dict[str, torch.Tensor], cfg: ModelConfig,
         if set(ab) != {"A", "B"}:
             raise _bad(f"LoRA adapter {name!r}: layer {layer} {module} has lora_{''.join(ab)} without its pair")
         site = next(s for s, mods in SITES.items() if module in mods)
-        ins, outs = _site_shapes(cfg, site)
+        ins, outs = site_shapes(cfg, site)
         want_a, want_b = (rank, ins), (outs[SITES[site].index(module)], rank)
         if tuple(ab["A"].shape) != want_a or tuple(ab["B"].shape) != want_b:
             raise _bad(f"LoRA adapter {name!r}: layer {layer} {module} has A {list(ab['A'].shape)} and B "
@@ -159,7 +159,7 @@ def _parts(name: str, tensors: dict[str, torch.Tensor], cfg: ModelConfig,
     return parts
 
 
-def _site_shapes(cfg: ModelConfig, site: str) -> tuple[int, list[int]]:
+def site_shapes(cfg: ModelConfig, site: str) -> tuple[int, list[int]]:
     """(in features, out features of each part) of a fused projection."""
     h = cfg.hidden_size
     return {"qkv": (h, [cfg.q_size, cfg.kv_size, cfg.kv_size]), "o": (cfg.q_size, [h]),
