@@ -7,12 +7,15 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import torch
 
 from support.lora_adapters import ALL_TARGETS, edit_config, make_adapter, merged_greedy
 from support.tiny_models import make_checkpoint
 from tally import LLM, LoRARequest, SamplingParams
 from tally.engine.config import EngineConfig
 from tally.errors import ConfigError, InvalidRequestError
+from tally.layers.lora import LoRASlots
+from tally.models.lora_adapter import adapter_bytes_at_rank
 
 MAX_TOKENS = 16
 PROMPTS = [[40 + i, 41 + 2 * i, 100 + i, 7, 250 - i, 33, 90 + 3 * i, 12, 19 + i, 300, 5 + i, 61, 88, 120 + i, 14,
@@ -142,3 +145,30 @@ def test_an_adapter_without_enable_lora_is_refused(tiny_llama, adapters):
     base_only = LLM(str(tiny_llama), dtype="float32", num_gpu_blocks_override=8, max_model_len=64)
     with pytest.raises(InvalidRequestError, match="--enable-lora"):
         greedy(base_only, PROMPTS[:1], lora(adapters, "qv"))
+
+
+def test_each_row_gets_exactly_its_own_adapters_delta_whatever_the_layout():
+    """Decode rows through the mask, prompt runs on their own slice, base rows untouched: each row's delta is its
+    adapter's alone (tally/layers/lora.py)."""
+    g = torch.Generator().manual_seed(0)
+    ranks = [4, 8, 2]  # slot 2 has no weights for this site
+    adapters = [{(0, "qkv"): (torch.randn(r, 16, generator=g), torch.randn(24, r, generator=g))} for r in ranks[:2]]
+    adapters.append({(0, "o"): (torch.randn(2, 16, generator=g), torch.randn(16, 2, generator=g))})
+    slots = [1, -1, 0, 2, 1] + [0] * 9 + [-1] * 10 + [1] * 8 + [2] * 8 + [1] * 3
+    x, y = torch.randn(len(slots), 16, generator=g), torch.randn(len(slots), 24, generator=g)
+    lora_slots = LoRASlots()
+    lora_slots.begin(["a", "b", "c"], adapters, torch.tensor(slots))
+    got = lora_slots.add_delta(0, "qkv", x, y.clone())
+    for row, slot in enumerate(slots):
+        want = y[row] if slot in (-1, 2) else y[row] + (x[row] @ adapters[slot][(0, "qkv")][0].T) \
+            @ adapters[slot][(0, "qkv")][1].T
+        torch.testing.assert_close(got[row], want, msg=f"row {row} (slot {slot})")
+        if slot in (-1, 2):
+            assert torch.equal(got[row], y[row])  # exactly: a base row's output is the base's
+    lora_slots.end()
+
+
+def test_the_ledger_counts_adapter_memory(llm):
+    lora = llm.engine.ledger.lora
+    assert lora["capacity_bytes"] == 2 * adapter_bytes_at_rank(llm.engine.model.cfg, 16, torch.float32) > 0
+    assert "LoRA adapters up to" in llm.engine.ledger.format()

@@ -30,7 +30,7 @@ class SchedulerConfig:
     max_num_partial_prefills: int = 1  # requests whose prefill is split across steps, at once
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"  # one of SCHEDULING_POLICIES
-    max_loras: int | None = None  # different LoRA adapters among the running requests (None: LoRA off)
+    max_loras: int = 1  # different LoRA adapters among the running requests
 
 
 @dataclass
@@ -193,7 +193,7 @@ class Scheduler:
 
     def _adapters_full(self, req: Request) -> bool:
         """vLLM's rule: a request whose LoRA adapter is not running waits while max_loras others are."""
-        if req.lora_key is None or self.config.max_loras is None:
+        if req.lora_key is None:
             return False
         running = {r.lora_key for r in self.running if r.lora_key is not None}
         return req.lora_key not in running and len(running) >= self.config.max_loras

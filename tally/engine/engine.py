@@ -82,7 +82,7 @@ class Engine:
             max_num_partial_prefills=config.max_num_partial_prefills,
             enable_chunked_prefill=config.enable_chunked_prefill,
             scheduling_policy=config.scheduling_policy,
-            max_loras=config.max_loras if config.enable_lora else None,
+            max_loras=config.max_loras,
         ), self.kv, self.kv_tiers.swap, self.kv_tiers.copy_block)
         self.parallel = m.parallel
         peers = TPDriver(m.parallel.control, m.parallel.env.world_size) if m.parallel is not None else None
@@ -104,6 +104,9 @@ class Engine:
         # --lora-modules, what the server lists; each read and checked now, not at its first request
         self.served_loras = {r.lora_name: r for r in parse_lora_modules(config.lora_modules)}
         for request in self.served_loras.values():
+            if request.lora_name in self.model_names:
+                raise ConfigError(f"--lora-modules names an adapter {request.lora_name!r}, the base model's own name; "
+                                  "give the adapter another name", param="lora_modules")
             try:
                 self.loras.key_for(request)
             except InvalidRequestError as exc:

@@ -48,6 +48,9 @@ def adapter_bytes_at_rank(cfg: ModelConfig, rank: int, dtype: torch.dtype) -> in
 def load_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int, dtype: torch.dtype) -> LoRAAdapter:
     folder = Path(path)
     config_file, weights_file = folder / "adapter_config.json", folder / "adapter_model.safetensors"
+    if folder.suffix == ".gguf":
+        raise _bad(f"LoRA adapter {name!r}: {path} is a GGUF file; GGUF LoRA adapters are not served yet: give the "
+                   "PEFT folder it was converted from")
     if not config_file.is_file():
         raise _bad(f"LoRA adapter {name!r}: {path} has no adapter_config.json; give the folder PEFT's "
                    "save_pretrained wrote")
@@ -108,11 +111,11 @@ def _check_config(name: str, conf: dict, max_rank: int) -> tuple[int, float]:
                        "with one r and lora_alpha")
     if conf.get("fan_in_fan_out"):
         raise _bad(f"LoRA adapter {name!r} sets fan_in_fan_out (Conv1D layers); only nn.Linear targets are served")
-    if conf.get("bias", "none") != "none":
-        raise _bad(f"LoRA adapter {name!r} trains biases (bias: {conf['bias']!r}); only bias 'none' is served")
+    if conf.get("bias", "none") != "none" or conf.get("lora_bias"):
+        raise _bad(f"LoRA adapter {name!r} trains biases (bias / lora_bias); only adapters without biases are served")
     targets = conf.get("target_modules") or []
-    targets = [targets] if isinstance(targets, str) else targets
-    other = [t for t in targets if t not in TARGETS]
+    # a regex names its modules through the tensors, which _parts checks one by one
+    other = [] if isinstance(targets, str) else [t for t in targets if t not in TARGETS]
     if other:
         raise _bad(f"LoRA adapter {name!r} targets {other}; Tally applies LoRA to {', '.join(TARGETS)} only "
                    "(embedding and lm_head targets are not supported)")
