@@ -45,8 +45,8 @@ class PrefixTier(Protocol):
 
 def extend_block_keys(req: Request, block_size: int, num_blocks: int) -> list[bytes]:
     """req.block_keys, computed up to its first num_blocks full blocks: a chain like the block hashes (the block's
-    tokens and its parent's key; the cache salt and LoRA adapter in the first), by blake2b, so the same tokens get the same names in
-    every process."""
+    tokens and its parent's key; the cache salt and LoRA adapter in the first), by blake2b, so the same tokens get the
+    same names in every process."""
     keys = req.block_keys
     for i in range(len(keys), num_blocks):
         h = hashlib.blake2b(keys[-1] if keys else _chain_start(req), digest_size=16)

@@ -50,24 +50,25 @@ class LoRASlots:
         self._masks, self._runs = {}, []
 
     def add_delta(self, layer: int, site: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y [T, out] (the base's output, which it adds to in place) plus each row's delta of x [T, in]. A decode
+        step runs it on every projection of every layer: few calls, each in place."""
         stack = self._stacks.get((layer, site))
         if stack is None:
             return y
         a_t, b_t = stack
-        x = x.reshape(-1, x.shape[-1]).to(a_t.dtype)
-        y = y.reshape(-1, y.shape[-1])
         head = self._head_rows
         if head:
-            low = x[:head] @ a_t
+            x_head, y_head = (x, y) if head == x.shape[0] else (x[:head], y[:head])
+            low = torch.mm(x_head, a_t)
             mask = self._masks[site]
             if mask is not None:
-                low = low * mask
-            y[:head] += (low @ b_t).to(y.dtype)
+                low.mul_(mask)
+            y_head.addmm_(low, b_t)
         spans = self._spans[site]
         for first, end, slot in self._runs:
             c0, c1 = spans[slot]
             if c1 > c0:
-                y[first:end] += ((x[first:end] @ a_t[:, c0:c1]) @ b_t[c0:c1]).to(y.dtype)
+                y[first:end].addmm_(torch.mm(x[first:end], a_t[:, c0:c1]), b_t[c0:c1])
         return y
 
     def _stack(self, adapters: Sequence[AdapterWeights]) -> None:

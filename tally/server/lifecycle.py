@@ -253,8 +253,9 @@ async def run_generation(request: Request, handler: Handler) -> Response:
                                      lora)
         inflight = Inflight(state, request, stream, arrival_s)
         state.inflight[request_id] = inflight
-        ctx = Ctx(request_id, int(arrival_unix_s), state.model_name if lora is None else lora.lora_name, req, rids, arrival_unix_s=arrival_unix_s,
-                  max_tokens=[sp.max_tokens for _, sp in items], prompts=[p for p, _ in items])
+        ctx = Ctx(request_id, int(arrival_unix_s), state.model_name if lora is None else lora.lora_name, req, rids,
+                  arrival_unix_s=arrival_unix_s, max_tokens=[sp.max_tokens for _, sp in items],
+                  prompts=[p for p, _ in items])
         await stream.accepted
         if req.stream:
             handed_off = True
