@@ -34,8 +34,8 @@ from tally.engine.startup.loaded_model import LoadedModel
 from tally.engine.step_stats import StepStats, prompt_chunks
 from tally.engine.stop import StopChecker
 from tally.engine.structured_output import CompiledGrammar, GrammarCompiler
-from tally.engine.lora_manager import LoRAManager, parse_lora_modules, refuse_without_lora
-from tally.errors import ConfigError, EngineDeadError, InvalidRequestError
+from tally.engine.lora_manager import LoRAManager, adapter_key
+from tally.errors import EngineDeadError, InvalidRequestError
 from tally.lora_request import LoRARequest
 from tally.models.generation_config import max_tokens_or_default
 from tally.outputs import EmbeddingRequestOutput, RequestMetrics, RequestOutput, logprob_entry
@@ -72,7 +72,8 @@ class Engine:
         self.kv_tiers = build_kv_tiers(config, m, self.stats.cost.prefill_seconds)  # swap space, disk prefix tier
         self.loras = None if not config.enable_lora else LoRAManager(
             m.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras or config.max_loras)
-        self.ledger = replace(m.ledger, kv_tiers=self.kv_tiers.ledger(), lora=self._lora_ledger())
+        self.ledger = replace(m.ledger, kv_tiers=self.kv_tiers.ledger(),
+                              lora=self.loras.ledger() if self.loras is not None else {})
         self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
                                  sliding_window=m.config.uniform_sliding_window, prefix_tier=self.kv_tiers.disk)
         scheduler_cls = StaticBatchScheduler if config.scheduling == "static" else Scheduler
@@ -101,22 +102,8 @@ class Engine:
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
         self._aborted: list[RequestGroup] = []
         log.info("ledger:\n%s", self.ledger.format())
-        # --lora-modules, what the server lists; each read and checked now, not at its first request
-        self.served_loras = {r.lora_name: r for r in parse_lora_modules(config.lora_modules)}
-        for request in self.served_loras.values():
-            if request.lora_name in self.model_names:
-                raise ConfigError(f"--lora-modules names an adapter {request.lora_name!r}, the base model's own name; "
-                                  "give the adapter another name", param="lora_modules")
-            try:
-                self.loras.key_for(request)
-            except InvalidRequestError as exc:
-                raise ConfigError(f"--lora-modules: {exc.message}", param="lora_modules") from None
-
-    def _lora_ledger(self) -> dict:
-        if self.loras is None:
-            return {}
-        return {"max_cpu_loras": self.loras.max_cpu_loras, "max_lora_rank": self.loras.max_lora_rank,
-                "max_loras": self.loras.max_loras, "capacity_bytes": self.loras.bytes_at_capacity()}
+        # --lora-modules by name, what the server lists
+        self.served_loras = self.loras.serve(config.lora_modules, self.model_names) if self.loras is not None else {}
 
     def check_health(self) -> None:
         """EngineDeadError if a rank this process started (tensor / pipeline parallel) has exited (vLLM's
@@ -151,14 +138,7 @@ class Engine:
                                       param="priority")
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
-        lora_key = None
-        if lora_request is not None:
-            if self.loras is None:
-                refuse_without_lora(lora_request)
-            if isinstance(params, PoolingParams):
-                raise InvalidRequestError("LoRA adapters serve generation only; embed with the base model",
-                                          param="model")
-            lora_key = self.loras.key_for(lora_request)
+        lora_key = None if lora_request is None else adapter_key(self.loras, lora_request, params)
         if isinstance(params, PoolingParams):
             return self._add_pooling(request_id, prompt, params, arrival_time, cache_salt, priority)
         text, ids = self._tokenize(prompt)
@@ -182,8 +162,8 @@ class Engine:
             if params.seed is not None:
                 gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
             req = Request(rid, ids, max_tokens, now, priority=priority, sampling_params=params, cache_salt=cache_salt,
-                          lora_key=lora_key,
-                          eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
+                          lora_key=lora_key, eos_token_ids=eos, generator=gen,
+                          skip_prefix_cache=params.prompt_logprobs is not None,
                           parent=parent, grammar=None if held else matcher, held_grammar=matcher if held else None,
                           grammar_after_token_id=after, grammar_opener_token_id=opener,
                           bad_words_token_ids=bad_words)

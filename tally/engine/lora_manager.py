@@ -17,6 +17,7 @@ from tally.layers.lora import LoRAProjection, LoRASlots
 from tally.lora_request import LoRARequest
 from tally.models.decoder import CausalLM
 from tally.models.lora_adapter import LoRAAdapter, adapter_bytes_at_rank, load_adapter
+from tally.pooling_params import PoolingParams
 
 _SITES = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
 
@@ -68,9 +69,25 @@ class LoRAManager:
                 if hasattr(layer, attr):  # a mixture-of-experts layer has no gate_up / down of its own
                     setattr(layer, attr, LoRAProjection(getattr(layer, attr), self.slots, i, site))
 
-    def bytes_at_capacity(self) -> int:
-        """What --max-cpu-loras adapters of --max-lora-rank, every projection targeted, take: the ledger's figure."""
-        return self.max_cpu_loras * adapter_bytes_at_rank(self._cfg, self.max_lora_rank, self._dtype)
+    def ledger(self) -> dict:
+        """The ledger's entry: capacity_bytes is what --max-cpu-loras adapters of --max-lora-rank take, every
+        projection targeted."""
+        return {"max_cpu_loras": self.max_cpu_loras, "max_lora_rank": self.max_lora_rank, "max_loras": self.max_loras,
+                "capacity_bytes": self.max_cpu_loras * adapter_bytes_at_rank(self._cfg, self.max_lora_rank,
+                                                                             self._dtype)}
+
+    def serve(self, modules: str | list[str] | None, base_names: tuple[str, ...]) -> dict[str, LoRARequest]:
+        """--lora-modules by name, each read and checked now rather than at its first request."""
+        served = {r.lora_name: r for r in parse_lora_modules(modules)}
+        for request in served.values():
+            if request.lora_name in base_names:
+                raise ConfigError(f"--lora-modules names an adapter {request.lora_name!r}, the base model's own name; "
+                                  "give the adapter another name", param="lora_modules")
+            try:
+                self.key_for(request)
+            except InvalidRequestError as exc:
+                raise ConfigError(f"--lora-modules: {exc.message}", param="lora_modules") from None
+        return served
 
     def key_for(self, request: LoRARequest) -> str:
         """The adapter's key (its digest), reading and checking it the first time its name and path are seen."""
@@ -131,6 +148,12 @@ class LoRAManager:
             self._resident.popitem(last=False)
 
 
-def refuse_without_lora(request: LoRARequest) -> None:
-    raise InvalidRequestError(f"a LoRA adapter ({echo(request.lora_name)}) was asked for, but the engine was started "
-                              "without LoRA; start it with --enable-lora (enable_lora=True)", param="lora_request")
+def adapter_key(loras: LoRAManager | None, request: LoRARequest, params: object) -> str:
+    """The key a generation request's adapter goes by (LoRAManager.key_for), or why it cannot have one."""
+    if loras is None:
+        raise InvalidRequestError(f"a LoRA adapter ({echo(request.lora_name)}) was asked for, but the engine was "
+                                  "started without LoRA; start it with --enable-lora (enable_lora=True)",
+                                  param="lora_request")
+    if isinstance(params, PoolingParams):
+        raise InvalidRequestError("LoRA adapters serve generation only; embed with the base model", param="model")
+    return loras.key_for(request)
