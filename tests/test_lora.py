@@ -12,6 +12,9 @@ import torch
 from support.lora_adapters import ALL_TARGETS, edit_config, make_adapter, merged_greedy
 from support.tiny_models import make_checkpoint
 from tally import LLM, LoRARequest, SamplingParams
+from tally.core.kv_manager import KVCacheManager
+from tally.core.request import Request, RequestStatus
+from tally.core.scheduler import Scheduler, SchedulerConfig
 from tally.engine.config import EngineConfig
 from tally.errors import ConfigError, InvalidRequestError
 from tally.layers.lora import LoRASlots
@@ -172,3 +175,16 @@ def test_the_ledger_counts_adapter_memory(llm):
     lora = llm.engine.ledger.lora
     assert lora["capacity_bytes"] == 2 * adapter_bytes_at_rank(llm.engine.model.cfg, 16, torch.float32) > 0
     assert "LoRA adapters up to" in llm.engine.ledger.format()
+
+
+def test_a_step_holds_at_most_max_loras_adapters_and_the_others_keep_their_place():
+    s = Scheduler(SchedulerConfig(max_loras=2), KVCacheManager(64, 4, enable_prefix_caching=False))
+    reqs = [Request(f"r{i}", [1, 2, 3], 4, 0.0, lora_key=key) for i, key in enumerate(["a", "b", None, "c", "a"])]
+    for r in reqs:
+        s.add(r)
+    out = s.schedule()
+    assert [x.request.request_id for x in out.scheduled] == ["r0", "r1", "r2", "r4"]  # c waits: a and b run
+    assert [r.request_id for r in s.waiting] == ["r3"]
+    s.finish(reqs[0], RequestStatus.FINISHED_STOPPED)
+    s.finish(reqs[4], RequestStatus.FINISHED_STOPPED)  # a has left: c takes its place
+    assert [x.request.request_id for x in s.schedule().scheduled][-1] == "r3"
