@@ -17,11 +17,12 @@ if "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ:  # too late: 
 OMP_WAIT_POLICY_OF_USER = os.environ.get("OMP_WAIT_POLICY")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from tally.lora_request import LoRARequest
 from tally.outputs import CompletionOutput, RequestOutput
 from tally.sampling_params import SamplingParams
 from tally.version import __version__
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
 
 
 def __getattr__(name: str):

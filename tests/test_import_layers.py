@@ -11,9 +11,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tally"
 
 # Bottom to top. A module may import its own layer's modules and those of lower layers; never a higher one.
 LAYERS: list[tuple[str, ...]] = [
-    ("tally.errors", "tally.outputs", "tally.sampling_params", "tally.pooling_params", "tally.platform", "tally.units",
-     "tally.ports", "tally.traces", "tally.version", "tally.flags", "tally.progress", "tally.metric_names",
-     "tally.prometheus_text", "tally.http_limits", "tally.json_text"),
+    ("tally.errors", "tally.outputs", "tally.sampling_params", "tally.pooling_params", "tally.lora_request",
+     "tally.platform", "tally.units", "tally.ports", "tally.traces", "tally.version", "tally.flags", "tally.progress",
+     "tally.metric_names", "tally.prometheus_text", "tally.http_limits", "tally.json_text"),
     ("tally.native",),
     ("tally.core",),
     ("tally.attention",),

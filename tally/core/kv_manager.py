@@ -1,10 +1,11 @@
 """Per-request block tables over the block pool, with prefix caching by chained block hashes.
 
-A full block is named by hash(parent block's hash, its token ids, the request's salt); a hit reuses the block and
-skips its prefill. Full blocks are always registered (n>1 siblings share a prompt even with prefix caching off). Under
-a sliding window, leading blocks no future query can see go back while the request runs; the table keeps their places
-and counts them. A lookup that misses in the pool goes on to the prefix tier below it (tally/core/kv_tiers.py), whose
-blocks are read into free pool blocks and count as hits; every newly registered block is handed to the tier."""
+A full block is named by hash(parent block's hash, its token ids, the request's salt), the first block's parent being
+the request's LoRA adapter; a hit reuses the block and skips its prefill. Full blocks are always registered (n>1
+siblings share a prompt even with prefix caching off). Under a sliding window, leading blocks no future query can see
+go back while the request runs; the table keeps their places and counts them. A lookup that misses in the pool goes
+on to the prefix tier below it (tally/core/kv_tiers.py), whose blocks are read into free pool blocks and count as hits;
+every newly registered block is handed to the tier."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ class KVCacheManager:
         bs = self.block_size
         hashes = req.block_hashes
         for i in range(len(hashes), req.num_tokens // bs):
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else req.lora_key  # an adapter's KV differs from the base's
             hashes.append(hash((parent, tuple(req.token_ids[i * bs:(i + 1) * bs]), req.cache_salt)))
 
     def find_cached_prefix(self, req: Request) -> list[Block]:

@@ -45,11 +45,16 @@ class PrefixTier(Protocol):
 
 def extend_block_keys(req: Request, block_size: int, num_blocks: int) -> list[bytes]:
     """req.block_keys, computed up to its first num_blocks full blocks: a chain like the block hashes (the block's
-    tokens and its parent's key; the cache salt in the first), by blake2b, so the same tokens get the same names in
-    every process."""
+    tokens and its parent's key; the cache salt and LoRA adapter in the first), by blake2b, so the same tokens get the
+    same names in every process."""
     keys = req.block_keys
     for i in range(len(keys), num_blocks):
-        h = hashlib.blake2b(keys[-1] if keys else repr(req.cache_salt).encode(), digest_size=16)
+        h = hashlib.blake2b(keys[-1] if keys else _chain_start(req), digest_size=16)
         h.update(array("q", req.token_ids[i * block_size:(i + 1) * block_size]).tobytes())
         keys.append(h.digest())
     return keys
+
+
+def _chain_start(req: Request) -> bytes:
+    salt = repr(req.cache_salt).encode()
+    return salt if req.lora_key is None else salt + b"|lora:" + req.lora_key.encode()

@@ -29,6 +29,9 @@ class Request:
     priority: int = 0  # under the priority policy (vLLM's): lower is admitted sooner and preempted later
     sampling_params: Any = None  # tally.sampling_params.SamplingParams; opaque to the scheduler
     cache_salt: str | None = None  # part of every block hash: requests with different salts never share KV
+    # the LoRA adapter's digest (tally/models/lora_adapter.py), None for the base model: it starts the block hash
+    # chain, and a step holds at most max_loras different ones
+    lora_key: str | None = None
     eos_token_ids: tuple[int, ...] = ()  # empty when ignore_eos
     generator: Any = None  # torch.Generator of a seeded request; opaque to the scheduler
     grammar: Any = None  # the structured-output matcher of a constrained request; opaque to the scheduler

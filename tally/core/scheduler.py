@@ -30,6 +30,7 @@ class SchedulerConfig:
     max_num_partial_prefills: int = 1  # requests whose prefill is split across steps, at once
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"  # one of SCHEDULING_POLICIES
+    max_loras: int = 1  # different LoRA adapters among the running requests
 
 
 @dataclass
@@ -155,6 +156,9 @@ class Scheduler:
             if req.parent is not None and not (req.parent.prefill_done or req.parent.status.finished):
                 i += 1  # an n>1 sibling waits to share its parent's prompt blocks
                 continue
+            if self._adapters_full(req):
+                i += 1
+                continue
             swapped = self.swap.swapped_tokens(req.request_id) if self.swap is not None else 0
             cached = [] if swapped else self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
@@ -186,6 +190,13 @@ class Scheduler:
             budget -= n
             out.scheduled.append(ScheduledRequest(req, n))
         return budget, partial
+
+    def _adapters_full(self, req: Request) -> bool:
+        """vLLM's rule: a request whose LoRA adapter is not running waits while max_loras others are."""
+        if req.lora_key is None:
+            return False
+        running = {r.lora_key for r in self.running if r.lora_key is not None}
+        return req.lora_key not in running and len(running) >= self.config.max_loras
 
     def _forkable_tokens(self, req: Request, num_cached_blocks: int) -> int:
         """Tokens of the prompt's last, partial block that an n>1 sibling copies from its running parent instead of

@@ -20,6 +20,7 @@ from tally.engine.snapshot import EngineSnapshot
 from tally.engine.stats_log import StatsLog
 from tally.engine.structured_output import CompiledGrammar, GrammarCompiler
 from tally.errors import EngineDeadError, InvalidRequestError, QueueFullError, TallyError
+from tally.lora_request import LoRARequest
 from tally.outputs import RequestOutput
 from tally.sampling_params import MAX_N, SamplingParams
 
@@ -38,6 +39,7 @@ class AddRequests:
     num_seqs: int
     grammars: tuple[CompiledGrammar | None, ...] = ()  # per item, compiled on the grammar pool; () for none
     priority: int = 0  # --scheduling-policy priority: lower runs sooner
+    lora_request: LoRARequest | None = None  # the LoRA adapter every item runs with; None: the base model
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,7 @@ class AsyncEngine:
 
     # -- requests (event loop thread) ----------------------------------------------------------
     def submit(self, items: list[tuple[str, object, SamplingParams]], arrival_time: float,
-               priority: int = 0) -> RequestStream:
+               priority: int = 0, lora_request: LoRARequest | None = None) -> RequestStream:
         """Queues engine requests (request id, prompt, params); one stream receives all their outputs.
 
         Raises QueueFullError at once when admitting them would overflow --max-queue; errors of
@@ -189,12 +191,13 @@ class AsyncEngine:
                 self._compiling += n_seqs
             else:
                 self._pending_adds += n_seqs
-                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs, priority=priority))
+                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs, priority=priority,
+                                               lora_request=lora_request))
         for rid in stream.request_ids:
             self._routes[rid] = stream
         if compiler is not None:
             task = asyncio.ensure_future(self._compile_then_add(compiler, stream, items, arrival_time, n_seqs,
-                                                                priority))
+                                                                priority, lora_request))
             self._compiles.add(task)
             task.add_done_callback(self._compiles.discard)
         self._wake.set()
@@ -202,7 +205,7 @@ class AsyncEngine:
 
     async def _compile_then_add(self, compiler: GrammarCompiler, stream: RequestStream,
                                 items: list[tuple[str, object, SamplingParams]], arrival_time: float,
-                                n_seqs: int, priority: int) -> None:
+                                n_seqs: int, priority: int, lora_request: LoRARequest | None) -> None:
         """The request's grammars compiled off the engine thread, then the request queued as any other; a spec that
         is too large, invalid or too slow to compile fails its stream (400)."""
         error: BaseException | None = None
@@ -216,7 +219,7 @@ class AsyncEngine:
             wanted = error is None and self.alive and self._routes.get(stream.request_ids[0]) is stream
             if wanted:
                 self._pending_adds += n_seqs
-                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs, grammars, priority))
+                self._inbox.append(AddRequests(stream, items, arrival_time, n_seqs, grammars, priority, lora_request))
         if error is not None:
             self._fail(stream.request_ids, error)
         self._wake.set()
@@ -330,7 +333,8 @@ class AsyncEngine:
         try:
             for i, (rid, prompt, params) in enumerate(cmd.items):
                 self.engine.add_request(rid, prompt, params, arrival_time=cmd.arrival_time,
-                                        grammar=cmd.grammars[i] if cmd.grammars else None, priority=cmd.priority)
+                                        grammar=cmd.grammars[i] if cmd.grammars else None, priority=cmd.priority,
+                                        lora_request=cmd.lora_request)
                 added.append(rid)
         except Exception as exc:  # noqa: BLE001 - a bad request is its own client's problem
             error = exc if isinstance(exc, TallyError) else _internal(exc)

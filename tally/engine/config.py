@@ -11,6 +11,7 @@ import torch
 from tally.attention.backend import BACKEND_NAMES
 from tally.core.scheduler import SCHEDULING_POLICIES, SchedulerConfig
 from tally.engine.grammar_limits import GrammarLimits
+from tally.engine.lora_manager import parse_lora_modules
 from tally.engine.pooling import CONVERTS, POOLING_TYPES, RUNNERS, TASKS, parse_pooler_config, serving_runner
 from tally.engine.speculation.config import SpeculativeConfig
 from tally.errors import ConfigError
@@ -175,6 +176,14 @@ class EngineConfig:
               "normalized", aliases=("--override-pooler-config",))
     served_model_name: str | list[str] | None = option(
         None, "the name(s) the API answers to; the first is reported (default: the checkpoint's)", nargs="+")
+    enable_lora: bool = option(False, "serve LoRA adapters: a request picks one by its model name (vLLM's flag)")
+    lora_modules: str | list[str] | None = option(
+        None, "adapters served from the start, name=path (a PEFT folder) or vLLM's JSON '{\"name\": \"sql\", "
+              "\"path\": \"/adapters/sql\", \"base_model_name\": ...}'; needs --enable-lora", nargs="+")
+    max_loras: int = option(1, "different adapters one step may run (more wait for a place); vLLM's flag")
+    max_lora_rank: int = option(16, "the largest adapter rank (r) served; a larger adapter is refused at load")
+    max_cpu_loras: int | None = option(None, "adapters held in memory at once, the least recently used read again "
+                                             "from disk when asked (default: max_loras)")
 
     @property
     def served_model_names(self) -> tuple[str, ...]:
@@ -258,6 +267,26 @@ class EngineConfig:
         if not 0 < self.kv_cache_memory_fraction <= 0.9:
             raise ConfigError("kv_cache_memory_fraction must be in (0, 0.9]")
         self._check_kv_tiers()
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        if not self.enable_lora:
+            if self.lora_modules:
+                raise ConfigError("lora_modules needs enable_lora (--enable-lora)", param="enable_lora")
+            return
+        parse_lora_modules(self.lora_modules)  # refuses a malformed item at start
+        for name in ("max_loras", "max_lora_rank"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}", param=name)
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ConfigError(f"max_cpu_loras ({self.max_cpu_loras}) must be ≥ max_loras ({self.max_loras}): a step's "
+                              "adapters are all in memory", param="max_cpu_loras")
+        if self.speculative_config is not None:  # a draft or n-gram proposal knows nothing of the adapter
+            raise ConfigError("speculative decoding does not run with LoRA adapters; drop --speculative-config or "
+                              "--enable-lora", param="speculative_config")
+        if self.world_size > 1:
+            raise ConfigError("LoRA adapters do not run under tensor / pipeline parallelism yet; serve them on one "
+                              "process", param="enable_lora")
 
     def _check_kv_tiers(self) -> None:
         if self.preemption_mode not in PREEMPTION_MODES:

@@ -34,7 +34,9 @@ from tally.engine.startup.loaded_model import LoadedModel
 from tally.engine.step_stats import StepStats, prompt_chunks
 from tally.engine.stop import StopChecker
 from tally.engine.structured_output import CompiledGrammar, GrammarCompiler
+from tally.engine.lora_manager import LoRAManager, adapter_key
 from tally.errors import EngineDeadError, InvalidRequestError
+from tally.lora_request import LoRARequest
 from tally.models.generation_config import max_tokens_or_default
 from tally.outputs import EmbeddingRequestOutput, RequestMetrics, RequestOutput, logprob_entry
 from tally.pooling_params import PoolingParams
@@ -68,7 +70,10 @@ class Engine:
         self._hidden_size = m.config.hidden_size
         self._num_pooling = 0  # pooling requests held: only then does a step look for pooling rows
         self.kv_tiers = build_kv_tiers(config, m, self.stats.cost.prefill_seconds)  # swap space, disk prefix tier
-        self.ledger = replace(m.ledger, kv_tiers=self.kv_tiers.ledger())
+        self.loras = None if not config.enable_lora else LoRAManager(
+            m.model, config.max_loras, config.max_lora_rank, config.max_cpu_loras or config.max_loras)
+        self.ledger = replace(m.ledger, kv_tiers=self.kv_tiers.ledger(),
+                              lora=self.loras.ledger() if self.loras is not None else {})
         self.kv = KVCacheManager(m.num_blocks, config.block_size, config.enable_prefix_caching,
                                  sliding_window=m.config.uniform_sliding_window, prefix_tier=self.kv_tiers.disk)
         scheduler_cls = StaticBatchScheduler if config.scheduling == "static" else Scheduler
@@ -78,11 +83,12 @@ class Engine:
             max_num_partial_prefills=config.max_num_partial_prefills,
             enable_chunked_prefill=config.enable_chunked_prefill,
             scheduling_policy=config.scheduling_policy,
+            max_loras=config.max_loras,
         ), self.kv, self.kv_tiers.swap, self.kv_tiers.copy_block)
         self.parallel = m.parallel
         peers = TPDriver(m.parallel.control, m.parallel.env.world_size) if m.parallel is not None else None
         self.runner = ModelRunner(m.model, self.kv, m.kv_caches, peers,
-                                  m.parallel.pipe if m.parallel is not None else None)
+                                  m.parallel.pipe if m.parallel is not None else None, self.loras)
         # The other ranks stop with this engine: when it is shut down, collected, or the interpreter exits.
         self._stop_ranks = weakref.finalize(self, _stop_ranks, peers, m.parallel) if peers is not None else None
         self.grammars = GrammarCompiler(m.tokenizer, m.config.vocab_size, m.stop_token_ids, config.grammar_limits)
@@ -96,6 +102,8 @@ class Engine:
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
         self._aborted: list[RequestGroup] = []
         log.info("ledger:\n%s", self.ledger.format())
+        # --lora-modules by name, what the server lists
+        self.served_loras = self.loras.serve(config.lora_modules, self.model_names) if self.loras is not None else {}
 
     def check_health(self) -> None:
         """EngineDeadError if a rank this process started (tensor / pipeline parallel) has exited (vLLM's
@@ -117,11 +125,12 @@ class Engine:
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | dict,
                     params: SamplingParams | PoolingParams | None = None, arrival_time: float | None = None,
-                    cache_salt: str | None = None, grammar: CompiledGrammar | None = None, priority: int = 0) -> None:
+                    cache_salt: str | None = None, grammar: CompiledGrammar | None = None, priority: int = 0,
+                    lora_request: LoRARequest | None = None) -> None:
         """`grammar`: params.structured_outputs compiled (self.grammars.compile) where the caller could afford
         the wait; compiled here when not given. PoolingParams: an embedding request (tally/engine/pooling.py),
         which shares the steps of generation requests. `priority`: lower runs sooner, under --scheduling-policy
-        priority."""
+        priority. `lora_request`: the LoRA adapter it runs with (None: the base model)."""
         params = params or SamplingParams()
         if priority and not self.scheduler.by_priority:  # vLLM refuses it too: an order it cannot keep
             raise InvalidRequestError(f"priority {priority} needs a server started with --scheduling-policy priority "
@@ -129,6 +138,7 @@ class Engine:
                                       param="priority")
         if request_id in self.groups:
             raise InvalidRequestError(f"request id {request_id!r} is already running", param="request_id")
+        lora_key = None if lora_request is None else adapter_key(self.loras, lora_request, params)
         if isinstance(params, PoolingParams):
             return self._add_pooling(request_id, prompt, params, arrival_time, cache_salt, priority)
         text, ids = self._tokenize(prompt)
@@ -152,7 +162,8 @@ class Engine:
             if params.seed is not None:
                 gen = torch.Generator().manual_seed((params.seed + i) % 2**64)  # n>1 siblings: seed + i, wrapped
             req = Request(rid, ids, max_tokens, now, priority=priority, sampling_params=params, cache_salt=cache_salt,
-                          eos_token_ids=eos, generator=gen, skip_prefix_cache=params.prompt_logprobs is not None,
+                          lora_key=lora_key, eos_token_ids=eos, generator=gen,
+                          skip_prefix_cache=params.prompt_logprobs is not None,
                           parent=parent, grammar=None if held else matcher, held_grammar=matcher if held else None,
                           grammar_after_token_id=after, grammar_opener_token_id=opener,
                           bad_words_token_ids=bad_words)

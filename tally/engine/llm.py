@@ -15,6 +15,7 @@ from tally.engine.multi_step import OFFLINE_SCHEDULER_STEPS
 from tally.engine.scoring import cosine, score_pairs
 from tally.engine.vllm_compat import NO_EFFECT
 from tally.errors import ConfigError, InvalidRequestError
+from tally.lora_request import LoRARequest
 from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.outputs import EmbeddingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput
 from tally.pooling_params import PoolingParams
@@ -47,10 +48,12 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order. `use_tqdm` (vLLM's name): a progress
         bar of finished prompts on stderr while more than one runs. `priority`: one per prompt, lower sooner (needs
-        scheduling_policy="priority", as vLLM's)."""
+        scheduling_policy="priority", as vLLM's). `lora_request`: the adapter of every prompt, or one per prompt
+        (None: the base model; needs enable_lora=True)."""
         self._check_task("generate", "generate")
         prompts = _prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -64,7 +67,12 @@ class LLM:
         if len(priorities) != len(prompts):
             raise InvalidRequestError(f"got {len(priorities)} priorities for {len(prompts)} prompts; pass one per "
                                       "prompt", param="priority")
-        return self._run(prompts, params, use_tqdm, priorities)
+        loras = [lora_request] * len(prompts) if lora_request is None or isinstance(lora_request, LoRARequest) \
+            else list(lora_request)
+        if len(loras) != len(prompts):
+            raise InvalidRequestError(f"got {len(loras)} LoRA requests for {len(prompts)} prompts; pass one, or one "
+                                      "per prompt", param="lora_request")
+        return self._run(prompts, params, use_tqdm, priorities, loras)
 
     def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | None = None,
               use_tqdm: bool = True, truncate_prompt_tokens: int | None = None) -> list[EmbeddingRequestOutput]:
@@ -96,12 +104,14 @@ class LLM:
                                       f"{list(self.engine.supported_tasks)}; load it with {other}")
 
     def _run(self, prompts: list[PromptType], params: list[SamplingParams] | list[PoolingParams],
-             use_tqdm: bool, priorities: list[int] | None = None) -> list[Any]:
+             use_tqdm: bool, priorities: list[int] | None = None,
+             loras: list[LoRARequest | None] | None = None) -> list[Any]:
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         added = []
         try:
-            for rid, prompt, p, rank in zip(ids, prompts, params, priorities or [0] * len(prompts)):
-                self.engine.add_request(rid, prompt, p, priority=rank)
+            for rid, prompt, p, rank, lora in zip(ids, prompts, params, priorities or [0] * len(prompts),
+                                                  loras or [None] * len(prompts)):
+                self.engine.add_request(rid, prompt, p, priority=rank, lora_request=lora)
                 added.append(rid)
         except Exception:
             for rid in added:
@@ -119,17 +129,17 @@ class LLM:
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
-             continue_final_message: bool = False,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             continue_final_message: bool = False, chat_template_kwargs: dict[str, Any] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """vLLM's `LLM.chat`: one conversation or a list of them, through the model's chat template (or
-        `chat_template`), `chat_template_kwargs` passed to the template."""
+        `chat_template`), `chat_template_kwargs` passed to the template; `lora_request` as generate's."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tok = self.get_tokenizer()
         prompts = [chat_prompt(tok, c, without_template=refuse_without_template, chat_template=chat_template,
                                add_generation_prompt=add_generation_prompt,
                                continue_final_message=continue_final_message, template_kwargs=chat_template_kwargs)
                    for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
 
 def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

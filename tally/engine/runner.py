@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request
 from tally.core.scheduler import SchedulerOutput
 from tally.engine.inputs import build_step_inputs
+from tally.engine.lora_manager import LoRAManager
 from tally.engine.model_step import ModelStep, TPDriver, run_hidden_step, run_model_step
 from tally.engine.parallel.pipeline import PipelinePeers, forward_step
 from tally.engine.pooling import pool_rows, split_pooling_rows
@@ -44,12 +46,14 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCacheManager, kv_caches: list[tuple[KVCache, KVCache]],
-                 peers: TPDriver | None = None, pipeline: PipelinePeers | None = None) -> None:
+                 peers: TPDriver | None = None, pipeline: PipelinePeers | None = None,
+                 loras: LoRAManager | None = None) -> None:
         self.model = model
         self.kv = kv
         self.kv_caches = kv_caches
         self.peers = peers  # tensor / pipeline parallel: the other ranks run every step beside this one
         self.pipeline = pipeline  # pipeline parallel: this rank is stage 0 and gets the logits from the last
+        self.loras = loras  # per-row LoRA adapters, set up around each forward pass
         self.sampler = Sampler()  # keeps per-batch parameter tensors while the batch is unchanged
 
     @torch.inference_mode()
@@ -68,11 +72,12 @@ class ModelRunner:
         if spans:  # rare: a request asking for prompt logprobs
             rows = torch.cat([torch.arange(start, start + n) for _, _, start, n in spans] + [rows])
         step = ModelStep(inputs.input_ids, inputs.positions, inputs.meta, rows, returns_hidden=bool(pooled))
-        if pooled:
-            logits, hidden = self._run(step, run_hidden_step)
-            embeddings = pool_rows(pooled, hidden)
-        else:
-            logits, embeddings = self._run(step), {}
+        with self.loras.step(out, inputs.row_start, len(inputs.input_ids)) if self.loras else nullcontext():
+            if pooled:
+                logits, hidden = self._run(step, run_hidden_step)
+                embeddings = pool_rows(pooled, hidden)
+            else:
+                logits, embeddings = self._run(step), {}
         n_prompt = len(rows) - len(inputs.sample_token_index)
         prompt_lp = self._prompt_logprobs(spans, logits[:n_prompt])
         if not inputs.sample_rows:

@@ -31,6 +31,9 @@ class EngineLedger:
     # capacity_bytes, held_bytes_at_start, files_at_start, bytes_per_block, write_queue_bytes}; each only when on
     kv_tiers: dict = field(default_factory=dict)
     kv_dtype: str = ""  # the cache's values (tally/ledger/kv.py names): float32, float16, bfloat16, int8
+    # LoRA adapters (tally/engine/lora_manager.py): {max_cpu_loras, max_lora_rank, max_loras, capacity_bytes: what
+    # max_cpu_loras adapters of max_lora_rank targeting every projection take}; empty without --enable-lora
+    lora: dict = field(default_factory=dict)
     huge_page_bytes: int = 0  # of weight_bytes, those in the arena advised for huge pages (tally/layers/huge_pages.py)
 
     @property
@@ -62,6 +65,10 @@ class EngineLedger:
                          f"({fmt_gb(d['weight_bytes'])}); its KV, {fmt_small_bytes(d['kv_bytes_per_token'])} per "
                          f"token, shares the pool's blocks (of the {fmt_small_bytes(self.kv_bytes_per_token)} above)")
         lines += self._kv_tier_lines()
+        if self.lora:
+            lora = self.lora
+            lines.append(f"ledger: LoRA adapters up to {fmt_gib(lora['capacity_bytes'])}: {lora['max_cpu_loras']} "
+                         f"held in memory at rank ≤ {lora['max_lora_rank']}, {lora['max_loras']} per step")
         for r in self.ranks:
             first, end = r["layers"]
             lines.append(f"ledger: rank {r['rank']}: stage {r['stage']} (layers {first}-{end - 1}), weights "

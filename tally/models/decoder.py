@@ -16,6 +16,7 @@ from tally.attention.backend import with_sinks, with_window
 from tally.attention.interface import AttentionBackend
 from tally.attention.kv_cache import KVCache
 from tally.attention.metadata import AttentionMetadata
+from tally.layers.lora import LoRASlots
 from tally.layers.norm import RMSNorm
 from tally.layers.parallel import TPGroup
 from tally.layers.rotary import RotaryEmbedding
@@ -215,6 +216,7 @@ class CausalLM(nn.Module):
                 self.embed_tokens = None
         # every layer's decode step in one native call, where the model's formats allow (built after loading)
         self.native_step: NativeDecodeStep | None = None
+        self.lora: LoRASlots | None = None  # LoRA adapters' per-row deltas (tally/engine/lora_manager.py installs it)
         self.huge_page_bytes = 0  # the weights' bytes moved onto huge pages (tally/layers/huge_pages.py), after loading
 
     def set_key_smoothing(self, scales: list[torch.Tensor] | None) -> None:
@@ -283,6 +285,8 @@ class CausalLM(nn.Module):
 
     def _native_step_runs(self, meta: AttentionMetadata, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
         step = self.native_step
+        if self.lora is not None and self.lora.active:  # the one-call step cannot add an adapter's delta
+            return False
         return step is not None and meta.is_decode_only and step.applies(self, kv_caches)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:

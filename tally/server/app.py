@@ -27,6 +27,7 @@ from tally.server.completions import Completions
 from tally.server.embeddings import Embeddings
 from tally.server.errors import error_response
 from tally.server.lifecycle import ServerState, read_json, run_generation
+from tally.server.lora_routes import adapter_cards, add_lora_routes
 from tally.server.messages import Messages
 from tally.server.pooling_lifecycle import run_pooling
 from tally.server.responses import Responses
@@ -72,7 +73,7 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
         tokenizer=tokenizer, model_name=engine.model_name, model_names=engine.model_names,
         max_model_len=engine.max_model_len, sampling_defaults=engine.sampling_defaults,
         request_timeout_s=config.request_timeout_s, max_body_bytes=config.max_body_bytes,
-        request_log=config.request_log, supported_tasks=engine.supported_tasks,
+        request_log=config.request_log, supported_tasks=engine.supported_tasks, loras=dict(engine.served_loras),
     )
     ledger = engine.ledger.to_dict()
     started_s = int(time.time())
@@ -187,7 +188,10 @@ def build_app(engine: Engine, config: ServerConfig = ServerConfig()) -> FastAPI:
     async def models() -> dict:
         return {"object": "list", "data": [{
             "id": name, "object": "model", "created": started_s, "owned_by": "tally",
-            "root": state.model_name, "max_model_len": state.max_model_len} for name in state.model_names]}
+            "root": state.model_name, "max_model_len": state.max_model_len} for name in state.model_names]
+            + adapter_cards(state, started_s)}
+
+    add_lora_routes(app, state, async_engine)
 
     @app.get("/version")
     async def version() -> dict:

@@ -19,6 +19,7 @@ from tally.engine.async_engine import AsyncEngine, RequestStream
 from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError, echo
 from tally.http_limits import read_body
 from tally.json_text import check_depth
+from tally.lora_request import LoRARequest
 from tally.models.generation_config import max_tokens_or_default
 from tally.outputs import RequestOutput
 from tally.sampling_params import SamplingParams
@@ -56,6 +57,7 @@ class ServerState:
     request_log: RequestLog | None = None
     inflight: dict[str, Inflight] = field(default_factory=dict)  # by the id its response carries, for a cancel
     supported_tasks: tuple[str, ...] = ("generate",)  # the engine's: a generative model, or an embedding one
+    loras: dict[str, LoRARequest] = field(default_factory=dict)  # LoRA adapters served, by the name requests use
 
     def check_task(self, task: str, path: str) -> None:
         """400 for an endpoint of the task this server does not serve (vLLM's: one runner per server)."""
@@ -65,10 +67,16 @@ class ServerState:
             raise InvalidRequestError(f"{path} is not served here: this server serves {served} for "
                                       f"{self.model_name!r}; start one with {wanted} for it", param="model")
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model not in (self.model_names or (self.model_name,)):
-            raise ModelNotFoundError(f"model {echo(model)} is not served here; this server serves "
-                                     f"{self.model_name!r} (see GET /v1/models)", param="model")
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter `model` names, None for the base model; 404 for a name not served (vLLM's words)."""
+        if model is None or model in (self.model_names or (self.model_name,)):
+            return None
+        lora = self.loras.get(model)
+        if lora is None:
+            adapters = f" and adapters {sorted(self.loras)}" if self.loras else ""
+            raise ModelNotFoundError(f"The model `{echo(model)[1:-1]}` does not exist. This server serves "
+                                     f"{self.model_name!r}{adapters} (see GET /v1/models)", param="model")
+        return lora
 
 
 @dataclass
@@ -236,16 +244,18 @@ async def run_generation(request: Request, handler: Handler) -> Response:
         if state.draining:
             raise ServerDrainingError()
         req = handler.parse(await read_json(request, state.max_body_bytes))
-        state.check_model(req.model)
+        lora = state.check_model(req.model)
         state.check_task("generate", handler.path)
         items = await asyncio.to_thread(handler.engine_requests, req, state)  # tokenizes, renders templates
         request_id = f"{handler.id_prefix}-{uuid.uuid4().hex}"
         rids = [f"{request_id}-{i}" for i in range(len(items))]
-        stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s, req.priority)
+        stream = state.engine.submit([(rid, p, sp) for rid, (p, sp) in zip(rids, items)], arrival_s, req.priority,
+                                     lora)
         inflight = Inflight(state, request, stream, arrival_s)
         state.inflight[request_id] = inflight
-        ctx = Ctx(request_id, int(arrival_unix_s), state.model_name, req, rids, arrival_unix_s=arrival_unix_s,
-                  max_tokens=[sp.max_tokens for _, sp in items], prompts=[p for p, _ in items])
+        ctx = Ctx(request_id, int(arrival_unix_s), state.model_name if lora is None else lora.lora_name, req, rids,
+                  arrival_unix_s=arrival_unix_s, max_tokens=[sp.max_tokens for _, sp in items],
+                  prompts=[p for p, _ in items])
         await stream.accepted
         if req.stream:
             handed_off = True

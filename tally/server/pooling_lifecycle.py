@@ -60,7 +60,9 @@ async def run_pooling(request: Request, handler: PoolingHandler) -> Response:
         if state.draining:
             raise ServerDrainingError()
         req = handler.parse(await read_json(request, state.max_body_bytes))
-        state.check_model(req.model)
+        if state.check_model(req.model) is not None:
+            raise InvalidRequestError(f"{handler.path} runs on the base model; LoRA adapters serve generation only: "
+                                      f"send model {state.model_name!r}", param="model")
         state.check_task("embed", handler.path)
         items = await asyncio.to_thread(handler.engine_requests, req, state)
         request_id = f"{handler.id_prefix}-{uuid.uuid4().hex}"
