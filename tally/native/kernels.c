@@ -64,7 +64,7 @@ static inline __attribute__((always_inline)) void prefetch_stream(const uint8_t 
  * micro-kernel), so the same kernel serves one token and a prefill chunk: up to 6 rows x 16 outputs live in
  * registers; for fewer rows, several panels side by side keep the FMA pipes busy. Every output is one FMA chain
  * over k in order, whatever the rows and panels of its tile, so a row's outputs are bitwise the same alone or in any
- * batch (docs/models.md#reproducibility). Activation rows are taken in blocks of F16_MB so the block stays in cache
+ * batch (docs/server.md#reproducibility). Activation rows are taken in blocks of F16_MB so the block stays in cache
  * while every panel passes over it. */
 #define PANEL 16
 #define F16_MR 6   /* rows per micro-tile: 6 x 16 outputs = 12 accumulators, 2 weight vectors, 1 broadcast */
