@@ -2,9 +2,10 @@
 alternating in one run, each in a process of its own, on the built-in GGUF and on the same model dequantized to a
 dense checkpoint (fp16 panels, fp32 arithmetic: the path a bf16 Hugging Face checkpoint takes on AVX2 CPUs).
 Prefill: one 512-token prompt; decode: 1 and 8 greedy streams of 64 tokens. Best of --repeats per cell, the spread
-(worst over best) beside it.
+(worst over best) beside it. --kernels: the fp16-panel projection kernel alone, both versions' builds loaded in this
+process, on SmolLM2-135M's shapes (8 layers' weights, so they stream from memory as a decode step's do).
 
-    python benchmarks/batch_invariance.py --baseline a533890 [--repeats 3]
+    python benchmarks/batch_invariance.py --baseline a533890 [--repeats 3] [--kernels]
 """
 from __future__ import annotations
 
@@ -54,11 +55,54 @@ def measure(source: Path, kwargs: dict) -> dict[str, float]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2-135M: qkv, o, gate_up, down (N, K)
+ROWS = (1, 2, 3, 8, 66, 512)
+
+
+def kernel_table(baseline: Path, repeats: int) -> None:
+    """gemm_f16 of both versions, ms per layer's projections at each row count, best of `repeats` x 5 alternating."""
+    import time
+
+    import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
+    import torch
+
+    from tally.native import library, ops
+
+    old = library.SOURCE.parent
+    libs = {"now": library.load()}
+    library.SOURCE, library.HEADERS = (baseline / "tally/native/kernels.c",
+                                       [baseline / "tally/native" / h.name for h in library.HEADERS])
+    libs["before"] = library.load_build(library.builds()[library.build_wanted()])
+    library.SOURCE = old / "kernels.c"
+    layers = [[ops.pack_f16(torch.randn(n, k)) for n, k in SHAPES] for _ in range(8)]
+    best = {(name, rows): float("inf") for name in libs for rows in ROWS}
+    for rows in ROWS:
+        xs = {k: torch.randn(rows, k) for _, k in SHAPES}
+        ys = {n: torch.empty(rows, n) for n, _ in SHAPES}
+        for _ in range(repeats * 5):
+            for name, lib in libs.items():
+                start = time.perf_counter()
+                for panels in layers:
+                    for (n, k), w in zip(SHAPES, panels):
+                        lib.tally_gemm_f16(xs[k].data_ptr(), w.data_ptr(), None, ys[n].data_ptr(), rows, n, k, 0)
+                best[(name, rows)] = min(best[(name, rows)], (time.perf_counter() - start) / len(layers) * 1e3)
+    print(f"{'rows':>5} {'before ms':>10} {'now ms':>10} {'now/before speed':>17}")
+    for rows in ROWS:
+        b, n = best[("before", rows)], best[("now", rows)]
+        print(f"{rows:>5} {b:>10.3f} {n:>10.3f} {b / n:>16.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", required=True, help="git ref of the version to compare against")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kernels", action="store_true", help="the fp16-panel kernel alone, both builds")
     args = parser.parse_args()
+    if args.kernels:
+        with tempfile.TemporaryDirectory() as tmp:
+            kernel_table(export(args.baseline, Path(tmp)), args.repeats)
+        print(f"python benchmarks/batch_invariance.py --baseline {args.baseline} --kernels --repeats {args.repeats}")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         versions = {"before": export(args.baseline, Path(tmp)), "now": ROOT}
         cells: dict[tuple[str, str, str], list[float]] = {}
