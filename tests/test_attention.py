@@ -171,3 +171,18 @@ def test_decode_rows_out_of_order_are_refused_not_misread():
     rows = [(random_seq(6, 4, 2, 16, gen), 0, 6), (random_seq(9, 4, 2, 16, gen), 8, 1)]
     with pytest.raises(TallyError, match="order decode rows first"):
         kv.step(build("reference", 4, 2, 16), rows, num_decodes=1)  # row 0 is a 6-token prefill
+
+
+@pytest.mark.parametrize("kv_dtype,sinks", [(torch.int8, None), (torch.float32, torch.tensor([2.0, -1.0, 0.5, 4.0]))],
+                         ids=["int8-cache-sdpa", "sinks-eager"])
+def test_a_decode_row_off_the_native_kernels_gets_its_bits_alone(kv_dtype, sinks):
+    """Torch's attention paths (an int8 cache: SDPA; sinks: the eager composition) give a decode row the bits it gets
+    alone, beside rows of other lengths and of its own: rows are never padded to another's length, and SDPA takes
+    one row a call (docs/server.md#reproducibility)."""
+    gen = torch.Generator().manual_seed(57)
+    kv = PagedKV(2, 16, 4, dtype=kv_dtype)
+    rows = [(random_seq(ctx, 4, 2, 16, gen), ctx - 1, 1) for ctx in (9, 33, 64, 33, 16, 1)]
+    backend = build("reference", 4, 2, 16, sinks=sinks)
+    together = kv.step(backend, rows)
+    for row, out in zip(rows, together):
+        assert torch.equal(kv.step(backend, [row])[0], out)

@@ -59,6 +59,18 @@ def test_explicit_dtype_and_fp32_checkpoints_are_not_measured():
     assert {c.quantization for c in dequantized} == {None}
 
 
+def test_bf16_paths_are_measured_only_when_batch_invariance_is_off(monkeypatch):
+    """On a CPU with fast bf16, oneDNN's bf16 matmul would make a row's bits depend on its batch: by default the fp32
+    path serves unmeasured; --no-batch-invariant lets start-up measure bf16 too."""
+    monkeypatch.setattr("tally.engine.config.has_fast_bf16", lambda: True)
+    for prequantized in (False, True):
+        only, open_choice = EngineConfig().path_candidates("bfloat16", is_gguf=False, prequantized=prequantized)
+        assert [c.dtypes[0] for c in only] == [torch.float32] and not open_choice
+    both, open_choice = EngineConfig(batch_invariant=False).path_candidates("bfloat16", is_gguf=False,
+                                                                           prequantized=False)
+    assert torch.bfloat16 in [c.dtypes[0] for c in both] and open_choice
+
+
 def test_the_measurement_is_cached_by_machine_and_shapes_and_measured_again_when_asked(cache_home):
     shapes = {"": [ProjectionShape("qkv", 96, 64, 2, "dense"), ProjectionShape("o", 64, 64, 2, "dense"),
                    ProjectionShape("lm_head", 256, 64, 1, "dense", decode_only=True)]}

@@ -1,7 +1,7 @@
-"""The decode fast path: every single-token row of a batch in one batched SDPA over K/V gathered
-from the paged cache, in groups whose gather stays within a fixed number of keys.
+"""The decode path off the native kernels: single-token rows attend over K/V gathered from the paged cache, in groups
+of rows with as many keys whose gather stays within a fixed number of keys (a row alone through SDPA).
 
-Which slots each row reads (the slot grid and its mask) depends only on the step's metadata, so
+Which slots each row reads (the slot grid) depends only on the step's metadata, so
 `plan_decode` builds it once per step and every layer reuses it (memoised on the metadata).
 """
 from __future__ import annotations
@@ -26,14 +26,11 @@ DECODE_GATHER_KEYS = 32768
 
 @dataclass
 class DecodeGroup:
-    """Decode rows attended together. Each row's keys are laid out right-aligned in a [n, L] grid
-    (the last column is the query's own position), with L = the longest context, or the window if
-    that is shorter. Grid cells before position 0 are masked and point at the row's own (always
-    written) slot, so slots never written - which may hold anything, even NaN - are never read."""
+    """Decode rows attended together, each with L keys (its context, or the window if that is shorter): a [n, L]
+    grid of slots whose last column is each query's own position."""
 
     rows: torch.Tensor | None  # index into the decode rows; None: all of them, in order
     slots: torch.Tensor  # int64 [n, L] cache slot of each grid cell
-    mask: torch.Tensor | None  # bool [n, 1, 1, L], None when every cell is a real key
     block_size: int
 
     @cached_property
@@ -44,20 +41,22 @@ class DecodeGroup:
 
 def plan_decode(
     block_tables: torch.Tensor, context_lens: list[int], block_size: int, window: int | None,
-    max_gather_keys: int,
+    max_gather_keys: int, batched: bool = True,
 ) -> list[DecodeGroup]:
+    """Rows grouped only with rows of as many keys, so no row is padded to another's length: padding would move
+    where its keys fall in the kernels' blocks, and so its bits with the batch. `batched` False: a group a row (torch's
+    SDPA gives a row other bits beside other rows even at equal lengths; its eager composition does not)."""
     keys = context_lens if window is None else [min(c, window) for c in context_lens]
-    if len(keys) * max(keys) <= max_gather_keys:
+    if batched and min(keys) == max(keys) and len(keys) * keys[0] <= max_gather_keys:
         return [_group(None, block_tables[:len(keys)], context_lens, block_size, window)]
-    # Longest first, so each group pads its rows only up to rows of similar length.
     order = sorted(range(len(keys)), key=keys.__getitem__, reverse=True)
     groups, start = [], 0
     while start < len(order):
-        size = max(1, max_gather_keys // keys[order[start]])
-        rows = order[start:start + size]
+        size = max(1, max_gather_keys // keys[order[start]]) if batched else 1
+        rows = [r for r in order[start:start + size] if keys[r] == keys[order[start]]]
         index = torch.tensor(rows, device=block_tables.device)
         groups.append(_group(index, block_tables[index], [context_lens[r] for r in rows], block_size, window))
-        start += size
+        start += len(rows)
     return groups
 
 
@@ -65,15 +64,12 @@ def _group(
     rows: torch.Tensor | None, block_tables: torch.Tensor, context_lens: list[int], block_size: int,
     window: int | None,
 ) -> DecodeGroup:
-    num_keys = max(context_lens) if window is None else min(max(context_lens), window)
+    num_keys = context_lens[0] if window is None else min(context_lens[0], window)
     device = block_tables.device
     ctx = torch.tensor(context_lens, dtype=torch.int64, device=device)
     positions = ctx[:, None] - num_keys + torch.arange(num_keys, device=device)
-    valid = positions >= 0
-    positions = torch.where(valid, positions, ctx[:, None] - 1)
     slots = block_tables.gather(1, positions // block_size) * block_size + positions % block_size
-    mask = None if min(context_lens) >= num_keys else valid[:, None, None, :]
-    return DecodeGroup(rows, slots, mask, block_size)
+    return DecodeGroup(rows, slots, block_size)
 
 
 def native_attention_supported(k_cache: KVCache, config: AttentionConfig) -> bool:
@@ -95,9 +91,9 @@ def decode_attention(
         return native.decode_attention(q, k_cache, v_cache, meta.block_tables, lens, config.sliding_window,
                                        config.scale)
     groups = meta.memo(
-        ("decode", config.sliding_window, max_gather_keys),
+        ("decode", config.sliding_window, max_gather_keys, config.eager),
         lambda: plan_decode(meta.block_tables, meta.context_lens[:n], meta.block_size,
-                            config.sliding_window, max_gather_keys),
+                            config.sliding_window, max_gather_keys, batched=config.eager),
     )
     if groups[0].rows is None:
         return _attend(q, k_cache, v_cache, groups[0], config, workspace)
@@ -115,11 +111,11 @@ def _attend(
     v = _gather_slots(v_cache, group, workspace, "v", config.compute_dtype)
     if config.eager:
         out = eager_attention(q.to(config.compute_dtype).unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
-                              group.mask, config.scale, config.logit_softcap, config.sink_logits())
+                              None, config.scale, config.logit_softcap, config.sink_logits())
         return out.squeeze(2)
     out = F.scaled_dot_product_attention(
         q.to(config.compute_dtype).unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=group.mask, scale=config.scale, enable_gqa=config.num_queries_per_kv > 1,
+        scale=config.scale, enable_gqa=config.num_queries_per_kv > 1,
     )
     return out.squeeze(2)
 

@@ -119,6 +119,9 @@ class EngineConfig:
     scheduling_policy: str = option("fcfs", "fcfs: the queue is admitted in arrival order; priority: by each request's "
                                             "priority field, lower first (vLLM's), and under memory pressure the "
                                             "lowest is preempted first", choices=SCHEDULING_POLICIES)
+    batch_invariant: bool = option(True, "a request's logits are bitwise the same whatever runs beside it "
+                                         "(docs/server.md#reproducibility); off: where the CPU has AVX-512 BF16 or "
+                                         "AMX, start-up may also measure bf16 paths, whose sums depend on the batch")
     attention_backend: str = option("auto", "auto: the reference kernel for plain causal prefills, tiled for "
                                             "masked ones", choices=BACKEND_NAMES)
     max_itl_s: float | None = option(None, "seconds: while streams decode, a step holds only as many prompt tokens as "
@@ -328,8 +331,9 @@ class EngineConfig:
         dtype wins, unmeasured. fp32 checkpoints stay fp32, unmeasured: the exact path. Half-precision and GGUF
         checkpoints: fp32 compute over fp16 weights (Tally's native kernels, the one-call decode step), and bf16
         compute where the CPU has bf16 instructions (elsewhere PyTorch emulates bf16 10-20x slower than fp32: not
-        worth the time to measure). Pre-quantized checkpoints keep one path (bf16 where fast): their layers'
-        shapes are not described to the measurement yet."""
+        worth the time to measure), unless batch_invariant holds them to the fp32 path. Pre-quantized checkpoints keep
+        one path (bf16 where fast and batch_invariant is off): their layers' shapes are not described to the
+        measurement yet."""
         q = self.served_quantization(is_gguf)
         if self.dtype != "auto":
             name = "float16" if self.dtype in FP16_WEIGHT_NAMES else _CANONICAL[DTYPES[self.dtype]]
@@ -339,5 +343,7 @@ class EngineConfig:
         fp32_compute = PathCandidate("float16" if fp16_weights_supported() else "float32", q)
         if not has_fast_bf16():
             return [fp32_compute], not prequantized
+        if self.batch_invariant:  # oneDNN's bf16 matmul sums in an order that depends on the row count
+            return [fp32_compute], False
         bf16 = PathCandidate("bfloat16", q)
         return ([bf16], False) if prequantized else ([fp32_compute, bf16], True)

@@ -52,7 +52,10 @@ class MixtureOfExperts(nn.Module):
         return out if self.tp is None else self.tp.all_reduce(out)
 
     def _loop(self, x: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(x, self.router, self.router_bias)
+        # in float64 and rounded once: BLAS sums in an order that depends on the rows, and the router's logits pick
+        # experts, so a row's routing would change with its batch; float64's rounding stays far below fp32's
+        logits = F.linear(x.double(), self.router.double(),
+                          None if self.router_bias is None else self.router_bias.double()).to(x.dtype)
         if self.routing == "top_k_softmax":
             top_logits, top_experts = torch.topk(logits, self.top_k, dim=-1)
             top_weights = torch.softmax(top_logits, dim=-1, dtype=torch.float32)

@@ -1,0 +1,125 @@
+"""What batch-invariant numerics cost: this Tally against another version (a git ref, e.g. the commit before them),
+alternating in one run, each in a process of its own, on the built-in GGUF and on the same model dequantized to a
+dense checkpoint (fp16 panels, fp32 arithmetic: the path a bf16 Hugging Face checkpoint takes on AVX2 CPUs).
+Prefill: one 512-token prompt; decode: 1 and 8 greedy streams of 64 tokens. Best of --repeats per cell, the spread
+(worst over best) beside it. --kernels: the fp16-panel projection kernel alone, both versions' builds loaded in this
+process, on SmolLM2-135M's shapes (8 layers' weights, so they stream from memory as a decode step's do).
+
+    python benchmarks/batch_invariance.py --baseline a533890 [--repeats 3] [--kernels]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {"GGUF Q4_1": {}, "dense (fp16 panels)": {"quantization": "none"}}
+
+WORKLOAD = """
+import json, sys, time
+import tally
+from tally import LLM, SamplingParams
+llm = LLM(**json.loads(sys.argv[1]))
+prompt = [11 + (i * 7919) % 4000 for i in range(512)]
+def run(prompts, tokens):
+    p = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    start = time.perf_counter()
+    llm.generate([{"prompt_token_ids": q} for q in prompts], p, use_tqdm=False)
+    return time.perf_counter() - start
+run([prompt[:64]], 4)  # warm-up
+prefill = run([prompt], 1)
+streams = {n: [[11 + (i * 31 + s * 7) % 4000 for i in range(16)] for s in range(n)] for n in (1, 8)}
+decode = {n: n * 63 / (run(streams[n], 64) - run(streams[n], 1)) for n in (1, 8)}
+print(json.dumps({"prefill_tok_s": 512 / prefill, "decode1_tok_s": decode[1], "decode8_tok_s": decode[8]}))
+"""
+
+
+def export(ref: str, into: Path) -> Path:
+    """The `tally` package as it was at `ref`, unpacked under `into`."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "tally"], check=True, capture_output=True).stdout
+    tarfile.open(fileobj=io.BytesIO(archive)).extractall(into, filter="data")
+    return into
+
+
+def measure(source: Path, kwargs: dict) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    out = subprocess.run([sys.executable, "-c", WORKLOAD, json.dumps(kwargs)], env=env, check=True,
+                         capture_output=True, text=True, cwd=source).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2-135M: qkv, o, gate_up, down (N, K)
+ROWS = (1, 2, 3, 8, 66, 512)
+
+
+def kernel_table(baseline: Path, repeats: int) -> None:
+    """gemm_f16 of both versions, ms per layer's projections at each row count, best of `repeats` x 5 alternating."""
+    import time
+
+    import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
+    import torch
+
+    from tally.native import library, ops
+
+    old = library.SOURCE.parent
+    libs = {"now": library.load()}
+    library.SOURCE, library.HEADERS = (baseline / "tally/native/kernels.c",
+                                       [baseline / "tally/native" / h.name for h in library.HEADERS])
+    libs["before"] = library.load_build(library.builds()[library.build_wanted()])
+    library.SOURCE = old / "kernels.c"
+    layers = [[ops.pack_f16(torch.randn(n, k)) for n, k in SHAPES] for _ in range(8)]
+    best = {(name, rows): float("inf") for name in libs for rows in ROWS}
+    for rows in ROWS:
+        xs = {k: torch.randn(rows, k) for _, k in SHAPES}
+        ys = {n: torch.empty(rows, n) for n, _ in SHAPES}
+        for _ in range(repeats * 5):
+            for name, lib in libs.items():
+                start = time.perf_counter()
+                for panels in layers:
+                    for (n, k), w in zip(SHAPES, panels):
+                        lib.tally_gemm_f16(xs[k].data_ptr(), w.data_ptr(), None, ys[n].data_ptr(), rows, n, k, 0)
+                best[(name, rows)] = min(best[(name, rows)], (time.perf_counter() - start) / len(layers) * 1e3)
+    print(f"{'rows':>5} {'before ms':>10} {'now ms':>10} {'now/before speed':>17}")
+    for rows in ROWS:
+        b, n = best[("before", rows)], best[("now", rows)]
+        print(f"{rows:>5} {b:>10.3f} {n:>10.3f} {b / n:>16.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--baseline", required=True, help="git ref of the version to compare against")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kernels", action="store_true", help="the fp16-panel kernel alone, both builds")
+    args = parser.parse_args()
+    if args.kernels:
+        with tempfile.TemporaryDirectory() as tmp:
+            kernel_table(export(args.baseline, Path(tmp)), args.repeats)
+        print(f"python benchmarks/batch_invariance.py --baseline {args.baseline} --kernels --repeats {args.repeats}")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        versions = {"before": export(args.baseline, Path(tmp)), "now": ROOT}
+        cells: dict[tuple[str, str, str], list[float]] = {}
+        for _ in range(args.repeats):
+            for model, kwargs in MODELS.items():
+                for name, source in versions.items():  # alternating: the host's load falls on both alike
+                    for metric, value in measure(source, kwargs).items():
+                        cells.setdefault((model, metric, name), []).append(value)
+    print(f"{'model':<20} {'figure':<16} {'before':>9} {'now':>9} {'spread':>13} {'now/before':>10}")
+    for model in MODELS:
+        for metric in ("prefill_tok_s", "decode1_tok_s", "decode8_tok_s"):
+            before, now = cells[(model, metric, "before")], cells[(model, metric, "now")]
+            spread = f"{max(before) / min(before):.2f}/{max(now) / min(now):.2f}"
+            print(f"{model:<20} {metric:<16} {max(before):>9.1f} {max(now):>9.1f} {spread:>13} "
+                  f"{max(now) / max(before):>9.2f}x")
+    print(f"python benchmarks/batch_invariance.py --baseline {args.baseline} --repeats {args.repeats}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""The needle test, as vLLM runs it: a greedy request alone, then at a random place among many random prompts of mixed
+lengths, gives bitwise the same tokens and logprobs, at default settings and with chunked prefill, preemption,
+speculation; on a dense bf16 checkpoint, tiny models of several families and the built-in model through a real
+server. And the test can fail: a kernel that splits its sums by the row count is caught."""
+from __future__ import annotations
+
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from support.families import make_family_checkpoint
+from support.servers import started
+from support.tiny_models import make_checkpoint
+
+from tally import LLM, SamplingParams
+from tally.native import ops as native
+from tally.server.process import ServerProcess
+
+NEEDLE_PARAMS = SamplingParams(temperature=0, max_tokens=10, logprobs=0, ignore_eos=True)
+
+
+def _as_bf16(model_dir: Path) -> Path:
+    """The checkpoint's weights stored in bf16, as most Hugging Face checkpoints ship (fp32 compute over fp16 panels
+    on CPUs without fast bf16: tally/engine/config.py path_candidates)."""
+    weights = model_dir / "model.safetensors"
+    save_file({k: v.bfloat16() for k, v in load_file(weights).items()}, weights, metadata={"format": "pt"})
+    config = json.loads((model_dir / "config.json").read_text())
+    config["torch_dtype"] = config["dtype"] = "bfloat16"
+    (model_dir / "config.json").write_text(json.dumps(config))
+    return model_dir
+
+
+def _chosen(output) -> tuple[list[int], list[float]]:
+    return list(output.token_ids), [lp[t].logprob for lp, t in zip(output.logprobs, output.token_ids)]
+
+
+def _needle_misses(llm: LLM, trials: int, seed: int = 0, vocab: int = 300,
+                   alone: tuple[list[int], list[float]] | None = None) -> list[int]:
+    """The trials in which the needle among 32-64 others differs from it alone (`alone`: from another engine)."""
+    rng = random.Random(seed)
+    needle = [rng.randrange(3, vocab) for _ in range(24)]
+    alone = alone or _needle_alone(llm, needle)
+    misses = []
+    for trial in range(trials):
+        others = [[rng.randrange(3, vocab) for _ in range(rng.randrange(1, 100))] for _ in range(rng.randrange(32, 65))]
+        place = rng.randrange(len(others) + 1)
+        prompts = [{"prompt_token_ids": p} for p in others[:place] + [needle] + others[place:]]
+        each = [SamplingParams(temperature=0, max_tokens=rng.randrange(2, 16), ignore_eos=True) for _ in others]
+        outs = llm.generate(prompts, each[:place] + [NEEDLE_PARAMS] + each[place:], use_tqdm=False)
+        if _chosen(outs[place].outputs[0]) != alone:
+            misses.append(trial)
+    return misses
+
+
+@pytest.fixture(scope="module")
+def dense_bf16(tmp_path_factory) -> Path:
+    return _as_bf16(make_checkpoint(tmp_path_factory.mktemp("bf16"), "llama", hidden_size=128, intermediate_size=256,
+                                    num_attention_heads=8, num_key_value_heads=4))
+
+
+@pytest.fixture(scope="module")
+def default_llm(dense_bf16: Path) -> LLM:
+    return LLM(str(dense_bf16))
+
+
+def test_a_dense_bf16_request_gets_its_own_bits_among_many(default_llm: LLM) -> None:
+    assert _needle_misses(default_llm, trials=5) == []
+
+
+def test_seeded_sampling_draws_the_same_tokens_alone_and_in_a_batch(default_llm: LLM) -> None:
+    rng = random.Random(3)
+    needle = [rng.randrange(3, 300) for _ in range(20)]
+    seeded = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=12, ignore_eos=True,
+                            logprobs=0)
+    alone = _chosen(default_llm.generate([{"prompt_token_ids": needle}], seeded, use_tqdm=False)[0].outputs[0])
+    others = [[rng.randrange(3, 300) for _ in range(rng.randrange(1, 60))] for _ in range(31)]
+    each = [SamplingParams(temperature=1.0, seed=i if i % 2 else None, max_tokens=8, ignore_eos=True)
+            for i in range(31)]
+    outs = default_llm.generate([{"prompt_token_ids": p} for p in others[:9] + [needle] + others[9:]],
+                                each[:9] + [seeded] + each[9:], use_tqdm=False)
+    assert _chosen(outs[9].outputs[0]) == alone
+
+
+@pytest.mark.parametrize("settings", [
+    dict(max_num_batched_tokens=16, enable_chunked_prefill=True),
+    dict(num_gpu_blocks_override=24, block_size=16, preemption_mode="recompute"),
+    dict(num_gpu_blocks_override=24, block_size=16, preemption_mode="swap", swap_space=1),
+    dict(speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}),
+], ids=["chunked-prefill-16", "preempt-recompute", "preempt-swap", "ngram-speculation"])
+def test_settings_that_reshape_steps_leave_a_requests_bits_alone(dense_bf16: Path, default_llm: LLM,
+                                                                   settings: dict) -> None:
+    """Against the needle alone at default settings: small prompt chunks, a pool that preempts (a prefix-cache hit
+    when the request comes back), speculation on."""
+    needle_alone = _needle_alone(default_llm)
+    llm = LLM(str(dense_bf16), **settings)
+    try:
+        assert _needle_misses(llm, trials=1, alone=needle_alone) == []
+    finally:
+        llm.engine.shutdown()
+
+
+def _needle_alone(llm: LLM, needle: list[int] | None = None) -> tuple[list[int], list[float]]:
+    """The needle's tokens and logprobs run alone (default: _needle_misses' needle at its default seed)."""
+    if needle is None:
+        rng = random.Random(0)
+        needle = [rng.randrange(3, 300) for _ in range(24)]
+    return _chosen(llm.generate([{"prompt_token_ids": needle}], NEEDLE_PARAMS, use_tqdm=False)[0].outputs[0])
+
+
+# sliding windows, LongRoPE over part of each head, tied embeddings, experts (the router)
+@pytest.mark.parametrize("family", ["llama3", "gemma3", "phi3", "mixtral"])
+def test_a_tiny_model_of_each_family_gets_its_own_bits_among_many(family: str, tmp_path: Path) -> None:
+    llm = LLM(str(_as_bf16(make_family_checkpoint(tmp_path, family))))
+    try:
+        assert _needle_misses(llm, trials=1) == []
+    finally:
+        llm.engine.shutdown()
+
+
+@pytest.mark.skipif(not native.available(), reason="the fp16 panels' kernel is native")
+def test_a_kernel_that_splits_its_sums_by_the_row_count_is_caught(dense_bf16: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inverse test: with a deliberately row-count-dependent matmul (split-K where the row count says, as a BLAS
+    picks its blocking by shape), the needle check must see a difference, so its passing above means something.
+    An engine of its own: the damaged kernel's cache blocks must not serve the other tests."""
+    honest = native.gemm_f16
+
+    def split_k(x: torch.Tensor, panels: torch.Tensor, n: int, bias: torch.Tensor | None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        cut = 16 * (1 + x.shape[0] % 3)
+        y = honest(x[:, :cut].contiguous(), panels[:, :cut].contiguous(), n, bias)
+        y += honest(x[:, cut:].contiguous(), panels[:, cut:].contiguous(), n, None)
+        return y if out is None else out.add_(y)
+
+    monkeypatch.setattr(native, "gemm_f16", split_k)
+    llm = LLM(str(dense_bf16), enable_prefix_caching=False)
+    try:
+        assert _needle_misses(llm, trials=2) != []
+    finally:
+        llm.engine.shutdown()
+
+
+def test_the_built_in_model_through_the_server_gives_a_request_its_own_bits() -> None:
+    """Default settings, the official client, requests in flight together: the needle's logprobs alone and among 32
+    others are the same floats as JSON carries them."""
+    import openai
+
+    rng = random.Random(57)
+    words = "the of and to in is was for on that with as by at from it an be this are".split()
+    needle = " ".join(rng.choice(words) for _ in range(30))
+    others = [" ".join(rng.choice(words) for _ in range(rng.randrange(2, 60))) for _ in range(32)]
+    with started(ServerProcess([])) as (server,):
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none")
+
+        def complete(prompt: str, max_tokens: int) -> list[float]:
+            r = client.completions.create(model="smollm2-135m", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                          logprobs=0)
+            return r.choices[0].logprobs.token_logprobs
+
+        alone = complete(needle, 6)
+        with ThreadPoolExecutor(len(others) + 1) as pool:
+            place = rng.randrange(len(others) + 1)
+            futures = [pool.submit(complete, p, rng.randrange(1, 6)) for p in others[:place]]
+            mine = pool.submit(complete, needle, 6)
+            futures += [pool.submit(complete, p, rng.randrange(1, 6)) for p in others[place:]]
+            assert mine.result() == alone
+            for f in futures:
+                f.result()
