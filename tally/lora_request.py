@@ -9,7 +9,7 @@ from dataclasses import dataclass
 class LoRARequest:
     lora_name: str  # the name requests pick it by (the server's `model` field)
     lora_int_id: int  # vLLM's handle of the adapter; positive
-    lora_path: str = ""  # a PEFT folder (adapter_config.json + adapter_model.safetensors)
+    lora_path: str = ""  # a PEFT folder (adapter_config.json + adapter_model.safetensors) or a GGUF LoRA (.gguf)
     base_model_name: str | None = None  # listed as the adapter's `parent` in /v1/models (default: the served model)
 
     def __post_init__(self) -> None:

@@ -181,8 +181,9 @@ class EngineConfig:
         None, "the name(s) the API answers to; the first is reported (default: the checkpoint's)", nargs="+")
     enable_lora: bool = option(False, "serve LoRA adapters: a request picks one by its model name (vLLM's flag)")
     lora_modules: str | list[str] | None = option(
-        None, "adapters served from the start, name=path (a PEFT folder) or vLLM's JSON '{\"name\": \"sql\", "
-              "\"path\": \"/adapters/sql\", \"base_model_name\": ...}'; needs --enable-lora", nargs="+")
+        None, "adapters served from the start, name=path (a PEFT folder or a GGUF LoRA file) or vLLM's JSON "
+              "'{\"name\": \"sql\", \"path\": \"/adapters/sql\", \"base_model_name\": ...}'; needs --enable-lora",
+        nargs="+")
     max_loras: int = option(1, "different adapters one step may run (more wait for a place); vLLM's flag")
     max_lora_rank: int = option(16, "the largest adapter rank (r) served; a larger adapter is refused at load")
     max_cpu_loras: int | None = option(None, "adapters held in memory at once, the least recently used read again "

@@ -17,6 +17,7 @@ from tally.layers.lora import LoRAProjection, LoRASlots
 from tally.lora_request import LoRARequest
 from tally.models.decoder import CausalLM
 from tally.models.lora_adapter import LoRAAdapter, adapter_bytes_at_rank, load_adapter
+from tally.models.lora_gguf import load_gguf_adapter
 from tally.pooling_params import PoolingParams
 
 _SITES = {"qkv_proj": "qkv", "o_proj": "o", "gate_up_proj": "gate_up", "down_proj": "down"}
@@ -139,7 +140,8 @@ class LoRAManager:
         return adapter
 
     def _read(self, name: str, path: str) -> LoRAAdapter:
-        return load_adapter(name, path, self._cfg, self.max_lora_rank, self._dtype)
+        load = load_gguf_adapter if path.endswith(".gguf") else load_adapter
+        return load(name, path, self._cfg, self.max_lora_rank, self._dtype)
 
     def _keep(self, adapter: LoRAAdapter) -> None:
         self._resident[adapter.key] = adapter

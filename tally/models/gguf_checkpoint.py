@@ -39,7 +39,7 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 # llama.cpp's names of a layer's tensors (after `blk.{i}.`) -> Tally's (after `model.layers.{i}.`)
-_LAYER_NAMES = {
+LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "attn_q.weight": "self_attn.q_proj.weight",
@@ -93,7 +93,7 @@ def stored_parts(info: TensorInfo, fam: Family, expected: dict[str, tuple[int, .
     if rest in _EXPERT_NAMES and len(info.shape) == 2:  # biases: one row each
         return [StoredPart(f"{prefix}mlp.experts.{e}.{_EXPERT_NAMES[rest]}", name, slice(e, e + 1),
                            shape=info.shape[1:]) for e in range(info.shape[0])]
-    ours = fam.gguf_names.get(rest) or _LAYER_NAMES.get(rest)
+    ours = fam.gguf_names.get(rest) or LAYER_NAMES.get(rest)
     return [StoredPart(prefix + ours if ours else name, name)]
 
 
@@ -107,7 +107,7 @@ def gguf_name(name: str, fam: Family) -> str:
     if expert:
         stored = {ours: stored for stored, ours in _EXPERT_NAMES.items()}[expert.group(1)]
     else:
-        stored = fused[0] if fused else {ours: s for s, ours in (_LAYER_NAMES | fam.gguf_names).items()}.get(rest, rest)
+        stored = fused[0] if fused else {ours: s for s, ours in (LAYER_NAMES | fam.gguf_names).items()}.get(rest, rest)
     return f"blk.{layer}.{stored}"
 
 
@@ -124,18 +124,13 @@ class GGUFTensorSource:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._blob = np.frombuffer(self._map, dtype=np.uint8)
         self._parts = parts  # Tally's name -> (the GGUF tensor holding it, which part of it)
-        self._row_order = _unpermute_orders(config) if family(config.architecture).gguf_rope_permuted else {}
+        self._row_order = unpermute_orders(config) if family(config.architecture).gguf_rope_permuted else {}
 
     def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
         # no "dequantizing" in the words: a quantized layer serves the stored blocks, not this float copy
         for name in track(list(self._parts), GGUF_LOADING):
             raw = self.raw(name)
-            if raw.ggml_type in _FLOAT_TYPES:
-                # numpy has no bfloat16, so floats go through torch as bytes and are reinterpreted.
-                values = torch.from_numpy(raw.data.copy()).view(_FLOAT_TYPES[raw.ggml_type])
-            else:
-                values = torch.from_numpy(dequantize(raw.data, raw.ggml_type))
-            yield name, values.reshape(raw.shape)
+            yield name, tensor_values(raw.ggml_type, raw.data).reshape(raw.shape)
 
     def raw(self, name: str) -> GGUFRawTensor | None:
         found = self._parts.get(name)
@@ -153,7 +148,24 @@ class GGUFTensorSource:
         return GGUFRawTensor(info.ggml_type, shape, data.reshape(*shape[:-1], -1))
 
 
-def _unpermute_orders(config: ModelConfig) -> dict[str, np.ndarray]:
+def tensor_values(ggml_type: Q, data: np.ndarray) -> torch.Tensor:
+    """A tensor's stored bytes ([..., bytes per row]) as floats: a float type as stored, a block type dequantized."""
+    if ggml_type in _FLOAT_TYPES:
+        # numpy has no bfloat16, so floats go through torch as bytes and are reinterpreted.
+        return torch.from_numpy(data.copy()).view(_FLOAT_TYPES[ggml_type])
+    return torch.from_numpy(dequantize(data, ggml_type))
+
+
+def readable_types() -> str:
+    """The stored types tensor_values reads, for messages."""
+    return ", ".join(sorted(t.name for t in [*_FLOAT_TYPES, *_QUANTIZED_TYPES]))
+
+
+def is_readable(ggml_type: Q) -> bool:
+    return ggml_type in _FLOAT_TYPES or ggml_type in _QUANTIZED_TYPES
+
+
+def unpermute_orders(config: ModelConfig) -> dict[str, np.ndarray]:
     """Row orders that undo `w.reshape(n_head, 2, d // n_head // 2, ...).swapaxes(1, 2)` for q and k."""
     def order(rows: int, heads: int) -> np.ndarray:
         return np.arange(rows).reshape(heads, rows // heads // 2, 2).swapaxes(1, 2).reshape(-1)
@@ -164,11 +176,10 @@ def open_gguf(path: Path) -> tuple[ModelConfig, GGUFTensorSource]:
     header = read_header(path)
     config = gguf_config(header, path)
     for info in header.tensors:
-        if info.ggml_type not in _FLOAT_TYPES and info.ggml_type not in _QUANTIZED_TYPES:
-            supported = ", ".join(sorted(t.name for t in [*_FLOAT_TYPES, *_QUANTIZED_TYPES]))
+        if not is_readable(info.ggml_type):
             raise ModelLoadError(
                 f"{path}: tensor {info.name} is stored as {info.ggml_type.name}, which Tally cannot "
-                f"dequantize; supported types: {supported}"
+                f"dequantize; supported types: {readable_types()}"
             )
     dequantized = Counter(t.ggml_type.name for t in header.tensors
                           if t.ggml_type in _QUANTIZED_TYPES and t.ggml_type.name not in NATIVE_BLOCK_TYPES)

@@ -48,27 +48,31 @@ def adapter_bytes_at_rank(cfg: ModelConfig, rank: int, dtype: torch.dtype) -> in
 def load_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int, dtype: torch.dtype) -> LoRAAdapter:
     folder = Path(path)
     config_file, weights_file = folder / "adapter_config.json", folder / "adapter_model.safetensors"
-    if folder.suffix == ".gguf":
-        raise _bad(f"LoRA adapter {name!r}: {path} is a GGUF file; GGUF LoRA adapters are not served yet: give the "
-                   "PEFT folder it was converted from")
     if not config_file.is_file():
-        raise _bad(f"LoRA adapter {name!r}: {path} has no adapter_config.json; give the folder PEFT's "
-                   "save_pretrained wrote")
+        raise bad(f"LoRA adapter {name!r}: {path} has no adapter_config.json; give the folder PEFT's "
+                  "save_pretrained wrote, or the .gguf file llama.cpp's convert_lora_to_gguf.py wrote")
     if not weights_file.is_file():
         also = " (adapter_model.bin is not read: save it with safe_serialization=True)" \
             if (folder / "adapter_model.bin").is_file() else ""
-        raise _bad(f"LoRA adapter {name!r}: {path} has no adapter_model.safetensors{also}")
+        raise bad(f"LoRA adapter {name!r}: {path} has no adapter_model.safetensors{also}")
     raw_config = config_file.read_bytes()
     try:
         conf = json.loads(raw_config)
     except ValueError as exc:
-        raise _bad(f"LoRA adapter {name!r}: adapter_config.json is not valid JSON: {exc}") from None
-    rank, scale = _check_config(name, conf, max_rank)
+        raise bad(f"LoRA adapter {name!r}: adapter_config.json is not valid JSON: {exc}") from None
     raw_weights = weights_file.read_bytes()
     try:
         tensors = load_file(str(weights_file))
     except Exception as exc:  # noqa: BLE001 - safetensors' own message says what is wrong with the file
-        raise _bad(f"LoRA adapter {name!r}: adapter_model.safetensors cannot be read: {exc}") from None
+        raise bad(f"LoRA adapter {name!r}: adapter_model.safetensors cannot be read: {exc}") from None
+    return adapter_from(name, path, conf, tensors, raw_config + raw_weights, cfg, max_rank, dtype)
+
+
+def adapter_from(name: str, path: str, conf: dict, tensors: dict[str, torch.Tensor], digest_of: bytes,
+                 cfg: ModelConfig, max_rank: int, dtype: torch.dtype) -> LoRAAdapter:
+    """The adapter of PEFT's adapter_config.json settings and tensors (under PEFT's names), checked against the base;
+    `digest_of` (the bytes it was read from) names it."""
+    rank, scale = _check_config(name, conf, max_rank)
     parts = _parts(name, tensors, cfg, rank)
     weights = {}
     for layer in range(cfg.num_layers):
@@ -77,8 +81,8 @@ def load_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int, dtype: t
             if not targeted:
                 continue
             if site in ("gate_up", "down") and cfg.is_moe_layer(layer):
-                raise _bad(f"LoRA adapter {name!r} targets {', '.join(targeted)}, but layer {layer} of this model "
-                           "is a mixture of experts; LoRA on experts is not supported: target attention only")
+                raise bad(f"LoRA adapter {name!r} targets {', '.join(targeted)}, but layer {layer} of this model "
+                          "is a mixture of experts; LoRA on experts is not supported: target attention only")
             ins, outs = site_shapes(cfg, site)
             a = torch.zeros(rank * len(targeted), ins, dtype=dtype)
             b = torch.zeros(sum(outs[modules.index(m)] for m in modules), rank * len(targeted), dtype=dtype)
@@ -91,40 +95,40 @@ def load_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int, dtype: t
                 a[j * rank:(j + 1) * rank] = part_a
                 b[row_starts[k]:row_starts[k] + outs[k], j * rank:(j + 1) * rank] = part_b * scale
             weights[(layer, site)] = (a, b)
-    key = hashlib.blake2b(raw_config + raw_weights, digest_size=16).hexdigest()
+    key = hashlib.blake2b(digest_of, digest_size=16).hexdigest()
     return LoRAAdapter(name, path, rank, weights, key)
 
 
 def _check_config(name: str, conf: dict, max_rank: int) -> tuple[int, float]:
     """(rank, scale) from adapter_config.json, or what it asks that is not implemented, refused by name."""
     if conf.get("peft_type", "LORA") != "LORA":
-        raise _bad(f"LoRA adapter {name!r} is a {conf.get('peft_type')} adapter; only LORA is served")
+        raise bad(f"LoRA adapter {name!r} is a {conf.get('peft_type')} adapter; only LORA is served")
     if conf.get("use_dora"):
-        raise _bad(f"LoRA adapter {name!r} uses DoRA (use_dora), which is not supported; merge it into the base "
-                   "model (merge_and_unload) and serve that")
+        raise bad(f"LoRA adapter {name!r} uses DoRA (use_dora), which is not supported; merge it into the base "
+                  "model (merge_and_unload) and serve that")
     if conf.get("modules_to_save"):
-        raise _bad(f"LoRA adapter {name!r} saves whole modules (modules_to_save: {conf['modules_to_save']}), which is "
-                   "not supported; train without modules_to_save, or merge it and serve the merged model")
+        raise bad(f"LoRA adapter {name!r} saves whole modules (modules_to_save: {conf['modules_to_save']}), which is "
+                  "not supported; train without modules_to_save, or merge it and serve the merged model")
     for field in ("rank_pattern", "alpha_pattern"):
         if conf.get(field):
-            raise _bad(f"LoRA adapter {name!r} sets {field}; per-module ranks and alphas are not supported: train "
-                       "with one r and lora_alpha")
+            raise bad(f"LoRA adapter {name!r} sets {field}; per-module ranks and alphas are not supported: train "
+                      "with one r and lora_alpha")
     if conf.get("fan_in_fan_out"):
-        raise _bad(f"LoRA adapter {name!r} sets fan_in_fan_out (Conv1D layers); only nn.Linear targets are served")
+        raise bad(f"LoRA adapter {name!r} sets fan_in_fan_out (Conv1D layers); only nn.Linear targets are served")
     if conf.get("bias", "none") != "none" or conf.get("lora_bias"):
-        raise _bad(f"LoRA adapter {name!r} trains biases (bias / lora_bias); only adapters without biases are served")
+        raise bad(f"LoRA adapter {name!r} trains biases (bias / lora_bias); only adapters without biases are served")
     targets = conf.get("target_modules") or []
     # a regex names its modules through the tensors, which _parts checks one by one
     other = [] if isinstance(targets, str) else [t for t in targets if t not in TARGETS]
     if other:
-        raise _bad(f"LoRA adapter {name!r} targets {other}; Tally applies LoRA to {', '.join(TARGETS)} only "
-                   "(embedding and lm_head targets are not supported)")
+        raise bad(f"LoRA adapter {name!r} targets {other}; Tally applies LoRA to {', '.join(TARGETS)} only "
+                  "(embedding and lm_head targets are not supported)")
     rank = conf.get("r")
     if not isinstance(rank, int) or rank < 1:
-        raise _bad(f"LoRA adapter {name!r}: adapter_config.json's r must be a positive integer, got {rank!r}")
+        raise bad(f"LoRA adapter {name!r}: adapter_config.json's r must be a positive integer, got {rank!r}")
     if rank > max_rank:
-        raise _bad(f"LoRA adapter {name!r} has rank {rank} but --max-lora-rank is {max_rank}; start the server with "
-                   f"--max-lora-rank ≥ {rank}")
+        raise bad(f"LoRA adapter {name!r} has rank {rank} but --max-lora-rank is {max_rank}; start the server with "
+                  f"--max-lora-rank ≥ {rank}")
     alpha = conf.get("lora_alpha", 8)
     scale = alpha / math.sqrt(rank) if conf.get("use_rslora") else alpha / rank
     return rank, scale
@@ -137,27 +141,26 @@ def _parts(name: str, tensors: dict[str, torch.Tensor], cfg: ModelConfig,
     for key, t in tensors.items():
         m = _KEY.match(key)
         if m is None or m.group(3) not in TARGETS:
-            raise _bad(f"LoRA adapter {name!r} holds tensor {key!r}, which is not a LoRA A/B of a "
-                       f"{'/'.join(TARGETS)} projection of a decoder layer; only those are served")
+            raise bad(f"LoRA adapter {name!r} holds tensor {key!r}, which is not a LoRA A/B of a "
+                      f"{'/'.join(TARGETS)} projection of a decoder layer; only those are served")
         layer = int(m.group(1))
         if layer >= cfg.num_layers:
-            raise _bad(f"LoRA adapter {name!r} has weights for layer {layer}, but the base model has "
-                       f"{cfg.num_layers} layers: it was trained on another model")
+            raise bad(f"LoRA adapter {name!r} has weights for layer {layer}, but the base model has "
+                      f"{cfg.num_layers} layers: it was trained on another model")
         found.setdefault((layer, m.group(3)), {})[m.group(4)] = t
     if not found:
-        raise _bad(f"LoRA adapter {name!r}: adapter_model.safetensors holds no LoRA weights")
+        raise bad(f"LoRA adapter {name!r}: adapter_model.safetensors holds no LoRA weights")
     parts = {}
     for (layer, module), ab in found.items():
         if set(ab) != {"A", "B"}:
-            raise _bad(f"LoRA adapter {name!r}: layer {layer} {module} has lora_{''.join(ab)} without its pair")
+            raise bad(f"LoRA adapter {name!r}: layer {layer} {module} has lora_{''.join(ab)} without its pair")
         site = next(s for s, mods in SITES.items() if module in mods)
         ins, outs = site_shapes(cfg, site)
         want_a, want_b = (rank, ins), (outs[SITES[site].index(module)], rank)
         if tuple(ab["A"].shape) != want_a or tuple(ab["B"].shape) != want_b:
-            raise _bad(f"LoRA adapter {name!r}: layer {layer} {module} has A {list(ab['A'].shape)} and B "
-                       f"{list(ab['B'].shape)}, but this base model with r={rank} needs A {list(want_a)} and B "
-                       f"{list(want_b)}: the adapter was trained on another model (or r in adapter_config.json "
-                       "is wrong)")
+            raise bad(f"LoRA adapter {name!r}: layer {layer} {module} has A {list(ab['A'].shape)} and B "
+                      f"{list(ab['B'].shape)}, but this base model with r={rank} needs A {list(want_a)} and B "
+                      f"{list(want_b)}: the adapter was trained on another model (or its r is wrong)")
         parts[(layer, module)] = (ab["A"].float(), ab["B"].float())
     return parts
 
@@ -169,5 +172,6 @@ def site_shapes(cfg: ModelConfig, site: str) -> tuple[int, list[int]]:
             "gate_up": (h, [cfg.intermediate_size] * 2), "down": (cfg.intermediate_size, [h])}[site]
 
 
-def _bad(message: str) -> InvalidRequestError:
+def bad(message: str) -> InvalidRequestError:
+    """What an adapter that cannot be served is refused with: a 400 naming lora_path."""
     return InvalidRequestError(message, param="lora_path")

@@ -39,8 +39,8 @@ def add_lora_routes(app: FastAPI, state: ServerState, async_engine: AsyncEngine)
             body = _fields(await read_json(request, state.max_body_bytes), ("lora_name", "lora_path"))
             name, path = body.get("lora_name"), body.get("lora_path")
             if not (isinstance(name, str) and name and isinstance(path, str) and path):
-                raise InvalidRequestError("send both lora_name and lora_path (the adapter's folder) as strings",
-                                          param="lora_name" if not name else "lora_path")
+                raise InvalidRequestError("send both lora_name and lora_path (the adapter's folder or .gguf file) "
+                                          "as strings", param="lora_name" if not name else "lora_path")
             if name in state.loras or name in state.model_names or name == state.model_name:
                 raise InvalidRequestError(f"The lora adapter {echo(name)} has already been loaded; unload it "
                                           "first, or load this one under another name", param="lora_name")
