@@ -22,6 +22,7 @@ from typing import Any
 from support.tiny_models import CORPUS, save_random_model
 
 CONVERTER = Path(__file__).resolve().parents[2] / "third_party" / "llama.cpp" / "convert_hf_to_gguf.py"
+LORA_CONVERTER = CONVERTER.with_name("convert_lora_to_gguf.py")
 
 
 @dataclass(frozen=True)
@@ -129,21 +130,21 @@ def to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f32") -> Path:
     return to_gguf_many([(hf_dir, out_path, outtype)])[0]
 
 
-_JOB = "=== convert_hf_to_gguf.py "  # starts each job's part of the log
+_JOB = "=== llama.cpp converter "  # starts each job's part of the log
 
-# Runs convert_hf_to_gguf.py as `python convert_hf_to_gguf.py ARGS` would, once per job, in one process: its imports
-# (torch, transformers) cost seconds, its work on a tiny checkpoint far less.
+# Runs llama.cpp's converter scripts as `python SCRIPT ARGS` would, once per job, in one process: their imports
+# (torch, transformers) cost seconds, their work on a tiny checkpoint far less.
 _DRIVER = """
 import json, runpy, sys, traceback
 from pathlib import Path
-converter, jobs, JOB = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-sys.path[0] = str(Path(converter).parent)
+jobs, JOB = json.loads(sys.argv[1]), sys.argv[2]
 failed = 0
-for hf_dir, out_path, outtype in jobs:
-    print(f"{JOB}{hf_dir} to {outtype}", file=sys.stderr, flush=True)
-    sys.argv = [converter, hf_dir, "--outfile", out_path, "--outtype", outtype]
+for argv in jobs:
+    print(f"{JOB}{' '.join(argv)}", file=sys.stderr, flush=True)
+    sys.path[0] = str(Path(argv[0]).parent)
+    sys.argv = argv
     try:
-        runpy.run_path(converter, run_name="__main__")
+        runpy.run_path(argv[0], run_name="__main__")
     except BaseException:
         traceback.print_exc()
         print("FAILED", file=sys.stderr)
@@ -152,18 +153,22 @@ sys.exit(1 if failed else 0)
 """
 
 
-def to_gguf_many(jobs: Sequence[tuple[Path, Path, str]]) -> list[Path]:
-    """Convert each (hf_dir, out_path, outtype) with llama.cpp's convert_hf_to_gguf.py, in one subprocess of this
-    Python, with the converter's own gguf-py package first on the path; raises with the converter's output (each
+def run_converters(jobs: Sequence[Sequence[str | Path]]) -> None:
+    """Run each job, [a converter script of third_party/llama.cpp, its arguments...], in one subprocess of this
+    Python, with the converter's own gguf-py package first on the path; raises with the converters' output (each
     failure marked FAILED) when any fails."""
     env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
     env["HF_HUB_OFFLINE"] = "1"
-    args = json.dumps([[str(hf_dir), str(out_path), outtype] for hf_dir, out_path, outtype in jobs])
-    proc = subprocess.run([sys.executable, "-c", _DRIVER, str(CONVERTER), args, _JOB], capture_output=True,
-                          text=True, env=env)
+    args = json.dumps([[str(a) for a in job] for job in jobs])
+    proc = subprocess.run([sys.executable, "-c", _DRIVER, args, _JOB], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         failures = [log for log in proc.stderr.split(_JOB) if log.rstrip().endswith("FAILED")]
-        raise RuntimeError("convert_hf_to_gguf.py failed on\n" + ("".join(failures) or proc.stderr))
+        raise RuntimeError("llama.cpp's converter failed on\n" + ("".join(failures) or proc.stderr))
+
+
+def to_gguf_many(jobs: Sequence[tuple[Path, Path, str]]) -> list[Path]:
+    """Convert each (hf_dir, out_path, outtype) with llama.cpp's convert_hf_to_gguf.py (see run_converters)."""
+    run_converters([[CONVERTER, hf_dir, "--outfile", out, "--outtype", outtype] for hf_dir, out, outtype in jobs])
     return [Path(out_path) for _, out_path, _ in jobs]
 
 
