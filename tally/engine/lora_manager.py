@@ -140,7 +140,7 @@ class LoRAManager:
         return adapter
 
     def _read(self, name: str, path: str) -> LoRAAdapter:
-        load = load_gguf_adapter if path.endswith(".gguf") else load_adapter
+        load = load_gguf_adapter if path.lower().endswith(".gguf") else load_adapter
         return load(name, path, self._cfg, self.max_lora_rank, self._dtype)
 
     def _keep(self, adapter: LoRAAdapter) -> None:

@@ -11,9 +11,9 @@ import torch
 
 from tally.errors import ModelLoadError
 from tally.models.config import ModelConfig
-from tally.models.families import gguf_family
+from tally.models.families import Family, family, gguf_family
 from tally.models.gguf_checkpoint import LAYER_NAMES, is_readable, readable_types, tensor_values, unpermute_orders
-from tally.models.gguf_header import read_header
+from tally.models.gguf_header import GGUFHeader, read_header
 from tally.models.lora_adapter import TARGETS, LoRAAdapter, adapter_from, bad
 
 _TENSOR = re.compile(r"^blk\.(\d+)\.(\w+\.weight)\.lora_([ab])$")
@@ -25,20 +25,12 @@ def load_gguf_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int, dty
         raise bad(f"LoRA adapter {name!r}: there is no file {path}")
     try:
         header = read_header(file)
-        fam = gguf_family(header.architecture, path)
     except ModelLoadError as exc:
         raise bad(f"LoRA adapter {name!r}: {exc}") from None
     meta = header.metadata
-    kind = meta.get("general.type", "model")
-    if kind != "adapter":
-        raise bad(f"LoRA adapter {name!r}: {path} is a GGUF {kind}, not an adapter (its general.type is {kind!r}); "
-                  "give the .gguf file llama.cpp's convert_lora_to_gguf.py wrote")
-    if meta.get("adapter.type") != "lora":
-        raise bad(f"LoRA adapter {name!r}: {path} is a {meta.get('adapter.type')!r} adapter; only LoRA is served")
-    if "adapter.alora.invocation_tokens" in meta:
-        raise bad(f"LoRA adapter {name!r} is an activated LoRA (adapter.alora.invocation_tokens), which is not "
-                  "supported: serve a plain LoRA")
-    blob = np.frombuffer(raw := file.read_bytes(), dtype=np.uint8)
+    fam = _checked_family(name, path, header, cfg)
+    raw = file.read_bytes()
+    blob = np.frombuffer(raw, dtype=np.uint8)
     # convert_hf_to_gguf interleaves q/k rows for these families, and the LoRA converter does the same to lora_b
     orders = unpermute_orders(cfg) if fam.gguf_rope_permuted else {}
     tensors = {}
@@ -60,6 +52,28 @@ def load_gguf_adapter(name: str, path: str, cfg: ModelConfig, max_rank: int, dty
     # llama.cpp scales by alpha / rank, and by 1 where alpha is 0 (or absent)
     conf = {"r": ranks[0], "lora_alpha": alpha or ranks[0]}
     return adapter_from(name, path, conf, tensors, raw, cfg, max_rank, dtype)
+
+
+def _checked_family(name: str, path: str, header: GGUFHeader, cfg: ModelConfig) -> Family:
+    """The family the adapter was converted for, once the file is known to be a plain LoRA for this base."""
+    meta = header.metadata
+    kind = meta.get("general.type", "model")
+    if kind != "adapter":
+        raise bad(f"LoRA adapter {name!r}: {path} is a GGUF {kind}, not an adapter (its general.type is {kind!r}); "
+                  "give the .gguf file llama.cpp's convert_lora_to_gguf.py wrote")
+    if meta.get("adapter.type") != "lora":
+        raise bad(f"LoRA adapter {name!r}: {path} is a {meta.get('adapter.type')!r} adapter; only LoRA is served")
+    if "adapter.alora.invocation_tokens" in meta:
+        raise bad(f"LoRA adapter {name!r} is an activated LoRA (adapter.alora.invocation_tokens), which is not "
+                  "supported: serve a plain LoRA")
+    try:
+        fam = gguf_family(header.architecture, path)
+    except ModelLoadError as exc:
+        raise bad(f"LoRA adapter {name!r}: {exc}") from None
+    if fam.gguf_rope_permuted != family(cfg.architecture).gguf_rope_permuted:
+        raise bad(f"LoRA adapter {name!r} was converted for a {header.architecture!r} model, but the base model is "
+                  f"{cfg.architecture}: convert it again with --base pointing at this base model's folder")
+    return fam
 
 
 def _peft_name(gguf_name: str, family_names: dict[str, str]) -> tuple[str, str | None, str | None]:
