@@ -10,6 +10,7 @@ from support.families import LORA_CONVERTER, run_converters
 from support.lora_adapters import ALL_TARGETS, make_adapter, merged_greedy
 from tally import LLM, LoRARequest, SamplingParams
 from tally.errors import InvalidRequestError
+from tally.models.gguf_header import read_header
 from tally.models.lora_adapter import load_adapter
 from tally.models.lora_gguf import load_gguf_adapter
 from tally.models.registry import resolve_model
@@ -56,6 +57,7 @@ def test_each_outtype_reads_as_the_peft_folders_weights(llm, files):
     cfg = llm.engine.model.cfg
     peft = load_adapter("p", str(adapter), cfg, 16, torch.float32)
     tolerance = {"f32": 0.0, "f16": 1e-3, "bf16": 1e-2, "q8_0": 1e-2}  # relative, of each outtype's rounding
+    assert "Q8_0" in {info.ggml_type.name for info in read_header(ggufs["q8_0"]).tensors}  # blocks, not floats
     for outtype, path in ggufs.items():
         got = load_gguf_adapter("g", str(path), cfg, 16, torch.float32)
         assert got.rank == peft.rank and got.weights.keys() == peft.weights.keys()

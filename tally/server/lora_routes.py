@@ -23,7 +23,7 @@ def runtime_updates_allowed() -> bool:
 
 
 def adapter_cards(state: ServerState, created_s: int) -> list[dict]:
-    """/v1/models entries of the adapters: `root` the adapter's folder, `parent` its base (vLLM's fields)."""
+    """/v1/models entries of the adapters: `root` the adapter's folder or file, `parent` its base (vLLM's fields)."""
     return [{"id": name, "object": "model", "created": created_s, "owned_by": "tally", "root": lora.lora_path,
              "parent": lora.base_model_name or state.model_name, "max_model_len": state.max_model_len}
             for name, lora in state.loras.items()]
