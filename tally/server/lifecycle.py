@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from tally.engine.async_engine import AsyncEngine, RequestStream
-from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError, echo
+from tally.errors import InvalidRequestError, ModelNotFoundError, RequestTimeoutError, clip, echo
 from tally.http_limits import read_body
 from tally.json_text import check_depth
 from tally.lora_request import LoRARequest
@@ -74,7 +74,7 @@ class ServerState:
         lora = self.loras.get(model)
         if lora is None:
             adapters = f" and adapters {sorted(self.loras)}" if self.loras else ""
-            raise ModelNotFoundError(f"The model `{echo(model)[1:-1]}` does not exist. This server serves "
+            raise ModelNotFoundError(f"The model `{clip(model)}` does not exist. This server serves "
                                      f"{self.model_name!r}{adapters} (see GET /v1/models)", param="model")
         return lora
 
