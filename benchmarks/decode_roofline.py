@@ -196,7 +196,8 @@ def main() -> None:
         else:  # the layers run inside one native call, which the torch profiler does not see
             split.steps = steps[limit]
             print_split(split, model, read_bytes, bw)
-        print(f"{'tally / roofline, run by run':<44} {of_roofline[1]:>11.0%}  ({of_roofline[0]:.0%}-{of_roofline[-1]:.0%})")
+        spread = f"({of_roofline[0]:.0%}-{of_roofline[-1]:.0%})"
+        print(f"{'tally / roofline, run by run':<44} {of_roofline[1]:>11.0%}  {spread}")
     if len(limits) > 1:
         pairs = sorted(one / burst for burst, one in zip(runs[limits[0]], runs[1]))
         print(f"{'TPOT one step a call / bursts, 3 pairs':<44} {pairs[1]:>11.2f}x  ({pairs[0]:.2f}-{pairs[-1]:.2f})")

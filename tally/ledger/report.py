@@ -54,8 +54,8 @@ class EngineLedger:
             f"ledger: KV pool {fmt_gib(self.kv_pool_bytes)} = {self.kv_blocks:,} blocks x {self.block_size} tokens = "
             f"{self.kv_tokens:,} tokens at {fmt_small_bytes(self.kv_bytes_per_token)} per token"
             + (f" ({self.kv_dtype})" if self.kv_dtype else ""),
-            f"ledger: {self.max_concurrency_at_max_len:,} request(s) of max_model_len {self.max_model_len:,} fit at once "
-            f"(max_num_seqs {self.max_num_seqs:,})",
+            f"ledger: {self.max_concurrency_at_max_len:,} request(s) of max_model_len {self.max_model_len:,} fit at "
+            f"once (max_num_seqs {self.max_num_seqs:,})",
         ]
         if self.path:
             lines.append(f"ledger: projections {self.path['summary']}")
