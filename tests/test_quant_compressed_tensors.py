@@ -13,6 +13,7 @@ from support.quantized_producers import compressed_tensors_reference, write_comp
 
 from tally import LLM, SamplingParams
 from tally.errors import ModelLoadError
+from tally.ledger.model_source import resolve_model
 from tally.models.prefill import prefill
 
 PROMPTS = ["Paris is the capital of", "def add(a, b):", "The quick brown fox"]
@@ -156,3 +157,21 @@ def test_interleaved_group_index_is_served_dense_and_exact(produced, tmp_path, t
     model = LLM(str(path), dtype="float32", kv_cache_memory=2_000_000).engine.model
     assert not isinstance(model.layers[0].down_proj, QuantLinear)
     assert isinstance(model.layers[1].down_proj, QuantLinear)
+    held = {t.name: t.stored_bytes for t in resolve_model(str(path)).tensors}
+    assert held["layers.0.down_proj"] is None and held["layers.1.down_proj"] is not None  # `tally plan` prices it dense
+
+
+@pytest.mark.parametrize("preset", ["W4A16_ASYM", "W8A8"])
+def test_plan_prices_the_packed_projections_at_their_stored_bytes(produced, preset):
+    """`tally plan` on a compressed-tensors checkpoint counts each projection's packed parts as the file holds them
+    (the group index and shape are not held), not the dense weight."""
+    from safetensors.torch import load_file
+
+    path = produced("llama", preset)
+    source = resolve_model(str(path))
+    assert source.default_weights == "stored"
+    name = "model.layers.1.self_attn.o_proj."
+    want = sum(t.nbytes for n, t in load_file(str(path / "model.safetensors")).items()
+               if n.startswith(name) and not n.endswith(("_shape", "g_idx")))
+    held = {t.name: t for t in source.tensors}["layers.1.o_proj"]
+    assert held.stored_bytes == want and want < 2 * held.numel  # not the dense weight

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from tally import LLM, SamplingParams
 from tally.errors import ModelLoadError
+from tally.ledger.model_source import resolve_model
 from tally.models.prefill import prefill
 from tally.quant.base import QuantLinear
 
@@ -103,14 +104,19 @@ def assert_same_model(quant_dir: Path, dense_dir: Path) -> LLM:
                                               ("llama", "awq", False), ("qwen2", "awq", False)])
 def test_hf_layout_checkpoint_serves_its_stored_int4_weights(tiny_model_factory, tmp_path, torch_kernels,
                                                              arch, method, v2):
-    quant = assert_same_model(*write_pair(tiny_model_factory(arch), tmp_path, method, v2=v2))
+    quant_dir, dense_dir = write_pair(tiny_model_factory(arch), tmp_path, method, v2=v2)
+    quant = assert_same_model(quant_dir, dense_dir)
     layer = quant.engine.model.layers[0].qkv_proj
     assert layer.scheme == "int4" and layer.group_size == GROUP  # int4 layers, not dequantized weights
+    held = {t.name: t for t in resolve_model(str(quant_dir)).tensors}["layers.0.q_proj"]  # `tally plan` prices it
+    assert held.numel // 2 < held.stored_bytes < held.numel  # packed nibbles plus group scales and zeros
 
 
 def test_gptq_act_order_is_served_dense_and_exact(tiny_llama, tmp_path, torch_kernels):
-    quant = assert_same_model(*write_pair(tiny_llama, tmp_path, "gptq", act_order=True))
+    quant_dir, dense_dir = write_pair(tiny_llama, tmp_path, "gptq", act_order=True)
+    quant = assert_same_model(quant_dir, dense_dir)
     assert not isinstance(quant.engine.model.layers[0].qkv_proj, QuantLinear)
+    assert all(t.stored_bytes is None for t in resolve_model(str(quant_dir)).tensors)  # `tally plan`: dense too
 
 
 def test_hf_layout_checkpoint_on_native_kernels(tiny_llama, tmp_path):

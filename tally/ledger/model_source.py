@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from array import array
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -22,7 +23,7 @@ class ModelSource:
     config: ModelConfig
     tensors: list[WeightTensor]
     gguf_tensor_types: dict[str, int] = field(default_factory=dict)  # ggml type -> tensors, GGUF only
-    quantized: bool = False  # a `tally quantize` checkpoint: packed projections carry stored_bytes
+    quantized: bool = False  # a quantized checkpoint (PACKED_METHODS): packed projections carry stored_bytes
     stored_dtype: str | None = None  # config.json's torch_dtype, where it states one
 
     @property
@@ -56,7 +57,7 @@ def resolve_model(spec: str) -> ModelSource:
         tensors = model_tensors(config)
         raw = json.loads((path / "config.json").read_text())
         quant = raw.get("quantization_config") or {}
-        if quant.get("quant_method") != "tally":
+        if quant.get("quant_method") not in PACKED_METHODS:
             return ModelSource(path.name, "checkpoint", config, tensors, stored_dtype=_stored_dtype(raw))
         packed = _packed_bytes(path)
         return ModelSource(path.name, "checkpoint", config,
@@ -86,20 +87,41 @@ def _from_gguf(path: Path) -> ModelSource:
     return ModelSource(path.name, "gguf", model.config, model.tensors, model.tensor_types)
 
 
-_PACKED = re.compile(r"^model\.(layers\.\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.(?:qweight|scales|zeros)$")
+# Checkpoints whose projections Tally serves packed as stored (docs/quantization.md): `tally quantize`'s, GPTQ,
+# AWQ and compressed-tensors (llm-compressor). The plan prices each at its packed parts' bytes in the file.
+PACKED_METHODS = ("tally", "gptq", "awq", "compressed-tensors")
+_PACKED = re.compile(r"^(?:model\.)?(?:language_model\.(?:model\.)?)?(layers\.\d+)\.(?:self_attn|mlp)\."
+                     r"((?:experts\.\d+\.)?\w+_proj)\.(qweight|qzeros|zeros|scales|g_idx|weight_packed|weight_scale|"
+                     r"weight_zero_point|weight_g_idx|weight)$")
+_GROUP_INDEX = ("g_idx", "weight_g_idx")
 
 
 def _packed_bytes(path: Path) -> dict[str, int]:
-    """Ledger tensor name (layers.3.q_proj) → bytes of its packed parts, from the safetensors headers alone."""
+    """Ledger tensor name (layers.3.q_proj) → bytes of its packed parts, from the safetensors headers (and group
+    indices). A float `weight` is a projection left dense; a group index is not held, and one that interleaves groups
+    over the inputs (act-order) has Tally serve the projection dense, so it gets no entry and is priced dense."""
     out: dict[str, int] = {}
+    interleaved: set[str] = set()
     for file in sorted(path.glob("*.safetensors")):
         with open(file, "rb") as f:
             (size,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(size))
-        for name, info in header.items():
-            m = _PACKED.match(name)
-            if m:
-                start, end = info["data_offsets"]
+            for name, info in header.items():
+                m = _PACKED.match(name)
+                if not m or (m.group(3) == "weight" and info["dtype"] != "I8"):
+                    continue
                 key = f"{m.group(1)}.{m.group(2)}"
-                out[key] = out.get(key, 0) + end - start
-    return out
+                start, end = info["data_offsets"]
+                if m.group(3) not in _GROUP_INDEX:
+                    out[key] = out.get(key, 0) + end - start
+                elif info["dtype"] == "I32":
+                    f.seek(8 + size + start)
+                    if _interleaved(array("i", f.read(end - start))):
+                        interleaved.add(key)
+    return {key: n for key, n in out.items() if key not in interleaved}
+
+
+def _interleaved(group_of: array) -> bool:
+    """Whether a group index [K] is anything but input k in group k // (K / groups), as the int4 layers hold them."""
+    k, groups = len(group_of), max(group_of, default=-1) + 1
+    return groups == 0 or k % groups != 0 or any(g != i // (k // groups) for i, g in enumerate(group_of))
