@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from tally.engine.config import EngineConfig
-from tally.engine.engine import Engine
+from tally.engine.load_engine import load_engine
 from tally.engine.multi_step import OFFLINE_SCHEDULER_STEPS
 from tally.engine.scoring import cosine, score_pairs
 from tally.engine.vllm_compat import NO_EFFECT
@@ -36,7 +36,7 @@ class LLM:
         if unknown:
             raise ConfigError(f"unknown LLM argument(s) {unknown}; known: {sorted(known)}")
         kwargs.setdefault("num_scheduler_steps", OFFLINE_SCHEDULER_STEPS)  # nobody streams from LLM()
-        self.engine = Engine(EngineConfig(model=model, **kwargs))
+        self.engine = load_engine(EngineConfig(model=model, **kwargs))
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:
