@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from tally.engine.config import DTYPES, EngineConfig
 from tally.engine.engine import Engine

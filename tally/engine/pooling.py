@@ -84,8 +84,9 @@ def pooler_config(given: str | dict | None, ckpt: CheckpointPooling, serves_pool
         raise ConfigError(f"{ckpt.problem}: its embeddings would differ from the checkpoint's own; serve a checkpoint "
                           "whose modules are a transformer, pooling and normalize", param="runner")
     said = {k: v for k, v in (("pooling_type", ckpt.pooling_type), ("normalize", ckpt.normalize)) if v is not None}
-    return replace(PoolerConfig(default_type, is_matryoshka=ckpt.is_matryoshka,
-                                matryoshka_dimensions=ckpt.matryoshka_dimensions), **{**said, **parse_pooler_config(given)})
+    base = PoolerConfig(default_type, is_matryoshka=ckpt.is_matryoshka,
+                        matryoshka_dimensions=ckpt.matryoshka_dimensions)
+    return replace(base, **{**said, **parse_pooler_config(given)})
 
 
 def check_params(params: PoolingParams, pooler: PoolerConfig, hidden_size: int) -> None:

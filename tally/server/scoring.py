@@ -43,7 +43,7 @@ class _Scoring:
     """Both endpoints: a cross-encoder's pairs, or the distinct texts of a request's pairs, embedded once each."""
 
     input_field: str
-    tasks = ("score", "embed")  # a cross-encoder's, or an embedding model's cosines
+    tasks = ("embed", "score")  # an embedding model's cosines, or a cross-encoder's scores
 
     def pairs(self, req: Any) -> list[tuple[str, str]]:
         raise NotImplementedError

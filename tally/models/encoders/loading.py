@@ -91,7 +91,7 @@ def _read(path: Path) -> dict[str, torch.Tensor]:
         files = [SINGLE_FILE]
     else:
         raise ModelLoadError(f"{path} has no {SINGLE_FILE} (or {INDEX_FILE}); Tally reads safetensors: convert the "
-                             "checkpoint's pytorch_model.bin with transformers' save_pretrained(safe_serialization=True)")
+                             "checkpoint's pytorch_model.bin with transformers' save_pretrained()")
     tensors = {}
     for file in files:
         with safe_open(str(path / file), framework="pt") as f:
