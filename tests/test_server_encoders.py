@@ -1,7 +1,7 @@
 """Encoder models through a real `tally serve`: a BERT embedding model answers the official `openai` client's
 embeddings.create with sentence-transformers' vectors, and scores by cosine; an XLM-R cross-encoder answers /v1/score
 and the rerank routes with CrossEncoder.predict's scores; bad input gets a 400 naming the field, each server refuses
-what its model does not do, and both carry on."""
+what its model does not do, and both carry on and report models, metrics and the ledger."""
 from __future__ import annotations
 
 import httpx
@@ -97,3 +97,7 @@ def test_each_server_refuses_what_its_model_does_not_do_and_carries_on(servers):
     assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 20, cut.text
     assert _post(embed, "/v1/embeddings", {"input": "hi"}).status_code == 200
     assert _post(rerank, "/v1/rerank", {"query": "a", "documents": ["b"]}).status_code == 200
+    for server in servers:  # what a generation server reports, an encoder's reports too
+        assert httpx.get(server.url + "/v1/models").json()["data"][0]["id"] == "tiny"
+        assert "num_requests_waiting" in httpx.get(server.url + "/metrics").text
+        assert httpx.get(server.url + "/ledger").json()["weights_bytes"] > 0
