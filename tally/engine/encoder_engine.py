@@ -1,5 +1,5 @@
 """The engine of an encoder checkpoint (embeddings, or a cross-encoder's scores): requests wait in arrival order, and
-each step runs as many as --max-num-seqs and --max-num-batched-tokens allow as one padded batch, whole (attention is
+each step runs as many as --max-num-seqs and --max-num-batched-tokens allow as one packed batch, whole (attention is
 bidirectional: no chunks, no KV cache). Its face is the Engine's, so the server and `LLM` drive either alike."""
 from __future__ import annotations
 
@@ -181,8 +181,8 @@ class EncoderEngine:
         return outputs
 
     def _admit(self) -> list[EncoderRequest]:
-        """Waiting requests in order (by priority first under --scheduling-policy priority) while the padded batch
-        stays within --max-num-batched-tokens (a single request always fits: it is at most max_model_len)."""
+        """Waiting requests in order (by priority first under --scheduling-policy priority) while the batch, padded
+        as attention sees it, stays within --max-num-batched-tokens (one request always fits: at most max_model_len)."""
         if self.config.scheduling_policy == "priority":
             self._waiting.sort(key=lambda r: (r.priority, r.metrics.arrival_time))
         budget = max(self.config.max_num_batched_tokens, self.max_model_len)
@@ -198,17 +198,14 @@ class EncoderEngine:
     @torch.inference_mode()
     def _run(self, batch: list[EncoderRequest]) -> list[torch.Tensor]:
         lengths = torch.tensor([len(r.token_ids) for r in batch])
-        width = int(lengths.max())
-        ids = torch.full((len(batch), width), self.model.config.pad_token_id, dtype=torch.int64)
-        types = torch.zeros((len(batch), width), dtype=torch.int64)
-        for row, req in enumerate(batch):
-            ids[row, :len(req.token_ids)] = torch.tensor(req.token_ids)
-            types[row, :len(req.token_ids)] = torch.tensor(req.token_type_ids)
+        ids = torch.tensor([t for r in batch for t in r.token_ids])
+        types = torch.tensor([t for r in batch for t in r.token_type_ids])
         hidden = self.model(ids, types, lengths)
+        starts = (torch.cumsum(lengths, 0) - lengths).tolist()
         if self.model.classifier is not None:
-            return list(self.model.scores(hidden))
-        return [req.pooling.finish(_pool(hidden[row, :n], req.pooling.pooling_type))
-                for row, (req, n) in enumerate(zip(batch, lengths.tolist()))]
+            return list(self.model.scores(hidden, torch.tensor(starts)))
+        return [req.pooling.finish(_pool(hidden[start:start + len(req.token_ids)], req.pooling.pooling_type))
+                for req, start in zip(batch, starts)]
 
     # -- introspection -------------------------------------------------------------------------
     def num_running(self) -> int:

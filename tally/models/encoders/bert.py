@@ -1,6 +1,7 @@
 """The BERT-layout encoder as one module: learned absolute positions plus token types, post-LayerNorm blocks of
-bidirectional attention and a GELU MLP, and a cross-encoder's classification head. It runs a padded batch [B, T]
-whose padding the attention mask hides, so each row's output is its own."""
+bidirectional attention and a GELU MLP, and a cross-encoder's classification head. A batch is packed (the inputs'
+tokens one after another): every matmul runs on real tokens only, and attention alone sees them padded into [B, T]
+under a mask, so each input's output is its own."""
 from __future__ import annotations
 
 import torch
@@ -26,11 +27,15 @@ class EncoderLayer(nn.Module):
         self.mlp_norm = nn.LayerNorm(h, eps=eps)
         self.act = _ACT[cfg.hidden_act]
 
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        """x [B, T, H]; keep [B, 1, 1, T]: True where a key is a real token."""
-        b, t, h = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)
-        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(b, t, h)
+    def forward(self, x: torch.Tensor, slots: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """x [N, H], the packed tokens; slots [N]: each token's place in the padded [B, T]; keep [B, 1, 1, T]: True
+        where a key is a real token."""
+        n, h = x.shape
+        b, t = keep.shape[0], keep.shape[-1]
+        padded = x.new_zeros(b * t, 3 * h)
+        padded[slots] = self.qkv(x)
+        q, k, v = padded.view(b, t, 3, self.num_heads, h // self.num_heads).permute(2, 0, 3, 1, 4)
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(b * t, h)[slots]
         x = self.attn_norm(x + self.attn_out(ctx))
         return self.mlp_norm(x + self.down(self.act(self.up(x))))
 
@@ -61,21 +66,28 @@ class Encoder(nn.Module):
         self.classifier = ClassifierHead(cfg) if cfg.is_cross_encoder else None
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """[B, T] ids and token types, each row's real length → the last hidden states [B, T, H]."""
-        real = torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]
-        positions = real.cumsum(1) - 1
+        """The inputs' ids and token types packed [N], and each input's length [B] → the last hidden states [N, H]."""
+        width = int(lengths.max())
+        starts = torch.cumsum(lengths, 0) - lengths
+        row = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        index = torch.arange(len(input_ids)) - starts[row]  # each token's index within its input
+        positions = index
         if self.config.offset_positions:  # RoBERTa numbers the non-padding tokens after the padding id
-            ours = real & (input_ids != self.config.pad_token_id)
-            positions = torch.where(ours, ours.cumsum(1) + self.config.pad_token_id, self.config.pad_token_id)
+            pad = self.config.pad_token_id
+            ours = (input_ids != pad).long()
+            counted = torch.cumsum(ours, 0) - torch.cumsum(ours, 0)[starts][row] + ours[starts][row]
+            positions = torch.where(ours.bool(), counted + pad, pad)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids) \
-            + self.position_embeddings(positions.clamp(min=0))
+            + self.position_embeddings(positions)
         x = self.embed_norm(x)
-        keep = real[:, None, None, :]
+        keep = (torch.arange(width)[None, :] < lengths[:, None])[:, None, None, :]
+        slots = row * width + index
         for layer in self.layers:
-            x = layer(x, keep)
+            x = layer(x, slots, keep)
         return x
 
-    def scores(self, hidden: torch.Tensor) -> torch.Tensor:
-        """A cross-encoder's score per row: its CLS row through the head, then the checkpoint's activation."""
-        logits = self.classifier(hidden[:, 0]).float()
+    def scores(self, hidden: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+        """A cross-encoder's score per input: its first (CLS) row through the head, then the checkpoint's
+        activation."""
+        logits = self.classifier(hidden[starts]).float()
         return torch.sigmoid(logits) if self.config.classifier_activation == "sigmoid" else logits
