@@ -38,6 +38,7 @@ def test_encoder_embeddings_match_sentence_transformers(bi_encoders, spec):
     llm = LLM(str(path), max_num_seqs=3)  # four texts: two batches, padded to different widths
     assert llm.engine.supported_tasks == ("embed",)
     got = np.array([o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)])
+    assert llm.engine.snapshot().num_steps == 2  # batched: three inputs, then one
     want = _st_encode(path, TEXTS)
     assert np.abs(got - want).max() < 1e-5
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5) == spec[2]
