@@ -88,13 +88,15 @@ class LLM:
               truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
         """vLLM's `LLM.score`, one `data_1` against every `data_2` or pairwise: a cross-encoder's score of each pair,
         or with an embedding model the cosine of each pair's embeddings."""
+        cross_encoder = "score" in self.engine.supported_tasks
+        if not cross_encoder:
+            self._check_task("embed", "score")
         pairs = score_pairs(data_1, data_2, str, ("data_1", "data_2"))
-        if "score" in self.engine.supported_tasks:
+        if cross_encoder:
             prompts = [pair_prompt(self.engine.tokenizer, a, b, self.engine.max_model_len, "data_2",
                                    truncate_prompt_tokens) for a, b in pairs]
             return [ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(o.outputs.embedding[0]))
                     for o in self._run(prompts, [PoolingParams()] * len(prompts), use_tqdm)]
-        self._check_task("embed", "score")
         texts = list(dict.fromkeys(t for pair in pairs for t in pair))  # each text embedded once
         outs = dict(zip(texts, self.embed(texts, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)))
         return [ScoringRequestOutput(f"{outs[a].request_id}_{outs[b].request_id}",
