@@ -141,3 +141,21 @@ def test_real_all_minilm_l6_v2_matches_sentence_transformers(tmp_path):
     assert similar[1] > 0.5 > max(similar[2:])  # the two sentences about eating are the close pair
     score = llm.score(texts[0], texts[1:], use_tqdm=False)
     assert [o.outputs.score for o in score] == pytest.approx(list(similar[1:]), abs=1e-5)
+
+
+def test_masked_lm_checkpoint_embeds_as_its_encoder(bi_encoders, tmp_path):
+    """A BertForMaskedLM checkpoint (bert.-prefixed names, a cls. head left unread), as bert-base-uncased is stored."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+    source = bi_encoders["bert", "cls", True]
+    torch.manual_seed(1)
+    BertForMaskedLM(BertConfig.from_pretrained(source)).save_pretrained(tmp_path / "mlm")
+    AutoTokenizer.from_pretrained(source).save_pretrained(tmp_path / "mlm")
+    inner = Transformer(str(tmp_path / "mlm"))
+    want = SentenceTransformer(modules=[inner, Pooling(inner.get_embedding_dimension(), pooling_mode="cls")],
+                               device="cpu").encode(TEXTS, normalize_embeddings=True)
+    got = np.array([o.outputs.embedding for o in LLM(str(tmp_path / "mlm")).embed(TEXTS, use_tqdm=False)])
+    assert np.abs(got - want).max() < 1e-5
