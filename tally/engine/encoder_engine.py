@@ -251,7 +251,7 @@ def _check_flags(config: EngineConfig, cfg: EncoderConfig) -> None:
     if config.runner == "generate" or config.task == "generate":
         raise ConfigError(f"{cfg.architecture or cfg.model_type} is an encoder: it cannot generate text; serve it "
                           "with --runner pooling (or leave --runner auto)", param="runner")
-    if cfg.is_cross_encoder and config.task == "embed":
+    if cfg.is_cross_encoder and "embed" in (config.task, config.convert):
         raise ConfigError(f"{cfg.architecture} is a cross-encoder: it scores pairs (--task score: /v1/score, "
                           "/v1/rerank) and makes no embeddings", param="task")
     if cfg.is_cross_encoder and cfg.num_labels != 1:
