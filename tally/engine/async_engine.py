@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tally.engine.engine import Engine
 from tally.engine.grammar_pool import GrammarPool
 from tally.engine.heap_trim import HeapTrimmer
+from tally.engine.load_engine import load_engine
 from tally.engine.queue_delay import QueueDelay
 from tally.engine.snapshot import EngineSnapshot
 from tally.engine.stats_log import StatsLog
@@ -277,7 +278,7 @@ class AsyncEngine:
             try:
                 log.warning("restarting the engine (--restart-on-failure)")
                 config, self.engine = self.engine.config, None  # the old model and KV pool go before the new load
-                self.engine = Engine(config)
+                self.engine = load_engine(config)
             except Exception:  # noqa: BLE001
                 log.exception("the engine could not be restarted; the server stays unavailable")
                 return

@@ -166,17 +166,19 @@ class EngineConfig:
                                           "tenth of the way where stderr is not a terminal); vLLM's flag")
     runner: str = option("auto", "generate: text (completions, chat, messages, responses); pooling: embeddings "
                                  "(/v1/embeddings, /v1/score, /v1/rerank, LLM.embed / LLM.score); auto: pooling for a "
-                                 "sentence-transformers checkpoint (modules.json), else generate (vLLM's flag)",
+                                 "sentence-transformers checkpoint (modules.json) or an encoder (BERT, XLM-R), else "
+                                 "generate (vLLM's flag)",
                          choices=RUNNERS)
     convert: str = option("auto", "embed: serve a generative checkpoint as an embedding model (vLLM's flag; the same "
                                   "as --runner pooling)", choices=CONVERTS)
-    task: str = option("auto", "vLLM's older spelling: embed is --runner pooling, generate --runner generate",
+    task: str = option("auto", "vLLM's older spelling: embed (or score) is --runner pooling, generate --runner "
+                               "generate; a cross-encoder (*ForSequenceClassification) serves score",
                        choices=TASKS)
     pooler_config: str | dict | None = option(
         None, "how embeddings are pooled, vLLM's JSON, e.g. '{\"pooling_type\": \"MEAN\", \"normalize\": true}' "
               f"(pooling_type one of {', '.join(POOLING_TYPES)}; also is_matryoshka and matryoshka_dimensions, which "
-              "allow a request's dimensions); default: the checkpoint's sentence-transformers modules, else LAST, "
-              "normalized", aliases=("--override-pooler-config",))
+              "allow a request's dimensions); default: the checkpoint's sentence-transformers modules, else LAST "
+              "(CLS for an encoder), normalized", aliases=("--override-pooler-config",))
     served_model_name: str | list[str] | None = option(
         None, "the name(s) the API answers to; the first is reported (default: the checkpoint's)", nargs="+")
     enable_lora: bool = option(False, "serve LoRA adapters: a request picks one by its model name (vLLM's flag)")

@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.progress import Progress
 
 from tally.engine.config import EngineConfig
-from tally.engine.engine import Engine
+from tally.engine.load_engine import load_engine
 from tally.engine.multi_step import OFFLINE_SCHEDULER_STEPS
-from tally.engine.scoring import cosine, score_pairs
+from tally.engine.scoring import cosine, pair_prompt, score_pairs
 from tally.engine.vllm_compat import NO_EFFECT
 from tally.errors import ConfigError, InvalidRequestError
 from tally.lora_request import LoRARequest
@@ -36,7 +36,7 @@ class LLM:
         if unknown:
             raise ConfigError(f"unknown LLM argument(s) {unknown}; known: {sorted(known)}")
         kwargs.setdefault("num_scheduler_steps", OFFLINE_SCHEDULER_STEPS)  # nobody streams from LLM()
-        self.engine = Engine(EngineConfig(model=model, **kwargs))
+        self.engine = load_engine(EngineConfig(model=model, **kwargs))
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Any:
@@ -86,10 +86,17 @@ class LLM:
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str], use_tqdm: bool = True,
               truncate_prompt_tokens: int | None = None) -> list[ScoringRequestOutput]:
-        """vLLM's `LLM.score` for an embedding model: the cosine of each pair's embeddings, one `data_1` against every
-        `data_2` or pairwise."""
-        self._check_task("embed", "score")
+        """vLLM's `LLM.score`, one `data_1` against every `data_2` or pairwise: a cross-encoder's score of each pair,
+        or with an embedding model the cosine of each pair's embeddings."""
+        cross_encoder = "score" in self.engine.supported_tasks
+        if not cross_encoder:
+            self._check_task("embed", "score")
         pairs = score_pairs(data_1, data_2, str, ("data_1", "data_2"))
+        if cross_encoder:
+            prompts = [pair_prompt(self.engine.tokenizer, a, b, self.engine.max_model_len, "data_2",
+                                   truncate_prompt_tokens) for a, b in pairs]
+            return [ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(o.outputs.embedding[0]))
+                    for o in self._run(prompts, [PoolingParams()] * len(prompts), use_tqdm)]
         texts = list(dict.fromkeys(t for pair in pairs for t in pair))  # each text embedded once
         outs = dict(zip(texts, self.embed(texts, use_tqdm=use_tqdm, truncate_prompt_tokens=truncate_prompt_tokens)))
         return [ScoringRequestOutput(f"{outs[a].request_id}_{outs[b].request_id}",
@@ -100,6 +107,8 @@ class LLM:
     def _check_task(self, task: str, method: str) -> None:
         if task not in self.engine.supported_tasks:
             other = "--runner pooling (runner=\"pooling\")" if task == "embed" else "--runner generate"
+            if "score" in self.engine.supported_tasks:
+                other = "an embedding model: this one is a cross-encoder, which scores pairs (LLM.score)"
             raise InvalidRequestError(f"LLM.{method}() needs a model served for {task!r}; this one serves "
                                       f"{list(self.engine.supported_tasks)}; load it with {other}")
 

@@ -23,7 +23,7 @@ from tally.pooling_params import PoolingParams
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 RUNNERS = ("auto", "generate", "pooling")  # vLLM's --runner
 CONVERTS = ("auto", "none", "embed")  # vLLM's --convert
-TASKS = ("auto", "generate", "embed")  # vLLM's older --task
+TASKS = ("auto", "generate", "embed", "score")  # vLLM's older --task; score: a cross-encoder (or cosines)
 _POOLER_KEYS = ("pooling_type", "normalize", "is_matryoshka", "matryoshka_dimensions")
 
 
@@ -67,7 +67,7 @@ def serving_runner(runner: str, convert: str, task: str, ckpt: CheckpointPooling
     """generate or pooling: what the flags ask for, else what the checkpoint is (a sentence-transformers folder is
     an embedding model)."""
     asked = {r for r in (runner if runner != "auto" else None,
-                         "pooling" if convert == "embed" or task == "embed" else None,
+                         "pooling" if convert == "embed" or task in ("embed", "score") else None,
                          "generate" if task == "generate" else None) if r}
     if len(asked) > 1:
         raise ConfigError(f"runner {runner!r}, convert {convert!r} and task {task!r} disagree; --runner pooling "
@@ -77,13 +77,16 @@ def serving_runner(runner: str, convert: str, task: str, ckpt: CheckpointPooling
     return "pooling" if ckpt.is_sentence_transformers else "generate"
 
 
-def pooler_config(given: str | dict | None, ckpt: CheckpointPooling, serves_pooling: bool) -> PoolerConfig:
+def pooler_config(given: str | dict | None, ckpt: CheckpointPooling, serves_pooling: bool,
+                  default_type: str = "LAST") -> PoolerConfig:
+    """`default_type`: what a checkpoint that does not say pools (vLLM's: LAST for decoders, CLS for encoders)."""
     if serves_pooling and ckpt.problem is not None:
         raise ConfigError(f"{ckpt.problem}: its embeddings would differ from the checkpoint's own; serve a checkpoint "
                           "whose modules are a transformer, pooling and normalize", param="runner")
     said = {k: v for k, v in (("pooling_type", ckpt.pooling_type), ("normalize", ckpt.normalize)) if v is not None}
-    return replace(PoolerConfig(is_matryoshka=ckpt.is_matryoshka, matryoshka_dimensions=ckpt.matryoshka_dimensions),
-                   **{**said, **parse_pooler_config(given)})
+    base = PoolerConfig(default_type, is_matryoshka=ckpt.is_matryoshka,
+                        matryoshka_dimensions=ckpt.matryoshka_dimensions)
+    return replace(base, **{**said, **parse_pooler_config(given)})
 
 
 def check_params(params: PoolingParams, pooler: PoolerConfig, hidden_size: int) -> None:

@@ -1,5 +1,6 @@
-"""Scoring with an embedding model (a bi-encoder, as vLLM scores with one): the cosine of two texts' embeddings,
-and the pairs a score request's two sides make (one against many, or many against as many)."""
+"""Scoring: the pairs a score request's two sides make (one against many, or many against as many); with an embedding
+model (a bi-encoder) a pair's score is the cosine of its two embeddings, with a cross-encoder the model reads both
+texts as one input (`pair_prompt`) and its head gives the score."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tally.errors import InvalidRequestError
+from tally.models.tokenizer import MAX_CHARS_PER_TOKEN, Tokenizer
 
 T = TypeVar("T")
 
@@ -32,3 +34,22 @@ def score_pairs(first: T | Sequence[T], second: T | Sequence[T], is_one: type | 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return F.cosine_similarity(torch.tensor([a]), torch.tensor([b])).item()
+
+
+def pair_prompt(tokenizer: Tokenizer, first: str, second: str, max_tokens: int, param: str,
+                keep: int | None = None) -> dict:
+    """A cross-encoder's input: both texts in one sequence as its tokenizer pairs them, token types telling them
+    apart. `keep` (truncate_prompt_tokens): cut the longer text first to fit, as transformers' truncation does."""
+    for name, text in (("first", first), ("second", second)):
+        if not text:
+            raise InvalidRequestError(f"{param}: the pair's {name} text is empty; send text to score", param=param)
+    if keep is None and len(first) + len(second) > max_tokens * MAX_CHARS_PER_TOKEN:
+        raise InvalidRequestError(f"{param}: the pair has {len(first) + len(second):,} characters, more than "
+                                  f"{max_tokens:,} tokens can hold; shorten it or send truncate_prompt_tokens",
+                                  param=param)
+    enc = tokenizer(first, second, truncation=keep is not None, max_length=keep)
+    ids = enc["input_ids"]
+    if len(ids) > max_tokens:
+        raise InvalidRequestError(f"{param}: the pair has {len(ids):,} tokens but max_model_len is {max_tokens:,}; "
+                                  "shorten it or send truncate_prompt_tokens", param=param)
+    return {"prompt": None, "prompt_token_ids": ids, "token_type_ids": enc.get("token_type_ids") or [0] * len(ids)}

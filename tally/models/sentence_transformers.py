@@ -11,9 +11,10 @@ from pathlib import Path
 _MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_mean_tokens": "MEAN", "pooling_mode_cls_token": "CLS"}
 _UNSUPPORTED_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
                       "pooling_mode_weightedmean_tokens")
-_TRANSFORMER, _POOLING, _NORMALIZE = ("sentence_transformers.models.Transformer",
-                                      "sentence_transformers.models.Pooling",
-                                      "sentence_transformers.models.Normalize")
+# v6's pooling_mode values → the same pooling types
+_MODE_NAMES = {"lasttoken": "LAST", "mean": "MEAN", "cls": "CLS"}
+# modules by class name: sentence_transformers.models.Pooling before v6, ...sentence_transformer.modules.pooling.Pooling
+_TRANSFORMER, _POOLING, _NORMALIZE = "Transformer", "Pooling", "Normalize"
 
 
 @dataclass(frozen=True)
@@ -37,21 +38,31 @@ def checkpoint_pooling(path: Path) -> CheckpointPooling:
     modules = _read(path / "modules.json", [])
     if not modules:
         return CheckpointPooling(**matryoshka)
-    kinds = [m.get("type", "") for m in modules]
-    extra = [k for k in kinds if k not in (_TRANSFORMER, _POOLING, _NORMALIZE)]
+    kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in modules]
+    extra = [m.get("type") for m, k in zip(modules, kinds) if k not in (_TRANSFORMER, _POOLING, _NORMALIZE)]
     pooling_type, problem = None, None
     if extra:
         problem = f"modules.json has {', '.join(extra)} after the transformer, which Tally does not run"
-    pooling = next((m for m in modules if m.get("type") == _POOLING), None)
+    pooling = next((m for m, k in zip(modules, kinds) if k == _POOLING), None)
     if pooling is not None:
         settings = _read(path / pooling.get("path", "") / "config.json")
         chosen = [_MODES[k] for k in _MODES if settings.get(k)]
         odd = [k for k in _UNSUPPORTED_MODES if settings.get(k)]
+        if "pooling_mode" in settings:
+            given = settings["pooling_mode"]
+            given = [given] if isinstance(given, str) else list(given)
+            chosen = [_MODE_NAMES[g] for g in given if g in _MODE_NAMES]
+            odd = [g for g in given if g not in _MODE_NAMES]
         if odd or len(chosen) > 1:
             problem = problem or (f"{pooling.get('path')}/config.json pools with {', '.join(odd + chosen)}; Tally "
                                   "pools one of LAST, MEAN or CLS")
         pooling_type = chosen[0] if len(chosen) == 1 else None
     return CheckpointPooling(True, pooling_type, _NORMALIZE in kinds, problem=problem, **matryoshka)
+
+
+def max_seq_length(path: Path) -> int | None:
+    """sentence_bert_config.json's max_seq_length: the longest input the model was trained for (vLLM's limit too)."""
+    return _read(path / "sentence_bert_config.json").get("max_seq_length") if path.is_dir() else None
 
 
 def _read(path: Path, default: object = None) -> dict | list:

@@ -8,7 +8,7 @@ import logging
 from fastapi import FastAPI
 
 from tally.engine.args import config_from_args
-from tally.engine.engine import Engine
+from tally.engine.load_engine import load_engine
 from tally.server.allowed_hosts import AllowedHosts
 from tally.server.app import ServerConfig, build_app
 from tally.server.request_log import RequestLog, redaction_hook
@@ -32,7 +32,7 @@ def app_from_args(ns: argparse.Namespace) -> FastAPI:
     hosts = allowed_hosts(ns.allowed_hosts, ns.host)
     for warning in AllowedHosts(hosts).start_warnings(ns.port):
         log.warning(warning)
-    engine = Engine(config_from_args(ns))
+    engine = load_engine(config_from_args(ns))
     return build_app(engine, ServerConfig(max_queue=ns.max_queue, request_timeout_s=ns.request_timeout,
                                           max_queue_delay_s=ns.max_queue_delay, max_body_bytes=ns.max_body_bytes,
                                           restart_on_failure=ns.restart_on_failure,

@@ -34,6 +34,7 @@ class Embeddings:
     path = "/v1/embeddings"
     id_prefix = "embd"
     input_field = "input"
+    tasks = ("embed",)
 
     def parse(self, body: dict) -> EmbeddingRequest:
         refuse_unsupported(body, EmbeddingRequest, frozenset())

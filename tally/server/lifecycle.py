@@ -62,7 +62,8 @@ class ServerState:
     def check_task(self, task: str, path: str) -> None:
         """400 for an endpoint of the task this server does not serve (vLLM's: one runner per server)."""
         if task not in self.supported_tasks:
-            served = "embeddings (--runner pooling)" if "embed" in self.supported_tasks else "text generation"
+            served = {"embed": "embeddings (--runner pooling)", "score": "scores (a cross-encoder)",
+                      "generate": "text generation"}[self.supported_tasks[0]]
             wanted = "--runner pooling (an embedding model)" if task == "embed" else "--runner generate"
             raise InvalidRequestError(f"{path} is not served here: this server serves {served} for "
                                       f"{self.model_name!r}; start one with {wanted} for it", param="model")

@@ -31,6 +31,7 @@ class PoolingHandler(Protocol):
     path: str
     id_prefix: str
     input_field: str  # the body field holding the texts: an engine error about "prompt" names it instead
+    tasks: tuple[str, ...]  # the model tasks that serve it, any one of them
 
     def parse(self, body: dict) -> Any: ...  # the request, with at least `model`
     def engine_requests(self, req: Any, state: ServerState) -> list[tuple[Any, PoolingParams]]: ...
@@ -63,7 +64,8 @@ async def run_pooling(request: Request, handler: PoolingHandler) -> Response:
         if state.check_model(req.model) is not None:
             raise InvalidRequestError(f"{handler.path} runs on the base model; LoRA adapters serve generation only: "
                                       f"send model {state.model_name!r}", param="model")
-        state.check_task("embed", handler.path)
+        if not set(handler.tasks) & set(state.supported_tasks):
+            state.check_task(handler.tasks[0], handler.path)
         items = await asyncio.to_thread(handler.engine_requests, req, state)
         request_id = f"{handler.id_prefix}-{uuid.uuid4().hex}"
         rids = [f"{request_id}-{i}" for i in range(len(items))]

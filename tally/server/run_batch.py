@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from tally.engine.args import add_engine_args, config_from_args
-from tally.engine.engine import Engine
+from tally.engine.load_engine import load_engine
 from tally.errors import ConfigError, InvalidRequestError, TallyError, error_body
 from tally.flags import LOG_LEVEL, parser
 from tally.server.answer_flags import add_answer_flags, check_answer_flags
@@ -144,7 +144,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr, flush=True)
         if not todo:
             return 0
-        engine = Engine(config_from_args(ns))
+        engine = load_engine(config_from_args(ns))
     except TallyError as exc:
         print(f"tally run-batch: {exc.message}", file=sys.stderr)
         return 2

@@ -1,13 +1,14 @@
 """POST /v1/score (vLLM's text_1 / text_2) and POST /v1/rerank, /rerank, /v2/rerank (vLLM's, Jina's and Cohere's
-query / documents / top_n / return_documents) with an embedding model: each distinct text is embedded once, and a
-pair's score is the cosine of its two embeddings (tally/engine/scoring.py)."""
+query / documents / top_n / return_documents): with a cross-encoder each pair is one input and the model's score; with
+an embedding model each distinct text is embedded once and a pair's score is the cosine of its two embeddings
+(tally/engine/scoring.py)."""
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import Field
 
-from tally.engine.scoring import cosine, score_pairs
+from tally.engine.scoring import cosine, pair_prompt, score_pairs
 from tally.errors import InvalidRequestError
 from tally.outputs import EmbeddingRequestOutput
 from tally.pooling_params import PoolingParams
@@ -39,9 +40,10 @@ class RerankRequest(OpenAIModel):
 
 
 class _Scoring:
-    """Both endpoints: the distinct texts of a request's pairs, embedded once each."""
+    """Both endpoints: a cross-encoder's pairs, or the distinct texts of a request's pairs, embedded once each."""
 
     input_field: str
+    tasks = ("embed", "score")  # an embedding model's cosines, or a cross-encoder's scores
 
     def pairs(self, req: Any) -> list[tuple[str, str]]:
         raise NotImplementedError
@@ -51,12 +53,19 @@ class _Scoring:
         return model.model_validate(body)
 
     def engine_requests(self, req: Any, state: ServerState) -> list[tuple[Any, PoolingParams]]:
-        texts = _distinct(self.pairs(req))
+        pairs = self.pairs(req)
+        if "score" in state.supported_tasks:
+            state.engine.check_fan_out(len(pairs), len(pairs))
+            return [(pair_prompt(state.tokenizer, a, b, state.max_model_len, self.input_field,
+                                 req.truncate_prompt_tokens), PoolingParams()) for a, b in pairs]
+        texts = _distinct(pairs)
         state.engine.check_fan_out(len(texts), len(texts))
         params = PoolingParams(truncate_prompt_tokens=req.truncate_prompt_tokens)
         return [(tokenized(state, t, self.input_field, req.truncate_prompt_tokens), params) for t in texts]
 
-    def scores(self, req: Any, outputs: list[EmbeddingRequestOutput]) -> list[float]:
+    def scores(self, req: Any, outputs: list[EmbeddingRequestOutput], state: ServerState) -> list[float]:
+        if "score" in state.supported_tasks:  # a cross-encoder's pairs, in order
+            return [o.outputs.embedding[0] for o in outputs]
         vectors = {o.prompt: o.outputs.embedding for o in outputs}
         return [cosine(vectors[a], vectors[b]) for a, b in self.pairs(req)]
 
@@ -77,7 +86,7 @@ class Score(_Scoring):
     def response(self, ctx: PoolingCtx, outputs: list[EmbeddingRequestOutput], state: ServerState) -> dict:
         return {"id": ctx.request_id, "object": "list", "created": ctx.created_s, "model": state.model_name,
                 "data": [{"index": i, "object": "score", "score": s}
-                         for i, s in enumerate(self.scores(ctx.req, outputs))],
+                         for i, s in enumerate(self.scores(ctx.req, outputs, state))],
                 "usage": prompt_tokens(outputs)}
 
 
@@ -101,7 +110,7 @@ class Rerank(_Scoring):
 
     def response(self, ctx: PoolingCtx, outputs: list[EmbeddingRequestOutput], state: ServerState) -> dict:
         req: RerankRequest = ctx.req
-        ranked = sorted(enumerate(self.scores(req, outputs)), key=lambda r: -r[1])
+        ranked = sorted(enumerate(self.scores(req, outputs, state)), key=lambda r: -r[1])
         results = [{"index": i, "relevance_score": s, **({"document": {"text": _text(req.documents[i])}}
                                                         if req.return_documents else {})}
                    for i, s in ranked[:req.top_n or None]]
