@@ -95,9 +95,17 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         return build_linear(weight, None, quantization=head_scheme, dtype=dtype, weight_dtype=weight_dtype)
 
     def make_embedding(weight: torch.Tensor) -> nn.Module | None:
-        # A GGUF's quantized table is served from its blocks, as its head would be (unsharded models only)
-        raw = checkpoint.gguf_tensor("model.embed_tokens.weight") if quantization == "gguf" and shard is None else None
-        layer = linear_from_gguf(raw, None, compute_dtype=dtype) if raw is not None else None
+        # A GGUF's quantized table is served from its blocks, as its head would be (a rank: its vocabulary rows), so
+        # every rank looks up the very values one process does
+        name = "model.embed_tokens.weight"
+        raw = checkpoint.gguf_tensor(name) if quantization == "gguf" else None
+        if raw is None:
+            return None
+        if shard is None:
+            layer = linear_from_gguf(raw, None, compute_dtype=dtype)
+        else:
+            blocks = _shard_blocks(read_blocks(raw), shard.rows(name), None)
+            layer = linear_from_blocks(blocks, None, compute_dtype=dtype) if blocks is not None else None
         return layer if hasattr(layer, "embedding_rows") else None
 
     cfg = config
