@@ -102,7 +102,8 @@ class TPShard:
             unit = whole // tensor.shape[1]  # weight columns per stored column
             if cols.start % unit or cols.stop % unit:
                 raise ConfigError(f"{name} stores {unit} input columns per value, and this rank's columns "
-                                  f"[{cols.start}, {cols.stop}) cut one; choose another tensor_parallel_size",
+                                  f"[{cols.start}, {cols.stop}) cut one; choose another tensor_parallel_size, or "
+                                  "leave batch_invariant on (its split keeps every group whole)",
                                   param="tensor_parallel_size")
             tensor = tensor[:, cols.start // unit:cols.stop // unit]
         return tensor.clone() if rows is not None or cols is not None else tensor
