@@ -115,6 +115,7 @@ def test_experts_on_two_ranks_give_the_greedy_tokens_of_one(family, batch_invari
     with _tp_llm(ckpt, **kw) as llm:
         # this rank's half of 64 columns, or all of them
         assert llm.engine.model.layers[0].experts.down[0].weight.shape == (64, 64 if batch_invariant else 32)
+        assert isinstance(llm.engine.model.layers[0].o_proj, RowParallel) != batch_invariant
         assert _tokens(llm, PROMPTS) == expected
 
 
@@ -186,24 +187,6 @@ class TestBuiltinModelDense:
         assert second["kv_pool_bytes"] * 2 == first["kv_pool_bytes"]  # 1 KV head against 2, same blocks
         assert first["comm_buffer_bytes"] == plan["split"]["activation_buffer_bytes"] > 0
         assert calls_per_step == plan["comm_one"]["collectives"] == 4 * 30 + 2  # SmolLM2's 30 layers
-
-
-def test_builtin_gguf_blocks_with_partial_sums_agree_closely_with_one_process():
-    """With batch_invariant off, o_proj's and down_proj's partial sums are all-reduced: the GGUF blocks as stored
-    round activations to int8 at every projection (and auto keeps their cache in fp16), so the other summation order
-    can tip a rounding and grow through 30 layers: their prompt logprobs agree closely instead of exactly (measured:
-    mean 0.05-0.06 nats; the largest 0.07 with an fp32 cache, 0.24 with the fp16 one). By default they are
-    bitwise one process's (tests/test_parallel_invariance.py)."""
-    kw = dict(dtype="float32", max_model_len=256, kv_cache_memory=64 * 2**20, batch_invariant=False)
-    prompts = ["The capital of France is", "def fibonacci(n):"]
-    probe = SamplingParams(max_tokens=1, prompt_logprobs=0)
-    one = LLM(None, **kw).generate(prompts, probe, use_tqdm=False)
-    with _tp_llm(None, **kw) as llm:
-        assert isinstance(llm.engine.model.layers[0].o_proj, RowParallel)
-        two = llm.generate(prompts, probe, use_tqdm=False)
-    diffs = [abs(pb[token].logprob - lp.logprob) for a, b in zip(one, two)
-             for pa, pb in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]) for token, lp in pa.items()]
-    assert sum(diffs) / len(diffs) < 0.1 and max(diffs) < 0.35, diffs
 
 
 def test_a_rank_that_dies_fails_the_engine_instead_of_hanging(tiny_llama):
