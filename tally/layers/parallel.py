@@ -1,8 +1,8 @@
 """The tensor-parallel collectives a model's forward pass needs, on torch.distributed (gloo on CPU).
 
-`TPGroup` is the ranks one layer is split over; `GatheredParallel` gives a projection whose inputs are split the whole
-input and all-gathers its slice of the outputs, so every output is one rank's whole dot product (one process's sums);
-`RowParallel` all-reduces partial sums instead (faster, other sums: only with batch_invariant off);
+`TPGroup` is the ranks one layer is split over; `GatheredParallel` all-gathers a projection's split input, computes
+this rank's outputs from it and all-gathers them, so every output is one rank's whole dot product (one process's
+sums); `RowParallel` all-reduces partial sums instead (faster, other sums: only with batch_invariant off);
 `VocabParallelHead` all-gathers each rank's vocabulary slice of the logits. The time spent inside the collectives is
 counted, so benchmarks and the ledger can show the communication share of a step.
 """
