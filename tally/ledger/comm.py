@@ -3,10 +3,10 @@ bandwidth.
 
 The counts are the engine's (tally/layers/parallel.py, tally/engine/parallel/pipeline.py). Tensor parallel
 all-reduces the embedding (vocabulary-parallel), all-gathers in every layer the attention output and o_proj's, and
-in a dense MLP its columns and down_proj's, then all-gathers the head's logits: 4 per layer + 2 collectives a step (2 in a layer of
-experts, held whole), whatever the batch, each a latency before it is bytes. With partial sums (batch_invariant off)
-a layer all-reduces the attention and the MLP output instead: 2 per layer + 2. A ring all-reduce moves 2(p-1)/p of
-the tensor through each rank, an all-gather (p-1)/p of the result. Pipeline parallel
+in a dense MLP its columns and down_proj's, then all-gathers the head's logits: 4 per layer + 2 collectives a step
+(2 in a layer of experts, held whole), whatever the batch, each a latency before it is bytes. With partial sums
+(batch_invariant off) a layer all-reduces the attention and the MLP output instead: 2 per layer + 2. A ring
+all-reduce moves 2(p-1)/p of the tensor through each rank, an all-gather (p-1)/p of the result. Pipeline parallel
 sends each micro-batch's hidden state across every stage boundary and the logit rows to rank 0, one after another.
 Nothing overlaps the compute in the engine, so the estimate adds to the step's time.
 """
