@@ -27,7 +27,7 @@ class DeviceSplit:
     tp: int
     pp: int
     stage_weight_bytes: tuple[int, ...]  # per device in each pipeline stage
-    activation_buffer_bytes: int  # all-reduce staging (TP) and send/recv of hidden states (PP)
+    activation_buffer_bytes: int  # all-gathered activations (TP) and send/recv of hidden states (PP)
     nccl_bytes: int
 
     @property
