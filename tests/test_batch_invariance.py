@@ -103,6 +103,14 @@ def test_settings_that_reshape_steps_leave_a_requests_bits_alone(dense_bf16: Pat
         llm.engine.shutdown()
 
 
+def test_a_needle_on_two_tensor_parallel_ranks_gets_one_process_bits(dense_bf16: Path, default_llm: LLM) -> None:
+    llm = LLM(str(dense_bf16), tensor_parallel_size=2)
+    try:
+        assert _needle_misses(llm, trials=1, alone=_needle_alone(default_llm)) == []
+    finally:
+        llm.engine.shutdown()
+
+
 def _needle_alone(llm: LLM, needle: list[int] | None = None) -> tuple[list[int], list[float]]:
     """The needle's tokens and logprobs run alone (default: _needle_misses' needle at its default seed)."""
     if needle is None:

@@ -14,12 +14,16 @@ SMOLLM2 = resolve_model("SmolLM2-135M").config  # 30 layers, hidden 576, vocabul
 SLOW = Link("slow", latency_s=1e-3, bandwidth_bytes_per_s=1e9)
 
 
-def test_tensor_parallel_makes_two_collectives_a_layer_plus_embedding_and_head():
+def test_tensor_parallel_makes_four_collectives_a_layer_plus_embedding_and_head():
     c = step_comm(SMOLLM2, tp=2, pp=1, tokens=1, logit_rows=1, activation_bytes=4, link=SLOW)
-    assert c.collectives == 62
-    # 61 all-reduces of one hidden state (a ring moves it once through each of 2 ranks) + half the logits row.
-    assert c.bytes_per_rank == 61 * 576 * 4 + 49_152 * 4 / 2
-    assert c.seconds == pytest.approx(62e-3 + c.bytes_per_rank / 1e9)
+    assert c.collectives == 122
+    # the embedding's all-reduce of one hidden state (a ring moves it once through each of 2 ranks), then half of
+    # each all-gathered row: attention output (576), o_proj's (576), MLP columns (1,536), down_proj's (576), logits
+    assert c.bytes_per_rank == 576 * 4 + (30 * (576 + 576 + 1536 + 576) * 4 + 49_152 * 4) / 2
+    assert c.seconds == pytest.approx(122e-3 + c.bytes_per_rank / 1e9)
+    partial = step_comm(SMOLLM2, tp=2, pp=1, tokens=1, logit_rows=1, activation_bytes=4, link=SLOW, partial_sums=True)
+    assert partial.collectives == 62  # batch_invariant off: two all-reduces a layer
+    assert partial.bytes_per_rank == 61 * 576 * 4 + 49_152 * 4 / 2
 
 
 def test_pipeline_parallel_sends_each_micro_batch_across_each_boundary_and_logits_home():
@@ -43,10 +47,10 @@ def test_a_split_plan_adds_communication_to_the_decode_step(capsys):
     one = _plan(capsys)["decode_one"]
     split = _plan(capsys, "-tp", "2", "--link", "pcie4")
     d = split["decode_one"]
-    assert split["comm_one"]["collectives"] == 62 and split["comm_one"]["link"] == "pcie4"
-    assert d["comm_s"] == split["comm_one"]["seconds"] >= 62 * LINKS["pcie4"].latency_s
+    assert split["comm_one"]["collectives"] == 122 and split["comm_one"]["link"] == "pcie4"
+    assert d["comm_s"] == split["comm_one"]["seconds"] >= 122 * LINKS["pcie4"].latency_s
     assert d["step_s"] == pytest.approx(max(d["memory_s"], d["compute_s"]) + d["comm_s"])
-    assert d["bound"] == "communication" and one["comm_s"] == 0  # 1.6 ms of latency against ~0.1 ms of reading
+    assert d["bound"] == "communication" and one["comm_s"] == 0  # 3 ms of latency against ~0.1 ms of reading
     assert split["split"]["nccl_bytes"] > 0  # GPUs talk through NCCL, which keeps buffers of its own
 
 

@@ -121,7 +121,8 @@ class EngineConfig:
                                             "lowest is preempted first", choices=SCHEDULING_POLICIES)
     batch_invariant: bool = option(True, "a request's logits are bitwise the same whatever runs beside it "
                                          "(docs/server.md#reproducibility); off: where the CPU has AVX-512 BF16 or "
-                                         "AMX, start-up may also measure bf16 paths, whose sums depend on the batch")
+                                         "AMX, start-up may also measure bf16 paths, whose sums depend on the batch, "
+                                         "and tensor parallel all-reduces partial sums (docs/parallel.md)")
     attention_backend: str = option("auto", "auto: the reference kernel for plain causal prefills, tiled for "
                                             "masked ones", choices=BACKEND_NAMES)
     max_itl_s: float | None = option(None, "seconds: while streams decode, a step holds only as many prompt tokens as "

@@ -1,9 +1,11 @@
 """What tensor and pipeline parallel spend talking in one step: collectives × the link's latency + bytes ÷ its
 bandwidth.
 
-The counts are the engine's (tally/layers/parallel.py, tally/engine/parallel/pipeline.py). Tensor parallel all-reduces the
-embedding (vocabulary-parallel) and, in every layer, the attention output and the MLP output, then all-gathers the
-head's logits: 2 per layer + 2 collectives a step, whatever the batch, each a latency before it is bytes. A ring
+The counts are the engine's (tally/layers/parallel.py, tally/engine/parallel/pipeline.py). Tensor parallel
+all-reduces the embedding (vocabulary-parallel), all-gathers in every layer the attention output and o_proj's, and
+in a dense MLP its columns and down_proj's, then all-gathers the head's logits: 4 per layer + 2 collectives a step
+(2 in a layer of experts, held whole), whatever the batch, each a latency before it is bytes. With partial sums
+(batch_invariant off) a layer all-reduces the attention and the MLP output instead: 2 per layer + 2. A ring
 all-reduce moves 2(p-1)/p of the tensor through each rank, an all-gather (p-1)/p of the result. Pipeline parallel
 sends each micro-batch's hidden state across every stage boundary and the logit rows to rank 0, one after another.
 Nothing overlaps the compute in the engine, so the estimate adds to the step's time.
@@ -42,14 +44,22 @@ class CommEstimate:
 
 
 def step_comm(config: ModelConfig, *, tp: int, pp: int, tokens: int, logit_rows: int, activation_bytes: int,
-              link: Link) -> CommEstimate:
+              link: Link, partial_sums: bool = False) -> CommEstimate:
     """One step of `tokens` tokens (a decode step: one per request) with `logit_rows` rows of logits."""
     calls, moved = 0, 0.0
     if tp > 1:
         hidden_bytes = tokens * config.hidden_size * activation_bytes
-        reduces = 2 * config.num_layers + 1
+        share = (tp - 1) / tp
+        if partial_sums:
+            reduces, gathered = 2 * config.num_layers + 1, 0
+        else:
+            dense = sum(not config.is_moe_layer(i) for i in range(config.num_layers))
+            reduces = 1
+            gathered = (config.num_layers * (config.q_size + config.hidden_size)
+                        + dense * (config.intermediate_size + config.hidden_size)) * tokens * activation_bytes
+            calls += 2 * config.num_layers + 2 * dense
         calls += reduces + 1
-        moved += reduces * 2 * (tp - 1) / tp * hidden_bytes + (tp - 1) / tp * logit_rows * config.vocab_size * 4
+        moved += reduces * 2 * share * hidden_bytes + share * (gathered + logit_rows * config.vocab_size * 4)
     if pp > 1:
         micro_batches = min(pp, tokens)
         calls += micro_batches * (pp - 1) + micro_batches  # hidden states across boundaries, then logits

@@ -2,7 +2,8 @@
 
 TP shards every linear layer, the embedding and the head over `tp` ranks as the engine does
 (tally/models/tensor_parallel.py:plan_shards: heads by whole KV groups, K/V projections replicated when
-there are fewer KV heads than ranks); norms are replicated. PP gives each stage a contiguous run of layers, as the
+there are fewer KV heads than ranks; o_proj and down_proj by their outputs, experts whole, unless `partial_sums`);
+norms are replicated. PP gives each stage a contiguous run of layers, as the
 engine does (tally/models/pipeline_split.py): the first stage holds the embedding, the last the final norm and the
 head (a copy of the embedding when tied). The plan is made for the fullest device: TP rank 0, which holds the
 largest slices.
@@ -26,7 +27,7 @@ class DeviceSplit:
     tp: int
     pp: int
     stage_weight_bytes: tuple[int, ...]  # per device in each pipeline stage
-    activation_buffer_bytes: int  # all-reduce staging (TP) and send/recv of hidden states (PP)
+    activation_buffer_bytes: int  # all-gathered activations (TP) and send/recv of hidden states (PP)
     nccl_bytes: int
 
     @property
@@ -44,27 +45,34 @@ class DeviceSplit:
 
 
 def split_model(tensors: list[WeightTensor], fmt: WeightFormat, config: ModelConfig, *, tp: int, pp: int,
-                max_batched_tokens: int, activation_bytes: int, nccl: bool = True) -> DeviceSplit:
-    """nccl: the devices talk through NCCL (GPUs), which keeps buffers of its own; gloo (CPU ranks) keeps none."""
+                max_batched_tokens: int, activation_bytes: int, nccl: bool = True,
+                partial_sums: bool = False) -> DeviceSplit:
+    """nccl: the devices talk through NCCL (GPUs), which keeps buffers of its own; gloo (CPU ranks) keeps none.
+    partial_sums: the engine's split with batch_invariant off."""
     stage_bytes = [0.0] * pp
-    fullest = plan_shards(config, tp)[0]
+    fullest = plan_shards(config, tp, partial_sums)[0]
     for tensor in tensors:
         size = fmt.tensor_bytes(tensor) * _held_fraction(tensor, config, fullest)
         for stage in _stages_holding(tensor, config, pp):
             stage_bytes[stage] += size
     activation = activation_buffer_bytes(config, tp=tp, pp=pp, max_batched_tokens=max_batched_tokens,
-                                         activation_bytes=activation_bytes)
+                                         activation_bytes=activation_bytes, partial_sums=partial_sums)
     nccl_bytes = NCCL_BYTES_PER_COMMUNICATOR * ((tp > 1) + (pp > 1)) if nccl else 0
     return DeviceSplit(tp, pp, tuple(int(round(b)) for b in stage_bytes), activation, nccl_bytes)
 
 
 def activation_buffer_bytes(config: ModelConfig, *, tp: int, pp: int, max_batched_tokens: int,
-                            activation_bytes: int) -> int:
-    """The largest step's communication tensors: for TP an input and an output staging buffer of the all-reduce;
-    for PP send and receive of the hidden state and the residual stream. The engine's ledger shows the same
-    figure for each rank (tally/engine/startup/load.py)."""
+                            activation_bytes: int, partial_sums: bool = False) -> int:
+    """The largest step's communication tensors: for TP the ranks' parts of the widest all-gather and their
+    concatenation (an input and an output staging buffer of the all-reduce with partial sums); for PP send and
+    receive of the hidden state and the residual stream. The engine's ledger shows the same figure for each rank
+    (tally/engine/startup/load.py)."""
     hidden_bytes = max_batched_tokens * config.hidden_size * activation_bytes
-    return (2 * hidden_bytes if tp > 1 else 0) + (4 * hidden_bytes if pp > 1 else 0)
+    dense_mlp = any(not config.is_moe_layer(i) for i in range(config.num_layers))
+    widest = max(config.hidden_size, config.q_size, config.intermediate_size if dense_mlp else 0)
+    gathered_bytes = 2 * max_batched_tokens * widest * activation_bytes
+    tp_bytes = (2 * hidden_bytes if partial_sums else gathered_bytes) if tp > 1 else 0
+    return tp_bytes + (4 * hidden_bytes if pp > 1 else 0)
 
 
 def _held_fraction(tensor: WeightTensor, config: ModelConfig, shard: TPShard) -> float:
@@ -73,6 +81,10 @@ def _held_fraction(tensor: WeightTensor, config: ModelConfig, shard: TPShard) ->
         return 1.0
     if tensor.role in ("embedding", "lm_head"):
         return shard.vocab_rows / config.vocab_size
+    if not shard.partial_sums and ".experts." in tensor.name:
+        return 1.0  # each rank holds the experts whole
+    if not shard.partial_sums and tensor.tp_split == "cols":  # o_proj, down_proj: by their outputs instead
+        return (shard.hidden[1] - shard.hidden[0]) / config.hidden_size
     split = tensor.rows if tensor.tp_split == "rows" else tensor.cols
     if tensor.kv_projection:
         return (shard.kv_heads[1] - shard.kv_heads[0]) / config.num_kv_heads

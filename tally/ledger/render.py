@@ -69,7 +69,7 @@ def _split_lines(plan: Plan) -> list[str]:
     s = plan.split
     return ["", f"Parallel: tp {s.tp} x pp {s.pp} = {s.num_devices} devices",
             _row("weights per device by stage", ", ".join(fmt_gib(b) for b in s.stage_weight_bytes)),
-            _row("activation buffers", f"{fmt_gib(s.activation_buffer_bytes)} (all-reduce staging / stage send+recv)"),
+            _row("activation buffers", f"{fmt_gib(s.activation_buffer_bytes)} (TP all-gathers / stage send+recv)"),
             *([_row("NCCL buffers", fmt_gib(s.nccl_bytes))] if s.nccl_bytes else []), *_comm_lines(plan)]
 
 

@@ -18,7 +18,7 @@ from tally.errors import ConfigError, ModelLoadError
 from tally.layers.dense import ConcatLinear
 from tally.layers.huge_pages import move_weights_to_huge_pages
 from tally.layers.linear import build_linear, linear_from_blocks, linear_from_gguf
-from tally.layers.parallel import RowParallel, TPGroup, VocabParallelHead
+from tally.layers.parallel import GatheredParallel, RowParallel, TPGroup, VocabParallelHead
 from tally.models.config import ModelConfig
 from tally.models.decoder import CausalLM
 from tally.models.native_decode_step import NativeDecodeStep
@@ -61,10 +61,13 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
 
     def make_proj(names: list[str], bias: bool) -> nn.Module:
         layer = _make_proj(names, bias)
-        # an expert's partial sums are all-reduced once for all experts (MixtureOfExperts)
-        if tp is not None and names[0].endswith(("o_proj", "down_proj")) and ".experts." not in names[0]:
+        # experts are whole on each rank, or their partial sums all-reduced once for all of them (MixtureOfExperts)
+        if tp is None or not names[0].endswith(("o_proj", "down_proj")) or ".experts." in names[0]:
+            return layer
+        if shard.partial_sums:
             return RowParallel(layer, tp)
-        return layer
+        split_input = shard.widths["attention" if names[0].endswith("o_proj") else "mlp"]
+        return GatheredParallel(layer, tp, split_input, shard.widths["hidden"])
 
     def _make_proj(names: list[str], bias: bool) -> nn.Module:
         biases = [pop(f"{n}.bias") for n in names] if bias else None
@@ -80,7 +83,7 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
 
     def make_head(weight: torch.Tensor, tied: bool) -> nn.Module:
         head = _make_head(weight, tied)
-        return head if tp is None else VocabParallelHead(head, tp, shard.vocab_rows, config.vocab_size)
+        return head if tp is None else VocabParallelHead(head, tp, shard.widths["vocab"])
 
     def _make_head(weight: torch.Tensor, tied: bool) -> nn.Module:
         # Quantized models quantize the LM head too, to int8 (llama.cpp's 4-bit files keep it at 6-8 bits): at
@@ -92,9 +95,17 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         return build_linear(weight, None, quantization=head_scheme, dtype=dtype, weight_dtype=weight_dtype)
 
     def make_embedding(weight: torch.Tensor) -> nn.Module | None:
-        # A GGUF's quantized table is served from its blocks, as its head would be (unsharded models only)
-        raw = checkpoint.gguf_tensor("model.embed_tokens.weight") if quantization == "gguf" and shard is None else None
-        layer = linear_from_gguf(raw, None, compute_dtype=dtype) if raw is not None else None
+        # A GGUF's quantized table is served from its blocks, as its head would be (a rank: its vocabulary rows), so
+        # every rank looks up the very values one process does
+        name = "model.embed_tokens.weight"
+        raw = checkpoint.gguf_tensor(name) if quantization == "gguf" else None
+        if raw is None:
+            return None
+        if shard is None:
+            layer = linear_from_gguf(raw, None, compute_dtype=dtype)
+        else:
+            blocks = _shard_blocks(read_blocks(raw), shard.rows(name), None)
+            layer = linear_from_blocks(blocks, None, compute_dtype=dtype) if blocks is not None else None
         return layer if hasattr(layer, "embedding_rows") else None
 
     cfg = config

@@ -21,10 +21,11 @@ class MixtureOfExperts(nn.Module):
     def __init__(self, cfg: ModelConfig, prefix: str, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
                  activation: Callable[[torch.Tensor], torch.Tensor], dtype: torch.dtype,
                  tp: TPGroup | None = None) -> None:
-        """`tp`: under tensor parallelism each expert holds this rank's columns (tally/models/tensor_parallel.py), and
-        the experts' weighted partial sums are all-reduced once."""
+        """`tp`: under tensor parallelism with partial sums each expert holds this rank's columns
+        (tally/models/tensor_parallel.py), and the experts' weighted partial sums are all-reduced once; without,
+        every rank holds the experts whole."""
         super().__init__()
-        self.tp = tp
+        self.tp = tp if tp is not None and tp.partial_sums else None
         e = cfg.experts
         self.top_k, self.normalize, self.routing = e.top_k, e.normalize_top_k, e.routing
         # the router stays dense: a few thousand weights whose rounding would move which experts run

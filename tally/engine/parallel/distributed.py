@@ -110,22 +110,22 @@ def join(config: EngineConfig) -> ParallelContext:
                              f"pipeline_parallel_size is {world}; they must be equal")
     dist.init_process_group("gloo", init_method=None if store else "env://", store=store, rank=env.rank,
                             world_size=env.world_size, timeout=STEP_TIMEOUT)
-    tp = _tp_group(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size)
+    tp = _tp_group(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size, not config.batch_invariant)
     control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     pipe = _pipeline_peers(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size)
     return ParallelContext(env, tp, pipe, control, followers)
 
 
-def _tp_group(rank: int, tp: int, pp: int) -> TPGroup | None:
+def _tp_group(rank: int, tp: int, pp: int, partial_sums: bool) -> TPGroup | None:
     """This rank's TP group: the ranks of its pipeline stage. new_group is collective over the whole world, so
     every rank makes every stage's group, in the same order."""
     if tp == 1:
         return None
     if pp == 1:
-        return TPGroup(rank, tp)  # the default group: the whole world
+        return TPGroup(rank, tp, partial_sums=partial_sums)  # the default group: the whole world
     groups = [dist.new_group(list(range(s * tp, (s + 1) * tp)), backend="gloo", timeout=STEP_TIMEOUT)
               for s in range(pp)]
-    return TPGroup(rank % tp, tp, groups[rank // tp])
+    return TPGroup(rank % tp, tp, groups[rank // tp], partial_sums=partial_sums)
 
 
 def _pipeline_peers(rank: int, tp: int, pp: int) -> PipelinePeers | None:

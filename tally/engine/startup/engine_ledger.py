@@ -42,7 +42,8 @@ def engine_ledger(config: EngineConfig, name: str, full_cfg: ModelConfig, weight
         return ledger
     comm_bytes = activation_buffer_bytes(full_cfg, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size,
                                          max_batched_tokens=config.max_num_batched_tokens,
-                                         activation_bytes=path.candidate.dtypes[0].itemsize)
+                                         activation_bytes=path.candidate.dtypes[0].itemsize,
+                                         partial_sums=not config.batch_invariant)
     return replace(ledger, ranks=_gather_ranks(parallel, stage or plan_stages(full_cfg, 1)[0], weight_bytes,
                                                ledger.kv_pool_bytes, comm_bytes))
 

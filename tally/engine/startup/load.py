@@ -31,7 +31,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         return _load(config, ckpt, None, None, None)
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     # a split that cannot work is refused before any process starts
-    shards = plan_shards(ckpt.config, tp) if tp > 1 else None
+    shards = plan_shards(ckpt.config, tp, partial_sums=not config.batch_invariant) if tp > 1 else None
     stages = plan_stages(ckpt.config, pp) if pp > 1 else None
     parallel = join(config)
     rank = parallel.env.rank
