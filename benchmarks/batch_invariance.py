@@ -1,8 +1,10 @@
 """What batch-invariant numerics cost: this Tally against another version (a git ref, e.g. the commit before them),
 alternating in one run, each in a process of its own, on the built-in GGUF and on the same model dequantized to a
-dense checkpoint (fp16 panels, fp32 arithmetic: the path a bf16 Hugging Face checkpoint takes on AVX2 CPUs).
-Prefill: one 512-token prompt; decode: 1 and 8 greedy streams of 64 tokens. Best of --repeats per cell, the spread
-(worst over best) beside it. --kernels: the fp16-panel projection kernel alone, both versions' builds loaded in this
+dense checkpoint (fp16 panels, fp32 arithmetic: the path a bf16 Hugging Face checkpoint takes on AVX2 CPUs), and on
+it in fp32 (native fp32 panels now, PyTorch's BLAS before them). Prefill: one 512-token prompt; decode: 1 and 8 greedy
+streams of 64 tokens; mixed: 16 requests of 8-256 prompt tokens and 16-64 new ones at once, what a server's steps
+hold (prompt chunks beside decodes), output tokens a second. Best of --repeats per cell, the spread (worst over best)
+beside it. --kernels: the fp16-panel projection kernel alone, both versions' builds loaded in this
 process, on SmolLM2-135M's shapes (8 layers' weights, so they stream from memory as a decode step's do).
 
     python benchmarks/batch_invariance.py --baseline a533890 [--repeats 3] [--kernels]
@@ -20,7 +22,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = {"GGUF Q4_1": {}, "dense (fp16 panels)": {"quantization": "none"}}
+MODELS = {"GGUF Q4_1": {}, "dense (fp16 panels)": {"quantization": "none"},
+          "dense fp32": {"quantization": "none", "dtype": "float32"}}
+METRICS = ("prefill_tok_s", "decode1_tok_s", "decode8_tok_s", "mixed16_tok_s")
 
 WORKLOAD = """
 import json, sys, time
@@ -37,7 +41,13 @@ run([prompt[:64]], 4)  # warm-up
 prefill = run([prompt], 1)
 streams = {n: [[11 + (i * 31 + s * 7) % 4000 for i in range(16)] for s in range(n)] for n in (1, 8)}
 decode = {n: n * 63 / (run(streams[n], 64) - run(streams[n], 1)) for n in (1, 8)}
-print(json.dumps({"prefill_tok_s": 512 / prefill, "decode1_tok_s": decode[1], "decode8_tok_s": decode[8]}))
+mixed = [(prompt[s * 13:s * 13 + 8 + s * 16], 16 + (s * 5) % 49) for s in range(16)]
+start = time.perf_counter()
+llm.generate([{"prompt_token_ids": q} for q, _ in mixed],
+             [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in mixed], use_tqdm=False)
+mixed_tok_s = sum(n for _, n in mixed) / (time.perf_counter() - start)
+print(json.dumps({"prefill_tok_s": 512 / prefill, "decode1_tok_s": decode[1], "decode8_tok_s": decode[8],
+                  "mixed16_tok_s": mixed_tok_s}))
 """
 
 
@@ -113,7 +123,7 @@ def main() -> None:
                         cells.setdefault((model, metric, name), []).append(value)
     print(f"{'model':<20} {'figure':<16} {'before':>9} {'now':>9} {'spread':>13} {'now/before':>10}")
     for model in MODELS:
-        for metric in ("prefill_tok_s", "decode1_tok_s", "decode8_tok_s"):
+        for metric in METRICS:
             before, now = cells[(model, metric, "before")], cells[(model, metric, "now")]
             spread = f"{max(before) / min(before):.2f}/{max(now) / min(now):.2f}"
             print(f"{model:<20} {metric:<16} {max(before):>9.1f} {max(now):>9.1f} {spread:>13} "
