@@ -336,7 +336,7 @@ class EngineConfig:
         """(the paths start-up may choose between, whether measuring may choose at all): tally/engine/
         path_tuning.py times them, and may send many-row steps of an fp32-compute path to bf16. An explicit
         dtype wins, unmeasured. fp32 checkpoints stay fp32, unmeasured: the exact path (on the native panels under
-        batch_invariant, docs/benchmarks.md#batch-invariance gives their cost). Half-precision and GGUF
+        batch_invariant: docs/benchmarks.md#kernels gives their cost). Half-precision and GGUF
         checkpoints: fp32 compute over fp16 weights (Tally's native kernels, the one-call decode step), and bf16
         compute where the CPU has bf16 instructions (elsewhere PyTorch emulates bf16 10-20x slower than fp32: not
         worth the time to measure), unless batch_invariant holds them to the fp32 path. Pre-quantized checkpoints keep
