@@ -1,11 +1,15 @@
 """What batch-invariant numerics cost: this Tally against another version (a git ref, e.g. the commit before them),
 alternating in one run, each in a process of its own, on the built-in GGUF and on the same model dequantized to a
-dense checkpoint (fp16 panels, fp32 arithmetic: the path a bf16 Hugging Face checkpoint takes on AVX2 CPUs).
-Prefill: one 512-token prompt; decode: 1 and 8 greedy streams of 64 tokens. Best of --repeats per cell, the spread
-(worst over best) beside it. --kernels: the fp16-panel projection kernel alone, both versions' builds loaded in this
-process, on SmolLM2-135M's shapes (8 layers' weights, so they stream from memory as a decode step's do).
+dense checkpoint (fp16 panels, fp32 arithmetic: the path a bf16 Hugging Face checkpoint takes on AVX2 CPUs), and on
+it in fp32 (native fp32 panels now, PyTorch's BLAS before them). Prefill: one 512-token prompt; decode: 1 and 8 greedy
+streams of 64 tokens; mixed: 16 requests of 8-256 prompt tokens and 16-64 new ones at once, what a server's steps
+hold (prompt chunks beside decodes), output tokens a second. Best of --repeats per cell, the spread (worst over best)
+beside it. --kernels: the fp16-panel projection kernel alone, both versions' builds loaded in this process, on
+SmolLM2-135M's shapes (8 layers' weights, so they stream from memory as a decode step's do); --fp32-kernels: the fp32
+panels against torch's F.linear on the same shapes, this version alone.
 
     python benchmarks/batch_invariance.py --baseline a533890 [--repeats 3] [--kernels]
+    python benchmarks/batch_invariance.py --fp32-kernels [--repeats 3]
 """
 from __future__ import annotations
 
@@ -20,7 +24,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = {"GGUF Q4_1": {}, "dense (fp16 panels)": {"quantization": "none"}}
+MODELS = {"GGUF Q4_1": {}, "dense (fp16 panels)": {"quantization": "none"},
+          "dense fp32": {"quantization": "none", "dtype": "float32"}}
+METRICS = ("prefill_tok_s", "decode1_tok_s", "decode8_tok_s", "mixed16_tok_s")
 
 WORKLOAD = """
 import json, sys, time
@@ -37,7 +43,13 @@ run([prompt[:64]], 4)  # warm-up
 prefill = run([prompt], 1)
 streams = {n: [[11 + (i * 31 + s * 7) % 4000 for i in range(16)] for s in range(n)] for n in (1, 8)}
 decode = {n: n * 63 / (run(streams[n], 64) - run(streams[n], 1)) for n in (1, 8)}
-print(json.dumps({"prefill_tok_s": 512 / prefill, "decode1_tok_s": decode[1], "decode8_tok_s": decode[8]}))
+mixed = [(prompt[s * 13:s * 13 + 8 + s * 16], 16 + (s * 5) % 49) for s in range(16)]
+start = time.perf_counter()
+llm.generate([{"prompt_token_ids": q} for q, _ in mixed],
+             [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in mixed], use_tqdm=False)
+mixed_tok_s = sum(n for _, n in mixed) / (time.perf_counter() - start)
+print(json.dumps({"prefill_tok_s": 512 / prefill, "decode1_tok_s": decode[1], "decode8_tok_s": decode[8],
+                  "mixed16_tok_s": mixed_tok_s}))
 """
 
 
@@ -92,12 +104,51 @@ def kernel_table(baseline: Path, repeats: int) -> None:
         print(f"{rows:>5} {b:>10.3f} {n:>10.3f} {b / n:>16.2f}x")
 
 
+def fp32_table(repeats: int) -> None:
+    """fp32 projections: the native fp32 panels (batch-invariant) against PyTorch's F.linear (its BLAS), ms per layer's
+    projections at each row count, best of `repeats` x 5 alternating."""
+    import time
+
+    import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
+    import torch
+    import torch.nn.functional as F
+
+    from tally.native import ops
+
+    weights = [[torch.randn(n, k) for n, k in SHAPES] for _ in range(8)]
+    panels = [[ops.pack_f16(w, torch.float32) for w in layer] for layer in weights]
+    arms = {"torch": lambda x, i, j: F.linear(x, weights[i][j]),
+            "panels": lambda x, i, j: ops.gemm_f32(x, panels[i][j], SHAPES[j][0], None)}
+    best = {(name, rows): float("inf") for name in arms for rows in ROWS}
+    for rows in ROWS:
+        xs = {k: torch.randn(rows, k) for _, k in SHAPES}
+        for _ in range(repeats * 5):
+            for name, arm in arms.items():
+                start = time.perf_counter()
+                for i in range(len(weights)):
+                    for j, (_, k) in enumerate(SHAPES):
+                        arm(xs[k], i, j)
+                best[(name, rows)] = min(best[(name, rows)], (time.perf_counter() - start) / len(weights) * 1e3)
+    print(f"{'rows':>5} {'torch ms':>10} {'panels ms':>10} {'panels/torch speed':>19}")
+    for rows in ROWS:
+        t, n = best[("torch", rows)], best[("panels", rows)]
+        print(f"{rows:>5} {t:>10.3f} {n:>10.3f} {t / n:>18.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", required=True, help="git ref of the version to compare against")
+    parser.add_argument("--baseline", help="git ref of the version to compare against")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kernels", action="store_true", help="the fp16-panel kernel alone, both builds")
+    parser.add_argument("--fp32-kernels", action="store_true",
+                        help="fp32 panels against PyTorch's fp32 matmul, this version only (no --baseline needed)")
     args = parser.parse_args()
+    if args.fp32_kernels:
+        fp32_table(args.repeats)
+        print(f"python benchmarks/batch_invariance.py --fp32-kernels --repeats {args.repeats}")
+        return
+    if args.baseline is None:
+        parser.error("--baseline is needed, but with --fp32-kernels")
     if args.kernels:
         with tempfile.TemporaryDirectory() as tmp:
             kernel_table(export(args.baseline, Path(tmp)), args.repeats)
@@ -113,7 +164,7 @@ def main() -> None:
                         cells.setdefault((model, metric, name), []).append(value)
     print(f"{'model':<20} {'figure':<16} {'before':>9} {'now':>9} {'spread':>13} {'now/before':>10}")
     for model in MODELS:
-        for metric in ("prefill_tok_s", "decode1_tok_s", "decode8_tok_s"):
+        for metric in METRICS:
             before, now = cells[(model, metric, "before")], cells[(model, metric, "now")]
             spread = f"{max(before) / min(before):.2f}/{max(now) / min(now):.2f}"
             print(f"{model:<20} {metric:<16} {max(before):>9.1f} {max(now):>9.1f} {spread:>13} "

@@ -119,12 +119,31 @@ def _needle_alone(llm: LLM, needle: list[int] | None = None) -> tuple[list[int],
     return _chosen(llm.generate([{"prompt_token_ids": needle}], NEEDLE_PARAMS, use_tqdm=False)[0].outputs[0])
 
 
-# sliding windows, LongRoPE over part of each head, tied embeddings, experts (the router)
-@pytest.mark.parametrize("family", ["llama3", "gemma3", "phi3", "mixtral"])
+# sliding windows, LongRoPE over part of each head, tied embeddings, experts (the router), soft-capped scores and
+# attention sinks (whose prompts must also keep their bits split into 16-token chunks)
+@pytest.mark.parametrize("family", ["llama3", "gemma3", "phi3", "mixtral", "gemma2", "gpt_oss"])
 def test_a_tiny_model_of_each_family_gets_its_own_bits_among_many(family: str, tmp_path: Path) -> None:
-    llm = LLM(str(_as_bf16(make_family_checkpoint(tmp_path, family))))
+    model_dir = _as_bf16(make_family_checkpoint(tmp_path, family))
+    llm = LLM(str(model_dir))
     try:
         assert _needle_misses(llm, trials=1) == []
+        alone = _needle_alone(llm)
+    finally:
+        llm.engine.shutdown()
+    if family in ("gemma2", "gpt_oss"):
+        chunked = LLM(str(model_dir), max_num_batched_tokens=16, enable_chunked_prefill=True)
+        try:
+            assert _needle_misses(chunked, trials=1, alone=alone) == []
+        finally:
+            chunked.engine.shutdown()
+
+
+def test_an_fp32_checkpoint_gets_its_own_bits_among_many(tmp_path: Path) -> None:
+    """fp32 weights run on the native panels (tally/layers/dense.py Fp32PanelLinear), not PyTorch's BLAS."""
+    llm = LLM(str(make_checkpoint(tmp_path, "llama", hidden_size=128, intermediate_size=256, num_attention_heads=8,
+                                  num_key_value_heads=4)))
+    try:
+        assert _needle_misses(llm, trials=2) == []
     finally:
         llm.engine.shutdown()
 

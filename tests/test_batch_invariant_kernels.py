@@ -27,6 +27,7 @@ def _kernels() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     panels (the last partial) and of 8-output tiles; K = 96."""
     n, k = 72, 96
     panels, bias = ops.pack_f16(rand(n, k)), rand(n)
+    panels32 = ops.pack_f16(rand(n, k), torch.float32)
     q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
     d, m = ops.pack_tile_scales(rand(n, k // 32).abs()), ops.pack_tile_scales(rand(n, k // 32))
     q6, qh6 = ops.pack_planes(torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=gen), 6)
@@ -36,6 +37,7 @@ def _kernels() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     norm_w = rand(k)
     return {
         "gemm_f16": lambda x: ops.gemm_f16(x, panels, n, bias),
+        "gemm_f32": lambda x: ops.gemm_f32(x, panels32, n, bias),
         "gemm_q4": lambda x: ops.gemm_q4(x, q4, d, m, bias, 32, n),
         "gemm_q6": lambda x: ops.gemm_q4(x, q6, d16, None, None, 16, n, qh=qh6),
         "gemm_q8": lambda x: ops.gemm_q8(x, q8, s8, None, k, n),

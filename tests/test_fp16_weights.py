@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from support.engine_checks import assert_no_block_leak, hf_greedy
 
 from tally import LLM, SamplingParams
-from tally.layers.dense import DenseLinear, Fp16WeightLinear
+from tally.layers.dense import DenseLinear, Fp16WeightLinear, Fp32PanelLinear
 from tally.layers.linear import fp16_weights_supported
 from tally.quality.corrupt import corrupt
 
@@ -72,7 +72,9 @@ def test_auto_measures_the_path_for_half_precision_checkpoints_only(fp16_exact_l
     (bf16 / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
     half = LLM(str(bf16), kv_cache_memory=2_000_000).engine
     full = LLM(str(fp16_exact_llama), kv_cache_memory=2_000_000).engine
-    assert isinstance(full.model.layers[0].o_proj, DenseLinear) and full.model.dtype == torch.float32
+    # fp32 dense: on the native fp32 panels where they build (batch_invariant), else PyTorch's
+    assert isinstance(full.model.layers[0].o_proj, (DenseLinear, Fp32PanelLinear))
+    assert full.model.dtype == torch.float32
     assert not full.ledger.path["measured"]  # fp32 checkpoints stay fp32: nothing to choose
     path = half.ledger.path
     if path["dtype"] == "float16":

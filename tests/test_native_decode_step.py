@@ -40,12 +40,13 @@ def assert_step_matches_layers(llm: LLM) -> None:
 @pytest.mark.parametrize("arch, dtype, quantization", [
     ("llama", "float32", "int4"), ("mistral", "float32", "int8"), ("qwen2", "float32", "int4"),
     ("llama", "float32", "w8a8"), ("llama_tied_mqa", "float16", None), ("qwen3", "float32", "int8"),
+    ("llama_tied_mqa", "float32", None),  # fp32 panels (batch_invariant's fp32 path)
 ])
 def test_native_step_equals_the_layer_by_layer_path(tiny_model_factory, arch, dtype, quantization):
     llm = LLM(str(tiny_model_factory(arch)), dtype=dtype, quantization=quantization, kv_cache_memory=2_000_000)
     model = llm.engine.model
     assert model.native_step is not None
-    if model.cfg.tie_word_embeddings:  # the native head (fp16 panels, int8) serves the lookup: one table
+    if model.cfg.tie_word_embeddings:  # the native head (fp16 or fp32 panels, int8) serves the lookup: one table
         assert model.embed_tokens is None
         ids = torch.tensor([3, 7, 3])
         assert model.lm_head.embedding_rows(ids).shape == (3, model.cfg.hidden_size)

@@ -208,9 +208,11 @@ def test_activations_round_to_int8_by_the_scalar_formula_bit_for_bit(per_token: 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 13, 70])
 @pytest.mark.parametrize("k", [64, 37])
-def test_gemm_f16_matches_fp32_math_on_fp16_weights(m: int, k: int) -> None:
-    w, x, bias = rand(33, k).half(), rand(m, k), rand(33)
-    got = ops.gemm_f16(x, ops.pack_f16(w), 33, bias)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_panel_gemm_matches_fp32_math_on_the_panels_weights(m: int, k: int, dtype: torch.dtype) -> None:
+    w, x, bias = rand(33, k).to(dtype), rand(m, k), rand(33)
+    gemm = ops.gemm_f16 if dtype == torch.float16 else ops.gemm_f32
+    got = gemm(x, ops.pack_f16(w, dtype), 33, bias)
     torch.testing.assert_close(got, F.linear(x, w.float(), bias), atol=1e-4, rtol=1e-4)
 
 

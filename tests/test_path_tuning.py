@@ -49,10 +49,13 @@ def test_explicit_dtype_and_fp32_checkpoints_are_not_measured():
     def candidates(dtype: str, **kw):
         return EngineConfig(dtype=dtype, **kw).path_candidates("bfloat16", is_gguf=False, prequantized=False)
 
-    assert candidates("float32") == ([PathCandidate("float32", None)], False)
+    panels = ops.available()  # fp32 on the native panels where they build (row-independent sums)
+    assert candidates("float32") == ([PathCandidate("float32", None, fp32_panels=panels)], False)
     assert candidates("half", quantization="int4") == ([PathCandidate("float16", "int4")], False)
     fp32 = EngineConfig().path_candidates("float32", is_gguf=False, prequantized=False)
-    assert fp32 == ([PathCandidate("float32", None)], False)
+    assert fp32 == ([PathCandidate("float32", None, fp32_panels=panels)], False)
+    blas = EngineConfig(batch_invariant=False).path_candidates("float32", is_gguf=False, prequantized=False)
+    assert blas == ([PathCandidate("float32", None)], False) and blas[0][0].dtypes == (torch.float32, None)
     gguf, open_choice = EngineConfig().path_candidates("float32", is_gguf=True, prequantized=False)
     assert {c.quantization for c in gguf} == {"gguf"} and open_choice  # as stored, by default
     dequantized, _ = EngineConfig(quantization="none").path_candidates("float32", is_gguf=True, prequantized=False)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tally.errors import ConfigError
-from tally.layers.dense import DenseLinear
+from tally.layers.dense import DenseLinear, Fp32PanelLinear
 from tally.quantize.awq import search_scales
 from tally.quantize.calibrate import load_calibration
 from tally.quantize.cli import main
@@ -95,7 +95,8 @@ def test_keep_high_precision_keeps_those_layers_dense(tiny_llama, calib_file, tm
                  "--keep-high-precision", "first,lm_head", "--out", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["quantization_config"]["dense_layers"] == [0]
     layers = LLM(str(out), dtype="float32", kv_cache_memory=2_000_000).engine.model.layers
-    assert all(isinstance(getattr(layers[0], s), DenseLinear) for s in ("qkv_proj", "o_proj", "down_proj"))
+    dense = (DenseLinear, Fp32PanelLinear)  # fp32 panels: batch_invariant's fp32 path
+    assert all(isinstance(getattr(layers[0], s), dense) for s in ("qkv_proj", "o_proj", "down_proj"))
     assert all(getattr(layers[1], s).scheme == "int4" for s in ("qkv_proj", "o_proj", "down_proj"))
 
 

@@ -2,7 +2,8 @@
 
 Over an fp32 cache, every prefill (whole prompt or a chunk after cached tokens, windowed or not) goes to the native
 causal kernel (tally/native/prefill_attention.h), which reads the cache in place and skips masked tiles, faster than
-the PyTorch paths (docs/benchmarks.md#attention). Otherwise a plain causal prefill goes to the reference path (torch's
+the PyTorch paths (docs/benchmarks.md#attention); soft-capped or sink-weighted scores (Gemma 2, GPT-OSS) go row by row
+through the native decode kernel instead. Otherwise a plain causal prefill goes to the reference path (torch's
 fused CPU flash kernel, no mask), and a chunk after cached tokens or a sliding window, whose mask SDPA would
 materialise as an [Lq, Lk] float tensor, to the tiled kernel, unless the mask is small (a short chunk).
 """
@@ -34,13 +35,20 @@ class AutoBackend(PagedBackend):
         self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache,
         block_table_row: torch.Tensor, context_len: int, out: torch.Tensor, meta: AttentionMetadata,
     ) -> None:
-        if q.dtype == torch.float32 and native_attention_supported(k_cache, self.config):
-            native.prefill_attention(q, k_cache, v_cache, block_table_row, context_len - q.shape[0],
-                                     self.config.sliding_window, self.config.scale, out=out)
+        cfg = self.config
+        if q.dtype == torch.float32 and native_attention_supported(k_cache, cfg):
+            first_pos = context_len - q.shape[0]
+            if cfg.eager:  # soft caps, sinks: each row as a decode, so a prompt split across steps keeps its bits
+                lens = torch.arange(first_pos + 1, context_len + 1, dtype=torch.int64)
+                native.decode_attention(q, k_cache, v_cache, block_table_row[None].expand(q.shape[0], -1), lens,
+                                        cfg.sliding_window, cfg.scale, cfg.logit_softcap, cfg.sink_logits(), out)
+            else:
+                native.prefill_attention(q, k_cache, v_cache, block_table_row, first_pos, cfg.sliding_window,
+                                         cfg.scale, out=out)
             return
-        plain = is_plain_causal(q.shape[0], context_len, self.config.sliding_window)
+        plain = is_plain_causal(q.shape[0], context_len, cfg.sliding_window)
         small_mask = q.shape[0] * context_len <= SMALL_MASK_ELEMENTS
         # the reference path materialises a soft-capped or sink-weighted prompt's scores; the tiled kernel adds sinks
-        plain_kernel = plain and self.config.sinks is None
-        backend = self._plain if plain_kernel or small_mask or self.config.logit_softcap is not None else self._masked
+        plain_kernel = plain and cfg.sinks is None
+        backend = self._plain if plain_kernel or small_mask or cfg.logit_softcap is not None else self._masked
         backend._prefill(q, k_cache, v_cache, block_table_row, context_len, out, meta)

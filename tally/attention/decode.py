@@ -75,8 +75,8 @@ def _group(
 def native_attention_supported(k_cache: KVCache, config: AttentionConfig) -> bool:
     """The C kernels (tally/native: decode rows, and a prompt's rows in auto.py) read an fp32, fp16 or bf16 cache
     in place, through the block tables, with fp32 arithmetic: no gather copy and one call per layer instead of a
-    dozen."""
-    return (config.compute_dtype == torch.float32 and not config.eager and isinstance(k_cache, torch.Tensor)
+    dozen. Soft caps and sinks included."""
+    return (config.compute_dtype == torch.float32 and isinstance(k_cache, torch.Tensor)
             and k_cache.dtype in native.KV_KINDS and native.vector_supported(config.head_dim) and native.available())
 
 
@@ -89,7 +89,7 @@ def decode_attention(
     if native_attention_supported(k_cache, config):
         lens = meta.memo("context_lens", lambda: torch.tensor(meta.context_lens[:n], dtype=torch.int64))
         return native.decode_attention(q, k_cache, v_cache, meta.block_tables, lens, config.sliding_window,
-                                       config.scale)
+                                       config.scale, config.logit_softcap, config.sink_logits())
     groups = meta.memo(
         ("decode", config.sliding_window, max_gather_keys, config.eager),
         lambda: plan_decode(meta.block_tables, meta.context_lens[:n], meta.block_size,

@@ -36,6 +36,7 @@ from tally.flags import (
 from tally.layers.linear import fp16_weights_supported
 from tally.models.sentence_transformers import CheckpointPooling
 from tally.models.generation_config import generation_overrides
+from tally.native import ops as native
 from tally.platform import has_fast_bf16, parse_cpu_list
 from tally.progress import Track, on_stderr, untracked
 from tally.sampling_params import MAX_LOGPROBS
@@ -53,19 +54,23 @@ _CANONICAL = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 @dataclass(frozen=True)
 class PathCandidate:
     """A way to run the model's projections: `dtype` float32 | bfloat16 | float16 (fp16 weights under fp32
-    compute) and the quantization the builder gets."""
+    compute) and the quantization the builder gets. `fp32_panels`: float32's dense weights on the native kernel's
+    panels, whose sums are row-independent, not on PyTorch's BLAS (tally/layers/dense.py Fp32PanelLinear)."""
     dtype: str
     quantization: str | None
+    fp32_panels: bool = False
 
     @property
     def dtypes(self) -> tuple[torch.dtype, torch.dtype | None]:
         """(compute dtype, weight dtype of dense projections, None: the compute dtype), as build_model takes."""
-        return (torch.float32, torch.float16) if self.dtype == "float16" else (DTYPES[self.dtype], None)
+        if self.dtype == "float16":
+            return torch.float32, torch.float16
+        return (torch.float32, torch.float32) if self.fp32_panels else (DTYPES[self.dtype], None)
 
     @property
     def label(self) -> str:
         compute = {"float16": "fp32 compute, fp16 dense", "float32": "fp32", "bfloat16": "bf16"}[self.dtype]
-        return f"{self.quantization or 'dense'}, {compute}"
+        return f"{self.quantization or 'dense'}, {compute}{' panels' if self.fp32_panels else ''}"
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = (),
@@ -120,9 +125,10 @@ class EngineConfig:
                                             "priority field, lower first (vLLM's), and under memory pressure the "
                                             "lowest is preempted first", choices=SCHEDULING_POLICIES)
     batch_invariant: bool = option(True, "a request's logits are bitwise the same whatever runs beside it "
-                                         "(docs/server.md#reproducibility); off: where the CPU has AVX-512 BF16 or "
-                                         "AMX, start-up may also measure bf16 paths, whose sums depend on the batch, "
-                                         "and tensor parallel all-reduces partial sums (docs/parallel.md)")
+                                         "(docs/server.md#reproducibility); off: fp32 projections run on PyTorch's "
+                                         "BLAS, tensor parallel all-reduces partial sums (docs/parallel.md) and, "
+                                         "where the CPU has AVX-512 BF16 or AMX, start-up may also measure bf16 "
+                                         "paths, whose sums depend on the batch")
     attention_backend: str = option("auto", "auto: the reference kernel for plain causal prefills, tiled for "
                                             "masked ones", choices=BACKEND_NAMES)
     max_itl_s: float | None = option(None, "seconds: while streams decode, a step holds only as many prompt tokens as "
@@ -332,19 +338,22 @@ class EngineConfig:
                         prequantized: bool) -> tuple[list[PathCandidate], bool]:
         """(the paths start-up may choose between, whether measuring may choose at all): tally/engine/
         path_tuning.py times them, and may send many-row steps of an fp32-compute path to bf16. An explicit
-        dtype wins, unmeasured. fp32 checkpoints stay fp32, unmeasured: the exact path. Half-precision and GGUF
+        dtype wins, unmeasured. fp32 checkpoints stay fp32, unmeasured: the exact path (on the native panels under
+        batch_invariant: docs/benchmarks.md#kernels gives their cost). Half-precision and GGUF
         checkpoints: fp32 compute over fp16 weights (Tally's native kernels, the one-call decode step), and bf16
         compute where the CPU has bf16 instructions (elsewhere PyTorch emulates bf16 10-20x slower than fp32: not
         worth the time to measure), unless batch_invariant holds them to the fp32 path. Pre-quantized checkpoints keep
         one path (bf16 where fast and batch_invariant is off): their layers' shapes are not described to the
         measurement yet."""
         q = self.served_quantization(is_gguf)
+        # fp32 on PyTorch's BLAS sums in an order that follows the row count; the native panels' does not
+        fp32 = PathCandidate("float32", q, fp32_panels=self.batch_invariant and native.available())
         if self.dtype != "auto":
             name = "float16" if self.dtype in FP16_WEIGHT_NAMES else _CANONICAL[DTYPES[self.dtype]]
-            return [PathCandidate(name, q)], False
+            return [fp32 if name == "float32" else PathCandidate(name, q)], False
         if not (is_gguf or checkpoint_dtype in ("bfloat16", "float16")):
-            return [PathCandidate("float32", q)], False
-        fp32_compute = PathCandidate("float16" if fp16_weights_supported() else "float32", q)
+            return [fp32], False
+        fp32_compute = PathCandidate("float16", q) if fp16_weights_supported() else fp32
         if not has_fast_bf16():
             return [fp32_compute], not prequantized
         if self.batch_invariant:  # oneDNN's bf16 matmul sums in an order that depends on the row count

@@ -43,6 +43,7 @@ class Fp16WeightLinear(nn.Module):
     converted a few at a time (`use_many_tokens`)."""
 
     many_tokens_from = NEVER
+    panel_dtype = torch.float16
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -51,7 +52,7 @@ class Fp16WeightLinear(nn.Module):
         self._packed = None
         self.register_buffer("panels", None)
         if native.available():
-            self.panels = native.pack_f16(weight)
+            self.panels = native.pack_f16(weight, self.panel_dtype)
         else:
             self._packed = torch.ops.quantized.linear_prepack_fp16(weight.float(), None)
             self.embedding_rows = None  # FBGEMM's packed layout cannot be read back
@@ -63,7 +64,7 @@ class Fp16WeightLinear(nn.Module):
 
     def use_many_tokens(self, from_rows: int, dtype: torch.dtype = torch.bfloat16) -> None:
         """Rows from `from_rows` on multiply in bf16 (the only many-token dtype of the panels)."""
-        if self.panels is None or dtype != torch.bfloat16:
+        if self.panels is None or dtype != torch.bfloat16 or self.panel_dtype != torch.float16:
             raise ValueError("the fp16 panels' many-token path needs the native kernels and bf16")
         self.many_tokens_from = from_rows
 
@@ -78,7 +79,7 @@ class Fp16WeightLinear(nn.Module):
             if self.bias is not None:
                 y += self.bias
         else:
-            y = native.gemm_f16(x2, self.panels, self.out_features, self.bias)
+            y = self._gemm(x2, self.out_features, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -86,8 +87,11 @@ class Fp16WeightLinear(nn.Module):
         if self.panels is None:
             return self(x)[..., :n]
         x2 = x.reshape(-1, self.in_features).float().contiguous()
-        y = native.gemm_f16(x2, self.panels, n, None if self.bias is None else self.bias[:n])
+        y = self._gemm(x2, n, None if self.bias is None else self.bias[:n])
         return y.view(*x.shape[:-1], n)
+
+    def _gemm(self, x2: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+        return native.gemm_f16(x2, self.panels, n, bias)
 
     def _weight_t(self, n0: int, n1: int) -> torch.Tensor:
         return native.dequant_f16_bf16_t(self.panels[n0 // native.PANEL:n1 // native.PANEL])
@@ -105,6 +109,18 @@ class Fp16WeightLinear(nn.Module):
                 torch.zeros(self.out_features, self.in_features), None)
         if self.bias is not None:
             self.bias.zero_()
+
+
+class Fp32PanelLinear(Fp16WeightLinear):
+    """fp32 weights in the same panels, read by the same kernel (native gemm_f32): every output is one FMA chain over k
+    in a fixed order at any row count, where PyTorch's BLAS blocks its sums by the shape, so a row's outputs would
+    change with the rows beside it. The batch-invariant path of fp32 compute over a dense weight
+    (tally/engine/config.py PathCandidate); built only where the native kernels are."""
+
+    panel_dtype = torch.float32
+
+    def _gemm(self, x2: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+        return native.gemm_f32(x2, self.panels, n, bias)
 
 
 class ConcatLinear(nn.Module):

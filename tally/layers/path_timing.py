@@ -106,7 +106,7 @@ class PathTimes:
 def bf16_many_tokens_capable(layer: nn.Module) -> bool:
     """Native integer layers and fp16 panels: their stored weights convert to bf16 a few tiles at a time."""
     return isinstance(layer, (NativeInt4Linear, NativeInt8Linear)) or (
-        isinstance(layer, Fp16WeightLinear) and layer.panels is not None)
+        isinstance(layer, Fp16WeightLinear) and layer.panels is not None and layer.panel_dtype == torch.float16)
 
 
 def use_bf16_many_tokens(layers: list[nn.Module], from_rows: int) -> None:

@@ -45,7 +45,8 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
                 parallel: tuple[TPShard, TPGroup] | None = None, stage: PPStage | None = None) -> CausalLM:
     """Consumes `tensors` (popped as used, so peak memory stays near one copy of the weights).
     `checkpoint` is needed for `quantization="gguf"` (its raw blocks) and for pre-quantized checkpoints.
-    `weight_dtype=torch.float16` stores dense projections, the embedding and the head in fp16 (fp32 compute).
+    `weight_dtype=torch.float16` stores dense projections, the embedding and the head in fp16 (fp32 compute);
+    `torch.float32` keeps fp32 projections on the native panels (tally/layers/linear.py build_linear).
     `parallel`: this rank's slice under tensor parallelism; `config` and `tensors` (stored integers too) are
     already that slice's (TPShard.local_config, TPShard.shard), GGUF blocks are sliced here. `stage`: this
     pipeline stage's layers; `tensors` holds only the stage's own (PPStage.holds)."""

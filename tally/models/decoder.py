@@ -318,6 +318,9 @@ class CausalLM(nn.Module):
         cfg = self.cfg
         if cfg.logits_scaling != 1.0:
             logits = logits / cfg.logits_scaling
-        if cfg.final_logit_softcap is not None:
-            logits = torch.tanh(logits / cfg.final_logit_softcap) * cfg.final_logit_softcap
+        cap = cfg.final_logit_softcap
+        if cap is not None and logits.dtype == torch.float32 and native.available():  # the one-call step's bits
+            logits = native.softcap_rows(logits.reshape(-1, logits.shape[-1]), cap).view(logits.shape)
+        elif cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         return logits

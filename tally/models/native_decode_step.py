@@ -30,7 +30,7 @@ from tally.quant.native_linear import (
 )
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT = 1, 2, 3, 4, 5  # Proj.kind, as kernels.c's enum
+PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT, PROJ_F32 = 1, 2, 3, 4, 5, 6  # Proj.kind, as kernels.c's enum
 
 
 class StepExperts(Protocol):
@@ -109,9 +109,10 @@ def _proj(module: nn.Module, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:
         array = (_Proj * len(parts))(*parts)
         keep.append(array)
         return _Proj(PROJ_CONCAT, sum(p.n for p in parts), parts[0].k, len(parts), 0, ctypes.addressof(array))
-    if isinstance(module, Fp16WeightLinear) and module.panels is not None:
+    if isinstance(module, Fp16WeightLinear) and module.panels is not None:  # fp16 or fp32 panels
         bias = None if module.bias is None else module.bias.data_ptr()
-        return _Proj(PROJ_F16, module.out_features, module.in_features, 0, 0, module.panels.data_ptr(), None, None,
+        kind = PROJ_F32 if module.panel_dtype == torch.float32 else PROJ_F16
+        return _Proj(kind, module.out_features, module.in_features, 0, 0, module.panels.data_ptr(), None, None,
                      bias)
     if not isinstance(module, (NativeInt4Linear, NativeInt8Linear)):
         return None

@@ -6,7 +6,8 @@
  * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] of `kind` (kv_rows.h):
  * fp32, fp16, bf16, or int8 with scales [blocks, Hkv] (the int8 KV cache, read as value * scale);
  * block_tables [n, bt_stride] int64; ctx [n] keys per row (the query's own included); window > 0 keeps the
- * last `window` keys; softcap > 0: scores = softcap * tanh(scores / softcap) (Gemma 2). out [n, Hq, D].
+ * last `window` keys; softcap > 0: scores = softcap * tanh(scores / softcap) (Gemma 2); sinks [Hq] (or NULL): a
+ * logit per query head that joins each softmax's denominator with no value (GPT-OSS). out [n, Hq, D].
  * Per (rows of one sequence, chunk of ATT_CHUNK keys, kv head): the scores of every query head sharing the head, 8
  * keys at a time (one accumulator a key, summed across lanes 8 at once), the chunk's max and sum of exponentials,
  * then the exponential-weighted V with each output head's D values held in registers; K and V are read in place from
@@ -14,7 +15,9 @@
  * the keys), so one sequence uses every thread however few kv heads the model has (docs/benchmarks.md#attention).
  * Consecutive rows of one sequence (a speculative verify step's positions, a prompt run as decodes) read each key once
  * for all their queries; chunks count from the row's first key, so a row's arithmetic is the same, key by key, with or
- * without its neighbours and on any thread count: grouping and threads never change a result. */
+ * without its neighbours and on any thread count: grouping and threads never change a result. A prompt's rows whose
+ * scores no prefill kernel here computes (soft caps, sinks) run through it as decodes (tally/attention/auto.py), so
+ * they get the same bits in one pass, in chunks, or decoded one at a time. */
 /* Lane i of the result: the sum of a[i]'s 8 lanes, as ((0+1)+(2+3))+((4+5)+(6+7)) */
 static inline __m256 lane_sums8(const __m256 *a) {
     __m256 s0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
@@ -226,7 +229,8 @@ static int64_t rows_sharing_keys(const int64_t *block_tables, int64_t bt_stride,
 static void decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache,
                              int kind, const float *k_scales, const float *v_scales, const int64_t *block_tables,
                              int64_t bt_stride, const int64_t *ctx, int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
-                             int64_t block_size, int64_t window, float scale, float softcap, float *out) {
+                             int64_t block_size, int64_t window, float scale, float softcap, const float *sinks,
+                             float *out) {
     int64_t *first = malloc(sizeof(int64_t) * (n + 1)), groups = 0;
     for (int64_t b = 0; b < n; b += rows_sharing_keys(block_tables, bt_stride, ctx, n, b, block_size, window))
         first[groups++] = b;
@@ -249,16 +253,18 @@ static void decode_attention(const float *q, int64_t q_stride, const void *k_cac
     AttentionJob job = {q, k_scales, v_scales, k_cache, v_cache, block_tables, ctx, first, chunk_group, chunk_first,
                         part_first, q_stride, bt_stride, Hq, Hkv, D, block_size, window, kind, scale, softcap, partial};
     parallel_for(chunks * Hkv, work, attention_chunks, &job);
-    /* out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c over the row's chunks, in their order */
+    /* out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c over the row's chunks, in their order (a sink's e^(s - M)
+     * first in the denominator, M counting it) */
     for (int64_t g = 0; g < groups; g++) {
         int64_t rows = first[g + 1] - first[g];
         for (int64_t r = 0; r < rows; r++)
             for (int64_t j = 0; j < Hq; j++) {
-                float M = -INFINITY, sum = 0;
+                float M = sinks ? sinks[j] : -INFINITY, sum = 0;
                 for (int64_t i = chunk_first[g]; i < chunk_first[g + 1]; i++) {
                     float m = partial[(part_first[i] + r * Hq + j) * (D + 2) + D];
                     M = m > M ? m : M;
                 }
+                if (sinks) sum = expf(sinks[j] - M);
                 float *o = out + ((first[g] + r) * Hq + j) * D;
                 memset(o, 0, sizeof(float) * D);
                 for (int64_t i = chunk_first[g]; i < chunk_first[g + 1]; i++) {

@@ -58,22 +58,35 @@ static inline __attribute__((always_inline)) void prefetch_stream(const uint8_t 
 
 #include "int_tiles.h"  /* activations to int8, integer weights in tiles: tally_gemm_q4, tally_gemm_q8 */
 
-/* ---- fp16 weights, fp32 arithmetic, in panels ------------------------------------------------------------
- * w is [ceil(N/16)][K][16] fp16: for each k, 16 consecutive outputs side by side (rows past N are zero). One
- * weight load and F16C conversion serves every activation row of a block (outer-product form, like a BLAS
- * micro-kernel), so the same kernel serves one token and a prefill chunk: up to 6 rows x 16 outputs live in
+/* ---- fp16 or fp32 weights, fp32 arithmetic, in panels ---------------------------------------------------
+ * w is [ceil(N/16)][K][16] fp16 (fp32: tally_gemm_f32): for each k, 16 consecutive outputs side by side (rows past N
+ * are zero). One weight load (and F16C conversion) serves every activation row of a block (outer-product form, like a
+ * BLAS micro-kernel), so the same kernel serves one token and a prefill chunk: up to 6 rows x 16 outputs live in
  * registers; for fewer rows, several panels side by side keep the FMA pipes busy. Every output is one FMA chain
  * over k in order, whatever the rows and panels of its tile, so a row's outputs are bitwise the same alone or in any
- * batch (docs/server.md#reproducibility). Activation rows are taken in blocks of F16_MB so the block stays in cache
- * while every panel passes over it. */
+ * batch (docs/server.md#reproducibility), which a BLAS's shape-dependent blocking does not promise: the fp32 form is
+ * the batch-invariant path of fp32 checkpoints. Activation rows are taken in blocks of F16_MB so the block stays in
+ * cache while every panel passes over it. */
 #define PANEL 16
 #define F16_MR 6   /* rows per micro-tile: 6 x 16 outputs = 12 accumulators, 2 weight vectors, 1 broadcast */
 #define F16_NP 4   /* panels side by side at one row (2 at two rows): 8 accumulators */
 #define F16_MB 66  /* rows per pass over the panels (a multiple of F16_MR) */
 
+/* the 16 weights of panel element i (w's elements: fp16, or fp32 where f32) as two fp32 vectors */
+static inline __attribute__((always_inline)) void panel_load(const void *w, int64_t i, int f32, __m256 *w0,
+                                                             __m256 *w1) {
+    if (f32) {
+        *w0 = _mm256_loadu_ps((const float *)w + i);
+        *w1 = _mm256_loadu_ps((const float *)w + i + 8);
+    } else {
+        *w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+        *w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i + 8)));
+    }
+}
+
 /* mr rows x np panels (mr * np <= F16_MR) into out[r][p * PANEL + c] */
 static inline __attribute__((always_inline)) void f16_tile(
-    const float *x, int64_t K, const uint16_t *w, int mr, int np, float out[F16_MR][F16_NP * PANEL]) {
+    const float *x, int64_t K, const void *w, int mr, int np, int f32, float out[F16_MR][F16_NP * PANEL]) {
     /* the loops over rows and panels unrolled early (the pragmas): otherwise GCC stores the accumulators to the stack
      * at every k besides holding them in registers, 0.65x the time at 6 rows */
     __m256 acc[F16_NP][F16_MR][2];
@@ -82,17 +95,16 @@ static inline __attribute__((always_inline)) void f16_tile(
         _Pragma("GCC unroll 8")
         for (int r = 0; r < mr; r++) acc[p][r][0] = acc[p][r][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        /* the integer loops' prefetches (PREFETCH_L2 above), a 64-byte line at a time, at 2-4 rows; at one row the
-         * hardware prefetcher keeps up and they only cost (docs/benchmarks.md#kernels) */
-        if (mr > 1 && mr <= 4 && !(k & 1))
+        /* the integer loops' prefetches (PREFETCH_L2 above), a 64-byte line at a time (two k of fp16, one of fp32),
+         * at 2-4 rows; at one row the hardware prefetcher keeps up and they only cost (docs/benchmarks.md#kernels) */
+        if (mr > 1 && mr <= 4 && (f32 || !(k & 1)))
             _Pragma("GCC unroll 8")
-            for (int p = 0; p < np; p++) prefetch_stream((const uint8_t *)(w + (p * K + k) * PANEL),
+            for (int p = 0; p < np; p++) prefetch_stream((const uint8_t *)w + ((p * K + k) * PANEL << (1 + f32)),
                                                          PREFETCH, PREFETCH_L2);
         _Pragma("GCC unroll 8")
         for (int p = 0; p < np; p++) {
-            const uint16_t *wk = w + (p * K + k) * PANEL;
-            __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wk));
-            __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wk + 8)));
+            __m256 w0, w1;
+            panel_load(w, (p * K + k) * PANEL, f32, &w0, &w1);
             _Pragma("GCC unroll 8")
             for (int r = 0; r < mr; r++) {
                 __m256 xb = _mm256_broadcast_ss(x + r * K + k);
@@ -110,31 +122,40 @@ static inline __attribute__((always_inline)) void f16_tile(
         }
 }
 
+/* one tile of a shape the callers use, each its own constant shape so its loops unroll into registers */
+static inline __attribute__((always_inline)) void f16_shape(const float *x, int64_t K, const void *w, int mr, int np,
+                                                            int f32, float out[F16_MR][F16_NP * PANEL]) {
+    switch (mr * 8 + np) {
+        case 6 * 8 + 1: f16_tile(x, K, w, 6, 1, f32, out); break;
+        case 5 * 8 + 1: f16_tile(x, K, w, 5, 1, f32, out); break;
+        case 4 * 8 + 1: f16_tile(x, K, w, 4, 1, f32, out); break;
+        case 3 * 8 + 1: f16_tile(x, K, w, 3, 1, f32, out); break;
+        case 2 * 8 + 2: f16_tile(x, K, w, 2, 2, f32, out); break;
+        case 2 * 8 + 1: f16_tile(x, K, w, 2, 1, f32, out); break;
+        case 1 * 8 + 4: f16_tile(x, K, w, 1, 4, f32, out); break;
+        case 1 * 8 + 3: f16_tile(x, K, w, 1, 3, f32, out); break;
+        case 1 * 8 + 2: f16_tile(x, K, w, 1, 2, f32, out); break;
+        default: f16_tile(x, K, w, 1, 1, f32, out); break;
+    }
+}
+
 typedef struct {
     const float *x, *bias;
-    const uint16_t *w;
+    const void *w;
     float *y;
     int64_t N, K, m0, m1;
-    int accumulate;
+    int accumulate, f32;
 } F16Job;
 
 /* rows r0.. (mr of them) by panels p.. (np of them) through f16_tile, then out to y */
 static void f16_block(const F16Job *j, int64_t r0, int mr, int64_t p, int np) {
     float out[F16_MR][F16_NP * PANEL];
     const float *xr = j->x + r0 * j->K;
-    const uint16_t *wp = j->w + p * j->K * PANEL;
-    switch (mr * 8 + np) {  /* constant shapes, so each tile's loops unroll into registers */
-        case 6 * 8 + 1: f16_tile(xr, j->K, wp, 6, 1, out); break;
-        case 5 * 8 + 1: f16_tile(xr, j->K, wp, 5, 1, out); break;
-        case 4 * 8 + 1: f16_tile(xr, j->K, wp, 4, 1, out); break;
-        case 3 * 8 + 1: f16_tile(xr, j->K, wp, 3, 1, out); break;
-        case 2 * 8 + 2: f16_tile(xr, j->K, wp, 2, 2, out); break;
-        case 2 * 8 + 1: f16_tile(xr, j->K, wp, 2, 1, out); break;
-        case 1 * 8 + 4: f16_tile(xr, j->K, wp, 1, 4, out); break;
-        case 1 * 8 + 3: f16_tile(xr, j->K, wp, 1, 3, out); break;
-        case 1 * 8 + 2: f16_tile(xr, j->K, wp, 1, 2, out); break;
-        default: f16_tile(xr, j->K, wp, 1, 1, out); break;
-    }
+    const void *wp = (const uint8_t *)j->w + (p * j->K * PANEL << (1 + j->f32));
+    if (j->f32)
+        f16_shape(xr, j->K, wp, mr, np, 1, out);
+    else
+        f16_shape(xr, j->K, wp, mr, np, 0, out);
     for (int q = 0; q < np; q++) {
         int64_t n0 = (p + q) * PANEL, nr = j->N - n0 < PANEL ? j->N - n0 : PANEL;
         for (int r = 0; r < mr; r++)
@@ -157,13 +178,23 @@ static void f16_panels(const void *job, int64_t p0, int64_t p1) {
         f16_block(j, j->m0 + rows, mr, p, p1 - p < np ? (int)(p1 - p) : np);
 }
 
-void tally_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y,
-                    int64_t M, int64_t N, int64_t K, int accumulate) {
-    F16Job job = {x, bias, w, y, N, K, 0, 0, accumulate};
+static void gemm_panels(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
+                        int accumulate, int f32) {
+    F16Job job = {x, bias, w, y, N, K, 0, 0, accumulate, f32};
     for (job.m0 = 0; job.m0 < M; job.m0 += F16_MB) {
         job.m1 = M - job.m0 < F16_MB ? M : job.m0 + F16_MB;
         parallel_for((N + PANEL - 1) / PANEL, N * K * (job.m1 - job.m0), f16_panels, &job);
     }
+}
+
+void tally_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y,
+                    int64_t M, int64_t N, int64_t K, int accumulate) {
+    gemm_panels(x, w, bias, y, M, N, K, accumulate, 0);
+}
+
+void tally_gemm_f32(const float *x, const float *w, const float *bias, float *y,
+                    int64_t M, int64_t N, int64_t K, int accumulate) {
+    gemm_panels(x, w, bias, y, M, N, K, accumulate, 1);
 }
 
 /* ---- RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w, per row of D (D a multiple of 8) ------------------ */
@@ -292,6 +323,12 @@ static void softcap_values(const float *x, float *y, int64_t n, float cap) {
     for (; i < n; i++) y[i] = tanhf(x[i] / cap) * cap;
 }
 
+/* softcap_values row by row (x, y [M, N]): which of a row's values take the scalar tail never depends on the rows
+ * beside it (Gemma 2's logits, the same bits in the one-call step and layer by layer) */
+void tally_softcap_rows(const float *x, float *y, int64_t M, int64_t N, float cap) {
+    for (int64_t r = 0; r < M; r++) softcap_values(x + r * N, y + r * N, N, cap);
+}
+
 /* ---- act(gate) * up: gate_up [M, 2I] (gate, up) -> y [M, I], act SiLU or GELU-tanh (Gemma) -----------------
  * GELU-tanh as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 x (1 + tanh u) exactly, without 1 + tanh's
  * cancellation where u is very negative. Rows over the kernels' threads where there are many, an element's exp and
@@ -365,9 +402,9 @@ void tally_read_bytes(const uint8_t *p, int64_t n, int64_t *out) {  /* out: one 
 void tally_decode_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,
                             const int64_t *block_tables, int64_t bt_stride, const int64_t *ctx, int64_t n,
                             int64_t Hq, int64_t Hkv, int64_t D, int64_t block_size, int64_t window, float scale,
-                            float softcap, float *out) {
+                            float softcap, const float *sinks, float *out) {
     decode_attention(q, q_stride, k_cache, v_cache, kind, NULL, NULL, block_tables, bt_stride, ctx, n, Hq, Hkv, D,
-                     block_size, window, scale, softcap, out);
+                     block_size, window, scale, softcap, sinks, out);
 }
 
 #include "prefill_attention.h"  /* prefill_attention: causal attention of a prompt's rows of one sequence */
@@ -385,12 +422,12 @@ void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cac
  * into the residual, norm, gate/up, the gated activation, down, or the experts (experts.h), its output norm, into
  * the residual), with no interpreter between the steps; each family's traits are fields below. The Python side
  * (tally/models/native_decode_step.py) fills these structs once, from the loaded model's tensors. */
-enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5 };
+enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5, PROJ_F32 = 6 };
 
 typedef struct {
     int64_t kind, n, k, group, bits; /* concat: `group` parts; q4: 4, 5 or 6 bits */
     const void *w;                   /* concat: the parts, an array of Proj */
-    const void *scale, *min;         /* q4: d, m (int5 / int6: d, NULL); q8 / w8a8: s, unused; f16: unused */
+    const void *scale, *min;         /* q4: d, m (int5 / int6: d, NULL); q8 / w8a8: s, unused; f16, f32: unused */
     const float *bias;
     const uint8_t *high;             /* q4: int5 / int6's high-bit planes, or NULL */
     int64_t scale_form;              /* scale and min: fp32, fp16 or factored (int_dots.h: GroupValues) */
@@ -460,7 +497,7 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
         tally_gemm_q8(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, accumulate, p->kind == PROJ_W8A8,
                       (int)p->scale_form);
     else
-        tally_gemm_f16(x, p->w, p->bias, y, M, p->n, p->k, accumulate);
+        gemm_panels(x, p->w, p->bias, y, M, p->n, p->k, accumulate, p->kind == PROJ_F32);
 }
 
 /* h += block(x) (times the residual multiplier, after the block output's norm where there is one): straight into
@@ -542,7 +579,7 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
         }
         decode_attention(qkv, row, L->k_cache, L->v_cache, (int)L->kv_kind, L->k_scales, L->v_scales, block_tables,
                          bt_stride, ctx, n, md->heads, md->kv_heads, D, md->block_size, L->window, md->scale,
-                         md->softcap, att);
+                         md->softcap, NULL, att);
         add_block(md, &L->o, att, L->attn_out_norm, out, h, n);
         if (L->post_norm) tally_rms_norm(h, L->post_norm, x, n, H, md->eps);
         if (L->experts) {
@@ -563,7 +600,7 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
         int64_t V = md->head.n;
         if (md->logits_scaling != 1.0f)
             for (int64_t i = 0; i < m * V; i++) logits[i] /= md->logits_scaling;
-        if (md->final_softcap > 0) softcap_values(logits, logits, m * V, md->final_softcap);
+        if (md->final_softcap > 0) tally_softcap_rows(logits, logits, m, V, md->final_softcap);
     }
     free(x); free(qkv); free(out); free(att); free(gu); free(act); free(cos); free(sin);
     return 0;

@@ -7,6 +7,7 @@ into `out`. Shapes the kernels cannot take — a K the vector loop does not divi
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -232,13 +233,14 @@ def gemm_q8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tenso
     return y
 
 
-PANEL = 16  # outputs per fp16 weight panel (kernels.c)
+PANEL = 16  # outputs per weight panel (kernels.c)
 
 
-def pack_f16(weight: torch.Tensor) -> torch.Tensor:
-    """weight [N, K] -> fp16 panels [ceil(N/16), K, 16] (rows past N zero), the layout gemm_f16 reads."""
+def pack_f16(weight: torch.Tensor, dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """weight [N, K] -> panels [ceil(N/16), K, 16] of `dtype` (rows past N zero), the layout gemm_f16 reads (fp32
+    panels: gemm_f32)."""
     n, k = weight.shape
-    padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=torch.float16)
+    padded = torch.zeros(-(-n // PANEL) * PANEL, k, dtype=dtype)
     padded[:n] = weight
     return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
 
@@ -259,16 +261,36 @@ def dequant_f16_bf16_t(panels: torch.Tensor) -> torch.Tensor:
 def gemm_f16(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T with W in fp16 panels (pack_f16), fp32 arithmetic."""
-    k = panels.shape[1]
+    return _gemm_panels(load().tally_gemm_f16, x, panels, out_features, bias, out)
+
+
+def gemm_f32(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T with W in fp32 panels (pack_f16(w, torch.float32)): each output one FMA chain over k in order,
+    bitwise the same at any row count."""
+    return _gemm_panels(load().tally_gemm_f32, x, panels, out_features, bias, out)
+
+
+def _gemm_panels(fn: Any, x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+                 out: torch.Tensor | None) -> torch.Tensor:
     y = _output(x, out_features, out)
-    load().tally_gemm_f16(x.data_ptr(), panels.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0], out_features, k,
-                          out is not None)
+    fn(x.data_ptr(), panels.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0], out_features, panels.shape[1],
+       out is not None)
     return y
 
 
 def vector_supported(dim: int) -> bool:
     """Norms, rotary and attention read rows of `dim` floats 8 at a time."""
     return dim % 8 == 0
+
+
+def softcap_rows(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(x / cap) of fp32 [M, N] rows (Gemma 2's logits), each row's bits whatever rows come with it, and the
+    same as the one-call decode step's."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    load().tally_softcap_rows(x.data_ptr(), y.data_ptr(), x.shape[0], x.shape[-1], cap)
+    return y
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -412,15 +434,18 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, window: int | None, scale: float,
-                     softcap: float | None = None) -> torch.Tensor:
-    """q [n, Hq, D] (one token per sequence; rows may be strided, heads contiguous) against caches [blocks,
-    block_size, Hkv, D] (a KV_KINDS dtype) through block_tables int64 [>= n, max_blocks] and context_lens int64 [n]
-    -> [n, Hq, D]. `softcap`: scores = softcap * tanh(scores / softcap) before the softmax (Gemma 2)."""
+                     softcap: float | None = None, sinks: torch.Tensor | None = None,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [n, Hq, D] (one token per row; rows may be strided, heads contiguous) against caches [blocks,
+    block_size, Hkv, D] (a KV_KINDS dtype) through block_tables int64 [>= n, max_blocks] (stride 0: one table for
+    every row, a prompt's rows run as decodes) and context_lens int64 [n] -> [n, Hq, D], written into a contiguous
+    `out` when given. `softcap`: scores = softcap * tanh(scores / softcap) before the softmax (Gemma 2); `sinks`:
+    fp32 [Hq] logits in each softmax's denominator (GPT-OSS)."""
     n, hq, d = q.shape
-    out = torch.empty(n, hq, d, dtype=torch.float32)
+    out = torch.empty(n, hq, d, dtype=torch.float32) if out is None else out
     load().tally_decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                                   KV_KINDS[k_cache.dtype], block_tables.data_ptr(),
                                   block_tables.stride(0), context_lens.data_ptr(), n, hq, k_cache.shape[2], d,
-                                  k_cache.shape[1], window or 0, scale, softcap or 0.0,
+                                  k_cache.shape[1], window or 0, scale, softcap or 0.0, _ptr(sinks),
                                   out.data_ptr())
     return out
