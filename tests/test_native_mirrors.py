@@ -18,7 +18,7 @@ from tally import LLM
 from tally.models import native_decode_step, native_experts
 from tally.native import library, ops
 
-C = read([library.SOURCE, *library.HEADERS])
+C = read([*library.HEADERS, library.SOURCE])  # in inclusion order: each struct after those it holds
 MIRRORS = {cls.__name__.lstrip("_"): cls for module in (native_decode_step, native_experts)
            for cls in vars(module).values()
            if isinstance(cls, type) and issubclass(cls, ctypes.Structure) and cls.__module__ == module.__name__}

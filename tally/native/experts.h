@@ -1,8 +1,8 @@
 /* A mixture of experts' MLP in one call: the router, top-k routing, and each chosen expert's gated MLP over the rows
- * that chose it, on the same integer and fp16 projections as the dense layers (Proj, project: weights as stored, a
- * GGUF's blocks included). Included by kernels.c after `project`. Every row is routed and computed on its own (its
- * router logits in one fixed order, its activations rounded to int8 by itself, its expert outputs added in expert
- * order), so a token's result never depends on which other rows share its experts. */
+ * that chose it, on the same integer and fp16 projections as the dense layers (project.h: weights as stored, a
+ * GGUF's blocks included). Included by kernels.c after project.h, gated.h and vec_math.h. Every row is routed and
+ * computed on its own (its router logits in one fixed order, its activations rounded to int8 by itself, its expert
+ * outputs added in expert order), so a token's result never depends on which other rows share its experts. */
 
 enum { ROUTE_SOFTMAX = 0, ROUTE_TOP_K_SOFTMAX = 1 };
 
