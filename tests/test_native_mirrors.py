@@ -88,6 +88,8 @@ def test_enum_constants_have_their_c_values():
     assert {name: value for name, value in C.enums.items() if name.startswith("KV_")} == py_kv
     routes = {f"ROUTE_{name.upper()}": value for name, value in native_experts.ROUTINGS.items()}
     assert {name: value for name, value in C.enums.items() if name.startswith("ROUTE_")} == routes
+    acts = {f"ACT_{name.upper()}": value for name, value in native_experts.EXPERT_ACTIVATIONS.items()}
+    assert {name: value for name, value in C.enums.items() if name.startswith("ACT_")} == acts
 
 
 def test_struct_mirrors_have_the_compilers_layout(tmp_path: Path):

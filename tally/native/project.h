@@ -42,3 +42,44 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
     else
         tally_gemm_f16(x, p->w, p->bias, y, M, p->n, p->k, accumulate);
 }
+
+/* A projection's work as one range of items, for a parallel region it shares with other projections (experts.h runs
+ * every chosen expert's in one): the same job, rows and kernels project() would run, so the same bits. */
+typedef struct {
+    RangeFn fn;             /* over items [0, items): tiles, pairs of tiles (AVX-512) or fp16 panels */
+    int64_t items, work;    /* work: multiply-adds, as parallel_for weighs them */
+    union { IntCall i; F16Job f; } call;  /* fn's argument: work_arg */
+} ProjWork;
+
+/* Prepares p over x [M, K] into y; 0 (nothing prepared: the caller runs project()) where it has no such form: parts
+ * in several formats, or more rows than one pass over the weights. */
+static int project_work(const Proj *p, const float *x, float *y, int64_t M, ProjWork *w) {
+    if (p->kind == PROJ_F16) {
+        if (M > F16_MB) return 0;
+        w->call.f = (F16Job){x, p->bias, p->w, y, p->n, p->k, 0, M, 0};
+        w->fn = f16_panels, w->items = (p->n + PANEL - 1) / PANEL;
+    } else if (p->kind == PROJ_Q4 || p->kind == PROJ_Q8 || p->kind == PROJ_W8A8) {
+        if (M > INT_MB) return 0;
+        w->call.i = p->kind == PROJ_Q4
+            ? q4_call(x, p->w, p->high, p->scale, p->min, p->bias, y, M, p->n, p->k, p->group, p->bits, 0,
+                      (int)p->scale_form)
+            : q8_call(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, 0, p->kind == PROJ_W8A8,
+                      (int)p->scale_form);
+        w->fn = w->call.i.k.tiles, w->items = (p->n + TILE - 1) / TILE;
+#ifdef TALLY_AVX512
+        if (M >= PAIR_ROWS) w->fn = w->call.i.k.pairs, w->items = (w->items + 1) / 2;
+#endif
+    } else {
+        return 0;
+    }
+    w->work = p->n * p->k * M;
+    return 1;
+}
+
+static const void *work_arg(const ProjWork *w) {
+    return w->fn == f16_panels ? (const void *)&w->call.f : (const void *)&w->call.i.job;
+}
+
+static void project_work_free(ProjWork *w) {
+    if (w->fn != f16_panels) int_call_free(&w->call.i);
+}
