@@ -71,8 +71,9 @@ static void route_rows(const Experts *e, const float *x, int64_t n, float *logit
 }
 
 /* The chosen experts' projections in one parallel region: its items are (expert, tile) pairs across the experts, so a
- * layer pays one start and join of the threads for every expert's gate_up and one for every down, where a region an
- * expert paid 2 per chosen expert. Each expert's share is the job project() runs (project_work), so the same bits. */
+ * layer pays one start and join of the threads for all the gate_ups and one for all the downs, not two per chosen
+ * expert (docs/benchmarks.md#decode-roofline). Each expert's share is the job project() runs (project_work), so the
+ * same bits. */
 typedef struct { const ProjWork *works; const int64_t *first; int64_t count; } Grouped;  /* first: [count + 1] */
 
 static void grouped_items(const void *ctx, int64_t b, int64_t end) {
