@@ -18,7 +18,7 @@ from tally import LLM
 from tally.models import native_decode_step, native_experts
 from tally.native import library, ops
 
-C = read([library.SOURCE, *library.HEADERS])
+C = read([*library.HEADERS, library.SOURCE])  # in inclusion order: each struct after those it holds
 MIRRORS = {cls.__name__.lstrip("_"): cls for module in (native_decode_step, native_experts)
            for cls in vars(module).values()
            if isinstance(cls, type) and issubclass(cls, ctypes.Structure) and cls.__module__ == module.__name__}
@@ -88,6 +88,8 @@ def test_enum_constants_have_their_c_values():
     assert {name: value for name, value in C.enums.items() if name.startswith("KV_")} == py_kv
     routes = {f"ROUTE_{name.upper()}": value for name, value in native_experts.ROUTINGS.items()}
     assert {name: value for name, value in C.enums.items() if name.startswith("ROUTE_")} == routes
+    acts = {f"ACT_{name.upper()}": value for name, value in native_experts.EXPERT_ACTIVATIONS.items()}
+    assert {name: value for name, value in C.enums.items() if name.startswith("ACT_")} == acts
 
 
 def test_struct_mirrors_have_the_compilers_layout(tmp_path: Path):

@@ -36,6 +36,7 @@ class MixtureOfExperts(nn.Module):
         self.gate_up = nn.ModuleList(make_proj([f"{n}.gate_proj", f"{n}.up_proj"], e.bias) for n in names)
         self.down = nn.ModuleList(make_proj([f"{n}.down_proj"], e.bias) for n in names)
         self.activation, self.activation_name = activation, cfg.activation
+        self.swiglu = (cfg.swiglu_alpha, cfg.swiglu_limit)  # the native call's clamped SwiGLU (GPT-OSS)
         self.use_native = True  # benchmarks and tests turn it off to time or check the PyTorch loop
         self._native: NativeExperts | None = None
         self._native_built = False

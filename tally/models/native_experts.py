@@ -15,6 +15,9 @@ from tally.native.library import load
 from tally.native.ops import ACTIVATIONS
 
 ROUTINGS = {"softmax": 0, "top_k_softmax": 1}  # experts.h: ROUTE_SOFTMAX, ROUTE_TOP_K_SOFTMAX
+# the dense layers' activations, and GPT-OSS's clamped SwiGLU (gated.h: ACT_CLAMPED_SWIGLU), whose alpha and limit the
+# experts' struct carries
+EXPERT_ACTIVATIONS = ACTIVATIONS | {"clamped_swiglu": 2}
 
 
 class ExpertLayers(Protocol):
@@ -24,6 +27,7 @@ class ExpertLayers(Protocol):
     normalize: bool
     routing: str
     activation_name: str
+    swiglu: tuple[float, float]  # clamped SwiGLU's alpha and limit
     router: torch.Tensor  # [E, H]
     router_bias: torch.Tensor | None
     gate_up: nn.ModuleList
@@ -33,7 +37,8 @@ class ExpertLayers(Protocol):
 class _Experts(ctypes.Structure):
     _fields_ = [("num_experts", _I), ("top_k", _I), ("hidden", _I), ("intermediate", _I), ("routing", _I),
                 ("normalize", _I), ("activation", _I), ("router", _P), ("router_bias", _P),
-                ("gate_up", ctypes.POINTER(_Proj)), ("down", ctypes.POINTER(_Proj))]
+                ("gate_up", ctypes.POINTER(_Proj)), ("down", ctypes.POINTER(_Proj)), ("swiglu_alpha", ctypes.c_float),
+                ("swiglu_limit", ctypes.c_float)]
 
 
 class NativeExperts:
@@ -48,7 +53,7 @@ class NativeExperts:
         """None (the PyTorch loop runs) unless the kernels are loaded, the router is fp32, the activation is one the
         kernels compute and every expert projection is a native layer (tally/quant/native_linear.py) or fp16
         panels."""
-        if (load() is None or moe.activation_name not in ACTIVATIONS or moe.routing not in ROUTINGS
+        if (load() is None or moe.activation_name not in EXPERT_ACTIVATIONS or moe.routing not in ROUTINGS
                 or moe.router.dtype != torch.float32 or not moe.router.is_contiguous()):
             return None
         keep: list[ctypes.Array[_Proj]] = []
@@ -59,8 +64,8 @@ class NativeExperts:
         keep += arrays
         bias = None if moe.router_bias is None else moe.router_bias.data_ptr()
         struct = _Experts(len(gate_up), moe.top_k, moe.router.shape[1], gate_up[0].n // 2, ROUTINGS[moe.routing],
-                          moe.normalize, ACTIVATIONS[moe.activation_name], moe.router.data_ptr(), bias,
-                          *(ctypes.cast(a, ctypes.POINTER(_Proj)) for a in arrays))
+                          moe.normalize, EXPERT_ACTIVATIONS[moe.activation_name], moe.router.data_ptr(), bias,
+                          *(ctypes.cast(a, ctypes.POINTER(_Proj)) for a in arrays), *moe.swiglu)
         return cls(struct, keep)
 
     @property

@@ -1,8 +1,8 @@
 /* A mixture of experts' MLP in one call: the router, top-k routing, and each chosen expert's gated MLP over the rows
- * that chose it, on the same integer and fp16 projections as the dense layers (Proj, project: weights as stored, a
- * GGUF's blocks included). Included by kernels.c after `project`. Every row is routed and computed on its own (its
- * router logits in one fixed order, its activations rounded to int8 by itself, its expert outputs added in expert
- * order), so a token's result never depends on which other rows share its experts. */
+ * that chose it, on the same integer and fp16 projections as the dense layers (project.h: weights as stored, a
+ * GGUF's blocks included). Included by kernels.c after project.h, gated.h and vec_math.h. Every row is routed and
+ * computed on its own (its router logits in one fixed order, its activations rounded to int8 by itself, its expert
+ * outputs added in expert order), so a token's result never depends on which other rows share its experts. */
 
 enum { ROUTE_SOFTMAX = 0, ROUTE_TOP_K_SOFTMAX = 1 };
 
@@ -16,6 +16,7 @@ typedef struct {
     const float *router_bias;  /* [num_experts] or NULL */
     const Proj *gate_up;  /* [num_experts]: expert e's gate and up side by side, [2 intermediate, hidden] */
     const Proj *down;     /* [num_experts]: [hidden, intermediate] */
+    float swiglu_alpha, swiglu_limit;  /* ACT_CLAMPED_SWIGLU's */
 } Experts;
 
 static float row_dot(const float *a, const float *b, int64_t n) {
@@ -47,10 +48,10 @@ static void softmax_in_place(float *v, int64_t n) {
     for (int64_t i = 0; i < n; i++) v[i] /= s;
 }
 
-/* Row r's experts chosen[r * k ..] and their weights, as MixtureOfExperts.forward routes (tally/models/experts.py) */
-static void route_rows(const Experts *e, const float *x, int64_t n, int64_t *chosen, float *weights) {
+/* Row r's experts chosen[r * k ..] and their weights, as MixtureOfExperts.forward routes (tally/models/experts.py);
+ * logits: room for num_experts */
+static void route_rows(const Experts *e, const float *x, int64_t n, float *logits, int64_t *chosen, float *weights) {
     int64_t E = e->num_experts, k = e->top_k;
-    float *logits = malloc(sizeof(float) * E);
     for (int64_t r = 0; r < n; r++) {
         int64_t *c = chosen + r * k;
         float *w = weights + r * k;
@@ -67,40 +68,88 @@ static void route_rows(const Experts *e, const float *x, int64_t n, int64_t *cho
             for (int64_t j = 0; j < k; j++) w[j] /= s;
         }
     }
-    free(logits);
+}
+
+/* The chosen experts' projections in one parallel region: its items are (expert, tile) pairs across the experts, so a
+ * layer pays one start and join of the threads for all the gate_ups and one for all the downs, not two per chosen
+ * expert (docs/benchmarks.md#decode-roofline). Each expert's share is the job project() runs (project_work), so the
+ * same bits. */
+typedef struct { const ProjWork *works; const int64_t *first; int64_t count; } Grouped;  /* first: [count + 1] */
+
+static void grouped_items(const void *ctx, int64_t b, int64_t end) {
+    const Grouped *g = ctx;
+    for (int64_t i = 0; i < g->count && b < end; i++) {
+        if (b >= g->first[i + 1]) continue;
+        int64_t stop = end < g->first[i + 1] ? end : g->first[i + 1];
+        g->works[i].fn(work_arg(g->works + i), b - g->first[i], stop - g->first[i]);
+        b = stop;
+    }
+}
+
+/* proj[ex] over expert ex's rows start[ex] .. start[ex + 1] of x [., K] into the same rows of y [., N]; an expert whose
+ * projection has no work form (project_work) runs alone first. works, first: room for E and E + 1. */
+static void project_experts(const Proj *proj, const int64_t *start, int64_t E, const float *x, int64_t K, float *y,
+                            int64_t N, ProjWork *works, int64_t *first) {
+    int64_t count = 0, work = 0;
+    first[0] = 0;
+    for (int64_t ex = 0; ex < E; ex++) {
+        int64_t r0 = start[ex], c = start[ex + 1] - r0;
+        if (!c) continue;
+        if (!project_work(proj + ex, x + r0 * K, y + r0 * N, c, works + count)) {
+            project(proj + ex, x + r0 * K, y + r0 * N, c, 0);
+            continue;
+        }
+        first[count + 1] = first[count] + works[count].items;
+        work += works[count++].work;
+    }
+    Grouped g = {works, first, count};
+    parallel_for(first[count], work, grouped_items, &g);
+    for (int64_t i = 0; i < count; i++) project_work_free(works + i);
+}
+
+/* A thread's buffers, kept between calls up to SCRATCH_MAX bytes (a decode step's), so the hot call allocates only
+ * what the projections' activations take; a larger call (a prompt's many rows) allocates its own */
+#define SCRATCH_MAX ((size_t)16 << 20)
+static __thread struct { void *p; size_t size; } scratch;
+
+static void *scratch_bytes(size_t size) {
+    if (size > SCRATCH_MAX) return malloc(size);
+    if (size > scratch.size) {
+        free(scratch.p);
+        scratch.p = malloc(size), scratch.size = size;
+    }
+    return scratch.p;
 }
 
 /* out [n, hidden] = the experts' weighted sum for x [n, hidden]. Rows are grouped by expert: each expert's
  * projections run once over its rows, so a batch reads an expert's weights once however many of its rows chose it. */
 void tally_experts(const Experts *e, const float *x, int64_t n, float *out) {
-    int64_t H = e->hidden, I = e->intermediate, k = e->top_k, E = e->num_experts;
-    int64_t *chosen = malloc(sizeof(int64_t) * n * k), *picks = malloc(sizeof(int64_t) * n * k);
-    int64_t *start = calloc(E + 1, sizeof(int64_t));
-    float *weights = malloc(sizeof(float) * n * k);
-    route_rows(e, x, n, chosen, weights);
-    for (int64_t i = 0; i < n * k; i++) start[chosen[i] + 1]++;
+    int64_t H = e->hidden, I = e->intermediate, k = e->top_k, E = e->num_experts, nk = n * k;
+    size_t size = sizeof(ProjWork) * E + sizeof(int64_t) * (2 * nk + 3 * E + 2)
+                  + sizeof(float) * (E + nk + nk * (2 * H + 3 * I));
+    char *buf = scratch_bytes(size);
+    ProjWork *works = (ProjWork *)buf;
+    int64_t *chosen = (int64_t *)(works + E), *picks = chosen + nk, *start = picks + nk, *fill = start + E + 1;
+    int64_t *first = fill + E;
+    float *logits = (float *)(first + E + 1), *weights = logits + E, *xr = weights + nk, *gu = xr + nk * H;
+    float *act = gu + nk * 2 * I, *y = act + nk * I;
+    route_rows(e, x, n, logits, chosen, weights);
+    memset(start, 0, sizeof(int64_t) * (E + 1));
+    for (int64_t i = 0; i < nk; i++) start[chosen[i] + 1]++;
     for (int64_t ex = 0; ex < E; ex++) start[ex + 1] += start[ex];
-    int64_t *fill = malloc(sizeof(int64_t) * E);
     memcpy(fill, start, sizeof(int64_t) * E);
-    /* the (row, slot) choices grouped by expert, rows in order */
-    for (int64_t i = 0; i < n * k; i++) picks[fill[chosen[i]]++] = i;
-    float *xr = malloc(sizeof(float) * n * H), *gu = malloc(sizeof(float) * n * 2 * I);
-    float *act = malloc(sizeof(float) * n * I), *y = malloc(sizeof(float) * n * H);
+    /* the (row, slot) choices grouped by expert, rows in order, and their rows side by side in that order */
+    for (int64_t i = 0; i < nk; i++) picks[fill[chosen[i]]++] = i;
+    for (int64_t i = 0; i < nk; i++) memcpy(xr + i * H, x + picks[i] / k * H, sizeof(float) * H);
+    project_experts(e->gate_up, start, E, xr, H, gu, 2 * I, works, first);
+    gated_mul(gu, act, nk, I, (int)e->activation, e->swiglu_alpha, e->swiglu_limit);
+    project_experts(e->down, start, E, act, I, y, H, works, first);
     memset(out, 0, sizeof(float) * n * H);
-    for (int64_t ex = 0; ex < E; ex++) {
-        int64_t c = start[ex + 1] - start[ex];
-        if (!c) continue;
-        const int64_t *p = picks + start[ex];
-        for (int64_t i = 0; i < c; i++) memcpy(xr + i * H, x + p[i] / k * H, sizeof(float) * H);
-        project(e->gate_up + ex, xr, gu, c, 0);
-        tally_gated_mul(gu, act, c, I, (int)e->activation);
-        project(e->down + ex, act, y, c, 0);
-        for (int64_t i = 0; i < c; i++) {
-            float *yr = y + i * H, *o = out + p[i] / k * H, w = weights[p[i]];
-            /* two passes: the product rounded on its own, as PyTorch's, not contracted into the add */
-            for (int64_t j = 0; j < H; j++) yr[j] *= w;
-            for (int64_t j = 0; j < H; j++) o[j] += yr[j];
-        }
+    for (int64_t i = 0; i < nk; i++) {  /* in expert order, each row's outputs as they come */
+        float *yr = y + i * H, *o = out + picks[i] / k * H, w = weights[picks[i]];
+        /* two passes: the product rounded on its own, as PyTorch's, not contracted into the add */
+        for (int64_t j = 0; j < H; j++) yr[j] *= w;
+        for (int64_t j = 0; j < H; j++) o[j] += yr[j];
     }
-    free(chosen); free(picks); free(start); free(fill); free(weights); free(xr); free(gu); free(act); free(y);
+    if (size > SCRATCH_MAX) free(buf);
 }

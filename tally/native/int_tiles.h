@@ -359,11 +359,24 @@ static GroupValues values_in_fp32(GroupValues a, int64_t count, float *buf) {
     return (GroupValues){buf, 0};
 }
 
+/* One integer product made ready to run: its job (every row), the range functions of its format, and the buffers it
+ * owns (int_call_free gives them back). tally_gemm_q4 / q8 run one at once; experts.h runs several experts' in one
+ * parallel region (project.h: project_work). */
+typedef struct {
+    IntJob job;
+    IntKernels k;
+    void *owned[5];
+} IntCall;
+
+static void int_call_free(IntCall *c) {
+    for (int i = 0; i < 5; i++) free(c->owned[i]);
+}
+
 /* bits 4: qs, d, m (qh NULL; m NULL: w = d * (q - 8), GGUF Q4_0); bits 5 or 6: qs, qh, d (m NULL); group 16 or a
  * multiple of 32. scale_form: d and m's form (int_dots.h: GroupValues) */
-void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const void *d, const void *m,
-                   const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
-                   int accumulate, int scale_form) {
+static IntCall q4_call(const float *x, const uint8_t *qs, const uint8_t *qh, const void *d, const void *m,
+                       const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
+                       int accumulate, int scale_form) {
     int64_t G = K / group, span = span_of(group);
     QuantizedRows xq = quantize_rows(x, M, K, 32);
     float *xsum = NULL;
@@ -382,35 +395,43 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
         xoff = malloc(sizeof(int32_t) * M * (K / span));
         for (int64_t s = 0; s < M * (K / span); s++) xoff[s] = sum_i8(xq.xq + s * span, span) * (1 << (bits - 1));
     }
-    IntJob job = {xq.xq, NULL, xq.dx, xsum, xoff, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0,
-                  0, accumulate};
-    float *plain = NULL;
+    IntCall c = {{xq.xq, NULL, xq.dx, xsum, xoff, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0,
+                  M, accumulate},
+                 bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : INT_KERNELS(4),
+                 {xq.xq, xq.dx, xsum, xoff, NULL}};
     if (scale_form >= 2 && M >= FP32_VALUES_ROWS) {
         int64_t count = (N + TILE - 1) / TILE * G * TILE;
-        plain = malloc(sizeof(float) * 2 * count);
-        job.scale = values_in_fp32(job.scale, count, plain);
-        job.min = values_in_fp32(job.min, count, plain + count);
+        float *plain = c.owned[4] = malloc(sizeof(float) * 2 * count);
+        c.job.scale = values_in_fp32(c.job.scale, count, plain);
+        c.job.min = values_in_fp32(c.job.min, count, plain + count);
     }
-    int_gemm(job, M, bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : INT_KERNELS(4));
-    free(plain);
-    free(xoff);
-    free(xsum);
-    free(xq.xq);
-    free(xq.dx);
+    return c;
+}
+
+void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const void *d, const void *m,
+                   const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
+                   int accumulate, int scale_form) {
+    IntCall c = q4_call(x, qs, qh, d, m, bias, y, M, N, K, group, bits, accumulate, scale_form);
+    int_gemm(c.job, M, c.k);
+    int_call_free(&c);
 }
 
 /* per_token != 0: activations get one scale per row (W8A8), else one per block of 32 */
-void tally_gemm_q8(const float *x, const int8_t *q, const void *s, const float *bias, float *y,
-                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form) {
+static IntCall q8_call(const float *x, const int8_t *q, const void *s, const float *bias, float *y, int64_t M,
+                       int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form) {
     QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
     uint8_t *xu = NULL;
 #ifdef TALLY_AVX512
     xu = offset_bytes(xq.xq, M * K);
 #endif
-    IntJob job = {xq.xq, xu, xq.dx, NULL, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K, N,
-                  group, 0, 0, accumulate};
-    int_gemm(job, M, INT_KERNELS(8));
-    free(xu);
-    free(xq.xq);
-    free(xq.dx);
+    return (IntCall){{xq.xq, xu, xq.dx, NULL, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K,
+                      N, group, 0, M, accumulate},
+                     INT_KERNELS(8), {xq.xq, xq.dx, xu, NULL, NULL}};
+}
+
+void tally_gemm_q8(const float *x, const int8_t *q, const void *s, const float *bias, float *y,
+                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form) {
+    IntCall c = q8_call(x, q, s, bias, y, M, N, K, group, accumulate, per_token, scale_form);
+    int_gemm(c.job, M, c.k);
+    int_call_free(&c);
 }

@@ -23,22 +23,16 @@
 #define PAR_MIN (1 << 18) /* multiply-adds per call below which threading costs more than it saves */
 #include "pool.h"
 #include "kv_rows.h"  /* the KV cache's formats: load8, store_row, widen_row; store_bf16x8 */
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#include "vec_math.h"  /* hsum, exp256, tanh256 */
 
 static inline void store_out(float *y, float v, const float *bias, int64_t n, int accumulate) {
     if (bias) v += bias[n];
     *y = accumulate ? *y + v : v;
 }
 
-/* Bytes ahead of a weight stream to prefetch, for the integer tiles (int_dots.h) and the fp16 panels below (a tile's
- * weights are contiguous and a thread's tiles follow each other): the hardware prefetcher alone leaves a one-row pass
- * well below the read bandwidth; the distance is the measured best (docs/benchmarks.md#kernels). */
+/* Bytes ahead of a weight stream to prefetch, for the integer tiles (int_dots.h) and the fp16 panels (gemm_f16.h): a
+ * tile's weights are contiguous and a thread's tiles follow each other; the hardware prefetcher alone leaves a
+ * one-row pass well below the read bandwidth; the distance is the measured best (docs/benchmarks.md#kernels). */
 #ifndef PREFETCH
 #define PREFETCH 2048
 #endif
@@ -58,144 +52,8 @@ static inline __attribute__((always_inline)) void prefetch_stream(const uint8_t 
 
 #include "int_tiles.h"  /* activations to int8, integer weights in tiles: tally_gemm_q4, tally_gemm_q8 */
 
-/* ---- fp16 or fp32 weights, fp32 arithmetic, in panels ---------------------------------------------------
- * w is [ceil(N/16)][K][16] fp16 (fp32: tally_gemm_f32): for each k, 16 consecutive outputs side by side (rows past N
- * are zero). One weight load (and F16C conversion) serves every activation row of a block (outer-product form, like a
- * BLAS micro-kernel), so the same kernel serves one token and a prefill chunk: up to 6 rows x 16 outputs live in
- * registers; for fewer rows, several panels side by side keep the FMA pipes busy. Every output is one FMA chain
- * over k in order, whatever the rows and panels of its tile, so a row's outputs are bitwise the same alone or in any
- * batch (docs/server.md#reproducibility), which a BLAS's shape-dependent blocking does not promise: the fp32 form is
- * the batch-invariant path of fp32 checkpoints. Activation rows are taken in blocks of F16_MB so the block stays in
- * cache while every panel passes over it. */
-#define PANEL 16
-#define F16_MR 6   /* rows per micro-tile: 6 x 16 outputs = 12 accumulators, 2 weight vectors, 1 broadcast */
-#define F16_NP 4   /* panels side by side at one row (2 at two rows): 8 accumulators */
-#define F16_MB 66  /* rows per pass over the panels (a multiple of F16_MR) */
+#include "gemm_f16.h"  /* fp16 or fp32 weights in panels: tally_gemm_f16, tally_gemm_f32 */
 
-/* the 16 weights of panel element i (w's elements: fp16, or fp32 where f32) as two fp32 vectors */
-static inline __attribute__((always_inline)) void panel_load(const void *w, int64_t i, int f32, __m256 *w0,
-                                                             __m256 *w1) {
-    if (f32) {
-        *w0 = _mm256_loadu_ps((const float *)w + i);
-        *w1 = _mm256_loadu_ps((const float *)w + i + 8);
-    } else {
-        *w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
-        *w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i + 8)));
-    }
-}
-
-/* mr rows x np panels (mr * np <= F16_MR) into out[r][p * PANEL + c] */
-static inline __attribute__((always_inline)) void f16_tile(
-    const float *x, int64_t K, const void *w, int mr, int np, int f32, float out[F16_MR][F16_NP * PANEL]) {
-    /* the loops over rows and panels unrolled early (the pragmas): otherwise GCC stores the accumulators to the stack
-     * at every k besides holding them in registers, 0.65x the time at 6 rows */
-    __m256 acc[F16_NP][F16_MR][2];
-    _Pragma("GCC unroll 8")
-    for (int p = 0; p < np; p++)
-        _Pragma("GCC unroll 8")
-        for (int r = 0; r < mr; r++) acc[p][r][0] = acc[p][r][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        /* the integer loops' prefetches (PREFETCH_L2 above), a 64-byte line at a time (two k of fp16, one of fp32),
-         * at 2-4 rows; at one row the hardware prefetcher keeps up and they only cost (docs/benchmarks.md#kernels) */
-        if (mr > 1 && mr <= 4 && (f32 || !(k & 1)))
-            _Pragma("GCC unroll 8")
-            for (int p = 0; p < np; p++) prefetch_stream((const uint8_t *)w + ((p * K + k) * PANEL << (1 + f32)),
-                                                         PREFETCH, PREFETCH_L2);
-        _Pragma("GCC unroll 8")
-        for (int p = 0; p < np; p++) {
-            __m256 w0, w1;
-            panel_load(w, (p * K + k) * PANEL, f32, &w0, &w1);
-            _Pragma("GCC unroll 8")
-            for (int r = 0; r < mr; r++) {
-                __m256 xb = _mm256_broadcast_ss(x + r * K + k);
-                acc[p][r][0] = _mm256_fmadd_ps(xb, w0, acc[p][r][0]);
-                acc[p][r][1] = _mm256_fmadd_ps(xb, w1, acc[p][r][1]);
-            }
-        }
-    }
-    _Pragma("GCC unroll 8")
-    for (int r = 0; r < mr; r++)
-        _Pragma("GCC unroll 8")
-        for (int p = 0; p < np; p++) {
-            _mm256_storeu_ps(out[r] + p * PANEL, acc[p][r][0]);
-            _mm256_storeu_ps(out[r] + p * PANEL + 8, acc[p][r][1]);
-        }
-}
-
-/* one tile of a shape the callers use, each its own constant shape so its loops unroll into registers */
-static inline __attribute__((always_inline)) void f16_shape(const float *x, int64_t K, const void *w, int mr, int np,
-                                                            int f32, float out[F16_MR][F16_NP * PANEL]) {
-    switch (mr * 8 + np) {
-        case 6 * 8 + 1: f16_tile(x, K, w, 6, 1, f32, out); break;
-        case 5 * 8 + 1: f16_tile(x, K, w, 5, 1, f32, out); break;
-        case 4 * 8 + 1: f16_tile(x, K, w, 4, 1, f32, out); break;
-        case 3 * 8 + 1: f16_tile(x, K, w, 3, 1, f32, out); break;
-        case 2 * 8 + 2: f16_tile(x, K, w, 2, 2, f32, out); break;
-        case 2 * 8 + 1: f16_tile(x, K, w, 2, 1, f32, out); break;
-        case 1 * 8 + 4: f16_tile(x, K, w, 1, 4, f32, out); break;
-        case 1 * 8 + 3: f16_tile(x, K, w, 1, 3, f32, out); break;
-        case 1 * 8 + 2: f16_tile(x, K, w, 1, 2, f32, out); break;
-        default: f16_tile(x, K, w, 1, 1, f32, out); break;
-    }
-}
-
-typedef struct {
-    const float *x, *bias;
-    const void *w;
-    float *y;
-    int64_t N, K, m0, m1;
-    int accumulate, f32;
-} F16Job;
-
-/* rows r0.. (mr of them) by panels p.. (np of them) through f16_tile, then out to y */
-static void f16_block(const F16Job *j, int64_t r0, int mr, int64_t p, int np) {
-    float out[F16_MR][F16_NP * PANEL];
-    const float *xr = j->x + r0 * j->K;
-    const void *wp = (const uint8_t *)j->w + (p * j->K * PANEL << (1 + j->f32));
-    if (j->f32)
-        f16_shape(xr, j->K, wp, mr, np, 1, out);
-    else
-        f16_shape(xr, j->K, wp, mr, np, 0, out);
-    for (int q = 0; q < np; q++) {
-        int64_t n0 = (p + q) * PANEL, nr = j->N - n0 < PANEL ? j->N - n0 : PANEL;
-        for (int r = 0; r < mr; r++)
-            for (int64_t c = 0; c < nr; c++)
-                store_out(j->y + (r0 + r) * j->N + n0 + c, out[r][q * PANEL + c], j->bias, n0 + c, j->accumulate);
-    }
-}
-
-static void f16_panels(const void *job, int64_t p0, int64_t p1) {
-    const F16Job *j = job;
-    /* whole micro-tiles of 3-6 rows panel by panel, each panel staying in cache across the row blocks; then the
-     * last 1-2 rows with panels side by side */
-    int64_t tail = (j->m1 - j->m0) % F16_MR, rows = j->m1 - j->m0 - (tail && tail <= 2 ? tail : 0);
-    for (int64_t p = p0; p < p1; p++)
-        for (int64_t r0 = j->m0; r0 < j->m0 + rows; r0 += F16_MR)
-            f16_block(j, r0, j->m0 + rows - r0 < F16_MR ? (int)(j->m0 + rows - r0) : F16_MR, p, 1);
-    if (rows == j->m1 - j->m0) return;
-    int mr = (int)(j->m1 - j->m0 - rows), np = mr == 1 ? F16_NP : F16_NP / 2;
-    for (int64_t p = p0; p < p1; p += np)
-        f16_block(j, j->m0 + rows, mr, p, p1 - p < np ? (int)(p1 - p) : np);
-}
-
-static void gemm_panels(const float *x, const void *w, const float *bias, float *y, int64_t M, int64_t N, int64_t K,
-                        int accumulate, int f32) {
-    F16Job job = {x, bias, w, y, N, K, 0, 0, accumulate, f32};
-    for (job.m0 = 0; job.m0 < M; job.m0 += F16_MB) {
-        job.m1 = M - job.m0 < F16_MB ? M : job.m0 + F16_MB;
-        parallel_for((N + PANEL - 1) / PANEL, N * K * (job.m1 - job.m0), f16_panels, &job);
-    }
-}
-
-void tally_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y,
-                    int64_t M, int64_t N, int64_t K, int accumulate) {
-    gemm_panels(x, w, bias, y, M, N, K, accumulate, 0);
-}
-
-void tally_gemm_f32(const float *x, const float *w, const float *bias, float *y,
-                    int64_t M, int64_t N, int64_t K, int accumulate) {
-    gemm_panels(x, w, bias, y, M, N, K, accumulate, 1);
-}
 
 /* ---- RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w, per row of D (D a multiple of 8) ------------------ */
 void tally_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t D, float eps) {
@@ -279,41 +137,6 @@ static void store_q8(const float *x, int8_t *values, float *scales, int64_t slot
     }
 }
 
-/* e^x, |relative error| < 2e-7 (Cephes' polynomial, as in the usual SIMD math libraries); x is clamped to
- * [-87.3, 88.4], so very negative scores give ~0, never NaN. */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3762626647949f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-/* tanh(x), |error| < 2e-7: Cephes' odd polynomial below 0.625, 1 - 2 / (e^2|x| + 1) above (no cancellation there) */
-static inline __m256 tanh256(__m256 x) {
-    const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
-    __m256 ax = _mm256_andnot_ps(sign, x), s = _mm256_mul_ps(x, x);
-    __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(2.06390887954e-2f));
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-5.37397155531e-2f));
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(1.33314422036e-1f));
-    p = _mm256_fmadd_ps(p, s, _mm256_set1_ps(-3.33332819422e-1f));
-    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, s), x, x);
-    __m256 e = exp256(_mm256_add_ps(ax, ax));
-    __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
-    large = _mm256_or_ps(large, _mm256_and_ps(x, sign));
-    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
-}
-
 /* y[0..n) = cap * tanh(x / cap), in place where y == x (Gemma 2's soft-capped scores and logits) */
 static void softcap_values(const float *x, float *y, int64_t n, float cap) {
     const __m256 c = _mm256_set1_ps(cap), inv = _mm256_set1_ps(1.0f / cap);
@@ -329,39 +152,7 @@ void tally_softcap_rows(const float *x, float *y, int64_t M, int64_t N, float ca
     for (int64_t r = 0; r < M; r++) softcap_values(x + r * N, y + r * N, N, cap);
 }
 
-/* ---- act(gate) * up: gate_up [M, 2I] (gate, up) -> y [M, I], act SiLU or GELU-tanh (Gemma) -----------------
- * GELU-tanh as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 x (1 + tanh u) exactly, without 1 + tanh's
- * cancellation where u is very negative. Rows over the kernels' threads where there are many, an element's exp and
- * divide counted as 16 multiply-adds (PAR_MIN); each row's values are the same on any thread count. At prompt sizes
- * it is memory-bound. */
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
-typedef struct { const float *gate_up; float *y; int64_t I; int act; } GatedJob;
-
-static inline float gelu_arg(float g) { return -2.0f * 0.7978845608028654f * (g + 0.044715f * g * g * g); }
-
-static void gated_rows(const void *job, int64_t r0, int64_t r1) {
-    const GatedJob *j = job;
-    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-    const __m256 k0 = _mm256_set1_ps(-2.0f * 0.7978845608028654f), k1 = _mm256_set1_ps(0.044715f);
-    for (int64_t r = r0; r < r1; r++) {
-        const float *g = j->gate_up + r * 2 * j->I, *u = g + j->I;
-        float *yr = j->y + r * j->I;
-        int64_t i = 0;
-        for (; i + 8 <= j->I; i += 8) {
-            __m256 gv = _mm256_loadu_ps(g + i);
-            __m256 arg = j->act == ACT_SILU ? _mm256_sub_ps(zero, gv)
-                : _mm256_mul_ps(k0, _mm256_fmadd_ps(_mm256_mul_ps(k1, gv), _mm256_mul_ps(gv, gv), gv));
-            __m256 a = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(arg)));
-            _mm256_storeu_ps(yr + i, _mm256_mul_ps(a, _mm256_loadu_ps(u + i)));
-        }
-        for (; i < j->I; i++) yr[i] = g[i] / (1.0f + expf(j->act == ACT_SILU ? -g[i] : gelu_arg(g[i]))) * u[i];
-    }
-}
-
-void tally_gated_mul(const float *gate_up, float *y, int64_t M, int64_t I, int act) {
-    GatedJob job = {gate_up, y, I, act};
-    parallel_for(M, M * I * 16, gated_rows, &job);
-}
+#include "gated.h"  /* act(gate) * up: tally_gated_mul */
 
 /* ---- Memory read rate: the roofline benchmarks hold decode against (benchmarks/decode_roofline.py). torch's sum is
  * limited by its arithmetic, well below plain loads' rate: a roofline below what Tally's own kernels stream
@@ -422,18 +213,7 @@ void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cac
  * into the residual, norm, gate/up, the gated activation, down, or the experts (experts.h), its output norm, into
  * the residual), with no interpreter between the steps; each family's traits are fields below. The Python side
  * (tally/models/native_decode_step.py) fills these structs once, from the loaded model's tensors. */
-enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5, PROJ_F32 = 6 };
-
-typedef struct {
-    int64_t kind, n, k, group, bits; /* concat: `group` parts; q4: 4, 5 or 6 bits */
-    const void *w;                   /* concat: the parts, an array of Proj */
-    const void *scale, *min;         /* q4: d, m (int5 / int6: d, NULL); q8 / w8a8: s, unused; f16, f32: unused */
-    const float *bias;
-    const uint8_t *high;             /* q4: int5 / int6's high-bit planes, or NULL */
-    int64_t scale_form;              /* scale and min: fp32, fp16 or factored (int_dots.h: GroupValues) */
-} Proj;
-
-static void project(const Proj *p, const float *x, float *y, int64_t M, int accumulate);
+#include "project.h"  /* Proj, project(): a projection in any native format */
 #include "experts.h"  /* a mixture of experts' MLP: routing, and each expert's rows through its projections */
 
 typedef struct {
@@ -468,37 +248,6 @@ int64_t tally_dequant_q4_rows(const uint8_t *qs, const uint8_t *qh, const void *
                               int scale_form, float *out);
 int64_t tally_dequant_q8_rows(const int8_t *q, const void *s, const int64_t *rows, int64_t n_rows, int64_t table_rows,
                               int64_t K, int64_t group, int scale_form, float *out);
-
-static void project(const Proj *p, const float *x, float *y, int64_t M, int accumulate) {
-    if (p->kind == PROJ_CONCAT) {  /* parts in different formats (a GGUF's q/k in Q4_K, v in Q6_K) side by side */
-        const Proj *parts = (const Proj *)p->w;
-        int64_t offset = 0;
-        for (int64_t i = 0; i < p->group; i++) {
-            const Proj *part = parts + i;
-            float *out = malloc(sizeof(float) * M * part->n);
-            project(part, x, out, M, 0);
-            for (int64_t r = 0; r < M; r++) {
-                float *dst = y + r * p->n + offset;
-                const float *src = out + r * part->n;
-                if (accumulate)
-                    for (int64_t j = 0; j < part->n; j++) dst[j] += src[j];
-                else
-                    memcpy(dst, src, sizeof(float) * part->n);
-            }
-            free(out);
-            offset += part->n;
-        }
-        return;
-    }
-    if (p->kind == PROJ_Q4)
-        tally_gemm_q4(x, p->w, p->high, p->scale, p->min, p->bias, y, M, p->n, p->k, p->group, p->bits, accumulate,
-                      (int)p->scale_form);
-    else if (p->kind == PROJ_Q8 || p->kind == PROJ_W8A8)
-        tally_gemm_q8(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, accumulate, p->kind == PROJ_W8A8,
-                      (int)p->scale_form);
-    else
-        gemm_panels(x, p->w, p->bias, y, M, p->n, p->k, accumulate, p->kind == PROJ_F32);
-}
 
 /* h += block(x) (times the residual multiplier, after the block output's norm where there is one): straight into
  * h where neither applies, else through `out` [n, hidden], in the order the PyTorch layer computes it */

@@ -25,11 +25,11 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("kernels.c")
 # SOURCE includes them (pyproject.toml's package data ships them): the kernels' own threads, the KV cache's value
-# formats, the integer projections and their formats' dot products, paged decode and prompt attention, the sampler,
-# a mixture of experts' MLP
+# formats, vector math, the integer projections and their formats' dot products, the fp16 panels, the gated
+# activation, paged decode and prompt attention, the sampler, any projection's dispatch, a mixture of experts' MLP
 HEADERS = [Path(__file__).with_name(name)
-           for name in ("pool.h", "kv_rows.h", "int_tiles.h", "int_dots.h", "decode_attention.h",
-                        "prefill_attention.h", "sampling.h", "experts.h")]
+           for name in ("pool.h", "kv_rows.h", "vec_math.h", "int_tiles.h", "int_dots.h", "gemm_f16.h", "gated.h",
+                        "decode_attention.h", "prefill_attention.h", "sampling.h", "project.h", "experts.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 # The C prototypes' argument and result types, by hand: tests/test_native_mirrors.py holds them to the C text
