@@ -1,7 +1,9 @@
 """LoRA adapters on the one-call native decode step (tally/native/lora_delta.h through kernels.c): its logits match the
 layer-by-layer path's, offline bursts run adapter rows, and a request's tokens and logprobs are bitwise the same alone
-as in a batch mixing adapters and the base. An int4 base with a tied int8 head: the call goes from ids to logits."""
+as in a batch mixing adapters and the base (the needle test among many). An int4 base with a tied int8 head: the call goes from ids to logits."""
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
@@ -109,3 +111,27 @@ def test_an_adapter_requests_logprobs_are_bitwise_the_same_alone_and_in_a_mixed_
     batch = [None, "qv", "all", "mlp", "all", "qv"]  # row 4: PROMPTS[0] with "all", beside row 2's "all"
     assert logprobs([PROMPTS[i % 4] for i in range(len(batch))], [lora(adapters, n) for n in batch])[4] == alone
     assert logprobs(PROMPTS, [lora(adapters, n) for n in ["all", "qv", None, "mlp"]])[0] == alone
+
+
+def test_an_adapter_request_gets_its_own_bits_among_many_of_mixed_adapters(llm, adapters):
+    """The needle test (tests/test_batch_invariance.py) with adapters: a request of one adapter alone, then at a
+    random place among 32-48 random prompts of mixed lengths, each of a random adapter or the base: bitwise the same
+    tokens and logprobs, prompts (the layer-by-layer path's deltas) and decodes (the one-call step's) alike."""
+    rng = random.Random(0)
+    needle = [rng.randrange(3, 300) for _ in range(24)]
+    params = SamplingParams(temperature=0, max_tokens=10, logprobs=0, ignore_eos=True)
+
+    def chosen(output) -> tuple[list[int], list[float]]:
+        return list(output.token_ids), [lp[t].logprob for lp, t in zip(output.logprobs, output.token_ids)]
+
+    alone = chosen(llm.generate([{"prompt_token_ids": needle}], params, use_tqdm=False,
+                                lora_request=lora(adapters, "mlp"))[0].outputs[0])
+    for _ in range(2):
+        others = [[rng.randrange(3, 300) for _ in range(rng.randrange(1, 100))] for _ in range(rng.randrange(32, 49))]
+        place = rng.randrange(len(others) + 1)
+        prompts = [{"prompt_token_ids": p} for p in others[:place] + [needle] + others[place:]]
+        each = [SamplingParams(temperature=0, max_tokens=rng.randrange(2, 16), ignore_eos=True) for _ in others]
+        loras = [lora(adapters, rng.choice([None, *NAMES])) for _ in others]
+        outs = llm.generate(prompts, each[:place] + [params] + each[place:], use_tqdm=False,
+                            lora_request=loras[:place] + [lora(adapters, "mlp")] + loras[place:])
+        assert chosen(outs[place].outputs[0]) == alone
