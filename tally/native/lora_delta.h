@@ -40,12 +40,17 @@ typedef struct {
     int64_t slots, R;
 } LoraJob;
 
-/* a . x, in 8 lanes then their sum, then the tail: the same order for every row */
+/* a . x: 8-float blocks into four accumulators by block number mod 4 (four FMA chains side by side), summed in
+ * pairs, then across lanes, then the tail: the same order for every row */
 static inline float lora_dot(const void *a, const float *x, int64_t in, int kind) {
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
-    for (; i + 8 <= in; i += 8) acc = _mm256_fmadd_ps(load8(a, i, kind), _mm256_loadu_ps(x + i), acc);
-    float s = hsum(acc);
+    for (; i + 32 <= in; i += 32)
+        for (int u = 0; u < 4; u++)
+            acc[u] = _mm256_fmadd_ps(load8(a, i + 8 * u, kind), _mm256_loadu_ps(x + i + 8 * u), acc[u]);
+    for (int u = 0; i + 8 <= in; i += 8, u++)
+        acc[u] = _mm256_fmadd_ps(load8(a, i, kind), _mm256_loadu_ps(x + i), acc[u]);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
     for (; i < in; i++) s = fmaf(lora_value(a, i, kind), x[i], s);
     return s;
 }
@@ -69,10 +74,26 @@ static void lora_down_rows(const void *ctx, int64_t k0, int64_t k1) {
     }
 }
 
-#define LORA_COLUMNS 64  /* output columns a piece: the adapter's rows of B^T over them stay in L1 across its rows */
+#define LORA_COLUMNS 64  /* output columns a piece: 8 vectors, held in registers over an adapter's rows of B^T */
+
+/* t[0 .. 64) = sum over k in [k0, k1) of w[k] b_k[c0 ..], where every row k either covers the piece or misses it */
+static inline __attribute__((always_inline)) void lora_up_piece(const LoraSite *st, const float *w, int64_t k0,
+                                                                int64_t k1, int64_t c0, int kind, float *t) {
+    __m256 acc[8];
+    for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+    int64_t bytes = kv_bytes(kind);
+    for (int64_t k = k0; k < k1; k++) {
+        if (st->cols[2 * k] > c0 || st->cols[2 * k + 1] < c0 + LORA_COLUMNS) continue;
+        const void *b = (const uint8_t *)st->bt + (k * st->n + c0) * bytes;
+        __m256 wv = _mm256_set1_ps(w[k]);
+        for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(wv, load8(b, 8 * u, kind), acc[u]);
+    }
+    for (int u = 0; u < 8; u++) _mm256_storeu_ps(t + 8 * u, acc[u]);
+}
 
 /* y[r, c] += sum over k of low[r, k] B^T[k, c], k in its adapter's span in order, for the columns of pieces
- * [p0, p1): every product a fused multiply-add, so a column's sum is the same whichever lanes it falls in */
+ * [p0, p1): every product a fused multiply-add, so a column's sum is the same in registers or in memory, whichever
+ * lanes it falls in */
 static void lora_up_columns(const void *ctx, int64_t p0, int64_t p1) {
     const LoraJob *j = ctx;
     const LoraSite *st = j->site;
@@ -80,29 +101,35 @@ static void lora_up_columns(const void *ctx, int64_t p0, int64_t p1) {
     float t[LORA_COLUMNS];
     for (int64_t p = p0; p < p1; p++) {
         int64_t c0 = p * LORA_COLUMNS, c1 = c0 + LORA_COLUMNS < st->n ? c0 + LORA_COLUMNS : st->n;
-        for (int64_t s = 0; s < j->slots; s++)
-            for (int64_t i = j->at[s]; i < j->at[s + 1]; i++) {
-                int64_t r = j->order[i], touched = 0;
-                memset(t, 0, sizeof t);
-                for (int64_t k = st->spans[2 * s]; k < st->spans[2 * s + 1]; k++) {
-                    int64_t from = st->cols[2 * k] > c0 ? st->cols[2 * k] : c0;
-                    int64_t to = st->cols[2 * k + 1] < c1 ? st->cols[2 * k + 1] : c1;
-                    if (from >= to) continue;
+        for (int64_t s = 0; s < j->slots; s++) {
+            int64_t k0 = st->spans[2 * s], k1 = st->spans[2 * s + 1], touched = 0, whole = c1 - c0 == LORA_COLUMNS;
+            for (int64_t k = k0; k < k1; k++) {
+                int64_t from = st->cols[2 * k], to = st->cols[2 * k + 1];
+                if (from < c1 && to > c0) {
                     touched = 1;
-                    const void *b = (const uint8_t *)st->bt + k * st->n * bytes;
-                    float w = j->low[r * j->R + k];
-                    __m256 wv = _mm256_set1_ps(w);
-                    int64_t c = from;
-                    for (; c + 8 <= to; c += 8) {
-                        float *tc = t + (c - c0);
-                        _mm256_storeu_ps(tc, _mm256_fmadd_ps(wv, load8(b, c, j->kind), _mm256_loadu_ps(tc)));
-                    }
-                    for (; c < to; c++) t[c - c0] = fmaf(w, lora_value(b, c, j->kind), t[c - c0]);
+                    whole &= from <= c0 && to >= c1;  /* a row that covers part of the piece: the loop in memory */
                 }
-                if (!touched) continue;
+            }
+            if (!touched) continue;
+            for (int64_t i = j->at[s]; i < j->at[s + 1]; i++) {
+                int64_t r = j->order[i];
+                const float *w = j->low + r * j->R;
+                if (whole) {
+                    lora_up_piece(st, w, k0, k1, c0, j->kind, t);
+                } else {
+                    memset(t, 0, sizeof t);
+                    for (int64_t k = k0; k < k1; k++) {
+                        int64_t from = st->cols[2 * k] > c0 ? st->cols[2 * k] : c0;
+                        int64_t to = st->cols[2 * k + 1] < c1 ? st->cols[2 * k + 1] : c1;
+                        const void *b = (const uint8_t *)st->bt + k * st->n * bytes;
+                        for (int64_t c = from; c < to; c++)
+                            t[c - c0] = fmaf(w[k], lora_value(b, c, j->kind), t[c - c0]);
+                    }
+                }
                 float *yr = j->y + r * st->n;
                 for (int64_t c = c0; c < c1; c++) yr[c] += t[c - c0];
             }
+        }
     }
 }
 
