@@ -1,6 +1,7 @@
 """LoRA adapters on the one-call native decode step (tally/native/lora_delta.h through kernels.c): its logits match the
 layer-by-layer path's, offline bursts run adapter rows, and a request's tokens and logprobs are bitwise the same alone
-as in a batch mixing adapters and the base (the needle test among many). An int4 base with a tied int8 head: the call goes from ids to logits."""
+as in a batch mixing adapters and the base (the needle test among many). An int4 base with a tied int8 head: the
+call goes from ids to logits."""
 from __future__ import annotations
 
 import random
