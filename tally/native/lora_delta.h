@@ -40,35 +40,55 @@ typedef struct {
     int64_t slots, R;
 } LoraJob;
 
-/* a . x: 8-float blocks into four accumulators by block number mod 4 (four FMA chains side by side), summed in
- * pairs, then across lanes, then the tail: the same order for every row */
-static inline float lora_dot(const void *a, const float *x, int64_t in, int kind) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+/* out[u] = A[k0 + u] . x for M stacked rows at once (their rows `stride` bytes apart): each dot one FMA chain over
+ * 8-float blocks, then across lanes, then the tail, so its order is the same however many share the pass; M chains
+ * side by side share each load of x */
+static inline __attribute__((always_inline)) void lora_dots(const uint8_t *a, int64_t stride, const float *x,
+                                                            int64_t in, int kind, float *out, const int M) {
+    __m256 acc[8];
+    for (int u = 0; u < M; u++) acc[u] = _mm256_setzero_ps();
     int64_t i = 0;
-    for (; i + 32 <= in; i += 32)
-        for (int u = 0; u < 4; u++)
-            acc[u] = _mm256_fmadd_ps(load8(a, i + 8 * u, kind), _mm256_loadu_ps(x + i + 8 * u), acc[u]);
-    for (int u = 0; i + 8 <= in; i += 8, u++)
-        acc[u] = _mm256_fmadd_ps(load8(a, i, kind), _mm256_loadu_ps(x + i), acc[u]);
-    float s = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (; i < in; i++) s = fmaf(lora_value(a, i, kind), x[i], s);
-    return s;
+    for (; i + 8 <= in; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        for (int u = 0; u < M; u++) acc[u] = _mm256_fmadd_ps(load8(a + u * stride, i, kind), xv, acc[u]);
+    }
+    for (int u = 0; u < M; u++) {
+        float s = hsum(acc[u]);
+        for (int64_t t = i; t < in; t++) s = fmaf(lora_value(a + u * stride, t, kind), x[t], s);
+        out[u] = s;
+    }
 }
+
+#define LORA_ROWS 16  /* a step's rows a pass over 8 rows of A: their x stays in L2 while A's rows stay in L1 */
 
 /* low[r, k] = A[k] . x_r for the stacked rows k in [k0, k1), over the rows r of the adapter that owns k */
 static void lora_down_rows(const void *ctx, int64_t k0, int64_t k1) {
     const LoraJob *j = ctx;
     const LoraSite *st = j->site;
-    int64_t bytes = kv_bytes(j->kind);
+    int64_t stride = st->k * kv_bytes(j->kind);
     for (int64_t s = 0; s < j->slots; s++) {
         int64_t from = st->spans[2 * s] > k0 ? st->spans[2 * s] : k0;
         int64_t to = st->spans[2 * s + 1] < k1 ? st->spans[2 * s + 1] : k1;
-        for (int64_t k = from; k < to; k++) {
-            if (st->cols[2 * k] >= st->cols[2 * k + 1]) continue;  /* B's row is zero: nothing of A x is used */
-            const void *a = (const uint8_t *)st->a + k * st->k * bytes;
-            for (int64_t i = j->at[s]; i < j->at[s + 1]; i++) {
-                int64_t r = j->order[i];
-                j->low[r * j->R + k] = lora_dot(a, j->x + r * st->k, st->k, j->kind);
+        for (int64_t i0 = j->at[s]; i0 < j->at[s + 1]; i0 += LORA_ROWS) {
+            int64_t i1 = i0 + LORA_ROWS < j->at[s + 1] ? i0 + LORA_ROWS : j->at[s + 1];
+            for (int64_t k = from; k < to; k += 8) {
+                const uint8_t *a = (const uint8_t *)st->a + k * stride;
+                int m = to - k < 8 ? (int)(to - k) : 8;
+                for (int64_t i = i0; i < i1; i++) {
+                    int64_t r = j->order[i];
+                    const float *x = j->x + r * st->k;
+                    float *out = j->low + r * j->R + k;
+                    switch (m) {  /* a constant count each: the accumulators stay in registers */
+                        case 8: lora_dots(a, stride, x, st->k, j->kind, out, 8); break;
+                        case 7: lora_dots(a, stride, x, st->k, j->kind, out, 7); break;
+                        case 6: lora_dots(a, stride, x, st->k, j->kind, out, 6); break;
+                        case 5: lora_dots(a, stride, x, st->k, j->kind, out, 5); break;
+                        case 4: lora_dots(a, stride, x, st->k, j->kind, out, 4); break;
+                        case 3: lora_dots(a, stride, x, st->k, j->kind, out, 3); break;
+                        case 2: lora_dots(a, stride, x, st->k, j->kind, out, 2); break;
+                        default: lora_dots(a, stride, x, st->k, j->kind, out, 1);
+                    }
+                }
             }
         }
     }
