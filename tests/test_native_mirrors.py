@@ -16,10 +16,10 @@ import torch
 from support.c_declarations import CType, Struct, read
 from tally import LLM
 from tally.models import native_decode_step, native_experts
-from tally.native import library, ops
+from tally.native import library, lora_delta, ops
 
 C = read([*library.HEADERS, library.SOURCE])  # in inclusion order: each struct after those it holds
-MIRRORS = {cls.__name__.lstrip("_"): cls for module in (native_decode_step, native_experts)
+MIRRORS = {cls.__name__.lstrip("_"): cls for module in (native_decode_step, native_experts, lora_delta)
            for cls in vars(module).values()
            if isinstance(cls, type) and issubclass(cls, ctypes.Structure) and cls.__module__ == module.__name__}
 SCALARS = {"int8_t": ctypes.c_int8, "uint8_t": ctypes.c_uint8, "int16_t": ctypes.c_int16, "uint16_t": ctypes.c_uint16,

@@ -1,7 +1,8 @@
 """--reasoning-parser through the official openai client: chat returns the thinking as `reasoning_content` and
 `reasoning`, the answer as `content`, streamed and not, exactly the parser's split of the text the model wrote (read
 back through /v1/completions with the same prompt and seed); enable_thinking false leaves all text to the answer;
-a constraint or a forced tool call starts after the thinking; max_tokens counts both; /v1/messages returns the
+a constraint or a forced tool call starts after the thinking, and auto tool choice reads calls from the answer only;
+max_tokens counts both; /v1/messages returns the
 thinking as thinking blocks through the official anthropic client. A random model writes think
 tags when sampling is narrowed to a few tokens, the tags among them (tests/support/think_models.py)."""
 from __future__ import annotations
@@ -135,6 +136,36 @@ def test_forced_tool_call_is_read_from_the_answer(servers) -> None:
     assert choice.message.model_extra["reasoning_content"]
     (call,) = choice.message.tool_calls
     assert call.function.name == "count" and set(json.loads(call.function.arguments)) == {"n"}
+
+
+def test_auto_tool_choice_reads_the_call_from_the_answer_and_returns_the_thinking(servers) -> None:
+    """--enable-auto-tool-choice beside the reasoning parser: the thinking comes back as reasoning, never as content
+    nor read by the tool parser; the answer (steered into hermes' format by a constraint, which binds the answer
+    only) as a tool call, streamed and not."""
+    server = servers["deepseek_r1"]
+    client = _client(server)
+    tool = {"type": "function", "function": {"name": "count", "parameters": NUMBER}}
+    call = r'<tool_call>\n\{"name": "count", "arguments": \{"n": [1-9]\}\}\n</tool_call>'
+    kw = dict(model="tiny", messages=ASK, max_tokens=80, temperature=1.0, seed=1, tools=[tool],
+              logit_bias={_token(server, "</think>"): 3.0}, extra_body={"structured_outputs": {"regex": call}})
+    choice = client.chat.completions.create(**kw).choices[0]
+    reasoning = choice.message.model_extra["reasoning_content"]
+    assert reasoning and "tool_call" not in reasoning and not choice.message.content
+    assert choice.finish_reason == "tool_calls"
+    (done,) = choice.message.tool_calls
+    assert done.function.name == "count" and 1 <= json.loads(done.function.arguments)["n"] <= 9
+    streamed, content, calls, reason = "", "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        delta = chunk.choices[0].delta
+        streamed += (delta.model_extra or {}).get("reasoning_content") or ""
+        content += delta.content or ""
+        for c in delta.tool_calls or []:
+            piece = calls.setdefault(c.index, {"name": "", "arguments": ""})
+            piece["name"] += c.function.name or ""
+            piece["arguments"] += c.function.arguments or ""
+        reason = chunk.choices[0].finish_reason or reason
+    assert (streamed, content.strip(), reason) == (reasoning, "", "tool_calls")
+    assert list(calls.values()) == [{"name": "count", "arguments": done.function.arguments}]
 
 
 def test_a_constraint_needs_an_end_tag_of_one_token(model) -> None:

@@ -45,5 +45,4 @@ def decodes_plainly(req: Request) -> bool:
     p = req.sampling_params
     return (req.num_output_tokens > 0 and p.sampling_type is SamplingType.GREEDY and not p.has_penalties
             and p.logprobs is None and not p.logit_bias and not p.allowed_token_ids and not req.bad_words_token_ids
-            and p.min_tokens <= req.num_output_tokens and not req.constrained and not req.spec_token_ids
-            and req.lora_key is None)  # the one-call step cannot add an adapter's delta
+            and p.min_tokens <= req.num_output_tokens and not req.constrained and not req.spec_token_ids)

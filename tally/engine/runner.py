@@ -123,7 +123,9 @@ class ModelRunner:
         inputs = build_step_inputs(out, self.kv)
         reqs = [out.scheduled[i].request for i in inputs.sample_rows]
         stops = [r.eos_token_ids + tuple(r.sampling_params.stop_token_ids) for r in reqs]
-        tokens = self.model.greedy_steps(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, steps, stops)
+        with self.loras.step(out, inputs.row_start, len(inputs.input_ids)) if self.loras else nullcontext():
+            tokens = self.model.greedy_steps(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta, steps,
+                                             stops)
         sampled = SamplerOutput(tokens.reshape(-1), torch.zeros(tokens.numel()), None, None)
         return StepResult(reqs, [tokens.shape[1]] * len(reqs), sampled, {})
 

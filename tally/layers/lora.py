@@ -1,14 +1,17 @@
-"""Per-row LoRA deltas on top of any projection; the base keeps its own fast path. A step's leading rows (decodes,
-one per request) take y = base(x) + ((x @ A_all) * mask) @ B_all, where A_all and B_all stack the step's adapters side
-by side along the rank and `mask` keeps each row's own adapter's columns (none for a base row: its delta is exactly
-zero): two matmuls whatever the mix, at (adapters x rank) columns, small beside the base's at a few rows. A prompt's
-run of rows takes its own adapter's slice only, so a long prefill pays for one adapter, not all."""
+"""Per-row LoRA deltas on top of any projection; the base keeps its own fast path. The step's adapters are stacked
+side by side along the rank; where the native kernels are loaded each row takes its own adapter's delta there
+(tally/native/lora_delta.h: fixed-order sums, so a row's delta never depends on the rows beside it, and the one-call
+decode step adds the same deltas). Without them a step's leading rows (decodes) take y = base(x) + ((x @ A_all^T) *
+mask) @ B_all^T, `mask` keeping each row's own adapter's columns, and a prompt's run of rows its own adapter's slice."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
+
+from tally.native.library import load
+from tally.native.lora_delta import NativeLoRA
 
 # (layer, site) → (A [r_site, in], B [out, r_site]), an adapter's weights (tally/models/lora_adapter.py)
 AdapterWeights = Mapping[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
@@ -24,9 +27,10 @@ class LoRASlots:
     def __init__(self) -> None:
         self.active = False
         self._keys: tuple[str, ...] = ()
-        self._stacks: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}  # A_all^T [in, R], B_all^T [R, out]
+        # (layer, site) → A_all [R, in], B_all^T [R, out], each slot's [first, end) rows of them
+        self._stacks: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]] = {}
         self._columns: dict[str, torch.Tensor] = {}  # site → the slot of each stacked rank column [R]
-        self._spans: dict[str, list[tuple[int, int]]] = {}  # site → each slot's [first, end) stacked columns
+        self.native: NativeLoRA | None = None  # the stacks as the native kernels read them, where they are loaded
         self._masks: dict[str, torch.Tensor | None] = {}  # site → [head rows, R]; None: no mask needed
         self._head_rows = 0  # rows [0, head) go through the mask
         self._runs: list[tuple[int, int, int]] = []  # (first row, end row, slot) computed on their own
@@ -36,6 +40,10 @@ class LoRASlots:
         if tuple(keys) != self._keys:  # the stack is rebuilt only when the set of adapters changes
             self._stack(adapters)
             self._keys = tuple(keys)
+        self.active = True
+        if self.native is not None:
+            self.native.rows(row_slots)
+            return
         self._head_rows, self._runs = _split_rows(row_slots.tolist())
         head = row_slots[:self._head_rows]
         if not bool((head >= 0).any()):  # base rows only: nothing to add there
@@ -43,7 +51,6 @@ class LoRASlots:
         whole = len(keys) == 1 and bool((head == 0).all())  # every row the one adapter: no mask needed
         self._masks = {site: None if whole else (head[:, None] == cols[None, :]).to(self._dtype(site))
                        for site, cols in self._columns.items()}
-        self.active = True
 
     def end(self) -> None:
         self.active = False
@@ -55,37 +62,39 @@ class LoRASlots:
         stack = self._stacks.get((layer, site))
         if stack is None:
             return y
-        a_t, b_t = stack
+        if self.native is not None:
+            return self.native.add(layer, site, x, y)
+        a_all, b_t, spans = stack
         head = self._head_rows
         if head:
             x_head, y_head = (x, y) if head == x.shape[0] else (x[:head], y[:head])
-            low = torch.mm(x_head, a_t)
+            low = torch.mm(x_head, a_all.t())
             mask = self._masks[site]
             if mask is not None:
                 low.mul_(mask)
             y_head.addmm_(low, b_t)
-        spans = self._spans[site]
         for first, end, slot in self._runs:
             c0, c1 = spans[slot]
             if c1 > c0:
-                y[first:end].addmm_(torch.mm(x[first:end], a_t[:, c0:c1]), b_t[c0:c1])
+                y[first:end].addmm_(torch.mm(x[first:end], a_all[c0:c1].t()), b_t[c0:c1])
         return y
 
     def _stack(self, adapters: Sequence[AdapterWeights]) -> None:
         sites = {(layer, site) for weights in adapters for layer, site in weights}
-        self._stacks, self._columns, self._spans = {}, {}, {}
+        self._stacks, self._columns = {}, {}
         for layer, site in sorted(sites):
             parts = [(slot, w[(layer, site)]) for slot, w in enumerate(adapters) if (layer, site) in w]
-            a_all = torch.cat([a for _, (a, _) in parts])
+            a_all = torch.cat([a for _, (a, _) in parts]).contiguous()
             b_all = torch.cat([b for _, (_, b) in parts], dim=1)
-            self._stacks[(layer, site)] = (a_all.t().contiguous(), b_all.t().contiguous())
-            self._columns[site] = torch.cat([torch.full((a.shape[0],), slot) for slot, (a, _) in parts])
             ranks = {slot: a.shape[0] for slot, (a, _) in parts}
             starts = [sum(ranks.get(s, 0) for s in range(slot)) for slot in range(len(adapters))]
-            self._spans[site] = [(start, start + ranks.get(slot, 0)) for slot, start in enumerate(starts)]
+            spans = [(start, start + ranks.get(slot, 0)) for slot, start in enumerate(starts)]
+            self._stacks[(layer, site)] = (a_all, b_all.t().contiguous(), spans)
+            self._columns[site] = torch.cat([torch.full((a.shape[0],), slot) for slot, (a, _) in parts])
+        self.native = NativeLoRA(self._stacks, len(adapters)) if load() is not None and self._stacks else None
 
     def _dtype(self, site: str) -> torch.dtype:
-        return next(a_t.dtype for (_, s), (a_t, _) in self._stacks.items() if s == site)
+        return next(a.dtype for (_, s), (a, *_) in self._stacks.items() if s == site)
 
 
 def _split_rows(slots: list[int]) -> tuple[int, list[tuple[int, int, int]]]:

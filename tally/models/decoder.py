@@ -234,7 +234,7 @@ class CausalLM(nn.Module):
         the embedding. Returns the normed final hidden state, or on a stage before the last its layers' output."""
         h = self._embed(input_ids) if hidden is None else hidden
         if self._native_step_runs(meta, kv_caches):
-            h = self.native_step.run(h.contiguous(), positions, meta)
+            h = self.native_step.run(h.contiguous(), positions, meta, lora=self._native_lora())
         else:
             ropes = {id(rotary): rotary.lookup(positions) for rotary in self.rotaries}
             for layer, kv in zip(self.layers, kv_caches):
@@ -250,7 +250,7 @@ class CausalLM(nn.Module):
         step = self.native_step
         if not vocab_rows and self._native_step_runs(meta, kv_caches) and step.scores:
             h = None if step.embeds else self._embed(input_ids).contiguous()
-            return step.run(h, positions, meta, logit_rows, input_ids)
+            return step.run(h, positions, meta, logit_rows, input_ids, self._native_lora())
         hidden = self(input_ids, positions, kv_caches, meta)
         if not len(logit_rows):
             return hidden.new_empty((0, self.cfg.vocab_size), dtype=torch.float32)
@@ -281,13 +281,17 @@ class CausalLM(nn.Module):
         Returns the tokens int64 [n, steps run]."""
         if not (meta.is_decode_only and self.runs_greedy_steps(kv_caches)):
             raise ValueError("greedy_steps runs decode-only steps on a native step from token ids to logits")
-        return self.native_step.greedy(input_ids, positions, meta, steps, stop_ids)
+        return self.native_step.greedy(input_ids, positions, meta, steps, stop_ids, self._native_lora())
 
     def _native_step_runs(self, meta: AttentionMetadata, kv_caches: list[tuple[KVCache, KVCache]]) -> bool:
         step = self.native_step
-        if self.lora is not None and self.lora.active:  # the one-call step cannot add an adapter's delta
-            return False
         return step is not None and meta.is_decode_only and step.applies(self, kv_caches)
+
+    def _native_lora(self) -> int | None:
+        """The address of the step's adapters as the one-call step adds their deltas (tally/native/lora_delta.py),
+        or None: no adapter row in this step."""
+        native = self.lora.native if self.lora is not None and self.lora.active else None
+        return None if native is None else native.address
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is not None:  # vocabulary-parallel: each rank looks up its own rows, zeros elsewhere, summed

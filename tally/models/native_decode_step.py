@@ -96,7 +96,8 @@ class _Model(ctypes.Structure):
                 ("activation", _I), ("scale", ctypes.c_float), ("eps", ctypes.c_float), ("softcap", ctypes.c_float),
                 ("embedding_multiplier", ctypes.c_float), ("residual_multiplier", ctypes.c_float),
                 ("logits_scaling", ctypes.c_float), ("final_softcap", ctypes.c_float),
-                ("layers", ctypes.POINTER(_Layer)), ("final_norm", _P), ("head", _Proj), ("embed", _Proj)]
+                ("layers", ctypes.POINTER(_Layer)), ("final_norm", _P), ("head", _Proj), ("embed", _Proj),
+                ("lora", _P)]
 
 
 def _proj(module: nn.Module, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:
@@ -226,11 +227,13 @@ class NativeDecodeStep:
         return True
 
     def run(self, h: torch.Tensor | None, positions: torch.Tensor, meta: AttentionMetadata,
-            logit_rows: torch.Tensor | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
+            logit_rows: torch.Tensor | None = None, ids: torch.Tensor | None = None,
+            lora: int | None = None) -> torch.Tensor:
         """h [n, hidden] fp32 contiguous, or None: the call looks up the embeddings of the token `ids` [n] itself
         (needs `embeds`); positions [n], a decode-only step's meta. Returns the last layer's output (in h); or with
         `logit_rows` (rows of it; needs `scores`) their float32 logits [len(logit_rows), V], the final norm and the
-        LM head run in the same call."""
+        LM head run in the same call. `lora`: the address of the step's LoRA adapters (tally/native/lora_delta.py),
+        whose per-row deltas the call adds after each projection."""
         n = len(positions)
         table_ids = None
         if h is None:  # the call embeds
@@ -243,11 +246,15 @@ class NativeDecodeStep:
         if logit_rows is not None:
             rows = _int64(logit_rows)
             logits = torch.empty(len(rows), self._vocab, dtype=torch.float32)
-        status = load().tally_decode_layers(
-            ctypes.byref(self._model), h.data_ptr(), n, None if table_ids is None else table_ids.data_ptr(),
-            positions.data_ptr(), meta.slot_mapping.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr(),
-            None if rows is None else rows.data_ptr(), 0 if rows is None else len(rows),
-            None if logits is None else logits.data_ptr())
+        self._model.lora = lora
+        try:
+            status = load().tally_decode_layers(
+                ctypes.byref(self._model), h.data_ptr(), n, None if table_ids is None else table_ids.data_ptr(),
+                positions.data_ptr(), meta.slot_mapping.data_ptr(), tables.data_ptr(), tables.stride(0),
+                lens.data_ptr(), None if rows is None else rows.data_ptr(), 0 if rows is None else len(rows),
+                None if logits is None else logits.data_ptr())
+        finally:
+            self._model.lora = None
         if status < 0:
             raise self._outside(table_ids)
         return h if logits is None else logits
@@ -258,19 +265,24 @@ class NativeDecodeStep:
         return self.scores and self.embeds
 
     def greedy(self, ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, steps: int,
-               stop_ids: list[tuple[int, ...]]) -> torch.Tensor:
+               stop_ids: list[tuple[int, ...]], lora: int | None = None) -> torch.Tensor:
         """Up to `steps` greedy decode steps of a decode-only batch in one call (needs `runs_greedy`): each row's
         argmax, the first index of its maximum as torch.argmax's, is its next token at the next position. The call
         ends early after the step where every row has made one of its `stop_ids`. The rows' blocks must have room
-        for the steps' tokens (meta's block tables hold them). Returns the tokens int64 [n, steps run]."""
+        for the steps' tokens (meta's block tables hold them). `lora` as run's: each row keeps its adapter throughout.
+        Returns the tokens int64 [n, steps run]."""
         n = len(positions)
         ids, positions, lens, tables = _int64(ids), _int64(positions), _context_lens(meta, n), meta.block_tables
         flat = torch.tensor([t for row in stop_ids for t in row], dtype=torch.int64)
         stop_at = torch.tensor([0, *itertools.accumulate(len(row) for row in stop_ids)], dtype=torch.int64)
         out = torch.empty(n, steps, dtype=torch.int64)
-        ran = load().tally_decode_greedy(ctypes.byref(self._model), n, ids.data_ptr(), positions.data_ptr(),
-                                         tables.data_ptr(), tables.stride(0), lens.data_ptr(), steps, flat.data_ptr(),
-                                         stop_at.data_ptr(), out.data_ptr())
+        self._model.lora = lora
+        try:
+            ran = load().tally_decode_greedy(ctypes.byref(self._model), n, ids.data_ptr(), positions.data_ptr(),
+                                             tables.data_ptr(), tables.stride(0), lens.data_ptr(), steps,
+                                             flat.data_ptr(), stop_at.data_ptr(), out.data_ptr())
+        finally:
+            self._model.lora = None
         if ran < 0:
             raise self._outside(ids)
         return out[:, :ran]

@@ -214,6 +214,7 @@ void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cac
  * the residual), with no interpreter between the steps; each family's traits are fields below. The Python side
  * (tally/models/native_decode_step.py) fills these structs once, from the loaded model's tensors. */
 #include "project.h"  /* Proj, project(): a projection in any native format */
+#include "lora_delta.h"  /* LoRA adapters' per-row deltas after a projection */
 #include "experts.h"  /* a mixture of experts' MLP: routing, and each expert's rows through its projections */
 
 typedef struct {
@@ -241,6 +242,7 @@ typedef struct {
     const float *final_norm;  /* with `head` (kind 0: none), a step can end in the logits */
     Proj head;
     Proj embed;               /* the token table as int4 / int8 rows (kind 0: the caller embeds) */
+    const void *lora;         /* a Lora (lora_delta.h): the step's adapters, set for a step that has them; or NULL */
 } Model;
 
 int64_t tally_dequant_q4_rows(const uint8_t *qs, const uint8_t *qh, const void *d, const void *m, const int64_t *rows,
@@ -253,13 +255,16 @@ int64_t tally_dequant_q8_rows(const int8_t *q, const void *s, const int64_t *row
  * h where neither applies, else through `out` [n, hidden], in the order the PyTorch layer computes it */
 static void add_output(const Model *md, float *out, const float *norm, float *h, int64_t n);
 
-static void add_block(const Model *md, const Proj *p, const float *x, const float *norm, float *out, float *h,
-                      int64_t n) {
-    if (!norm && md->residual_multiplier == 1.0f) {
+static void add_block(const Model *md, const Proj *p, int64_t site, const float *x, const float *norm, float *out,
+                      float *h, int64_t n) {
+    const Lora *lora = md->lora;
+    int delta = lora && site < lora->layers * LORA_SITES && lora->sites[site].a;
+    if (!norm && md->residual_multiplier == 1.0f && !delta) {
         project(p, x, h, n, 1);
         return;
     }
     project(p, x, out, n, 0);
+    if (delta) lora_add(lora, site, x, out, n);  /* the projection's output with its delta, as the layer's */
     add_output(md, out, norm, h, n);
 }
 
@@ -310,6 +315,7 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
         const float *c = L->cos ? cos : NULL, *s = L->cos ? sin : NULL;
         if (L->input_norm) tally_rms_norm(h, L->input_norm, x, n, H, md->eps);
         project(&L->qkv, L->input_norm ? x : h, qkv, n, 0);
+        lora_add(md->lora, l * LORA_SITES + LORA_QKV, L->input_norm ? x : h, qkv, n);
         if (L->kv_kind == KV_I8) {
             qk_prepare(qkv, n, row, L->q_norm, L->k_norm, md->qk_norm_whole, md->eps, c, s, R, md->heads,
                        md->kv_heads, D);
@@ -329,7 +335,7 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
         decode_attention(qkv, row, L->k_cache, L->v_cache, (int)L->kv_kind, L->k_scales, L->v_scales, block_tables,
                          bt_stride, ctx, n, md->heads, md->kv_heads, D, md->block_size, L->window, md->scale,
                          md->softcap, NULL, att);
-        add_block(md, &L->o, att, L->attn_out_norm, out, h, n);
+        add_block(md, &L->o, l * LORA_SITES + LORA_O, att, L->attn_out_norm, out, h, n);
         if (L->post_norm) tally_rms_norm(h, L->post_norm, x, n, H, md->eps);
         if (L->experts) {
             tally_experts(L->experts, L->post_norm ? x : h, n, out);
@@ -337,8 +343,9 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
             continue;
         }
         project(&L->gate_up, L->post_norm ? x : h, gu, n, 0);
+        lora_add(md->lora, l * LORA_SITES + LORA_GATE_UP, L->post_norm ? x : h, gu, n);
         tally_gated_mul(gu, act, n, I, (int)md->activation);
-        add_block(md, &L->down, act, L->mlp_out_norm, out, h, n);
+        add_block(md, &L->down, l * LORA_SITES + LORA_DOWN, act, L->mlp_out_norm, out, h, n);
     }
     if (logits && m > 0) {
         float *rows = malloc(sizeof(float) * m * H);

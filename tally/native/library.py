@@ -26,10 +26,12 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("kernels.c")
 # SOURCE includes them (pyproject.toml's package data ships them): the kernels' own threads, the KV cache's value
 # formats, vector math, the integer projections and their formats' dot products, the fp16 panels, the gated
-# activation, paged decode and prompt attention, the sampler, any projection's dispatch, a mixture of experts' MLP
+# activation, paged decode and prompt attention, the sampler, any projection's dispatch, a mixture of experts' MLP,
+# LoRA adapters' deltas
 HEADERS = [Path(__file__).with_name(name)
            for name in ("pool.h", "kv_rows.h", "vec_math.h", "int_tiles.h", "int_dots.h", "gemm_f16.h", "gated.h",
-                        "decode_attention.h", "prefill_attention.h", "sampling.h", "project.h", "experts.h")]
+                        "decode_attention.h", "prefill_attention.h", "sampling.h", "project.h", "experts.h",
+                        "lora_delta.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 # The C prototypes' argument and result types, by hand: tests/test_native_mirrors.py holds them to the C text
@@ -47,6 +49,7 @@ SIGNATURES = {
     "tally_decode_layers": [_P, _P, _I, _P, _P, _P, _P, _I, _P, _P, _I, _P],
     "tally_decode_greedy": [_P, _I, _P, _P, _P, _I, _P, _I, _P, _P, _P],
     "tally_experts": [_P, _P, _I, _P],
+    "tally_lora_add": [_P, _I, _P, _P, _I],
     "tally_decode_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P],
     "tally_prefill_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, _I, _I, _F, _P],
     "tally_dequant_q4_bf16": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],
