@@ -41,8 +41,8 @@ def active_bytes(model: torch.nn.Module) -> int:
     for layer in model.layers:
         moe = layer.experts
         if moe is not None:
-            held = sum(m.weight_nbytes() if hasattr(m, "weight_nbytes") else m.weight.numel() * 4
-                       for m in [*moe.gate_up, *moe.down])
+            held = sum(m.weight_nbytes() if hasattr(m, "weight_nbytes") else m.out_features * m.in_features * 4
+                       for m in [*moe.gate_up, *moe.down])  # dense experts: fp32, as panels or a weight
             skipped += held * (1 - moe.top_k / len(moe.down))
     return int(weight_bytes_read_per_step(model, total) - skipped)
 
