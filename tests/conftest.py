@@ -27,11 +27,11 @@ def pytest_configure(config):
 SLOWEST_FILES = ("test_deploy_ray.py", "test_real_gemma3.py", "test_loader_gguf_builtin.py",
                  "test_pipeline_parallel.py",
                  "test_server_builtin.py", "test_pip_install_bench.py", "test_tensor_parallel_server.py",
-                 "test_tensor_parallel.py", "test_soak_short.py", "test_ops_canary.py", "test_server_speculative.py",
+                 "test_tensor_parallel.py", "test_ops_canary.py", "test_server_speculative.py",
                  "test_server_admission.py", "test_ops_route.py", "test_server_overload.py",
                  "test_server_vllm_habits.py", "test_family_gguf.py", "test_family_checkpoints.py",
                  "test_model_families.py",
-                 "test_gguf_direct.py", "test_server_network.py", "test_ops_loop.py")
+                 "test_gguf_direct.py", "test_server_network.py", "test_soak_short.py", "test_ops_loop.py")
 
 
 def pytest_collection_modifyitems(items):

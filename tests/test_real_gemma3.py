@@ -5,6 +5,7 @@ default path (blocks as stored) runs; its agreement with that oracle is benchmar
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -37,12 +38,23 @@ def gguf_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(gguf_path):
-    """transformers' tokenizer and its fp32 model with every weight dequantized from the file's blocks."""
+    """transformers' tokenizer and its fp32 model with every weight dequantized from the file's blocks.
+    transformers reads the file with gguf-py three times (the tokenizer's config, the model's, its weights), and
+    each read walks the 262k-token vocabulary item by item: most of this fixture's time. One read serves all three."""
+    import gguf
+
+    read, parsed = gguf.GGUFReader, gguf.GGUFReader(gguf_path)
+
+    def reader(path, *args, **kwargs) -> gguf.GGUFReader:
+        return parsed if Path(path) == gguf_path else read(path, *args, **kwargs)
+
     kwargs = dict(gguf_file=gguf_path.name, local_files_only=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, dtype=torch.float32, quantization_config=transformers.GgufConfig(dequantize=True),
-        **kwargs).eval()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", reader)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, dtype=torch.float32, quantization_config=transformers.GgufConfig(dequantize=True),
+            **kwargs).eval()
     return tokenizer, model
 
 
