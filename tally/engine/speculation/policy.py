@@ -39,7 +39,7 @@ class Epoch:
     speculate: bool
     seconds: list[float] = field(default_factory=list)  # per step, less catch-up (the median prices a proposal)
     elapsed: float = 0.0  # their sum
-    tokens: int = 0
+    tokens: float = 0.0
     batch: int = 0  # running requests, summed over steps
     proposals: int = 0  # proposals verified, summed over steps
     passes: int = 0  # proposal depths (the most any request verified), summed over steps
@@ -55,7 +55,7 @@ class Epoch:
         spent = self.elapsed + self.catch_up
         return self.tokens / spent if spent > 0 else 0.0
 
-    def add(self, tokens: int, seconds: float, batch: int, proposals: int, passes: int = 0,
+    def add(self, tokens: float, seconds: float, batch: int, proposals: int, passes: int = 0,
             catch_up: float = 0.0) -> None:
         self.seconds.append(seconds)
         self.shapes.append((proposals, passes))
@@ -170,7 +170,7 @@ class SpeculationPolicy:
         self.speculating = False  # whether proposals may be verified now (read by the engine's metrics)
 
     # -- measurements ------------------------------------------------------------------------
-    def observe_step(self, generated_tokens: int, seconds: float, batch: int, proposals: int, passes: int = 0,
+    def observe_step(self, generated_tokens: float, seconds: float, batch: int, proposals: int, passes: int = 0,
                      catch_up_seconds: float = 0.0) -> None:
         """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation): the tokens it
         appended to outputs, how long it took, how many requests were running, how many proposals it verified (and

@@ -170,12 +170,14 @@ class Speculator:
                     s.request.spec_token_ids = []
         return keep
 
-    def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
+    def observe_step(self, generated_tokens: int, seconds: float, batch: int, steps: int = 1) -> None:
         """A step without a prompt chunk, for the policy, with what the draft spent in it catching up on requests
-        (priced per request before it starts on one, not as part of a proposal's price)."""
+        (priced per request before it starts on one, not as part of a proposal's price); a burst of `steps` decode
+        steps without proposals (tally/engine/multi_step.py) counts as that many steps of its mean."""
         catch_up_s = self.draft.last_catch_up_seconds if self.draft is not None and self._step_proposals else 0.0
-        self.policy.observe_step(generated_tokens, seconds, batch, self._step_proposals, self._step_passes,
-                                 catch_up_s)
+        for _ in range(steps):
+            self.policy.observe_step(generated_tokens / steps, seconds / steps, batch, self._step_proposals,
+                                     self._step_passes, catch_up_s)
 
     def _record(self, req: Request, proposed: int, accepted: int) -> None:
         st = self.stats
