@@ -20,13 +20,13 @@ EXAMPLE = '\'{"method": "ngram", "num_speculative_tokens": 4}\''
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
+    """--speculative-config '{"method": "ngram", "num_speculative_tokens": 6,
                                "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
         --speculative-config '{"method": "draft_model", "model": "/path/to/small-model", "num_speculative_tokens": 4}'
 
     `num_speculative_tokens` is the most tokens proposed per request and step (ngram: 6 unless given; a draft model
-    needs it); how many are proposed each step is the engine's choice (tally/engine/speculation/policy.py) unless "adaptive": false fixes it at that number. As in vLLM,
-    a "model" without a "method" means "draft_model". Whether the draft model suits the target (same vocabulary, long
+    needs it); how many are proposed each step is the engine's choice (tally/engine/speculation/policy.py) unless
+    "adaptive": false fixes it at that number. As in vLLM, a "model" without a "method" means "draft_model". Whether the draft model suits the target (same vocabulary, long
     enough context) is checked when it is loaded (tally/engine/speculation/draft_model.py).
 
     "draft_vocab_size": N (draft_model; the name of EAGLE-3's reduced draft vocabulary in vLLM and SGLang) has the
