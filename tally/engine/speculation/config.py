@@ -26,8 +26,9 @@ class SpeculativeConfig:
 
     `num_speculative_tokens` is the most tokens proposed per request and step (ngram: 6 unless given; a draft model
     needs it); how many are proposed each step is the engine's choice (tally/engine/speculation/policy.py) unless
-    "adaptive": false fixes it at that number. As in vLLM, a "model" without a "method" means "draft_model". Whether the draft model suits the target (same vocabulary, long
-    enough context) is checked when it is loaded (tally/engine/speculation/draft_model.py).
+    "adaptive": false fixes it at that number. As in vLLM, a "model" without a "method" means "draft_model". Whether
+    the draft model suits the target (same vocabulary, long enough context) is checked when it is loaded
+    (tally/engine/speculation/draft_model.py).
 
     "draft_vocab_size": N (draft_model; the name of EAGLE-3's reduced draft vocabulary in vLLM and SGLang) has the
     draft's LM head score only token ids below N, the rest never proposed: a large vocabulary's head is a large part of
