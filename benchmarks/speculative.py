@@ -6,8 +6,10 @@ verify row (several positions of one sequence) may round differently from one co
 batch shape, so the share of requests whose tokens match `off` exactly is printed beside each figure.
 
   quote   questions answered by quoting a document given in the prompt (a Shakespeare scene, asked to repeat a
-          speech): the output copies the prompt, prompt lookup's best case
+          speech): the output copies the prompt, prompt lookup's best case; 256 tokens an answer, a real quote
   code    code completion: the first lines of a Python function from this repository, after the lines before it
+  chat    a user's question through the model's chat template (explain, describe, tell a story), nothing to copy:
+          where speculation must cost nothing
 
 A closed loop per concurrency C: C requests in flight on the offline engine, each replaced when it finishes,
 --requests-per-slot x C requests (at least --min-requests) a loop; tokens/s counts every generated token over
@@ -25,7 +27,8 @@ Printed per arm: acceptance (accepted / proposed), the acceptance at each propos
 there / requests that verified proposals, vLLM's per-position rate), the mean proposals verified per speculating
 request (K in effect), and preemptions (there should be none).
 
-    python benchmarks/speculative.py [--concurrency 1,4,16,32] [--workloads quote,code] [--k 4] [--max-tokens 96]
+    python benchmarks/speculative.py [--concurrency 1,4,16,32] [--workloads quote,code,chat] [--k 6]
+                                [--max-tokens N] (default: 256 tokens quoting, 96 otherwise)
                                 [--model target.gguf --draft-model draft.gguf] [--arms "draft K fixed,..."]
                                 [--rounds 3] [--fixed-k 2,3,4] (prompt lookup fixed at each K, beside adaptive)
                                 [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
@@ -43,9 +46,10 @@ from pathlib import Path
 from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script here runs
 
 from tally import LLM, SamplingParams
-from tally.engine.speculation.config import DRAFT_CONTEXT_TOKENS, SpeculativeConfig
+from tally.engine.speculation.config import DRAFT_CONTEXT_TOKENS, NGRAM_SPECULATIVE_TOKENS, SpeculativeConfig
 from tally.engine.speculation.draft_proposer import DraftProposer
 from tally.engine.speculation.speculator import Speculator
+from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.traces import DATA_DIR
 
 ARMS = {
@@ -58,15 +62,21 @@ DRAFT_ARMS = {
     "draft adaptive": {"method": "draft_model"},
 }
 SOURCE_FILES = sorted((Path(__file__).resolve().parents[1] / "tally").rglob("*.py"))
+ANSWER_TOKENS = {"quote": 256}  # a quote runs on (the speech, then the scene); other answers: 96 tokens
+CHAT_ASKS = ("Explain how {} works, as you would to a child.", "Write a short story about {}.",
+             "What should a beginner know about {}?", "Describe {} in a few paragraphs.")
+CHAT_TOPICS = ("a bicycle", "rain", "a library", "bread", "the moon", "a compass", "bees", "a violin", "the tides",
+               "a lighthouse", "coffee", "volcanoes", "chess", "the post office", "snow", "a sailboat")
 
 
-def quote_prompts(n: int, rng: random.Random, passage_chars: int = 1_500) -> list[str]:
+def quote_prompts(n: int, rng: random.Random, passage_chars: int = 2_000) -> list[str]:
+    """The speech begins a third into the scene: ~1,300 characters (~330 tokens) of it to quote."""
     text = (DATA_DIR / "shakespeare.txt").read_text()
     prompts = []
     for _ in range(n):
         start = rng.randrange(10_000, len(text) - 3_000)
         passage = text[start:start + passage_chars]
-        opening = passage[passage_chars * 2 // 5:passage_chars * 2 // 5 + 80]
+        opening = passage[passage_chars // 3:passage_chars // 3 + 80]
         prompts.append(f"Read this scene.\n\n{passage}\n\nQuote the speech that begins \"{opening}\" word for word, "
                        f"to its end.\n\n{opening}")
     return prompts
@@ -83,18 +93,24 @@ def code_prompts(n: int, rng: random.Random, context_lines: int = 40) -> list[st
     return prompts
 
 
+def chat_prompts(llm: LLM, n: int, rng: random.Random) -> list[dict]:
+    tokenizer = llm.get_tokenizer()
+    return [chat_prompt(tokenizer, [{"role": "user", "content": rng.choice(CHAT_ASKS).format(rng.choice(CHAT_TOPICS))}],
+                        without_template=refuse_without_template, add_generation_prompt=True) for _ in range(n)]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", default="1,4,16,32")
-    p.add_argument("--workloads", default="quote,code")
-    p.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
-    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--workloads", default="quote,code,chat")
+    p.add_argument("--k", type=int, default=NGRAM_SPECULATIVE_TOKENS, help="num_speculative_tokens")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens an answer (default: 256 quoting, else 96)")
     p.add_argument("--requests-per-slot", type=int, default=2)
     p.add_argument("--min-requests", type=int, default=6)
     p.add_argument("--rounds", type=int, default=3, help="rounds of every arm, each over new prompts, the arms' "
                                                           "order rotated by one each round")
     p.add_argument("--context-lines", type=int, default=40, help="code: lines of the file before the function")
-    p.add_argument("--passage-chars", type=int, default=1_500, help="quote: characters of the scene in the prompt")
+    p.add_argument("--passage-chars", type=int, default=2_000, help="quote: characters of the scene in the prompt")
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--model", default=None, help="the target (default: the built-in model)")
@@ -111,7 +127,8 @@ def main() -> None:
                    help="instead: one stream, what a step costs off and at each fixed K up to --k (the first "
                         "workload, the draft model if given, else prompt lookup)")
     a = p.parse_args()
-    params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
+    def params_for(workload: str) -> SamplingParams:
+        return SamplingParams(temperature=0.0, max_tokens=a.max_tokens or ANSWER_TOKENS.get(workload, 96))
     windows, vocabs = ([int(v) for v in text.split(",")] for text in (a.draft_context, a.draft_vocab))
     arms = {**ARMS, **({arm + (f" ctx {w}" if len(windows) > 1 else "") + (f" vocab {v}" if len(vocabs) > 1 else ""):
                         {**cfg, "model": a.draft_model, "draft_context_tokens": w, "draft_vocab_size": v}
@@ -135,15 +152,18 @@ def main() -> None:
         draft.draft, draft.kv, c.draft_context_tokens, c.draft_vocab_size) if c.model else None)
                    for arm, c in configs.items()}
     workloads = {"quote": lambda n, rng: quote_prompts(n, rng, a.passage_chars),
-                 "code": lambda n, rng: code_prompts(n, rng, a.context_lines)}
+                 "code": lambda n, rng: code_prompts(n, rng, a.context_lines),
+                 "chat": lambda n, rng: chat_prompts(llm, n, rng)}
     if a.step_costs:
         method = {"model": a.draft_model} if draft is not None else {"method": "ngram"}
         proposer = DraftProposer(draft.draft, draft.kv, windows[0], vocabs[0]) if draft is not None else None
-        step_costs(engine, workloads[a.workloads.split(",")[0]](a.min_requests, random.Random(1)), params, a.k,
+        first = a.workloads.split(",")[0]
+        step_costs(engine, workloads[first](a.min_requests, random.Random(1)), params_for(first), a.k,
                    method, proposer)
         return
     rows = []
     for workload in a.workloads.split(","):
+        params = params_for(workload)
         for c in (int(x) for x in a.concurrency.split(",")):
             n = max(a.min_requests, a.requests_per_slot * c)
             # A warm-up loop first (discarded): the first arm at a new concurrency meets matmul shapes (row counts)

@@ -130,11 +130,13 @@ def test_the_price_is_measured_again_after_a_while():
 
 def test_a_price_that_did_not_pay_is_measured_again_soon_then_ever_later():
     """One noisy epoch must not keep speculation off for good, and a load where it truly loses is measured ever
-    more rarely."""
+    more rarely: after RETRY_STEPS doubling, or after the steps that make what the failure lost 1% of their time,
+    whichever is longer."""
     policy = _priced(on_seconds=0.11)
-    for failures in (1, 2, 3):
-        _steps(policy, CHECK_STEPS, 0.1, tokens=3, proposals=8)  # below off's 40 tokens/s: off from here
-        _steps(policy, RETRY_STEPS * 2 ** (failures - 1) + EPOCH_STEPS - 1, 0.1)
+    # 24 steps of 0.10205 s for 4 tokens: 39.2 tokens/s, 2% below off's 40; 49.2 ms lost, 1% of 50 steps of 0.1 s
+    for failures, hold in ((1, 50), (2, 2 * RETRY_STEPS), (3, 4 * RETRY_STEPS)):
+        _steps(policy, CHECK_STEPS, 0.10205, tokens=4, proposals=8)  # below off: off from here
+        _steps(policy, hold + EPOCH_STEPS - 1, 0.1)
         assert not policy.speculate_now()
         _steps(policy, 1, 0.1)  # the off epoch of measuring again is full
         assert policy.speculate_now()  # measuring the on epoch
@@ -142,6 +144,20 @@ def test_a_price_that_did_not_pay_is_measured_again_soon_then_ever_later():
     _steps(policy, CHECK_STEPS, 0.1, tokens=6, proposals=8)  # this time it pays: on for good
     _steps(policy, KEEP_STEPS - CHECK_STEPS - 1, 0.1, tokens=6, proposals=8)
     assert policy.speculate_now()
+
+
+def test_what_measuring_lost_is_repaid_before_the_load_is_measured_again():
+    """An "on" epoch at a third of off's speed (a draft proposing for a whole batch, none of it kept) lost 8 x 0.2 s:
+    the load is not measured again until that is 1% of the time, 1,600 steps of 0.1 s, far past KEEP_STEPS."""
+    policy = SpeculationPolicy()
+    _steps(policy, EPOCH_STEPS, 0.1)
+    _steps(policy, EPOCH_STEPS, 0.3, proposals=8)  # theta 1: no proposal pays
+    assert policy.choose(WORTH, LIMITS).tolist() == [0, 0]
+    _steps(policy, CHECK_STEPS, 0.1, tokens=4)  # following it proposes nothing and loses nothing: it holds
+    _steps(policy, 1_600 - CHECK_STEPS - 1, 0.1, tokens=4)
+    assert policy.speculate_now() and policy.choose(WORTH, LIMITS).tolist() == [0, 0]
+    _steps(policy, 1, 0.1, tokens=4)
+    assert not policy.speculate_now()  # measuring again: off first
 
 
 def test_a_lighter_load_follows_a_heavier_ones_price_unmeasured():
@@ -185,13 +201,15 @@ def test_each_request_verifies_what_its_own_acceptance_pays_for():
     spec = Speculator(SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4}), max_model_len=1_000)
     good, bad = _decoding("good", [5, 6, 7, 8, 9]), _decoding("bad", [11, 12, 13, 14, 15])
     _steps(spec.policy, EPOCH_STEPS, 0.1, batch=2)
-    for _ in range(EPOCH_STEPS):
+    for step in range(EPOCH_STEPS):
         spec.propose([good, bad])
-        assert len(good.spec_token_ids) == len(bad.spec_token_ids) == 4  # measuring: every proposal verified
+        # measuring: every proposal verified, every other step by every other request
+        assert (len(good.spec_token_ids), len(bad.spec_token_ids)) == (4, 4 if step % 2 == 0 else 0)
         # good's proposals all hold; bad's first never does
-        sampled = good.spec_token_ids + [1] + [0] * 5
-        out = SchedulerOutput([ScheduledRequest(good, 5), ScheduledRequest(bad, 5)])
-        assert spec.verify(out, [good, bad], [5, 5], sampled) == [5, 1]
+        bad_rows = 1 + len(bad.spec_token_ids)
+        sampled = good.spec_token_ids + [1] + [0] * bad_rows
+        out = SchedulerOutput([ScheduledRequest(good, 5), ScheduledRequest(bad, bad_rows)])
+        assert spec.verify(out, [good, bad], [5, bad_rows], sampled) == [5, 1]
         spec.policy.observe_step(6, 0.2, 2, 8)
     # a proposal costs 12.5 ms at 40 tokens/s: theta 0.5, above what bad's first proposal is worth
     spec.propose([good, bad])
@@ -211,3 +229,20 @@ def test_a_proposal_after_a_kept_one_is_worth_its_own_measured_chance_not_the_fi
     np.testing.assert_allclose(worth[0], [0.75] * 4, atol=0.05)  # recent verifications weigh more
     np.testing.assert_allclose(worth[1], [0.75] * 4, atol=0.01)  # a new request starts from every request's counts
     assert proposals_worth_verifying(worth, np.array([4, 4]), 0.5).tolist() == [4, 4]
+
+
+def test_a_drafts_pass_is_priced_apart_from_its_proposals_and_run_only_where_its_depth_repays_it():
+    """The "on" epoch alternates 8 requests proposing 4 each and 4 doing so: the same 4 passes of a draft, half the
+    proposals. 0.1 s off, 1 ms a proposal, 10 ms a pass: 0.172 s and 0.156 s. A depth whose proposals are worth less
+    than a pass beyond their own price is not run, even where each proposal alone would pay."""
+    policy = SpeculationPolicy()
+    _steps(policy, EPOCH_STEPS, 0.1, tokens=8, batch=8)
+    limits = np.full(8, 4)
+    for step in range(EPOCH_STEPS):
+        ks = policy.choose(_geometric([0.9] * 8), limits)
+        assert ks.sum() == (32 if step % 2 == 0 else 16)
+        policy.observe_step(12, 0.1 + 0.001 * ks.sum() + 0.01 * ks.max(), 8, int(ks.sum()), int(ks.max()))
+    # 80 tokens/s: a proposal costs theta 0.08 tokens' worth, a pass 0.8; 8 requests at 0.9^j: every depth pays
+    assert policy.choose(_geometric([0.9] * 8), limits).tolist() == [4] * 8
+    # one request at 0.9^j: each proposal pays its 0.08, but no depth repays a pass (0.9 - 0.08 > 0.8 only the first)
+    assert policy.choose(_geometric([0.9]), np.array([4])).tolist() == [1]

@@ -96,8 +96,9 @@ class Engine:
         draft = None if m.draft is None else DraftProposer(m.draft, self.kv, spec.draft_context_tokens,
                                                            spec.draft_vocab_size)
         self.speculator = Speculator(spec, self.max_model_len, draft) if spec is not None else None
-        # decode steps a step may run in one call (tally/engine/multi_step.py); speculation verifies instead
-        self._burst_limit = config.num_scheduler_steps if spec is None and self.runner.runs_greedy_steps else 1
+        # decode steps a step may run in one call (tally/engine/multi_step.py): where nobody verifies proposals, so
+        # that speculation the policy keeps off costs nothing
+        self._burst_limit = config.num_scheduler_steps if self.runner.runs_greedy_steps else 1
         self.groups: dict[str, RequestGroup] = {}
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
         self._aborted: list[RequestGroup] = []
@@ -293,7 +294,7 @@ class Engine:
             seconds = time.perf_counter() - started_s
             decode_only = self.stats.record(chunks, generated, seconds, steps)
             if decode_only and self.speculator is not None:
-                self.speculator.observe_step(generated, seconds, len(self.scheduler.running))
+                self.speculator.observe_step(generated, seconds, len(self.scheduler.running), steps)
         return outputs
 
     def _run(self, out: SchedulerOutput, moved: dict[str, RequestGroup]) -> tuple[int, int]:

@@ -12,19 +12,23 @@ METHODS = ("ngram", "draft_model")
 NOT_YET = ("eagle", "eagle3", "medusa", "mlp_speculator", "deepseek_mtp", "suffix")
 MAX_SPECULATIVE_TOKENS = 16  # every proposed token is a row of the verify step: a bound on its cost
 DRAFT_CONTEXT_TOKENS = 256  # the default bound (docs/benchmarks.md#speculative-decoding)
+# ngram's default num_speculative_tokens: the best fixed K quoting at one stream; the policy trims it where proposals
+# are rarely kept or dear (docs/benchmarks.md#speculative-decoding)
+NGRAM_SPECULATIVE_TOKENS = 6
 EXAMPLE = '\'{"method": "ngram", "num_speculative_tokens": 4}\''
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
+    """--speculative-config '{"method": "ngram", "num_speculative_tokens": 6,
                                "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
         --speculative-config '{"method": "draft_model", "model": "/path/to/small-model", "num_speculative_tokens": 4}'
 
-    `num_speculative_tokens` is the most tokens proposed per request and step; how many are proposed each step is the
-    engine's choice (tally/engine/speculation/policy.py) unless "adaptive": false fixes it at that number. As in vLLM,
-    a "model" without a "method" means "draft_model". Whether the draft model suits the target (same vocabulary, long
-    enough context) is checked when it is loaded (tally/engine/speculation/draft_model.py).
+    `num_speculative_tokens` is the most tokens proposed per request and step (ngram: 6 unless given; a draft model
+    needs it); how many are proposed each step is the engine's choice (tally/engine/speculation/policy.py) unless
+    "adaptive": false fixes it at that number. As in vLLM, a "model" without a "method" means "draft_model". Whether
+    the draft model suits the target (same vocabulary, long enough context) is checked when it is loaded
+    (tally/engine/speculation/draft_model.py).
 
     "draft_vocab_size": N (draft_model; the name of EAGLE-3's reduced draft vocabulary in vLLM and SGLang) has the
     draft's LM head score only token ids below N, the rest never proposed: a large vocabulary's head is a large part of
@@ -70,7 +74,7 @@ class SpeculativeConfig:
             raise ConfigError('method "draft_model" needs "model": the draft checkpoint (a directory, .gguf file or '
                               'alias) with the same tokenizer as the target, e.g. {"method": "draft_model", '
                               '"model": "/models/small", "num_speculative_tokens": 4}')
-        k = value.get("num_speculative_tokens")
+        k = value.get("num_speculative_tokens", NGRAM_SPECULATIVE_TOKENS if method == "ngram" else None)
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ConfigError(f"num_speculative_tokens must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], "
                               f"got {k!r}")

@@ -1,15 +1,21 @@
 """How many proposals each request verifies (0: none), from its measured acceptance and the price of a proposal
 measured on this machine at this load; and whether speculating at that price pays at all.
 
-- The price: an epoch with speculation off, then one verifying every proposal; c = (t_on - t_off) / p seconds per
-  proposal from the epochs' median step times (step times, not tokens: acceptance swings with the text), less
-  what a draft spent catching up on the requests it started on: that is each request's own start price.
+- The price: an epoch with speculation off, then one whose steps alternate between every request verifying every
+  proposal and every other request doing so; from the median step times (step times, not tokens: acceptance
+  swings with the text) t = t_off + c · proposals + d · passes: c seconds a proposal (its verify row) and d a
+  pass (a draft's forward pass, run once per proposal depth whatever the rows), less what a draft spent catching
+  up on the requests it started on: that is each request's own start price.
 - Per request: its j-th proposal is worth w_j = f · g^(j-1) tokens (f: its first proposal's acceptance, g: a later
-  one's after a kept predecessor) and pays while w_j ≥ c · rate; with a draft model a request starts only where
-  its expected gain repays the draft's catch-up over its context.
+  one's after a kept predecessor) and pays while w_j ≥ c · rate; a depth j is run while its proposals' worth beyond
+  their price repays d · rate; with a draft model a request starts only where its expected gain repays the draft's
+  catch-up over its context.
 - Checked: if following the price falls MARGIN below off's tokens per second, speculation is off at that load for
   RETRY_STEPS steps (doubling per failure); a price holds KEEP_STEPS steps, then is measured again. A load is
   measured unless a lighter load already did not pay (off) or a heavier one paid (followed).
+- Amortised: whatever measuring a price lost against off (the "on" epoch, a draft's catch-up in it, and the steps
+  that followed a price until it failed) is repaid by holding that price for at least the steps that make the loss
+  MEASURE_SHARE of their time, so measuring costs at most that share of a server's time however badly it lost.
 Why each rule exists, with the runs that showed it: docs/benchmarks.md#speculative-decoding."""
 from __future__ import annotations
 
@@ -25,16 +31,20 @@ KEEP_STEPS = 500  # counted steps a price holds before its load is measured agai
 RETRY_STEPS = 48  # counted steps a price that did not pay holds, doubling with each failure in a row at its load
 MARGIN = 1.02  # following the price must not fall this many times below off's tokens per second
 LOAD_RATIO = 2.0  # a batch this many times larger or smaller than a price's is another load
+MEASURE_SHARE = 0.01  # the most of a load's time its measuring may have lost against off, once its price expires
 
 
 @dataclass
 class Epoch:
     speculate: bool
-    seconds: list[float] = field(default_factory=list)  # per step (the median prices a proposal)
-    elapsed: float = 0.0
-    tokens: int = 0
+    seconds: list[float] = field(default_factory=list)  # per step, less catch-up (the median prices a proposal)
+    elapsed: float = 0.0  # their sum
+    tokens: float = 0.0
     batch: int = 0  # running requests, summed over steps
     proposals: int = 0  # proposals verified, summed over steps
+    passes: int = 0  # proposal depths (the most any request verified), summed over steps
+    shapes: list[tuple[int, int]] = field(default_factory=list)  # per step: (proposals, passes)
+    catch_up: float = 0.0  # seconds a draft spent catching up, left out of `seconds` and `elapsed`
 
     @property
     def steps(self) -> int:
@@ -42,14 +52,23 @@ class Epoch:
 
     @property
     def rate(self) -> float:
-        return self.tokens / self.elapsed if self.elapsed > 0 else 0.0
+        spent = self.elapsed + self.catch_up
+        return self.tokens / spent if spent > 0 else 0.0
 
-    def add(self, tokens: int, seconds: float, batch: int, proposals: int) -> None:
+    def add(self, tokens: float, seconds: float, batch: int, proposals: int, passes: int = 0,
+            catch_up: float = 0.0) -> None:
         self.seconds.append(seconds)
+        self.shapes.append((proposals, passes))
+        self.passes += passes
         self.elapsed += seconds
         self.tokens += tokens
         self.batch += batch
         self.proposals += proposals
+        self.catch_up += catch_up
+
+    def loss_seconds(self, off_rate: float) -> float:
+        """What these steps took, catch-up included, beyond what off would have taken for their tokens."""
+        return max(0.0, self.elapsed + self.catch_up - self.tokens / off_rate) if off_rate > 0 else 0.0
 
 
 @dataclass
@@ -59,28 +78,61 @@ class Price:
     batch: float  # the mean batch it was measured at
     step: int  # when it was measured, or when it stopped paying: what it holds from
     proposal_seconds: float  # c
+    pass_seconds: float  # d
     off_rate: float  # tokens/s with speculation off
+    off_step_seconds: float = 0.0  # a step with speculation off, at this load
+    loss_seconds: float = 0.0  # what measuring it lost against off (Epoch.loss_seconds), and following it if it failed
     pays: bool = True  # False once following it fell below off
     failures: int = 0  # measurements in a row at this load that did not pay, this one's included
 
     @property
     def holds_steps(self) -> int:
-        return KEEP_STEPS if self.pays else min(KEEP_STEPS, RETRY_STEPS << max(self.failures - 1, 0))
+        base = KEEP_STEPS if self.pays else min(KEEP_STEPS, RETRY_STEPS << max(self.failures - 1, 0))
+        if self.off_step_seconds <= 0:
+            return base
+        return max(base, math.ceil(self.loss_seconds / (MEASURE_SHARE * self.off_step_seconds)))
 
-    def fail(self, step: int) -> None:
+    def fail(self, step: int, loss_seconds: float) -> None:
         self.pays, self.step = False, step
         self.failures += 1
+        self.loss_seconds += loss_seconds
 
 
 def same_load(batch: float, measured: float) -> bool:
     return 1 / LOAD_RATIO <= (batch + 1) / (measured + 1) <= LOAD_RATIO
 
 
-def off_rate_of(epoch: Epoch, proposal_seconds: float) -> float:
+def off_rate_of(epoch: Epoch, price: Price) -> float:
     """Tokens a second the epoch's steps would have made with speculation off: a token per running request a step,
-    in their time less what the proposals they verified cost at the price."""
-    seconds = epoch.elapsed - proposal_seconds * epoch.proposals
+    in their time less what the proposals and passes they ran cost at the price."""
+    seconds = epoch.elapsed - price.proposal_seconds * epoch.proposals - price.pass_seconds * epoch.passes
     return epoch.batch / seconds if seconds > 0 else math.inf
+
+
+def fit_price(off: Epoch, on: Epoch) -> tuple[float, float]:
+    """(c, d) from the median off step and the medians of the on epoch's two alternating shapes (all requests, every
+    other request: the same passes, half the proposals); where the shapes cannot tell them apart (one request, or
+    passes not counted), every added second is the proposals'."""
+    t_off = statistics.median(off.seconds)
+    groups = [(statistics.median(on.seconds[i::2]), *(statistics.median(x) for x in zip(*on.shapes[i::2])))
+              for i in (0, 1)] if on.steps > 1 else []
+    (t_all, p_all, n_all), (t_half, p_half, n_half) = groups or [(statistics.median(on.seconds),
+                                                                on.proposals / on.steps, 0)] * 2
+    if n_all and n_all == n_half and p_all > p_half:
+        c = max(0.0, (t_all - t_half) / (p_all - p_half))
+        return c, max(0.0, (t_all - t_off - c * p_all) / n_all)
+    return max(0.0, t_all - t_off) / p_all if p_all else 0.0, 0.0
+
+
+def depths_worth_passing(worth: np.ndarray, ks: np.ndarray, theta: float, pass_tokens: float) -> np.ndarray:
+    """The requests' proposals cut to the deepest depth whose proposals' worth beyond their price (theta each) repays
+    a pass (pass_tokens' worth of time); every deeper one repays less."""
+    for depth in range(int(ks.max(initial=0)), 0, -1):
+        running = ks >= depth
+        if (worth[running, depth - 1] - theta).sum() >= pass_tokens:
+            break
+        ks = np.minimum(ks, depth - 1)
+    return ks
 
 
 def proposals_worth_verifying(worth: np.ndarray, limits: np.ndarray, theta: float) -> np.ndarray:
@@ -89,6 +141,14 @@ def proposals_worth_verifying(worth: np.ndarray, limits: np.ndarray, theta: floa
     if theta <= 0:
         return limits
     return np.minimum((worth >= theta).sum(axis=1), limits).astype(np.int64)
+
+
+def measuring_half(limits: np.ndarray) -> np.ndarray:
+    """Every other step of measuring: every other request with proposals verifies them (one: half of them)."""
+    some = limits > 0
+    if some.sum() <= 1:
+        return (limits + 1) // 2
+    return np.where(some & ((np.cumsum(some) - 1) % 2 == 0), limits, 0)
 
 
 def start_repaid(worth: np.ndarray, ks: np.ndarray, theta: float, start_tokens: np.ndarray,
@@ -110,12 +170,13 @@ class SpeculationPolicy:
         self.speculating = False  # whether proposals may be verified now (read by the engine's metrics)
 
     # -- measurements ------------------------------------------------------------------------
-    def observe_step(self, generated_tokens: int, seconds: float, batch: int, proposals: int,
+    def observe_step(self, generated_tokens: float, seconds: float, batch: int, proposals: int, passes: int = 0,
                      catch_up_seconds: float = 0.0) -> None:
         """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation): the tokens it
-        appended to outputs, how long it took, how many requests were running, how many proposals it verified, and
-        of its seconds those a draft spent catching up on requests it starts on. A measuring epoch prices a proposal
-        without them (start_repaid charges each request its own catch-up); following a price, they count."""
+        appended to outputs, how long it took, how many requests were running, how many proposals it verified (and
+        to what depth: passes; 0 where a draft does not count them), and
+        of its seconds those a draft spent catching up on requests it starts on. A proposal is priced without them
+        (start_repaid charges each request its own catch-up); tokens per second, and what measuring lost, count them."""
         self._steps += 1
         epoch, price, off = self._epoch, self._price, self._off
         if price is None and off is not None:  # measuring "on"
@@ -124,14 +185,13 @@ class SpeculationPolicy:
                 return
             if proposals == 0:
                 return  # an off step: it says nothing of what a proposal costs
-            seconds -= catch_up_seconds
-        epoch.add(generated_tokens, seconds, batch, proposals)
+        epoch.add(generated_tokens, seconds - catch_up_seconds, batch, proposals, passes, catch_up_seconds)
         if price is not None:
             if self._steps - price.step >= price.holds_steps or not same_load(batch, self._load):
                 self._follow(batch)
             elif price.pays and epoch.steps >= CHECK_STEPS and epoch.rate * MARGIN < min(
-                    price.off_rate, off_rate_of(epoch, price.proposal_seconds)):
-                price.fail(self._steps)
+                    price.off_rate, off_rate_of(epoch, price)):
+                price.fail(self._steps, epoch.loss_seconds(price.off_rate))
                 self._apply(price, self._load)
         elif epoch.steps >= EPOCH_STEPS:
             if off is None:
@@ -140,9 +200,8 @@ class SpeculationPolicy:
                 self._measured(off, epoch)
 
     def _measured(self, off: Epoch, on: Epoch) -> None:
-        added = statistics.median(on.seconds) - statistics.median(off.seconds)
-        price = Price((off.batch + on.batch) / (off.steps + on.steps), self._steps,
-                      max(0.0, added) * on.steps / on.proposals, off.rate)
+        price = Price((off.batch + on.batch) / (off.steps + on.steps), self._steps, *fit_price(off, on), off.rate,
+                      off.elapsed / off.steps, on.loss_seconds(off.rate))
         replaced = [p for p in self._prices if same_load(p.batch, price.batch)]
         price.failures = max((p.failures for p in replaced if not p.pays), default=0)  # after one that paid: 0
         self._prices = [p for p in self._prices if not same_load(p.batch, price.batch)] + [price]
@@ -181,15 +240,17 @@ class SpeculationPolicy:
             return np.zeros_like(limits)
         price = self._price
         if price is None:  # measuring the price: the fixed-K setting, for requests whose start the last price repays
+            ks = limits if self._epoch.steps % 2 == 0 else measuring_half(limits)
             last = self._prices[-1] if self._prices else None
             if last is None or start_seconds is None or remaining is None or self._off is None:
-                return limits
+                return ks
             rate = self._off.rate
-            return np.where(start_repaid(worth, limits, last.proposal_seconds * rate, start_seconds * rate,
-                                         remaining), limits, 0)
+            return np.where(start_repaid(worth, ks, last.proposal_seconds * rate, start_seconds * rate,
+                                         remaining), ks, 0)
         rate = self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
         theta = price.proposal_seconds * rate
-        ks = proposals_worth_verifying(worth, limits, theta)
+        ks = depths_worth_passing(worth, proposals_worth_verifying(worth, limits, theta), theta,
+                                  price.pass_seconds * rate)
         if start_seconds is not None and remaining is not None:
             ks = np.where(start_repaid(worth, ks, theta, start_seconds * rate, remaining), ks, 0)
         return ks

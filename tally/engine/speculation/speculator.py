@@ -69,6 +69,7 @@ class Speculator:
         self._acceptance: weakref.WeakKeyDictionary[Request, Acceptance] = weakref.WeakKeyDictionary()
         self._overall = Acceptance()  # every request's, undecayed
         self._step_proposals = 0  # proposals the current step verifies
+        self._step_passes = 0  # the most any request verifies: the draft's passes for them
         self._running: list[Request] = []  # the last step's, to see which finished since
         self.mean_output_tokens: float | None = None  # finished requests' outputs, recent ones weighing most
 
@@ -80,7 +81,7 @@ class Speculator:
                 req.spec_token_ids = []
         self._count_finished(running)
         self.draft_probs = {}
-        self._step_proposals = 0
+        self._step_proposals = self._step_passes = 0
         if cfg.adaptive and not self.policy.speculate_now():
             return
         candidates, limits, rooms = [], [], []
@@ -124,12 +125,11 @@ class Speculator:
             return self.policy.choose(worth, limits)
         lags = np.array([self.draft.lag(r) for r in reqs])
         mean = self.mean_output_tokens
-        ks = self.policy.choose(worth, limits, self.draft.start_seconds(lags),
-                                rooms if mean is None else np.minimum(rooms, mean))
-        if len(reqs) >= DRAFT_SHARE:
-            few = np.zeros(len(reqs), dtype=bool)
-            few[np.argsort(lags, kind="stable")[:len(reqs) // DRAFT_SHARE]] = True
-            ks = np.where(few, ks, 0)
+        few = np.sort(np.argsort(lags, kind="stable")[:len(reqs) // DRAFT_SHARE]) if len(reqs) >= DRAFT_SHARE \
+            else np.arange(len(reqs))
+        ks = np.zeros_like(limits)
+        ks[few] = self.policy.choose(worth[few], limits[few], self.draft.start_seconds(lags[few]),
+                                     (rooms if mean is None else np.minimum(rooms, mean))[few])
         return ks
 
     def worth(self, reqs: list[Request], k: int) -> np.ndarray:
@@ -162,6 +162,7 @@ class Speculator:
             row += count
         if kept:
             self._step_proposals = sum(len(r.spec_token_ids) for r in sampled)
+            self._step_passes = max(len(r.spec_token_ids) for r in sampled)
             self.stats.last_num_speculative_tokens = self._step_proposals / len(kept)
             for s in out.scheduled:
                 if id(s.request) in kept:
@@ -169,11 +170,14 @@ class Speculator:
                     s.request.spec_token_ids = []
         return keep
 
-    def observe_step(self, generated_tokens: int, seconds: float, batch: int) -> None:
+    def observe_step(self, generated_tokens: int, seconds: float, batch: int, steps: int = 1) -> None:
         """A step without a prompt chunk, for the policy, with what the draft spent in it catching up on requests
-        (priced per request before it starts on one, not as part of a proposal's price)."""
+        (priced per request before it starts on one, not as part of a proposal's price); a burst of `steps` decode
+        steps without proposals (tally/engine/multi_step.py) counts as that many steps of its mean."""
         catch_up_s = self.draft.last_catch_up_seconds if self.draft is not None and self._step_proposals else 0.0
-        self.policy.observe_step(generated_tokens, seconds, batch, self._step_proposals, catch_up_s)
+        for _ in range(steps):
+            self.policy.observe_step(generated_tokens / steps, seconds / steps, batch, self._step_proposals,
+                                     self._step_passes, catch_up_s)
 
     def _record(self, req: Request, proposed: int, accepted: int) -> None:
         st = self.stats

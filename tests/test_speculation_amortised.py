@@ -1,0 +1,79 @@
+"""The adaptive policy over a server's lifetime, from step times a cost model records (never the clock): where
+speculating loses it is off within a measurement and stays off, costing at most a few percent against speculation
+off at any batch; where it wins it stays on and keeps the gain. MEASURE_SHARE bounds what measuring costs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from tally.engine.speculation.policy import CHECK_STEPS, EPOCH_STEPS, KEEP_STEPS, SpeculationPolicy
+
+K = 4
+STEPS = 5 * KEEP_STEPS  # a server that has run a while: several prices expired and measured again
+
+
+WEIGHTS_S, ROW_S = 0.02, 0.002  # a decode step of B requests with speculation off: WEIGHTS_S + B * ROW_S
+
+
+@dataclass
+class CostModel:
+    """A decode step with speculation off, plus ROW_S a verified proposal (a verify row costs what a decode row does),
+    plus pass_steps off steps per proposal depth (a draft's pass, whatever its rows); each request's j-th proposal
+    holds with chance alpha^j."""
+
+    alpha: float
+    pass_steps: float = 0.0
+
+    def step_seconds(self, batch: int, proposals: int, passes: int) -> float:
+        off_s = WEIGHTS_S + ROW_S * batch
+        return off_s * (1 + self.pass_steps * passes) + ROW_S * proposals
+
+    def run(self, policy: SpeculationPolicy, batch: int, steps: int) -> tuple[float, float, list[bool]]:
+        """(tokens, seconds, whether each step verified proposals) over `steps` steps that follow the policy."""
+        worth = np.full((batch, K), self.alpha) ** np.arange(1, K + 1)
+        limits = np.full(batch, K)
+        tokens = seconds = carry = 0.0
+        spoke = []
+        for _ in range(steps):
+            ks = policy.choose(worth, limits) if policy.speculate_now() else np.zeros(batch, dtype=np.int64)
+            proposals = int(ks.sum())
+            expected = batch + float(np.where(np.arange(K) < ks[:, None], worth, 0.0).sum()) + carry
+            made = int(expected)
+            carry = expected - made
+            step_s = self.step_seconds(batch, proposals, int(ks.max()))
+            policy.observe_step(made, step_s, batch, proposals, int(ks.max()))
+            tokens, seconds = tokens + made, seconds + step_s
+            spoke.append(proposals > 0)
+        return tokens, seconds, spoke
+
+
+def _vs_off(model: CostModel, batch: int) -> tuple[float, list[bool]]:
+    tokens, seconds, spoke = model.run(SpeculationPolicy(), batch, STEPS)
+    return (tokens / seconds) / (batch / model.step_seconds(batch, 0, 0)), spoke
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16, 32])
+@pytest.mark.parametrize("model", [
+    CostModel(alpha=0.2),  # prompt lookup on text it rarely matches
+    CostModel(alpha=0.6, pass_steps=0.3),  # a draft's passes: cheap spread over a batch's proposals, dear for a few
+    CostModel(alpha=0.05, pass_steps=1.0),  # the target as its own draft, rarely right
+], ids=["rarely-kept", "draft-passes", "draft-as-dear"])
+def test_where_speculating_loses_it_is_soon_off_and_costs_at_most_two_percent(model: CostModel, batch: int):
+    """At one stream some of these still pay (a verify row costs little beside the weights): there the policy
+    speculates and gains; everywhere else it is off after one measurement and CHECK_STEPS steps of following it."""
+    ratio, spoke = _vs_off(model, batch)
+    assert ratio >= 0.98, ratio
+    off_soon = sum(spoke[2 * EPOCH_STEPS + CHECK_STEPS:]) <= 2 * (EPOCH_STEPS + CHECK_STEPS)  # measured twice more
+    assert off_soon or ratio > 1.0, (ratio, sum(spoke))
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_where_speculating_wins_it_stays_on_and_keeps_the_gain(batch: int):
+    model = CostModel(alpha=0.9)
+    ratio, spoke = _vs_off(model, batch)
+    fixed_k = batch * (1 + sum(model.alpha ** j for j in range(1, K + 1))) / model.step_seconds(batch, K * batch, K)
+    assert ratio >= 0.97 * fixed_k / (batch / model.step_seconds(batch, 0, 0)), ratio  # all but measuring's off epochs
+    assert ratio > 1.2
+    assert sum(spoke) >= 0.95 * STEPS
