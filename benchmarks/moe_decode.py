@@ -66,15 +66,19 @@ def tokens_per_s(llm, batch: int, tokens: int) -> float:
 def tile_rows_cost(llm, threads: int, repeats: int) -> None:
     """One thread's CPU time for every expert's gate_up over 1-4 rows (best of `repeats`, alternating), fitted as
     pass + rows * row: the pass over the weights in rows' products."""
+    from tally.models.native_decode_step import scale_form
+    from tally.native.library import load
+
     torch.set_num_threads(1)
     projections = [m for layer in llm.engine.model.layers for m in layer.experts.gate_up]
-    x = torch.randn(4, projections[0].in_features)
+    x, y = torch.randn(4, projections[0].in_features), torch.empty(4, projections[0].out_features)
     best: dict[int, float] = {}
     for _ in range(repeats):
         for rows in (1, 2, 3, 4):
             start = time.thread_time()
-            for m in projections:
-                m(x[:rows])
+            for m in projections:  # the kernel itself: a module's call adds an allocation and torch's dispatch
+                load().tally_gemm_q8(x.data_ptr(), m.q.data_ptr(), m.s.data_ptr(), None, y.data_ptr(), rows,
+                                     m.out_features, m.in_features, m.group_size, 0, 0, scale_form(m.s))
             best[rows] = min(best.get(rows, float("inf")), time.thread_time() - start)
     torch.set_num_threads(threads)
     row = (best[4] - best[1]) / 3
