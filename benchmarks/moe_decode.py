@@ -4,9 +4,11 @@ fp32 (`quantization="none"`), and a dense Llama of the same active size: tokens 
 bytes a token reads (the routed experts' only) per second against the dense model's, i.e. the share of the dense
 model's roofline the experts reach (a ratio, so a busy host's drifting read rate cancels). Random weights (Qwen3-MoE,
 hidden 1024, 8 layers, 8 experts of 1408 with 2 routed: the dense model's 2816), written by llama.cpp's own
-converter (tests/support/families.py); nothing is downloaded.
+converter (tests/support/families.py); nothing is downloaded. `--tile-rows` first times one thread over every
+expert's gate_up at 1-4 rows (its CPU time, which a busy host's waits leave out): what a pass over an expert's
+weights costs in rows' products, the weight tally/native/experts.h gives each expert's share of a parallel region.
 
-    python benchmarks/moe_decode.py [--tokens 32] [--threads 2] [--repeats 3] [--batches 1,8]
+    python benchmarks/moe_decode.py [--tokens 32] [--threads 2] [--repeats 3] [--batches 1,8] [--tile-rows]
 """
 from __future__ import annotations
 
@@ -61,12 +63,36 @@ def tokens_per_s(llm, batch: int, tokens: int) -> float:
     return batch * (tokens - 1) / (timed(tokens) - timed(1))
 
 
+def tile_rows_cost(llm, threads: int, repeats: int) -> None:
+    """One thread's CPU time for every expert's gate_up over 1-4 rows (best of `repeats`, alternating), fitted as
+    pass + rows * row: the pass over the weights in rows' products."""
+    from tally.models.native_decode_step import scale_form
+    from tally.native.library import load
+
+    torch.set_num_threads(1)
+    projections = [m for layer in llm.engine.model.layers for m in layer.experts.gate_up]
+    x, y = torch.randn(4, projections[0].in_features), torch.empty(4, projections[0].out_features)
+    best: dict[int, float] = {}
+    for _ in range(repeats):
+        for rows in (1, 2, 3, 4):
+            start = time.thread_time()
+            for m in projections:  # the kernel itself: a module's call adds an allocation and torch's dispatch
+                load().tally_gemm_q8(x.data_ptr(), m.q.data_ptr(), m.s.data_ptr(), None, y.data_ptr(), rows,
+                                     m.out_features, m.in_features, m.group_size, 0, 0, scale_form(m.s))
+            best[rows] = min(best.get(rows, float("inf")), time.thread_time() - start)
+    torch.set_num_threads(threads)
+    row = (best[4] - best[1]) / 3
+    print("one thread, every expert's gate_up: " + ", ".join(f"{r} rows {t * 1e3:.1f} ms" for r, t in best.items())
+          + f"; the weights' pass is worth {(best[1] - row) / row:.2f} rows")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batches", default="1,8")
+    p.add_argument("--tile-rows", action="store_true", help="first time one thread's expert tiles at 1-4 rows")
     a = p.parse_args()
     from support.families import make_family_checkpoint, to_gguf_many
     from tally import LLM
@@ -81,6 +107,8 @@ def main() -> int:
                       enable_prefix_caching=False)
         native, dequantized, dense = (LLM(str(path), quantization=q, **engine)
                                       for path, q in ((moe_gguf, None), (moe_gguf, "none"), (dense_gguf, None)))
+        if a.tile_rows:
+            tile_rows_cost(native, a.threads, 2 * a.repeats + 1)
         # (name, engine, whether its experts run the per-expert PyTorch loop: then neither bursts of steps nor the
         # one-call step, which need the native call)
         cases = [("experts native", native, False), ("experts loop", native, True), ("dequantized", dequantized, False),

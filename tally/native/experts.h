@@ -73,15 +73,19 @@ static void route_rows(const Experts *e, const float *x, int64_t n, float *logit
 /* The chosen experts' projections in one parallel region: its items are (expert, tile) pairs across the experts, so a
  * layer pays one start and join of the threads for all the gate_ups and one for all the downs, not two per chosen
  * expert (docs/benchmarks.md#decode-roofline). Each expert's share is the job project() runs (project_work), so the
- * same bits. */
+ * same bits. The pool cuts a region's items into equal shares, but an expert's tile costs more the more rows chose
+ * it: each expert gets items in proportion to its tiles' cost, mapped evenly onto its own tiles, so the threads'
+ * shares are even in time and neither waits for the other. */
 typedef struct { const ProjWork *works; const int64_t *first; int64_t count; } Grouped;  /* first: [count + 1] */
 
 static void grouped_items(const void *ctx, int64_t b, int64_t end) {
     const Grouped *g = ctx;
     for (int64_t i = 0; i < g->count && b < end; i++) {
         if (b >= g->first[i + 1]) continue;
-        int64_t stop = end < g->first[i + 1] ? end : g->first[i + 1];
-        g->works[i].fn(work_arg(g->works + i), b - g->first[i], stop - g->first[i]);
+        int64_t stop = end < g->first[i + 1] ? end : g->first[i + 1], span = g->first[i + 1] - g->first[i];
+        int64_t units = g->works[i].items, u0 = (b - g->first[i]) * units / span;
+        int64_t u1 = (stop - g->first[i]) * units / span;
+        if (u1 > u0) g->works[i].fn(work_arg(g->works + i), u0, u1);
         b = stop;
     }
 }
@@ -90,7 +94,7 @@ static void grouped_items(const void *ctx, int64_t b, int64_t end) {
  * projection has no work form (project_work) runs alone first. works, first: room for E and E + 1. */
 static void project_experts(const Proj *proj, const int64_t *start, int64_t E, const float *x, int64_t K, float *y,
                             int64_t N, ProjWork *works, int64_t *first) {
-    int64_t count = 0, work = 0;
+    int64_t count = 0, work = 0, cheapest = 0;
     first[0] = 0;
     for (int64_t ex = 0; ex < E; ex++) {
         int64_t r0 = start[ex], c = start[ex + 1] - r0;
@@ -99,9 +103,14 @@ static void project_experts(const Proj *proj, const int64_t *start, int64_t E, c
             project(proj + ex, x + r0 * K, y + r0 * N, c, 0);
             continue;
         }
-        first[count + 1] = first[count] + works[count].items;
+        /* a unit's cost in half rows: a tile over c rows takes about as long as c + 1/2 rows' products, the pass
+         * over its weights worth half a row's (docs/benchmarks.md#decode-roofline) */
+        int64_t cost = works[count].work / c / works[count].items * (2 * c + 1);
+        cheapest = !count || cost < cheapest ? cost : cheapest;
+        first[count + 1] = cost;  /* for now */
         work += works[count++].work;
     }
+    for (int64_t i = 0; i < count; i++) first[i + 1] = first[i] + works[i].items * first[i + 1] / cheapest;
     Grouped g = {works, first, count};
     parallel_for(first[count], work, grouped_items, &g);
     for (int64_t i = 0; i < count; i++) project_work_free(works + i);
