@@ -7,10 +7,11 @@ streams of 64 tokens; mixed: 16 requests of 8-256 prompt tokens and 16-64 new on
 hold (prompt chunks beside decodes), output tokens a second. Best of --repeats per cell, the spread (worst over best)
 beside it. --kernels: the fp16-panel projection kernel alone, both versions' builds loaded in this process, on
 SmolLM2-135M's shapes (8 layers' weights, so they stream from memory as a decode step's do); --fp32-kernels: the fp32
-panels against torch's F.linear on the same shapes, this version alone.
+panels against torch's F.linear on the same shapes, this version alone; --bf16-kernels: the bf16 panels against torch's
+bf16 F.linear.
 
     python benchmarks/batch_invariance.py --baseline a533890 [--repeats 3] [--kernels] [--models "dense bf16,int8 KV"]
-    python benchmarks/batch_invariance.py --fp32-kernels [--repeats 3]
+    python benchmarks/batch_invariance.py --fp32-kernels | --bf16-kernels [--repeats 3]
 """
 from __future__ import annotations
 
@@ -107,9 +108,9 @@ def kernel_table(baseline: Path, repeats: int) -> None:
         print(f"{rows:>5} {b:>10.3f} {n:>10.3f} {b / n:>16.2f}x")
 
 
-def fp32_table(repeats: int) -> None:
-    """fp32 projections: the native fp32 panels (batch-invariant) against PyTorch's F.linear (its BLAS), ms per layer's
-    projections at each row count, best of `repeats` x 5 alternating."""
+def panel_table(dtype_name: str, repeats: int) -> None:
+    """fp32 or bf16 projections: the native panels (batch-invariant) against PyTorch's F.linear in that dtype (its BLAS
+    or oneDNN), ms per layer's projections at each row count, best of `repeats` x 5 alternating."""
     import time
 
     import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
@@ -118,10 +119,12 @@ def fp32_table(repeats: int) -> None:
 
     from tally.native import ops
 
-    weights = [[torch.randn(n, k) for n, k in SHAPES] for _ in range(8)]
-    panels = [[ops.pack_f16(w, torch.float32) for w in layer] for layer in weights]
-    arms = {"torch": lambda x, i, j: F.linear(x, weights[i][j]),
-            "panels": lambda x, i, j: ops.gemm_f32(x, panels[i][j], SHAPES[j][0], None)}
+    dtype = getattr(torch, dtype_name)
+    gemm = ops.gemm_f32 if dtype == torch.float32 else ops.gemm_bf16
+    weights = [[torch.randn(n, k).to(dtype) for n, k in SHAPES] for _ in range(8)]
+    panels = [[ops.pack_f16(w, dtype) for w in layer] for layer in weights]
+    arms = {"torch": lambda x, i, j: F.linear(x.to(dtype), weights[i][j]),
+            "panels": lambda x, i, j: gemm(x, panels[i][j], SHAPES[j][0], None).to(dtype)}
     best = {(name, rows): float("inf") for name in arms for rows in ROWS}
     for rows in ROWS:
         xs = {k: torch.randn(rows, k) for _, k in SHAPES}
@@ -132,7 +135,7 @@ def fp32_table(repeats: int) -> None:
                     for j, (_, k) in enumerate(SHAPES):
                         arm(xs[k], i, j)
                 best[(name, rows)] = min(best[(name, rows)], (time.perf_counter() - start) / len(weights) * 1e3)
-    print(f"{'rows':>5} {'torch ms':>10} {'panels ms':>10} {'panels/torch speed':>19}")
+    print(f"{dtype_name}: {'rows':>5} {'torch ms':>10} {'panels ms':>10} {'panels/torch speed':>19}")
     for rows in ROWS:
         t, n = best[("torch", rows)], best[("panels", rows)]
         print(f"{rows:>5} {t:>10.3f} {n:>10.3f} {t / n:>18.2f}x")
@@ -146,13 +149,16 @@ def main() -> None:
     parser.add_argument("--kernels", action="store_true", help="the fp16-panel kernel alone, both builds")
     parser.add_argument("--fp32-kernels", action="store_true",
                         help="fp32 panels against PyTorch's fp32 matmul, this version only (no --baseline needed)")
+    parser.add_argument("--bf16-kernels", action="store_true",
+                        help="bf16 panels against PyTorch's bf16 matmul, this version only (no --baseline needed)")
     args = parser.parse_args()
-    if args.fp32_kernels:
-        fp32_table(args.repeats)
-        print(f"python benchmarks/batch_invariance.py --fp32-kernels --repeats {args.repeats}")
+    if args.fp32_kernels or args.bf16_kernels:
+        flag = "fp32" if args.fp32_kernels else "bf16"
+        panel_table({"fp32": "float32", "bf16": "bfloat16"}[flag], args.repeats)
+        print(f"python benchmarks/batch_invariance.py --{flag}-kernels --repeats {args.repeats}")
         return
     if args.baseline is None:
-        parser.error("--baseline is needed, but with --fp32-kernels")
+        parser.error("--baseline is needed, but with --fp32-kernels / --bf16-kernels")
     if args.kernels:
         with tempfile.TemporaryDirectory() as tmp:
             kernel_table(export(args.baseline, Path(tmp)), args.repeats)
