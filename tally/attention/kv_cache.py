@@ -14,7 +14,7 @@ from typing import Union
 import torch
 
 QMAX = 127
-# A block-head of all zeros still gets a positive scale, so dividing by it is safe.
+# A token-head of all zeros still gets a positive scale, so dividing by it is safe.
 MIN_SCALE = 1e-12
 
 
