@@ -1,15 +1,17 @@
 """What batch-invariant numerics cost: this Tally against another version (a git ref, e.g. the commit before them),
 alternating in one run, each in a process of its own, on the built-in GGUF and on the same model dequantized to a
 dense checkpoint (fp16 panels, fp32 arithmetic: the path a bf16 Hugging Face checkpoint takes on AVX2 CPUs), and on
-it in fp32 (native fp32 panels now, PyTorch's BLAS before them). Prefill: one 512-token prompt; decode: 1 and 8 greedy
+it in fp32 (native fp32 panels now, PyTorch's BLAS before them), in bf16 (`--dtype bfloat16`) and with the int8 KV
+cache (--models picks some of these). Prefill: one 512-token prompt; decode: 1 and 8 greedy
 streams of 64 tokens; mixed: 16 requests of 8-256 prompt tokens and 16-64 new ones at once, what a server's steps
 hold (prompt chunks beside decodes), output tokens a second. Best of --repeats per cell, the spread (worst over best)
 beside it. --kernels: the fp16-panel projection kernel alone, both versions' builds loaded in this process, on
 SmolLM2-135M's shapes (8 layers' weights, so they stream from memory as a decode step's do); --fp32-kernels: the fp32
-panels against torch's F.linear on the same shapes, this version alone.
+panels against torch's F.linear on the same shapes, this version alone; --bf16-kernels: the bf16 panels against torch's
+bf16 F.linear.
 
-    python benchmarks/batch_invariance.py --baseline a533890 [--repeats 3] [--kernels]
-    python benchmarks/batch_invariance.py --fp32-kernels [--repeats 3]
+    python benchmarks/batch_invariance.py --baseline a533890 [--repeats 3] [--kernels] [--models "dense bf16,int8 KV"]
+    python benchmarks/batch_invariance.py --fp32-kernels | --bf16-kernels [--repeats 3]
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"GGUF Q4_1": {}, "dense (fp16 panels)": {"quantization": "none"},
-          "dense fp32": {"quantization": "none", "dtype": "float32"}}
+          "dense fp32": {"quantization": "none", "dtype": "float32"},
+          "dense bf16": {"quantization": "none", "dtype": "bfloat16"},  # bf16 panels now, oneDNN / torch before
+          "int8 KV": {"quantization": "none", "kv_cache_dtype": "int8"}}  # scales per token, native attention now
 METRICS = ("prefill_tok_s", "decode1_tok_s", "decode8_tok_s", "mixed16_tok_s")
 
 WORKLOAD = """
@@ -104,9 +108,9 @@ def kernel_table(baseline: Path, repeats: int) -> None:
         print(f"{rows:>5} {b:>10.3f} {n:>10.3f} {b / n:>16.2f}x")
 
 
-def fp32_table(repeats: int) -> None:
-    """fp32 projections: the native fp32 panels (batch-invariant) against PyTorch's F.linear (its BLAS), ms per layer's
-    projections at each row count, best of `repeats` x 5 alternating."""
+def panel_table(dtype_name: str, repeats: int) -> None:
+    """fp32 or bf16 projections: the native panels (batch-invariant) against PyTorch's F.linear in that dtype (its BLAS
+    or oneDNN), ms per layer's projections at each row count, best of `repeats` x 5 alternating."""
     import time
 
     import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
@@ -115,10 +119,12 @@ def fp32_table(repeats: int) -> None:
 
     from tally.native import ops
 
-    weights = [[torch.randn(n, k) for n, k in SHAPES] for _ in range(8)]
-    panels = [[ops.pack_f16(w, torch.float32) for w in layer] for layer in weights]
-    arms = {"torch": lambda x, i, j: F.linear(x, weights[i][j]),
-            "panels": lambda x, i, j: ops.gemm_f32(x, panels[i][j], SHAPES[j][0], None)}
+    dtype = getattr(torch, dtype_name)
+    gemm = ops.gemm_f32 if dtype == torch.float32 else ops.gemm_bf16
+    weights = [[torch.randn(n, k).to(dtype) for n, k in SHAPES] for _ in range(8)]
+    panels = [[ops.pack_f16(w, dtype) for w in layer] for layer in weights]
+    arms = {"torch": lambda x, i, j: F.linear(x.to(dtype), weights[i][j]),
+            "panels": lambda x, i, j: gemm(x, panels[i][j], SHAPES[j][0], None).to(dtype)}
     best = {(name, rows): float("inf") for name in arms for rows in ROWS}
     for rows in ROWS:
         xs = {k: torch.randn(rows, k) for _, k in SHAPES}
@@ -129,7 +135,7 @@ def fp32_table(repeats: int) -> None:
                     for j, (_, k) in enumerate(SHAPES):
                         arm(xs[k], i, j)
                 best[(name, rows)] = min(best[(name, rows)], (time.perf_counter() - start) / len(weights) * 1e3)
-    print(f"{'rows':>5} {'torch ms':>10} {'panels ms':>10} {'panels/torch speed':>19}")
+    print(f"{dtype_name}: {'rows':>5} {'torch ms':>10} {'panels ms':>10} {'panels/torch speed':>19}")
     for rows in ROWS:
         t, n = best[("torch", rows)], best[("panels", rows)]
         print(f"{rows:>5} {t:>10.3f} {n:>10.3f} {t / n:>18.2f}x")
@@ -139,37 +145,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", help="git ref of the version to compare against")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated arms of: " + ", ".join(MODELS))
     parser.add_argument("--kernels", action="store_true", help="the fp16-panel kernel alone, both builds")
     parser.add_argument("--fp32-kernels", action="store_true",
                         help="fp32 panels against PyTorch's fp32 matmul, this version only (no --baseline needed)")
+    parser.add_argument("--bf16-kernels", action="store_true",
+                        help="bf16 panels against PyTorch's bf16 matmul, this version only (no --baseline needed)")
     args = parser.parse_args()
-    if args.fp32_kernels:
-        fp32_table(args.repeats)
-        print(f"python benchmarks/batch_invariance.py --fp32-kernels --repeats {args.repeats}")
+    if args.fp32_kernels or args.bf16_kernels:
+        flag = "fp32" if args.fp32_kernels else "bf16"
+        panel_table({"fp32": "float32", "bf16": "bfloat16"}[flag], args.repeats)
+        print(f"python benchmarks/batch_invariance.py --{flag}-kernels --repeats {args.repeats}")
         return
     if args.baseline is None:
-        parser.error("--baseline is needed, but with --fp32-kernels")
+        parser.error("--baseline is needed, but with --fp32-kernels / --bf16-kernels")
     if args.kernels:
         with tempfile.TemporaryDirectory() as tmp:
             kernel_table(export(args.baseline, Path(tmp)), args.repeats)
         print(f"python benchmarks/batch_invariance.py --baseline {args.baseline} --kernels --repeats {args.repeats}")
         return
+    models = {m: MODELS[m] for m in args.models.split(",")}
     with tempfile.TemporaryDirectory() as tmp:
         versions = {"before": export(args.baseline, Path(tmp)), "now": ROOT}
         cells: dict[tuple[str, str, str], list[float]] = {}
         for _ in range(args.repeats):
-            for model, kwargs in MODELS.items():
+            for model, kwargs in models.items():
                 for name, source in versions.items():  # alternating: the host's load falls on both alike
                     for metric, value in measure(source, kwargs).items():
                         cells.setdefault((model, metric, name), []).append(value)
     print(f"{'model':<20} {'figure':<16} {'before':>9} {'now':>9} {'spread':>13} {'now/before':>10}")
-    for model in MODELS:
+    for model in models:
         for metric in METRICS:
             before, now = cells[(model, metric, "before")], cells[(model, metric, "now")]
             spread = f"{max(before) / min(before):.2f}/{max(now) / min(now):.2f}"
             print(f"{model:<20} {metric:<16} {max(before):>9.1f} {max(now):>9.1f} {spread:>13} "
                   f"{max(now) / max(before):>9.2f}x")
-    print(f"python benchmarks/batch_invariance.py --baseline {args.baseline} --repeats {args.repeats}")
+    print(f"python benchmarks/batch_invariance.py --baseline {args.baseline} --repeats {args.repeats} "
+          f"--models '{args.models}'")
 
 
 if __name__ == "__main__":

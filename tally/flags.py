@@ -100,7 +100,7 @@ KV_CACHE_DTYPE = Flag("kv_cache_dtype", "the KV cache's values. auto: the comput
                                         "quantized weights computed in fp32, such as a GGUF's blocks as stored "
                                         "(llama.cpp's f16); float16 and bfloat16 halve fp32's bytes, int8 halves "
                                         "them again "
-                                        "(with a scale per block and head); attention reads each in place with fp32 "
+                                        "(with a scale per token and head); attention reads each in place with fp32 "
                                         "arithmetic. The CPU engine stores auto, float32, float16, bfloat16 and int8; "
                                         "tally plan also plans fp8 (GPU devices)",
                       default="auto", type=canonical(KV_CACHE_DTYPE_ALIASES), choices=KV_CACHE_DTYPES)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from tally.attention import AttentionMetadata
-from tally.attention.kv_cache import Int8KVCache, plan_writes, write_int8
+from tally.attention.kv_cache import Int8KVCache, write_int8
 
 
 @dataclass
@@ -37,7 +37,7 @@ class PagedKV:
             gen = torch.Generator().manual_seed(seed)
             self.k_cache, self.v_cache = (
                 Int8KVCache(torch.randint(-127, 128, shape, dtype=torch.int8, generator=gen),
-                            torch.full((num_blocks, hkv), float("nan")))
+                            torch.full((num_blocks, block_size, hkv), float("nan")))
                 for _ in range(2))
         else:
             self.k_cache = torch.full(shape, float("nan"), dtype=dtype)
@@ -60,9 +60,8 @@ class PagedKV:
         """Put positions [0, end) in the cache directly, as an earlier step or a prefix hit would."""
         slots = torch.tensor(self.slots(seq, 0, end), dtype=torch.int64)
         if isinstance(self.k_cache, Int8KVCache):
-            plan = plan_writes(slots, self.block_size)
-            write_int8(self.k_cache, seq.k[:end], slots, plan)
-            write_int8(self.v_cache, seq.v[:end], slots, plan)
+            write_int8(self.k_cache, seq.k[:end], slots)
+            write_int8(self.v_cache, seq.v[:end], slots)
             return
         self.k_cache.view(-1, *self.k_cache.shape[2:])[slots] = seq.k[:end].to(self.k_cache.dtype)
         self.v_cache.view(-1, *self.v_cache.shape[2:])[slots] = seq.v[:end].to(self.v_cache.dtype)

@@ -111,6 +111,38 @@ def test_a_needle_on_two_tensor_parallel_ranks_gets_one_process_bits(dense_bf16:
         llm.engine.shutdown()
 
 
+def test_a_bfloat16_dense_model_gets_its_own_bits_among_many_chunked_or_not(dense_bf16: Path) -> None:
+    """`--dtype bfloat16`: projections on the native bf16 panels (tally/layers/dense.py Bf16PanelLinear), attention
+    on the fp32 kernels over the bf16 cache, prompts in one pass or in 16-token chunks."""
+    llm = LLM(str(dense_bf16), dtype="bfloat16")
+    try:
+        assert _needle_misses(llm, trials=2) == []
+        alone = _needle_alone(llm)
+    finally:
+        llm.engine.shutdown()
+    chunked = LLM(str(dense_bf16), dtype="bfloat16", max_num_batched_tokens=16, enable_chunked_prefill=True)
+    try:
+        assert _needle_misses(chunked, trials=1, alone=alone) == []
+    finally:
+        chunked.engine.shutdown()
+
+
+def test_an_int8_kv_cache_gives_a_request_its_own_bits_among_many_chunked_or_not(dense_bf16: Path) -> None:
+    """Each token's K and V quantized on its own scales (tally/attention/kv_cache.py) and read by one native kernel
+    a row, in decode-only, mixed and chunked steps alike; the needle's later trials hit the prefix cache."""
+    llm = LLM(str(dense_bf16), kv_cache_dtype="int8")
+    try:
+        assert _needle_misses(llm, trials=2) == []
+        alone = _needle_alone(llm)
+    finally:
+        llm.engine.shutdown()
+    chunked = LLM(str(dense_bf16), kv_cache_dtype="int8", max_num_batched_tokens=16, enable_chunked_prefill=True)
+    try:
+        assert _needle_misses(chunked, trials=1, alone=alone) == []
+    finally:
+        chunked.engine.shutdown()
+
+
 def _needle_alone(llm: LLM, needle: list[int] | None = None) -> tuple[list[int], list[float]]:
     """The needle's tokens and logprobs run alone (default: _needle_misses' needle at its default seed)."""
     if needle is None:
@@ -146,6 +178,19 @@ def test_an_fp32_checkpoint_gets_its_own_bits_among_many(tmp_path: Path) -> None
         assert _needle_misses(llm, trials=2) == []
     finally:
         llm.engine.shutdown()
+
+
+def test_without_the_native_kernels_start_up_warns_that_the_guarantee_cannot_hold(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyTorch's fp32 matmul sums by the row count (docs/server.md#reproducibility): the guarantee needs the kernels."""
+    from tally.engine.config import EngineConfig
+    from tally.engine.startup import load
+
+    monkeypatch.setattr(load.native, "available", lambda: False)
+    assert "TALLY_NATIVE=0" in load.batch_invariance_caveat(EngineConfig())
+    assert load.batch_invariance_caveat(EngineConfig(batch_invariant=False)) is None
+    monkeypatch.undo()
+    assert native.available() == (load.batch_invariance_caveat(EngineConfig()) is None)
 
 
 @pytest.mark.skipif(not native.available(), reason="the fp16 panels' kernel is native")

@@ -28,6 +28,7 @@ def _kernels() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     n, k = 72, 96
     panels, bias = ops.pack_f16(rand(n, k)), rand(n)
     panels32 = ops.pack_f16(rand(n, k), torch.float32)
+    panels_bf16 = ops.pack_f16(rand(n, k), torch.bfloat16)
     q4 = ops.pack_q4(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen))
     d, m = ops.pack_tile_scales(rand(n, k // 32).abs()), ops.pack_tile_scales(rand(n, k // 32))
     q6, qh6 = ops.pack_planes(torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=gen), 6)
@@ -38,6 +39,7 @@ def _kernels() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     return {
         "gemm_f16": lambda x: ops.gemm_f16(x, panels, n, bias),
         "gemm_f32": lambda x: ops.gemm_f32(x, panels32, n, bias),
+        "gemm_bf16": lambda x: ops.gemm_bf16(x, panels_bf16, n, bias),
         "gemm_q4": lambda x: ops.gemm_q4(x, q4, d, m, bias, 32, n),
         "gemm_q6": lambda x: ops.gemm_q4(x, q6, d16, None, None, 16, n, qh=qh6),
         "gemm_q8": lambda x: ops.gemm_q8(x, q8, s8, None, k, n),
@@ -70,3 +72,13 @@ def test_sampling_a_row_draws_the_same_token_in_any_batch() -> None:
     for rows in (1, 2, 7, 64, 255):
         assert torch.equal(ops.sample_rows(logits[:rows], u[:rows]), together[:rows])
     assert torch.equal(torch.cat([ops.sample_rows(logits[r:r + 1], u[r:r + 1]) for r in range(ROWS)]), together)
+
+
+def test_bf16_panels_give_the_fp32_panels_bits_of_the_same_weights() -> None:
+    """bf16 widens to fp32 exactly (a shift), and both read their panels in one order: the bf16 kernel is the fp32
+    one over the same values, at every row count the tiles take."""
+    w, bias = rand(40, 64).bfloat16(), rand(40)
+    bf16, fp32 = ops.pack_f16(w, torch.bfloat16), ops.pack_f16(w.float(), torch.float32)
+    for rows in (1, 2, 3, 7, 66, 70):
+        x = rand(rows, 64)
+        assert torch.equal(ops.gemm_bf16(x, bf16, 40, bias), ops.gemm_f32(x, fp32, 40, bias))

@@ -47,14 +47,14 @@ def test_textbook_gqa_with_8_kv_heads_gives_4x_the_concurrency():
     assert gqa_fit // mha_fit == 4
 
 
-def test_int8_kv_block_is_int8_values_plus_one_fp32_scale_per_layer_kv_block_head():
+def test_int8_kv_block_is_int8_values_plus_one_fp32_scale_per_layer_kv_token_head():
     layout = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, kv_dtype="int8", block_size=16)
     values = 16 * 2 * 30 * 3 * 64 * 1
-    scales = 2 * 30 * 3 * 4
+    scales = 16 * 2 * 30 * 3 * 4
     assert layout.bytes_per_block == values + scales
-    assert layout.bytes_per_token == -(-(values + scales) // 16)
+    assert layout.bytes_per_token == (values + scales) // 16
     fp8 = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, kv_dtype="fp8", block_size=16)
-    assert fp8.bytes_per_block == layout.bytes_per_block
+    assert fp8.bytes_per_block == values + 2 * 30 * 3 * 4  # planned for GPUs: a scale per block
 
 
 def test_engine_layout_accepts_long_and_short_dtype_names():

@@ -50,10 +50,14 @@ def test_explicit_dtype_and_fp32_checkpoints_are_not_measured():
         return EngineConfig(dtype=dtype, **kw).path_candidates("bfloat16", is_gguf=False, prequantized=False)
 
     panels = ops.available()  # fp32 on the native panels where they build (row-independent sums)
-    assert candidates("float32") == ([PathCandidate("float32", None, fp32_panels=panels)], False)
+    assert candidates("float32") == ([PathCandidate("float32", None, panels=panels)], False)
     assert candidates("half", quantization="int4") == ([PathCandidate("float16", "int4")], False)
+    bf16 = candidates("bfloat16")  # bf16 panels: oneDNN's bf16 kernels follow the row count on CPUs with bf16
+    assert bf16 == ([PathCandidate("bfloat16", None, panels=panels)], False)
+    assert bf16[0][0].dtypes == (torch.bfloat16, torch.bfloat16 if panels else None)
+    assert candidates("bfloat16", batch_invariant=False) == ([PathCandidate("bfloat16", None)], False)
     fp32 = EngineConfig().path_candidates("float32", is_gguf=False, prequantized=False)
-    assert fp32 == ([PathCandidate("float32", None, fp32_panels=panels)], False)
+    assert fp32 == ([PathCandidate("float32", None, panels=panels)], False)
     blas = EngineConfig(batch_invariant=False).path_candidates("float32", is_gguf=False, prequantized=False)
     assert blas == ([PathCandidate("float32", None)], False) and blas[0][0].dtypes == (torch.float32, None)
     gguf, open_choice = EngineConfig().path_candidates("float32", is_gguf=True, prequantized=False)

@@ -1,19 +1,20 @@
 """The "auto" backend: per prefill sequence, the kernel that suits its mask.
 
-Over an fp32 cache, every prefill (whole prompt or a chunk after cached tokens, windowed or not) goes to the native
-causal kernel (tally/native/prefill_attention.h), which reads the cache in place and skips masked tiles, faster than
-the PyTorch paths (docs/benchmarks.md#attention); soft-capped or sink-weighted scores (Gemma 2, GPT-OSS) go row by row
-through the native decode kernel instead. Otherwise a plain causal prefill goes to the reference path (torch's
-fused CPU flash kernel, no mask), and a chunk after cached tokens or a sliding window, whose mask SDPA would
-materialise as an [Lq, Lk] float tensor, to the tiled kernel, unless the mask is small (a short chunk).
+Under fp32 or bf16 compute, every prefill (whole prompt or a chunk after cached tokens, windowed or not) goes to the
+native causal kernel (tally/native/prefill_attention.h), which reads the cache in place and skips masked tiles, faster
+than the PyTorch paths (docs/benchmarks.md#attention); soft-capped or sink-weighted scores (Gemma 2, GPT-OSS) and the
+int8 cache go row by row through the native decode kernel instead. Otherwise a plain causal prefill goes to the
+reference path (torch's fused CPU flash kernel, no mask), and a chunk after cached tokens or a sliding window, whose
+mask SDPA would materialise as an [Lq, Lk] float tensor, to the tiled kernel, unless the mask is small (a short
+chunk).
 """
 from __future__ import annotations
 
 import torch
 
-from tally.attention.decode import DECODE_GATHER_KEYS, native_attention_supported
+from tally.attention.decode import DECODE_GATHER_KEYS, native_attention_supported, native_decode_attention
 from tally.attention.interface import AttentionConfig
-from tally.attention.kv_cache import KVCache
+from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.attention.paged import PagedBackend, is_plain_causal
 from tally.attention.reference import ReferenceBackend
@@ -36,15 +37,13 @@ class AutoBackend(PagedBackend):
         block_table_row: torch.Tensor, context_len: int, out: torch.Tensor, meta: AttentionMetadata,
     ) -> None:
         cfg = self.config
-        if q.dtype == torch.float32 and native_attention_supported(k_cache, cfg):
-            first_pos = context_len - q.shape[0]
-            if cfg.eager:  # soft caps, sinks: each row as a decode, so a prompt split across steps keeps its bits
-                lens = torch.arange(first_pos + 1, context_len + 1, dtype=torch.int64)
-                native.decode_attention(q, k_cache, v_cache, block_table_row[None].expand(q.shape[0], -1), lens,
-                                        cfg.sliding_window, cfg.scale, cfg.logit_softcap, cfg.sink_logits(), out)
-            else:
-                native.prefill_attention(q, k_cache, v_cache, block_table_row, first_pos, cfg.sliding_window,
-                                         cfg.scale, out=out)
+        if native_attention_supported(k_cache, cfg):
+            # bf16 compute: the same fp32 kernels over the bf16 cache, rounded once, so bf16 prompts also keep their
+            # bits split across steps
+            target = out if out.dtype == torch.float32 else torch.empty(out.shape, dtype=torch.float32)
+            self._native_prefill(q.float(), k_cache, v_cache, block_table_row, context_len, target)
+            if target is not out:
+                out.copy_(target)
             return
         plain = is_plain_causal(q.shape[0], context_len, cfg.sliding_window)
         small_mask = q.shape[0] * context_len <= SMALL_MASK_ELEMENTS
@@ -52,3 +51,16 @@ class AutoBackend(PagedBackend):
         plain_kernel = plain and cfg.sinks is None
         backend = self._plain if plain_kernel or small_mask or cfg.logit_softcap is not None else self._masked
         backend._prefill(q, k_cache, v_cache, block_table_row, context_len, out, meta)
+
+    def _native_prefill(self, q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, block_table_row: torch.Tensor,
+                        context_len: int, out: torch.Tensor) -> None:
+        cfg = self.config
+        first_pos = context_len - q.shape[0]
+        # soft caps, sinks, the int8 cache (which the prefill kernel does not read): each row as a decode, so a
+        # prompt split across steps keeps its bits
+        if cfg.eager or isinstance(k_cache, Int8KVCache):
+            lens = torch.arange(first_pos + 1, context_len + 1, dtype=torch.int64)
+            native_decode_attention(q, k_cache, v_cache, block_table_row[None].expand(q.shape[0], -1), lens, cfg, out)
+        else:
+            native.prefill_attention(q, k_cache, v_cache, block_table_row, first_pos, cfg.sliding_window, cfg.scale,
+                                     out=out)

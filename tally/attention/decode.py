@@ -7,7 +7,6 @@ Which slots each row reads (the slot grid) depends only on the step's metadata, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -31,12 +30,6 @@ class DecodeGroup:
 
     rows: torch.Tensor | None  # index into the decode rows; None: all of them, in order
     slots: torch.Tensor  # int64 [n, L] cache slot of each grid cell
-    block_size: int
-
-    @cached_property
-    def slot_blocks(self) -> torch.Tensor:
-        """Block of each grid cell, flat [n * L]: where an int8 cache keeps the cell's scale."""
-        return (self.slots // self.block_size).view(-1)
 
 
 def plan_decode(
@@ -69,15 +62,28 @@ def _group(
     ctx = torch.tensor(context_lens, dtype=torch.int64, device=device)
     positions = ctx[:, None] - num_keys + torch.arange(num_keys, device=device)
     slots = block_tables.gather(1, positions // block_size) * block_size + positions % block_size
-    return DecodeGroup(rows, slots, block_size)
+    return DecodeGroup(rows, slots)
 
 
 def native_attention_supported(k_cache: KVCache, config: AttentionConfig) -> bool:
-    """The C kernels (tally/native: decode rows, and a prompt's rows in auto.py) read an fp32, fp16 or bf16 cache
-    in place, through the block tables, with fp32 arithmetic: no gather copy and one call per layer instead of a
-    dozen. Soft caps and sinks included."""
-    return (config.compute_dtype == torch.float32 and isinstance(k_cache, torch.Tensor)
-            and k_cache.dtype in native.KV_KINDS and native.vector_supported(config.head_dim) and native.available())
+    """The C kernels (tally/native: decode rows, and a prompt's rows in auto.py) read an fp32, fp16, bf16 or int8
+    cache in place, through the block tables, with fp32 arithmetic (bf16 compute: q widened, outputs rounded): no
+    gather copy and one call per layer instead of a dozen. Soft caps and sinks included."""
+    return (config.compute_dtype in (torch.float32, torch.bfloat16) and native.vector_supported(config.head_dim)
+            and native.available()
+            and (isinstance(k_cache, Int8KVCache) or k_cache.dtype in native.KV_KINDS))
+
+
+def native_decode_attention(q: torch.Tensor, k_cache: KVCache, v_cache: KVCache, block_tables: torch.Tensor,
+                            context_lens: torch.Tensor, config: AttentionConfig,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """native.decode_attention over any cache native_attention_supported takes: each row's keys in one order,
+    whatever the other rows, so a row's bits do not depend on the batch."""
+    scales = None
+    if isinstance(k_cache, Int8KVCache):
+        scales, k_cache, v_cache = (k_cache.scales, v_cache.scales), k_cache.values, v_cache.values
+    return native.decode_attention(q, k_cache, v_cache, block_tables, context_lens, config.sliding_window,
+                                   config.scale, config.logit_softcap, config.sink_logits(), out, scales)
 
 
 def decode_attention(
@@ -88,8 +94,7 @@ def decode_attention(
     n = q.shape[0]
     if native_attention_supported(k_cache, config):
         lens = meta.memo("context_lens", lambda: torch.tensor(meta.context_lens[:n], dtype=torch.int64))
-        return native.decode_attention(q, k_cache, v_cache, meta.block_tables, lens, config.sliding_window,
-                                       config.scale, config.logit_softcap, config.sink_logits())
+        return native_decode_attention(q.float(), k_cache, v_cache, meta.block_tables, lens, config)
     groups = meta.memo(
         ("decode", config.sliding_window, max_gather_keys, config.eager),
         lambda: plan_decode(meta.block_tables, meta.context_lens[:n], meta.block_size,
@@ -131,7 +136,7 @@ def _gather_slots(
         values = workspace.get(name + "_int8", (len(slots), *row_shape), torch.int8, cache.device)
         scales = workspace.get(name + "_scales", (len(slots), row_shape[0]), torch.float32, cache.device)
         out = workspace.get(name + "_compute", (len(slots), *row_shape), dtype, cache.device)
-        return dequantize_slots_into(cache, slots, group.slot_blocks, values, scales, out).view(shape)
+        return dequantize_slots_into(cache, slots, values, scales, out).view(shape)
     # index_select, not cache[slots]: advanced indexing is several times slower on CPU.
     out = workspace.get(name, shape, cache.dtype, cache.device)
     torch.index_select(cache.view(-1, *row_shape), 0, slots, out=out.view(-1, *row_shape))

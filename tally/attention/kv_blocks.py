@@ -2,8 +2,8 @@
 layer (int8 caches: values and scales; a draft model's caches beside the target's) as one row of bytes.
 
 `ExactBlocks` keeps the bytes as the pool holds them. `Int8Blocks` stores a float pool's blocks in int8 with one
-scale per (block, layer, K/V, KV head), as the int8 cache does (tally/attention/kv_cache.py): 4x (fp32) or 2x (bf16)
-fewer bytes, but lossy: a request that went through it may not continue exactly as it would have."""
+scale per (block, layer, K/V, KV head) (the int8 cache keeps one per token: tally/attention/kv_cache.py): 4x (fp32)
+or 2x (bf16) fewer bytes, but lossy: a request that went through it may not continue exactly as it would have."""
 from __future__ import annotations
 
 from collections.abc import Iterator

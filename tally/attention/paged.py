@@ -10,7 +10,6 @@ from tally.attention.kv_cache import (
     Int8KVCache,
     KVCache,
     dequantize_blocks,
-    plan_writes,
     write_int8,
 )
 from tally.attention.metadata import AttentionMetadata
@@ -24,9 +23,8 @@ def write_kv_to_cache(
     """Store new K/V [T, Hkv, D] at meta.slot_mapping; casts to the cache dtype (e.g. bf16) or
     quantizes into an int8 cache."""
     if isinstance(k_cache, Int8KVCache):
-        plan = meta.memo("int8_writes", lambda: plan_writes(meta.slot_mapping, meta.block_size))
-        write_int8(k_cache, k, meta.slot_mapping, plan)
-        write_int8(v_cache, v, meta.slot_mapping, plan)
+        write_int8(k_cache, k, meta.slot_mapping)
+        write_int8(v_cache, v, meta.slot_mapping)
         return
     # .view (not .reshape) so a non-contiguous cache raises instead of silently writing to a copy.
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))

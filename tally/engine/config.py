@@ -54,23 +54,24 @@ _CANONICAL = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 @dataclass(frozen=True)
 class PathCandidate:
     """A way to run the model's projections: `dtype` float32 | bfloat16 | float16 (fp16 weights under fp32
-    compute) and the quantization the builder gets. `fp32_panels`: float32's dense weights on the native kernel's
-    panels, whose sums are row-independent, not on PyTorch's BLAS (tally/layers/dense.py Fp32PanelLinear)."""
+    compute) and the quantization the builder gets. `panels`: float32's or bfloat16's dense weights on the native
+    kernel's panels, whose sums are row-independent, not on PyTorch's BLAS or oneDNN (tally/layers/dense.py
+    Fp32PanelLinear, Bf16PanelLinear)."""
     dtype: str
     quantization: str | None
-    fp32_panels: bool = False
+    panels: bool = False
 
     @property
     def dtypes(self) -> tuple[torch.dtype, torch.dtype | None]:
         """(compute dtype, weight dtype of dense projections, None: the compute dtype), as build_model takes."""
         if self.dtype == "float16":
             return torch.float32, torch.float16
-        return (torch.float32, torch.float32) if self.fp32_panels else (DTYPES[self.dtype], None)
+        return DTYPES[self.dtype], DTYPES[self.dtype] if self.panels else None
 
     @property
     def label(self) -> str:
         compute = {"float16": "fp32 compute, fp16 dense", "float32": "fp32", "bfloat16": "bf16"}[self.dtype]
-        return f"{self.quantization or 'dense'}, {compute}{' panels' if self.fp32_panels else ''}"
+        return f"{self.quantization or 'dense'}, {compute}{' panels' if self.panels else ''}"
 
 
 def option(default: Any, help: str, *, choices: tuple[str, ...] | None = None, aliases: tuple[str, ...] = (),
@@ -338,7 +339,8 @@ class EngineConfig:
                         prequantized: bool) -> tuple[list[PathCandidate], bool]:
         """(the paths start-up may choose between, whether measuring may choose at all): tally/engine/
         path_tuning.py times them, and may send many-row steps of an fp32-compute path to bf16. An explicit
-        dtype wins, unmeasured. fp32 checkpoints stay fp32, unmeasured: the exact path (on the native panels under
+        dtype wins, unmeasured (float32 and bfloat16 dense weights on the native panels under batch_invariant).
+        fp32 checkpoints stay fp32, unmeasured: the exact path (on the native panels under
         batch_invariant: docs/benchmarks.md#kernels gives their cost). Half-precision and GGUF
         checkpoints: fp32 compute over fp16 weights (Tally's native kernels, the one-call decode step), and bf16
         compute where the CPU has bf16 instructions (elsewhere PyTorch emulates bf16 10-20x slower than fp32: not
@@ -346,11 +348,13 @@ class EngineConfig:
         one path (bf16 where fast and batch_invariant is off): their layers' shapes are not described to the
         measurement yet."""
         q = self.served_quantization(is_gguf)
-        # fp32 on PyTorch's BLAS sums in an order that follows the row count; the native panels' does not
-        fp32 = PathCandidate("float32", q, fp32_panels=self.batch_invariant and native.available())
+        # fp32 on PyTorch's BLAS (and bf16 on oneDNN) sums in an order that follows the row count; the native panels'
+        # does not
+        panels = self.batch_invariant and native.available()
+        fp32 = PathCandidate("float32", q, panels=panels)
         if self.dtype != "auto":
             name = "float16" if self.dtype in FP16_WEIGHT_NAMES else _CANONICAL[DTYPES[self.dtype]]
-            return [fp32 if name == "float32" else PathCandidate(name, q)], False
+            return [PathCandidate(name, q, panels=panels and name != "float16")], False
         if not (is_gguf or checkpoint_dtype in ("bfloat16", "float16")):
             return [fp32], False
         fp32_compute = PathCandidate("float16", q) if fp16_weights_supported() else fp32

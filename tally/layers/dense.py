@@ -123,6 +123,28 @@ class Fp32PanelLinear(Fp16WeightLinear):
         return native.gemm_f32(x2, self.panels, n, bias)
 
 
+class Bf16PanelLinear(Fp16WeightLinear):
+    """bf16 weights (`--dtype bfloat16`) in the same panels, widened exactly to fp32 by the same kernel (native
+    gemm_bf16), each output rounded once to bf16: one FMA chain over k at any row count, where a bf16 matmul's
+    blocking may follow the row count (oneDNN's kernels on CPUs with bf16 instructions). Built only where the native
+    kernels are, under batch_invariant (tally/engine/config.py PathCandidate)."""
+
+    panel_dtype = torch.bfloat16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x).to(x.dtype)
+
+    def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return super().first_outputs(x, n).to(x.dtype)
+
+    def _gemm(self, x2: torch.Tensor, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+        return native.gemm_bf16(x2, self.panels, n, bias)
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the weight as bf16 [len(ids), K] (exact: the panels hold them so)."""
+        return native.panel_rows(self.panels, ids).to(self.panel_dtype)
+
+
 class ConcatLinear(nn.Module):
     """Several projections of the same input, outputs side by side: a fused projection whose parts are stored
     differently (e.g. a GGUF with q/k in Q4_1 and v in Q8_0), so the model code still sees one module."""

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from tally.errors import ConfigError
-from tally.layers.dense import DenseLinear, Fp16WeightLinear, Fp32PanelLinear
+from tally.layers.dense import Bf16PanelLinear, DenseLinear, Fp16WeightLinear, Fp32PanelLinear
 from tally.native import ops as native
 from tally.quant.base import QuantLinear
 from tally.quant.gguf_blocks import Blocks, GroupValues, Int4Blocks, OffsetBlocks, read_blocks
@@ -33,6 +33,7 @@ from tally.quant.w8a8 import W8A8Linear
 
 SCHEMES = ("none", "int8", "int4", "w8a8")
 INT4_GROUP_SIZES = (32, 64, 128)
+PANEL_LAYERS = {torch.float32: Fp32PanelLinear, torch.bfloat16: Bf16PanelLinear}
 
 
 def fp16_weights_supported() -> bool:
@@ -45,15 +46,15 @@ def build_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, quantizatio
     """weight [out, in] (HF layout) -> a module mapping [..., in] to [..., out] in `dtype`.
 
     quantization None / "none": dense; `weight_dtype=torch.float16` (fp32 compute only) stores it in fp16;
-    `weight_dtype=torch.float32` with fp32 compute keeps it in the native kernel's panels (row-independent sums:
-    Fp32PanelLinear), where the kernels build.
+    `weight_dtype` equal to an fp32 or bf16 compute dtype keeps it in the native kernel's panels (row-independent
+    sums: Fp32PanelLinear, Bf16PanelLinear), where the kernels build.
     "int8" / "int4" / "w8a8": rounded to nearest here ("w8a8" unsmoothed; SmoothQuant goes through
     `w8a8_from_float`). int4's `group_size` defaults to the largest of 128, 64, 32 that divides the layer."""
     if quantization in (None, "none"):
         if weight_dtype == torch.float16 and dtype == torch.float32:
             return Fp16WeightLinear(weight, bias)
-        if weight_dtype == torch.float32 and dtype == torch.float32 and native.available():
-            return Fp32PanelLinear(weight, bias)
+        if weight_dtype == dtype and dtype in PANEL_LAYERS and native.available():
+            return PANEL_LAYERS[dtype](weight, bias)
         return DenseLinear(weight, bias, dtype)
     if quantization == "int8":
         q, scale = quantize_int8_per_channel(weight, scale_dtype=dtype)

@@ -2,8 +2,8 @@
 
 The engine sizes its KV pool with `KVLayout.num_blocks_for_budget`, `tally plan` reports the same
 numbers, so what is planned is what is allocated. A block holds `block_size` token slots of K and V
-for every layer. Quantized KV (int8, fp8) stores one float32 scale per (layer, K/V, block, KV head)
-next to the values, so its bytes per block are exact and its bytes per token are amortized.
+for every layer. Quantized KV stores float32 scales next to the values: int8 one per (layer, K/V, token, KV head),
+fp8 one per (layer, K/V, block, KV head), so bytes per block are exact and bytes per token amortized.
 """
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from tally.models.config import ModelConfig
 
 KV_DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "fp8": 1}
 SCALED_KV_DTYPES = frozenset({"int8", "fp8"})
-SCALE_BYTES = 4  # float32 scale per (layer, K/V, block, KV head) for int8/fp8 KV
+SCALE_BYTES = 4  # a float32 scale
+# the CPU engine's int8 cache scales each token on its own, so its bits never depend on its neighbours
+# (tally/attention/kv_cache.py); fp8 (planned for GPU devices) one scale per block
+PER_TOKEN_SCALES = frozenset({"int8"})
 
 
 def canonical_kv_dtype(name: str) -> str:
@@ -55,7 +58,8 @@ class KVLayout:
     def scale_bytes_per_block(self) -> int:
         if self.kv_dtype not in SCALED_KV_DTYPES:
             return 0
-        return 2 * self.num_layers * self.num_kv_heads * SCALE_BYTES
+        per_block = self.block_size if self.kv_dtype in PER_TOKEN_SCALES else 1
+        return 2 * self.num_layers * self.num_kv_heads * SCALE_BYTES * per_block
 
     @property
     def bytes_per_block(self) -> int:

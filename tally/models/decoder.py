@@ -14,7 +14,7 @@ from torch import nn
 
 from tally.attention.backend import with_sinks, with_window
 from tally.attention.interface import AttentionBackend
-from tally.attention.kv_cache import KVCache
+from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.layers.lora import LoRASlots
 from tally.layers.norm import RMSNorm
@@ -100,8 +100,8 @@ class DecoderLayer(nn.Module):
         """`ropes`: this step's cos and sin of each rotary table, by id()."""
         rope = ropes[id(self.rotary)] if self.rotary is not None else None
         k_cache = kv_cache[0]
-        if (self.native and self.key_scale is None and isinstance(k_cache, torch.Tensor)
-                and k_cache.dtype in native.KV_KINDS):
+        if self.native and (isinstance(k_cache, Int8KVCache)
+                            or self.key_scale is None and k_cache.dtype in native.KV_KINDS):
             return self._forward_native(h, rope, kv_cache, meta)
         a = self._attention(self.input_norm(h) if self.input_norm is not None else h, rope, kv_cache, meta)
         h = self._add(h, self.attn_output_norm(a) if self.attn_output_norm is not None else a)
@@ -148,8 +148,13 @@ class DecoderLayer(nn.Module):
         qkv = self.qkv_proj(self.input_norm(h) if self.input_norm is not None else h)
         cos, sin = (None, None) if rope is None else rope
         norms = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
-        native.rope_store(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, kv_cache[0], kv_cache[1],
-                          meta.slot_mapping, *norms, cfg.qk_norm == "projection", cfg.rms_norm_eps)
+        k_cache, v_cache = kv_cache
+        int8 = None
+        if isinstance(k_cache, Int8KVCache):  # the one-call decode step's write, so mixed steps give its bits
+            int8 = native.Int8Store(k_cache.scales, v_cache.scales, self.query_scale, self.key_scale)
+            k_cache, v_cache = k_cache.values, v_cache.values
+        native.rope_store(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, k_cache, v_cache,
+                          meta.slot_mapping, *norms, cfg.qk_norm == "projection", cfg.rms_norm_eps, int8)
         o = self.attn.attend(qkv[:, :cfg.q_size].view(t, cfg.num_heads, cfg.head_dim), *kv_cache, meta)
         a = self.o_proj(o.reshape(t, cfg.q_size))
         h = self._add(h, self.attn_output_norm(a) if self.attn_output_norm is not None else a)

@@ -1,7 +1,7 @@
 """Key smoothing for the int8 KV cache: flatten the outlier channels of K before it is quantized.
 
 Some models' keys carry a few channels far larger than the rest (Qwen2.5's k_proj bias, for one); with one int8
-scale per (block, KV head) those channels set the scale and the others keep a few levels. Attention only needs
+scale per (token, KV head) those channels set the scale and the others keep a few levels. Attention only needs
 q·k, and (q·s)·(k/s) = q·k for any per-channel s, so each layer stores k/s and multiplies q by s: the scores are
 unchanged and the cache holds a flatter K. s must be equal on the two channels RoPE rotates together (i and
 i + D/2), so the rotation commutes with it; it is measured once at start-up, from one prefill of shipped text

@@ -31,6 +31,7 @@ from tally.quant.native_linear import (
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 PROJ_Q4, PROJ_Q8, PROJ_F16, PROJ_W8A8, PROJ_CONCAT, PROJ_F32 = 1, 2, 3, 4, 5, 6  # Proj.kind, as kernels.c's enum
+PANEL_KINDS = {torch.float16: PROJ_F16, torch.float32: PROJ_F32}
 
 
 class StepExperts(Protocol):
@@ -111,8 +112,10 @@ def _proj(module: nn.Module, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:
         keep.append(array)
         return _Proj(PROJ_CONCAT, sum(p.n for p in parts), parts[0].k, len(parts), 0, ctypes.addressof(array))
     if isinstance(module, Fp16WeightLinear) and module.panels is not None:  # fp16 or fp32 panels
+        if module.panel_dtype not in PANEL_KINDS:  # bf16 panels serve bf16 compute, which this step does not run
+            return None
         bias = None if module.bias is None else module.bias.data_ptr()
-        kind = PROJ_F32 if module.panel_dtype == torch.float32 else PROJ_F16
+        kind = PANEL_KINDS[module.panel_dtype]
         return _Proj(kind, module.out_features, module.in_features, 0, 0, module.panels.data_ptr(), None, None,
                      bias)
     if not isinstance(module, (NativeInt4Linear, NativeInt8Linear)):

@@ -4,7 +4,7 @@
 
 /* ---- Decode attention over the paged cache: one query token per row --------------------------------------
  * q [n, Hq, D] with rows q_stride floats apart (heads contiguous); caches [slots, Hkv, D] of `kind` (kv_rows.h):
- * fp32, fp16, bf16, or int8 with scales [blocks, Hkv] (the int8 KV cache, read as value * scale);
+ * fp32, fp16, bf16, or int8 with scales [slots, Hkv] (the int8 KV cache, read as value * scale);
  * block_tables [n, bt_stride] int64; ctx [n] keys per row (the query's own included); window > 0 keeps the
  * last `window` keys; softcap > 0: scores = softcap * tanh(scores / softcap) (Gemma 2); sinks [Hq] (or NULL): a
  * logit per query head that joins each softmax's denominator with no value (GPT-OSS). out [n, Hq, D].
@@ -163,11 +163,10 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
         for (int64_t t = 0; t < len;) {  /* the chunk's keys, a block's run at a time */
             int64_t pos = c0 + t, off = pos % bs, run = bs - off < len - t ? bs - off : len - t;
             int64_t blk = bt[pos / bs];
-            float kscale = int8 ? a->k_scales[blk * Hkv + h] * a->scale : a->scale;
-            float vscale = int8 ? a->v_scales[blk * Hkv + h] : 1.0f;
             for (int64_t j = 0; j < run; j++, t++) {
-                slots[t] = (blk * bs + off + j) * Hkv + h;  /* row of [slots * Hkv, D] */
-                ks[t] = kscale, vs[t] = vscale;
+                slots[t] = (blk * bs + off + j) * Hkv + h;  /* row of [slots * Hkv, D], and its int8 scale's place */
+                ks[t] = int8 ? a->k_scales[slots[t]] * a->scale : a->scale;
+                vs[t] = int8 ? a->v_scales[slots[t]] : 1.0f;
             }
         }
         memset(ks + len, 0, sizeof(float) * 8);  /* read by a last block's lanes past its keys, never stored */

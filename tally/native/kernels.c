@@ -52,7 +52,7 @@ static inline __attribute__((always_inline)) void prefetch_stream(const uint8_t 
 
 #include "int_tiles.h"  /* activations to int8, integer weights in tiles: tally_gemm_q4, tally_gemm_q8 */
 
-#include "gemm_f16.h"  /* fp16 or fp32 weights in panels: tally_gemm_f16, tally_gemm_f32 */
+#include "gemm_f16.h"  /* fp16, bf16 or fp32 weights in panels: tally_gemm_f16, _bf16, _f32 */
 
 
 /* ---- RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w, per row of D (D a multiple of 8) ------------------ */
@@ -111,29 +111,37 @@ void tally_rope_store(float *qkv, int64_t T, int64_t row, const float *q_norm, c
     }
 }
 
-/* ---- The int8 KV cache (tally/kv/quant.py, whose arithmetic this repeats): values int8 [slots, Hkv, D], one
- * fp32 scale per (block, KV head) that grows as the block fills. x [Hkv, D] is one token's K or V for `slot`.
- * Writing at a block's first slot starts it afresh (its old contents were a previous owner's); a later write
- * whose absmax outgrows the scale first requantizes the block's earlier values to the larger scale. */
-static void store_q8(const float *x, int8_t *values, float *scales, int64_t slot, int64_t block_size,
-                     int64_t Hkv, int64_t D) {
-    int64_t block = slot / block_size, offset = slot % block_size;
+/* ---- The int8 KV cache (tally/attention/kv_cache.py, whose arithmetic this repeats): values int8 [slots, Hkv, D],
+ * one fp32 scale per (slot, KV head) from that token's own values, so a token's bits do not depend on what was
+ * written with it or before it. x [Hkv, D] is one token's K or V for `slot`. */
+static void store_q8(const float *x, int8_t *values, float *scales, int64_t slot, int64_t Hkv, int64_t D) {
     for (int64_t h = 0; h < Hkv; h++) {
         const float *xh = x + h * D;
         float amax = 0.0f;
         for (int64_t i = 0; i < D; i++) amax = fmaxf(amax, fabsf(xh[i]));
-        float old = offset > 0 ? scales[block * Hkv + h] : 0.0f;
-        float s = fmaxf(fmaxf(old, amax / 127.0f), 1e-12f);
-        if (offset > 0 && s > old) {
-            float ratio = old / s;
-            for (int64_t j = 0; j < block_size; j++) {
-                int8_t *vj = values + ((block * block_size + j) * Hkv + h) * D;
-                for (int64_t i = 0; i < D; i++) vj[i] = (int8_t)lrintf((float)vj[i] * ratio);
-            }
-        }
+        float s = fmaxf(amax / 127.0f, 1e-12f);
         int8_t *dst = values + (slot * Hkv + h) * D;
         for (int64_t i = 0; i < D; i++) dst[i] = (int8_t)lrintf(xh[i] / s);
-        scales[block * Hkv + h] = s;
+        scales[slot * Hkv + h] = s;
+    }
+}
+
+/* tally_rope_store's work into the int8 cache: norms and rotary, then with key smoothing (query_scale [Hq, D],
+ * key_scale [Hkv, D], or NULL) q and k scaled, then k and v quantized into their slots (values [slots, Hkv, D],
+ * scales [slots, Hkv]) */
+void tally_rope_store_q8(float *qkv, int64_t T, int64_t row, const float *q_norm, const float *k_norm,
+                         int64_t norm_whole, float eps, const float *cos, const float *sin, int64_t R, int64_t Hq,
+                         int64_t Hkv, int64_t D, const float *query_scale, const float *key_scale, int8_t *k_values,
+                         int8_t *v_values, float *k_scales, float *v_scales, const int64_t *slots) {
+    qk_prepare(qkv, T, row, q_norm, k_norm, norm_whole, eps, cos, sin, R, Hq, Hkv, D);
+    for (int64_t t = 0; t < T; t++) {
+        float *qt = qkv + t * row, *kt = qt + Hq * D, *vt = kt + Hkv * D;
+        if (key_scale) {
+            for (int64_t i = 0; i < Hq * D; i++) qt[i] *= query_scale[i];
+            for (int64_t i = 0; i < Hkv * D; i++) kt[i] *= key_scale[i];
+        }
+        store_q8(kt, k_values, k_scales, slots[t], Hkv, D);
+        store_q8(vt, v_values, v_scales, slots[t], Hkv, D);
     }
 }
 
@@ -198,6 +206,16 @@ void tally_decode_attention(const float *q, int64_t q_stride, const void *k_cach
                      block_size, window, scale, softcap, sinks, out);
 }
 
+/* the same over the int8 KV cache: values int8, scales fp32 [slots, Hkv] (tally/attention/kv_cache.py) */
+void tally_decode_attention_q8(const float *q, int64_t q_stride, const int8_t *k_cache, const int8_t *v_cache,
+                               const float *k_scales, const float *v_scales, const int64_t *block_tables,
+                               int64_t bt_stride, const int64_t *ctx, int64_t n, int64_t Hq, int64_t Hkv, int64_t D,
+                               int64_t block_size, int64_t window, float scale, float softcap, const float *sinks,
+                               float *out) {
+    decode_attention(q, q_stride, k_cache, v_cache, KV_I8, k_scales, v_scales, block_tables, bt_stride, ctx, n, Hq,
+                     Hkv, D, block_size, window, scale, softcap, sinks, out);
+}
+
 #include "prefill_attention.h"  /* prefill_attention: causal attention of a prompt's rows of one sequence */
 
 void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,
@@ -226,7 +244,7 @@ typedef struct {
     Proj qkv, o, gate_up, down;
     void *k_cache, *v_cache;
     int64_t kv_kind;                        /* the caches' format (kv_rows.h) */
-    float *k_scales, *v_scales;             /* int8 KV cache: [blocks, Hkv]; NULL otherwise */
+    float *k_scales, *v_scales;             /* int8 KV cache: [slots, Hkv]; NULL otherwise */
     const float *key_scale, *query_scale;   /* int8 KV key smoothing: k *= [Hkv, D], q *= [Hq, D]; or NULL */
     const void *experts;  /* an Experts (experts.h): a mixture of experts in place of gate_up and down; or NULL */
 } Layer;
@@ -317,17 +335,9 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
         project(&L->qkv, L->input_norm ? x : h, qkv, n, 0);
         lora_add(md->lora, l * LORA_SITES + LORA_QKV, L->input_norm ? x : h, qkv, n);
         if (L->kv_kind == KV_I8) {
-            qk_prepare(qkv, n, row, L->q_norm, L->k_norm, md->qk_norm_whole, md->eps, c, s, R, md->heads,
-                       md->kv_heads, D);
-            for (int64_t t = 0; t < n; t++) {
-                float *qt = qkv + t * row, *kt = qt + q_size, *vt = kt + md->kv_heads * D;
-                if (L->key_scale) {
-                    for (int64_t i = 0; i < q_size; i++) qt[i] *= L->query_scale[i];
-                    for (int64_t i = 0; i < md->kv_heads * D; i++) kt[i] *= L->key_scale[i];
-                }
-                store_q8(kt, L->k_cache, L->k_scales, slots[t], md->block_size, md->kv_heads, D);
-                store_q8(vt, L->v_cache, L->v_scales, slots[t], md->block_size, md->kv_heads, D);
-            }
+            tally_rope_store_q8(qkv, n, row, L->q_norm, L->k_norm, md->qk_norm_whole, md->eps, c, s, R, md->heads,
+                                md->kv_heads, D, L->query_scale, L->key_scale, L->k_cache, L->v_cache, L->k_scales,
+                                L->v_scales, slots);
         } else {
             tally_rope_store(qkv, n, row, L->q_norm, L->k_norm, md->qk_norm_whole, md->eps, c, s, R, md->heads,
                              md->kv_heads, D, L->k_cache, L->v_cache, slots, (int)L->kv_kind);

@@ -1,7 +1,7 @@
 /* The KV cache's value formats as the kernels read and write them (included by kernels.c before the attention
  * headers). Arithmetic is fp32 whatever the cache holds: a 16-bit cache halves the bytes a long context's
  * attention reads (the step is bound by them: docs/benchmarks.md#kv-cache) and widens as it loads, one instruction
- * for fp16 (F16C) and two for bf16. int8 values carry a scale per (block, kv head) beside them, which
+ * for fp16 (F16C) and two for bf16. int8 values carry a scale per (slot, kv head) beside them, which
  * the callers apply (kernels.c: store_q8). The numbers match tally/native/ops.py's KV_KINDS. */
 enum { KV_F32 = 0, KV_I8 = 1, KV_F16 = 2, KV_BF16 = 3 };
 

@@ -7,6 +7,7 @@ into `out`. Shapes the kernels cannot take — a K the vector loop does not divi
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from tally.native.library import load
 
 
 # The KV cache formats the attention kernels read in place and rotary-and-store writes, numbered as kernels.c's
-# kv_rows.h numbers them; the int8 cache (values and scales) is the native decode step's alone.
+# kv_rows.h numbers them; the int8 cache (values and scales) has decode_attention's `scales` and the decode step.
 KV_KINDS = {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3}
 KV_INT8 = 1
 
@@ -271,6 +272,13 @@ def gemm_f32(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: tor
     return _gemm_panels(load().tally_gemm_f32, x, panels, out_features, bias, out)
 
 
+def gemm_bf16(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ W^T with W in bf16 panels (pack_f16(w, torch.bfloat16)), widened exactly to fp32: as gemm_f32,
+    bitwise the same at any row count."""
+    return _gemm_panels(load().tally_gemm_bf16, x, panels, out_features, bias, out)
+
+
 def _gemm_panels(fn: Any, x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None,
                  out: torch.Tensor | None) -> torch.Tensor:
     y = _output(x, out_features, out)
@@ -416,36 +424,58 @@ def gated_mul(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
     return y
 
 
+@dataclass(frozen=True)
+class Int8Store:
+    """What rope_store writes into an int8 cache beside the values: the scales fp32 [blocks, block_size, Hkv], and
+    the key smoothing (tally/models/key_smoothing.py) applied to q [Hq, D] and k [Hkv, D] first, or None."""
+    k_scales: torch.Tensor
+    v_scales: torch.Tensor
+    query_scale: torch.Tensor | None
+    key_scale: torch.Tensor | None
+
+
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None, num_heads: int,
                num_kv_heads: int, head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, norm_whole: bool = False,
-               eps: float = 0.0) -> None:
+               eps: float = 0.0, int8: Int8Store | None = None) -> None:
     """Norm (with q_norm and k_norm: RMSNorm of each head, or `norm_whole` of all heads at once, before the
     rotation), then rotate q and k of qkv [T, (Hq + 2 Hkv) D] in place (cos/sin [T, R]: each head's first R
     dimensions; None: no rotary), then store k and v at `slots` (int64 [T]) of the caches [blocks, block_size, Hkv, D]
-    (a KV_KINDS dtype, rounded to nearest even as torch casts)."""
+    (a KV_KINDS dtype, rounded to nearest even as torch casts; `int8`: int8 values, quantized as
+    tally/attention/kv_cache.py does)."""
     if not qkv.is_contiguous():
         raise ValueError("rope_store rotates qkv in place and needs it contiguous")
-    load().tally_rope_store(qkv.data_ptr(), qkv.shape[0], qkv.shape[1], _ptr(q_norm), _ptr(k_norm), norm_whole, eps,
-                            _ptr(cos), _ptr(sin), head_dim if cos is None else cos.shape[-1], num_heads,
-                            num_kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
-                            KV_KINDS[k_cache.dtype])
+    head = (qkv.data_ptr(), qkv.shape[0], qkv.shape[1], _ptr(q_norm), _ptr(k_norm), norm_whole, eps, _ptr(cos),
+            _ptr(sin), head_dim if cos is None else cos.shape[-1], num_heads, num_kv_heads, head_dim)
+    if int8 is None:
+        load().tally_rope_store(*head, k_cache.data_ptr(), v_cache.data_ptr(), slots.data_ptr(),
+                                KV_KINDS[k_cache.dtype])
+    else:
+        load().tally_rope_store_q8(*head, _ptr(int8.query_scale), _ptr(int8.key_scale), k_cache.data_ptr(),
+                                   v_cache.data_ptr(), int8.k_scales.data_ptr(), int8.v_scales.data_ptr(),
+                                   slots.data_ptr())
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      context_lens: torch.Tensor, window: int | None, scale: float,
                      softcap: float | None = None, sinks: torch.Tensor | None = None,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None,
+                     scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """q [n, Hq, D] (one token per row; rows may be strided, heads contiguous) against caches [blocks,
     block_size, Hkv, D] (a KV_KINDS dtype) through block_tables int64 [>= n, max_blocks] (stride 0: one table for
     every row, a prompt's rows run as decodes) and context_lens int64 [n] -> [n, Hq, D], written into a contiguous
     `out` when given. `softcap`: scores = softcap * tanh(scores / softcap) before the softmax (Gemma 2); `sinks`:
-    fp32 [Hq] logits in each softmax's denominator (GPT-OSS)."""
+    fp32 [Hq] logits in each softmax's denominator (GPT-OSS). `scales`: int8 caches' K and V scales fp32
+    [blocks, block_size, Hkv] (tally/attention/kv_cache.py)."""
     n, hq, d = q.shape
     out = torch.empty(n, hq, d, dtype=torch.float32) if out is None else out
-    load().tally_decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                                  KV_KINDS[k_cache.dtype], block_tables.data_ptr(),
-                                  block_tables.stride(0), context_lens.data_ptr(), n, hq, k_cache.shape[2], d,
-                                  k_cache.shape[1], window or 0, scale, softcap or 0.0, _ptr(sinks),
-                                  out.data_ptr())
+    shape = (k_cache.shape[2], d, k_cache.shape[1], window or 0, scale, softcap or 0.0, _ptr(sinks), out.data_ptr())
+    if scales is None:
+        load().tally_decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                                      KV_KINDS[k_cache.dtype], block_tables.data_ptr(), block_tables.stride(0),
+                                      context_lens.data_ptr(), n, hq, *shape)
+    else:
+        load().tally_decode_attention_q8(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                                         scales[0].data_ptr(), scales[1].data_ptr(), block_tables.data_ptr(),
+                                         block_tables.stride(0), context_lens.data_ptr(), n, hq, *shape)
     return out

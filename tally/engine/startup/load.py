@@ -2,6 +2,8 @@
 pool, write the ledger. Under tensor / pipeline parallelism every rank runs it for its own slice."""
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from tally.engine.config import EngineConfig
@@ -20,12 +22,18 @@ from tally.models.pipeline_split import PPStage, plan_stages
 from tally.models.sentence_transformers import checkpoint_pooling
 from tally.models.tensor_parallel import TPShard, plan_shards
 from tally.models.tokenizer import load_tokenizer, stop_token_ids
+from tally.native import ops as native
+
+log = logging.getLogger(__name__)
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
     """This process's model and KV pool; under tensor / pipeline parallelism, this rank's slice of them (every rank
     runs this function; rank 0's measured path and KV pool size are the ones all use)."""
     torch.manual_seed(config.seed)
+    caveat = batch_invariance_caveat(config)
+    if caveat:
+        log.warning(caveat)
     ckpt = load_checkpoint(config.model)
     if config.world_size == 1:
         return _load(config, ckpt, None, None, None)
@@ -41,6 +49,16 @@ def load_model(config: EngineConfig) -> LoadedModel:
     except BaseException:
         parallel.abort()  # no rank may be left waiting for a model that will never run
         raise
+
+
+def batch_invariance_caveat(config: EngineConfig) -> str | None:
+    """Why batch_invariant cannot hold here, or None: without the native kernels projections run on PyTorch's
+    BLAS, whose sums follow the row count (docs/server.md#reproducibility)."""
+    if not config.batch_invariant or native.available():
+        return None
+    return ("batch_invariant is on but the native kernels are off (TALLY_NATIVE=0, or no AVX2: see the log above); "
+            "PyTorch's matmul sums in an order that depends on the batch's row count, so a request's logits may change "
+            "with what runs beside it (docs/server.md#reproducibility)")
 
 
 def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: PPStage | None,

@@ -67,11 +67,11 @@ def pool_blocks(config: EngineConfig, layout: KVLayout, draft: DraftModel | None
 
 def allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int) -> list[tuple[KVCache, KVCache]]:
     """One pool for all layers, K and V, sized exactly num_blocks * layout.bytes_per_block; int8
-    adds the ledger's float32 scale per (layer, K/V, block, KV head) beside the values."""
+    adds the ledger's float32 scale per (layer, K/V, token slot, KV head) beside the values."""
     shape = (layout.num_layers, 2, num_blocks, layout.block_size, cfg.num_kv_heads, cfg.head_dim)
     if layout.kv_dtype == "int8":
         values = torch.zeros(shape, dtype=torch.int8)
-        scales = torch.zeros(shape[:3] + shape[4:5], dtype=torch.float32)
+        scales = torch.zeros(shape[:5], dtype=torch.float32)
         return [(Int8KVCache(values[i, 0], scales[i, 0]), Int8KVCache(values[i, 1], scales[i, 1]))
                 for i in range(layout.num_layers)]
     cache_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[layout.kv_dtype]
