@@ -585,9 +585,9 @@ static inline __attribute__((always_inline)) void int_block_dots256(
 #if !defined(TALLY_AVX512) && !defined(TALLY_VNNI)
 /* int8 at one row (AVX2 without VNNI), the sign trick turned round: the activations' magnitudes, unsigned, against the
  * weights with the activations' signs, both broadcasts made once a call (int_tiles.h: one_row_broadcasts), so a chunk
- * takes one sign where the many-row loop takes two: the decode step's int8 head is bound by these instructions, not by
- * the memory (docs/benchmarks.md#gemma-3-on-avx2). The weights' signs move only where no weight is -128 (its negation
- * wraps), which the caller checks. Integer sums, so the many-row loop's bits. */
+ * takes one sign where the many-row loop takes two: a decode step's int8 head is bound by these instructions, not by
+ * the memory (docs/benchmarks.md#peers-decode-and-prefill). The weights' signs move only where no weight is -128 (its
+ * negation wraps), which the caller checks. Integer sums, so the many-row loop's bits. */
 #define ONE_ROW_BROADCASTS 1
 #define XU_BLOCK 512
 static inline __attribute__((always_inline)) void int8_one_row_dots(const uint8_t *xb, const uint8_t *wb,
