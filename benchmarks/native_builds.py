@@ -72,7 +72,7 @@ def call(lib, x: torch.Tensor, y: torch.Tensor, n: int, fmt: tuple) -> Callable[
     if len(fmt) == 2:
         q, s = fmt
         return lambda: lib.tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), None, y.data_ptr(), x.shape[0], n,
-                                         x.shape[1], 32, 0, 0, ops.scale_form(s))
+                                         x.shape[1], 32, 0, 0, ops.scale_form(s), ops.symmetric_q8(q))
     qs, qh, d, m, group, bits = fmt
     return lambda: lib.tally_gemm_q4(x.data_ptr(), qs.data_ptr(), ptr(qh), d.data_ptr(), ptr(m), None, y.data_ptr(),
                                      x.shape[0], n, x.shape[1], group, bits, 0, ops.scale_form(d, m))

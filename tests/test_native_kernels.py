@@ -187,6 +187,23 @@ def test_gemm_q8_matches_dequantized_weights(m: int, group: int) -> None:
     torch.testing.assert_close(got, int8_blocks(x) @ w.t(), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("group", [32, 640])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_gemm_q8_one_row_of_symmetric_weights_gives_the_general_loops_bits(group: int, per_token: bool) -> None:
+    """The one-row loop for weights within +-127 (int_dots.h: int8_one_row_dots) forms the same integer sums as the
+    general loop, and a row's output is the same alone or among others; a -128 keeps a layer off it."""
+    n, k = 45, 640
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+    q[0], q[1, :32] = 127, -127
+    qp, s = ops.pack_q8(q), ops.pack_tile_scales(rand(n, k // group).abs() / 100)
+    x = rand(4, k) * 3
+    x[0, :32] = -1.0
+    alone = ops.gemm_q8(x[:1], qp, s, None, group, n, per_token=per_token, symmetric=True)
+    assert torch.equal(alone, ops.gemm_q8(x[:1], qp, s, None, group, n, per_token=per_token))
+    assert torch.equal(alone, ops.gemm_q8(x, qp, s, None, group, n, per_token=per_token, symmetric=True)[:1])
+    assert ops.symmetric_q8(q) and not ops.symmetric_q8(torch.tensor([[0, -128]], dtype=torch.int8))
+
+
 @pytest.mark.parametrize("per_token", [False, True])
 def test_activations_round_to_int8_by_the_scalar_formula_bit_for_bit(per_token: bool) -> None:
     """The kernels' activation rounding (int_tiles.h: quantize_rows, in vectors) is q = round half to even of
@@ -665,7 +682,7 @@ def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
                 outs.append(y)
             y = torch.empty(x.shape[0], n)
             lib.tally_gemm_q8(x.data_ptr(), q8.data_ptr(), d.data_ptr(), None, y.data_ptr(), x.shape[0], n, k, 32, 0,
-                              0, ops.scale_form(d))
+                              0, ops.scale_form(d), 1)  # symmetric: AVX2's one-row loop (int8_one_row_dots)
             outs.append(y)
         assert all(map(torch.equal, outs[:5], outs[5:10])) and all(map(torch.equal, outs[:5], outs[10:]))
         return outs

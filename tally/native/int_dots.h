@@ -582,12 +582,45 @@ static inline __attribute__((always_inline)) void int_block_dots256(
     (void)ones;
 }
 
+#if !defined(TALLY_AVX512) && !defined(TALLY_VNNI)
+/* int8 at one row (AVX2 without VNNI), the sign trick turned round: the activations' magnitudes, unsigned, against the
+ * weights with the activations' signs, both broadcasts made once a call (int_tiles.h: one_row_broadcasts), so a chunk
+ * takes one sign where the many-row loop takes two: a decode step's int8 head is bound by these instructions, not by
+ * the memory (docs/benchmarks.md#peers-decode-and-prefill). The weights' signs move only where no weight is -128 (its
+ * negation wraps), which the caller checks. Integer sums, so the many-row loop's bits. */
+#define ONE_ROW_BROADCASTS 1
+#define XU_BLOCK 512
+static inline __attribute__((always_inline)) void int8_one_row_dots(const uint8_t *xb, const uint8_t *wb,
+                                                                    __m256i *dot) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i sum = _mm256_setzero_si256();
+    _Pragma("GCC unroll 8")
+    for (int c = 0; c < 8; c++) {
+        _mm_prefetch((const char *)(wb + c * 32 + PREFETCH), _MM_HINT_T0);
+        if (!(c & 1)) _mm_prefetch((const char *)(wb + c * 32 + PREFETCH_L2), _MM_HINT_T1);
+        __m256i ws = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(wb + c * 32)),
+                                      _mm256_loadu_si256((const __m256i *)(xb + c * 64)));
+        __m256i pairs = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(xb + c * 64 + 32)), ws);
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, ones));
+    }
+    dot[0] = sum;
+}
+#else
+#define XU_BLOCK 32
+#endif
+
 static inline __attribute__((always_inline)) void int_block_dots(
     const int8_t *xq, const uint8_t *xu, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int expanded,
     int c0, int c1, int mr, __m256i *dot) {
 #ifdef TALLY_AVX512
     if (!expanded) {
         int_block_dots512(xq, xu, K, wb, hb, bits, c0, c1, mr, dot);
+        return;
+    }
+#endif
+#ifdef ONE_ROW_BROADCASTS
+    if (xu) {  /* int8, one row: q8_call made the broadcasts */
+        int8_one_row_dots(xu, wb, dot);
         return;
     }
 #endif

@@ -50,6 +50,20 @@ static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 
 
 #include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
 
+#ifdef ONE_ROW_BROADCASTS
+/* One row of int8 activations as int8_one_row_dots takes them: per 4 k, the 4 bytes broadcast to 32 and their
+ * magnitudes broadcast to 32 (XU_BLOCK bytes a block of 32 k) */
+static uint8_t *one_row_broadcasts(const int8_t *x, int64_t K) {
+    uint8_t *u = malloc(K / 4 * 64);
+    for (int64_t k = 0; k < K; k += 4) {
+        __m256i v = broadcast4(x + k);
+        _mm256_storeu_si256((__m256i *)(u + k * 16), v);
+        _mm256_storeu_si256((__m256i *)(u + k * 16 + 32), _mm256_sign_epi8(v, v));
+    }
+    return u;
+}
+#endif
+
 #ifdef TALLY_AVX512
 /* x + 128 as unsigned bytes (x in -127..127: 1..255), for byte products whose signed operand is the weight (AVX-512's
  * int8 loops) */
@@ -86,7 +100,7 @@ static inline __attribute__((always_inline)) void int_block_into(
     int mr) {
     int64_t block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : 32;
     __m256i dot[MR];
-    int_block_dots(xq + b * 32, xu ? xu + b * 32 : NULL, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL,
+    int_block_dots(xq + b * 32, xu ? xu + b * XU_BLOCK : NULL, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL,
                    bits, expanded, c0, c1, mr, dot);
     dots_into(acc, dot, sg, dx, xoff, spans, s, K, b, mr);
 }
@@ -167,7 +181,8 @@ static inline __attribute__((always_inline)) void int_tile(
 /* One integer product, the argument of its tiles' range function: rows m0..m1 against every tile */
 typedef struct {
     const int8_t *xq;
-    const uint8_t *xu;             /* int8 on AVX-512 (both loops): xq + 128, unsigned; else NULL */
+    const uint8_t *xu;             /* int8 beside xq (XU_BLOCK bytes a block): AVX-512 (both loops) xq + 128,
+                                    * unsigned; AVX2 at one row of symmetric weights one_row_broadcasts; else NULL */
     const float *dx, *xsum;        /* per row: block scales [K/32]; (int4) per group the sum of its values */
     const int32_t *xoff;           /* per row, without minima (Q4_0, int5, int6): per span (a group's part in a block),
                                     * 2^(bits - 1) times the sum of its int8 values, taken off each span's dot */
@@ -416,13 +431,20 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
     int_call_free(&c);
 }
 
-/* per_token != 0: activations get one scale per row (W8A8), else one per block of 32 */
+/* per_token != 0: activations get one scale per row (W8A8), else one per block of 32. symmetric != 0: no weight is
+ * -128 (int8_one_row_dots' condition) */
 static IntCall q8_call(const float *x, const int8_t *q, const void *s, const float *bias, float *y, int64_t M,
-                       int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form) {
+                       int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form,
+                       int symmetric) {
     QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
     uint8_t *xu = NULL;
 #ifdef TALLY_AVX512
     xu = offset_bytes(xq.xq, M * K);
+    (void)symmetric;
+#elif defined(ONE_ROW_BROADCASTS)
+    if (M == 1 && symmetric) xu = one_row_broadcasts(xq.xq, K);
+#else
+    (void)symmetric;
 #endif
     return (IntCall){{xq.xq, xu, xq.dx, NULL, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K,
                       N, group, 0, M, accumulate},
@@ -430,8 +452,9 @@ static IntCall q8_call(const float *x, const int8_t *q, const void *s, const flo
 }
 
 void tally_gemm_q8(const float *x, const int8_t *q, const void *s, const float *bias, float *y,
-                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form) {
-    IntCall c = q8_call(x, q, s, bias, y, M, N, K, group, accumulate, per_token, scale_form);
+                   int64_t M, int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form,
+                   int symmetric) {
+    IntCall c = q8_call(x, q, s, bias, y, M, N, K, group, accumulate, per_token, scale_form, symmetric);
     int_gemm(c.job, M, c.k);
     int_call_free(&c);
 }

@@ -38,7 +38,7 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 SIGNATURES = {
     "tally_gemm_q4": [_P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int],
-    "tally_gemm_q8": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int, ctypes.c_int],
+    "tally_gemm_q8": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int],
     "tally_gemm_f16": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_gemm_f32": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_gemm_bf16": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],

@@ -4,7 +4,7 @@
 enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5, PROJ_F32 = 6 };
 
 typedef struct {
-    int64_t kind, n, k, group, bits; /* concat: `group` parts; q4: 4, 5 or 6 bits */
+    int64_t kind, n, k, group, bits; /* concat: `group` parts; q4: 4, 5 or 6 bits; q8: 8 (7: no weight is -128) */
     const void *w;                   /* concat: the parts, an array of Proj */
     const void *scale, *min;         /* q4: d, m (int5 / int6: d, NULL); q8 / w8a8: s, unused; f16, f32: unused */
     const float *bias;
@@ -38,7 +38,7 @@ static void project(const Proj *p, const float *x, float *y, int64_t M, int accu
                       (int)p->scale_form);
     else if (p->kind == PROJ_Q8 || p->kind == PROJ_W8A8)
         tally_gemm_q8(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, accumulate, p->kind == PROJ_W8A8,
-                      (int)p->scale_form);
+                      (int)p->scale_form, p->bits == 7);
     else
         gemm_panels(x, p->w, p->bias, y, M, p->n, p->k, accumulate, p->kind == PROJ_F32);
 }
@@ -64,7 +64,7 @@ static int project_work(const Proj *p, const float *x, float *y, int64_t M, Proj
             ? q4_call(x, p->w, p->high, p->scale, p->min, p->bias, y, M, p->n, p->k, p->group, p->bits, 0,
                       (int)p->scale_form)
             : q8_call(x, p->w, p->scale, p->bias, y, M, p->n, p->k, p->group, 0, p->kind == PROJ_W8A8,
-                      (int)p->scale_form);
+                      (int)p->scale_form, p->bits == 7);
         w->fn = w->call.i.k.tiles, w->items = (p->n + TILE - 1) / TILE;
 #ifdef TALLY_AVX512
         if (M >= PAIR_ROWS) w->fn = w->call.i.k.pairs, w->items = (w->items + 1) / 2;

@@ -123,21 +123,23 @@ class NativeInt8Linear(QuantLinear):
         self.group_size = in_features // s.shape[1]
         self.register_buffer("q", ops.pack_q8(q))
         self.register_buffer("s", _packed_values(s)[0])
+        self.symmetric = ops.symmetric_q8(q)  # the one-row loop's condition (int_dots.h: int8_one_row_dots)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # as NativeInt4Linear.forward
                 and x.shape[0] < self.many_tokens_from):
             return ops.gemm_q8(x, self.q, self.s, self.bias, self.group_size, self.out_features,
-                               per_token=self.per_token)
+                               per_token=self.per_token, symmetric=self.symmetric)
         return super().forward(x)
 
     def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """As NativeInt4Linear.first_outputs."""
         return ops.gemm_q8(_rows_of(x, self.in_features), self.q, self.s, _first(self.bias, n), self.group_size, n,
-                           per_token=self.per_token).view(*x.shape[:-1], n)
+                           per_token=self.per_token, symmetric=self.symmetric).view(*x.shape[:-1], n)
 
     def _few_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.gemm_q8(x, self.q, self.s, None, self.group_size, self.out_features, per_token=self.per_token)
+        return ops.gemm_q8(x, self.q, self.s, None, self.group_size, self.out_features, per_token=self.per_token,
+                           symmetric=self.symmetric)
 
     def _weight_t(self, n0: int, n1: int) -> torch.Tensor:
         t = slice(n0 // ops.TILE, n1 // ops.TILE)
