@@ -111,32 +111,20 @@ def test_a_needle_on_two_tensor_parallel_ranks_gets_one_process_bits(dense_bf16:
         llm.engine.shutdown()
 
 
-def test_a_bfloat16_dense_model_gets_its_own_bits_among_many_chunked_or_not(dense_bf16: Path) -> None:
+@pytest.mark.parametrize("settings", [{"dtype": "bfloat16"}, {"kv_cache_dtype": "int8"}], ids=["bf16", "int8_kv"])
+def test_a_dense_model_in_bf16_or_over_an_int8_cache_gets_its_own_bits_among_many_chunked_or_not(
+        dense_bf16: Path, settings: dict) -> None:
     """`--dtype bfloat16`: projections on the native bf16 panels (tally/layers/dense.py Bf16PanelLinear), attention
-    on the fp32 kernels over the bf16 cache, prompts in one pass or in 16-token chunks."""
-    llm = LLM(str(dense_bf16), dtype="bfloat16")
+    on the fp32 kernels over the bf16 cache. `--kv-cache-dtype int8`: each token's K and V quantized on its own
+    scales (tally/attention/kv_cache.py) and read by one native kernel a row, in decode-only, mixed and chunked steps
+    alike. Prompts in one pass or in 16-token chunks; the needle's later trials hit the prefix cache."""
+    llm = LLM(str(dense_bf16), **settings)
     try:
         assert _needle_misses(llm, trials=2) == []
         alone = _needle_alone(llm)
     finally:
         llm.engine.shutdown()
-    chunked = LLM(str(dense_bf16), dtype="bfloat16", max_num_batched_tokens=16, enable_chunked_prefill=True)
-    try:
-        assert _needle_misses(chunked, trials=1, alone=alone) == []
-    finally:
-        chunked.engine.shutdown()
-
-
-def test_an_int8_kv_cache_gives_a_request_its_own_bits_among_many_chunked_or_not(dense_bf16: Path) -> None:
-    """Each token's K and V quantized on its own scales (tally/attention/kv_cache.py) and read by one native kernel
-    a row, in decode-only, mixed and chunked steps alike; the needle's later trials hit the prefix cache."""
-    llm = LLM(str(dense_bf16), kv_cache_dtype="int8")
-    try:
-        assert _needle_misses(llm, trials=2) == []
-        alone = _needle_alone(llm)
-    finally:
-        llm.engine.shutdown()
-    chunked = LLM(str(dense_bf16), kv_cache_dtype="int8", max_num_batched_tokens=16, enable_chunked_prefill=True)
+    chunked = LLM(str(dense_bf16), **settings, max_num_batched_tokens=16, enable_chunked_prefill=True)
     try:
         assert _needle_misses(chunked, trials=1, alone=alone) == []
     finally:

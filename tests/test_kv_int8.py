@@ -135,5 +135,6 @@ def test_int8_decode_rows_split_into_groups_match_fp32_kv():
     gen = torch.Generator().manual_seed(7)
     rows = [(random_seq(ctx, 4, 2, 16, gen), ctx - 1, 1) for ctx in (3, 40, 9, 70, 1, 33, 64, 16)]
     backend = ReferenceBackend(AttentionConfig(4, 2, 16, 0.25, None), decode_gather_keys=70)
-    fp32, int8 = (torch.cat(PagedKV(2, 16, 4, dtype=dtype).step(backend, rows)) for dtype in (torch.float32, torch.int8))
+    fp32, int8 = (torch.cat(PagedKV(2, 16, 4, dtype=dtype).step(backend, rows))
+                  for dtype in (torch.float32, torch.int8))
     assert rel_err(int8, fp32) < MAX_REL_ERR

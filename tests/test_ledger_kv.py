@@ -42,7 +42,8 @@ def test_textbook_gqa_with_8_kv_heads_gives_4x_the_concurrency():
     kwargs = dict(device_bytes=CARD_BYTES, weight_bytes=WEIGHT_BYTES, reserve_bytes=RESERVE_BYTES)
     mha_budget, gqa_budget = memory_budget(mha, **kwargs), memory_budget(gqa, **kwargs)
     assert gqa_budget.kv_tokens == 4 * mha_budget.kv_tokens
-    mha_fit, gqa_fit = (max_concurrency(mha, mha_budget.kv_blocks, 4096), max_concurrency(gqa, gqa_budget.kv_blocks, 4096))
+    mha_fit = max_concurrency(mha, mha_budget.kv_blocks, 4096)
+    gqa_fit = max_concurrency(gqa, gqa_budget.kv_blocks, 4096)
     assert (mha_fit, gqa_fit) == (27, 109)
     assert gqa_fit // mha_fit == 4
 

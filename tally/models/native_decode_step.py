@@ -128,8 +128,8 @@ def _proj(module: nn.Module, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:
         return _Proj(PROJ_Q4, module.out_features, module.in_features, module.group_size, module.bits,
                      module.qs.data_ptr(), module.d.data_ptr(), m, bias, qh, scale_form(module.d, module.m))
     return _Proj(PROJ_W8A8 if module.per_token else PROJ_Q8, module.out_features, module.in_features,
-                 module.group_size, 7 if module.symmetric else 8, module.q.data_ptr(), module.s.data_ptr(), None, bias, None,
-                 scale_form(module.s))
+                 module.group_size, 7 if module.symmetric else 8, module.q.data_ptr(), module.s.data_ptr(), None,
+                 bias, None, scale_form(module.s))
 
 
 def _head(model: StepModel, keep: list[ctypes.Array[_Proj]]) -> _Proj | None:

@@ -234,7 +234,7 @@ def gemm_q8(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bias: torch.Tenso
             symmetric: bool = False) -> torch.Tensor:
     """x [M, K] @ W^T, W = q * s per group (group K: one scale per output channel): q from pack_q8, s from
     pack_tile_scales. Activations are rounded to int8 per block of 32, or per row with `per_token` (W8A8).
-    `symmetric`: no weight is -128 (`symmetric_q8`), which lets a one-row call on AVX2 take a faster loop (same bits)."""
+    `symmetric`: no weight is -128 (`symmetric_q8`), so a one-row call on AVX2 may take a faster loop (same bits)."""
     y = _output(x, out_features, out)
     load().tally_gemm_q8(x.data_ptr(), q.data_ptr(), s.data_ptr(), _ptr(bias), y.data_ptr(), x.shape[0],
                          out_features, x.shape[1], group_size, out is not None, per_token, scale_form(s), symmetric)
