@@ -94,3 +94,34 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.tp.all_gather_columns(self.inner(x), self.widths)
+
+
+class WholeHeads:
+    """All heads' q and k of each token on every rank, for norms over the whole projection (OLMo 2), which no rank's
+    slice holds: one all-gather of each rank's q and k side by side; a KV head replicated on several ranks is taken
+    once, from the first. `kv_starts`: each rank's first KV head."""
+
+    def __init__(self, tp: TPGroup, q_widths: Sequence[int], kv_widths: Sequence[int], kv_starts: Sequence[int],
+                 head_dim: int) -> None:
+        self.tp = tp
+        self.q_widths, self.kv_widths = tuple(q_widths), tuple(kv_widths)
+        self.widths = tuple(q + k for q, k in zip(q_widths, kv_widths))
+        self.keep_kv, covered = [], 0
+        for start, width in zip(kv_starts, kv_widths):
+            self.keep_kv.append(start == covered)
+            covered += width // head_dim if start == covered else 0
+        self.q_size = sum(q_widths)
+        self.q_span = (sum(q_widths[:tp.rank]), sum(q_widths[:tp.rank + 1]))
+        k_start = kv_starts[tp.rank] * head_dim
+        self.k_span = (self.q_size + k_start, self.q_size + k_start + kv_widths[tp.rank])
+
+    def gather(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """This rank's q [T, q] and k [T, k] -> [T, Q + K]: every rank's q, then every distinct KV head's k."""
+        parts = self.tp.all_gather_columns(torch.cat([q, k], dim=1), self.widths).split(self.widths, dim=1)
+        qs = [part[:, :w] for part, w in zip(parts, self.q_widths)]
+        ks = [part[:, w:] for part, w, keep in zip(parts, self.q_widths, self.keep_kv) if keep]
+        return torch.cat(qs + ks, dim=1)
+
+    def own(self, whole: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's q and k columns of [T, Q + K]."""
+        return whole[:, self.q_span[0]:self.q_span[1]], whole[:, self.k_span[0]:self.k_span[1]]

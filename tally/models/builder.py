@@ -18,7 +18,7 @@ from tally.errors import ConfigError, ModelLoadError
 from tally.layers.dense import ConcatLinear
 from tally.layers.huge_pages import move_weights_to_huge_pages
 from tally.layers.linear import build_linear, linear_from_blocks, linear_from_gguf
-from tally.layers.parallel import GatheredParallel, RowParallel, TPGroup, VocabParallelHead
+from tally.layers.parallel import GatheredParallel, RowParallel, TPGroup, VocabParallelHead, WholeHeads
 from tally.models.config import ModelConfig
 from tally.models.decoder import CausalLM
 from tally.models.native_decode_step import NativeDecodeStep
@@ -113,9 +113,12 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
     if max_model_len < cfg.max_position_embeddings:
         # The rotary table only needs the positions the engine will ever use.
         cfg = replace(cfg, max_position_embeddings=max_model_len)
+    whole_heads = None
+    if shard is not None and cfg.qk_norm == "projection":
+        whole_heads = WholeHeads(tp, shard.widths["attention"], shard.widths["kv"], shard.kv_starts, cfg.head_dim)
     try:
         model = CausalLM(cfg, tensors, make_proj, make_head, attn, dtype, weight_dtype, tp,
-                         shard.vocab[0] if shard is not None else 0, stage, make_embedding)
+                         shard.vocab[0] if shard is not None else 0, stage, make_embedding, whole_heads)
     except KeyError as exc:
         raise ModelLoadError(f"checkpoint is missing tensor {exc.args[0]!r}") from exc
     leftover = [n for n in tensors if "rotary_emb" not in n]

@@ -18,7 +18,7 @@ from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.attention.metadata import AttentionMetadata
 from tally.layers.lora import LoRASlots
 from tally.layers.norm import RMSNorm
-from tally.layers.parallel import TPGroup
+from tally.layers.parallel import TPGroup, WholeHeads
 from tally.layers.rotary import RotaryEmbedding
 from tally.models.config import ModelConfig
 from tally.models.experts import MixtureOfExperts
@@ -60,9 +60,10 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, index: int, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
                  attn: AttentionBackend, rotary: RotaryEmbedding | None, dtype: torch.dtype,
-                 tp: TPGroup | None = None) -> None:
+                 tp: TPGroup | None = None, whole_heads: WholeHeads | None = None) -> None:
         super().__init__()
         self.cfg = cfg
+        self.whole_heads = whole_heads  # under TP, q/k norms over the whole projection see every rank's heads
         prefix = f"model.layers.{index}"
         a, m = f"{prefix}.self_attn", f"{prefix}.mlp"
         self.qkv_proj = make_proj([f"{a}.q_proj", f"{a}.k_proj", f"{a}.v_proj"], cfg.attention_bias)
@@ -118,11 +119,10 @@ class DecoderLayer(nn.Module):
         cfg = self.cfg
         t = x.shape[0]
         qkv = self.qkv_proj(x)
-        q_end, k_end = cfg.q_size, cfg.q_size + cfg.kv_size
+        k_end = cfg.q_size + cfg.kv_size
         heads = cfg.num_heads + cfg.num_kv_heads
         if cfg.qk_norm == "projection":  # one norm over all heads' q, another over k (OLMo 2)
-            qk = torch.cat([self.q_norm(qkv[:, :q_end]), self.k_norm(qkv[:, q_end:k_end])], dim=1)
-            qk = qk.view(t, heads, cfg.head_dim)
+            qk = torch.cat(self.projection_norms(qkv), dim=1).view(t, heads, cfg.head_dim)
         else:
             qk = qkv[:, :k_end].view(t, heads, cfg.head_dim)
         v = qkv[:, k_end:].view(t, cfg.num_kv_heads, cfg.head_dim)
@@ -138,6 +138,19 @@ class DecoderLayer(nn.Module):
         o = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
         return self.o_proj(o.reshape(t, cfg.q_size))
 
+    def projection_norms(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's q and k of qkv [T, q + 2 kv], normed over the whole q and k projections (OLMo 2). Under
+        tensor parallelism the norms run over every rank's heads, gathered, as one process runs them (the native
+        layer's contiguous rows, the PyTorch layer's column slices), so the values are one process's bits."""
+        q, k = qkv[:, :self.cfg.q_size], qkv[:, self.cfg.q_size:self.cfg.q_size + self.cfg.kv_size]
+        if self.whole_heads is None:
+            return self.q_norm(q), self.k_norm(k)
+        whole = self.whole_heads.gather(q, k)
+        q, k = whole[:, :self.whole_heads.q_size], whole[:, self.whole_heads.q_size:]
+        if self.native:
+            q, k = q.contiguous(), k.contiguous()
+        return self.whole_heads.own(torch.cat([self.q_norm(q), self.k_norm(k)], dim=1))
+
     def _forward_native(self, h: torch.Tensor, rope: Rope | None, kv_cache: tuple[KVCache, KVCache],
                         meta: AttentionMetadata) -> torch.Tensor:
         """The same layer with its small steps fused into native calls: q/k norms, rotary and the cache write in one
@@ -148,6 +161,9 @@ class DecoderLayer(nn.Module):
         qkv = self.qkv_proj(self.input_norm(h) if self.input_norm is not None else h)
         cos, sin = (None, None) if rope is None else rope
         norms = (None, None) if self.q_norm is None else (self.q_norm.weight, self.k_norm.weight)
+        if self.whole_heads is not None:  # normed here over every rank's heads, then rotated and stored as usual
+            qkv[:, :cfg.q_size + cfg.kv_size] = torch.cat(self.projection_norms(qkv), dim=1)
+            norms = (None, None)
         k_cache, v_cache = kv_cache
         int8 = None
         if isinstance(k_cache, Int8KVCache):  # the one-call decode step's write, so mixed steps give its bits
@@ -183,7 +199,8 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
                  make_head: HeadFactory, attn: AttentionBackend, dtype: torch.dtype,
                  weight_dtype: torch.dtype | None = None, tp: TPGroup | None = None, vocab_start: int = 0,
-                 stage: PPStage | None = None, make_embedding: EmbeddingFactory | None = None) -> None:
+                 stage: PPStage | None = None, make_embedding: EmbeddingFactory | None = None,
+                 whole_heads: WholeHeads | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
@@ -206,7 +223,8 @@ class CausalLM(nn.Module):
         layers = range(*stage.layers) if stage is not None else range(cfg.num_layers)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, tensors, make_proj, with_window(attn, windows[i]),
-                         None if i in cfg.nope_layers else sliding_rotary if windows[i] else self.rotary, dtype, tp)
+                         None if i in cfg.nope_layers else sliding_rotary if windows[i] else self.rotary, dtype, tp,
+                         whole_heads)
             for i in layers
         )
         self.norm = (RMSNorm(tensors.pop("model.norm.weight"), cfg.rms_norm_eps, dtype, cfg.norm_scale_in_float)

@@ -39,7 +39,7 @@ def measure_key_scales(model: CausalLM, token_ids: list[int], alpha: float = ALP
         def record(_module, _args, out, i=i, layer=layer):
             k = out[:, k_start:k_end].float()
             if cfg.qk_norm == "projection":
-                k = layer.k_norm(k)
+                k = layer.k_norm(k) if layer.whole_heads is None else layer.projection_norms(out.float())[1]
             k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
             if cfg.qk_norm == "head":
                 k = layer.k_norm(k)

@@ -4,7 +4,8 @@ Column-parallel (each rank computes some output features): the fused QKV project
 by intermediate columns, the embedding and the LM head by vocabulary rows. o_proj and down_proj are split by their
 outputs too (the hidden size): their input, which arrives split by heads or columns, is all-gathered first, so every
 output is one rank's whole dot product, bitwise one process's (tally/layers/parallel.py:GatheredParallel). Norms are
-replicated. A layer makes four all-gathers. A mixture of experts is held whole on every rank: its native call
+replicated; a norm over the whole q or k projection (OLMo 2) gathers every rank's q and k first, one more
+all-gather. A layer makes four all-gathers. A mixture of experts is held whole on every rank: its native call
 routes and sums each row in one fixed order, which a split of its columns would change.
 
 With `partial_sums` (batch_invariant off) o_proj and down_proj are split by their inputs instead, as vLLM does: each
@@ -49,8 +50,9 @@ class TPShard:
     expert_intermediate: tuple[int, int] = (0, 0)  # each expert's columns it holds (a mixture of experts)
     expert_in_features: int = 0  # the whole model's inputs of an expert's down_proj
     hidden: tuple[int, int] = (0, 0)
-    widths: dict[str, tuple[int, ...]] | None = None  # "attention", "mlp", "hidden", "vocab"
+    widths: dict[str, tuple[int, ...]] | None = None  # "attention", "kv", "mlp", "hidden", "vocab"
     partial_sums: bool = False
+    kv_starts: tuple[int, ...] = ()  # every rank's first KV head
 
     def local_config(self, cfg: ModelConfig) -> ModelConfig:
         """The config of this rank's slice: a smaller Llama with the same hidden size."""
@@ -116,10 +118,6 @@ def plan_shards(cfg: ModelConfig, size: int, partial_sums: bool = False) -> list
     """Every rank's slice, or ConfigError naming why the model cannot be split `size` ways."""
     if size < 1:
         raise ConfigError(f"tensor_parallel_size must be ≥ 1, got {size}", param="tensor_parallel_size")
-    if size > 1 and cfg.qk_norm == "projection":
-        raise ConfigError(f"tensor_parallel_size {size}: Tally does not split {cfg.architecture} models (q/k norms "
-                          "over the whole projection) across ranks yet; use tensor_parallel_size 1 or "
-                          "pipeline_parallel_size", param="tensor_parallel_size")
     heads, kv = cfg.num_heads, cfg.num_kv_heads
     group = heads // kv
     if not _heads_split(heads, kv, size):
@@ -142,10 +140,12 @@ def plan_shards(cfg: ModelConfig, size: int, partial_sums: bool = False) -> list
     rows = -(-cfg.vocab_size // size)
     vocab = [(min(r * rows, cfg.vocab_size), min((r + 1) * rows, cfg.vocab_size)) for r in range(size)]
     widths = {"attention": tuple(_width(q) * cfg.head_dim for q in q_ranges), "mlp": tuple(map(_width, inter)),
-              "hidden": tuple(map(_width, hidden)), "vocab": tuple(map(_width, vocab))}
+              "hidden": tuple(map(_width, hidden)), "vocab": tuple(map(_width, vocab)),
+              "kv": tuple(_width(k) * cfg.head_dim for k in kv_ranges)}
     return [TPShard(r, size, kv_ranges[r], q_ranges[r], inter[r], vocab[r], rows, cfg.head_dim,
                     (cfg.q_size, cfg.intermediate_size), expert[r],
-                    cfg.experts.intermediate_size if expert_split else 0, hidden[r], widths, partial_sums)
+                    cfg.experts.intermediate_size if expert_split else 0, hidden[r], widths, partial_sums,
+                    tuple(k[0] for k in kv_ranges))
             for r in range(size)]
 
 
