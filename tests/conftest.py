@@ -87,12 +87,14 @@ def builtin_hf_model():
     dequantizes in Python (~25 s on a 2-core machine), so it loads once a session. Tests must not change it."""
     import torch
     import transformers
+    from support.gguf_read_once import one_gguf_read
 
     from tally.models.registry import resolve_model
 
     path = Path(resolve_model(None).path)
-    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                            local_files_only=True).eval()
+    with one_gguf_read(path):
+        return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                                dtype=torch.float32, local_files_only=True).eval()
 
 
 @pytest.fixture(scope="session")

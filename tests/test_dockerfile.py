@@ -17,7 +17,7 @@ import pytest
 
 from tally.deploy.k8s_pod import PORT, RUN_AS_USER
 from tally.models.registry import ALIASES
-from tally.platform import has_avx2
+from tally.platform import cache_dir, has_avx2
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -77,12 +77,22 @@ def test_native_kernels_are_built_at_image_build_as_the_serving_user():
 
 @pytest.mark.skipif(not has_avx2(), reason="this CPU lacks AVX2: the native kernels are not built here")
 def test_the_native_build_step_builds_the_kernels(tmp_path):
+    """The step as written, into an empty cache. Its compiler is a stand-in that copies the build this run already
+    compiled from the same source and flags (the file name is their hash): the step must ask for exactly that build,
+    and compiling it a second time (a minute on two cores) would check nothing more."""
+    from tally.native.library import load
+
+    session_build = cache_dir() / f"tally_kernels_{load().digest}.so"
+    compiler = tmp_path / "cc"
+    compiler.write_text(f'#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\n'  # any other build fails, as gcc can
+                        f'[ "$(basename "$2")" = {session_build.name} ] && cp {shlex.quote(str(session_build))} "$2"\n')
+    compiler.chmod(0o755)
     command = shlex.split(_instructions()[_index("RUN", "tally.native.library")][1])
     assert command[:2] == ["python", "-c"]
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "CC": str(compiler)}
     done = subprocess.run([sys.executable, "-c", command[2]], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert list((tmp_path / "tally").glob("tally_kernels_*.so"))
+    assert [p.name for p in (tmp_path / "cache" / "tally").glob("tally_kernels_*.so")] == [session_build.name]
 
 
 def test_health_check_and_entry_point():

@@ -5,13 +5,13 @@ default path (blocks as stored) runs; its agreement with that oracle is benchmar
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 
 from support.engine_checks import assert_no_block_leak, hf_greedy
+from support.gguf_read_once import one_gguf_read
 from tally import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -38,19 +38,10 @@ def gguf_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(gguf_path):
-    """transformers' tokenizer and its fp32 model with every weight dequantized from the file's blocks.
-    transformers reads the file with gguf-py three times (the tokenizer's config, the model's, its weights), and
-    each read walks the 262k-token vocabulary item by item: most of this fixture's time. One read serves all three."""
-    import gguf
-
-    read, parsed = gguf.GGUFReader, gguf.GGUFReader(gguf_path)
-
-    def reader(path, *args, **kwargs) -> gguf.GGUFReader:
-        return parsed if Path(path) == gguf_path else read(path, *args, **kwargs)
-
+    """transformers' tokenizer and its fp32 model with every weight dequantized from the file's blocks, from one
+    read of the file (its 262k-token vocabulary makes each read most of this fixture's time)."""
     kwargs = dict(gguf_file=gguf_path.name, local_files_only=True)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf, "GGUFReader", reader)
+    with one_gguf_read(gguf_path):
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             gguf_path.parent, dtype=torch.float32, quantization_config=transformers.GgufConfig(dequantize=True),
