@@ -1,4 +1,4 @@
-/* The gated MLP's activation: act(gate) * up, tally_gated_mul (gated_mul with clamped SwiGLU's settings). Included by
+/* The gated MLP's activation: act(gate) * up, tally_gated_mul. Included by
  * kernels.c after vec_math.h (exp256) and pool.h. */
 
 /* ---- act(gate) * up: gate_up [M, 2I] (gate, up) -> y [M, I], act SiLU, GELU-tanh (Gemma) or clamped SwiGLU -----
@@ -50,6 +50,6 @@ static void gated_mul(const float *gate_up, float *y, int64_t M, int64_t I, int 
     parallel_for(M, M * I * 16, gated_rows, &job);
 }
 
-void tally_gated_mul(const float *gate_up, float *y, int64_t M, int64_t I, int act) {
-    gated_mul(gate_up, y, M, I, act, 0.0f, 0.0f);
+void tally_gated_mul(const float *gate_up, float *y, int64_t M, int64_t I, int act, float alpha, float limit) {
+    gated_mul(gate_up, y, M, I, act, alpha, limit);
 }
