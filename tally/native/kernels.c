@@ -356,7 +356,7 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
         }
         project(&L->gate_up, L->post_norm ? x : h, gu, n, 0);
         lora_add(md->lora, l * LORA_SITES + LORA_GATE_UP, L->post_norm ? x : h, gu, n);
-        gated_mul(gu, act, n, I, (int)md->activation, md->swiglu_alpha, md->swiglu_limit);
+        tally_gated_mul(gu, act, n, I, (int)md->activation, md->swiglu_alpha, md->swiglu_limit);
         add_block(md, &L->down, l * LORA_SITES + LORA_DOWN, act, L->mlp_out_norm, out, h, n);
     }
     if (logits && m > 0) {
