@@ -52,9 +52,8 @@ def test_family_greedy_matches_transformers_alone_batched_chunked_and_cached(nam
     expected = [hf_greedy(model_dir, p, GREEDY.max_tokens)[0] for p in PROMPTS]
     max_len = 64 if name == "phi3" else 128  # Phi-3's short factors: within its original context
     llm = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000)
-    # the fused native layers compute every family's traits but GPT-OSS's sinks and clamped SwiGLU (where the
-    # kernels load)
-    assert all(layer.native for layer in llm.engine.model.layers) == (name != "gpt_oss") or not native.available()
+    # the fused native layers compute every family's traits (where the kernels load)
+    assert all(layer.native for layer in llm.engine.model.layers) or not native.available()
     assert _tokens(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY)) == expected
     assert _tokens(llm.generate([{"prompt_token_ids": PROMPTS[1]}], GREEDY)) == expected[1:]  # a prefix-cache hit
     chunked = LLM(str(model_dir), dtype="float32", max_model_len=max_len, kv_cache_memory=4_000_000,
@@ -175,18 +174,18 @@ def test_gpt_oss_trait_tally_cannot_read_fails_at_load_naming_it(family_dir, tmp
 
 
 def test_gpt_oss_traits_and_paths(family_dir):
-    # sinks, biases and clamped experts keep it off the fused native layer; its attention backends carry each
-    # layer's own sinks, and its YaRN scales cos and sin by transformers' attention factor
+    # the fused native layers and the one-call step compute its sinks, biases and clamped experts; its attention
+    # backends carry each layer's own sinks, and its YaRN scales cos and sin by transformers' attention factor
     import math
 
     cfg = read_hf_config(family_dir("gpt_oss") / "config.json")
     assert cfg.layer_window == (8, None) and cfg.attention_sinks and cfg.attention_output_bias
-    assert layer_unsupported(cfg)  # the native fused paths' gate: tally/models/native_traits.py
+    assert not layer_unsupported(cfg)  # the native fused paths' gate: tally/models/native_traits.py
     assert (cfg.activation, cfg.experts.routing, cfg.experts.bias) == ("clamped_swiglu", "top_k_softmax", True)
     llm = LLM(str(family_dir("gpt_oss")), dtype="float32", max_model_len=64, kv_cache_memory=4_000_000)
     model = llm.engine.model
     layers = model.layers
-    assert not any(layer.native for layer in layers)
+    assert all(layer.native for layer in layers) or not native.available()
     assert [len(layer.attn.config.sinks) for layer in layers] == [4, 4]
     assert layers[0].attn.config.sinks != layers[1].attn.config.sinks
     assert model.rotary.cos[0, 0].item() == pytest.approx(0.1 * math.log(4.0) + 1)

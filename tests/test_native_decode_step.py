@@ -55,12 +55,13 @@ def test_native_step_equals_the_layer_by_layer_path(tiny_model_factory, arch, dt
 
 # Each dense family's traits: q/k norms per head (qwen3, gemma3) or over the projection (olmo2), sandwich (gemma2,
 # gemma3) or output-only norms (olmo2), GELU-tanh, per-layer windows and rotary bases, soft-capped scores and logits
-# (gemma2), partial rotary (phi3), NoPE layers (smollm3), multipliers (granite). int8 rounds the activations: an ulp
-# apart anywhere shows.
+# (gemma2), partial rotary (phi3), NoPE layers (smollm3), multipliers (granite), attention sinks, o_proj's bias and
+# clamped SwiGLU experts with biases (gpt_oss). int8 rounds the activations: an ulp apart anywhere shows.
 @pytest.mark.parametrize("family, dtype, quantization", [
     ("gemma2", "float32", "int8"), ("gemma2", "float16", None), ("gemma3", "float32", "int8"),
     ("phi3", "float32", "int8"), ("granite", "float32", "int8"), ("olmo2", "float32", "int8"),
-    ("smollm3", "float32", "int8"), ("llama3", "float32", "int4"),
+    ("smollm3", "float32", "int8"), ("llama3", "float32", "int4"), ("gpt_oss", "float32", "int8"),
+    ("gpt_oss", "float32", None),
 ])
 def test_native_step_computes_each_familys_traits_as_the_layers_do(tmp_path_factory, family, dtype, quantization):
     from support.families import make_family_checkpoint

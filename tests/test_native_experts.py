@@ -15,7 +15,7 @@ from tally.quant.native_linear import NativeInt8Linear
 pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
 
 # softmax over every expert, normalised top-k (Qwen3-MoE) or not (Mixtral); GPT-OSS: softmax over the top k logits,
-# biases, clamped SwiGLU (its layers, with their sinks, stay off the one-call step)
+# biases, clamped SwiGLU
 FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
 PROMPTS = [{"prompt_token_ids": [5 + 3 * i + r for i in range(6 + 5 * r)]} for r in range(4)]
 LOGPROBS = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=3)
@@ -56,7 +56,7 @@ def test_gguf_experts_run_their_blocks_natively_and_rows_do_not_depend_on_their_
     moe = model.layers[0].experts
     assert all(isinstance(p, NativeInt8Linear) and p.group_size == 32 for p in [*moe.gate_up, *moe.down])  # Q8_0
     assert all(layer.experts.native() is not None for layer in model.layers)
-    assert (model.native_step is not None) == (family != "gpt_oss")
+    assert model.native_step is not None
     together = _outputs(llm, PROMPTS)
     # bitwise: prefill rows grouped by expert with other prompts' rows, decode rows with other requests'
     assert [_outputs(llm, [p])[0] for p in PROMPTS] == together

@@ -219,17 +219,26 @@ def test_panel_gemm_matches_fp32_math_on_the_panels_weights(m: int, k: int, dtyp
     torch.testing.assert_close(got, F.linear(x, w.float(), bias), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("activation, act", [("silu", F.silu), ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"))])
-def test_rms_norm_and_gated_mul(activation: str, act) -> None:
+def _clamped_swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:  # GPT-OSS's, at its alpha and limit
+    gate = gate.clamp(max=7.0)
+    return (up.clamp(-7.0, 7.0) + 1) * (gate * torch.sigmoid(gate * 1.702))
+
+
+@pytest.mark.parametrize("activation, gated", [
+    ("silu", lambda g, u: F.silu(g) * u), ("gelu_tanh", lambda g, u: F.gelu(g, approximate="tanh") * u),
+    ("clamped_swiglu", _clamped_swiglu),
+])
+def test_rms_norm_and_gated_mul(activation: str, gated) -> None:
     x, w = rand(5, 64), rand(64)
     torch.testing.assert_close(ops.rms_norm(x, w, 1e-5), torch.rms_norm(x, (64,), w, 1e-5), atol=1e-5, rtol=1e-5)
     gu = rand(3, 2 * 50)  # 6 vectors of 8 and a scalar tail of 2
     gu[0, :4] = torch.tensor([-100.0, 100.0, -30.0, 90.0])  # exp's clamped range
     gu[0, 48:50] = torch.tensor([-9.0, 1e-3])  # the tail's own arithmetic
-    torch.testing.assert_close(ops.gated_mul(gu, activation), act(gu[:, :50]) * gu[:, 50:], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(ops.gated_mul(gu, activation, 1.702, 7.0), gated(gu[:, :50], gu[:, 50:]), atol=1e-6,
+                               rtol=1e-5)
     many = rand(300, 2 * 100)  # a prompt's rows: over the kernels' threads, each row's bits as alone
-    assert torch.equal(ops.gated_mul(many, activation),
-                       torch.cat([ops.gated_mul(many[r:r + 1], activation) for r in range(300)]))
+    assert torch.equal(ops.gated_mul(many, activation, 1.702, 7.0),
+                       torch.cat([ops.gated_mul(many[r:r + 1], activation, 1.702, 7.0) for r in range(300)]))
 
 
 def test_the_read_probe_reads_every_byte_of_whole_chunks_and_a_tail() -> None:

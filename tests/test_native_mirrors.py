@@ -88,7 +88,7 @@ def test_enum_constants_have_their_c_values():
     assert {name: value for name, value in C.enums.items() if name.startswith("KV_")} == py_kv
     routes = {f"ROUTE_{name.upper()}": value for name, value in native_experts.ROUTINGS.items()}
     assert {name: value for name, value in C.enums.items() if name.startswith("ROUTE_")} == routes
-    acts = {f"ACT_{name.upper()}": value for name, value in native_experts.EXPERT_ACTIVATIONS.items()}
+    acts = {f"ACT_{name.upper()}": value for name, value in ops.ACTIVATIONS.items()}
     assert {name: value for name, value in C.enums.items() if name.startswith("ACT_")} == acts
 
 

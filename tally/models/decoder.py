@@ -178,7 +178,8 @@ class DecoderLayer(nn.Module):
         if self.experts is not None:
             mlp = self.experts(x)
         else:
-            mlp = self.down_proj(native.gated_mul(self.gate_up_proj(x), cfg.activation))
+            gate_up = self.gate_up_proj(x)
+            mlp = self.down_proj(native.gated_mul(gate_up, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit))
         return self._add(h, self.mlp_output_norm(mlp) if self.mlp_output_norm is not None else mlp)
 
 

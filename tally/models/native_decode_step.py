@@ -55,7 +55,7 @@ class StepLayer(Protocol):
     q_norm: RMSNorm | None
     k_norm: RMSNorm | None
     rotary: RotaryEmbedding | None  # None: a layer without rotary
-    attn: AttentionBackend  # its config holds the layer's window, score scale and soft cap
+    attn: AttentionBackend  # its config holds the layer's window, score scale, soft cap and sinks
     qkv_proj: nn.Module
     o_proj: nn.Module
     experts: StepExperts | None  # in place of gate_up_proj and down_proj (a mixture of experts' layer)
@@ -86,7 +86,7 @@ class _Proj(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P), ("attn_out_norm", _P), ("mlp_out_norm", _P), ("q_norm", _P),
-                ("k_norm", _P), ("cos", _P), ("sin", _P), ("window", _I), ("qkv", _Proj), ("o", _Proj),
+                ("k_norm", _P), ("cos", _P), ("sin", _P), ("window", _I), ("sinks", _P), ("qkv", _Proj), ("o", _Proj),
                 ("gate_up", _Proj), ("down", _Proj), ("k_cache", _P), ("v_cache", _P), ("kv_kind", _I),
                 ("k_scales", _P), ("v_scales", _P), ("key_scale", _P), ("query_scale", _P), ("experts", _P)]
 
@@ -97,6 +97,7 @@ class _Model(ctypes.Structure):
                 ("activation", _I), ("scale", ctypes.c_float), ("eps", ctypes.c_float), ("softcap", ctypes.c_float),
                 ("embedding_multiplier", ctypes.c_float), ("residual_multiplier", ctypes.c_float),
                 ("logits_scaling", ctypes.c_float), ("final_softcap", ctypes.c_float),
+                ("swiglu_alpha", ctypes.c_float), ("swiglu_limit", ctypes.c_float),
                 ("layers", ctypes.POINTER(_Layer)), ("final_norm", _P), ("head", _Proj), ("embed", _Proj),
                 ("lora", _P)]
 
@@ -161,9 +162,9 @@ class NativeDecodeStep:
     sample, and where the token table is int4 / int8 rows (`embeds`) start from the token ids: after the weights'
     stream every Python and torch call starts from cold caches (docs/benchmarks.md#decode-roofline)."""
 
-    def __init__(self, model: StepModel, layers: list[_Layer], keep: list[ctypes.Array[_Proj]]) -> None:
+    def __init__(self, model: StepModel, layers: list[_Layer], keep: list[ctypes.Array[_Proj] | torch.Tensor]) -> None:
         cfg = model.cfg
-        self._keep = keep  # the parts of concatenated projections, which the layers point at
+        self._keep = keep  # the parts of concatenated projections and the sinks' logits, which the layers point at
         self._layers = (_Layer * len(layers))(*layers)
         head, table = _head(model, keep), _token_table(model, keep)
         self.scores = head is not None  # whether a step can end in the logits
@@ -174,7 +175,8 @@ class NativeDecodeStep:
                              cfg.intermediate_size, 0, model.rotary.rotary_dim, cfg.qk_norm == "projection",
                              ACTIVATIONS[cfg.activation], attention.scale, cfg.rms_norm_eps,
                              attention.logit_softcap or 0.0, cfg.embedding_multiplier, cfg.residual_multiplier,
-                             cfg.logits_scaling, cfg.final_logit_softcap or 0.0, self._layers,
+                             cfg.logits_scaling, cfg.final_logit_softcap or 0.0, cfg.swiglu_alpha, cfg.swiglu_limit,
+                             self._layers,
                              model.norm.weight.data_ptr() if head else None, head or _Proj(), table or _Proj())
         self._caches: list[tuple[KVCache, KVCache]] | None = None
 
@@ -202,7 +204,11 @@ class NativeDecodeStep:
                                           layer.mlp_output_norm, layer.q_norm, layer.k_norm)]
             rotary = layer.rotary
             table = (None, None) if rotary is None else (rotary.cos.data_ptr(), rotary.sin.data_ptr())
-            layer_struct = _Layer(*norms, *table, layer.attn.config.sliding_window or 0, *projs)
+            attention = layer.attn.config
+            sinks = attention.sink_logits()  # GPT-OSS's, or None
+            keep += [] if sinks is None else [sinks]
+            layer_struct = _Layer(*norms, *table, attention.sliding_window or 0,
+                                  None if sinks is None else sinks.data_ptr(), *projs)
             layer_struct.experts = None if experts is None else experts.address
             layers.append(layer_struct)
         return cls(model, layers, keep)

@@ -15,9 +15,6 @@ from tally.native.library import load
 from tally.native.ops import ACTIVATIONS
 
 ROUTINGS = {"softmax": 0, "top_k_softmax": 1}  # experts.h: ROUTE_SOFTMAX, ROUTE_TOP_K_SOFTMAX
-# the dense layers' activations, and GPT-OSS's clamped SwiGLU (gated.h: ACT_CLAMPED_SWIGLU), whose alpha and limit the
-# experts' struct carries
-EXPERT_ACTIVATIONS = ACTIVATIONS | {"clamped_swiglu": 2}
 
 
 class ExpertLayers(Protocol):
@@ -53,7 +50,7 @@ class NativeExperts:
         """None (the PyTorch loop runs) unless the kernels are loaded, the router is fp32, the activation is one the
         kernels compute and every expert projection is a native layer (tally/quant/native_linear.py) or fp16
         panels."""
-        if (load() is None or moe.activation_name not in EXPERT_ACTIVATIONS or moe.routing not in ROUTINGS
+        if (load() is None or moe.activation_name not in ACTIVATIONS or moe.routing not in ROUTINGS
                 or moe.router.dtype != torch.float32 or not moe.router.is_contiguous()):
             return None
         keep: list[ctypes.Array[_Proj]] = []
@@ -64,7 +61,7 @@ class NativeExperts:
         keep += arrays
         bias = None if moe.router_bias is None else moe.router_bias.data_ptr()
         struct = _Experts(len(gate_up), moe.top_k, moe.router.shape[1], gate_up[0].n // 2, ROUTINGS[moe.routing],
-                          moe.normalize, EXPERT_ACTIVATIONS[moe.activation_name], moe.router.data_ptr(), bias,
+                          moe.normalize, ACTIVATIONS[moe.activation_name], moe.router.data_ptr(), bias,
                           *(ctypes.cast(a, ctypes.POINTER(_Proj)) for a in arrays), *moe.swiglu)
         return cls(struct, keep)
 

@@ -9,13 +9,15 @@ from tally.models.config import ModelConfig
 from tally.native.ops import ACTIVATIONS
 
 # Traits computed whatever their value: the shape, the rotary tables (scalings included: the kernels read the same
-# tables), windows per layer, scales, soft caps, multipliers. The attention of the per-layer path is its backend's.
+# tables), windows per layer, scales, soft caps, attention sinks, projections' biases, multipliers, clamped SwiGLU's
+# settings. The attention of the per-layer path is its backend's.
 ANY_VALUE = frozenset({
     "architecture", "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
     "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "max_position_embeddings", "tie_word_embeddings",
-    "attention_bias", "sliding_window", "bos_token_id", "eos_token_ids", "torch_dtype", "norm_scale_in_float",
-    "layer_types", "rope_theta_sliding", "nope_layers", "partial_rotary_factor", "attn_logit_softcap",
-    "final_logit_softcap", "query_scale", "embedding_multiplier", "residual_multiplier", "logits_scaling",
+    "attention_bias", "attention_output_bias", "attention_sinks", "sliding_window", "bos_token_id", "eos_token_ids",
+    "torch_dtype", "norm_scale_in_float", "layer_types", "rope_theta_sliding", "nope_layers", "partial_rotary_factor",
+    "attn_logit_softcap", "final_logit_softcap", "query_scale", "embedding_multiplier", "residual_multiplier",
+    "logits_scaling", "swiglu_limit", "swiglu_alpha",
 })
 # Traits computed for these values only
 VALUES = {"norm_layout": ("pre", "sandwich", "post"), "qk_norm": (None, "head", "projection"),

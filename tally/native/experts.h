@@ -151,7 +151,7 @@ void tally_experts(const Experts *e, const float *x, int64_t n, float *out) {
     for (int64_t i = 0; i < nk; i++) picks[fill[chosen[i]]++] = i;
     for (int64_t i = 0; i < nk; i++) memcpy(xr + i * H, x + picks[i] / k * H, sizeof(float) * H);
     project_experts(e->gate_up, start, E, xr, H, gu, 2 * I, works, first);
-    gated_mul(gu, act, nk, I, (int)e->activation, e->swiglu_alpha, e->swiglu_limit);
+    tally_gated_mul(gu, act, nk, I, (int)e->activation, e->swiglu_alpha, e->swiglu_limit);
     project_experts(e->down, start, E, act, I, y, H, works, first);
     memset(out, 0, sizeof(float) * n * H);
     for (int64_t i = 0; i < nk; i++) {  /* in expert order, each row's outputs as they come */

@@ -1,5 +1,5 @@
-/* The gated MLP's activation: act(gate) * up, tally_gated_mul (gated_mul with clamped SwiGLU's settings). Included by
- * kernels.c after vec_math.h (exp256) and pool.h. */
+/* The gated MLP's activation: act(gate) * up, tally_gated_mul. Included by kernels.c after vec_math.h (exp256) and
+ * pool.h. */
 
 /* ---- act(gate) * up: gate_up [M, 2I] (gate, up) -> y [M, I], act SiLU, GELU-tanh (Gemma) or clamped SwiGLU -----
  * GELU-tanh as x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 x (1 + tanh u) exactly, without 1 + tanh's
@@ -45,11 +45,7 @@ static void gated_rows(const void *job, int64_t r0, int64_t r1) {
 }
 
 /* alpha and limit: clamped SwiGLU's (unused by the others) */
-static void gated_mul(const float *gate_up, float *y, int64_t M, int64_t I, int act, float alpha, float limit) {
+void tally_gated_mul(const float *gate_up, float *y, int64_t M, int64_t I, int act, float alpha, float limit) {
     GatedJob job = {gate_up, y, I, act, alpha, limit};
     parallel_for(M, M * I * 16, gated_rows, &job);
-}
-
-void tally_gated_mul(const float *gate_up, float *y, int64_t M, int64_t I, int act) {
-    gated_mul(gate_up, y, M, I, act, 0.0f, 0.0f);
 }

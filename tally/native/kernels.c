@@ -241,6 +241,7 @@ typedef struct {
     const float *q_norm, *k_norm;               /* before the rotation (Model.qk_norm_whole says over what); or NULL */
     const float *cos, *sin;                     /* this layer's rotary table [positions, rotary_dim]; NULL: none */
     int64_t window;                             /* sliding window in keys; 0: full attention */
+    const float *sinks;                         /* [heads] the softmaxes' sink logits (GPT-OSS); NULL: none */
     Proj qkv, o, gate_up, down;
     void *k_cache, *v_cache;
     int64_t kv_kind;                        /* the caches' format (kv_rows.h) */
@@ -256,6 +257,7 @@ typedef struct {
     float softcap;              /* attention scores' soft cap (Gemma 2); 0: none */
     float embedding_multiplier, residual_multiplier;  /* the looked-up embeddings', each block output's (Granite) */
     float logits_scaling, final_softcap;  /* logits / logits_scaling (Granite), then soft-capped (Gemma 2; 0: none) */
+    float swiglu_alpha, swiglu_limit;     /* ACT_CLAMPED_SWIGLU's (GPT-OSS) */
     const Layer *layers;
     const float *final_norm;  /* with `head` (kind 0: none), a step can end in the logits */
     Proj head;
@@ -344,7 +346,7 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
         }
         decode_attention(qkv, row, L->k_cache, L->v_cache, (int)L->kv_kind, L->k_scales, L->v_scales, block_tables,
                          bt_stride, ctx, n, md->heads, md->kv_heads, D, md->block_size, L->window, md->scale,
-                         md->softcap, NULL, att);
+                         md->softcap, L->sinks, att);
         add_block(md, &L->o, l * LORA_SITES + LORA_O, att, L->attn_out_norm, out, h, n);
         if (L->post_norm) tally_rms_norm(h, L->post_norm, x, n, H, md->eps);
         if (L->experts) {
@@ -354,7 +356,7 @@ int64_t tally_decode_layers(const Model *md, float *h, int64_t n, const int64_t 
         }
         project(&L->gate_up, L->post_norm ? x : h, gu, n, 0);
         lora_add(md->lora, l * LORA_SITES + LORA_GATE_UP, L->post_norm ? x : h, gu, n);
-        tally_gated_mul(gu, act, n, I, (int)md->activation);
+        tally_gated_mul(gu, act, n, I, (int)md->activation, md->swiglu_alpha, md->swiglu_limit);
         add_block(md, &L->down, l * LORA_SITES + LORA_DOWN, act, L->mlp_out_norm, out, h, n);
     }
     if (logits && m > 0) {

@@ -43,7 +43,7 @@ SIGNATURES = {
     "tally_gemm_f32": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_gemm_bf16": [_P, _P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_rms_norm": [_P, _P, _P, _I, _I, _F],
-    "tally_gated_mul": [_P, _P, _I, _I, ctypes.c_int],
+    "tally_gated_mul": [_P, _P, _I, _I, ctypes.c_int, _F, _F],
     "tally_softcap_rows": [_P, _P, _I, _I, _F],
     "tally_read_bytes": [_P, _I, _P],
     "tally_rope_store": [_P, _I, _I, _P, _P, _I, _F, _P, _P, _I, _I, _I, _I, _P, _P, _P, ctypes.c_int],

@@ -420,14 +420,15 @@ def read_seconds(buf: torch.Tensor, repeats: int = 5) -> float:
     return best
 
 
-ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # kernels.c: ACT_SILU, ACT_GELU_TANH
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "clamped_swiglu": 2}  # gated.h: ACT_SILU, ACT_GELU_TANH, ACT_CLAMPED_SWIGLU
 
 
-def gated_mul(gate_up: torch.Tensor, activation: str = "silu") -> torch.Tensor:
-    """[M, 2I] (gate, up) -> act(gate) * up [M, I], act one of ACTIVATIONS (GELU-tanh: Gemma's GeGLU)."""
+def gated_mul(gate_up: torch.Tensor, activation: str = "silu", alpha: float = 0.0, limit: float = 0.0) -> torch.Tensor:
+    """[M, 2I] (gate, up) -> act(gate) * up [M, I], act one of ACTIVATIONS (GELU-tanh: Gemma's GeGLU; clamped SwiGLU:
+    GPT-OSS's, with its `alpha` and `limit`)."""
     m, i2 = gate_up.shape
     y = torch.empty(m, i2 // 2, dtype=torch.float32)
-    load().tally_gated_mul(gate_up.data_ptr(), y.data_ptr(), m, i2 // 2, ACTIVATIONS[activation])
+    load().tally_gated_mul(gate_up.data_ptr(), y.data_ptr(), m, i2 // 2, ACTIVATIONS[activation], alpha, limit)
     return y
 
 
