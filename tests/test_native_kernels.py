@@ -456,11 +456,13 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
     kc, vc = rand(64, 16, 4, 64), rand(64, 16, 4, 64)
     tables, lens, q = torch.arange(64).view(2, 32), torch.tensor([500, 300]), rand(2, 8, 64)
     prompt = rand(300, 8, 64)  # the last 300 tokens of a 500-token sequence
+    k1, v1, q1 = kc[:, :, :1].contiguous(), vc[:, :, :1].contiguous(), rand(1, 8, 64)  # one chunk: heads split
 
     def run_all() -> list[torch.Tensor]:
         return [ops.gemm_q4(x, q4, d, m, None, 32, n), ops.gemm_q4(x, q6, d16, None, None, 16, n, qh=qh),
                 ops.gemm_q8(x, q8, s, None, k, n), ops.gemm_f16(x, panels, n, None),
                 ops.decode_attention(q, kc, vc, tables, lens, None, 0.125),
+                ops.decode_attention(q1, k1, v1, tables[:1], torch.tensor([100]), None, 0.125),
                 ops.prefill_attention(prompt, kc, vc, tables[0], 200, None, 0.125)]
 
     before = torch.get_num_threads()
