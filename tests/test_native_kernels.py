@@ -465,11 +465,13 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
     kc, vc = rand(64, 16, 4, 64), rand(64, 16, 4, 64)
     tables, lens, q = torch.arange(64).view(2, 32), torch.tensor([500, 300]), rand(2, 8, 64)
     prompt = rand(300, 8, 64)  # the last 300 tokens of a 500-token sequence
+    k1, v1, q1 = kc[:, :, :1].contiguous(), vc[:, :, :1].contiguous(), rand(1, 8, 64)  # one chunk: heads split
 
     def run_all() -> list[torch.Tensor]:
         return [ops.gemm_q4(x, q4, d, m, None, 32, n), ops.gemm_q4(x, q6, d16, None, None, 16, n, qh=qh),
                 ops.gemm_q8(x, q8, s, None, k, n), ops.gemm_f16(x, panels, n, None),
                 ops.decode_attention(q, kc, vc, tables, lens, None, 0.125),
+                ops.decode_attention(q1, k1, v1, tables[:1], torch.tensor([100]), None, 0.125),
                 ops.prefill_attention(prompt, kc, vc, tables[0], 200, None, 0.125)]
 
     before = torch.get_num_threads()
@@ -492,12 +494,16 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
 @pytest.mark.parametrize("bits,group", [(4, 32), (5, 32), (6, 16), (8, 32)])
 def test_a_rows_bits_do_not_depend_on_the_rows_called_with_it(bits: int, group: int) -> None:
     """A prompt's rows and a decode step's row take different loops (int5 / int6: tiles unpacked once a call for
-    more than 4 rows, int_tiles.h: tile_rows), and each row of a 70-row call (a 64-row pass and 6 more) still gets the
-    bits it gets alone, so chunking and batching never change a token."""
+    more than 4 rows, int_tiles.h: tile_rows; int8 tiles within +-16 add a block up in int16 then), and each row of a
+    70-row call (a 64-row pass and 6 more) still gets the bits it gets alone, so chunking and batching never change a
+    token."""
     n, k = 44, 192
     x = rand(70, k)
     if bits == 8:
-        q8, s = ops.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)), rand(n, k // group)
+        q = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen)
+        q[:16] = torch.randint(-16, 17, (16, k), dtype=torch.int8, generator=gen)  # two narrow tiles, ±16 in them
+        q[0, :2] = torch.tensor([-16, 16])
+        q8, s = ops.pack_q8(q), rand(n, k // group)
         call = lambda rows: ops.gemm_q8(rows, q8, ops.pack_tile_scales(s.abs()), None, group, n)  # noqa: E731
     else:
         q = torch.randint(0, 1 << bits, (n, k), dtype=torch.uint8, generator=gen)

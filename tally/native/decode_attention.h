@@ -135,6 +135,7 @@ typedef struct {
     const int64_t *chunk_group;  /* chunk c is chunk c - chunk_first[g] of group g = chunk_group[c] */
     const int64_t *chunk_first, *part_first;  /* chunk c's partial results start at record part_first[c] */
     int64_t q_stride, bt_stride, Hq, Hkv, D, block_size, window;
+    int64_t splits;             /* an item's share of a kv head's query heads: 1 / splits of them */
     int kind;
     float scale, softcap;
     float *parts;  /* per (chunk, row of its group, query head): D unnormalised outputs, the chunk's max, its sum */
@@ -143,8 +144,10 @@ typedef struct {
 /* A row's first key: under a window only its last `window` keys (a group has a window's rows only alone) */
 static inline int64_t first_key(int64_t L, int64_t window) { return (window > 0 && L > window) ? L - window : 0; }
 
-/* Items: (group of rows, chunk of ATT_CHUNK keys, kv head): a long context spreads over the threads however few
- * heads the model has (2 on Qwen2.5-0.5B), and a verify step's rows still share each key's read. */
+/* Items: (group of rows, chunk of ATT_CHUNK keys, kv head, share of its query heads): a long context spreads over the
+ * threads however few heads the model has (2 on Qwen2.5-0.5B), and a verify step's rows still share each key's read.
+ * A short one with fewer chunks and kv heads than threads splits a kv head's query heads (Gemma 3 270M: 1 kv head of
+ * 4), each share reading the chunk's keys for its own heads; a head's arithmetic is the same either way. */
 static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
     const AttentionJob *a = job;
     int64_t Hq = a->Hq, Hkv = a->Hkv, D = a->D, G = Hq / Hkv, bs = a->block_size;
@@ -154,7 +157,8 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
     float ks[ATT_CHUNK + 8], vs[ATT_CHUNK];
     float *p = malloc(sizeof(float) * ATT_ROWS * G * ATT_CHUNK);  /* scores [row][query head of h][key] */
     for (int64_t i = i0; i < i1; i++) {
-        int64_t chunk = i / Hkv, h = i % Hkv;
+        int64_t chunk = i / (Hkv * a->splits), h = i / a->splits % Hkv, share = i % a->splits;
+        int64_t j0 = share * G / a->splits, j1 = (share + 1) * G / a->splits;
         int64_t g = a->chunk_group[chunk], b = a->first[g], rows = a->first[g + 1] - b;
         int64_t L = a->ctx[b + rows - 1], start = first_key(L, a->window);
         int64_t c0 = start + (chunk - a->chunk_first[g]) * ATT_CHUNK, c1 = c0 + ATT_CHUNK < L ? c0 + ATT_CHUNK : L;
@@ -187,14 +191,14 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
                 if (t0 >= seen) continue;
                 int nr = seen - t0 < n ? (int)(seen - t0) : n;
                 const float *q = a->q + (b + r) * a->q_stride + h * G * D;
-                for (int64_t j = 0; j < G; j++)
+                for (int64_t j = j0; j < j1; j++)
                     scores8_of(q + j * D, k, D, kind, ks + t0, nr, p + (r * G + j) * ATT_CHUNK + t0);
             }
         }
         for (int64_t r = 0; r < rows; r++) {
             int64_t seen = a->ctx[b + r] - c0;
             seen = seen < len ? seen : len;
-            for (int64_t j = 0; j < G; j++) {
+            for (int64_t j = j0; j < j1; j++) {
                 float *part = a->parts + (a->part_first[chunk] + r * Hq + h * G + j) * (D + 2);
                 if (seen <= 0) {  /* the chunk starts past this row's last key */
                     part[D] = -INFINITY, part[D + 1] = 0;
@@ -247,11 +251,15 @@ static void decode_attention(const float *q, int64_t q_stride, const void *k_cac
             chunk_group[i] = g, part_first[i] = parts;
             parts += (first[g + 1] - first[g]) * Hq;
         }
-    for (int64_t r = 0; r < n; r++) work += (ctx[r] - first_key(ctx[r], window)) * Hq * D;
+    /* multiply-adds of q.k and p.v, in fp32: 4 times an int8 byte product's cost (lanes a vector), as PAR_MIN counts */
+    for (int64_t r = 0; r < n; r++) work += (ctx[r] - first_key(ctx[r], window)) * Hq * D * 2 * 4;
+    int threads = omp_get_max_threads();
+    int64_t splits = chunks * Hkv >= threads ? 1 : Hq / Hkv < threads ? Hq / Hkv : threads;
     float *partial = malloc(sizeof(float) * parts * (D + 2));
     AttentionJob job = {q, k_scales, v_scales, k_cache, v_cache, block_tables, ctx, first, chunk_group, chunk_first,
-                        part_first, q_stride, bt_stride, Hq, Hkv, D, block_size, window, kind, scale, softcap, partial};
-    parallel_for(chunks * Hkv, work, attention_chunks, &job);
+                        part_first, q_stride, bt_stride, Hq, Hkv, D, block_size, window, splits, kind, scale, softcap,
+                        partial};
+    parallel_for(chunks * Hkv * splits, work, attention_chunks, &job);
     /* out = sum_c e^(m_c - M) o_c / sum_c e^(m_c - M) l_c over the row's chunks, in their order (a sink's e^(s - M)
      * first in the denominator, M counting it) */
     for (int64_t g = 0; g < groups; g++) {

@@ -504,7 +504,8 @@ static inline __attribute__((always_inline)) void chunk_values256(const uint8_t 
 }
 
 /* Nibble formats: chunks c0..c1 of the block (a group of 16 is two chunks); int8: the whole block. expanded: wb is
- * the block in expand_tile's bytes (hb unused) */
+ * the block in expand_tile's bytes (hb unused); int8: every weight of the tile is narrow, within +-16 (AVX2 without
+ * VNNI: int_tiles.h, narrow_int8_tile) */
 static inline __attribute__((always_inline)) void int_block_dots256(
     const int8_t *xq, int64_t K, const uint8_t *wb, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr,
     __m256i *dot) {
@@ -568,10 +569,19 @@ static inline __attribute__((always_inline)) void int_block_dots256(
 #ifdef TALLY_VNNI
                 dot[i] = DPBUSD(dot[i], mag, xs);
 #else
-                dot[i] = _mm256_add_epi32(dot[i], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, xs), ones));
+                __m256i pairs = _mm256_maddubs_epi16(mag, xs);
+                /* narrow (int_tiles.h: narrow_int8_tile): the block's pairs add up in int16, one widening after */
+                dot[i] = expanded ? _mm256_add_epi16(dot[i], pairs)
+                                  : _mm256_add_epi32(dot[i], _mm256_madd_epi16(pairs, ones));
 #endif
             }
         }
+#ifndef TALLY_VNNI
+        if (expanded) {
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr; i++) dot[i] = _mm256_madd_epi16(dot[i], ones);
+        }
+#endif
     }
 #ifndef TALLY_VNNI
     if (bits == 4) {

@@ -241,9 +241,36 @@ static __attribute__((noinline)) void unpacked_tile_rows6(const IntJob *j, int64
     tile_rows_of(j, t, 6, v, NULL, 1);
 }
 
+#if !defined(TALLY_AVX512) && !defined(TALLY_VNNI)
+/* int8 weights within +-16, as a GGUF's Q5_0 rows widened beside Q8_0 ones (tally/quant/gguf_blocks.py:
+ * concat_blocks): a block's 8 byte products of a row add up in int16 (8 * 2 * 16 * 127 = 32512) before one widening,
+ * where wider weights widen each (maddubs and madd take one port of a Zen 1 core: docs/benchmarks.md#kernels). Each
+ * tile is checked once a pass of many rows, whose unpacking it costs a fraction of; the same integer sums, so the
+ * same bits. */
+#define NARROW_INT8 16
+static int narrow_int8_tile(const uint8_t *w, int64_t K) {
+    __m256i most = _mm256_setzero_si256();
+    for (int64_t i = 0; i < TILE * K; i += 32)
+        most = _mm256_max_epu8(most, _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)(w + i))));
+    __m256i within = _mm256_cmpeq_epi8(_mm256_max_epu8(most, _mm256_set1_epi8(NARROW_INT8)),
+                                       _mm256_set1_epi8(NARROW_INT8));
+    return _mm256_movemask_epi8(within) == -1;
+}
+
+static __attribute__((noinline)) void narrow_int8_tile_rows(const IntJob *j, int64_t t, const uint8_t *w) {
+    tile_rows_of(j, t, 8, w, NULL, 1);
+}
+#endif
+
 static inline __attribute__((always_inline)) void tile_rows(const IntJob *j, int64_t t, int bits) {  /* int_tile */
     int64_t K = j->K, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2;
     const uint8_t *w = j->w + t * tile_bytes, *hb = j->hb ? j->hb + t * K * (bits - 4) : NULL;
+#if !defined(TALLY_AVX512) && !defined(TALLY_VNNI)
+    if (bits == 8 && j->m1 - j->m0 > EXPAND_ROWS && narrow_int8_tile(w, K)) {
+        narrow_int8_tile_rows(j, t, w);
+        return;
+    }
+#endif
     if (bits > 4 && bits < 8 && j->m1 - j->m0 > EXPAND_ROWS && K <= EXPAND_MAX_K) {
         uint8_t values[TILE * K] __attribute__((aligned(32)));
         expand_tile(w, hb, K, bits, values);
