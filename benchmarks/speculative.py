@@ -40,7 +40,7 @@ import argparse
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script here runs
@@ -48,6 +48,7 @@ from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script 
 from tally import LLM, SamplingParams
 from tally.engine.speculation.config import DRAFT_CONTEXT_TOKENS, NGRAM_SPECULATIVE_TOKENS, SpeculativeConfig
 from tally.engine.speculation.draft_proposer import DraftProposer
+from tally.engine.speculation.policy import KEEP_STEPS, MEASURE_SHARE, Counters
 from tally.engine.speculation.speculator import Speculator
 from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.traces import DATA_DIR
@@ -123,6 +124,10 @@ def main() -> None:
     p.add_argument("--fixed-k", default=None, help="prompt lookup at each of these fixed K (comma-separated) "
                                                     "instead of one fixed arm at --k: the adaptive arm's K beside "
                                                     "every fixed one")
+    p.add_argument("--warm-steps", type=int, default=KEEP_STEPS,
+                   help="before the rounds, each adaptive arm runs loops of new prompts until its policy has counted "
+                        "this many steps at the concurrency and its measuring there is repaid (default: the steps "
+                        "a price holds before it is measured again)")
     p.add_argument("--step-costs", action="store_true",
                    help="instead: one stream, what a step costs off and at each fixed K up to --k (the first "
                         "workload, the draft model if given, else prompt lookup)")
@@ -173,14 +178,16 @@ def main() -> None:
             # their ratios.
             engine.speculator = None
             closed_loop(llm, workloads[workload](c, random.Random(-c)), c, params)
-            # An adaptive arm measures its price at each load it meets first (an epoch off, one on), then holds it
-            # for KEEP_STEPS (500) steps, as a server that has run a while does; a round at 16-32 streams holds far
-            # fewer decode steps, so measuring inside the rounds would charge them what a server pays once in 500
-            # steps. Each adaptive arm gets a warm-up loop of its own, of new prompts.
+            # An adaptive arm measures its price at each load it meets first, then holds it for KEEP_STEPS steps or
+            # until what measuring lost is repaid: a round holds far fewer decode steps than that at 16-32 streams,
+            # so unwarmed rounds would charge it what a server pays once in hundreds of steps.
             for arm, spec in speculators.items():
                 if spec is not None and spec.config.adaptive:
                     engine.speculator = spec
-                    closed_loop(llm, workloads[workload](2 * c, random.Random(-2 * c)), c, params)
+                    ran, lost = warm_up(llm, spec, lambda i: workloads[workload](c, random.Random(-c - 100 * i)), c,
+                                        params, a.warm_steps)
+                    print(f"{workload:<6} C={c:<3} {arm:<15} warmed {ran} steps (measuring lost {lost:.1f} off "
+                          f"steps: {100 * lost / max(ran, 1):.2f} per 100)", flush=True)
             totals = {arm: ArmTotals() for arm in speculators}
             names = list(speculators)
             for r in range(a.rounds):
@@ -188,6 +195,7 @@ def main() -> None:
                 for arm in names[r % len(names):] + names[:r % len(names)]:
                     spec = engine.speculator = speculators[arm]
                     st = spec.stats.copy() if spec else None
+                    counted = replace(spec.policy.counters) if spec else None
                     t = totals[arm]
                     preempted = engine.scheduler.num_preemptions
                     before = engine.snapshot()
@@ -202,6 +210,8 @@ def main() -> None:
                     t.tokens += tokens
                     t.spoke = _sum_spoke(t.spoke, _spoke(st, spec.stats)) if spec else None
                     t.preempted += engine.scheduler.num_preemptions - preempted
+                    if spec:
+                        t.policy = _sum_counters(t.policy, counted, spec.policy.counters)
             off = totals["off"]
             for arm, t in totals.items():
                 same = sum(x == o for x, o in zip(t.tokens, off.tokens)) / len(t.tokens)
@@ -212,7 +222,7 @@ def main() -> None:
                 rows.append((workload, c, arm, tok_s, ratio, decode_ratio, tpot, spoke, same, preempted))
                 print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.2f} tok/s  {ratio:5.2f}x  decode steps "
                       f"{decode_ratio:5.2f}x  TPOT {tpot:7.1f} ms  {_describe(spoke)}  same tokens: {same:.0%}  "
-                      f"preemptions {preempted}", flush=True)
+                      f"preemptions {preempted}{_policy(t.policy)}", flush=True)
     print("\n| workload | concurrency | arm | tok/s | vs off | decode steps vs off | TPOT ms | proposed | accepted | "
           "acceptance | per position | K in effect | same tokens as off |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -239,6 +249,7 @@ class ArmTotals:
     finished: list = field(default_factory=list)  # final outputs (their metrics time each request)
     spoke: tuple | None = None  # _spoke(): proposed, accepted, requests that verified, accepted per position
     preempted: int = 0
+    policy: Counters | None = None  # what the arm's policy did in the rounds (adaptive arms)
 
     @property
     def decode_rate(self) -> float:
@@ -264,6 +275,34 @@ def step_costs(engine, prompts: list[str], params: SamplingParams, k: int, metho
                 tokens += engine.snapshot().generated_tokens - before
         print(f"K={kk}: {len(seconds)} steps, median {1000 * statistics.median(seconds):.1f} ms, "
               f"{tokens / len(seconds):.2f} tokens/step, {1000 * sum(seconds) / tokens:.1f} ms/token", flush=True)
+
+
+def warm_up(llm: LLM, spec: Speculator, prompts, concurrency: int, params: SamplingParams,
+            steps: int) -> tuple[int, float]:
+    """Closed loops of new prompts (prompts(i): the i-th loop's) until the arm's policy has counted `steps` steps
+    at this concurrency and what its measuring lost there is repaid (at most MEASURE_SHARE of them), as on a server
+    that has run a while; gives up at 4 x `steps`. Returns the steps run and the off steps measuring lost in them."""
+    start, i = replace(spec.policy.counters), 0
+    while True:
+        now = spec.policy.counters
+        ran, lost = now.steps - start.steps, now.lost_off_steps - start.lost_off_steps
+        if ran >= 4 * steps or (ran >= steps and lost <= MEASURE_SHARE * ran):
+            return ran, lost
+        closed_loop(llm, prompts(i), concurrency, params)
+        i += 1
+
+
+def _sum_counters(total: Counters | None, before: Counters, after: Counters) -> Counters:
+    base = total or Counters()
+    return Counters(*(t + y - x for t, x, y in zip(astuple(base), astuple(before), astuple(after))))
+
+
+def _policy(c: Counters | None) -> str:
+    """The policy's own count over the rounds: measuring's cost per 100 steps (the mechanism, not the clock)."""
+    if c is None or not c.steps:
+        return ""
+    return (f"  policy: {c.steps} steps, {c.speculated / c.steps:.0%} speculating, {c.measuring} measuring, "
+            f"lost {100 * c.lost_off_steps / c.steps:.2f} off steps per 100")
 
 
 def _tpot_ms(finished: list) -> float:

@@ -20,15 +20,17 @@ WEIGHTS_S, ROW_S = 0.02, 0.002  # a decode step of B requests with speculation o
 @dataclass
 class CostModel:
     """A decode step with speculation off, plus ROW_S a verified proposal (a verify row costs what a decode row does),
-    plus pass_steps off steps per proposal depth (a draft's pass, whatever its rows); each request's j-th proposal
-    holds with chance alpha^j."""
+    plus pass_steps off steps per proposal depth (a draft's pass, whatever its rows), plus step_steps off steps where
+    it verifies any (the interpreter's work a burst of plain decode steps would have shared); each request's j-th
+    proposal holds with chance alpha^j."""
 
     alpha: float
     pass_steps: float = 0.0
+    step_steps: float = 0.0
 
     def step_seconds(self, batch: int, proposals: int, passes: int) -> float:
         off_s = WEIGHTS_S + ROW_S * batch
-        return off_s * (1 + self.pass_steps * passes) + ROW_S * proposals
+        return off_s * (1 + self.pass_steps * passes + self.step_steps * (proposals > 0)) + ROW_S * proposals
 
     def run(self, policy: SpeculationPolicy, batch: int, steps: int) -> tuple[float, float, list[bool]]:
         """(tokens, seconds, whether each step verified proposals) over `steps` steps that follow the policy."""
@@ -43,7 +45,7 @@ class CostModel:
             made = int(expected)
             carry = expected - made
             step_s = self.step_seconds(batch, proposals, int(ks.max()))
-            policy.observe_step(made, step_s, batch, proposals, int(ks.max()))
+            policy.observe_step(made, step_s, batch, proposals, int(ks.max()) if self.pass_steps else 0)
             tokens, seconds = tokens + made, seconds + step_s
             spoke.append(proposals > 0)
         return tokens, seconds, spoke
