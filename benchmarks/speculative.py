@@ -14,12 +14,15 @@ batch shape, so the share of requests whose tokens match `off` exactly is printe
 A closed loop per concurrency C: C requests in flight on the offline engine, each replaced when it finishes,
 --requests-per-slot x C requests (at least --min-requests) a loop; tokens/s counts every generated token over
 the loops' whole time, prompts' prefill included; TPOT is the mean time per output token after the first, per
-request (the prefill left out: what speculation shortens). After a warm-up loop (and one more for each adaptive arm,
-whose policy measures its price there, as in a server that has run a while), every arm runs --rounds loops,
-each round over new prompts and with the arms' order rotated by one, so that drift in the machine's speed falls on
-every arm alike; ratios are against `off`'s tokens/s over its rounds. "decode steps" is the same ratio over the steps
-without a prompt chunk (the engine's own count): at 16-32 streams most of a run can be prompts' prefill, whose speed
-moves between arms by more than speculation's effect (docs/benchmarks.md#speculative-decoding). Every arm runs on
+request (the prefill left out: what speculation shortens). After a warm-up loop, each adaptive arm runs loops of
+new prompts until its policy has counted --warm-steps steps at C and what its measuring lost there is repaid (a
+server that has run a while); then every arm runs --rounds loops, each round over new prompts and with the arms'
+order rotated by one, so that drift in the machine's speed falls on every arm alike; ratios are against `off`'s
+tokens/s over its rounds. "decode steps" is the same ratio over the engine calls without a prompt chunk, less those
+of a paused process (over 20 times the median call): at 16-32 streams most of a run can be prompts' prefill, whose
+speed moves between arms by more than speculation's effect (docs/benchmarks.md#speculative-decoding). The policy's
+own counts over the rounds follow each adaptive arm: its steps, the share that verified proposals, its measuring
+steps, and what measuring lost in off steps per 100 steps (the mechanism, not the clock). Every arm runs on
 one engine (one copy of the weights; with --draft-model its KV pool holds both models' KV in every arm, so
 the arms have the same pool): each arm is its own Speculator, swapped in for its runs, its adaptive policy kept
 from one run to the next as a server's would be. Prefix caching is off, so no arm reuses another's prompts.
@@ -32,7 +35,7 @@ request (K in effect), and preemptions (there should be none).
                                 [--model target.gguf --draft-model draft.gguf] [--arms "draft K fixed,..."]
                                 [--rounds 3] [--fixed-k 2,3,4] (prompt lookup fixed at each K, beside adaptive)
                                 [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
-                                [--draft-vocab 0,32768] (draft_vocab_size: the same)
+                                [--draft-vocab 0,32768] (draft_vocab_size: the same) [--warm-steps 500]
 """
 from __future__ import annotations
 
@@ -62,6 +65,7 @@ DRAFT_ARMS = {
     "draft K fixed": {"method": "draft_model", "adaptive": False},
     "draft adaptive": {"method": "draft_model"},
 }
+PAUSE = 20  # a decode call this many times the median one is a pause of the process (ArmTotals.decode_rate)
 SOURCE_FILES = sorted((Path(__file__).resolve().parents[1] / "tally").rglob("*.py"))
 ANSWER_TOKENS = {"quote": 256}  # a quote runs on (the speech, then the scene); other answers: 96 tokens
 CHAT_ASKS = ("Explain how {} works, as you would to a child.", "Write a short story about {}.",
@@ -198,13 +202,9 @@ def main() -> None:
                     counted = replace(spec.policy.counters) if spec else None
                     t = totals[arm]
                     preempted = engine.scheduler.num_preemptions
-                    before = engine.snapshot()
                     started = time.perf_counter()
-                    tok_s, tokens = closed_loop(llm, prompts, c, params, t.finished)
+                    tok_s, tokens = closed_loop(llm, prompts, c, params, t.finished, t.decode_calls)
                     seconds = time.perf_counter() - started
-                    after = engine.snapshot()
-                    t.decode_seconds += after.decode_step_seconds - before.decode_step_seconds
-                    t.decode_tokens += after.decode_step_tokens - before.decode_step_tokens
                     t.seconds += seconds
                     t.generated += round(tok_s * seconds)
                     t.tokens += tokens
@@ -222,7 +222,8 @@ def main() -> None:
                 rows.append((workload, c, arm, tok_s, ratio, decode_ratio, tpot, spoke, same, preempted))
                 print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.2f} tok/s  {ratio:5.2f}x  decode steps "
                       f"{decode_ratio:5.2f}x  TPOT {tpot:7.1f} ms  {_describe(spoke)}  same tokens: {same:.0%}  "
-                      f"preemptions {preempted}{_policy(t.policy)}", flush=True)
+                      f"preemptions {preempted}  paused calls left out {len(t.decode_calls) - len(t.unpaused)}"
+                      f"{_policy(t.policy)}", flush=True)
     print("\n| workload | concurrency | arm | tok/s | vs off | decode steps vs off | TPOT ms | proposed | accepted | "
           "acceptance | per position | K in effect | same tokens as off |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -243,8 +244,7 @@ class ArmTotals:
 
     seconds: float = 0.0
     generated: int = 0
-    decode_seconds: float = 0.0  # in steps without a prompt chunk (the engine's count), and their tokens
-    decode_tokens: int = 0
+    decode_calls: list = field(default_factory=list)  # (seconds, tokens) of each engine call without a prompt chunk
     tokens: list = field(default_factory=list)  # each prompt's token ids, in order, round after round
     finished: list = field(default_factory=list)  # final outputs (their metrics time each request)
     spoke: tuple | None = None  # _spoke(): proposed, accepted, requests that verified, accepted per position
@@ -252,8 +252,16 @@ class ArmTotals:
     policy: Counters | None = None  # what the arm's policy did in the rounds (adaptive arms)
 
     @property
+    def unpaused(self) -> list[tuple[float, int]]:
+        """The calls without a prompt chunk, less any over PAUSE times the median one: on a shared host a process
+        stopped or starved for seconds, nothing an arm did (a burst is 8 steps at most)."""
+        cap = PAUSE * statistics.median(s for s, _ in self.decode_calls) if self.decode_calls else 0.0
+        return [(s, n) for s, n in self.decode_calls if s <= cap]
+
+    @property
     def decode_rate(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+        kept = self.unpaused
+        return sum(n for _, n in kept) / sum(s for s, _ in kept) if kept else 0.0
 
 
 def step_costs(engine, prompts: list[str], params: SamplingParams, k: int, method: dict, draft) -> None:
