@@ -190,8 +190,9 @@ def main() -> None:
                     engine.speculator = spec
                     ran, lost = warm_up(llm, spec, lambda i: workloads[workload](c, random.Random(-c - 100 * i)), c,
                                         params, a.warm_steps)
+                    repaid = "" if lost <= MEASURE_SHARE * ran else ", not repaid yet"
                     print(f"{workload:<6} C={c:<3} {arm:<15} warmed {ran} steps (measuring lost {lost:.1f} off "
-                          f"steps: {100 * lost / max(ran, 1):.2f} per 100)", flush=True)
+                          f"steps: {100 * lost / max(ran, 1):.2f} per 100{repaid})", flush=True)
             totals = {arm: ArmTotals() for arm in speculators}
             names = list(speculators)
             for r in range(a.rounds):
