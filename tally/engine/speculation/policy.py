@@ -223,12 +223,12 @@ class SpeculationPolicy:
             counted.measuring += 1
         epoch.add(generated_tokens, seconds - catch_up_seconds, batch, proposals, passes, catch_up_seconds)
         if price is not None:
-            if self.counters.steps - price.step >= price.holds_steps or not same_load(batch, self._load):
+            if counted.steps - price.step >= price.holds_steps or not same_load(batch, self._load):
                 self._follow(batch)
             elif price.pays and epoch.steps >= CHECK_STEPS and epoch.rate * MARGIN < min(
                     price.off_rate, off_rate_of(epoch, price)):
                 lost = epoch.loss_seconds(price.off_rate)
-                price.fail(self.counters.steps, lost)
+                price.fail(counted.steps, lost)
                 counted.lost_off_steps += price.off_steps(lost)
                 self._apply(price, self._load)
         elif epoch.steps >= EPOCH_STEPS:
