@@ -8,9 +8,11 @@ from tally.outputs import RequestOutput
 
 
 def closed_loop(llm: LLM, prompts: list[str], concurrency: int, params: SamplingParams | list[SamplingParams],
-                finished: list[RequestOutput] | None = None) -> tuple[float, list[list[int]]]:
+                finished: list[RequestOutput] | None = None,
+                decode_calls: list[tuple[float, int]] | None = None) -> tuple[float, list[list[int]]]:
     """Tokens per second over the whole closed loop, and each prompt's tokens (each final output appended to
-    `finished` when given: its metrics have the request's timings)."""
+    `finished` when given: its metrics have the request's timings; each engine call without a prompt chunk to
+    `decode_calls` as its seconds and tokens, the engine's own count)."""
     engine = llm.engine
     outputs: dict[str, list[int]] = {}
     pending = list(enumerate(prompts))
@@ -22,7 +24,12 @@ def closed_loop(llm: LLM, prompts: list[str], concurrency: int, params: Sampling
             i, prompt = pending.pop(0)
             engine.add_request(str(i), prompt, params[i] if isinstance(params, list) else params)
             in_flight += 1
-        for out in engine.step():
+        stats = engine.stats
+        seconds, tokens = stats.decode_step_seconds, stats.decode_step_tokens
+        outs = engine.step()
+        if decode_calls is not None and stats.decode_step_seconds > seconds:
+            decode_calls.append((stats.decode_step_seconds - seconds, stats.decode_step_tokens - tokens))
+        for out in outs:
             if out.finished:
                 in_flight -= 1
                 outputs[out.request_id] = out.outputs[0].token_ids

@@ -14,12 +14,15 @@ batch shape, so the share of requests whose tokens match `off` exactly is printe
 A closed loop per concurrency C: C requests in flight on the offline engine, each replaced when it finishes,
 --requests-per-slot x C requests (at least --min-requests) a loop; tokens/s counts every generated token over
 the loops' whole time, prompts' prefill included; TPOT is the mean time per output token after the first, per
-request (the prefill left out: what speculation shortens). After a warm-up loop (and one more for each adaptive arm,
-whose policy measures its price there, as in a server that has run a while), every arm runs --rounds loops,
-each round over new prompts and with the arms' order rotated by one, so that drift in the machine's speed falls on
-every arm alike; ratios are against `off`'s tokens/s over its rounds. "decode steps" is the same ratio over the steps
-without a prompt chunk (the engine's own count): at 16-32 streams most of a run can be prompts' prefill, whose speed
-moves between arms by more than speculation's effect (docs/benchmarks.md#speculative-decoding). Every arm runs on
+request (the prefill left out: what speculation shortens). After a warm-up loop, each adaptive arm runs loops of
+new prompts until its policy has counted --warm-steps steps at C and what its measuring lost there is repaid (a
+server that has run a while); then every arm runs --rounds loops, each round over new prompts and with the arms'
+order rotated by one, so that drift in the machine's speed falls on every arm alike; ratios are against `off`'s
+tokens/s over its rounds. "decode steps" is the same ratio over the engine calls without a prompt chunk, less those
+of a paused process (over 20 times the median call): at 16-32 streams most of a run can be prompts' prefill, whose
+speed moves between arms by more than speculation's effect (docs/benchmarks.md#speculative-decoding). The policy's
+own counts over the rounds follow each adaptive arm: its steps, the share that verified proposals, its measuring
+steps, and what measuring lost in off steps per 100 steps (the mechanism, not the clock). Every arm runs on
 one engine (one copy of the weights; with --draft-model its KV pool holds both models' KV in every arm, so
 the arms have the same pool): each arm is its own Speculator, swapped in for its runs, its adaptive policy kept
 from one run to the next as a server's would be. Prefix caching is off, so no arm reuses another's prompts.
@@ -32,7 +35,7 @@ request (K in effect), and preemptions (there should be none).
                                 [--model target.gguf --draft-model draft.gguf] [--arms "draft K fixed,..."]
                                 [--rounds 3] [--fixed-k 2,3,4] (prompt lookup fixed at each K, beside adaptive)
                                 [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
-                                [--draft-vocab 0,32768] (draft_vocab_size: the same)
+                                [--draft-vocab 0,32768] (draft_vocab_size: the same) [--warm-steps 500]
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ import argparse
 import random
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 
 from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script here runs
@@ -48,6 +51,7 @@ from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script 
 from tally import LLM, SamplingParams
 from tally.engine.speculation.config import DRAFT_CONTEXT_TOKENS, NGRAM_SPECULATIVE_TOKENS, SpeculativeConfig
 from tally.engine.speculation.draft_proposer import DraftProposer
+from tally.engine.speculation.policy import KEEP_STEPS, MEASURE_SHARE, Counters
 from tally.engine.speculation.speculator import Speculator
 from tally.models.chat_template import chat_prompt, refuse_without_template
 from tally.traces import DATA_DIR
@@ -61,6 +65,7 @@ DRAFT_ARMS = {
     "draft K fixed": {"method": "draft_model", "adaptive": False},
     "draft adaptive": {"method": "draft_model"},
 }
+PAUSE = 20  # a decode call this many times the median one is a pause of the process (ArmTotals.decode_rate)
 SOURCE_FILES = sorted((Path(__file__).resolve().parents[1] / "tally").rglob("*.py"))
 ANSWER_TOKENS = {"quote": 256}  # a quote runs on (the speech, then the scene); other answers: 96 tokens
 CHAT_ASKS = ("Explain how {} works, as you would to a child.", "Write a short story about {}.",
@@ -123,6 +128,10 @@ def main() -> None:
     p.add_argument("--fixed-k", default=None, help="prompt lookup at each of these fixed K (comma-separated) "
                                                     "instead of one fixed arm at --k: the adaptive arm's K beside "
                                                     "every fixed one")
+    p.add_argument("--warm-steps", type=int, default=KEEP_STEPS,
+                   help="before the rounds, each adaptive arm runs loops of new prompts until its policy has counted "
+                        "this many steps at the concurrency and its measuring there is repaid (default: the steps "
+                        "a price holds before it is measured again)")
     p.add_argument("--step-costs", action="store_true",
                    help="instead: one stream, what a step costs off and at each fixed K up to --k (the first "
                         "workload, the draft model if given, else prompt lookup)")
@@ -173,14 +182,17 @@ def main() -> None:
             # their ratios.
             engine.speculator = None
             closed_loop(llm, workloads[workload](c, random.Random(-c)), c, params)
-            # An adaptive arm measures its price at each load it meets first (an epoch off, one on), then holds it
-            # for KEEP_STEPS (500) steps, as a server that has run a while does; a round at 16-32 streams holds far
-            # fewer decode steps, so measuring inside the rounds would charge them what a server pays once in 500
-            # steps. Each adaptive arm gets a warm-up loop of its own, of new prompts.
+            # An adaptive arm measures its price at each load it meets first, then holds it for KEEP_STEPS steps or
+            # until what measuring lost is repaid: a round holds far fewer decode steps than that at 16-32 streams,
+            # so unwarmed rounds would charge it what a server pays once in hundreds of steps.
             for arm, spec in speculators.items():
                 if spec is not None and spec.config.adaptive:
                     engine.speculator = spec
-                    closed_loop(llm, workloads[workload](2 * c, random.Random(-2 * c)), c, params)
+                    ran, lost = warm_up(llm, spec, lambda i: workloads[workload](c, random.Random(-c - 100 * i)), c,
+                                        params, a.warm_steps)
+                    repaid = "" if lost <= MEASURE_SHARE * ran else ", not repaid yet"
+                    print(f"{workload:<6} C={c:<3} {arm:<15} warmed {ran} steps (measuring lost {lost:.1f} off "
+                          f"steps: {100 * lost / max(ran, 1):.2f} per 100{repaid})", flush=True)
             totals = {arm: ArmTotals() for arm in speculators}
             names = list(speculators)
             for r in range(a.rounds):
@@ -188,20 +200,19 @@ def main() -> None:
                 for arm in names[r % len(names):] + names[:r % len(names)]:
                     spec = engine.speculator = speculators[arm]
                     st = spec.stats.copy() if spec else None
+                    counted = replace(spec.policy.counters) if spec else None
                     t = totals[arm]
                     preempted = engine.scheduler.num_preemptions
-                    before = engine.snapshot()
                     started = time.perf_counter()
-                    tok_s, tokens = closed_loop(llm, prompts, c, params, t.finished)
+                    tok_s, tokens = closed_loop(llm, prompts, c, params, t.finished, t.decode_calls)
                     seconds = time.perf_counter() - started
-                    after = engine.snapshot()
-                    t.decode_seconds += after.decode_step_seconds - before.decode_step_seconds
-                    t.decode_tokens += after.decode_step_tokens - before.decode_step_tokens
                     t.seconds += seconds
                     t.generated += round(tok_s * seconds)
                     t.tokens += tokens
                     t.spoke = _sum_spoke(t.spoke, _spoke(st, spec.stats)) if spec else None
                     t.preempted += engine.scheduler.num_preemptions - preempted
+                    if spec:
+                        t.policy = _sum_counters(t.policy, counted, spec.policy.counters)
             off = totals["off"]
             for arm, t in totals.items():
                 same = sum(x == o for x, o in zip(t.tokens, off.tokens)) / len(t.tokens)
@@ -212,7 +223,8 @@ def main() -> None:
                 rows.append((workload, c, arm, tok_s, ratio, decode_ratio, tpot, spoke, same, preempted))
                 print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.2f} tok/s  {ratio:5.2f}x  decode steps "
                       f"{decode_ratio:5.2f}x  TPOT {tpot:7.1f} ms  {_describe(spoke)}  same tokens: {same:.0%}  "
-                      f"preemptions {preempted}", flush=True)
+                      f"preemptions {preempted}  paused calls left out {len(t.decode_calls) - len(t.unpaused)}"
+                      f"{_policy(t.policy)}", flush=True)
     print("\n| workload | concurrency | arm | tok/s | vs off | decode steps vs off | TPOT ms | proposed | accepted | "
           "acceptance | per position | K in effect | same tokens as off |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -233,16 +245,24 @@ class ArmTotals:
 
     seconds: float = 0.0
     generated: int = 0
-    decode_seconds: float = 0.0  # in steps without a prompt chunk (the engine's count), and their tokens
-    decode_tokens: int = 0
+    decode_calls: list = field(default_factory=list)  # (seconds, tokens) of each engine call without a prompt chunk
     tokens: list = field(default_factory=list)  # each prompt's token ids, in order, round after round
     finished: list = field(default_factory=list)  # final outputs (their metrics time each request)
     spoke: tuple | None = None  # _spoke(): proposed, accepted, requests that verified, accepted per position
     preempted: int = 0
+    policy: Counters | None = None  # what the arm's policy did in the rounds (adaptive arms)
+
+    @property
+    def unpaused(self) -> list[tuple[float, int]]:
+        """The calls without a prompt chunk, less any over PAUSE times the median one: on a shared host a process
+        stopped or starved for seconds, nothing an arm did (a burst is 8 steps at most)."""
+        cap = PAUSE * statistics.median(s for s, _ in self.decode_calls) if self.decode_calls else 0.0
+        return [(s, n) for s, n in self.decode_calls if s <= cap]
 
     @property
     def decode_rate(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds else 0.0
+        kept = self.unpaused
+        return sum(n for _, n in kept) / sum(s for s, _ in kept) if kept else 0.0
 
 
 def step_costs(engine, prompts: list[str], params: SamplingParams, k: int, method: dict, draft) -> None:
@@ -264,6 +284,34 @@ def step_costs(engine, prompts: list[str], params: SamplingParams, k: int, metho
                 tokens += engine.snapshot().generated_tokens - before
         print(f"K={kk}: {len(seconds)} steps, median {1000 * statistics.median(seconds):.1f} ms, "
               f"{tokens / len(seconds):.2f} tokens/step, {1000 * sum(seconds) / tokens:.1f} ms/token", flush=True)
+
+
+def warm_up(llm: LLM, spec: Speculator, prompts, concurrency: int, params: SamplingParams,
+            steps: int) -> tuple[int, float]:
+    """Closed loops of new prompts (prompts(i): the i-th loop's) until the arm's policy has counted `steps` steps
+    at this concurrency and what its measuring lost there is repaid (at most MEASURE_SHARE of them), as on a server
+    that has run a while; gives up at 4 x `steps`. Returns the steps run and the off steps measuring lost in them."""
+    start, i = replace(spec.policy.counters), 0
+    while True:
+        now = spec.policy.counters
+        ran, lost = now.steps - start.steps, now.lost_off_steps - start.lost_off_steps
+        if ran >= 4 * steps or (ran >= steps and lost <= MEASURE_SHARE * ran):
+            return ran, lost
+        closed_loop(llm, prompts(i), concurrency, params)
+        i += 1
+
+
+def _sum_counters(total: Counters | None, before: Counters, after: Counters) -> Counters:
+    base = total or Counters()
+    return Counters(*(t + y - x for t, x, y in zip(astuple(base), astuple(before), astuple(after))))
+
+
+def _policy(c: Counters | None) -> str:
+    """The policy's own count over the rounds: measuring's cost per 100 steps (the mechanism, not the clock)."""
+    if c is None or not c.steps:
+        return ""
+    return (f"  policy: {c.steps} steps, {c.speculated / c.steps:.0%} speculating, {c.measuring} measuring, "
+            f"lost {100 * c.lost_off_steps / c.steps:.2f} off steps per 100")
 
 
 def _tpot_ms(finished: list) -> float:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from tally.engine.speculation.policy import CHECK_STEPS, EPOCH_STEPS, KEEP_STEPS, SpeculationPolicy
+from tally.engine.speculation.policy import CHECK_STEPS, EPOCH_STEPS, KEEP_STEPS, MEASURE_SHARE, SpeculationPolicy
 
 K = 4
 STEPS = 5 * KEEP_STEPS  # a server that has run a while: several prices expired and measured again
@@ -20,15 +20,17 @@ WEIGHTS_S, ROW_S = 0.02, 0.002  # a decode step of B requests with speculation o
 @dataclass
 class CostModel:
     """A decode step with speculation off, plus ROW_S a verified proposal (a verify row costs what a decode row does),
-    plus pass_steps off steps per proposal depth (a draft's pass, whatever its rows); each request's j-th proposal
-    holds with chance alpha^j."""
+    plus pass_steps off steps per proposal depth (a draft's pass, whatever its rows), plus step_steps off steps where
+    it verifies any (the interpreter's work a burst of plain decode steps would have shared); each request's j-th
+    proposal holds with chance alpha^j."""
 
     alpha: float
     pass_steps: float = 0.0
+    step_steps: float = 0.0
 
     def step_seconds(self, batch: int, proposals: int, passes: int) -> float:
         off_s = WEIGHTS_S + ROW_S * batch
-        return off_s * (1 + self.pass_steps * passes) + ROW_S * proposals
+        return off_s * (1 + self.pass_steps * passes + self.step_steps * (proposals > 0)) + ROW_S * proposals
 
     def run(self, policy: SpeculationPolicy, batch: int, steps: int) -> tuple[float, float, list[bool]]:
         """(tokens, seconds, whether each step verified proposals) over `steps` steps that follow the policy."""
@@ -43,7 +45,7 @@ class CostModel:
             made = int(expected)
             carry = expected - made
             step_s = self.step_seconds(batch, proposals, int(ks.max()))
-            policy.observe_step(made, step_s, batch, proposals, int(ks.max()))
+            policy.observe_step(made, step_s, batch, proposals, int(ks.max()) if self.pass_steps else 0)
             tokens, seconds = tokens + made, seconds + step_s
             spoke.append(proposals > 0)
         return tokens, seconds, spoke
@@ -54,12 +56,17 @@ def _vs_off(model: CostModel, batch: int) -> tuple[float, list[bool]]:
     return (tokens / seconds) / (batch / model.step_seconds(batch, 0, 0)), spoke
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16, 32])
-@pytest.mark.parametrize("model", [
+LOSING = [
     CostModel(alpha=0.2),  # prompt lookup on text it rarely matches
+    CostModel(alpha=0.2, step_steps=0.15),  # the same where a step that verifies costs a burst's share (LLM())
     CostModel(alpha=0.6, pass_steps=0.3),  # a draft's passes: cheap spread over a batch's proposals, dear for a few
     CostModel(alpha=0.05, pass_steps=1.0),  # the target as its own draft, rarely right
-], ids=["rarely-kept", "draft-passes", "draft-as-dear"])
+]
+LOSING_IDS = ["rarely-kept", "step-dear", "draft-passes", "draft-as-dear"]
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16, 32])
+@pytest.mark.parametrize("model", LOSING, ids=LOSING_IDS)
 def test_where_speculating_loses_it_is_soon_off_and_costs_at_most_two_percent(model: CostModel, batch: int):
     """At one stream some of these still pay (a verify row costs little beside the weights): there the policy
     speculates and gains; everywhere else it is off after one measurement and CHECK_STEPS steps of following it."""
@@ -77,3 +84,22 @@ def test_where_speculating_wins_it_stays_on_and_keeps_the_gain(batch: int):
     assert ratio >= 0.97 * fixed_k / (batch / model.step_seconds(batch, 0, 0)), ratio  # all but measuring's off epochs
     assert ratio > 1.2
     assert sum(spoke) >= 0.95 * STEPS
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+@pytest.mark.parametrize("model", LOSING, ids=LOSING_IDS)
+def test_measuring_is_repaid_before_a_load_is_measured_again(model: CostModel, batch: int):
+    """The amortisation, from the policy's own counters: whenever a load is measured again, what measuring (and
+    following prices that failed) lost so far is at most MEASURE_SHARE of the steps so far (100 steps per off step
+    lost), so a server that has run through its first price's hold pays at most that share for measuring."""
+    policy = SpeculationPolicy()
+    started = []  # (steps, off steps lost so far) where an "on" epoch began
+    measuring = False
+    for _ in range(4 * STEPS):
+        before = policy.counters.measuring
+        model.run(policy, batch, 1)
+        if policy.counters.measuring > before and not measuring:
+            started.append((policy.counters.steps, policy.counters.lost_off_steps))
+        measuring = policy.counters.measuring > before
+    assert len(started) >= 3, started  # measured again and again
+    assert all(lost <= MEASURE_SHARE * steps for steps, lost in started), started

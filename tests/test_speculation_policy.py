@@ -246,3 +246,21 @@ def test_a_drafts_pass_is_priced_apart_from_its_proposals_and_run_only_where_its
     assert policy.choose(_geometric([0.9] * 8), limits).tolist() == [4] * 8
     # one request at 0.9^j: each proposal pays its 0.08, but no depth repays a pass (0.9 - 0.08 > 0.8 only the first)
     assert policy.choose(_geometric([0.9]), np.array([4])).tolist() == [1]
+
+
+def test_a_step_that_verifies_any_proposal_is_priced_apart_and_run_only_where_its_proposals_repay_it():
+    """One request, the "on" epoch alternating 4 proposals and 2: 0.1 s off (a step of a burst), 5 ms a proposal and
+    20 ms a step that verifies any (what the burst shared): 0.14 s and 0.13 s. At 10 tokens/s a proposal costs 0.05
+    tokens' worth and the step 0.2: a first proposal worth 0.2 pays its row, not the step."""
+    policy = SpeculationPolicy()
+    _steps(policy, EPOCH_STEPS, 0.1, tokens=1, batch=1)
+    for step in range(EPOCH_STEPS):
+        ks = policy.choose(_geometric([0.5]), np.array([4]))
+        assert ks.tolist() == [4 if step % 2 == 0 else 2]
+        policy.observe_step(1, 0.1 + 0.02 + 0.005 * ks.sum(), 1, int(ks.sum()))
+    assert policy.choose(_geometric([0.5]), np.array([4])).tolist() == [4]  # 0.94 - 4 x 0.05 > 0.2
+    assert policy.choose(_geometric([0.2]), np.array([4])).tolist() == [0]  # 0.2 - 0.05 < 0.2
+    # following it: a step of 4 proposals costs 0.14 s, off's 0.1 s; what off would have made in the same steps
+    # counts the step's 20 ms too, so 1.6 tokens a step (11.4 tokens/s) is not taken for losing
+    _steps(policy, CHECK_STEPS, 0.14, tokens=1.6, batch=1, proposals=4)
+    assert policy.speculate_now()

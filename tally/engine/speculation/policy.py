@@ -3,13 +3,15 @@ measured on this machine at this load; and whether speculating at that price pay
 
 - The price: an epoch with speculation off, then one whose steps alternate between every request verifying every
   proposal and every other request doing so; from the median step times (step times, not tokens: acceptance
-  swings with the text) t = t_off + c · proposals + d · passes: c seconds a proposal (its verify row) and d a
-  pass (a draft's forward pass, run once per proposal depth whatever the rows), less what a draft spent catching
-  up on the requests it started on: that is each request's own start price.
+  swings with the text) t = t_off + s + c · proposals + d · passes: c seconds a proposal (its verify row), d a
+  pass (a draft's forward pass, run once per proposal depth whatever the rows) and s a step that verifies any
+  (what the step does beyond a plain decode: its verify bookkeeping, and the burst of decode steps it cannot run),
+  less what a draft spent catching up on the requests it started on: that is each request's own start price.
 - Per request: its j-th proposal is worth w_j = f · g^(j-1) tokens (f: its first proposal's acceptance, g: a later
   one's after a kept predecessor) and pays while w_j ≥ c · rate; a depth j is run while its proposals' worth beyond
-  their price repays d · rate; with a draft model a request starts only where its expected gain repays the draft's
-  catch-up over its context.
+  their price repays d · rate, and a step verifies anything only where its proposals' worth beyond their price
+  repays s · rate; with a draft model a request starts only where its expected gain repays the draft's catch-up
+  over its context.
 - Checked: if following the price falls MARGIN below off's tokens per second, speculation is off at that load for
   RETRY_STEPS steps (doubling per failure); a price holds KEEP_STEPS steps, then is measured again. A load is
   measured unless a lighter load already did not pay (off) or a heavier one paid (followed).
@@ -44,6 +46,7 @@ class Epoch:
     proposals: int = 0  # proposals verified, summed over steps
     passes: int = 0  # proposal depths (the most any request verified), summed over steps
     shapes: list[tuple[int, int]] = field(default_factory=list)  # per step: (proposals, passes)
+    speculated: int = 0  # steps that verified proposals
     catch_up: float = 0.0  # seconds a draft spent catching up, left out of `seconds` and `elapsed`
 
     @property
@@ -64,6 +67,7 @@ class Epoch:
         self.tokens += tokens
         self.batch += batch
         self.proposals += proposals
+        self.speculated += proposals > 0
         self.catch_up += catch_up
 
     def loss_seconds(self, off_rate: float) -> float:
@@ -79,6 +83,7 @@ class Price:
     step: int  # when it was measured, or when it stopped paying: what it holds from
     proposal_seconds: float  # c
     pass_seconds: float  # d
+    step_seconds: float  # s
     off_rate: float  # tokens/s with speculation off
     off_step_seconds: float = 0.0  # a step with speculation off, at this load
     loss_seconds: float = 0.0  # what measuring it lost against off (Epoch.loss_seconds), and following it if it failed
@@ -92,6 +97,10 @@ class Price:
             return base
         return max(base, math.ceil(self.loss_seconds / (MEASURE_SHARE * self.off_step_seconds)))
 
+    def off_steps(self, seconds: float) -> float:
+        """Seconds as steps with speculation off at this load."""
+        return seconds / self.off_step_seconds if self.off_step_seconds > 0 else 0.0
+
     def fail(self, step: int, loss_seconds: float) -> None:
         self.pays, self.step = False, step
         self.failures += 1
@@ -104,24 +113,30 @@ def same_load(batch: float, measured: float) -> bool:
 
 def off_rate_of(epoch: Epoch, price: Price) -> float:
     """Tokens a second the epoch's steps would have made with speculation off: a token per running request a step,
-    in their time less what the proposals and passes they ran cost at the price."""
-    seconds = epoch.elapsed - price.proposal_seconds * epoch.proposals - price.pass_seconds * epoch.passes
+    in their time less what the proposals, passes and speculating steps they ran cost at the price."""
+    seconds = (epoch.elapsed - price.proposal_seconds * epoch.proposals - price.pass_seconds * epoch.passes
+               - price.step_seconds * epoch.speculated)
     return epoch.batch / seconds if seconds > 0 else math.inf
 
 
-def fit_price(off: Epoch, on: Epoch) -> tuple[float, float]:
-    """(c, d) from the median off step and the medians of the on epoch's two alternating shapes (all requests, every
-    other request: the same passes, half the proposals); where the shapes cannot tell them apart (one request, or
-    passes not counted), every added second is the proposals'."""
+def fit_price(off: Epoch, on: Epoch) -> tuple[float, float, float]:
+    """(c, d, s) from the median off step and the medians of the on epoch's two alternating shapes (all requests,
+    every other request: the same passes, half the proposals; one request: half its proposals, and of a draft's
+    passes). Their difference prices a proposal (with one request: a proposal and its pass); what the all-shape
+    adds beyond its proposals is the passes' where a draft counts them, else the step's. Where the shapes do not
+    differ, every added second is the proposals'."""
     t_off = statistics.median(off.seconds)
     groups = [(statistics.median(on.seconds[i::2]), *(statistics.median(x) for x in zip(*on.shapes[i::2])))
               for i in (0, 1)] if on.steps > 1 else []
     (t_all, p_all, n_all), (t_half, p_half, n_half) = groups or [(statistics.median(on.seconds),
                                                                 on.proposals / on.steps, 0)] * 2
-    if n_all and n_all == n_half and p_all > p_half:
-        c = max(0.0, (t_all - t_half) / (p_all - p_half))
-        return c, max(0.0, (t_all - t_off - c * p_all) / n_all)
-    return max(0.0, t_all - t_off) / p_all if p_all else 0.0, 0.0
+    if p_all <= p_half:
+        return max(0.0, t_all - t_off) / p_all if p_all else 0.0, 0.0, 0.0
+    c = max(0.0, (t_all - t_half) / (p_all - p_half))
+    rest = max(0.0, t_all - t_off - c * p_all)
+    if n_all and n_all == n_half:
+        return c, rest / n_all, 0.0
+    return c, 0.0, rest
 
 
 def depths_worth_passing(worth: np.ndarray, ks: np.ndarray, theta: float, pass_tokens: float) -> np.ndarray:
@@ -151,6 +166,13 @@ def measuring_half(limits: np.ndarray) -> np.ndarray:
     return np.where(some & ((np.cumsum(some) - 1) % 2 == 0), limits, 0)
 
 
+def step_repaid(worth: np.ndarray, ks: np.ndarray, theta: float, pass_tokens: float, step_tokens: float) -> bool:
+    """Whether the step's proposals (ks per request) are worth more beyond their price and their passes' than a
+    step that verifies any costs (step_tokens' worth of time): else it runs as a plain decode."""
+    kept = np.where(np.arange(worth.shape[1]) < ks[:, None], worth - theta, 0.0).sum()
+    return kept - pass_tokens * ks.max(initial=0) >= step_tokens
+
+
 def start_repaid(worth: np.ndarray, ks: np.ndarray, theta: float, start_tokens: np.ndarray,
                  remaining: np.ndarray) -> np.ndarray:
     """Per request: whether k proposals a step, each costing theta tokens' worth of time, repay a start that costs
@@ -159,9 +181,20 @@ def start_repaid(worth: np.ndarray, ks: np.ndarray, theta: float, start_tokens: 
     return (start_tokens <= 0) | (remaining / (1 + expected) * (expected - ks * theta) > start_tokens)
 
 
+@dataclass
+class Counters:
+    """What the policy did over its life, for mechanism figures (benchmarks/speculative.py): what measuring cost is
+    lost_off_steps per 100 steps, at most 100 · MEASURE_SHARE once the loads' prices have held their time."""
+
+    steps: int = 0  # counted steps
+    measuring: int = 0  # steps of an "on" measuring epoch
+    speculated: int = 0  # steps that verified proposals
+    lost_off_steps: float = 0.0  # what measuring (and following prices that failed) lost against off, in off steps
+
+
 class SpeculationPolicy:
     def __init__(self) -> None:
-        self._steps = 0  # counted steps so far
+        self.counters = Counters()
         self._prices: list[Price] = []  # one per load measured
         self._price: Price | None = None  # the one followed now; None while measuring
         self._load = 0.0  # the batch the price is followed at (a load unlike it is looked at again)
@@ -174,10 +207,12 @@ class SpeculationPolicy:
                      catch_up_seconds: float = 0.0) -> None:
         """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation): the tokens it
         appended to outputs, how long it took, how many requests were running, how many proposals it verified (and
-        to what depth: passes; 0 where a draft does not count them), and
+        to what depth: a draft's passes; 0 with prompt lookup, where nothing runs per depth), and
         of its seconds those a draft spent catching up on requests it starts on. A proposal is priced without them
         (start_repaid charges each request its own catch-up); tokens per second, and what measuring lost, count them."""
-        self._steps += 1
+        counted = self.counters
+        counted.steps += 1
+        counted.speculated += proposals > 0
         epoch, price, off = self._epoch, self._price, self._off
         if price is None and off is not None:  # measuring "on"
             if not same_load(batch, off.batch / off.steps):
@@ -185,13 +220,16 @@ class SpeculationPolicy:
                 return
             if proposals == 0:
                 return  # an off step: it says nothing of what a proposal costs
+            counted.measuring += 1
         epoch.add(generated_tokens, seconds - catch_up_seconds, batch, proposals, passes, catch_up_seconds)
         if price is not None:
-            if self._steps - price.step >= price.holds_steps or not same_load(batch, self._load):
+            if counted.steps - price.step >= price.holds_steps or not same_load(batch, self._load):
                 self._follow(batch)
             elif price.pays and epoch.steps >= CHECK_STEPS and epoch.rate * MARGIN < min(
                     price.off_rate, off_rate_of(epoch, price)):
-                price.fail(self._steps, epoch.loss_seconds(price.off_rate))
+                lost = epoch.loss_seconds(price.off_rate)
+                price.fail(counted.steps, lost)
+                counted.lost_off_steps += price.off_steps(lost)
                 self._apply(price, self._load)
         elif epoch.steps >= EPOCH_STEPS:
             if off is None:
@@ -200,8 +238,9 @@ class SpeculationPolicy:
                 self._measured(off, epoch)
 
     def _measured(self, off: Epoch, on: Epoch) -> None:
-        price = Price((off.batch + on.batch) / (off.steps + on.steps), self._steps, *fit_price(off, on), off.rate,
-                      off.elapsed / off.steps, on.loss_seconds(off.rate))
+        price = Price((off.batch + on.batch) / (off.steps + on.steps), self.counters.steps, *fit_price(off, on),
+                      off.rate, off.elapsed / off.steps, on.loss_seconds(off.rate))
+        self.counters.lost_off_steps += price.off_steps(price.loss_seconds)
         replaced = [p for p in self._prices if same_load(p.batch, price.batch)]
         price.failures = max((p.failures for p in replaced if not p.pays), default=0)  # after one that paid: 0
         self._prices = [p for p in self._prices if not same_load(p.batch, price.batch)] + [price]
@@ -211,7 +250,7 @@ class SpeculationPolicy:
         """A new load, or the price for this one expired: follow the price measured for it, or measure."""
         # An expired price stays listed (the latest of each load) until its load is measured again: its failures
         # count on, and what did not pay at a lighter load (the last time it was measured) does not pay here.
-        live = [p for p in self._prices if self._steps - p.step < p.holds_steps]
+        live = [p for p in self._prices if self.counters.steps - p.step < p.holds_steps]
         near = [p for p in live if same_load(batch, p.batch)]
         price = min(near, key=lambda p: abs(math.log((batch + 1) / (p.batch + 1))), default=None)
         if price is None and not any(same_load(batch, p.batch) for p in self._prices):
@@ -249,8 +288,8 @@ class SpeculationPolicy:
                                          remaining), ks, 0)
         rate = self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
         theta = price.proposal_seconds * rate
-        ks = depths_worth_passing(worth, proposals_worth_verifying(worth, limits, theta), theta,
-                                  price.pass_seconds * rate)
+        pass_tokens = price.pass_seconds * rate
+        ks = depths_worth_passing(worth, proposals_worth_verifying(worth, limits, theta), theta, pass_tokens)
         if start_seconds is not None and remaining is not None:
             ks = np.where(start_repaid(worth, ks, theta, start_seconds * rate, remaining), ks, 0)
-        return ks
+        return ks if step_repaid(worth, ks, theta, pass_tokens, price.step_seconds * rate) else np.zeros_like(ks)

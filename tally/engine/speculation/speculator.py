@@ -162,7 +162,8 @@ class Speculator:
             row += count
         if kept:
             self._step_proposals = sum(len(r.spec_token_ids) for r in sampled)
-            self._step_passes = max(len(r.spec_token_ids) for r in sampled)
+            # a draft's forward passes, one per depth; prompt lookup runs nothing per depth
+            self._step_passes = max(len(r.spec_token_ids) for r in sampled) if self.draft is not None else 0
             self.stats.last_num_speculative_tokens = self._step_proposals / len(kept)
             for s in out.scheduled:
                 if id(s.request) in kept:
