@@ -52,9 +52,11 @@ def main() -> int:
     p.add_argument("--burstiness", type=float, default=0.5, help="gamma shape of the gaps (1 Poisson, < 1 bursty)")
     p.add_argument("--serve-args", default="", help="extra `tally serve` flags")
     p.add_argument("--attribute", action="store_true", help="put each gap over 3x the median down to its cause")
+    p.add_argument("--keep", type=Path, help="folder to keep the bench results (and the step log) in")
     ns = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
+        out = Path(tmp) if ns.keep is None else ns.keep
+        out.mkdir(parents=True, exist_ok=True)
         step_log = ["--step-log", str(out / "steps.jsonl")] if ns.attribute else []
         server = ServerProcess(["--log-level", "warning", *step_log, *ns.serve_args.split()]).start()
         try:

@@ -20,6 +20,7 @@ class StepLog:
         self._file.write(json.dumps({
             "start_s": round(start_s, 6), "seconds": round(seconds, 6),
             "prompt_tokens": sum(n for n, _ in chunks), "chunks": [list(c) for c in chunks],
+            # a one-token prompt chunk counts as a decode row here, as it does in the step cost's fit
             "rows": len(out.scheduled), "decode_rows": len(out.scheduled) - len(chunks),
             "preempted": len(out.preempted), "waiting": num_waiting, "token_budget": token_budget,
             "predicted_s": None if predicted_s is None else round(predicted_s, 6)}) + "\n")
