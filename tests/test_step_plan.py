@@ -62,7 +62,8 @@ def _run(s: Scheduler, cost: StepCost, streams: list[Request], steps: int,
 
 
 def test_every_stream_decodes_in_every_step_and_chunks_stay_within_the_target():
-    s = Scheduler(SchedulerConfig(max_num_batched_tokens=2048), KVCacheManager(2048, BLOCK, enable_prefix_caching=False))
+    s = Scheduler(SchedulerConfig(max_num_batched_tokens=2048),
+                  KVCacheManager(2048, BLOCK, enable_prefix_caching=False))
     streams = _decoding(s, 4)
     for i, n in enumerate((40, 300, 1200, 90, 2500)):
         s.add(Request(f"p{i}", list(range(n)), 4, 0.0))
