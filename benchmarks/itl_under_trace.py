@@ -88,9 +88,9 @@ def main() -> int:
     print(f"TTFT P50 / P99: {ttft['p50']:.2f} / {ttft['p99']:.2f} s")
     if ns.attribute:
         print("\n".join(describe(median_s, gaps, steps, GOAL)))
-    length = f"--requests {ns.requests}" if ns.duration is None else f"--duration {ns.duration}"
+    run_length = f"--requests {ns.requests}" if ns.duration is None else f"--duration {ns.duration}"
     print(f"command: python benchmarks/itl_under_trace.py --clients {ns.clients} --capacity-duration "
-          f"{ns.capacity_duration} {length} --load {ns.load} --burstiness {ns.burstiness} --seed {ns.seed}"
+          f"{ns.capacity_duration} {run_length} --load {ns.load} --burstiness {ns.burstiness} --seed {ns.seed}"
           + (" --attribute" if ns.attribute else "") + (f" --rate {ns.rate}" if ns.rate else ""))
     return 0 if ratio <= GOAL else 1
 
