@@ -8,7 +8,6 @@ from support.engine_checks import assert_no_block_leak, bytes_for_blocks
 
 from tally import LLM, SamplingParams
 from tally.bench.gap_attribution import read_steps
-from tally.engine.step_plan import PREFILL_SPREAD_STEPS
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
@@ -68,9 +67,9 @@ def test_a_latency_target_that_shrinks_every_step_matches_unchunked(model_dir, r
     assert_no_block_leak(llm)
 
 
-def test_prefill_spread_beside_decodes_matches_unchunked(model_dir, reference, tmp_path):
-    """A latency target every step fits: prompts joining running streams go in chunks of their length / 32; the step
-    log (--step-log) holds every step, read back as benchmarks/itl_under_trace.py --attribute reads it."""
+def test_prompts_beside_decodes_under_a_target_match_alone_and_are_logged(model_dir, reference, tmp_path):
+    """A latency target every step fits: prompts joining running streams give their outputs alone; the step log
+    (--step-log) holds every step, read back as benchmarks/itl_under_trace.py --attribute reads it."""
     prompts, alone = reference
     log = tmp_path / "steps.jsonl"
     llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000, max_itl_s=1e3, step_log=str(log))
@@ -86,8 +85,7 @@ def test_prefill_spread_beside_decodes_matches_unchunked(model_dir, reference, t
     steps = read_steps(log.read_text().splitlines())
     assert len(steps) == llm.engine.stats.num_steps
     assert sum(s.prompt_tokens for s in steps) == llm.engine.stats.prompt_tokens
-    beside = [s.prompt_tokens for s in steps if s.decode_rows and s.prompt_tokens]
-    assert beside and max(beside) <= -(-sum(len(p["prompt_token_ids"]) for p in prompts[1:]) // PREFILL_SPREAD_STEPS)
+    assert any(s.decode_rows and s.prompt_tokens for s in steps)  # prompts did go beside decodes
 
 
 def test_prefix_cache_hits_do_not_change_outputs(model_dir, reference):
