@@ -7,6 +7,7 @@ import pytest
 from support.engine_checks import assert_no_block_leak, bytes_for_blocks
 
 from tally import LLM, SamplingParams
+from tally.bench.gap_attribution import read_steps
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
 
@@ -64,6 +65,27 @@ def test_a_latency_target_that_shrinks_every_step_matches_unchunked(model_dir, r
     assert [final["first"].outputs[0].token_ids] + [final[f"r{i}"].outputs[0].token_ids
                                                     for i in range(1, len(prompts))] == alone
     assert_no_block_leak(llm)
+
+
+def test_prompts_beside_decodes_under_a_target_match_alone_and_are_logged(model_dir, reference, tmp_path):
+    """A latency target every step fits: prompts joining running streams give their outputs alone; the step log
+    (--step-log) holds every step, read back as benchmarks/itl_under_trace.py --attribute reads it."""
+    prompts, alone = reference
+    log = tmp_path / "steps.jsonl"
+    llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000, max_itl_s=1e3, step_log=str(log))
+    llm.engine.add_request("first", prompts[0], GREEDY)
+    for _ in range(3):
+        llm.engine.step()
+    for i, p in enumerate(prompts[1:], 1):
+        llm.engine.add_request(f"r{i}", p, GREEDY)
+    final = llm.engine.run_until_done()
+    assert [final["first"].outputs[0].token_ids] + [final[f"r{i}"].outputs[0].token_ids
+                                                    for i in range(1, len(prompts))] == alone
+    llm.engine.shutdown()
+    steps = read_steps(log.read_text().splitlines())
+    assert len(steps) == llm.engine.stats.num_steps
+    assert sum(s.prompt_tokens for s in steps) == llm.engine.stats.prompt_tokens
+    assert any(s.decode_rows and s.prompt_tokens for s in steps)  # prompts did go beside decodes
 
 
 def test_prefix_cache_hits_do_not_change_outputs(model_dir, reference):

@@ -210,5 +210,5 @@ async def run_benchmark(cfg: BenchConfig, command: list[str] | None = None) -> d
             pool.close()
     outcome = RunOutcome(command or sys.argv, started_at, info, tokenizer, builder,
                          planner.config, records, phases, before, after,
-                         samples if cfg.sample_s else None, stopped)
+                         samples if cfg.sample_s else None, stopped, state.t0)
     return build_result(outcome, cfg.slo, cfg.timeout_s)

@@ -47,6 +47,7 @@ class RunOutcome:
     metrics_after: Exposition | None
     soak_samples: list[SoakSample] | None
     stopped: dict | None = None  # why and when a run stopped early, and what it left; None: ran to its end
+    clock_origin_s: float | None = None  # time.perf_counter() at the run's time zero (the host's monotonic clock)
 
 
 def _record_dict(record: RequestRecord) -> dict:
@@ -104,6 +105,8 @@ def build_result(run: RunOutcome, slo: Slo | None, timeout_s: float) -> dict:
         "partial": run.stopped is not None,
         "stopped": run.stopped,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(run.started_at)),
+        # to join the records' times with a server's own log of the same clock on this host (tally serve --step-log)
+        "clock_origin_s": run.clock_origin_s,
         "server": {**asdict(run.server), "tokenizer": run.tokenizer.source,
                    "tokenizer_exact": run.tokenizer.exact, "metrics_available": after is not None},
         "workload": {**run.workload.describe(), "endpoint": run.server.endpoint,

@@ -31,7 +31,8 @@ from tally.engine.speculation.draft_proposer import DraftProposer
 from tally.engine.speculation.speculator import Speculator
 from tally.engine.startup.load import load_model
 from tally.engine.startup.loaded_model import LoadedModel
-from tally.engine.step_stats import StepStats, prompt_chunks
+from tally.engine.step_log import StepLog
+from tally.engine.step_stats import StepStats, mean_context, prompt_chunks
 from tally.engine.stop import StopChecker
 from tally.engine.structured_output import CompiledGrammar, GrammarCompiler
 from tally.engine.lora_manager import LoRAManager, adapter_key
@@ -62,6 +63,7 @@ class Engine:
         self._stop_token_ids = m.stop_token_ids
         self._vocab_size = m.config.vocab_size
         self.stats = StepStats()
+        self.step_log = StepLog(config.step_log) if config.step_log is not None else None
         self.model_names = config.served_model_names or (m.name,)
         self.model_name = self.model_names[0]  # the name the API reports
         self.max_model_len = m.max_model_len
@@ -120,6 +122,8 @@ class Engine:
     def shutdown(self) -> None:
         """Stop the other ranks of a parallel engine; write the disk prefix tier's queued blocks."""
         self.kv_tiers.close()
+        if self.step_log is not None:
+            self.step_log.close()
         if self._stop_ranks is not None:
             self._stop_ranks()
 
@@ -279,7 +283,8 @@ class Engine:
         started_s = time.perf_counter()
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
-        out = self.scheduler.schedule(self._token_budget())
+        token_budget = self._token_budget()
+        out = self.scheduler.schedule(token_budget)
         chunks = prompt_chunks(out)
         self.stats.num_steps += 1
         moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
@@ -292,6 +297,9 @@ class Engine:
                 self._forget(g)
         if out.scheduled:
             seconds = time.perf_counter() - started_s
+            if self.step_log is not None:  # the prediction before this step refits it
+                self.step_log.write(started_s, seconds, out, chunks, token_budget, self.stats.cost.predict_seconds(
+                    sum(n for n, _ in chunks), mean_context(chunks)), len(self.scheduler.waiting))
             decode_only = self.stats.record(chunks, generated, seconds, steps)
             if decode_only and self.speculator is not None:
                 self.speculator.observe_step(generated, seconds, len(self.scheduler.running), steps)

@@ -54,6 +54,14 @@ class StepCost:
             return int(left / start)
         return int((math.sqrt(start * start + 2 * e * left) - start) / e)
 
+    def predict_seconds(self, prompt_tokens: int, mean_context: float) -> float | None:
+        """What the fit says a step carrying `prompt_tokens` prompt tokens attending `mean_context` takes; None
+        before a fit."""
+        if self._fit is None:
+            return None
+        a, f, b, e = self._fit
+        return a + f * mean_context + b * prompt_tokens + e * prompt_tokens * mean_context
+
     def prefill_seconds(self, tokens: int) -> float | None:
         """What computing `tokens` prompt tokens from the start costs (the swap space prices a recompute with it): by
         the fit, as one step (chunked over several, each adds its fixed part); before a fit, at the mean seconds per

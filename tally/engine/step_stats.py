@@ -13,6 +13,12 @@ def prompt_chunks(out: SchedulerOutput) -> list[tuple[int, int]]:
             if s.num_new_tokens > 1 and not s.request.spec_token_ids]
 
 
+def mean_context(chunks: list[tuple[int, int]]) -> float:
+    """The context the chunks' prompt tokens attend, on average."""
+    tokens = sum(n for n, _ in chunks)
+    return sum(n * (start + n / 2) for n, start in chunks) / tokens if tokens else 0.0
+
+
 class StepStats:
     def __init__(self) -> None:
         self.num_steps = 0
@@ -31,8 +37,7 @@ class StepStats:
         self.prompt_tokens += prompt_tokens
         self.generated_tokens += generated
         self.iteration_tokens = self.iteration_tokens.observe(prompt_tokens + generated)
-        mean_context = sum(n * (start + n / 2) for n, start in chunks) / prompt_tokens if chunks else 0.0
-        self.cost.observe(prompt_tokens, mean_context, seconds / decode_steps)  # a burst: per decode step
+        self.cost.observe(prompt_tokens, mean_context(chunks), seconds / decode_steps)  # a burst: per decode step
         if chunks:
             return False
         self.decode_step_seconds += seconds
