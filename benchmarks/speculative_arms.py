@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from contextlib import ExitStack
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import astuple, dataclass, replace
 
 import httpx
@@ -108,23 +108,27 @@ class Scrape:
 
 class ServerArms:
     """Every arm its own `tally serve` on loopback, started with the arm's --speculative-config and up for the whole
-    run, so each keeps its policy's state as a long-running server does; `with ServerArms(...)` starts and stops
-    them."""
+    run, so each keeps its policy's state as a long-running server does (`with ServerArms(...)`)."""
 
     def __init__(self, configs: dict[str, dict | None], flags: list[str]) -> None:
         """`configs`: each arm's --speculative-config (None: off); `flags`: the rest of every server's."""
         self.servers = {arm: ServerProcess([*flags, "--served-model-name", SERVED_NAME,
                                             *(["--speculative-config", json.dumps(cfg)] if cfg else [])])
                         for arm, cfg in configs.items()}
-        self._stack = ExitStack()
 
     def __enter__(self) -> ServerArms:
-        for server in self.servers.values():  # one at a time: each start loads a model on the host's cores
-            self._stack.enter_context(server)
+        """Every server started at once (a start mostly waits on imports and the model's load), all healthy or all
+        stopped."""
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            failed = [e for e in pool.map(_start, self.servers.values()) if e is not None]
+        if failed:
+            self.__exit__()
+            raise failed[0]
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stack.close()
+        with ThreadPoolExecutor(len(self.servers)) as pool:
+            list(pool.map(lambda server: server.__exit__(None, None, None), self.servers.values()))
 
     @property
     def names(self) -> list[str]:
@@ -166,6 +170,14 @@ class ServerArms:
                    [decode] if decode[0] > 0 else [], after.stats and spoke(before.stats, after.stats),
                    after.policy and counted_between(before.policy, after.policy),
                    round(after.preemptions - before.preemptions))
+
+
+def _start(server: ServerProcess) -> Exception | None:
+    try:
+        server.start()
+    except RuntimeError as e:  # ServerProcess.start: exited or not healthy, with its log
+        return e
+    return None
 
 
 def _total(e: Exposition, name: str) -> float:
