@@ -173,7 +173,7 @@ def main() -> None:
         flags = [*([a.model] if a.model else []), "--max-model-len", "2048", "--kv-cache-memory",
                  str(a.kv_cache_memory), "--dtype", a.dtype, "--no-enable-prefix-caching", "--log-level", "warning"]
         with ServerArms(arms, flags) as runs:
-            measure(a, runs, {**workloads, "chat": lambda n, rng: chat_messages(n, rng)})
+            measure(a, runs, {**workloads, "chat": chat_messages})
         return
     loaded = next((c for c in configs.values() if c is not None and c.model is not None), None)
     llm = LLM(a.model, max_model_len=2048, kv_cache_memory=a.kv_cache_memory, dtype=a.dtype,
