@@ -11,21 +11,28 @@ batch shape, so the share of requests whose tokens match `off` exactly is printe
   chat    a user's question through the model's chat template (explain, describe, tell a story), nothing to copy:
           where speculation must cost nothing
 
-A closed loop per concurrency C: C requests in flight on the offline engine, each replaced when it finishes,
---requests-per-slot x C requests (at least --min-requests) a loop; tokens/s counts every generated token over
-the loops' whole time, prompts' prefill included; TPOT is the mean time per output token after the first, per
-request (the prefill left out: what speculation shortens). After a warm-up loop, each adaptive arm runs loops of
-new prompts until its policy has counted --warm-steps steps at C and what its measuring lost there is repaid (a
-server that has run a while); then every arm runs --rounds loops, each round over new prompts and with the arms'
-order rotated by one, so that drift in the machine's speed falls on every arm alike; ratios are against `off`'s
-tokens/s over its rounds. "decode steps" is the same ratio over the engine calls without a prompt chunk, less those
-of a paused process (over 20 times the median call): at 16-32 streams most of a run can be prompts' prefill, whose
-speed moves between arms by more than speculation's effect (docs/benchmarks.md#speculative-decoding). The policy's
-own counts over the rounds follow each adaptive arm: its steps, the share that verified proposals, its measuring
-steps, and what measuring lost in off steps per 100 steps (the mechanism, not the clock). Every arm runs on
-one engine (one copy of the weights; with --draft-model its KV pool holds both models' KV in every arm, so
-the arms have the same pool): each arm is its own Speculator, swapped in for its runs, its adaptive policy kept
-from one run to the next as a server's would be. Prefix caching is off, so no arm reuses another's prompts.
+A closed loop per concurrency C: C requests in flight, each replaced when it finishes, --requests-per-slot x C
+requests (at least --min-requests) a loop; tokens/s counts every generated token over the loops' whole time,
+prompts' prefill included; TPOT is the mean time per output token after the first, per request (the prefill left
+out: what speculation shortens). Per C, then per workload (a load's price serves every workload at it, as on a
+server with a mix): after a warm-up loop, each adaptive arm runs loops of new prompts until its policy has counted
+--warm-steps steps and what its measuring lost in them is repaid (a server that has run a while), or --warm-seconds
+have passed (printed: "warmed for N steps / S seconds", and "not repaid yet" if so); then every arm runs --rounds
+loops, each round over new prompts and with the arms' order rotated by one, so that drift in the machine's speed
+falls on every arm alike; ratios are against `off`'s tokens/s over its rounds. "decode steps" is the same ratio over
+the engine calls without a prompt chunk, less those of a paused process (over 20 times the median call): at 16-32
+streams most of a run can be prompts' prefill, whose speed moves between arms by more than speculation's effect
+(docs/benchmarks.md#speculative-decoding). The policy's own counts over the rounds follow each adaptive arm: its
+steps, the share that verified proposals, its measuring steps, and what measuring lost in off steps per 100 steps
+(the mechanism, not the clock). Prefix caching is off, so no arm reuses another's prompts.
+
+Offline (the default), every arm runs on one engine (one copy of the weights; with --draft-model its KV pool holds
+both models' KV in every arm, so the arms have the same pool): each arm is its own Speculator, swapped in for its
+runs, its adaptive policy kept from one run to the next as a server's would be; the engine runs bursts of plain
+decode steps. With --server, each arm is its own `tally serve` on loopback with the arm's --speculative-config, up
+for the whole run, one engine step per call as a server runs; the openai client streams completions (chat: chat
+completions, the server applying the template), "same tokens" compares their text, "decode steps" and the policy's
+counts come from each server's /metrics (tally:decode_step_*, tally:spec_decode_policy_*).
 Printed per arm: acceptance (accepted / proposed), the acceptance at each proposal position (proposals accepted
 there / requests that verified proposals, vLLM's per-position rate), the mean proposals verified per speculating
 request (K in effect), and preemptions (there should be none).
@@ -36,6 +43,7 @@ request (K in effect), and preemptions (there should be none).
                                 [--rounds 3] [--fixed-k 2,3,4] (prompt lookup fixed at each K, beside adaptive)
                                 [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
                                 [--draft-vocab 0,32768] (draft_vocab_size: the same) [--warm-steps 500]
+                                [--warm-seconds 1800] [--server]
 """
 from __future__ import annotations
 
@@ -43,10 +51,10 @@ import argparse
 import random
 import statistics
 import time
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
-from closed_loop import closed_loop  # benchmarks/ is on sys.path when a script here runs
+from speculative_arms import EngineArms, Run, ServerArms, counted_between  # benchmarks/ is on sys.path here
 
 from tally import LLM, SamplingParams
 from tally.engine.speculation.config import DRAFT_CONTEXT_TOKENS, NGRAM_SPECULATIVE_TOKENS, SpeculativeConfig
@@ -98,10 +106,15 @@ def code_prompts(n: int, rng: random.Random, context_lines: int = 40) -> list[st
     return prompts
 
 
-def chat_prompts(llm: LLM, n: int, rng: random.Random) -> list[dict]:
+def chat_messages(n: int, rng: random.Random) -> list[list[dict]]:
+    return [[{"role": "user", "content": rng.choice(CHAT_ASKS).format(rng.choice(CHAT_TOPICS))}] for _ in range(n)]
+
+
+def chat_prompts(llm: LLM, n: int, rng: random.Random) -> list[str]:
+    """chat_messages through the model's chat template, for the offline engine (a server applies it itself)."""
     tokenizer = llm.get_tokenizer()
-    return [chat_prompt(tokenizer, [{"role": "user", "content": rng.choice(CHAT_ASKS).format(rng.choice(CHAT_TOPICS))}],
-                        without_template=refuse_without_template, add_generation_prompt=True) for _ in range(n)]
+    return [chat_prompt(tokenizer, messages, without_template=refuse_without_template, add_generation_prompt=True)
+            for messages in chat_messages(n, rng)]
 
 
 def main() -> None:
@@ -132,12 +145,15 @@ def main() -> None:
                    help="before the rounds, each adaptive arm runs loops of new prompts until its policy has counted "
                         "this many steps at the concurrency and its measuring there is repaid (default: the steps "
                         "a price holds before it is measured again)")
+    p.add_argument("--warm-seconds", type=float, default=1800.0,
+                   help="the longest an arm's warm-up at one concurrency runs before the rounds start unrepaid")
+    p.add_argument("--server", action="store_true",
+                   help="every arm its own `tally serve` on loopback, up for the whole run, driven with the openai "
+                        "client (streamed completions; chat completions for chat) instead of the offline engine")
     p.add_argument("--step-costs", action="store_true",
                    help="instead: one stream, what a step costs off and at each fixed K up to --k (the first "
                         "workload, the draft model if given, else prompt lookup)")
     a = p.parse_args()
-    def params_for(workload: str) -> SamplingParams:
-        return SamplingParams(temperature=0.0, max_tokens=a.max_tokens or ANSWER_TOKENS.get(workload, 96))
     windows, vocabs = ([int(v) for v in text.split(",")] for text in (a.draft_context, a.draft_vocab))
     arms = {**ARMS, **({arm + (f" ctx {w}" if len(windows) > 1 else "") + (f" vocab {v}" if len(vocabs) > 1 else ""):
                         {**cfg, "model": a.draft_model, "draft_context_tokens": w, "draft_vocab_size": v}
@@ -149,8 +165,16 @@ def main() -> None:
     if a.arms:
         arms = {arm: cfg for arm, cfg in arms.items()
                 if arm == "off" or any(arm.startswith(name) for name in a.arms.split(","))}
-    configs = {arm: None if cfg is None else SpeculativeConfig.parse({"num_speculative_tokens": a.k, **cfg})
-               for arm, cfg in arms.items()}
+    arms = {arm: None if cfg is None else {"num_speculative_tokens": a.k, **cfg} for arm, cfg in arms.items()}
+    configs = {arm: None if cfg is None else SpeculativeConfig.parse(cfg) for arm, cfg in arms.items()}
+    workloads = {"quote": lambda n, rng: quote_prompts(n, rng, a.passage_chars),
+                 "code": lambda n, rng: code_prompts(n, rng, a.context_lines)}
+    if a.server:
+        flags = [*([a.model] if a.model else []), "--max-model-len", "2048", "--kv-cache-memory",
+                 str(a.kv_cache_memory), "--dtype", a.dtype, "--no-enable-prefix-caching", "--log-level", "warning"]
+        with ServerArms(arms, flags) as runs:
+            measure(a, runs, {**workloads, "chat": chat_messages})
+        return
     loaded = next((c for c in configs.values() if c is not None and c.model is not None), None)
     llm = LLM(a.model, max_model_len=2048, kv_cache_memory=a.kv_cache_memory, dtype=a.dtype,
               enable_prefix_caching=False, speculative_config=loaded and {"model": loaded.model,
@@ -160,66 +184,57 @@ def main() -> None:
     speculators = {arm: None if c is None else Speculator(c, engine.max_model_len, DraftProposer(
         draft.draft, draft.kv, c.draft_context_tokens, c.draft_vocab_size) if c.model else None)
                    for arm, c in configs.items()}
-    workloads = {"quote": lambda n, rng: quote_prompts(n, rng, a.passage_chars),
-                 "code": lambda n, rng: code_prompts(n, rng, a.context_lines),
-                 "chat": lambda n, rng: chat_prompts(llm, n, rng)}
+    workloads["chat"] = lambda n, rng: chat_prompts(llm, n, rng)
     if a.step_costs:
         method = {"model": a.draft_model} if draft is not None else {"method": "ngram"}
         proposer = DraftProposer(draft.draft, draft.kv, windows[0], vocabs[0]) if draft is not None else None
         first = a.workloads.split(",")[0]
-        step_costs(engine, workloads[first](a.min_requests, random.Random(1)), params_for(first), a.k,
+        step_costs(engine, workloads[first](a.min_requests, random.Random(1)),
+                   SamplingParams(temperature=0.0, max_tokens=a.max_tokens or ANSWER_TOKENS.get(first, 96)), a.k,
                    method, proposer)
         return
+    measure(a, EngineArms(llm, speculators), workloads)
+
+
+def measure(a: argparse.Namespace, runs: EngineArms | ServerArms, workloads: dict) -> None:
+    """Per concurrency, then per workload: the arms' rounds, a line each as they end, and the table at the end. The
+    concurrency is the outer loop as a server's load would be: a load's measuring, once repaid, serves every
+    workload at it."""
     rows = []
-    for workload in a.workloads.split(","):
-        params = params_for(workload)
-        for c in (int(x) for x in a.concurrency.split(",")):
-            n = max(a.min_requests, a.requests_per_slot * c)
+    for c in (int(x) for x in a.concurrency.split(",")):
+        n = max(a.min_requests, a.requests_per_slot * c)
+        for workload in a.workloads.split(","):
+            max_tokens = a.max_tokens or ANSWER_TOKENS.get(workload, 96)
             # A warm-up loop first (discarded): the first arm at a new concurrency meets matmul shapes (row counts)
             # the CPU library has not compiled kernels for yet, and the arms after it would gain from that alone.
             # Then --rounds rounds, each over prompts of its own with the arms in an order rotated by one: a VM's
             # speed drifts within minutes, and arms run back to back in a fixed order would carry that drift into
             # their ratios.
-            engine.speculator = None
-            closed_loop(llm, workloads[workload](c, random.Random(-c)), c, params)
+            runs.warm_shapes(workloads[workload](c, random.Random(-c)), c, max_tokens)
             # An adaptive arm measures its price at each load it meets first, then holds it for KEEP_STEPS steps or
             # until what measuring lost is repaid: a round holds far fewer decode steps than that at 16-32 streams,
             # so unwarmed rounds would charge it what a server pays once in hundreds of steps.
-            for arm, spec in speculators.items():
-                if spec is not None and spec.config.adaptive:
-                    engine.speculator = spec
-                    ran, lost = warm_up(llm, spec, lambda i: workloads[workload](c, random.Random(-c - 100 * i)), c,
-                                        params, a.warm_steps)
+            for arm in runs.names:
+                if runs.counters(arm) is not None:
+                    ran, lost, seconds = warm_up(runs, arm, lambda i: workloads[workload](
+                        n, random.Random(-c - 100 * i)), c, max_tokens, a.warm_steps, a.warm_seconds)
                     repaid = "" if lost <= MEASURE_SHARE * ran else ", not repaid yet"
-                    print(f"{workload:<6} C={c:<3} {arm:<15} warmed {ran} steps (measuring lost {lost:.1f} off "
-                          f"steps: {100 * lost / max(ran, 1):.2f} per 100{repaid})", flush=True)
-            totals = {arm: ArmTotals() for arm in speculators}
-            names = list(speculators)
+                    print(f"{workload:<6} C={c:<3} {arm:<15} warmed for {ran} steps / {seconds:.0f} seconds "
+                          f"(measuring lost {lost:.1f} off steps: {100 * lost / max(ran, 1):.2f} per 100{repaid})",
+                          flush=True)
+            totals = {arm: ArmTotals() for arm in runs.names}
+            names = runs.names
             for r in range(a.rounds):
                 prompts = workloads[workload](n, random.Random(c + 1000 * r))
                 for arm in names[r % len(names):] + names[:r % len(names)]:
-                    spec = engine.speculator = speculators[arm]
-                    st = spec.stats.copy() if spec else None
-                    counted = replace(spec.policy.counters) if spec else None
-                    t = totals[arm]
-                    preempted = engine.scheduler.num_preemptions
-                    started = time.perf_counter()
-                    tok_s, tokens = closed_loop(llm, prompts, c, params, t.finished, t.decode_calls)
-                    seconds = time.perf_counter() - started
-                    t.seconds += seconds
-                    t.generated += round(tok_s * seconds)
-                    t.tokens += tokens
-                    t.spoke = _sum_spoke(t.spoke, _spoke(st, spec.stats)) if spec else None
-                    t.preempted += engine.scheduler.num_preemptions - preempted
-                    if spec:
-                        t.policy = _sum_counters(t.policy, counted, spec.policy.counters)
+                    totals[arm].add(runs.loop(arm, prompts, c, max_tokens))
             off = totals["off"]
             for arm, t in totals.items():
-                same = sum(x == o for x, o in zip(t.tokens, off.tokens)) / len(t.tokens)
+                same = sum(x == o for x, o in zip(t.outputs, off.outputs)) / len(t.outputs)
                 tok_s, preempted, spoke = t.generated / t.seconds, t.preempted, t.spoke
                 ratio = tok_s / (off.generated / off.seconds)
                 decode_ratio = t.decode_rate / off.decode_rate if off.decode_rate else 0.0
-                tpot = _tpot_ms(t.finished)
+                tpot = 1000 * statistics.fmean(t.tpot_s) if t.tpot_s else 0.0
                 rows.append((workload, c, arm, tok_s, ratio, decode_ratio, tpot, spoke, same, preempted))
                 print(f"{workload:<6} C={c:<3} {arm:<15} {tok_s:8.2f} tok/s  {ratio:5.2f}x  decode steps "
                       f"{decode_ratio:5.2f}x  TPOT {tpot:7.1f} ms  {_describe(spoke)}  same tokens: {same:.0%}  "
@@ -228,14 +243,17 @@ def main() -> None:
     print("\n| workload | concurrency | arm | tok/s | vs off | decode steps vs off | TPOT ms | proposed | accepted | "
           "acceptance | per position | K in effect | same tokens as off |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for workload, c, arm, tok_s, ratio, decode_ratio, tpot, spoke, same, _ in rows:
+    order = a.workloads.split(",")
+    for workload, c, arm, tok_s, ratio, decode_ratio, tpot, spoke, same, _ in sorted(
+            rows, key=lambda row: (order.index(row[0]), row[1])):
         drafted, accepted, drafts, per_position = spoke or (0, 0, 0, [])
         rate = f"{accepted / drafted:.0%}" if drafted else "—"
         positions = " / ".join(f"{n / drafts:.0%}" for n in per_position) if drafts else "—"
         k = f"{drafted / drafts:.1f}" if drafts else "—"
         print(f"| {workload} | {c} | {arm} | {tok_s:.2f} | {ratio:.2f}× | {decode_ratio:.2f}× | {tpot:.1f} | "
               f"{drafted:,} | {accepted:,} | {rate} | {positions} | {k} | {same:.0%} |")
-    flags = " ".join(f"--{k.replace('_', '-')} {v!r}" for k, v in vars(a).items() if v is not None)
+    flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v!r}") for k, v in vars(a).items()
+                     if v is not None and v is not False)
     print(f"\ncommand: python benchmarks/speculative.py {flags}")
 
 
@@ -246,11 +264,22 @@ class ArmTotals:
     seconds: float = 0.0
     generated: int = 0
     decode_calls: list = field(default_factory=list)  # (seconds, tokens) of each engine call without a prompt chunk
-    tokens: list = field(default_factory=list)  # each prompt's token ids, in order, round after round
-    finished: list = field(default_factory=list)  # final outputs (their metrics time each request)
-    spoke: tuple | None = None  # _spoke(): proposed, accepted, requests that verified, accepted per position
+    outputs: list = field(default_factory=list)  # each prompt's tokens (a server: text), round after round
+    tpot_s: list = field(default_factory=list)  # each request's time per output token after the first
+    spoke: tuple | None = None  # spoke(): proposed, accepted, requests that verified, accepted per position
     preempted: int = 0
     policy: Counters | None = None  # what the arm's policy did in the rounds (adaptive arms)
+
+    def add(self, run: Run) -> None:
+        self.seconds += run.seconds
+        self.generated += run.generated
+        self.decode_calls += run.decode_calls
+        self.outputs += run.outputs
+        self.tpot_s += run.tpot_s
+        self.spoke = run.spoke and _sum_spoke(self.spoke, run.spoke)
+        self.preempted += run.preempted
+        self.policy = run.policy and Counters(*(x + y for x, y in zip(astuple(self.policy or Counters()),
+                                                                      astuple(run.policy))))
 
     @property
     def unpaused(self) -> list[tuple[float, int]]:
@@ -286,24 +315,20 @@ def step_costs(engine, prompts: list[str], params: SamplingParams, k: int, metho
               f"{tokens / len(seconds):.2f} tokens/step, {1000 * sum(seconds) / tokens:.1f} ms/token", flush=True)
 
 
-def warm_up(llm: LLM, spec: Speculator, prompts, concurrency: int, params: SamplingParams,
-            steps: int) -> tuple[int, float]:
+def warm_up(runs: EngineArms | ServerArms, arm: str, prompts, concurrency: int, max_tokens: int, steps: int,
+            limit_s: float) -> tuple[int, float, float]:
     """Closed loops of new prompts (prompts(i): the i-th loop's) until the arm's policy has counted `steps` steps
     at this concurrency and what its measuring lost there is repaid (at most MEASURE_SHARE of them), as on a server
-    that has run a while; gives up at 4 x `steps`. Returns the steps run and the off steps measuring lost in them."""
-    start, i = replace(spec.policy.counters), 0
+    that has run a while, or `limit_s` has passed. Returns the steps run, the off steps measuring lost in them and
+    the seconds it took."""
+    start, started, i = runs.counters(arm), time.perf_counter(), 0
     while True:
-        now = spec.policy.counters
-        ran, lost = now.steps - start.steps, now.lost_off_steps - start.lost_off_steps
-        if ran >= 4 * steps or (ran >= steps and lost <= MEASURE_SHARE * ran):
-            return ran, lost
-        closed_loop(llm, prompts(i), concurrency, params)
+        now = counted_between(start, runs.counters(arm))
+        seconds = time.perf_counter() - started
+        if seconds >= limit_s or (now.steps >= steps and now.lost_off_steps <= MEASURE_SHARE * now.steps):
+            return now.steps, now.lost_off_steps, seconds
+        runs.loop(arm, prompts(i), concurrency, max_tokens)
         i += 1
-
-
-def _sum_counters(total: Counters | None, before: Counters, after: Counters) -> Counters:
-    base = total or Counters()
-    return Counters(*(t + y - x for t, x, y in zip(astuple(base), astuple(before), astuple(after))))
 
 
 def _policy(c: Counters | None) -> str:
@@ -312,20 +337,6 @@ def _policy(c: Counters | None) -> str:
         return ""
     return (f"  policy: {c.steps} steps, {c.speculated / c.steps:.0%} speculating, {c.measuring} measuring, "
             f"lost {100 * c.lost_off_steps / c.steps:.2f} off steps per 100")
-
-
-def _tpot_ms(finished: list) -> float:
-    """Mean time per output token after the first, over requests (what speculation shortens for each stream)."""
-    gaps = [(o.metrics.last_token_time - o.metrics.first_token_time) / (len(o.outputs[0].token_ids) - 1)
-            for o in finished if len(o.outputs[0].token_ids) > 1]
-    return 1000 * sum(gaps) / len(gaps) if gaps else 0.0
-
-
-def _spoke(before, after) -> tuple[int, int, int, list[int]]:
-    """(proposed, accepted, requests that verified proposals, accepted at each position) between two stats."""
-    return (after.num_draft_tokens - before.num_draft_tokens, after.num_accepted_tokens - before.num_accepted_tokens,
-            after.num_drafts - before.num_drafts,
-            [x - y for x, y in zip(after.accepted_per_position, before.accepted_per_position)])
 
 
 def _sum_spoke(a: tuple[int, int, int, list[int]] | None,

@@ -13,6 +13,15 @@ NUM_PREEMPTIONS = "num_preemptions"
 SPEC_DECODE_NUM_DRAFTS = "spec_decode_num_drafts"
 SPEC_DECODE_NUM_DRAFT_TOKENS = "spec_decode_num_draft_tokens"
 SPEC_DECODE_NUM_ACCEPTED_TOKENS = "spec_decode_num_accepted_tokens"
+SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS = "spec_decode_num_accepted_tokens_per_pos"  # label position
+# The adaptive speculation policy's own counts (no vLLM peer): what its measuring cost, read by
+# benchmarks/speculative.py --server to wait until a server's measuring is repaid
+SPEC_DECODE_POLICY_STEPS = "spec_decode_policy_steps"
+SPEC_DECODE_POLICY_MEASURING_STEPS = "spec_decode_policy_measuring_steps"
+SPEC_DECODE_POLICY_SPECULATING_STEPS = "spec_decode_policy_speculating_steps"
+SPEC_DECODE_POLICY_LOST_OFF_STEPS = "spec_decode_policy_lost_off_steps"
+DECODE_STEP_SECONDS = "decode_step_seconds"
+DECODE_STEP_TOKENS = "decode_step_tokens"
 TIME_TO_FIRST_TOKEN_SECONDS = "time_to_first_token_seconds"
 INTER_TOKEN_LATENCY_SECONDS = "inter_token_latency_seconds"
 REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS = "request_time_per_output_token_seconds"

@@ -7,6 +7,7 @@ import pytest
 
 from tally import metric_names as names
 from tally.engine.snapshot import EngineSnapshot
+from tally.engine.speculation.policy import Counters
 from tally.engine.speculation.stats import SpeculationStats
 from tally.prometheus_text import Exposition, counter_increase, histogram_delta, histogram_increase, increase, parse
 from tally.server.metrics import ServerMetrics
@@ -16,7 +17,9 @@ SERVED = {  # what the server serves of the catalogue, by kind (a counter's fami
                names.KV_CACHE_FRAGMENTATION_PERC),
     "counters": (names.NUM_PREEMPTIONS, names.SPEC_DECODE_NUM_DRAFTS, names.SPEC_DECODE_NUM_DRAFT_TOKENS,
                  names.SPEC_DECODE_NUM_ACCEPTED_TOKENS, names.REQUEST_SUCCESS, names.REQUEST_REJECTED,
-                 names.REQUEST_TIMEOUT, names.REQUEST_ERROR),
+                 names.REQUEST_TIMEOUT, names.REQUEST_ERROR, names.DECODE_STEP_SECONDS, names.DECODE_STEP_TOKENS,
+                 names.SPEC_DECODE_POLICY_STEPS, names.SPEC_DECODE_POLICY_MEASURING_STEPS,
+                 names.SPEC_DECODE_POLICY_SPECULATING_STEPS, names.SPEC_DECODE_POLICY_LOST_OFF_STEPS),
     "histograms": (names.TIME_TO_FIRST_TOKEN_SECONDS, names.INTER_TOKEN_LATENCY_SECONDS,
                    names.REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS, names.E2E_REQUEST_LATENCY_SECONDS,
                    names.REQUEST_QUEUE_TIME_SECONDS, names.REQUEST_GENERATION_TOKENS),
@@ -24,7 +27,8 @@ SERVED = {  # what the server serves of the catalogue, by kind (a counter's fami
 
 
 def _server(prefix: str) -> Exposition:
-    snapshot = EngineSnapshot(num_blocks=10, num_used_blocks=4, speculation=SpeculationStats())
+    snapshot = EngineSnapshot(num_blocks=10, num_used_blocks=4, speculation=SpeculationStats(),
+                              speculation_policy=Counters())
     return parse(ServerMetrics("m", lambda: snapshot, prefix).render().decode())
 
 

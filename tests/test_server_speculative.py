@@ -86,6 +86,8 @@ def test_spec_decode_counters_in_metrics_and_ledger(servers):
     assert ledger["num_accepted_tokens"] >= accepted and 0 < ledger["acceptance_rate"] <= 1
     plain_families = {f.name for f in text_string_to_metric_families(httpx.get(plain.url + "/metrics").text)}
     assert not any(name.startswith("tally:spec_decode") for name in plain_families)  # only when configured
+    fixed_families = {f.name for f in text_string_to_metric_families(httpx.get(spec.url + "/metrics").text)}
+    assert not any(name.startswith("tally:spec_decode_policy") for name in fixed_families)  # no policy at a fixed K
 
 
 def test_tally_bench_reports_what_speculation_did(servers, tmp_path):

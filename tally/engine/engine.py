@@ -426,6 +426,8 @@ class Engine:
             prompt_tokens=self.stats.prompt_tokens, generated_tokens=self.stats.generated_tokens,
             decode_step_seconds=self.stats.decode_step_seconds, decode_step_tokens=self.stats.decode_step_tokens,
             speculation=self.speculator.stats.copy() if self.speculator is not None else None,
+            speculation_policy=replace(self.speculator.policy.counters)
+            if self.speculator is not None and self.speculator.config.adaptive else None,
             iteration_tokens=self.stats.iteration_tokens,
             swap=self.kv_tiers.swap_stats(), disk_cache=self.kv_tiers.disk_stats(),
         )

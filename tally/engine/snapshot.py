@@ -5,6 +5,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from tally.engine.kv_tiers.stats import DiskCacheStats, SwapStats
+from tally.engine.speculation.policy import Counters
 from tally.engine.speculation.stats import SpeculationStats
 
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
@@ -44,6 +45,7 @@ class EngineSnapshot:
     decode_step_seconds: float = 0.0  # time in steps without a prompt chunk, and the tokens they generated
     decode_step_tokens: int = 0
     speculation: SpeculationStats | None = None  # a copy; None when speculative decoding is off
+    speculation_policy: Counters | None = None  # a copy of the adaptive policy's; None without one
     iteration_tokens: IterationTokens | None = None  # None: the engine does not count its steps' tokens
     swap: SwapStats | None = None  # a copy; None without a swap space
     disk_cache: DiskCacheStats | None = None  # a copy; None without a disk prefix tier

@@ -23,8 +23,11 @@ from prometheus_client.metrics_core import Metric
 from tally.engine.config import EngineConfig
 from tally.engine.kv_tiers.stats import DiskCacheStats, SwapStats
 from tally.engine.snapshot import ITERATION_TOKEN_BUCKETS, EngineSnapshot, IterationTokens
+from tally.engine.speculation.policy import Counters
 from tally.engine.speculation.stats import SpeculationStats
 from tally.metric_names import (
+    DECODE_STEP_SECONDS,
+    DECODE_STEP_TOKENS,
     E2E_REQUEST_LATENCY_SECONDS,
     GPU_CACHE_USAGE_PERC,
     INTER_TOKEN_LATENCY_SECONDS,
@@ -42,8 +45,13 @@ from tally.metric_names import (
     REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS,
     REQUEST_TIMEOUT,
     SPEC_DECODE_NUM_ACCEPTED_TOKENS,
+    SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
     SPEC_DECODE_NUM_DRAFT_TOKENS,
     SPEC_DECODE_NUM_DRAFTS,
+    SPEC_DECODE_POLICY_LOST_OFF_STEPS,
+    SPEC_DECODE_POLICY_MEASURING_STEPS,
+    SPEC_DECODE_POLICY_SPECULATING_STEPS,
+    SPEC_DECODE_POLICY_STEPS,
     TIME_PER_OUTPUT_TOKEN_SECONDS,
     TIME_TO_FIRST_TOKEN_SECONDS,
 )
@@ -114,9 +122,13 @@ class EngineCollector:
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache (the disk tier's included).",
              s.prefix_hit_tokens),
             (NUM_PREEMPTIONS, "Requests preempted for lack of KV blocks.", s.num_preemptions),
+            (DECODE_STEP_SECONDS, "Seconds in engine steps without a prompt chunk.", s.decode_step_seconds),
+            (DECODE_STEP_TOKENS, "Tokens those steps generated.", s.decode_step_tokens),
         ), labels, self.prefix)
         if s.speculation is not None:
             yield from _speculation_metrics(s.speculation, labels, self.prefix)
+        if s.speculation_policy is not None:
+            yield from _policy_metrics(s.speculation_policy, labels, self.prefix)
         if s.swap is not None:
             yield from _swap_metrics(s.swap, labels, self.prefix)
         if s.disk_cache is not None:
@@ -191,7 +203,7 @@ def _speculation_metrics(spec: SpeculationStats, labels: list[str], prefix: str)
         (SPEC_DECODE_NUM_DRAFT_TOKENS, "Proposed tokens verified.", spec.num_draft_tokens),
         (SPEC_DECODE_NUM_ACCEPTED_TOKENS, "Proposed tokens accepted.", spec.num_accepted_tokens),
     ), labels, prefix)
-    c = CounterMetricFamily(prefix + "spec_decode_num_accepted_tokens_per_pos",
+    c = CounterMetricFamily(prefix + SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS,
                             "Proposed tokens accepted, by position in the proposal (0 = first).",
                             labels=["model_name", "position"])
     for position, value in enumerate(spec.accepted_per_position):
@@ -202,6 +214,18 @@ def _speculation_metrics(spec: SpeculationStats, labels: list[str], prefix: str)
                           "(chosen per step by the adaptive policy).", labels=["model_name"])
     g.add_metric(labels, spec.last_num_speculative_tokens)
     yield g
+
+
+def _policy_metrics(counted: Counters, labels: list[str], prefix: str) -> Iterator:
+    """The adaptive policy's counts (tally/engine/speculation/policy.py): what its measuring lost, per step counted,
+    is what a server pays for it; with "adaptive": false there is no policy and none is served."""
+    yield from _families((), (
+        (SPEC_DECODE_POLICY_STEPS, "Steps without a prompt chunk the adaptive policy counted.", counted.steps),
+        (SPEC_DECODE_POLICY_MEASURING_STEPS, "Steps of its epochs measuring a proposal's price.", counted.measuring),
+        (SPEC_DECODE_POLICY_SPECULATING_STEPS, "Steps that verified proposals.", counted.speculated),
+        (SPEC_DECODE_POLICY_LOST_OFF_STEPS, "What measuring (and following prices that failed) lost against "
+         "speculation off, in steps with it off.", counted.lost_off_steps),
+    ), labels, prefix)
 
 
 class ServerMetrics:
