@@ -1,14 +1,18 @@
-"""Decode speed of a mixture of experts from a q8_0 GGUF: its experts' stored blocks in one native call a layer (and
-the one-call decode step), against the same blocks through the per-expert PyTorch loop, the experts dequantized to
-fp32 (`quantization="none"`), and a dense Llama of the same active size: tokens per second, and at batch 1 the weight
-bytes a token reads (the routed experts' only) per second against the dense model's, i.e. the share of the dense
-model's roofline the experts reach (a ratio, so a busy host's drifting read rate cancels). Random weights (Qwen3-MoE,
-hidden 1024, 8 layers, 8 experts of 1408 with 2 routed: the dense model's 2816), written by llama.cpp's own
-converter (tests/support/families.py); nothing is downloaded. `--tile-rows` first times one thread over every
-expert's gate_up at 1-4 rows (its CPU time, which a busy host's waits leave out): what a pass over an expert's
-weights costs in rows' products, the weight tally/native/experts.h gives each expert's share of a parallel region.
+"""Decode speed of a mixture of experts from a q8_0 GGUF, for each expert family (`--family`: Qwen3-MoE, Mixtral,
+OLMoE, GPT-OSS with its sinks, biases and clamped SwiGLU; or all): its experts' stored blocks in one native call a
+layer (and the one-call decode step), against the same blocks through the per-expert PyTorch loop, the experts
+dequantized to fp32 (`quantization="none"`), and a dense Llama of the same active size: tokens per second, and at
+batch 1 the weight bytes a token reads (the routed experts' only) per second against the dense model's, i.e. the share
+of the dense model's roofline the experts reach (a ratio, so a busy host's drifting read rate cancels). Each family's
+four cases alternate; a family's line before its rows names the GGUF's types and where its experts run. Random
+weights (hidden 1024, 8 layers, 8 experts of 1408 with 2 routed: the dense model's 2816; SmolLM2's 49,152 tokens),
+written by llama.cpp's own converter (tests/support/families.py); nothing is downloaded. `--tile-rows` first times
+one thread over every expert's gate_up at 1-4 rows (its CPU time, which a busy host's waits leave out): what a pass
+over an expert's weights costs in rows' products, the weight tally/native/experts.h gives each expert's share of a
+parallel region.
 
-    python benchmarks/moe_decode.py [--tokens 32] [--threads 2] [--repeats 3] [--batches 1,8] [--tile-rows]
+    python benchmarks/moe_decode.py [--family qwen3_moe,mixtral,olmoe,gpt_oss|all] [--tokens 32] [--threads 2]
+                                    [--repeats 3] [--batches 1,8] [--tile-rows]
 """
 from __future__ import annotations
 
@@ -30,7 +34,21 @@ from decode_roofline import weight_bytes_read_per_step  # noqa: E402
 
 SHAPE = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
              num_key_value_heads=4, head_dim=64, max_position_embeddings=4096)  # SmolLM2's tokenizer: 49,152 tokens
-MOE = dict(moe_intermediate_size=1408, num_experts=8, num_experts_per_tok=2)
+# Each family's test fixture and what sets it at the shape: 8 experts of 1408 with 2 routed (the dense model's 2816),
+# under the names its config class gives them. Mixtral's fixture has a 400-token SentencePiece vocabulary: Mixtral is
+# built on OLMo 2's fixture renamed instead, for SmolLM2's 49,152 tokens as the others and the dense model have.
+EXPERTS: dict[str, tuple[str, dict]] = {
+    "qwen3_moe": ("qwen3_moe", dict(moe_intermediate_size=1408, num_experts=8, num_experts_per_tok=2)),
+    "mixtral": ("olmo2", dict(model_type="mixtral", architectures=["MixtralForCausalLM"], intermediate_size=1408,
+                              num_local_experts=8, num_experts_per_tok=2)),
+    "olmoe": ("olmoe", dict(intermediate_size=1408, num_experts=8, num_experts_per_tok=2)),
+    # gpt-oss-20b's window and YaRN; its sinks, biases and clamped SwiGLU from the fixture and the config's defaults
+    "gpt_oss": ("gpt_oss", dict(intermediate_size=1408, num_local_experts=8, num_experts_per_tok=2, sliding_window=128,
+                                max_position_embeddings=131072,
+                                rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0,
+                                                     beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                                     original_max_position_embeddings=4096))),
+}
 DENSE = dict(model_type="llama", architectures=["LlamaForCausalLM"])  # OLMo 2's fixture renamed: its tokenizer
 
 
@@ -86,63 +104,101 @@ def tile_rows_cost(llm, threads: int, repeats: int) -> None:
           + f"; the weights' pass is worth {(best[1] - row) / row:.2f} rows")
 
 
+def expert_path(model: torch.nn.Module) -> str:
+    """Where the experts run: the native call in how many expert layers, on which stored formats, and whether the
+    one-call decode step (and so bursts of steps) takes the whole step."""
+    moes = [layer.experts for layer in model.layers if layer.experts is not None]
+    native = sum(moe.native() is not None for moe in moes)
+    schemes = sorted({getattr(m, "scheme", type(m).__name__) for moe in moes for m in [*moe.gate_up, *moe.down]})
+    step = "one-call decode step" if model.native_step is not None else "NO one-call decode step"
+    return f"native call in {native}/{len(moes)} expert layers ({', '.join(schemes)}), {step}"
+
+
+def gguf_types(path: Path) -> str:
+    """The GGML types of a GGUF's matrices: its experts', its routers' and the others'."""
+    import gguf
+    from support.families import read_gguf_header
+
+    kinds: dict[str, set[str]] = {"experts": set(), "routers": set(), "other matrices": set()}
+    for name, (ggml_type, shape) in read_gguf_header(path).tensors.items():
+        if len(shape) > 1 and name.endswith(".weight"):  # GPT-OSS's experts' biases are [experts, rows]
+            kind = "experts" if "_exps." in name else "routers" if ".ffn_gate_inp." in name else "other matrices"
+            kinds[kind].add(gguf.GGMLQuantizationType(ggml_type).name)
+    return "; ".join(f"{kind} {'/'.join(sorted(types))}" for kind, types in kinds.items())
+
+
+def measure(family: str, native: tally.LLM, dequantized: tally.LLM, dense: tally.LLM, batches: list[int], tokens: int,
+            repeats: int) -> None:
+    """One family's rows of the table and its ratios: the four cases alternating, each batch in turn."""
+    # (name, engine, whether its experts run the per-expert PyTorch loop: then neither bursts of steps nor the
+    # one-call step, which need the native call)
+    cases = [("experts native", native, False), ("experts loop", native, True), ("dequantized", dequantized, False),
+             ("dense q8_0", dense, False)]
+    saved = native.engine.model.native_step, native.engine._burst_limit
+
+    def loop(on: bool) -> None:
+        for layer in native.engine.model.layers:
+            layer.experts.use_native = not on
+        native.engine.model.native_step, native.engine._burst_limit = (None, 1) if on else saved
+
+    rates: dict[tuple[str, int], float] = {}
+    streamed: dict[str, float] = {}  # batch 1's weight bytes a second
+    for batch in batches:
+        runs: dict[str, list[float]] = {name: [] for name, *_ in cases}
+        for _ in range(repeats + 1):  # the cases alternate (a shared host's load drifts); the first warms up
+            for name, llm, looped in cases:
+                loop(looped)
+                runs[name].append(tokens_per_s(llm, batch, tokens))
+        loop(False)
+        for name, llm, _ in cases:
+            rate, per_token = statistics.median(runs[name][1:]), active_bytes(llm.engine.model)
+            rates[name, batch] = rate
+            streamed.setdefault(name, rate * per_token / 1e9)
+            print(f"{family:<10} {name:<15} {batch:>5} {rate:>8.1f} {per_token / 1e6:>9.1f} "
+                  f"{rate * per_token / 1e9:>6.2f}", flush=True)
+    if 1 in batches:
+        print(f"{family}, batch 1, share of the dense model's roofline (weight bytes a second): "
+              + ", ".join(f"{name} {streamed[name] / streamed['dense q8_0']:.2f}" for name in streamed))
+    for batch in batches:
+        ratio = rates["experts native", batch]
+        print(f"{family}, batch {batch}: native / loop {ratio / rates['experts loop', batch]:.2f}x, native / "
+              f"dequantized {ratio / rates['dequantized', batch]:.2f}x, "
+              f"native / dense {ratio / rates['dense q8_0', batch]:.2f}x", flush=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--family", default="qwen3_moe", help=f"comma-separated, of {', '.join(EXPERTS)}; or all")
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batches", default="1,8")
     p.add_argument("--tile-rows", action="store_true", help="first time one thread's expert tiles at 1-4 rows")
     a = p.parse_args()
+    families = list(EXPERTS) if a.family == "all" else a.family.split(",")
+    if unknown := [f for f in families if f not in EXPERTS]:
+        p.error(f"unknown --family {', '.join(unknown)}; choose from {', '.join(EXPERTS)} or all")
+    batches = [int(b) for b in a.batches.split(",")]
     from support.families import make_family_checkpoint, to_gguf_many
     from tally import LLM
 
     work = Path(tempfile.mkdtemp(prefix="tally-moe-"))
     try:
-        moe_dir = make_family_checkpoint(work / "moe", "qwen3_moe", **SHAPE, **MOE)
-        dense_dir = make_family_checkpoint(work / "dense", "olmo2", **SHAPE, **DENSE)
-        moe_gguf, dense_gguf = to_gguf_many([(moe_dir, work / "moe.gguf", "q8_0"),
-                                             (dense_dir, work / "dense.gguf", "q8_0")])
+        dirs = {f: make_family_checkpoint(work / f, EXPERTS[f][0], **(SHAPE | EXPERTS[f][1])) for f in families}
+        dirs["dense"] = make_family_checkpoint(work / "dense", "olmo2", **SHAPE, **DENSE)
+        ggufs = dict(zip(dirs, to_gguf_many([(d, work / f"{f}.gguf", "q8_0") for f, d in dirs.items()])))
         engine = dict(dtype="float32", threads=a.threads, max_model_len=256, kv_cache_memory=64 * 2**20,
                       enable_prefix_caching=False)
-        native, dequantized, dense = (LLM(str(path), quantization=q, **engine)
-                                      for path, q in ((moe_gguf, None), (moe_gguf, "none"), (dense_gguf, None)))
-        if a.tile_rows:
-            tile_rows_cost(native, a.threads, 2 * a.repeats + 1)
-        # (name, engine, whether its experts run the per-expert PyTorch loop: then neither bursts of steps nor the
-        # one-call step, which need the native call)
-        cases = [("experts native", native, False), ("experts loop", native, True), ("dequantized", dequantized, False),
-                 ("dense q8_0", dense, False)]
-        saved = native.engine.model.native_step, native.engine._burst_limit
-
-        def loop(on: bool) -> None:
-            for layer in native.engine.model.layers:
-                layer.experts.use_native = not on
-            native.engine.model.native_step, native.engine._burst_limit = (None, 1) if on else saved
-
-        print(f"{'model':<15} {'batch':>5} {'tok/s':>8} {'MB/token':>9} {'GB/s':>6}")
-        rates: dict[tuple[str, int], float] = {}
-        streamed: dict[str, float] = {}  # batch 1's weight bytes a second
-        for batch in map(int, a.batches.split(",")):
-            runs: dict[str, list[float]] = {name: [] for name, *_ in cases}
-            for _ in range(a.repeats + 1):  # the cases alternate (a shared host's load drifts); the first warms up
-                for name, llm, looped in cases:
-                    loop(looped)
-                    runs[name].append(tokens_per_s(llm, batch, a.tokens))
-            loop(False)
-            for name, llm, _ in cases:
-                rate, per_token = statistics.median(runs[name][1:]), active_bytes(llm.engine.model)
-                rates[name, batch] = rate
-                streamed.setdefault(name, rate * per_token / 1e9)
-                print(f"{name:<15} {batch:>5} {rate:>8.1f} {per_token / 1e6:>9.1f} {rate * per_token / 1e9:>6.2f}",
-                      flush=True)
-        print("batch 1, share of the dense model's roofline (weight bytes a second): "
-              + ", ".join(f"{name} {streamed[name] / streamed['dense q8_0']:.2f}" for name in streamed))
-        for batch in map(int, a.batches.split(",")):
-            native = rates["experts native", batch]
-            print(f"batch {batch}: native / loop {native / rates['experts loop', batch]:.2f}x, native / dequantized "
-                  f"{native / rates['dequantized', batch]:.2f}x, "
-                  f"native / dense {native / rates['dense q8_0', batch]:.2f}x")
+        dense = LLM(str(ggufs["dense"]), **engine)
+        print(f"{'family':<10} {'model':<15} {'batch':>5} {'tok/s':>8} {'MB/token':>9} {'GB/s':>6}")
+        for family in families:
+            native, dequantized = (LLM(str(ggufs[family]), quantization=q, **engine) for q in (None, "none"))
+            print(f"{family}: GGUF {gguf_types(ggufs[family])}; experts: {expert_path(native.engine.model)}; "
+                  f"dequantized: {expert_path(dequantized.engine.model)}", flush=True)
+            if a.tile_rows:
+                tile_rows_cost(native, a.threads, 2 * a.repeats + 1)
+            measure(family, native, dequantized, dense, batches, a.tokens, a.repeats)
+            del native, dequantized  # their memory, before the next family's
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("command: python " + " ".join(sys.argv))
