@@ -94,3 +94,36 @@ def test_off_the_native_kernels_the_values_go_to_pytorchs_int8_layer():
     w = blocks.as_int8().q.float() * blocks.scale.repeat_interleave(32, dim=1)
     ref = x @ w.T
     assert ((layer(x.bfloat16()).float() - ref).abs().max() / ref.abs().max()).item() < 0.02
+
+
+def test_experts_call_on_table_layers_is_the_int8_experts_bit_for_bit():
+    """GPT-OSS's MXFP4 experts in the one-call experts region (tally/native/experts.h): the table layers against
+    int8 layers of the same values, routing and clamped SwiGLU as GPT-OSS's."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from tally.models.native_experts import NativeExperts
+
+    gen = torch.Generator().manual_seed(9)
+    num_experts, hidden, inner = 4, 128, 64
+    parts = [[read_blocks(table_raw(Q.MXFP4, out, inp, seed=10 * e + i))
+              for i, (out, inp) in enumerate(((2 * inner, hidden), (hidden, inner)))] for e in range(num_experts)]
+
+    def experts(layer) -> NativeExperts:
+        moe = SimpleNamespace(top_k=2, normalize=True, routing="top_k_softmax", activation_name="clamped_swiglu",
+                              swiglu=(1.702, 7.0), router=torch.randn(num_experts, hidden, generator=gen),
+                              router_bias=None, gate_up=nn.ModuleList([layer(p[0]) for p in parts]),
+                              down=nn.ModuleList([layer(p[1]) for p in parts]))
+        built = NativeExperts.build(moe)
+        assert built is not None
+        built.moe = moe  # the layers the struct points into, alive as long as it is
+        return built
+
+    table = experts(lambda b: linear_from_blocks(b, None, compute_dtype=torch.float32))
+    gen.manual_seed(9)  # the same router
+    int8 = experts(lambda b: NativeInt8Linear(b.as_int8().q, b.as_int8().scale, None))
+    assert all(isinstance(m, NativeTableLinear) for m in table.moe.gate_up)
+    for rows in (1, 3, 8, 64):
+        x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(rows))
+        assert torch.equal(table(x), int8(x)), rows
