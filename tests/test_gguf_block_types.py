@@ -59,8 +59,8 @@ def test_blocks_are_served_natively_as_llama_cpp_dequantizes_them(ggml_type):
 @pytest.mark.parametrize("ggml_type, served", [(Q.IQ4_XS, True), (Q.Q3_K, False), (Q.Q5_K, False)],
                          ids=lambda v: getattr(v, "name", str(v)))
 def test_off_the_native_kernels_a_pytorch_layer_holds_them_or_the_loader_dequantizes(ggml_type, served):
-    """bf16 compute: IQ4's table values (int8) suit PyTorch's group int8 layer; groups of 16 (Q3_K) and 5-bit values with
-    minima (Q5_K) suit none of its layers (None: the loader dequantizes them)."""
+    """bf16 compute: IQ4's table values (int8) suit PyTorch's group int8 layer; groups of 16 (Q3_K) and 5-bit values
+    with minima (Q5_K) suit none of its layers (None: the loader dequantizes them)."""
     n, k = 16, 256
     raw = raw_tensor(ggml_type, (n, k), random_blocks(ggml_type, n, k, seed=3))
     layer = linear_from_gguf(raw, None, compute_dtype=torch.bfloat16)

@@ -127,3 +127,13 @@ def test_experts_call_on_table_layers_is_the_int8_experts_bit_for_bit():
     for rows in (1, 3, 8, 64):
         x = torch.randn(rows, hidden, generator=torch.Generator().manual_seed(rows))
         assert torch.equal(table(x), int8(x)), rows
+
+
+def test_path_timing_times_table_layers_at_their_bytes():
+    """The start-up measurement (tally/layers/path_timing.py) times a GGUF's IQ4 / MXFP4 projections as served."""
+    from tally.layers.path_timing import ComputePath, ProjectionShape, timing_layers
+
+    shape = ProjectionShape("gate_up", 64, 128, 1, "lut4", 32)
+    layers = timing_layers(shape, ComputePath(torch.float32, torch.float32), 2, torch.Generator().manual_seed(0))
+    assert all(isinstance(layer, NativeTableLinear) for layer in layers)
+    assert shape.weight_bytes(torch.float32) == 64 * 128 * 0.5

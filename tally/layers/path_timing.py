@@ -44,8 +44,8 @@ class ProjectionShape:
     decode_only: bool = False  # the LM head sees one row per sequence, never a prompt's rows
 
     def weight_bytes(self, weight_dtype: torch.dtype) -> float:
-        per_weight = {"dense": weight_dtype.itemsize, "int4": 0.5, "int5": 0.625, "int6": 0.75, "lut4": 0.5, "int8": 1.0,
-                      "w8a8": 1.0}[self.storage]
+        per_weight = {"dense": weight_dtype.itemsize, "int4": 0.5, "int5": 0.625, "int6": 0.75, "lut4": 0.5,
+                      "int8": 1.0, "w8a8": 1.0}[self.storage]
         return self.out_features * self.in_features * per_weight
 
 

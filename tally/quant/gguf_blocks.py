@@ -95,7 +95,8 @@ class OffsetBlocks:
 
 @dataclass(frozen=True)
 class TableBlocks:
-    """IQ4_NL, IQ4_XS, MXFP4: q uint8 [N, K] in 0..15, indices into table int8 [16]; w = table[q] * scale[n, k // 32]."""
+    """IQ4_NL, IQ4_XS, MXFP4: q uint8 [N, K] in 0..15, indices into table int8 [16];
+    w = table[q] * scale[n, k // 32]."""
 
     q: torch.Tensor
     scale: torch.Tensor  # [N, K/32]
@@ -212,9 +213,10 @@ def _stacked(values: list[Any]) -> Any:
 
 def read_blocks(raw: Any) -> Blocks | None:
     """`raw`'s blocks as the integers and scales they store, exactly (Q4_0, Q4_1, Q4_K -> int4 group 32; Q5_0,
-    Q6_K -> 5- and 6-bit values; Q8_0 -> int8 with block scales; IQ4_NL, IQ4_XS, MXFP4 -> table indices), or None for types that are not adopted (the
-    caller dequantizes those). `raw` is duck-typed: fields ggml_type (gguf.GGMLQuantizationType), shape (out, in)
-    in HF orientation, data (uint8 blocks, rows in HF order). tally/layers/linear.py turns them into a layer."""
+    Q6_K -> 5- and 6-bit values; Q8_0 -> int8 with block scales; IQ4_NL, IQ4_XS, MXFP4 -> table indices), or None
+    for types that are not adopted (the caller dequantizes those). `raw` is duck-typed: fields ggml_type
+    (gguf.GGMLQuantizationType), shape (out, in) in HF orientation, data (uint8 blocks, rows in HF order).
+    tally/layers/linear.py turns them into a layer."""
     type_name = getattr(raw.ggml_type, "name", str(raw.ggml_type))
     if type_name not in _BLOCK_BYTES or len(raw.shape) != 2:
         return None
