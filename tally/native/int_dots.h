@@ -152,7 +152,8 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
 #define LUT4_OFFSET 0  /* no offset: the sign trick's sums are exact as they are */
 #endif
 
-static inline __m256i table256(const uint8_t *table) {  /* the 16 values in both 128-bit lanes, as the loops take them */
+/* LUT4's table in both 128-bit lanes, as the loops take it */
+static inline __m256i table256(const uint8_t *table) {
     __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
     return LUT4_OFFSET ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v;
 }

@@ -184,8 +184,9 @@ typedef struct {
     const uint8_t *xu;             /* int8 beside xq (XU_BLOCK bytes a block): AVX-512 (both loops) xq + 128,
                                     * unsigned; AVX2 at one row of symmetric weights one_row_broadcasts; else NULL */
     const float *dx, *xsum;        /* per row: block scales [K/32]; (int4) per group the sum of its values */
-    const int32_t *xoff;           /* per row, without minima (Q4_0, int5, int6, LUT4): per span (a group's part in a block),
-                                    * 2^(bits - 1) times the sum of its int8 values, taken off each span's dot */
+    const int32_t *xoff;           /* per row, without minima (Q4_0, int5, int6, LUT4 with VNNI): per span (a group's
+                                    * part in a block), 2^(bits - 1) (LUT4: LUT4_OFFSET) times the sum of its int8
+                                    * values, taken off each span's dot */
     const uint8_t *w, *hb;         /* tiles; high-bit planes (int5 / int6), LUT4's table, or NULL */
     GroupValues scale, min;        /* min.v NULL: int8, and w = d * (q - 2^(bits - 1)) */
     const float *bias;
