@@ -142,7 +142,7 @@ def test_gguf_of_an_architecture_tally_does_not_read_names_those_it_reads(tmp_pa
         load_checkpoint(str(tmp_path / "falcon.gguf"))
 
 
-def test_gpt_oss_mxfp4_experts_give_transformers_greedy_tokens_and_serve_as_int8_blocks(files):
+def test_gpt_oss_mxfp4_experts_give_transformers_greedy_tokens_and_serve_as_table_blocks(files):
     # the converter repacks the HF checkpoint's MXFP4 blocks into GGML's MXFP4 as they are (no requantization)
     header = read_header(files["gpt_oss-mxfp4"])
     assert {t.name for t in header.tensors if t.ggml_type == gguf.GGMLQuantizationType.MXFP4} == {
@@ -152,8 +152,10 @@ def test_gpt_oss_mxfp4_experts_give_transformers_greedy_tokens_and_serve_as_int8
     assert expected != hf_greedy(files["gpt_oss"], ids, GREEDY.max_tokens)[0]  # the blocks round the experts
     dequantized = LLM(str(files["gpt_oss-mxfp4"]), quantization="none", dtype="float32", **ENGINE)
     assert _greedy(dequantized, ids) == expected
-    # by default each expert's blocks are int8 values with block scales, exactly (tally/quant/gguf_blocks.py)
+    # by default each expert's blocks are 4-bit indices into the doubled e2m1 table with block scales, exactly
+    # (tally/quant/gguf_blocks.py), through the native experts call
     stored = LLM(str(files["gpt_oss-mxfp4"]), **ENGINE)
     experts = stored.engine.model.layers[0].experts
-    assert {layer.scheme for layer in [*experts.gate_up, *experts.down]} == {"q8_0"}
+    assert {layer.scheme for layer in [*experts.gate_up, *experts.down]} == {"lut4"}
+    assert experts.native() is not None
     assert _greedy(stored, ids)[0] == expected[0]

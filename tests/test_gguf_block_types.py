@@ -15,7 +15,7 @@ from test_quant_gguf import raw_tensor
 from tally.layers.linear import linear_from_gguf
 from tally.native import ops
 from tally.quant.gguf_blocks import NATIVE_BLOCK_TYPES, concat_blocks, read_blocks
-from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
+from tally.quant.native_linear import NativeInt4Linear, NativeTableLinear
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
 
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unav
 LAYOUTS = {Q.Q5_1: (24, 32, (0, 2)), Q.Q5_K: (176, 256, (0, 2)), Q.Q3_K: (110, 256, (108,)),
            Q.Q2_K: (84, 256, (80, 82)), Q.IQ4_NL: (18, 32, (0,)), Q.IQ4_XS: (136, 256, (0,))}
 KERNELS = {Q.Q5_1: (NativeInt4Linear, 5, 32), Q.Q5_K: (NativeInt4Linear, 5, 32), Q.Q3_K: (NativeInt4Linear, 4, 16),
-           Q.Q2_K: (NativeInt4Linear, 4, 16), Q.IQ4_NL: (NativeInt8Linear, 8, 32), Q.IQ4_XS: (NativeInt8Linear, 8, 32)}
+           Q.Q2_K: (NativeInt4Linear, 4, 16), Q.IQ4_NL: (NativeTableLinear, ops.LUT4, 32),
+           Q.IQ4_XS: (NativeTableLinear, ops.LUT4, 32)}
 
 
 def random_blocks(ggml_type: Q, n: int, k: int, seed: int) -> np.ndarray:
@@ -58,8 +59,8 @@ def test_blocks_are_served_natively_as_llama_cpp_dequantizes_them(ggml_type):
 @pytest.mark.parametrize("ggml_type, served", [(Q.IQ4_XS, True), (Q.Q3_K, False), (Q.Q5_K, False)],
                          ids=lambda v: getattr(v, "name", str(v)))
 def test_off_the_native_kernels_a_pytorch_layer_holds_them_or_the_loader_dequantizes(ggml_type, served):
-    """bf16 compute: IQ4's int8 values suit PyTorch's group int8 layer; groups of 16 (Q3_K) and 5-bit values with
-    minima (Q5_K) suit none of its layers (None: the loader dequantizes them)."""
+    """bf16 compute: IQ4's table values (int8) suit PyTorch's group int8 layer; groups of 16 (Q3_K) and 5-bit values
+    with minima (Q5_K) suit none of its layers (None: the loader dequantizes them)."""
     n, k = 16, 256
     raw = raw_tensor(ggml_type, (n, k), random_blocks(ggml_type, n, k, seed=3))
     layer = linear_from_gguf(raw, None, compute_dtype=torch.bfloat16)

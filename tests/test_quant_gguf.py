@@ -73,19 +73,18 @@ def test_q4_1_block_from_builtin_gguf_is_the_int4_layer_exactly(builtin_header):
     check_exact(layer, raw)
 
 
-def test_mxfp4_blocks_are_the_int8_layer_exactly():
+def test_mxfp4_blocks_are_the_table_layer_exactly():
     # GPT-OSS's experts: every exponent a block may have, the smallest (subnormal scales) and an all-zero block too
     gen = np.random.default_rng(0)
     w = gen.standard_normal((40, 96)) * np.exp2(gen.integers(-135, 6, size=(40, 1)))
     w[0, :32] = 0
     data = quantize(w.astype(np.float32), Q.MXFP4)
     raw = raw_tensor(Q.MXFP4, (40, 96), data)
-    blocks = read_blocks(raw)
-    assert blocks.q.dtype == torch.int8
+    blocks = read_blocks(raw).as_int8()
     dequantized = torch.from_numpy(dequantize(data, Q.MXFP4).reshape(40, 96))
     assert torch.equal(blocks.q.float() * blocks.scale.repeat_interleave(32, dim=1), dequantized)
     layer = linear_from_gguf(raw, None, compute_dtype=torch.float32)
-    assert layer.scheme == "q8_0"  # Q8_0's layer: group-32 int8
+    assert layer.scheme == "lut4"  # the 4-bit indices into the table as stored
     check_exact(layer, raw)
 
 

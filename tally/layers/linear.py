@@ -17,7 +17,7 @@ from tally.errors import ConfigError
 from tally.layers.dense import Bf16PanelLinear, DenseLinear, Fp16WeightLinear, Fp32PanelLinear
 from tally.native import ops as native
 from tally.quant.base import QuantLinear
-from tally.quant.gguf_blocks import Blocks, GroupValues, Int4Blocks, OffsetBlocks, read_blocks
+from tally.quant.gguf_blocks import Blocks, GroupValues, Int4Blocks, OffsetBlocks, TableBlocks, read_blocks
 from tally.quant.group_int8 import BLOCK as GROUP_INT8_BLOCK
 from tally.quant.group_int8 import GroupInt8Linear
 from tally.quant.int4 import Int4Linear
@@ -25,6 +25,7 @@ from tally.quant.int8 import Int8Linear
 from tally.quant.native_linear import (
     NativeInt4Linear,
     NativeInt8Linear,
+    NativeTableLinear,
     NativeW8A8Linear,
     native_supported,
 )
@@ -147,6 +148,10 @@ def linear_from_blocks(blocks: Blocks | None, bias: torch.Tensor | None, *,
         return int4_linear(blocks.q, blocks.scale, blocks.zero, group, bias, compute_dtype, blocks.factors)
     if isinstance(blocks, OffsetBlocks):
         return offset_linear(blocks, bias, compute_dtype)
+    if isinstance(blocks, TableBlocks):
+        if native_supported(compute_dtype, blocks.q.shape[1], 32):
+            return NativeTableLinear(blocks.q, blocks.scale, blocks.table, bias)
+        blocks = blocks.as_int8()  # PyTorch's layers take the values
     return int8_linear(blocks.q, blocks.scale, bias, compute_dtype)
 
 

@@ -19,10 +19,10 @@ from torch import nn
 
 from tally.layers.dense import Fp16WeightLinear
 from tally.layers.huge_pages import move_weights_to_huge_pages
-from tally.layers.linear import build_linear, int4_linear, int8_linear, offset_linear, w8a8_linear
+from tally.layers.linear import build_linear, int4_linear, int8_linear, linear_from_blocks, offset_linear, w8a8_linear
 from tally.quant.base import QuantLinear
 from tally.quant.dispatch import NEVER
-from tally.quant.gguf_blocks import OffsetBlocks
+from tally.quant.gguf_blocks import OffsetBlocks, TableBlocks
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
 
 MIN_TIME_S = 0.02  # per (shape, rows): enough calls to see past timer and scheduler noise
@@ -39,13 +39,13 @@ class ProjectionShape:
     out_features: int
     in_features: int
     count: int  # layers holding it
-    storage: str  # dense | int4 | int5 | int6 | int8 | w8a8 (int5 / int6: GGUF's Q5_0 / Q6_K)
+    storage: str  # dense | int4 | int5 | int6 | lut4 | int8 | w8a8 (GGUF's Q5_0 / Q6_K; IQ4_NL, IQ4_XS, MXFP4)
     group_size: int = 0  # int4 / int5 / int6 / int8 groups (0: per output channel)
     decode_only: bool = False  # the LM head sees one row per sequence, never a prompt's rows
 
     def weight_bytes(self, weight_dtype: torch.dtype) -> float:
-        per_weight = {"dense": weight_dtype.itemsize, "int4": 0.5, "int5": 0.625, "int6": 0.75, "int8": 1.0,
-                      "w8a8": 1.0}[self.storage]
+        per_weight = {"dense": weight_dtype.itemsize, "int4": 0.5, "int5": 0.625, "int6": 0.75, "lut4": 0.5,
+                      "int8": 1.0, "w8a8": 1.0}[self.storage]
         return self.out_features * self.in_features * per_weight
 
 
@@ -87,6 +87,11 @@ def _quantized_layer(shape: ProjectionShape, path: ComputePath, rows: Callable, 
         blocks = OffsetBlocks(q, torch.rand(n, k // shape.group_size, generator=gen) * 0.01, bits)
         return offset_linear(blocks, None, path.compute_dtype) or build_linear(
             blocks.q.float(), None, quantization=None, dtype=path.compute_dtype, weight_dtype=path.weight_dtype)
+    if shape.storage == "lut4":
+        q = rows(lambda size: torch.randint(0, 16, size, dtype=torch.uint8, generator=gen))
+        table = torch.randint(-127, 128, (16,), dtype=torch.int8, generator=gen)
+        return linear_from_blocks(TableBlocks(q, torch.rand(n, k // 32, generator=gen) * 0.01, table), None,
+                                  compute_dtype=path.compute_dtype)
     q = rows(lambda size: torch.randint(-127, 128, size, dtype=torch.int8, generator=gen))
     if shape.storage == "w8a8":
         return w8a8_linear(q, torch.rand(n, generator=gen) * 0.01, None, path.compute_dtype)

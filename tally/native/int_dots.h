@@ -139,6 +139,25 @@ static inline __m256i broadcast4(const int8_t *p) {  /* 4 activation bytes into 
  * k = 4c..4c+3 of outputs 8t..8t+7, byte 4j + i = (8t + j, 4c + i). maddubs wants one unsigned operand, so it
  * gets |w| and x with w's sign (llama.cpp's trick); its pairs reach 2 * 127 * 127, so each widens at once.
  * (AVX-512, both its loops: x + 128 against w as stored, block_dots_pair.) */
+/* LUT4 (GGUF IQ4_NL, IQ4_XS, MXFP4): 4-bit indices into a table of 16 int8 values, w = d * v[q]. The nibbles as
+ * int4's, and in place of the planes of high bits (`hb`) the table, 16 bytes: one byte shuffle turns a vector of
+ * nibbles into the values, 0.5 bytes a weight where the int8 values they stand for take 1. With VNNI the table is
+ * held as v + 128 (unsigned, as nibbles are) and 128 times the activations' sum comes off each block's dot (the
+ * offset, as Q4_0's 8); AVX2 without VNNI takes int8's sign trick on the values (|v| against x with v's sign), whose
+ * pairs widen at once. Either way a block's dot is sum x v[q] exactly: the int8 layer's sums, and so its bits. */
+#define LUT4 3
+#ifdef TALLY_VNNI
+#define LUT4_OFFSET 128
+#else
+#define LUT4_OFFSET 0  /* no offset: the sign trick's sums are exact as they are */
+#endif
+
+/* LUT4's table in both 128-bit lanes, as the loops take it */
+static inline __m256i table256(const uint8_t *table) {
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)table));
+    return LUT4_OFFSET ? _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)) : v;
+}
+
 static inline __m256i high_bits(__m256i plane, int s) {  /* int5: 16 in each byte whose bit s is set */
     __m256i v = s <= 4 ? _mm256_sll_epi16(plane, _mm_cvtsi32_si128(4 - s))
                        : _mm256_srl_epi16(plane, _mm_cvtsi32_si128(s - 4));
@@ -195,7 +214,7 @@ static inline __m512i pair_bits512(__m512i plane, int f) {  /* pair_bits; GFNI: 
 
 /* lo, hi: the values of 64 bytes of nibbles (low and high nibbles) of chunk c (and whatever the upper half holds)
  * with the bits above them: int5 from p4 (high_bits512's rule; one_row: the one-tile loop at one row), int6 from the
- * plane of pairs p4 (even c) or p5 (odd c) as the caller arranged them */
+ * plane of pairs p4 (even c) or p5 (odd c) as the caller arranged them; LUT4 through the table p4 */
 static inline __attribute__((always_inline)) void nibble_values512(__m512i raw, __m512i p4, __m512i p5, int c, int bits,
                                                                    int one_row, __m512i *lo, __m512i *hi) {
     const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -208,6 +227,9 @@ static inline __attribute__((always_inline)) void nibble_values512(__m512i raw, 
         __m512i plane = c & 1 ? p5 : p4;
         *lo = _mm512_or_si512(*lo, pair_bits512(plane, 4 * (c >> 1)));
         *hi = _mm512_or_si512(*hi, pair_bits512(plane, 4 * (c >> 1) + 2));
+    } else if (bits == LUT4) {  /* p4: the table (table512) */
+        *lo = _mm512_shuffle_epi8(p4, *lo);
+        *hi = _mm512_shuffle_epi8(p4, *hi);
     }
 }
 
@@ -222,11 +244,18 @@ static inline __m512i units_apart(const void *x, int64_t bytes, __m512i which) {
 }
 
 /* A nibble block's bits above the nibbles for the one-tile loop: int5's plane as plane_pair gives it, int6's plane of
- * pairs as stored (in p4 and p5: its chunks c and c + 1 lie in its halves), zero where the format has none */
+ * pairs as stored (in p4 and p5: its chunks c and c + 1 lie in its halves), LUT4's table, zero where the format has
+ * none */
+static inline __m512i table512(const uint8_t *table) {  /* LUT4's table in every 128-bit lane (table256) */
+    return _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)table)),
+                            _mm512_set1_epi8((char)0x80));
+}
+
 static inline __attribute__((always_inline)) void block_planes512(const uint8_t *hb, int bits, __m512i *p4,
                                                                   __m512i *p5) {
     if (bits > 4) prefetch_stream(hb, PREFETCH / 4 * (bits - 4), PREFETCH_L2 / 4 * (bits - 4));
-    *p4 = bits == 5 ? plane_pair(hb) : bits == 6 ? _mm512_loadu_si512((const void *)hb) : _mm512_setzero_si512();
+    *p4 = bits == 5 ? plane_pair(hb) : bits == 6 ? _mm512_loadu_si512((const void *)hb)
+        : bits == LUT4 ? table512(hb) : _mm512_setzero_si512();
     *p5 = *p4;
 }
 
@@ -351,7 +380,7 @@ static inline __attribute__((always_inline)) void block_dots_pair(
             }
         }
     } else if (bits != 8) {
-        __m512i p4 = bits > 4 ? halves(ha, hb) : _mm512_setzero_si512();
+        __m512i p4 = bits > 4 ? halves(ha, hb) : bits == LUT4 ? table512(ha) : _mm512_setzero_si512();
         __m512i p5 = bits > 5 ? halves(ha + 32, hb + 32) : _mm512_setzero_si512();
         _Pragma("GCC unroll 1")
         for (int c = c0; c < c1; c++) {
@@ -418,7 +447,7 @@ static inline __attribute__((always_inline)) void int_tile_pair(
     GroupValues sb, GroupValues ma, GroupValues mb, int bits, int expanded, int mr, float *y, int64_t N, int64_t t,
     int64_t u, const float *bias, int accumulate) {
     int64_t G = K / group, blocks = K / 32, span = span_of(group), block_bytes = expanded ? 512 : bits == 8 ? 256 : 128;
-    int64_t plane_bytes = bits == 6 ? 64 : 32;
+    int64_t plane_bytes = bits == 6 ? 64 : bits == 5 ? 32 : 0;  /* LUT4: ha, hb the table, the same every block */
     __m512 acc[MR512];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = _mm512_setzero_ps();
@@ -459,7 +488,7 @@ static inline __attribute__((always_inline)) void int_tile_pair(
 #endif
 
 /* The values of a 32-block's chunk c (nibble formats): lo its vector 2c, hi 2c + 1, the bits above the nibbles or-ed
- * in (chunk_high_bits) */
+ * in (chunk_high_bits), or LUT4's through its table */
 static inline __attribute__((always_inline)) void nibble_values256(__m256i raw, __m256i p4, __m256i p5, int c, int bits,
                                                                    __m256i *lo, __m256i *hi) {
     const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -468,6 +497,9 @@ static inline __attribute__((always_inline)) void nibble_values256(__m256i raw, 
     if (bits > 4) {
         *lo = _mm256_or_si256(*lo, chunk_high_bits(p4, p5, c, 0, bits));
         *hi = _mm256_or_si256(*hi, chunk_high_bits(p4, p5, c, 1, bits));
+    } else if (bits == LUT4) {  /* p4: the table (table256) */
+        *lo = _mm256_shuffle_epi8(p4, *lo);
+        *hi = _mm256_shuffle_epi8(p4, *hi);
     }
 }
 
@@ -515,7 +547,8 @@ static inline __attribute__((always_inline)) void int_block_dots256(
     /* the chunk loops stay rolled: unrolled, GCC hoists every product first and spills them */
     if (bits != 8) {
         if (bits > 4 && !expanded) prefetch_stream(hb, PREFETCH / 4 * (bits - 4), PREFETCH_L2 / 4 * (bits - 4));
-        __m256i p4 = bits > 4 && !expanded ? _mm256_loadu_si256((const __m256i *)hb) : _mm256_setzero_si256();
+        __m256i p4 = bits > 4 && !expanded ? _mm256_loadu_si256((const __m256i *)hb)
+                   : bits == LUT4 ? table256(hb) : _mm256_setzero_si256();
         __m256i p5 = bits > 5 && !expanded ? _mm256_loadu_si256((const __m256i *)(hb + 32)) : _mm256_setzero_si256();
 #ifndef TALLY_VNNI
         /* Q5_0: two chunks' products add up in int16 (4 * 2 * 31 * 127 = 31496) before one widening */
@@ -549,6 +582,14 @@ static inline __attribute__((always_inline)) void int_block_dots256(
 #ifdef TALLY_VNNI
                 dot[i] = DPBUSD(DPBUSD(dot[i], lo, broadcast4(xp)), hi, broadcast4(xp + 4));
 #else
+                if (bits == LUT4) {  /* signed values: the sign trick, each pair widened (2 * 128 * 127 fits int16) */
+                    __m256i plo = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(broadcast4(xp), lo));
+                    __m256i phi = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi),
+                                                       _mm256_sign_epi8(broadcast4(xp + 4), hi));
+                    dot[i] = _mm256_add_epi32(dot[i], _mm256_add_epi32(_mm256_madd_epi16(plo, ones),
+                                                                       _mm256_madd_epi16(phi, ones)));
+                    continue;
+                }
                 __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast4(xp)),
                                                  _mm256_maddubs_epi16(hi, broadcast4(xp + 4)));
                 dot[i] = bits > 4 ? _mm256_add_epi32(dot[i], _mm256_madd_epi16(pairs, ones))

@@ -98,7 +98,7 @@ static inline __attribute__((always_inline)) void int_block_into(
     __m256 *acc, __m256 sg, const int8_t *xq, const uint8_t *xu, const float *dx, const int32_t *xoff, int64_t spans,
     int64_t s, int64_t K, int64_t b, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1,
     int mr) {
-    int64_t block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : 32;
+    int64_t block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : bits == 5 ? 32 : 0;
     __m256i dot[MR];
     int_block_dots(xq + b * 32, xu ? xu + b * XU_BLOCK : NULL, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL,
                    bits, expanded, c0, c1, mr, dot);
@@ -184,9 +184,10 @@ typedef struct {
     const uint8_t *xu;             /* int8 beside xq (XU_BLOCK bytes a block): AVX-512 (both loops) xq + 128,
                                     * unsigned; AVX2 at one row of symmetric weights one_row_broadcasts; else NULL */
     const float *dx, *xsum;        /* per row: block scales [K/32]; (int4) per group the sum of its values */
-    const int32_t *xoff;           /* per row, without minima (Q4_0, int5, int6): per span (a group's part in a block),
-                                    * 2^(bits - 1) times the sum of its int8 values, taken off each span's dot */
-    const uint8_t *w, *hb;         /* tiles; high-bit planes (int5 / int6) or NULL */
+    const int32_t *xoff;           /* per row, without minima (Q4_0, int5, int6, LUT4 with VNNI): per span (a group's
+                                    * part in a block), 2^(bits - 1) (LUT4: LUT4_OFFSET) times the sum of its int8
+                                    * values, taken off each span's dot */
+    const uint8_t *w, *hb;         /* tiles; high-bit planes (int5 / int6), LUT4's table, or NULL */
     GroupValues scale, min;        /* min.v NULL: int8, and w = d * (q - 2^(bits - 1)) */
     const float *bias;
     float *y;
@@ -264,7 +265,7 @@ static __attribute__((noinline)) void narrow_int8_tile_rows(const IntJob *j, int
 
 static inline __attribute__((always_inline)) void tile_rows(const IntJob *j, int64_t t, int bits) {  /* int_tile */
     int64_t K = j->K, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2;
-    const uint8_t *w = j->w + t * tile_bytes, *hb = j->hb ? j->hb + t * K * (bits - 4) : NULL;
+    const uint8_t *w = j->w + t * tile_bytes, *hb = j->hb && bits > 4 ? j->hb + t * K * (bits - 4) : j->hb;
 #if !defined(TALLY_AVX512) && !defined(TALLY_VNNI)
     if (bits == 8 && j->m1 - j->m0 > EXPAND_ROWS && narrow_int8_tile(w, K)) {
         narrow_int8_tile_rows(j, t, w);
@@ -289,6 +290,7 @@ static void q4_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t
 static void q5_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 5); }
 static void q6_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 6); }
 static void q8_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, 8); }
+static void qlut_tiles(const void *j, int64_t t0, int64_t t1) { int_tiles(j, t0, t1, LUT4); }
 
 #ifdef TALLY_AVX512
 /* Items are pairs of tiles (t, t + 1); an odd last tile pairs with itself and stores one half. Jobs of fewer than
@@ -349,7 +351,8 @@ static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int
     for (int64_t p = p0; p < p1; p++) {
         int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
         const uint8_t *wa = j->w + t * tile_bytes, *wb = j->w + u * tile_bytes;
-        const uint8_t *ha = j->hb ? j->hb + t * K * (bits - 4) : NULL, *hb = j->hb ? j->hb + u * K * (bits - 4) : NULL;
+        const uint8_t *ha = j->hb && bits > 4 ? j->hb + t * K * (bits - 4) : j->hb;  /* LUT4: the table */
+        const uint8_t *hb = j->hb && bits > 4 ? j->hb + u * K * (bits - 4) : j->hb;
         if (expand) {
             uint8_t values[2 * TILE * K] __attribute__((aligned(64)));
             expand_pair(wa, wb, ha, hb, K, bits, values);
@@ -365,6 +368,7 @@ static void q4_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p
 static void q5_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 5); }
 static void q6_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 6); }
 static void q8_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 8); }
+static void qlut_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, LUT4); }
 #endif
 
 /* A format's range functions: over tiles, and (AVX-512) over pairs of tiles */
@@ -414,8 +418,9 @@ static void int_call_free(IntCall *c) {
     for (int i = 0; i < 5; i++) free(c->owned[i]);
 }
 
-/* bits 4: qs, d, m (qh NULL; m NULL: w = d * (q - 8), GGUF Q4_0); bits 5 or 6: qs, qh, d (m NULL); group 16 or a
- * multiple of 32. scale_form: d and m's form (int_dots.h: GroupValues) */
+/* bits 4: qs, d, m (qh NULL; m NULL: w = d * (q - 8), GGUF Q4_0); bits 5 or 6: qs, qh, d (m NULL); LUT4: qs, qh the
+ * table of 16 int8 values, d (m NULL; groups of 32); group 16 or a multiple of 32. scale_form: d and m's form
+ * (int_dots.h: GroupValues) */
 static IntCall q4_call(const float *x, const uint8_t *qs, const uint8_t *qh, const void *d, const void *m,
                        const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
                        int accumulate, int scale_form) {
@@ -433,13 +438,15 @@ static IntCall q4_call(const float *x, const uint8_t *qs, const uint8_t *qh, con
                 }
                 xsum[r * G + g] = s;
             }
-    } else {
+    } else if (bits != LUT4 || LUT4_OFFSET) {
+        int32_t offset = bits == LUT4 ? LUT4_OFFSET : 1 << (bits - 1);
         xoff = malloc(sizeof(int32_t) * M * (K / span));
-        for (int64_t s = 0; s < M * (K / span); s++) xoff[s] = sum_i8(xq.xq + s * span, span) * (1 << (bits - 1));
+        for (int64_t s = 0; s < M * (K / span); s++) xoff[s] = sum_i8(xq.xq + s * span, span) * offset;
     }
     IntCall c = {{xq.xq, NULL, xq.dx, xsum, xoff, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0,
                   M, accumulate},
-                 bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : INT_KERNELS(4),
+                 bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : bits == LUT4 ? INT_KERNELS(lut)
+                                                                                    : INT_KERNELS(4),
                  {xq.xq, xq.dx, xsum, xoff, NULL}};
     if (scale_form >= 2 && M >= FP32_VALUES_ROWS) {
         int64_t count = (N + TILE - 1) / TILE * G * TILE;

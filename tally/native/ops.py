@@ -120,9 +120,14 @@ def _plane_fields(bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(4, 2, dtype=torch.long), 2 * c + half
 
 
+LUT4 = 3  # int_dots.h: 4-bit indices into a table of 16 int8 values (gemm_q4's `qh` the table)
+
+
 def _bits(qh: torch.Tensor | None) -> int:
-    """4 for plain nibbles, else 4 + pack_planes' planes."""
-    return 4 if qh is None else 4 + qh.shape[2] // 32
+    """4 for plain nibbles, LUT4 for a table of values, else 4 + pack_planes' planes."""
+    if qh is None:
+        return 4
+    return LUT4 if qh.dim() == 1 else 4 + qh.shape[2] // 32
 
 
 def scale_form(*values: torch.Tensor | None) -> int:
@@ -220,8 +225,9 @@ def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor 
             qh: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ W^T, W = q * d + m per group: qs from pack_q4, d and m from pack_tile_scales; m None:
     W = d * (q - 2**(bits - 1)), GGUF's Q4_0. With `qh` (qs and qh from pack_planes) the values have 5 or 6 bits and m
-    is None: GGUF's Q5_0 (groups of 32) and Q6_K (16). With `out` given, the product is added to it (a residual
-    stream)."""
+    is None: GGUF's Q5_0 (groups of 32) and Q6_K (16). With `qh` a table int8 [16] (LUT4), W = d * qh[q] and m is
+    None (groups of 32): GGUF's IQ4_NL, IQ4_XS and MXFP4 as stored. With `out` given, the product is added to it (a
+    residual stream)."""
     y = _output(x, out_features, out)
     load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), _ptr(bias), y.data_ptr(),
                          x.shape[0], out_features, x.shape[1], group_size, _bits(qh), out is not None,

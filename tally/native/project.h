@@ -4,11 +4,11 @@
 enum { PROJ_Q4 = 1, PROJ_Q8 = 2, PROJ_F16 = 3, PROJ_W8A8 = 4, PROJ_CONCAT = 5, PROJ_F32 = 6 };
 
 typedef struct {
-    int64_t kind, n, k, group, bits; /* concat: `group` parts; q4: 4, 5 or 6 bits; q8: 8 (7: no weight is -128) */
+    int64_t kind, n, k, group, bits; /* concat: `group` parts; q4: 4, 5, 6 bits or LUT4; q8: 8 (7: no -128) */
     const void *w;                   /* concat: the parts, an array of Proj */
     const void *scale, *min;         /* q4: d, m (int5 / int6: d, NULL); q8 / w8a8: s, unused; f16, f32: unused */
     const float *bias;
-    const uint8_t *high;             /* q4: int5 / int6's high-bit planes, or NULL */
+    const uint8_t *high;             /* q4: int5 / int6's high-bit planes, LUT4's table, or NULL */
     int64_t scale_form;              /* scale and min: fp32, fp16 or factored (int_dots.h: GroupValues) */
 } Proj;
 

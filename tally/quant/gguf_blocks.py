@@ -22,10 +22,11 @@ import torch
 # bits a weight with its scale (5.5 stored), Q6_K in 8 (6.56 stored, 16 as fp16). Elsewhere Q5_0's q - 16 is an
 # int8 value (group-32 int8, exactly) and Q6_K is dequantized, as Q5_1 (a minimum) always is.
 # MXFP4 (GPT-OSS's experts): a uint8 e8m0 exponent e, 16 bytes of e2m1 nibbles as Q4_0's; w = v(q) * 2^(e - 127) with
-# v in {0, 0.5, 1, 1.5, 2, 3, 4, 6} and signs: twice v is an int8 value, so it is group-32 int8 with scale
-# 2^(e - 128), exactly (llama.cpp's own table, gguf.quants.MXFP4).
+# v in {0, 0.5, 1, 1.5, 2, 3, 4, 6} and signs: twice v is an int8 value, so it is a table of 16 int8 values with scale
+# 2^(e - 128) per group of 32, exactly (llama.cpp's own table, gguf.quants.MXFP4).
 # IQ4_NL (fp16 d, nibbles as Q4_0's) and IQ4_XS (super-blocks of 256: fp16 d, 6-bit scales ls per 32): w = d (* ls) *
-# v(q), v a table of 16 int8 values: group-32 int8 with scale d (* ls), exactly (at 1.125 bytes a weight, not 0.53).
+# v(q), v a table of 16 int8 values: TableBlocks with scale d (* ls) per 32, exactly. The native kernels hold the
+# three as the 4-bit indices (LUT4, 0.5 bytes a weight plus the scales); elsewhere they are the int8 values.
 # Q5_1 (fp16 d, m, 4 bytes qh, nibbles: w = d q + m) and Q5_K (Q4_K with a fifth bit per weight in 32 bytes qh) are
 # 5-bit values with minima; Q2_K (16 groups of 16: 4-bit sc and mn, 2-bit q; w = d sc q - dmin mn) 2-bit values with
 # minima, held as nibbles; Q3_K (16 groups of 16: 6-bit signed scales, 3-bit q - 4) as nibbles q - 4 + 8 without
@@ -92,7 +93,20 @@ class OffsetBlocks:
         return Int8Blocks((self.q.to(torch.int16) - (1 << (self.bits - 1))).to(torch.int8), self.scale)
 
 
-Blocks = Int4Blocks | OffsetBlocks | Int8Blocks
+@dataclass(frozen=True)
+class TableBlocks:
+    """IQ4_NL, IQ4_XS, MXFP4: q uint8 [N, K] in 0..15, indices into table int8 [16];
+    w = table[q] * scale[n, k // 32]."""
+
+    q: torch.Tensor
+    scale: torch.Tensor  # [N, K/32]
+    table: torch.Tensor
+
+    def as_int8(self) -> Int8Blocks:
+        return Int8Blocks(self.table[self.q.long()], self.scale)
+
+
+Blocks = Int4Blocks | OffsetBlocks | Int8Blocks | TableBlocks
 
 
 def _blocks(raw: Any, type_name: str) -> np.ndarray:
@@ -123,11 +137,11 @@ def _q5_0(blocks: np.ndarray) -> torch.Tensor:
     return torch.from_numpy((low | high).reshape(blocks.shape[0], -1))
 
 
-def _mxfp4(blocks: np.ndarray) -> Int8Blocks:
-    """MXFP4 blocks [N, K/32, 17] -> twice the e2m1 values as int8 [N, K], scale 2^(e - 128) [N, K/32]."""
+def _mxfp4(blocks: np.ndarray) -> TableBlocks:
+    """MXFP4 blocks [N, K/32, 17] -> indices into twice the e2m1 values, scale 2^(e - 128) [N, K/32]."""
     # 2^-128 and 2^-127 are subnormal float32s: still exact
     scale = np.ldexp(np.float32(1), blocks[..., 0].astype(np.int32) - 128).astype(np.float32)
-    return Int8Blocks(_E2M1_DOUBLED[_nibbles(blocks, 1).long()], torch.from_numpy(scale))
+    return TableBlocks(_nibbles(blocks, 1), torch.from_numpy(scale), _E2M1_DOUBLED)
 
 
 def _q4_k(blocks: np.ndarray) -> tuple[torch.Tensor, SuperBlockValues, SuperBlockValues]:
@@ -162,22 +176,24 @@ def adopted_storage(type_name: str) -> tuple[str, int] | None:
     """(storage, group size) for the block types read_blocks adopts, None for those it leaves dense."""
     if type_name not in _BLOCK_BYTES:
         return None
-    return {"Q8_0": ("int8", 32), "MXFP4": ("int8", 32), "IQ4_NL": ("int8", 32), "IQ4_XS": ("int8", 32),
+    return {"Q8_0": ("int8", 32), "MXFP4": ("lut4", 32), "IQ4_NL": ("lut4", 32), "IQ4_XS": ("lut4", 32),
             "Q5_0": ("int5", 32), "Q5_1": ("int5", 32), "Q5_K": ("int5", 32), "Q6_K": ("int6", 16),
             "Q3_K": ("int4", 16), "Q2_K": ("int4", 16)}.get(type_name, ("int4", 32))
 
 
 def concat_blocks(parts: list[Blocks | None]) -> Blocks | None:
     """Several tensors' blocks stacked by output rows, so a fused projection stays one layer: when all are of one
-    kind, or Q5_0 beside Q8_0 (Qwen's q, k and v in a Q4_K_M file), which int8 holds both of exactly; None for
-    other mixes (their parts stay apart)."""
+    kind (tables: one table), or of int8's values mixed (Q5_0 beside Q8_0, Qwen's q, k and v in a Q4_K_M file; a table
+    beside either), which int8 holds exactly; None for other mixes (their parts stay apart)."""
     if any(p is None for p in parts):
         return None
+    if all(isinstance(p, TableBlocks) and torch.equal(p.table, parts[0].table) for p in parts):
+        return TableBlocks(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]), parts[0].table)
     kinds = {(type(p), getattr(p, "bits", 8), p.q.shape[1] // p.scale.shape[1]) for p in parts}
-    if kinds == {(OffsetBlocks, 5, 32), (Int8Blocks, 8, 32)}:
-        parts = [p.as_int8() if isinstance(p, OffsetBlocks) else p for p in parts]
-    elif len(kinds) != 1:
-        return None
+    if len(kinds) > 1 or any(isinstance(p, TableBlocks) for p in parts):  # tables here: more than one table
+        if not kinds <= {(OffsetBlocks, 5, 32), (Int8Blocks, 8, 32), (TableBlocks, 8, 32)}:
+            return None
+        parts = [p if isinstance(p, Int8Blocks) else p.as_int8() for p in parts]
     return type(parts[0])(*(_stacked([getattr(p, f.name) for p in parts]) for f in fields(parts[0])))
 
 
@@ -197,9 +213,10 @@ def _stacked(values: list[Any]) -> Any:
 
 def read_blocks(raw: Any) -> Blocks | None:
     """`raw`'s blocks as the integers and scales they store, exactly (Q4_0, Q4_1, Q4_K -> int4 group 32; Q5_0,
-    Q6_K -> 5- and 6-bit values; Q8_0, MXFP4 -> int8 with block scales), or None for types that are not adopted (the
-    caller dequantizes those). `raw` is duck-typed: fields ggml_type (gguf.GGMLQuantizationType), shape (out, in)
-    in HF orientation, data (uint8 blocks, rows in HF order). tally/layers/linear.py turns them into a layer."""
+    Q6_K -> 5- and 6-bit values; Q8_0 -> int8 with block scales; IQ4_NL, IQ4_XS, MXFP4 -> table indices), or None
+    for types that are not adopted (the caller dequantizes those). `raw` is duck-typed: fields ggml_type
+    (gguf.GGMLQuantizationType), shape (out, in) in HF orientation, data (uint8 blocks, rows in HF order).
+    tally/layers/linear.py turns them into a layer."""
     type_name = getattr(raw.ggml_type, "name", str(raw.ggml_type))
     if type_name not in _BLOCK_BYTES or len(raw.shape) != 2:
         return None
@@ -272,11 +289,11 @@ def _q3_k(blocks: np.ndarray) -> Int4Blocks:
     return Int4Blocks(q, scale.values(), torch.zeros(n, 16 * s), (scale, None))
 
 
-def _iq4_nl(blocks: np.ndarray) -> Int8Blocks:
-    return Int8Blocks(_IQ4_VALUES[_nibbles(blocks, 2).long()], _fp16(blocks, 0))
+def _iq4_nl(blocks: np.ndarray) -> TableBlocks:
+    return TableBlocks(_nibbles(blocks, 2), _fp16(blocks, 0), _IQ4_VALUES)
 
 
-def _iq4_xs(blocks: np.ndarray) -> Int8Blocks:
+def _iq4_xs(blocks: np.ndarray) -> TableBlocks:
     """d, scales_h (2 bits a group, uint16), scales_l (4 bits a group), 8 groups of 16 nibble bytes"""
     n, s = blocks.shape[:2]
     high = np.ascontiguousarray(blocks[..., 2:4]).view("<u2") >> (2 * np.arange(8, dtype=np.uint16))  # [N, S, 8]
@@ -284,7 +301,7 @@ def _iq4_xs(blocks: np.ndarray) -> Int8Blocks:
     ls = ((low & 15) | ((high & 3).astype(np.uint8) << 4)).astype(np.float32) - 32
     q = _nibbles(blocks[..., 8:].reshape(n, s * 8, 16), 0)  # each group's 16 bytes as a Q4_0 block's nibbles
     scale = torch.from_numpy(ls) * _fp16(blocks, 0)[..., None]  # d * ls: an fp16 times a small integer, exact
-    return Int8Blocks(_IQ4_VALUES[q.long()], scale.reshape(n, -1))
+    return TableBlocks(q, scale.reshape(n, -1), _IQ4_VALUES)
 
 
 _MORE_TYPES = {"Q5_1": _q5_1, "Q5_K": _q5_k, "Q2_K": _q2_k, "Q3_K": _q3_k, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs}

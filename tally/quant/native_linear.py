@@ -112,6 +112,29 @@ class NativeInt4Linear(QuantLinear):
         return ops.dequant_q4_rows(self.qs, self.d, self.m, ids, self.group_size, qh=self.qh)
 
 
+class NativeTableLinear(NativeInt4Linear):
+    """4-bit indices into a table of 16 int8 values, w = d * table[q] per group of 32 (GGUF IQ4_NL, IQ4_XS, MXFP4):
+    the indices held as int4's nibbles, turned into the values by one byte shuffle in the kernels (int_dots.h: LUT4),
+    half the bytes of the int8 values they stand for. The same integer sums and float operations as NativeInt8Linear
+    over those values: the same bits."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor, table: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """q uint8 [N, K] in 0..15; d [N, K/32]; table int8 [16]."""
+        super().__init__(q, d, None, 32, bias)
+        self.scheme = "lut4"
+        self.bits = ops.LUT4
+        self.qh = table.to(torch.int8).contiguous()  # gemm_q4's `qh`: the table, where int5 / int6 hold their planes
+
+    def _weight_t(self, n0: int, n1: int) -> torch.Tensor:
+        return self.embedding_rows(torch.arange(n0, n1)).to(torch.bfloat16).t()
+
+    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the dequantized weight, fp32 [len(ids), K]: each weight d * table[q], one rounding, as
+        NativeInt8Linear's rows of the same values."""
+        values = self.qh[ops.q4_rows(self.qs, ids).long()].float()
+        return values * ops.tile_scale_rows(self.d, ids).float().repeat_interleave(self.group_size, dim=1)
+
+
 class NativeInt8Linear(QuantLinear):
     per_token = False  # activations int8 per block of 32; W8A8 (below) rounds them with one scale per token
 
