@@ -1,13 +1,17 @@
 """A prompt's attention: the native causal kernel (tally/native/prefill_attention.h) against the PyTorch paths the
 auto backend takes without it (torch's CPU flash SDPA for a whole prompt, the tiled online softmax or a masked SDPA
 for a chunk after cached tokens; K/V gathered from the paged cache in both), one layer, fp32 cache, and the native
-kernel over an fp16 cache (each tile of 16 keys widened as an item reads it); then, with --whole, the whole prefill of
-the built-in model (every layer, projections included) with one and the other, alternating prompts in one process.
+kernel over an fp16 cache (each tile of 16 keys widened as an item reads it); with --capped, soft-capped and
+sink-weighted prompts (one windowed layer of a Gemma 2 2B and a GPT-OSS 20B shape) through the prefill kernel against
+the native decode kernel a row at a time, the path they took before the prefill kernel computed them; then, with
+--whole, the whole prefill of the built-in model (every layer, projections included) with one and the other,
+alternating prompts in one process.
 
-    python benchmarks/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--whole 512,1024]
+    python benchmarks/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--capped 512,2048,4096]
+        [--whole 512,1024]
 
 Shapes: SmolLM2-135M (9 query heads, 3 KV heads, 64 dims) and Qwen2.5-0.5B (14 query heads, 2 KV heads, 64 dims).
-Best of 7 alternating rounds per case (a VM's speed drifts between runs).
+Best of 7 alternating rounds per case (a VM's speed drifts between runs; 3 for --capped's long calls).
 """
 from __future__ import annotations
 
@@ -27,8 +31,12 @@ from tally.attention import auto
 from tally.attention.auto import AutoBackend
 from tally.attention.interface import AttentionConfig
 from tally.attention.metadata import AttentionMetadata
+from tally.native import ops
 
 SHAPES = {"SmolLM2-135M": (9, 3, 64), "Qwen2.5-0.5B": (14, 2, 64)}
+# query heads, KV heads, dims, window, soft cap, sinks: Gemma 2 2B's local layers, GPT-OSS 20B's sliding ones
+CAPPED_SHAPES = {"Gemma 2 2B, soft cap 50": (8, 4, 256, 4096, 50.0, False),
+                 "GPT-OSS 20B, sinks": (64, 8, 64, 128, None, True)}
 BLOCK_SIZE = 16
 NATIVE_SUPPORTED = auto.native_attention_supported
 
@@ -82,6 +90,32 @@ def kernels(prompts: list[int]) -> None:
     torch_path(False)
 
 
+def capped(prompts: list[int]) -> None:
+    """One layer's whole-prompt attention, soft-capped or with sinks: the prefill kernel against every row through the
+    decode kernel (one call, a row per prompt token, each with its own context length)."""
+    gen = torch.Generator().manual_seed(0)
+    print("\n| layer shape | tokens | prefill kernel ms | decode kernel, row by row ms | row by row / prefill |")
+    print("|---|---|---|---|---|")
+    for name, (heads, kv_heads, dim, window, cap, with_sinks) in CAPPED_SHAPES.items():
+        sinks = torch.randn(heads, generator=gen) if with_sinks else None
+        for n in prompts:
+            blocks = -(-n // BLOCK_SIZE)
+            k_cache = torch.randn(blocks, BLOCK_SIZE, kv_heads, dim, generator=gen)
+            v_cache = torch.randn_like(k_cache)
+            table = torch.randperm(blocks, generator=gen)
+            q, out = torch.randn(n, heads, dim, generator=gen), torch.empty(n, heads, dim)
+            lens, tables = torch.arange(1, n + 1), table[None].expand(n, -1)
+
+            def prefill() -> None:
+                ops.prefill_attention(q, k_cache, v_cache, table, 0, window, dim ** -0.5, cap, sinks, out)
+
+            def rows() -> None:
+                ops.decode_attention(q, k_cache, v_cache, tables, lens, window, dim ** -0.5, cap, sinks, out)
+
+            t_prefill, t_rows = (t / 1e3 for t in best_us([prefill, rows], calls=1, rounds=3))
+            print(f"| {name} | {n} | {t_prefill:.1f} | {t_rows:.1f} | {t_rows / t_prefill:.2f}× |", flush=True)
+
+
 def whole(lengths: list[int], repeats: int) -> None:
     """The built-in model's prefill (max_tokens=1: the prompt and one sampled token), native and PyTorch attention
     alternating, each prompt a new slice of the bundled Shakespeare (prefix caching off)."""
@@ -114,15 +148,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompts", default="128,512,1024,2048")
+    p.add_argument("--capped", default="", help="prompt lengths for soft-capped and sink-weighted layers "
+                   "(e.g. 512,2048,4096)")
     p.add_argument("--whole", default="", help="prompt lengths for the whole-prefill A/B (e.g. 512,1024)")
     p.add_argument("--repeats", type=int, default=5, help="--whole: prompts per path and length")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(f"{a.threads} threads; one layer's prefill attention, fp32 cache, block size {BLOCK_SIZE}")
-    kernels([int(n) for n in a.prompts.split(",")])
+    if a.prompts:
+        kernels([int(n) for n in a.prompts.split(",")])
+    if a.capped:
+        capped([int(n) for n in a.capped.split(",")])
     if a.whole:
         whole([int(n) for n in a.whole.split(",")], a.repeats)
-    print(f"\ncommand: python benchmarks/prefill_attention.py --threads {a.threads} --prompts {a.prompts}"
+    print(f"\ncommand: python benchmarks/prefill_attention.py --threads {a.threads} --prompts '{a.prompts}'"
+          + (f" --capped {a.capped}" if a.capped else "")
           + (f" --whole {a.whole} --repeats {a.repeats}" if a.whole else ""))
 
 

@@ -158,6 +158,35 @@ def test_a_tiny_model_of_each_family_gets_its_own_bits_among_many(family: str, t
             chunked.engine.shutdown()
 
 
+@pytest.mark.parametrize("family", ["gemma2", "gpt_oss"])
+def test_a_soft_capped_or_sink_weighted_prompt_keeps_its_bits_whole_chunked_and_after_a_cached_prefix(
+        family: str, tmp_path: Path) -> None:
+    """Their prompts run through the native prefill kernel (windows of 8 keys, inside its tiles of 16): whole, in
+    16-token chunks (33 tokens: a last chunk of one token) and after 32 cached tokens (one token left, or 8), the same
+    tokens and logprobs."""
+    model_dir = make_family_checkpoint(tmp_path, family)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 300) for _ in range(n)] for n in (33, 40)]
+    prompts[1][:32] = prompts[0][:32]
+    llm = LLM(str(model_dir), enable_prefix_caching=False)
+    try:
+        whole = [_chosen(o.outputs[0]) for o in llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                                             NEEDLE_PARAMS, use_tqdm=False)]
+    finally:
+        llm.engine.shutdown()
+    cached = LLM(str(model_dir))
+    chunked = LLM(str(model_dir), max_num_batched_tokens=16, enable_chunked_prefill=True, enable_prefix_caching=False)
+    try:
+        for engine in (cached, chunked):
+            for prompt, want in zip(prompts, whole):  # one at a time: the second hits the first's 32 tokens
+                out = engine.generate([{"prompt_token_ids": prompt}], NEEDLE_PARAMS, use_tqdm=False)[0]
+                assert _chosen(out.outputs[0]) == want
+        assert cached.engine.kv.stats.hit_tokens == 32
+    finally:
+        cached.engine.shutdown()
+        chunked.engine.shutdown()
+
+
 def test_an_fp32_checkpoint_gets_its_own_bits_among_many(tmp_path: Path) -> None:
     """fp32 weights run on the native panels (tally/layers/dense.py Fp32PanelLinear), not PyTorch's BLAS."""
     llm = LLM(str(make_checkpoint(tmp_path, "llama", hidden_size=128, intermediate_size=256, num_attention_heads=8,

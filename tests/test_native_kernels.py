@@ -411,19 +411,23 @@ def test_attention_over_a_16_bit_cache_gives_the_bits_of_its_values_in_fp32(cach
 
 
 def _prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
-                       first_pos: int, window: int | None, scale: float) -> torch.Tensor:
-    """Every row of q (positions first_pos..) against the keys it may see, gathered, in float64 SDPA."""
+                       first_pos: int, window: int | None, scale: float, softcap: float | None = None,
+                       sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Every row of q (positions first_pos..) against the keys it may see, gathered, in float64 eager attention (soft
+    caps and sinks as transformers computes them)."""
+    from tally.attention.eager import eager_attention
+
     n, hq, d = q.shape
     hkv, bs, end = k_cache.shape[2], k_cache.shape[1], first_pos + q.shape[0]
     slots = torch.tensor([int(table[p // bs]) * bs + p % bs for p in range(end)])
-    k, v = (c.view(-1, hkv, d)[slots].double().repeat_interleave(hq // hkv, 1) for c in (k_cache, v_cache))
+    k, v = (c.view(-1, hkv, d)[slots].double().transpose(0, 1)[None] for c in (k_cache, v_cache))
     query_pos, key_pos = torch.arange(first_pos, end)[:, None], torch.arange(end)[None, :]
     visible = key_pos <= query_pos
     if window is not None:
         visible &= key_pos > query_pos - window
-    out = F.scaled_dot_product_attention(q.double().transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         attn_mask=visible, scale=scale)
-    return out.transpose(0, 1).float()
+    out = eager_attention(q.double().transpose(0, 1)[None], k, v, visible, scale, softcap,
+                          None if sinks is None else sinks.double())
+    return out[0].transpose(0, 1).float()
 
 
 @pytest.mark.parametrize(("n", "first_pos", "hq", "hkv", "d", "bs", "window"), [
@@ -434,16 +438,41 @@ def _prefill_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     (1, 5, 2, 1, 8, 4, None),      # one row
     (70, 0, 9, 3, 64, 16, 200),    # SmolLM2's heads; a window longer than the prompt
 ])
-def test_prefill_attention_matches_sdpa_over_gathered_keys(n: int, first_pos: int, hq: int, hkv: int, d: int,
-                                                           bs: int, window: int | None) -> None:
+@pytest.mark.parametrize(("softcap", "with_sinks"), [(None, False), (2.0, False), (None, True), (2.0, True)])
+def test_prefill_attention_matches_eager_attention_over_gathered_keys(n: int, first_pos: int, hq: int, hkv: int,
+                                                                      d: int, bs: int, window: int | None,
+                                                                      softcap: float | None,
+                                                                      with_sinks: bool) -> None:
+    """Plain, soft-capped (Gemma 2; a cap that bends these scores) and sink-weighted (GPT-OSS: sinks both above
+    and below a row's scores) attention."""
     blocks = (first_pos + n + bs - 1) // bs + 3
     k_cache, v_cache = rand(blocks, bs, hkv, d), rand(blocks, bs, hkv, d)
     table = torch.randperm(blocks, generator=gen)
     qkv = rand(n, hq + 2 * hkv, d)
     q = qkv[:, :hq]  # rows strided, as a fused projection's output is
-    got = ops.prefill_attention(q, k_cache, v_cache, table, first_pos, window, 0.3)
-    torch.testing.assert_close(got, _prefill_reference(q, k_cache, v_cache, table, first_pos, window, 0.3),
-                               atol=1e-5, rtol=1e-5)
+    sinks = rand(hq) * 4 if with_sinks else None
+    got = ops.prefill_attention(q, k_cache, v_cache, table, first_pos, window, 0.3, softcap, sinks)
+    want = _prefill_reference(q, k_cache, v_cache, table, first_pos, window, 0.3, softcap, sinks)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 9, 40])
+@pytest.mark.parametrize(("softcap", "with_sinks"), [(None, False), (2.0, False), (None, True)])
+def test_prefill_attention_rows_keep_their_bits_however_the_prompt_is_split(window: int | None,
+                                                                           softcap: float | None,
+                                                                           with_sinks: bool) -> None:
+    """A prompt in one call, in 16-row chunks, in chunks of 7 (tiles of rows and of keys cut elsewhere, windows that
+    start inside a key tile) and a row at a time: every row the same bits."""
+    hq, hkv, d, bs, n = 4, 2, 32, 4, 75
+    blocks = n // bs + 4
+    k_cache, v_cache = rand(blocks, bs, hkv, d), rand(blocks, bs, hkv, d)
+    table = torch.randperm(blocks, generator=gen)
+    q, sinks = rand(n, hq, d), rand(hq) * 4 if with_sinks else None
+    whole = ops.prefill_attention(q, k_cache, v_cache, table, 0, window, 0.3, softcap, sinks)
+    for size in (16, 7, 1):
+        parts = [ops.prefill_attention(q[a:a + size], k_cache, v_cache, table, a, window, 0.3, softcap, sinks)
+                 for a in range(0, n, size)]
+        assert torch.equal(torch.cat(parts), whole), size
 
 
 def test_threaded_kernels_give_the_single_thread_bits() -> None:
@@ -618,16 +647,20 @@ def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
         kc, vc = rand(8, 16, hkv, dim), rand(8, 16, hkv, dim)
         q, table = rand(70, hq, dim), torch.randperm(8, generator=gen)
 
-        def attend(lib) -> torch.Tensor:
+        sinks = rand(hq)
+
+        def attend(lib, window: int, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
             out = torch.empty(70, hq, dim)
             lib.tally_prefill_attention(q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(),
-                                        ops.KV_KINDS[torch.float32], table.data_ptr(), 70, 30, hq, hkv, dim, 16, 0,
-                                        0.125, out.data_ptr())
+                                        ops.KV_KINDS[torch.float32], table.data_ptr(), 70, 30, hq, hkv, dim, 16,
+                                        window, 0.125, softcap, None if sinks is None else sinks.data_ptr(),
+                                        out.data_ptr())
             return out
 
-        want = attend(baseline)
-        for name, flags in found.items():
-            assert torch.equal(want, attend(library.load_build(flags))), name
+        for shape in ((0, 0.0, None), (20, 0.5, None), (20, 0.0, sinks)):  # plain, soft-capped, sinks; windowed
+            want = attend(baseline, *shape)
+            for name, flags in found.items():
+                assert torch.equal(want, attend(library.load_build(flags), *shape)), name
     for rows in (1, 3, 5, 8, 9, 70):
         x = rand(rows, k)
         want = run(baseline, x)

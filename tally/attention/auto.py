@@ -2,11 +2,11 @@
 
 Under fp32 or bf16 compute, every prefill (whole prompt or a chunk after cached tokens, windowed or not) goes to the
 native causal kernel (tally/native/prefill_attention.h), which reads the cache in place and skips masked tiles, faster
-than the PyTorch paths (docs/benchmarks.md#attention); soft-capped or sink-weighted scores (Gemma 2, GPT-OSS) and the
-int8 cache go row by row through the native decode kernel instead. Otherwise a plain causal prefill goes to the
-reference path (torch's fused CPU flash kernel, no mask), and a chunk after cached tokens or a sliding window, whose
-mask SDPA would materialise as an [Lq, Lk] float tensor, to the tiled kernel, unless the mask is small (a short
-chunk).
+than the PyTorch paths (docs/benchmarks.md#attention), soft-capped or sink-weighted scores (Gemma 2, GPT-OSS)
+included; the int8 cache goes row by row through the native decode kernel instead. Otherwise a plain causal prefill
+goes to the reference path (torch's fused CPU flash kernel, no mask), and a chunk after cached tokens or a sliding
+window, whose mask SDPA would materialise as an [Lq, Lk] float tensor, to the tiled kernel, unless the mask is small
+(a short chunk).
 """
 from __future__ import annotations
 
@@ -56,11 +56,11 @@ class AutoBackend(PagedBackend):
                         context_len: int, out: torch.Tensor) -> None:
         cfg = self.config
         first_pos = context_len - q.shape[0]
-        # soft caps, sinks, the int8 cache (which the prefill kernel does not read): each row as a decode, so a
-        # prompt split across steps keeps its bits
-        if cfg.eager or isinstance(k_cache, Int8KVCache):
+        # the int8 cache, which the prefill kernel does not read: each row as a decode, so a prompt split across steps
+        # keeps its bits
+        if isinstance(k_cache, Int8KVCache):
             lens = torch.arange(first_pos + 1, context_len + 1, dtype=torch.int64)
             native_decode_attention(q, k_cache, v_cache, block_table_row[None].expand(q.shape[0], -1), lens, cfg, out)
         else:
             native.prefill_attention(q, k_cache, v_cache, block_table_row, first_pos, cfg.sliding_window, cfg.scale,
-                                     out=out)
+                                     cfg.logit_softcap, cfg.sink_logits(), out=out)

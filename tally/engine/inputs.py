@@ -3,7 +3,8 @@ block tables), built with a loop over requests, never over tokens.
 
 Rows are laid out one-token rows (decodes, and a verify's or a short draft span's tokens, one query each) first:
 the attention backends batch the leading `num_decode_tokens` rows into one decode call
-(tally/attention/metadata.py)."""
+(tally/attention/metadata.py). A prompt's one-token chunk is not a decode: every prompt row runs through the prefill
+attention, so a prompt keeps its bits wherever a chunk or a prefix-cache hit ends."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,11 +33,13 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
     rows = _Rows()
     sample_rows, sample_counts, sample_index = [], [], []
     row_start = [0] * len(out.scheduled)
-    # A verify (a decoding request's last token and its proposals) goes in as decode rows (_Rows.add).
+    # A verify (a decoding request's last token and its proposals) goes in as decode rows (_Rows.add), and so does
+    # one new token after the prompt
     verify = [bool(s.request.spec_token_ids) and s.request.num_computed_tokens == s.request.num_tokens - 1
               for s in out.scheduled]
-    decodes_first = sorted(range(len(out.scheduled)),
-                           key=lambda row: out.scheduled[row].num_new_tokens > 1 and not verify[row])
+    decodes = [verify[row] or (s.num_new_tokens == 1 and s.request.num_computed_tokens >= s.request.num_prompt_tokens)
+               for row, s in enumerate(out.scheduled)]
+    decodes_first = sorted(range(len(out.scheduled)), key=lambda row: not decodes[row])
     for row in decodes_first:
         s = out.scheduled[row]
         req, n = s.request, s.num_new_tokens
@@ -46,7 +49,7 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
         if len(known) < n:  # speculative proposals after the known tokens
             ids.extend(req.spec_token_ids[:n - len(known)])
         row_start[row] = rows.qsl[-1]
-        rows.add(kv.block_table(req.request_id), c, n, verify[row])
+        rows.add(kv.block_table(req.request_id), c, n, decodes[row])
         if c + n == req.num_tokens_with_spec:
             # A speculating request samples at its last known token and after each proposal, to verify them.
             count = 1 + len(req.spec_token_ids)
@@ -69,7 +72,7 @@ def build_span_inputs(spans: list[tuple[list[int], int, list[int]]], block_size:
     for i in decodes_first:
         table, start, tokens = spans[i]
         ids.extend(tokens)
-        rows.add(table, start, len(tokens), len(tokens) <= as_decodes)
+        rows.add(table, start, len(tokens), len(tokens) <= max(1, as_decodes))
         last_rows[i] = rows.qsl[-1] - 1
     input_ids, positions, meta = rows.flat_batch(ids, block_size)
     return input_ids, positions, meta, torch.tensor(last_rows, dtype=torch.int64)
@@ -100,7 +103,6 @@ class _Rows:
             self.lens.append(n)
             self.tables.append(table)
             self.qsl.append(self.qsl[-1] + n)
-            self.num_decode += n == 1
 
     def flat_batch(self, ids: list[int], bs: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         return _flat_batch(ids, self.starts, self.lens, self.tables, self.qsl, bs, self.num_decode)

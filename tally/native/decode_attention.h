@@ -15,8 +15,8 @@
  * the keys), so one sequence uses every thread however few kv heads the model has (docs/benchmarks.md#attention).
  * Consecutive rows of one sequence (a speculative verify step's positions, a prompt run as decodes) read each key once
  * for all their queries; chunks count from the row's first key, so a row's arithmetic is the same, key by key, with or
- * without its neighbours and on any thread count: grouping and threads never change a result. A prompt's rows whose
- * scores no prefill kernel here computes (soft caps, sinks) run through it as decodes (tally/attention/auto.py), so
+ * without its neighbours and on any thread count: grouping and threads never change a result. A prompt's rows over
+ * the int8 cache, which the prefill kernel does not read, run through it as decodes (tally/attention/auto.py), so
  * they get the same bits in one pass, in chunks, or decoded one at a time. */
 /* Lane i of the result: the sum of a[i]'s 8 lanes, as ((0+1)+(2+3))+((4+5)+(6+7)) */
 static inline __m256 lane_sums8(const __m256 *a) {

@@ -220,9 +220,10 @@ void tally_decode_attention_q8(const float *q, int64_t q_stride, const int8_t *k
 
 void tally_prefill_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,
                              const int64_t *block_table, int64_t n, int64_t first_pos, int64_t Hq, int64_t Hkv,
-                             int64_t D, int64_t block_size, int64_t window, float scale, float *out) {
+                             int64_t D, int64_t block_size, int64_t window, float scale, float softcap,
+                             const float *sinks, float *out) {
     prefill_attention(q, q_stride, k_cache, v_cache, kind, block_table, n, first_pos, Hq, Hkv, D, block_size, window,
-                      scale, out);
+                      scale, softcap, sinks, out);
 }
 
 /* ---- A whole decode step through every layer, in one call ---------------------------------------------

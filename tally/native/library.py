@@ -54,7 +54,7 @@ SIGNATURES = {
     "tally_lora_add": [_P, _I, _P, _P, _I],
     "tally_decode_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P],
     "tally_decode_attention_q8": [_P, _I, _P, _P, _P, _P, _P, _I, _P, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P],
-    "tally_prefill_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, _I, _I, _F, _P],
+    "tally_prefill_attention": [_P, _I, _P, _P, ctypes.c_int, _P, _I, _I, _I, _I, _I, _I, _I, _F, _F, _P, _P],
     "tally_dequant_q4_bf16": [_P, _P, _P, _P, _P, _I, _I, _I, _I, ctypes.c_int],
     "tally_dequant_q8_bf16": [_P, _P, _P, _I, _I, _I, ctypes.c_int],
     "tally_dequant_f16_bf16": [_P, _P, _I, _I],

@@ -315,18 +315,20 @@ def softcap_rows(x: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                      first_pos: int, window: int | None, scale: float,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      first_pos: int, window: int | None, scale: float, softcap: float | None = None,
+                      sinks: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """q [n, Hq, D] (rows may be strided, heads contiguous): one sequence's tokens at positions first_pos ..
     first_pos + n - 1, causal over its caches [blocks, block_size, Hkv, D] (a KV_KINDS dtype) through block_table
-    int64 [blocks] (those tokens' keys already written) -> [n, Hq, D] fp32, written into `out` when given."""
+    int64 [blocks] (those tokens' keys already written) -> [n, Hq, D] fp32, written into `out` when given.
+    `softcap` and `sinks` as decode_attention's. A row's bits do not depend on which rows come with it."""
     n, hq, d = q.shape
     if q.stride(2) != 1 or q.stride(1) != d:
         q = q.contiguous()
     target = out if out is not None and out.is_contiguous() else torch.empty(n, hq, d, dtype=torch.float32)
     load().tally_prefill_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                                    KV_KINDS[k_cache.dtype], block_table.data_ptr(), n, first_pos, hq, k_cache.shape[2],
-                                   d, k_cache.shape[1], window or 0, scale, target.data_ptr())
+                                   d, k_cache.shape[1], window or 0, scale, softcap or 0.0, _ptr(sinks),
+                                   target.data_ptr())
     if out is None:
         return target
     if target is not out:

@@ -10,8 +10,13 @@
  * 32 dims in registers (AVX-512: 5 x 64).
  * Keys above a row's position or below its window are masked to an exact 0 probability (tiles every row sees
  * whole skip the masks), and tiles wholly above the item's last row or below its first row's window are never
- * read. Keys and values are read in place from their blocks (no gather copy); a 16-bit cache's tile is widened to
- * fp32 first (16 keys' and values' rows, against the rows x group query vectors that share them).
+ * read. Tiles start at multiples of PA_KEYS, windowed or not, and a row's arithmetic is its own (a masked key adds an
+ * exact 0, a tile it sees none of rescales by exactly 1): a row gets the same bits whatever rows share its item, so
+ * a prompt split into chunks anywhere keeps its bits. Soft-capped scores (Gemma 2: cap * tanh(score / cap)) are
+ * capped before the masks; attention sinks (GPT-OSS: a logit per query head in the denominator, with no value)
+ * join each row's sum at the end.
+ * Keys and values are read in place from their blocks (no gather copy); a 16-bit cache's tile is widened to fp32
+ * first (16 keys' and values' rows, against the rows x group query vectors that share them).
  * Why not torch's CPU flash attention: at prompt lengths it is a large share of the whole prefill, several times this
  * kernel's time (docs/benchmarks.md#attention; `python benchmarks/prefill_attention.py`). */
 
@@ -24,7 +29,8 @@ typedef struct {
     const int64_t *block_table;
     int64_t q_stride, n, first_pos, Hq, Hkv, D, block_size, window, tiles;
     int kind;  /* KV_F32, KV_F16 or KV_BF16 (kv_rows.h) */
-    float scale;
+    float scale, softcap;  /* softcap 0: none */
+    const float *sinks;    /* [Hq] or NULL */
     float *out;
 } PrefillJob;
 
@@ -216,12 +222,15 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
         memset(o, 0, sizeof(float) * M * D);
         for (int64_t m = 0; m < M_max; m++) mx[m] = tmax[m] = -INFINITY, sum[m] = 0.0f;
         int64_t lo = a->window > 0 && first - a->window + 1 > 0 ? first - a->window + 1 : 0;
-        for (int64_t k0 = lo; k0 <= last; k0 += PA_KEYS) {
+        for (int64_t k0 = lo / PA_KEYS * PA_KEYS; k0 <= last; k0 += PA_KEYS) {
             int nk = last + 1 - k0 < PA_KEYS ? (int)(last + 1 - k0) : PA_KEYS;
             const float *v[PA_KEYS];
             const float *k[PA_KEYS];
-            for (int t = 0; t < PA_KEYS; t++) {  /* past the last key: the last one again, masked */
-                int64_t pos = k0 + (t < nk ? t : nk - 1), slot = a->block_table[pos / bs] * bs + pos % bs;
+            for (int t = 0; t < PA_KEYS; t++) {
+                /* past the last key: the last one again; before the first row's window (whose blocks may be
+                 * released): its first key; both masked */
+                int64_t pos = k0 + t < lo ? lo : k0 + (t < nk ? t : nk - 1);
+                int64_t slot = a->block_table[pos / bs] * bs + pos % bs;
                 const char *kr = (const char *)a->k_cache + (slot * a->Hkv + h) * row_bytes;
                 const char *vr = (const char *)a->v_cache + (slot * a->Hkv + h) * row_bytes;
                 if (wide) {
@@ -237,6 +246,7 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
                 transpose8(k + 8, d, kt + d * PA_KEYS + 8, PA_KEYS);
             }
             pa_scores_all(qs, kt, D, M, s);
+            if (a->softcap > 0) softcap_values(s, s, M * PA_KEYS, a->softcap);
             int64_t m;
             /* every row sees every key of the tile (the usual case, below the diagonal and inside the window):
              * no masks to apply */
@@ -289,6 +299,10 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
             for (int64_t j = 0; j < G; j++) {
                 int64_t m = r * G + j;
                 float inv = 1.0f / sum[m];
+                if (a->sinks) {  /* e^(sink - mx) joins the sum, both taken relative to the larger of the two */
+                    float sink = a->sinks[h * G + j], top = mx[m] > sink ? mx[m] : sink, w = expf(mx[m] - top);
+                    inv = w / (sum[m] * w + expf(sink - top));
+                }
                 float *dst = a->out + ((r0 + r) * a->Hq + h * G + j) * D;
                 for (int64_t d = 0; d < D; d++) dst[d] = o[m * D + d] * inv;
             }
@@ -307,13 +321,15 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
 
 /* q [n, Hq, D] (rows q_stride floats apart) at positions first_pos .. first_pos + n - 1 of one sequence whose keys
  * (theirs included) are in the caches [blocks, block_size, Hkv, D] of `kind` through block_table; window > 0 keeps
- * the last `window` keys of each row. out [n, Hq, D]. D a multiple of 8. */
+ * the last `window` keys of each row; softcap > 0: scores = softcap * tanh(scores / softcap); sinks [Hq] (or NULL):
+ * a logit per query head in each softmax's denominator. out [n, Hq, D]. D a multiple of 8. */
 static void prefill_attention(const float *q, int64_t q_stride, const void *k_cache, const void *v_cache, int kind,
                               const int64_t *block_table, int64_t n, int64_t first_pos, int64_t Hq, int64_t Hkv,
-                              int64_t D, int64_t block_size, int64_t window, float scale, float *out) {
+                              int64_t D, int64_t block_size, int64_t window, float scale, float softcap,
+                              const float *sinks, float *out) {
     int64_t tiles = (n + PA_ROWS - 1) / PA_ROWS;
     PrefillJob job = {q, k_cache, v_cache, block_table, q_stride, n, first_pos, Hq, Hkv, D, block_size, window,
-                      tiles, kind, scale, out};
+                      tiles, kind, scale, softcap, sinks, out};
     int64_t keys = first_pos + n / 2 + 1;  /* work: a row sees the cached keys and about half the new ones */
     /* no spinning after it: torch's matmuls come next, on the same cores */
     parallel_for_then(Hkv * tiles, n * keys * Hq * D, prefill_heads, &job, 0);
