@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support.run_shared import built_once, key_name, locked
 from support.tiny_models import CORPUS, save_random_model
 
 CONVERTER = Path(__file__).resolve().parents[2] / "third_party" / "llama.cpp" / "convert_hf_to_gguf.py"
@@ -123,6 +124,26 @@ def make_family_checkpoint(out_dir: Path, family: str, seed: int = 0, wrapper: s
                                                    dtype="float32")
     save_random_model(out_dir, config, seed, draw_1d=dict(spec.draw_1d))
     return out_dir
+
+
+def shared_family_checkpoint(root: Path, family: str, **overrides: Any) -> Path:
+    """make_family_checkpoint's checkpoint of `family` with `overrides`, made once per run under root, the run's
+    shared directory (tests/support/run_shared.py): test files asking for the same one get the same directory."""
+    return built_once(root / f"{family}-{key_name(family, sorted(overrides.items()))}",
+                      lambda out: make_family_checkpoint(out, family, **overrides))
+
+
+def shared_ggufs(root: Path, jobs: Sequence[tuple[Path, str]]) -> list[Path]:
+    """The GGUF of each (checkpoint directory, outtype), converted once per run under root, the run's shared
+    directory: the jobs no earlier caller converted, in one converter process (to_gguf_many)."""
+    paths = [root / f"{hf_dir.name}-{key_name(str(hf_dir.resolve()))}-{outtype}.gguf" for hf_dir, outtype in jobs]
+    with locked(root / "gguf.lock"):
+        todo = [(path, (hf_dir, path.with_suffix(".partial"), outtype))
+                for (hf_dir, outtype), path in zip(jobs, paths) if not path.exists()]
+        if todo:  # written under another name, renamed when whole: a failed conversion leaves no file to reuse
+            for (path, _), partial in zip(todo, to_gguf_many([job for _, job in todo])):
+                partial.rename(path)
+    return paths
 
 
 def to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f32") -> Path:
