@@ -94,9 +94,10 @@ def tiny_any_arch(request, tiny_model_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def builtin_hf_model():
-    """transformers' fp32 model of the built-in GGUF, the oracle of the tests that read it: its GGUF loader
-    dequantizes in Python (~25 s on a 2-core machine), so it loads once a session. Tests must not change it."""
+def builtin_hf_reference():
+    """transformers' tokenizer and fp32 model of the built-in GGUF, the oracle of the tests that read it, from one
+    read of the file: its GGUF loader dequantizes in Python (~25 s on a 2-core machine), so they load once a session.
+    Tests must not change them."""
     import torch
     import transformers
     from support.gguf_read_once import one_gguf_read
@@ -104,9 +105,11 @@ def builtin_hf_model():
     from tally.models.registry import resolve_model
 
     path = Path(resolve_model(None).path)
+    kwargs = dict(gguf_file=path.name, local_files_only=True)
     with one_gguf_read(path):
-        return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                                dtype=torch.float32, local_files_only=True).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs).eval()
+    return tokenizer, model
 
 
 @pytest.fixture(scope="session")
