@@ -24,6 +24,19 @@ def locked(path: Path) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def taken(path: Path) -> Iterator[bool]:
+    """Whether this process holds the lock on `path` (made if absent): True if no other held it, else False at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
+
+
 def built_once(target: Path, build: Callable[[Path], object]) -> Path:
     """`target`, made by build(a fresh directory) by its first caller in the run, then renamed into place, so a
     caller never sees half a build (one left by a failed build is made again)."""
