@@ -16,21 +16,26 @@ def pytest_configure(config):
     not the user's ~/.cache: a path measured while two workers share two cores would be cached, and serve the user
     after the run, as the slow choice it measured.
     Set before collection, whose skip marks load the kernels; servers the tests start inherit it."""
+    os.environ["XDG_CACHE_HOME"] = str(_run_dir(config) / "xdg-cache")
+
+
+def _run_dir(config: pytest.Config) -> Path:
+    """The run's directory: pytest's base temporary directory, or under pytest-xdist the one holding its workers'."""
     base = config._tmp_path_factory.getbasetemp()
-    run_dir = base.parent if hasattr(config, "workerinput") else base  # xdist workers share their run's
-    os.environ["XDG_CACHE_HOME"] = str(run_dir / "xdg-cache")
+    return base.parent if hasattr(config, "workerinput") else base
 
 
 # The files that take longest under `make test`, longest first (measured on the 2-core machine): the Makefile runs
 # pytest-xdist with --no-loadscope-reorder, so workers take files in collection order and none of these is left to
-# run alone at the end (xdist's own order, most tests first, put one-test files of minutes last).
+# run alone at the end (xdist's own order, most tests first, put one-test files of minutes last). test_family_gguf.py
+# makes the family GGUFs that test_family_checkpoints.py and test_native_experts.py, later, find made
+# (tests/support/run_shared.py): beside it, one of them would wait for its conversions instead of running tests.
 SLOWEST_FILES = ("test_deploy_ray.py", "test_real_gemma3.py", "test_loader_gguf_builtin.py",
                  "test_pipeline_parallel.py",
                  "test_server_builtin.py", "test_pip_install_bench.py", "test_tensor_parallel_server.py",
                  "test_tensor_parallel.py", "test_ops_canary.py", "test_server_speculative.py",
                  "test_server_admission.py", "test_ops_route.py", "test_server_overload.py",
-                 "test_server_vllm_habits.py", "test_family_gguf.py", "test_family_checkpoints.py",
-                 "test_model_families.py",
+                 "test_server_vllm_habits.py", "test_family_gguf.py", "test_model_families.py",
                  "test_gguf_direct.py", "test_server_network.py", "test_soak_short.py", "test_ops_loop.py")
 
 
@@ -49,13 +54,20 @@ def pytest_runtest_protocol(item, nextitem):
     if not hasattr(item.config, "workerinput"):  # one process: nothing runs beside anything
         yield
         return
-    shared = item.config._tmp_path_factory.getbasetemp().parent  # the run's directory; each worker's is inside
+    shared = _run_dir(item.config)
     exclusive = item.get_closest_marker("exclusive") is not None
     with open(shared / "exclusive.turnstile", "a") as turnstile, open(shared / "exclusive.lock", "a") as lock:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         fcntl.flock(turnstile, fcntl.LOCK_UN)
         yield
+
+
+@pytest.fixture(scope="session")
+def run_shared_dir(request) -> Path:
+    """A directory every test file and xdist worker of the run shares: what several files build the same way is
+    built there once (tests/support/run_shared.py)."""
+    return _run_dir(request.config) / "shared"
 
 
 @pytest.fixture(scope="session")
@@ -82,9 +94,10 @@ def tiny_any_arch(request, tiny_model_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def builtin_hf_model():
-    """transformers' fp32 model of the built-in GGUF, the oracle of the tests that read it: its GGUF loader
-    dequantizes in Python (~25 s on a 2-core machine), so it loads once a session. Tests must not change it."""
+def builtin_hf_reference():
+    """transformers' tokenizer and fp32 model of the built-in GGUF, the oracle of the tests that read it, from one
+    read of the file: its GGUF loader dequantizes in Python (~25 s on a 2-core machine), so they load once a session.
+    Tests must not change them."""
     import torch
     import transformers
     from support.gguf_read_once import one_gguf_read
@@ -92,9 +105,11 @@ def builtin_hf_model():
     from tally.models.registry import resolve_model
 
     path = Path(resolve_model(None).path)
+    kwargs = dict(gguf_file=path.name, local_files_only=True)
     with one_gguf_read(path):
-        return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                                dtype=torch.float32, local_files_only=True).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs).eval()
+    return tokenizer, model
 
 
 @pytest.fixture(scope="session")

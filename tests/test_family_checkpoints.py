@@ -10,7 +10,7 @@ import pytest
 import transformers
 
 from support.engine_checks import hf_greedy
-from support.families import FAMILIES, make_family_checkpoint, read_gguf_header, to_gguf_many
+from support.families import FAMILIES, read_gguf_header, shared_family_checkpoint, shared_ggufs
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Paris is the capital of France."
 
@@ -75,16 +75,16 @@ OUTTYPES = {family: ("f32",) if spec.tokenizer == "smollm2" else ("f32", "q8_0")
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    return {family: make_family_checkpoint(tmp_path_factory.mktemp(family), family) for family in FAMILIES}
+def checkpoints(run_shared_dir):
+    return {family: shared_family_checkpoint(run_shared_dir, family) for family in FAMILIES}
 
 
 @pytest.fixture(scope="module")
-def ggufs(checkpoints, tmp_path_factory):
-    """Every family in every outtype, converted in one converter process (its imports cost seconds)."""
-    out = tmp_path_factory.mktemp("gguf")
+def ggufs(checkpoints, run_shared_dir):
+    """Every family in every outtype, converted once in the run for every test file that reads the same
+    (tests/support/run_shared.py)."""
     pairs = [(family, outtype) for family in FAMILIES for outtype in OUTTYPES[family]]
-    return dict(zip(pairs, to_gguf_many([(checkpoints[f], out / f"{f}-{t}.gguf", t) for f, t in pairs])))
+    return dict(zip(pairs, shared_ggufs(run_shared_dir, [(checkpoints[f], t) for f, t in pairs])))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from support.engine_checks import hf_greedy
-from support.families import make_family_checkpoint, to_gguf_many
+from support.families import shared_family_checkpoint, shared_ggufs
 from tally import LLM, SamplingParams
 from tally.errors import ModelLoadError
 from tally.models.gguf_header import read_header
@@ -34,15 +34,15 @@ ENGINE = dict(max_model_len=64, kv_cache_memory=4_000_000)
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, Path]:
-    """Each family's checkpoint directory (key: family) and its f32 and q8_0 GGUF (family-f32, family-q8_0),
-    converted in one converter process (its imports cost seconds)."""
-    root = tmp_path_factory.mktemp("family-gguf")
-    out = {f: make_family_checkpoint(root / f, f, **LLAMA_CPP_TRAITS.get(f, {})) for f in FAMILIES}
-    out["gpt_oss-mxfp4-hf"], out["gpt_oss-dequantized"] = _mxfp4_experts(out["gpt_oss"], root)
-    jobs = [(out[f], root / f"{f}-{t}.gguf", t) for f in FAMILIES for t in ("f32", "q8_0")]
-    jobs.append((out["gpt_oss-mxfp4-hf"], root / "gpt_oss-mxfp4.gguf", "f32"))
-    return out | {path.stem: path for path in to_gguf_many(jobs)}
+def files(tmp_path_factory, run_shared_dir) -> dict[str, Path]:
+    """Each family's checkpoint directory (key: family) and its f32 and q8_0 GGUF (family-f32, family-q8_0), built
+    once in the run for every test file that reads the same (tests/support/run_shared.py)."""
+    out = {f: shared_family_checkpoint(run_shared_dir, f, **LLAMA_CPP_TRAITS.get(f, {})) for f in FAMILIES}
+    out["gpt_oss-mxfp4-hf"], out["gpt_oss-dequantized"] = _mxfp4_experts(out["gpt_oss"],
+                                                                        tmp_path_factory.mktemp("family-gguf"))
+    jobs = {f"{f}-{t}": (out[f], t) for f in FAMILIES for t in ("f32", "q8_0")}
+    jobs["gpt_oss-mxfp4"] = (out["gpt_oss-mxfp4-hf"], "f32")
+    return out | dict(zip(jobs, shared_ggufs(run_shared_dir, list(jobs.values()))))
 
 
 def _mxfp4_experts(hf_dir: Path, root: Path) -> tuple[Path, Path]:

@@ -27,9 +27,9 @@ def builtin():
 
 
 @pytest.fixture(scope="module")
-def transformers_state_dict(builtin_hf_model):
-    return ({name: tensor.detach() for name, tensor in builtin_hf_model.state_dict().items()},
-            builtin_hf_model.config)
+def transformers_state_dict(builtin_hf_reference):
+    model = builtin_hf_reference[1]
+    return {name: tensor.detach() for name, tensor in model.state_dict().items()}, model.config
 
 
 def test_builtin_config(builtin):
@@ -63,13 +63,8 @@ def test_builtin_raw_q_blocks_dequantize_to_the_loaded_tensor(builtin):
     assert torch.equal(torch.from_numpy(dequantize(raw.data, raw.ggml_type)), loaded)
 
 
-def test_builtin_tokenizer_matches_transformers_and_stops_on_im_end(builtin):
-    from transformers import AutoTokenizer
-
-    tok = load_tokenizer(builtin)
-    reference = AutoTokenizer.from_pretrained(
-        str(builtin.path.parent), gguf_file=builtin.path.name, local_files_only=True
-    )
+def test_builtin_tokenizer_matches_transformers_and_stops_on_im_end(builtin, builtin_hf_reference):
+    tok, reference = load_tokenizer(builtin), builtin_hf_reference[0]
     for text in PROMPTS:
         ids = tok(text).input_ids
         assert ids == reference(text).input_ids
@@ -82,7 +77,7 @@ def test_builtin_tokenizer_matches_transformers_and_stops_on_im_end(builtin):
     assert 2 in stop_token_ids(tok, builtin.config)
 
 
-def test_builtin_model_greedy_matches_transformers(builtin_hf_model):
+def test_builtin_model_greedy_matches_transformers(builtin_hf_reference):
     llm = LLM(None, dtype="float32", quantization="none", max_model_len=512, kv_cache_memory=64_000_000)
     tok = llm.get_tokenizer()
     chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
@@ -91,7 +86,7 @@ def test_builtin_model_greedy_matches_transformers(builtin_hf_model):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
     outs = llm.generate([{"prompt_token_ids": tok.encode(p, add_special_tokens=False)} for p in prompts], params)
     for prompt, out in zip(prompts, outs):
-        ref_ids, ref_lp = hf_greedy(builtin_hf_model, tok.encode(prompt, add_special_tokens=False), 24)
+        ref_ids, ref_lp = hf_greedy(builtin_hf_reference[1], tok.encode(prompt, add_special_tokens=False), 24)
         got = out.outputs[0]
         assert got.token_ids == ref_ids
         got_lp = [d[t].logprob for d, t in zip(got.logprobs, got.token_ids)]

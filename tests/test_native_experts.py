@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from support.families import make_family_checkpoint, to_gguf_many
+from support.families import make_family_checkpoint, shared_family_checkpoint, shared_ggufs
 from tally import LLM, SamplingParams
 from tally.native import ops
 from tally.quant.native_linear import NativeInt8Linear
@@ -23,11 +23,11 @@ ENGINE = dict(dtype="float32", max_model_len=64, kv_cache_memory=4_000_000, enab
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("moe-gguf")
+def files(run_shared_dir) -> dict[str, Path]:
+    """Built once in the run for every test file that reads the same (tests/support/run_shared.py)."""
     # OLMoE's seed 0 gives a prompt a first-token near tie (logprobs 0.035 apart) that int8 activations swap
-    dirs = {f: make_family_checkpoint(root / f, f, seed=int(f == "olmoe")) for f in FAMILIES}
-    ggufs = to_gguf_many([(dirs[f], root / f"{f}-q8_0.gguf", "q8_0") for f in FAMILIES])
+    dirs = {f: shared_family_checkpoint(run_shared_dir, f, **({"seed": 1} if f == "olmoe" else {})) for f in FAMILIES}
+    ggufs = shared_ggufs(run_shared_dir, [(dirs[f], "q8_0") for f in FAMILIES])
     return dirs | {f"{f}-q8_0": path for f, path in zip(FAMILIES, ggufs)}
 
 
@@ -69,10 +69,9 @@ def test_gguf_experts_run_their_blocks_natively_and_rows_do_not_depend_on_their_
     assert [t[0][0] for t in _outputs(dequantized, PROMPTS)] == [t[0][0] for t in together]
 
 
-def test_one_call_step_through_expert_layers_equals_the_layer_by_layer_path(files):
+def test_one_call_step_through_expert_layers_equals_the_layer_by_layer_path(tmp_path):
     """int8 experts quantized at load, and a dense layer among the expert layers (Qwen3-MoE's mlp_only_layers)."""
-    model_dir = make_family_checkpoint(files["qwen3_moe"].parent / "dense-layer", "qwen3_moe", num_hidden_layers=3,
-                                       mlp_only_layers=[1])
+    model_dir = make_family_checkpoint(tmp_path / "dense-layer", "qwen3_moe", num_hidden_layers=3, mlp_only_layers=[1])
     llm = LLM(str(model_dir), quantization="int8", **ENGINE)
     model = llm.engine.model
     assert model.layers[1].experts is None and model.native_step is not None

@@ -2,6 +2,7 @@
 check."""
 from __future__ import annotations
 
+import inspect
 import math
 from collections import Counter
 from pathlib import Path
@@ -17,11 +18,14 @@ def hf_greedy(model_dir, prompt_ids: list[int], max_new_tokens: int) -> tuple[li
     request at a time, no EOS handling (generate() would mask EOS under min_new_tokens). `model_dir`
     is a checkpoint directory or an already loaded transformers model."""
     model = model_dir if isinstance(model_dir, torch.nn.Module) else _hf_model(model_dir)
+    # the last position's logits only, as generate() asks: every row of a long prompt over Gemma 3's 262k-token
+    # vocabulary would be about half of this oracle's work
+    last_only = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     out, logprobs = [], []
     step_ids, past = torch.tensor([list(prompt_ids)]), None
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            res = model(step_ids, past_key_values=past, use_cache=True)
+            res = model(step_ids, past_key_values=past, use_cache=True, **last_only)
             past = res.past_key_values
             logits = res.logits[0, -1].float()
             tok = int(logits.argmax())

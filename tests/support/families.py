@@ -4,6 +4,7 @@ GGUF by llama.cpp's own converter (vendored in third_party/llama.cpp), and a fas
 Nothing is downloaded."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import io
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from support.run_shared import built_once, key_name, locked, taken
 from support.tiny_models import CORPUS, save_random_model
 
 CONVERTER = Path(__file__).resolve().parents[2] / "third_party" / "llama.cpp" / "convert_hf_to_gguf.py"
@@ -123,6 +125,39 @@ def make_family_checkpoint(out_dir: Path, family: str, seed: int = 0, wrapper: s
                                                    dtype="float32")
     save_random_model(out_dir, config, seed, draw_1d=dict(spec.draw_1d))
     return out_dir
+
+
+def shared_family_checkpoint(root: Path, family: str, **overrides: Any) -> Path:
+    """make_family_checkpoint's checkpoint of `family` with `overrides`, made once per run under root, the run's
+    shared directory (tests/support/run_shared.py): test files asking for the same one get the same directory."""
+    return built_once(root / f"{family}-{key_name(family, sorted(overrides.items()))}",
+                      lambda out: make_family_checkpoint(out, family, **overrides))
+
+
+def shared_ggufs(root: Path, jobs: Sequence[tuple[Path, str]]) -> list[Path]:
+    """The GGUF of each (checkpoint directory, outtype), converted once per run under root, the run's shared
+    directory: this caller converts the jobs no other has taken, in one converter process (to_gguf_many), then waits
+    for those another is converting (one that failed there is converted here)."""
+    paths = [root / f"{hf_dir.name}-{key_name(str(hf_dir.resolve()))}-{outtype}.gguf" for hf_dir, outtype in jobs]
+    with contextlib.ExitStack() as held:
+        _convert([(hf_dir, path, outtype) for (hf_dir, outtype), path in zip(jobs, paths)
+                  if held.enter_context(taken(_lock_of(path))) and not path.exists()])
+    for (hf_dir, outtype), path in zip(jobs, paths):
+        with locked(_lock_of(path)):
+            if not path.exists():
+                _convert([(hf_dir, path, outtype)])
+    return paths
+
+
+def _lock_of(path: Path) -> Path:
+    return path.with_suffix(".lock")
+
+
+def _convert(jobs: Sequence[tuple[Path, Path, str]]) -> None:
+    """to_gguf_many into other names, renamed when whole: a failed conversion leaves no file to take as done."""
+    if jobs:
+        for (_, path, _), partial in zip(jobs, to_gguf_many([(h, p.with_suffix(".partial"), t) for h, p, t in jobs])):
+            partial.rename(path)
 
 
 def to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f32") -> Path:
