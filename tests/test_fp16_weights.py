@@ -70,7 +70,9 @@ def test_auto_measures_the_path_for_half_precision_checkpoints_only(fp16_exact_l
     save_file(tensors, str(bf16 / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((bf16 / "config.json").read_text())
     (bf16 / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
-    half = LLM(str(bf16), kv_cache_memory=2_000_000).engine
+    # batch invariance (the default) holds a half-precision checkpoint to the fp32 path, unmeasured; without it, a CPU
+    # with bf16 instructions measures fp32 compute against bf16
+    half = LLM(str(bf16), kv_cache_memory=2_000_000, batch_invariant=not has_fast_bf16()).engine
     full = LLM(str(fp16_exact_llama), kv_cache_memory=2_000_000).engine
     # fp32 dense: on the native fp32 panels where they build (batch_invariant), else PyTorch's
     assert isinstance(full.model.layers[0].o_proj, (DenseLinear, Fp32PanelLinear))
