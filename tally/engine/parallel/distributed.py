@@ -108,11 +108,21 @@ def join(config: EngineConfig) -> ParallelContext:
         if env.world_size != world:
             raise ValueError(f"torchrun started {env.world_size} processes but tensor_parallel_size x "
                              f"pipeline_parallel_size is {world}; they must be equal")
-    dist.init_process_group("gloo", init_method=None if store else "env://", store=store, rank=env.rank,
-                            world_size=env.world_size, timeout=STEP_TIMEOUT)
-    tp = _tp_group(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size, not config.batch_invariant)
-    control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    pipe = _pipeline_peers(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size)
+    try:
+        dist.init_process_group("gloo", init_method=None if store else "env://", store=store, rank=env.rank,
+                                world_size=env.world_size, timeout=STEP_TIMEOUT)
+        tp = _tp_group(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size,
+                       not config.batch_invariant)
+        control = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        pipe = _pipeline_peers(env.rank, config.tensor_parallel_size, config.pipeline_parallel_size)
+    except BaseException:
+        # no context reaches the caller to abort(): the ranks started here must not outlive the failed join
+        for proc in followers:
+            proc.kill()
+            proc.wait()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
     return ParallelContext(env, tp, pipe, control, followers)
 
 
