@@ -14,6 +14,7 @@ from tally.engine.startup.path_tuning import ROWS, PathChoice, _decide, choose_p
 from tally.layers.dense import Fp16WeightLinear
 from tally.layers.path_timing import PathTimes, ProjectionShape
 from tally.native import ops
+from tally.platform import has_fast_bf16
 from tally.quant.native_linear import NativeInt4Linear, NativeInt8Linear
 from tally.quant.rtn import quantize_int4_groupwise, quantize_int8_per_channel
 
@@ -61,7 +62,8 @@ def test_explicit_dtype_and_fp32_checkpoints_are_not_measured():
     blas = EngineConfig(batch_invariant=False).path_candidates("float32", is_gguf=False, prequantized=False)
     assert blas == ([PathCandidate("float32", None)], False) and blas[0][0].dtypes == (torch.float32, None)
     gguf, open_choice = EngineConfig().path_candidates("float32", is_gguf=True, prequantized=False)
-    assert {c.quantization for c in gguf} == {"gguf"} and open_choice  # as stored, by default
+    assert {c.quantization for c in gguf} == {"gguf"}  # as stored, by default
+    assert open_choice == (not has_fast_bf16())  # batch invariance holds a CPU with bf16 instructions to fp32 compute
     dequantized, _ = EngineConfig(quantization="none").path_candidates("float32", is_gguf=True, prequantized=False)
     assert {c.quantization for c in dequantized} == {None}
 
