@@ -36,6 +36,19 @@ def _tokens(outs) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
+def joining_running_streams(llm: LLM, prompts: list[dict]) -> list[list[int]]:
+    """Arrivals while others decode: the first prompt runs three steps, then the rest join its stream; each
+    request's tokens, in the prompts' order."""
+    llm.engine.add_request("first", prompts[0], GREEDY)
+    for _ in range(3):
+        llm.engine.step()
+    for i, p in enumerate(prompts[1:], 1):
+        llm.engine.add_request(f"r{i}", p, GREEDY)
+    final = llm.engine.run_until_done()
+    return [final["first"].outputs[0].token_ids] + [final[f"r{i}"].outputs[0].token_ids
+                                                    for i in range(1, len(prompts))]
+
+
 def test_batch_of_16_mixed_lengths_matches_alone(model_dir, reference):
     prompts, alone = reference
     llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000)
@@ -55,15 +68,7 @@ def test_a_latency_target_that_shrinks_every_step_matches_unchunked(model_dir, r
     """--max-itl far below any step: each step with decodes holds them plus one block of prompt."""
     prompts, alone = reference
     llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000, max_itl_s=1e-9, block_size=4)
-    # Arrivals while others decode: a first batch, then the rest joins running streams.
-    llm.engine.add_request("first", prompts[0], GREEDY)
-    for _ in range(3):
-        llm.engine.step()
-    for i, p in enumerate(prompts[1:], 1):
-        llm.engine.add_request(f"r{i}", p, GREEDY)
-    final = llm.engine.run_until_done()
-    assert [final["first"].outputs[0].token_ids] + [final[f"r{i}"].outputs[0].token_ids
-                                                    for i in range(1, len(prompts))] == alone
+    assert joining_running_streams(llm, prompts) == alone
     assert_no_block_leak(llm)
 
 
@@ -73,14 +78,7 @@ def test_prompts_beside_decodes_under_a_target_match_alone_and_are_logged(model_
     prompts, alone = reference
     log = tmp_path / "steps.jsonl"
     llm = LLM(str(model_dir), dtype="float32", kv_cache_memory=4_000_000, max_itl_s=1e3, step_log=str(log))
-    llm.engine.add_request("first", prompts[0], GREEDY)
-    for _ in range(3):
-        llm.engine.step()
-    for i, p in enumerate(prompts[1:], 1):
-        llm.engine.add_request(f"r{i}", p, GREEDY)
-    final = llm.engine.run_until_done()
-    assert [final["first"].outputs[0].token_ids] + [final[f"r{i}"].outputs[0].token_ids
-                                                    for i in range(1, len(prompts))] == alone
+    assert joining_running_streams(llm, prompts) == alone
     llm.engine.shutdown()
     steps = read_steps(log.read_text().splitlines())
     assert len(steps) == llm.engine.stats.num_steps
@@ -134,3 +132,4 @@ def test_sliding_window_requests_hold_only_the_blocks_their_window_needs(tiny_mo
     assert max(held) <= 5 and len(held) > 10
     assert list(final["long"].outputs[0].token_ids) == hf_greedy(model_dir, prompt, 24)[0]
     assert_no_block_leak(llm)
+
