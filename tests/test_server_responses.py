@@ -91,7 +91,8 @@ def test_a_forced_function_call_streams_its_arguments_and_its_output_goes_back(c
                      "response.function_call_arguments.delta", "response.function_call_arguments.done",
                      "response.output_item.done", "response.completed"]
     pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-    assert len(pieces) > 1 and "".join(pieces) == events[-1].response.output[0].arguments
+    assert "".join(pieces) == events[-1].response.output[0].arguments  # how many pieces is timing (a lagging reader
+    # gets several tokens at once): test_server_tools.py::test_arguments_stream_as_the_text_grows holds the pieces
     answer = client.responses.create(model="tiny", max_output_tokens=4, tools=TOOLS, input=[
         {"role": "user", "content": "Weather in Paris?"},
         {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
