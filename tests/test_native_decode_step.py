@@ -10,7 +10,7 @@ from tally.layers.dense import ConcatLinear
 from tally.layers.linear import build_linear
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.native import ops
-from tally.quant.native_linear import NativeInt4Linear
+from tally.quant.native_linear import NativeInt4Linear, NativeTableLinear
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
 
@@ -210,15 +210,31 @@ def test_a_fused_projection_of_parts_in_different_formats_runs_in_the_one_call_s
     assert_step_matches_layers(llm)
 
 
-@pytest.mark.parametrize("arch, embeds", [("llama", False), ("qwen2", True)])
-def test_a_decode_step_ends_in_the_logits_of_any_rows_in_one_call(tiny_model_factory, arch, embeds):
+def _iq4_nl(weight: torch.Tensor) -> NativeTableLinear:
+    """IQ4_NL's form: per group of 32, d times one of its table's 16 int8 values."""
+    table = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+    groups = weight.view(weight.shape[0], -1, 32)
+    d = groups.abs().amax(dim=-1).clamp(min=1e-8) / 127
+    q = ((groups / d[:, :, None])[..., None] - table).abs().argmin(dim=-1)
+    return NativeTableLinear(q.to(torch.uint8).view_as(weight), d, table, None)
+
+
+@pytest.mark.parametrize("arch, embeds, table", [("llama", False, False), ("qwen2", True, False),
+                                                 ("qwen2", True, True)])
+def test_a_decode_step_ends_in_the_logits_of_any_rows_in_one_call(tiny_model_factory, arch, embeds, table):
     """forward_logits on a decode step runs the final norm and the LM head inside the native call, and where the
-    token table is int4 / int8 rows (qwen2's, tied to its head) the lookup too: the logits of any rows (in any
-    order, repeated, or none) equal the Python embedding and the layers' output through compute_logits."""
+    token table is int4 / int8 rows or table indices (qwen2's, tied to its head; `table`: as IQ4_NL's) the lookup
+    too: the logits of any rows (in any order, repeated, or none) equal the Python embedding and the layers' output
+    through compute_logits."""
     from tally.engine.inputs import build_span_inputs
 
     llm = LLM(str(tiny_model_factory(arch)), dtype="float32", quantization="int4", kv_cache_memory=2_000_000)
     model, caches = llm.engine.model, llm.engine.kv_caches
+    if table:
+        with torch.inference_mode():
+            head = model.lm_head
+            model.lm_head = _iq4_nl(head.embedding_rows(torch.arange(head.out_features)))
+        model.native_step = NativeDecodeStep.build(model)
     assert model.native_step.scores and model.native_step.embeds == embeds
     spans = [([1], 0, [5]), ([2], 0, [9]), ([3], 0, [17])]  # (block table, first position, token ids)
     ids, positions, meta, _ = build_span_inputs(spans, llm.engine.kv.block_size, as_decodes=1)

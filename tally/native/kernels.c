@@ -433,15 +433,19 @@ typedef struct {  /* one dequantization: tiles (panels) of the stored weights, b
     int64_t K, group, bits, n;
 } DequantJob;
 
-/* Chunk c of tile t (nibble formats: k = 8c..8c+7, the bits above the nibbles or-ed in) as fp32 integers, v[j]
- * output j's 8 values in k order */
+/* Chunk c of tile t (nibble formats: k = 8c..8c+7, the bits above the nibbles or-ed in; LUT4: the values the nibbles
+ * index) as fp32 integers, v[j] output j's 8 values in k order */
 static inline __attribute__((always_inline)) void q4_chunk_values(const uint8_t *qs, const uint8_t *qh, int64_t t,
                                                                   int64_t c, int64_t K, int64_t bits, __m256 v[TILE]) {
     /* 32 bytes: byte 4j + i holds (output j, k 8c + i) low and (j, 8c + 4 + i) high */
     __m256i b = _mm256_loadu_si256((const __m256i *)(qs + (t * (K / 8) + c) * 32));
     __m256i lo = _mm256_and_si256(b, _mm256_set1_epi8(15));
     __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(15));
-    if (bits > 4) {
+    if (bits == LUT4) {  /* the indices' int8 values from the table (qh), signed from here on */
+        __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qh));
+        lo = _mm256_shuffle_epi8(table, lo);
+        hi = _mm256_shuffle_epi8(table, hi);
+    } else if (bits > 4) {
         const uint8_t *planes = qh + (t * (K / 32) + c / 4) * 32 * (bits - 4);
         __m256i p4 = _mm256_loadu_si256((const __m256i *)planes);
         __m256i p5 = bits > 5 ? _mm256_loadu_si256((const __m256i *)(planes + 32)) : p4;
@@ -453,8 +457,11 @@ static inline __attribute__((always_inline)) void q4_chunk_values(const uint8_t 
     for (int h = 0; h < 2; h++)
         for (int lane = 0; lane < 2; lane++) {
             __m128i part = lane ? _mm256_extracti128_si256(halves[h], 1) : _mm256_castsi256_si128(halves[h]);
-            for (int u = 0; u < 2; u++)  /* unpacklo: units 0,1 of the lane; unpackhi: 2,3 */
-                v[lane * 4 + h * 2 + u] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(u ? _mm_srli_si128(part, 8) : part));
+            for (int u = 0; u < 2; u++) {  /* unpacklo: units 0,1 of the lane; unpackhi: 2,3 */
+                __m128i bytes = u ? _mm_srli_si128(part, 8) : part;
+                v[lane * 4 + h * 2 + u] = _mm256_cvtepi32_ps(bits == LUT4 ? _mm256_cvtepi8_epi32(bytes)
+                                                                          : _mm256_cvtepu8_epi32(bytes));
+            }
         }
 }
 
@@ -474,11 +481,12 @@ static inline __attribute__((always_inline)) void q8_chunk_values(const int8_t *
         }
 }
 
-/* A group's 8 outputs' scales and minima (int5 / int6: -2^(bits - 1) d, not stored), any form */
+/* A group's 8 outputs' scales and minima (int5 / int6: -2^(bits - 1) d, not stored; LUT4: none), any form */
 static inline void group_values(GroupValues d, GroupValues m, int64_t i, int64_t bits, float ds[TILE], float ms[TILE]) {
     __m256 dv = values8(d, i);  /* values8: one address a group */
     _mm256_storeu_ps(ds, dv);
-    _mm256_storeu_ps(ms, m.v ? values8(m, i) : _mm256_mul_ps(dv, _mm256_set1_ps(-(float)(1 << (bits - 1)))));
+    _mm256_storeu_ps(ms, m.v ? values8(m, i) : bits == LUT4 ? _mm256_setzero_ps()
+                                             : _mm256_mul_ps(dv, _mm256_set1_ps(-(float)(1 << (bits - 1)))));
 }
 
 static void dequant_q4_tiles(const void *job, int64_t t0, int64_t t1) {

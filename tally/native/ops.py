@@ -175,7 +175,8 @@ def dequant_q4_bf16(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, g
                     qh: torch.Tensor | None = None) -> torch.Tensor:
     """W [8 T, K] in bf16 from a run of whole tiles of pack_q4 / pack_tile_scales (rows past N come out as
     their zero padding): the many-token path of a native int4 layer dequantizes a few tiles at a time. With
-    `qh` (pack_planes' high bits) the values have 5 or 6 bits and m is None: w = d * (q - 2**(bits - 1))."""
+    `qh` (pack_planes' high bits) the values have 5 or 6 bits and m is None: w = d * (q - 2**(bits - 1)); with `qh`
+    a table int8 [16] (LUT4) w = d * qh[q]."""
     n_tiles, k = qs.shape[0], qs.shape[1] * 8
     w = torch.empty(n_tiles * TILE, k, dtype=torch.bfloat16)
     load().tally_dequant_q4_bf16(qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), w.data_ptr(), n_tiles, k,
@@ -186,7 +187,8 @@ def dequant_q4_bf16(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, g
 def dequant_q4_rows(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, rows: torch.Tensor, group_size: int,
                     qh: torch.Tensor | None = None) -> torch.Tensor:
     """Rows of the dequantized weight, fp32 [len(rows), K], w = q * d + m (two roundings: q4_rows and
-    tile_scale_rows' values combined in PyTorch give the same floats): a token table's lookup."""
+    tile_scale_rows' values combined in PyTorch give the same floats; `qh` as dequant_q4_bf16's): a token table's
+    lookup."""
     rows = rows.to(torch.int64).contiguous()
     k = qs.shape[1] * 8
     out = torch.empty(len(rows), k)

@@ -126,13 +126,8 @@ class NativeTableLinear(NativeInt4Linear):
         self.qh = table.to(torch.int8).contiguous()  # gemm_q4's `qh`: the table, where int5 / int6 hold their planes
 
     def _weight_t(self, n0: int, n1: int) -> torch.Tensor:
-        return self.embedding_rows(torch.arange(n0, n1)).to(torch.bfloat16).t()
-
-    def embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows of the dequantized weight, fp32 [len(ids), K]: each weight d * table[q], one rounding, as
-        NativeInt8Linear's rows of the same values."""
-        values = self.qh[ops.q4_rows(self.qs, ids).long()].float()
-        return values * ops.tile_scale_rows(self.d, ids).float().repeat_interleave(self.group_size, dim=1)
+        t = slice(n0 // ops.TILE, n1 // ops.TILE)
+        return ops.dequant_q4_bf16(self.qs[t], self.d[t], None, self.group_size, qh=self.qh).t()
 
 
 class NativeInt8Linear(QuantLinear):
