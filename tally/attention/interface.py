@@ -26,7 +26,8 @@ class AttentionConfig:
 
     @property
     def eager(self) -> bool:
-        """Scores no fused kernel computes (tally/attention/eager.py): soft-capped, or with sinks."""
+        """Scores PyTorch's fused attention does not compute (soft-capped, or with sinks): off the native kernels,
+        which take both, they are materialised (tally/attention/eager.py)."""
         return self.logit_softcap is not None or self.sinks is not None
 
     def sink_logits(self) -> torch.Tensor | None:
