@@ -2,19 +2,23 @@
 measured on this machine at this load; and whether speculating at that price pays at all.
 
 - The price: an epoch with speculation off, then one whose steps alternate between every request verifying every
-  proposal and every other request doing so; from the median step times (step times, not tokens: acceptance
-  swings with the text) t = t_off + s + c · proposals + d · passes: c seconds a proposal (its verify row), d a
-  pass (a draft's forward pass, run once per proposal depth whatever the rows) and s a step that verifies any
-  (what the step does beyond a plain decode: its verify bookkeeping, and the burst of decode steps it cannot run),
-  less what a draft spent catching up on the requests it started on: that is each request's own start price.
+  proposal and every other request doing so; from the step times (step times, not tokens: acceptance swings with
+  the text) t = t_off + s + c · proposals + d · passes, c the median slope over each step's own proposal count:
+  c seconds a proposal (its verify row), d a pass (a draft's forward pass, run once per proposal depth whatever the
+  rows) and s a step that verifies any (what the step does beyond a plain decode: its verify bookkeeping, and with
+  LLM() the burst of decode steps it cannot run), less what a draft spent catching up on the requests it started
+  on (each request's own start price) and what finding and choosing proposals took (paid by every step while
+  speculating, verified or not: the check weighs it).
 - Per request: its j-th proposal is worth w_j = f · g^(j-1) tokens (f: its first proposal's acceptance, g: a later
   one's after a kept predecessor) and pays while w_j ≥ c · rate; a depth j is run while its proposals' worth beyond
   their price repays d · rate, and a step verifies anything only where its proposals' worth beyond their price
   repays s · rate; with a draft model a request starts only where its expected gain repays the draft's catch-up
   over its context.
 - Checked: if following the price falls MARGIN below off's tokens per second, speculation is off at that load for
-  RETRY_STEPS steps (doubling per failure); a price holds KEEP_STEPS steps, then is measured again. A load is
-  measured unless a lighter load already did not pay (off) or a heavier one paid (followed).
+  RETRY_STEPS steps (doubling per failure); a price holds KEEP_STEPS steps, then is measured again. Off's rate is
+  that of the steps since the price that verified nothing, where there are EPOCH_STEPS of them (measured in the
+  same mix, where a price measured too cheap would excuse its own loss). A load is measured unless a lighter load
+  already did not pay (off) or a heavier one paid (followed). A step counts at most OUTLIER_STEPS medians.
 - Amortised: whatever measuring a price lost against off (the "on" epoch, a draft's catch-up in it, and the steps
   that followed a price until it failed) is repaid by holding that price for at least the steps that make the loss
   MEASURE_SHARE of their time, so measuring costs at most that share of a server's time however badly it lost.
