@@ -69,9 +69,9 @@ class Speculator:
         self.stats = SpeculationStats(accepted_per_position=[0] * config.num_speculative_tokens)
         self._acceptance: weakref.WeakKeyDictionary[Request, Acceptance] = weakref.WeakKeyDictionary()
         self._overall = Acceptance()  # every request's, undecayed
-        self._step_proposals = 0  # proposals the current step verifies
+        self.step_proposals = 0  # proposals the current step verifies
         self._step_passes = 0  # the most any request verifies: the draft's passes for them
-        self._step_proposing_s = 0.0  # what the current step's propose() took, less the draft's own work
+        self.step_proposing_s = 0.0  # what the current step's propose() took, less the draft's own work
         self._drafting_s = 0.0  # of that, the draft's passes and catch-up (priced apart: per pass, per request)
         self._running: list[Request] = []  # the last step's, to see which finished since
         self.mean_output_tokens: float | None = None  # finished requests' outputs, recent ones weighing most
@@ -82,7 +82,7 @@ class Speculator:
         started_s = time.perf_counter()
         self._drafting_s = 0.0
         self._propose(running)
-        self._step_proposing_s = time.perf_counter() - started_s - self._drafting_s
+        self.step_proposing_s = time.perf_counter() - started_s - self._drafting_s
 
     def _propose(self, running: list[Request]) -> None:
         cfg = self.config
@@ -91,7 +91,7 @@ class Speculator:
                 req.spec_token_ids = []
         self._count_finished(running)
         self.draft_probs = {}
-        self._step_proposals = self._step_passes = 0
+        self.step_proposals = self._step_passes = 0
         if cfg.adaptive and not self.policy.speculate_now():
             return
         candidates, limits, rooms = [], [], []
@@ -173,10 +173,10 @@ class Speculator:
             keep.append(accepted + 1)
             row += count
         if kept:
-            self._step_proposals = sum(len(r.spec_token_ids) for r in sampled)
+            self.step_proposals = sum(len(r.spec_token_ids) for r in sampled)
             # a draft's forward passes, one per depth; prompt lookup runs nothing per depth
             self._step_passes = max(len(r.spec_token_ids) for r in sampled) if self.draft is not None else 0
-            self.stats.last_num_speculative_tokens = self._step_proposals / len(kept)
+            self.stats.last_num_speculative_tokens = self.step_proposals / len(kept)
             for s in out.scheduled:
                 if id(s.request) in kept:
                     s.num_new_tokens = s.request.num_tokens - s.request.num_computed_tokens + kept[id(s.request)]
@@ -188,10 +188,10 @@ class Speculator:
         (priced per request before it starts on one, not as part of a proposal's price) and what proposing took; a
         burst of `steps` decode steps without proposals (tally/engine/multi_step.py) counts as that many steps of its
         mean."""
-        catch_up_s = self.draft.last_catch_up_seconds if self.draft is not None and self._step_proposals else 0.0
+        catch_up_s = self.draft.last_catch_up_seconds if self.draft is not None and self.step_proposals else 0.0
         for _ in range(steps):
-            self.policy.observe_step(generated_tokens / steps, seconds / steps, batch, self._step_proposals,
-                                     self._step_passes, catch_up_s, self._step_proposing_s / steps)
+            self.policy.observe_step(generated_tokens / steps, seconds / steps, batch, self.step_proposals,
+                                     self._step_passes, catch_up_s, self.step_proposing_s / steps)
 
     def _record(self, req: Request, proposed: int, accepted: int) -> None:
         st = self.stats
