@@ -8,6 +8,8 @@ import numpy as np
 
 from tally.core.request import Request
 from tally.core.scheduler import ScheduledRequest, SchedulerOutput
+from tally.engine.speculation import speculator as speculator_module
+from tally.engine.speculation.ngram_proposer import propose_ngram
 from tally.engine.speculation.speculator import Speculator
 from tally.engine.speculation.policy import (
     CHECK_STEPS,
@@ -326,3 +328,21 @@ def test_a_pause_of_the_host_in_a_measuring_epoch_counts_as_a_few_steps_lost_not
     _steps(following, CHECK_STEPS, 0.1, tokens=6, proposals=8)
     following.observe_step(6, 70.0, 4, 8)  # a pause while following a price that pays: not taken for losing
     assert following.speculate_now()
+
+
+def test_a_request_whose_first_proposal_would_not_pay_its_price_is_not_searched(monkeypatch):
+    """Looking for proposals costs every step, verified or not (a server's 32 chat streams: ~1 ms of a 55 ms step):
+    where a request's first proposal is worth less than a proposal costs, it would verify none, so its text is not
+    searched; the proposals are those the search of every request gives."""
+    spec = Speculator(SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4}), max_model_len=1_000)
+    good, bad = _decoding("good", [5, 6, 7, 8, 9]), _decoding("bad", [11, 12, 13, 14, 15])
+    for _ in range(50):
+        spec._record(good, 4, 4)
+        spec._record(bad, 4, 0)
+    _steps(spec.policy, EPOCH_STEPS, 0.1, batch=2)
+    _steps(spec.policy, EPOCH_STEPS, 0.2, tokens=6, batch=2, proposals=8)  # 12.5 ms a proposal: theta 0.5
+    searched = []
+    monkeypatch.setattr(speculator_module, "propose_ngram",
+                        lambda ids, *args: searched.append(ids[0]) or propose_ngram(ids, *args))
+    spec.propose([good, bad])
+    assert searched == [5] and (len(good.spec_token_ids), len(bad.spec_token_ids)) == (4, 0)

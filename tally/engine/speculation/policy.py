@@ -326,6 +326,16 @@ class SpeculationPolicy:
         """False while speculation is measured (or known) not to pay: nothing need be proposed."""
         return self._epoch.speculate
 
+    def _rate(self, price: Price) -> float:
+        """Tokens a second now: what a second of a proposal's time is worth."""
+        return self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
+
+    def proposal_tokens(self) -> float:
+        """What a proposal costs now in tokens' worth (0 while measuring, where every one is verified): a request
+        whose first proposal is worth less verifies none, so need not look for any."""
+        price = self._price
+        return price.proposal_seconds * self._rate(price) if price is not None and self._epoch.speculate else 0.0
+
     def choose(self, worth: np.ndarray, limits: np.ndarray, start_seconds: np.ndarray | None = None,
                remaining: np.ndarray | None = None) -> np.ndarray:
         """Per request (each proposal's expected tokens [request, j], the most proposals it may have, and with a
@@ -341,7 +351,7 @@ class SpeculationPolicy:
             rate = self._off.rate
             return np.where(start_repaid(worth, ks, last.proposal_seconds * rate, start_seconds * rate,
                                          remaining), ks, 0)
-        rate = self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
+        rate = self._rate(price)
         theta = price.proposal_seconds * rate
         pass_tokens = price.pass_seconds * rate
         ks = depths_worth_passing(worth, proposals_worth_verifying(worth, limits, theta), theta, pass_tokens)

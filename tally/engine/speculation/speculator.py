@@ -102,6 +102,10 @@ class Speculator:
                 candidates.append(req)
                 limits.append(min(room, cfg.num_speculative_tokens))
                 rooms.append(room)
+        if self.draft is None and cfg.adaptive and (theta := self.policy.proposal_tokens()) > 0 and candidates:
+            # the search over every request is what proposing costs a step: left out where no proposal would pay
+            hopeful = (self.worth(candidates, 1)[:, 0] >= theta).tolist()
+            candidates, limits, rooms = ([x for x, h in zip(xs, hopeful) if h] for xs in (candidates, limits, rooms))
         if not candidates:
             return
         if self.draft is not None:  # the draft's forward passes cost: how many to verify is chosen first
