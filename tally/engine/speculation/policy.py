@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tally.engine.speculation.config import MAX_SPECULATIVE_TOKENS
+
 EPOCH_STEPS = 8  # steps of a measuring epoch (steps carrying a prompt chunk are not counted)
 CHECK_STEPS = 24  # steps of following a price before its outcome is compared with off's
 KEEP_STEPS = 500  # counted steps a price holds before its load is measured again
@@ -38,10 +40,10 @@ RETRY_STEPS = 48  # counted steps a price that did not pay holds, doubling with 
 MARGIN = 1.02  # following the price must not fall this many times below off's tokens per second
 LOAD_RATIO = 2.0  # a batch this many times larger or smaller than a price's is another load
 MEASURE_SHARE = 0.01  # the most of a load's time its measuring may have lost against off, once its price expires
-# A step counts at most this many times its epoch's median step: no step speculation makes costs more than a pass per
-# proposal depth, so one past this is the host's own pause, which would otherwise count as measuring's loss and hold
-# speculation off for a hundred times its length.
-OUTLIER_STEPS = 16
+# A step counts at most this many times its epoch's median step: twice the dearest step speculation makes (a draft as
+# dear as the target, a pass per proposal depth beside the target's own), so one past it is the host's own pause,
+# which would otherwise count as measuring's loss and hold speculation off for a hundred times its length.
+OUTLIER_STEPS = 2 * (MAX_SPECULATIVE_TOKENS + 1)
 
 
 @dataclass
