@@ -43,7 +43,7 @@ request (K in effect), and preemptions (there should be none).
                                 [--rounds 3] [--fixed-k 2,3,4] (prompt lookup fixed at each K, beside adaptive)
                                 [--draft-context 0,256] (draft_context_tokens: several give an arm of each)
                                 [--draft-vocab 0,32768] (draft_vocab_size: the same) [--warm-steps 500]
-                                [--warm-seconds 1800] [--server]
+                                [--warm-seconds 1800] [--server] [--aa]
 """
 from __future__ import annotations
 
@@ -150,6 +150,9 @@ def main() -> None:
     p.add_argument("--server", action="store_true",
                    help="every arm its own `tally serve` on loopback, up for the whole run, driven with the openai "
                         "client (streamed completions; chat completions for chat) instead of the offline engine")
+    p.add_argument("--aa", action="store_true",
+                   help="adds an arm \"off again\": speculation off a second time (with --server, a second server), "
+                        "whose ratio to off is the run's own noise")
     p.add_argument("--step-costs", action="store_true",
                    help="instead: one stream, what a step costs off and at each fixed K up to --k (the first "
                         "workload, the draft model if given, else prompt lookup)")
@@ -165,6 +168,8 @@ def main() -> None:
     if a.arms:
         arms = {arm: cfg for arm, cfg in arms.items()
                 if arm == "off" or any(arm.startswith(name) for name in a.arms.split(","))}
+    if a.aa:
+        arms["off again"] = None
     arms = {arm: None if cfg is None else {"num_speculative_tokens": a.k, **cfg} for arm, cfg in arms.items()}
     configs = {arm: None if cfg is None else SpeculativeConfig.parse(cfg) for arm, cfg in arms.items()}
     workloads = {"quote": lambda n, rng: quote_prompts(n, rng, a.passage_chars),

@@ -21,12 +21,14 @@ WEIGHTS_S, ROW_S = 0.02, 0.002  # a decode step of B requests with speculation o
 class CostModel:
     """A decode step with speculation off, plus ROW_S a verified proposal (a verify row costs what a decode row does),
     plus pass_steps off steps per proposal depth (a draft's pass, whatever its rows), plus step_steps off steps where
-    it verifies any (the interpreter's work a burst of plain decode steps would have shared); each request's j-th
-    proposal holds with chance alpha^j."""
+    it verifies any (the interpreter's work a burst of plain decode steps would have shared), plus propose_steps off
+    steps wherever proposals are looked for, verified or not (prompt lookup's search over every request); each
+    request's j-th proposal holds with chance alpha^j."""
 
     alpha: float
     pass_steps: float = 0.0
     step_steps: float = 0.0
+    propose_steps: float = 0.0
 
     def step_seconds(self, batch: int, proposals: int, passes: int) -> float:
         off_s = WEIGHTS_S + ROW_S * batch
@@ -39,13 +41,15 @@ class CostModel:
         tokens = seconds = carry = 0.0
         spoke = []
         for _ in range(steps):
+            proposing_s = self.propose_steps * (WEIGHTS_S + ROW_S * batch) * policy.speculate_now()
             ks = policy.choose(worth, limits) if policy.speculate_now() else np.zeros(batch, dtype=np.int64)
             proposals = int(ks.sum())
             expected = batch + float(np.where(np.arange(K) < ks[:, None], worth, 0.0).sum()) + carry
             made = int(expected)
             carry = expected - made
-            step_s = self.step_seconds(batch, proposals, int(ks.max()))
-            policy.observe_step(made, step_s, batch, proposals, int(ks.max()) if self.pass_steps else 0)
+            step_s = self.step_seconds(batch, proposals, int(ks.max())) + proposing_s
+            policy.observe_step(made, step_s, batch, proposals, int(ks.max()) if self.pass_steps else 0,
+                                proposing_seconds=proposing_s)
             tokens, seconds = tokens + made, seconds + step_s
             spoke.append(proposals > 0)
         return tokens, seconds, spoke
@@ -61,8 +65,9 @@ LOSING = [
     CostModel(alpha=0.2, step_steps=0.15),  # the same where a step that verifies costs a burst's share (LLM())
     CostModel(alpha=0.6, pass_steps=0.3),  # a draft's passes: cheap spread over a batch's proposals, dear for a few
     CostModel(alpha=0.05, pass_steps=1.0),  # the target as its own draft, rarely right
+    CostModel(alpha=0.2, propose_steps=0.04),  # looking for proposals costs every step, verified or not (a server)
 ]
-LOSING_IDS = ["rarely-kept", "step-dear", "draft-passes", "draft-as-dear"]
+LOSING_IDS = ["rarely-kept", "step-dear", "draft-passes", "draft-as-dear", "proposing-dear"]
 
 
 @pytest.mark.parametrize("batch", [1, 4, 16, 32])

@@ -8,11 +8,14 @@ import numpy as np
 
 from tally.core.request import Request
 from tally.core.scheduler import ScheduledRequest, SchedulerOutput
+from tally.engine.speculation import speculator as speculator_module
+from tally.engine.speculation.ngram_proposer import propose_ngram
 from tally.engine.speculation.speculator import Speculator
 from tally.engine.speculation.policy import (
     CHECK_STEPS,
     EPOCH_STEPS,
     KEEP_STEPS,
+    OUTLIER_STEPS,
     RETRY_STEPS,
     SpeculationPolicy,
     proposals_worth_verifying,
@@ -264,3 +267,82 @@ def test_a_step_that_verifies_any_proposal_is_priced_apart_and_run_only_where_it
     # counts the step's 20 ms too, so 1.6 tokens a step (11.4 tokens/s) is not taken for losing
     _steps(policy, CHECK_STEPS, 0.14, tokens=1.6, batch=1, proposals=4)
     assert policy.speculate_now()
+
+
+# A server's 32-stream chat, recorded (one engine step a call): the "on" epoch's steps, as (proposals, seconds); which
+# requests find a match moves the count from step to step, so alternating shapes do not alternate the count
+SERVER_ON_EPOCH = [(6, 0.1019), (6, 0.096), (12, 0.1145), (12, 0.1255), (12, 0.1186), (6, 0.1359), (6, 0.0955),
+                   (6, 0.1091)]
+
+
+def test_a_proposal_is_priced_on_each_steps_own_count_not_on_medians_of_shapes_that_did_not_alternate():
+    """The alternating shapes' medians of this epoch (9 and 6 proposals; 0.108 s and 0.117 s) priced a proposal at
+    nothing, and every proposal was then verified; each step's own count prices it at ~2.8 ms."""
+    policy = SpeculationPolicy()
+    _steps(policy, EPOCH_STEPS, 0.0807, tokens=32, batch=32)
+    for proposals, seconds in SERVER_ON_EPOCH:
+        policy.observe_step(32, seconds, 32, proposals)
+    price = policy._price
+    assert 0.002 < price.proposal_seconds < 0.004, price
+    # at ~400 tokens/s a proposal costs over a token's worth: none is worth verifying
+    assert policy.choose(_geometric([0.9] * 32), np.full(32, 4)).sum() == 0
+
+
+def test_following_a_price_measured_too_cheap_stops_where_the_steps_that_verified_nothing_show_off_faster():
+    """The host sped up between measuring and following (a busy host's off epoch 0.08 s a step, then 0.055 s): the
+    price says nothing costs much, and steps of 34 proposals (0.128 s, recorded) make 33 tokens where plain ones make
+    32 in 0.055 s. Against the rate measured with the price (400 tokens/s) following looks a gain, and against what
+    the price says the same steps would have taken off it always does; the plain steps between them measure off."""
+    policy = SpeculationPolicy()
+    _steps(policy, EPOCH_STEPS, 0.08, tokens=32, batch=32)
+    _steps(policy, EPOCH_STEPS, 0.081, tokens=33, batch=32, proposals=34)  # 30 µs a proposal
+    assert policy.speculate_now()
+    for step in range(4 * CHECK_STEPS):
+        verifies = step % 5 == 0
+        policy.observe_step(32 + verifies, 0.128 if verifies else 0.055, 32, 34 * verifies, proposing_seconds=0.0008)
+        if not policy.speculate_now():
+            break
+    assert not policy.speculate_now() and step < 2 * CHECK_STEPS
+
+
+def test_what_proposing_costs_every_step_is_not_taken_for_what_off_would_have_spent():
+    """Proposing takes 5 ms of each 0.1 s step and no proposal is ever verified: the steps that verified nothing
+    measure off at 0.095 s, so following runs 5% below off and stops."""
+    policy = _priced(on_seconds=0.5)  # theta 2: nothing is verified
+    for _ in range(CHECK_STEPS + EPOCH_STEPS):
+        policy.observe_step(4, 0.1, 4, 0, proposing_seconds=0.005)
+    assert not policy.speculate_now()
+
+
+def test_a_pause_of_the_host_in_a_measuring_epoch_counts_as_a_few_steps_lost_not_as_its_length():
+    """A 70 s pause among 0.1 s steps would count as 700 off steps lost and hold the load's price for 70,000 steps;
+    a step counts at most OUTLIER_STEPS of its epoch's median."""
+    policy = SpeculationPolicy()
+    _steps(policy, EPOCH_STEPS, 0.1)
+    _steps(policy, EPOCH_STEPS - 1, 0.11, tokens=12, proposals=8)
+    policy.observe_step(12, 70.0, 4, 8)
+    assert policy.counters.lost_off_steps <= OUTLIER_STEPS
+    assert policy.choose(WORTH, LIMITS).tolist() == [4, 4]  # the price is the medians': a pause does not move it
+    following = SpeculationPolicy()
+    _priced(on_seconds=0.11, policy=following)
+    _steps(following, CHECK_STEPS, 0.1, tokens=6, proposals=8)
+    following.observe_step(6, 70.0, 4, 8)  # a pause while following a price that pays: not taken for losing
+    assert following.speculate_now()
+
+
+def test_a_request_whose_first_proposal_would_not_pay_its_price_is_not_searched(monkeypatch):
+    """Looking for proposals costs every step, verified or not (a server's 32 chat streams: ~1 ms of a 55 ms step):
+    where a request's first proposal is worth less than a proposal costs, it would verify none, so its text is not
+    searched; the proposals are those the search of every request gives."""
+    spec = Speculator(SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4}), max_model_len=1_000)
+    good, bad = _decoding("good", [5, 6, 7, 8, 9]), _decoding("bad", [11, 12, 13, 14, 15])
+    for _ in range(50):
+        spec._record(good, 4, 4)
+        spec._record(bad, 4, 0)
+    _steps(spec.policy, EPOCH_STEPS, 0.1, batch=2)
+    _steps(spec.policy, EPOCH_STEPS, 0.2, tokens=6, batch=2, proposals=8)  # 12.5 ms a proposal: theta 0.5
+    searched = []
+    monkeypatch.setattr(speculator_module, "propose_ngram",
+                        lambda ids, *args: searched.append(ids[0]) or propose_ngram(ids, *args))
+    spec.propose([good, bad])
+    assert searched == [5] and (len(good.spec_token_ids), len(bad.spec_token_ids)) == (4, 0)

@@ -3,6 +3,7 @@ hits and preemption), sampled outputs from the target's own distribution, every 
 refused at start."""
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -99,6 +100,19 @@ def test_greedy_with_prefix_hits_and_the_adaptive_policy(tiny_llama, reference):
     assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone  # the second pass hits the cache
     assert llm.engine.kv.stats.hit_tokens > 0
     assert_no_block_leak(llm)
+
+
+def test_the_step_log_holds_the_proposals_each_step_verified(tiny_llama, reference, tmp_path):
+    """--step-log's lines carry what the adaptive policy prices: the proposals a step verified, and what finding them
+    took."""
+    prompts, alone = reference
+    log = tmp_path / "steps.jsonl"
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=4_000_000, speculative_config=FIXED, step_log=str(log))
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    llm.engine.shutdown()
+    steps = [json.loads(line) for line in log.read_text().splitlines()]
+    assert sum(s["proposals"] for s in steps) == llm.engine.speculator.stats.num_draft_tokens > 0
+    assert all(s["proposing_s"] >= 0 for s in steps) and any(s["proposing_s"] > 0 for s in steps)
 
 
 def test_stops_max_tokens_and_logprobs_hold_mid_proposal(tiny_llama, reference):

@@ -53,10 +53,10 @@ def test_the_server_mode_bench_runs_each_arm_on_its_own_server_with_offs_text():
     run = subprocess.run([sys.executable, str(SCRIPT), "--server", "--workloads", "chat", "--concurrency", "1",
                           "--max-tokens", "8", "--rounds", "1", "--min-requests", "1", "--requests-per-slot", "1",
                           "--warm-steps", "0", "--draft-model", "smollm2-135m", "--arms", "draft adaptive",
-                          "--kv-cache-memory", str(256 << 20)], capture_output=True, text=True, timeout=900)
+                          "--kv-cache-memory", str(256 << 20), "--aa"], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-4000:]
     warmed = re.findall(r"(?m)^chat +C=1 +(.+?) +warmed for \d+ steps / \d+ seconds", run.stdout)
     assert warmed == ["draft adaptive"]
     rows = re.findall(r"(?m)^\| chat \| 1 \| (.+?) \|.*\| (\d+)% \|$", run.stdout)
-    assert rows == [("off", "100"), ("draft adaptive", "100")]
+    assert rows == [("off", "100"), ("draft adaptive", "100"), ("off again", "100")]  # --aa: a second off server
     assert "command: python benchmarks/speculative.py" in run.stdout and "--server" in run.stdout

@@ -137,8 +137,9 @@ class EngineConfig:
                                            "long prompt cannot freeze them (tally serve: 0.3; none: no target)",
                                      aliases=("--max-itl",))
     step_log: str | None = option(None, "file: one JSON line per engine step (its start and seconds, prompt tokens, "
-                                        "decode rows, token budget, the step cost fit's prediction), to find where "
-                                        "a stream's long gap came from (benchmarks/itl_under_trace.py --attribute)")
+                                        "decode rows, token budget, the step cost fit's prediction, proposals "
+                                        "verified), to find where a stream's long gap came from "
+                                        "(benchmarks/itl_under_trace.py --attribute)")
     num_scheduler_steps: int = option(1, "decode steps run in one call where a step holds only greedy decodes "
                                          "(vLLM's name): the interpreter's per-step work is paid once a burst, and "
                                          "streams get their tokens in bursts (LLM(): 8, nobody streams there)")

@@ -298,8 +298,10 @@ class Engine:
         if out.scheduled:
             seconds = time.perf_counter() - started_s
             if self.step_log is not None:  # the prediction before this step refits it
+                spec = self.speculator
                 self.step_log.write(started_s, seconds, out, chunks, token_budget, self.stats.cost.predict_seconds(
-                    sum(n for n, _ in chunks), mean_context(chunks)), len(self.scheduler.waiting))
+                    sum(n for n, _ in chunks), mean_context(chunks)), len(self.scheduler.waiting),
+                    spec.step_proposals if spec is not None else 0, spec.step_proposing_s if spec is not None else 0.0)
             decode_only = self.stats.record(chunks, generated, seconds, steps)
             if decode_only and self.speculator is not None:
                 self.speculator.observe_step(generated, seconds, len(self.scheduler.running), steps)

@@ -14,16 +14,19 @@ class StepLog:
         self._file: TextIO = open(path, "a", buffering=1, encoding="utf-8")  # a line at a time: readable mid-run
 
     def write(self, start_s: float, seconds: float, out: SchedulerOutput, chunks: list[tuple[int, int]],
-              token_budget: int | None, predicted_s: float | None, num_waiting: int) -> None:
+              token_budget: int | None, predicted_s: float | None, num_waiting: int, proposals: int = 0,
+              proposing_s: float = 0.0) -> None:
         """One step: `chunks` its prompt chunks (step_stats.prompt_chunks), `predicted_s` what the step cost fit
-        said it would take before it ran (None before a fit, or without prompt tokens)."""
+        said it would take before it ran (None before a fit, or without prompt tokens), and with speculation the
+        proposals it verified and the seconds spent finding and choosing them (what the adaptive policy prices)."""
         self._file.write(json.dumps({
             "start_s": round(start_s, 6), "seconds": round(seconds, 6),
             "prompt_tokens": sum(n for n, _ in chunks), "chunks": [list(c) for c in chunks],
             # a one-token prompt chunk counts as a decode row here, as it does in the step cost's fit
             "rows": len(out.scheduled), "decode_rows": len(out.scheduled) - len(chunks),
             "preempted": len(out.preempted), "waiting": num_waiting, "token_budget": token_budget,
-            "predicted_s": None if predicted_s is None else round(predicted_s, 6)}) + "\n")
+            "predicted_s": None if predicted_s is None else round(predicted_s, 6), "proposals": proposals,
+            "proposing_s": round(proposing_s, 6)}) + "\n")
 
     def close(self) -> None:
         self._file.close()

@@ -2,19 +2,23 @@
 measured on this machine at this load; and whether speculating at that price pays at all.
 
 - The price: an epoch with speculation off, then one whose steps alternate between every request verifying every
-  proposal and every other request doing so; from the median step times (step times, not tokens: acceptance
-  swings with the text) t = t_off + s + c · proposals + d · passes: c seconds a proposal (its verify row), d a
-  pass (a draft's forward pass, run once per proposal depth whatever the rows) and s a step that verifies any
-  (what the step does beyond a plain decode: its verify bookkeeping, and the burst of decode steps it cannot run),
-  less what a draft spent catching up on the requests it started on: that is each request's own start price.
+  proposal and every other request doing so; from the step times (step times, not tokens: acceptance swings with
+  the text) t = t_off + s + c · proposals + d · passes, c the median slope over each step's own proposal count:
+  c seconds a proposal (its verify row), d a pass (a draft's forward pass, run once per proposal depth whatever the
+  rows) and s a step that verifies any (what the step does beyond a plain decode: its verify bookkeeping, and with
+  LLM() the burst of decode steps it cannot run), less what a draft spent catching up on the requests it started
+  on (each request's own start price) and what finding and choosing proposals took (paid by every step while
+  speculating, verified or not: the check weighs it).
 - Per request: its j-th proposal is worth w_j = f · g^(j-1) tokens (f: its first proposal's acceptance, g: a later
   one's after a kept predecessor) and pays while w_j ≥ c · rate; a depth j is run while its proposals' worth beyond
   their price repays d · rate, and a step verifies anything only where its proposals' worth beyond their price
   repays s · rate; with a draft model a request starts only where its expected gain repays the draft's catch-up
   over its context.
 - Checked: if following the price falls MARGIN below off's tokens per second, speculation is off at that load for
-  RETRY_STEPS steps (doubling per failure); a price holds KEEP_STEPS steps, then is measured again. A load is
-  measured unless a lighter load already did not pay (off) or a heavier one paid (followed).
+  RETRY_STEPS steps (doubling per failure); a price holds KEEP_STEPS steps, then is measured again. Off's rate is
+  that of the steps since the price that verified nothing, where there are EPOCH_STEPS of them (measured in the
+  same mix, where a price measured too cheap would excuse its own loss). A load is measured unless a lighter load
+  already did not pay (off) or a heavier one paid (followed). A step counts at most OUTLIER_STEPS medians.
 - Amortised: whatever measuring a price lost against off (the "on" epoch, a draft's catch-up in it, and the steps
   that followed a price until it failed) is repaid by holding that price for at least the steps that make the loss
   MEASURE_SHARE of their time, so measuring costs at most that share of a server's time however badly it lost.
@@ -27,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tally.engine.speculation.config import MAX_SPECULATIVE_TOKENS
+
 EPOCH_STEPS = 8  # steps of a measuring epoch (steps carrying a prompt chunk are not counted)
 CHECK_STEPS = 24  # steps of following a price before its outcome is compared with off's
 KEEP_STEPS = 500  # counted steps a price holds before its load is measured again
@@ -34,13 +40,16 @@ RETRY_STEPS = 48  # counted steps a price that did not pay holds, doubling with 
 MARGIN = 1.02  # following the price must not fall this many times below off's tokens per second
 LOAD_RATIO = 2.0  # a batch this many times larger or smaller than a price's is another load
 MEASURE_SHARE = 0.01  # the most of a load's time its measuring may have lost against off, once its price expires
+# A step counts at most this many times its epoch's median step: twice the dearest step speculation makes (a draft as
+# dear as the target, a pass per proposal depth beside the target's own), so one past it is the host's own pause,
+# which would otherwise count as measuring's loss and hold speculation off for a hundred times its length.
+OUTLIER_STEPS = 2 * (MAX_SPECULATIVE_TOKENS + 1)
 
 
 @dataclass
 class Epoch:
     speculate: bool
-    seconds: list[float] = field(default_factory=list)  # per step, less catch-up (the median prices a proposal)
-    elapsed: float = 0.0  # their sum
+    seconds: list[float] = field(default_factory=list)  # per step, less catch-up and proposing (the median prices)
     tokens: float = 0.0
     batch: int = 0  # running requests, summed over steps
     proposals: int = 0  # proposals verified, summed over steps
@@ -48,31 +57,67 @@ class Epoch:
     shapes: list[tuple[int, int]] = field(default_factory=list)  # per step: (proposals, passes)
     speculated: int = 0  # steps that verified proposals
     catch_up: float = 0.0  # seconds a draft spent catching up, left out of `seconds` and `elapsed`
+    proposing: float = 0.0  # seconds spent finding proposals and choosing them, left out of the same
+    control_seconds: float = 0.0  # the steps that verified nothing (capped, less proposing): off's steps in this mix
+    control_batch: int = 0  # their running requests, summed
+    controls: int = 0  # their count
+    _tail_elapsed: float = 0.0  # the steps after the first EPOCH_STEPS, each capped when added
 
     @property
     def steps(self) -> int:
         return len(self.seconds)
 
     @property
+    def cap_seconds(self) -> float:
+        """The longest a step counts (OUTLIER_STEPS): from the median of the epoch's first steps, fixed once they
+        are EPOCH_STEPS."""
+        head = self.seconds[:EPOCH_STEPS]
+        return OUTLIER_STEPS * statistics.median(head) if head else math.inf
+
+    @property
+    def elapsed(self) -> float:
+        """The steps' seconds, less catch-up and proposing, each capped at cap_seconds."""
+        cap = self.cap_seconds
+        return sum(min(s, cap) for s in self.seconds[:EPOCH_STEPS]) + self._tail_elapsed
+
+    @property
     def rate(self) -> float:
-        spent = self.elapsed + self.catch_up
+        spent = self.elapsed + self.catch_up + self.proposing
         return self.tokens / spent if spent > 0 else 0.0
 
+    @property
+    def control_rate(self) -> float | None:
+        """Tokens a second off would have made in this mix, from the steps that verified nothing (less what proposing
+        cost them), once there are EPOCH_STEPS of them: measured beside the steps that verified, never priced."""
+        if self.controls < EPOCH_STEPS or self.control_seconds <= 0:
+            return None
+        return self.control_batch / self.control_seconds
+
     def add(self, tokens: float, seconds: float, batch: int, proposals: int, passes: int = 0,
-            catch_up: float = 0.0) -> None:
-        self.seconds.append(seconds)
+            catch_up: float = 0.0, proposing: float = 0.0) -> None:
+        priced = max(seconds - catch_up - proposing, 0.0)
+        self.seconds.append(priced)
+        counted = min(priced, self.cap_seconds)
+        if self.steps > EPOCH_STEPS:
+            self._tail_elapsed += counted
         self.shapes.append((proposals, passes))
         self.passes += passes
-        self.elapsed += seconds
         self.tokens += tokens
         self.batch += batch
         self.proposals += proposals
         self.speculated += proposals > 0
         self.catch_up += catch_up
+        self.proposing += proposing
+        if proposals == 0:
+            self.control_seconds += counted
+            self.control_batch += batch
+            self.controls += 1
 
     def loss_seconds(self, off_rate: float) -> float:
-        """What these steps took, catch-up included, beyond what off would have taken for their tokens."""
-        return max(0.0, self.elapsed + self.catch_up - self.tokens / off_rate) if off_rate > 0 else 0.0
+        """What these steps took, catch-up and proposing included, beyond what off would have taken for their
+        tokens."""
+        spent = self.elapsed + self.catch_up + self.proposing
+        return max(0.0, spent - self.tokens / off_rate) if off_rate > 0 else 0.0
 
 
 @dataclass
@@ -119,23 +164,34 @@ def off_rate_of(epoch: Epoch, price: Price) -> float:
     return epoch.batch / seconds if seconds > 0 else math.inf
 
 
+def off_rate_beside(epoch: Epoch, price: Price) -> float:
+    """What following the price is checked against: off's tokens a second in the same steps' mix. Where EPOCH_STEPS
+    of them verified nothing, those steps measure it (a price measured too cheap excuses its own loss in
+    off_rate_of, and a server mixes such steps with those that verify); else the lower of off's rate when the price
+    was measured and off_rate_of (a stream's steps slow as its context grows)."""
+    control = epoch.control_rate
+    return control if control is not None else min(price.off_rate, off_rate_of(epoch, price))
+
+
 def fit_price(off: Epoch, on: Epoch) -> tuple[float, float, float]:
-    """(c, d, s) from the median off step and the medians of the on epoch's two alternating shapes (all requests,
-    every other request: the same passes, half the proposals; one request: half its proposals, and of a draft's
-    passes). Their difference prices a proposal (with one request: a proposal and its pass); what the all-shape
-    adds beyond its proposals is the passes' where a draft counts them, else the step's. Where the shapes do not
-    differ, every added second is the proposals'."""
+    """(c, d, s) from the median off step and the on epoch's steps, whose proposals vary (every request proposing,
+    then every other one; one request: all its proposals, then half, and of a draft's passes): a proposal's price is
+    the median slope of step time over proposals between two steps that verified different numbers of them (with one
+    request: a proposal and its pass), robust to a slow step or two, and priced on each step's own count, not on a
+    shape's; what the steps add beyond their proposals is the passes' where every step ran the same (a draft's
+    depth), else the step's. Where every step verified as many, every added second is the proposals'."""
     t_off = statistics.median(off.seconds)
-    groups = [(statistics.median(on.seconds[i::2]), *(statistics.median(x) for x in zip(*on.shapes[i::2])))
-              for i in (0, 1)] if on.steps > 1 else []
-    (t_all, p_all, n_all), (t_half, p_half, n_half) = groups or [(statistics.median(on.seconds),
-                                                                on.proposals / on.steps, 0)] * 2
-    if p_all <= p_half:
-        return max(0.0, t_all - t_off) / p_all if p_all else 0.0, 0.0, 0.0
-    c = max(0.0, (t_all - t_half) / (p_all - p_half))
-    rest = max(0.0, t_all - t_off - c * p_all)
-    if n_all and n_all == n_half:
-        return c, rest / n_all, 0.0
+    proposals = [p for p, _ in on.shapes]
+    slopes = [(t1 - t0) / (p1 - p0) for i, (p0, t0) in enumerate(zip(proposals, on.seconds))
+              for p1, t1 in zip(proposals[i + 1:], on.seconds[i + 1:]) if p1 != p0]
+    if not slopes:
+        p = proposals[0] if proposals else 0
+        return max(0.0, statistics.median(on.seconds) - t_off) / p if p else 0.0, 0.0, 0.0
+    c = max(0.0, statistics.median(slopes))
+    rest = max(0.0, statistics.median(t - c * p for p, t in zip(proposals, on.seconds)) - t_off)
+    passes = {n for _, n in on.shapes}
+    if len(passes) == 1 and (n := passes.pop()):
+        return c, rest / n, 0.0
     return c, 0.0, rest
 
 
@@ -204,11 +260,12 @@ class SpeculationPolicy:
 
     # -- measurements ------------------------------------------------------------------------
     def observe_step(self, generated_tokens: float, seconds: float, batch: int, proposals: int, passes: int = 0,
-                     catch_up_seconds: float = 0.0) -> None:
+                     catch_up_seconds: float = 0.0, proposing_seconds: float = 0.0) -> None:
         """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation): the tokens it
         appended to outputs, how long it took, how many requests were running, how many proposals it verified (and
-        to what depth: a draft's passes; 0 with prompt lookup, where nothing runs per depth), and
-        of its seconds those a draft spent catching up on requests it starts on. A proposal is priced without them
+        to what depth: a draft's passes; 0 with prompt lookup, where nothing runs per depth), of its seconds those a
+        draft spent catching up on requests it starts on, and those spent finding and choosing proposals (paid by
+        every step while speculating, whether or not it verifies any). A proposal is priced without either
         (start_repaid charges each request its own catch-up); tokens per second, and what measuring lost, count them."""
         counted = self.counters
         counted.steps += 1
@@ -221,13 +278,13 @@ class SpeculationPolicy:
             if proposals == 0:
                 return  # an off step: it says nothing of what a proposal costs
             counted.measuring += 1
-        epoch.add(generated_tokens, seconds - catch_up_seconds, batch, proposals, passes, catch_up_seconds)
+        epoch.add(generated_tokens, seconds, batch, proposals, passes, catch_up_seconds, proposing_seconds)
         if price is not None:
             if counted.steps - price.step >= price.holds_steps or not same_load(batch, self._load):
                 self._follow(batch)
-            elif price.pays and epoch.steps >= CHECK_STEPS and epoch.rate * MARGIN < min(
-                    price.off_rate, off_rate_of(epoch, price)):
-                lost = epoch.loss_seconds(price.off_rate)
+            elif price.pays and epoch.steps >= CHECK_STEPS and epoch.rate * MARGIN < (
+                    off_rate := off_rate_beside(epoch, price)):
+                lost = epoch.loss_seconds(off_rate)
                 price.fail(counted.steps, lost)
                 counted.lost_off_steps += price.off_steps(lost)
                 self._apply(price, self._load)
@@ -271,6 +328,16 @@ class SpeculationPolicy:
         """False while speculation is measured (or known) not to pay: nothing need be proposed."""
         return self._epoch.speculate
 
+    def _rate(self, price: Price) -> float:
+        """Tokens a second now: what a second of a proposal's time is worth."""
+        return self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
+
+    def proposal_tokens(self) -> float:
+        """What a proposal costs now in tokens' worth (0 while measuring, where every one is verified): a request
+        whose first proposal is worth less verifies none, so need not look for any."""
+        price = self._price
+        return price.proposal_seconds * self._rate(price) if price is not None and self._epoch.speculate else 0.0
+
     def choose(self, worth: np.ndarray, limits: np.ndarray, start_seconds: np.ndarray | None = None,
                remaining: np.ndarray | None = None) -> np.ndarray:
         """Per request (each proposal's expected tokens [request, j], the most proposals it may have, and with a
@@ -286,7 +353,7 @@ class SpeculationPolicy:
             rate = self._off.rate
             return np.where(start_repaid(worth, ks, last.proposal_seconds * rate, start_seconds * rate,
                                          remaining), ks, 0)
-        rate = self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
+        rate = self._rate(price)
         theta = price.proposal_seconds * rate
         pass_tokens = price.pass_seconds * rate
         ks = depths_worth_passing(worth, proposals_worth_verifying(worth, limits, theta), theta, pass_tokens)

@@ -5,6 +5,7 @@ place, and the request keeps the proposals up to the first disagreement plus the
 it proposed when all held)."""
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass
 from itertools import takewhile
@@ -68,20 +69,29 @@ class Speculator:
         self.stats = SpeculationStats(accepted_per_position=[0] * config.num_speculative_tokens)
         self._acceptance: weakref.WeakKeyDictionary[Request, Acceptance] = weakref.WeakKeyDictionary()
         self._overall = Acceptance()  # every request's, undecayed
-        self._step_proposals = 0  # proposals the current step verifies
+        self.step_proposals = 0  # proposals the current step verifies
         self._step_passes = 0  # the most any request verifies: the draft's passes for them
+        self.step_proposing_s = 0.0  # what the current step's propose() took, less the draft's own work
+        self._drafting_s = 0.0  # of that, the draft's passes and catch-up (priced apart: per pass, per request)
         self._running: list[Request] = []  # the last step's, to see which finished since
         self.mean_output_tokens: float | None = None  # finished requests' outputs, recent ones weighing most
 
     def propose(self, running: list[Request]) -> None:
-        """Give decoding requests the proposals this step will verify."""
+        """Give decoding requests the proposals this step will verify; timed, for the policy (what proposing costs
+        a step whether or not it verifies any)."""
+        started_s = time.perf_counter()
+        self._drafting_s = 0.0
+        self._propose(running)
+        self.step_proposing_s = time.perf_counter() - started_s - self._drafting_s
+
+    def _propose(self, running: list[Request]) -> None:
         cfg = self.config
         for req in running:  # a request left out of the last step keeps no stale proposals
             if req.spec_token_ids:
                 req.spec_token_ids = []
         self._count_finished(running)
         self.draft_probs = {}
-        self._step_proposals = self._step_passes = 0
+        self.step_proposals = self._step_passes = 0
         if cfg.adaptive and not self.policy.speculate_now():
             return
         candidates, limits, rooms = [], [], []
@@ -92,11 +102,17 @@ class Speculator:
                 candidates.append(req)
                 limits.append(min(room, cfg.num_speculative_tokens))
                 rooms.append(room)
+        if self.draft is None and cfg.adaptive and (theta := self.policy.proposal_tokens()) > 0 and candidates:
+            # the search over every request is what proposing costs a step: left out where no proposal would pay
+            hopeful = (self.worth(candidates, 1)[:, 0] >= theta).tolist()
+            candidates, limits, rooms = ([x for x, h in zip(xs, hopeful) if h] for xs in (candidates, limits, rooms))
         if not candidates:
             return
         if self.draft is not None:  # the draft's forward passes cost: how many to verify is chosen first
             ks = self._verified(candidates, np.array(limits), np.array(rooms, dtype=np.float64))
+            drafting_s = time.perf_counter()
             proposals, self.draft_probs = self.draft.propose(candidates, ks.tolist(), reserve_blocks=len(running))
+            self._drafting_s = time.perf_counter() - drafting_s
             for req in candidates:
                 req.spec_token_ids = list(proposals.get(req.request_id, ()))  # the scheduler may trim it
             return
@@ -161,10 +177,10 @@ class Speculator:
             keep.append(accepted + 1)
             row += count
         if kept:
-            self._step_proposals = sum(len(r.spec_token_ids) for r in sampled)
+            self.step_proposals = sum(len(r.spec_token_ids) for r in sampled)
             # a draft's forward passes, one per depth; prompt lookup runs nothing per depth
             self._step_passes = max(len(r.spec_token_ids) for r in sampled) if self.draft is not None else 0
-            self.stats.last_num_speculative_tokens = self._step_proposals / len(kept)
+            self.stats.last_num_speculative_tokens = self.step_proposals / len(kept)
             for s in out.scheduled:
                 if id(s.request) in kept:
                     s.num_new_tokens = s.request.num_tokens - s.request.num_computed_tokens + kept[id(s.request)]
@@ -173,12 +189,13 @@ class Speculator:
 
     def observe_step(self, generated_tokens: int, seconds: float, batch: int, steps: int = 1) -> None:
         """A step without a prompt chunk, for the policy, with what the draft spent in it catching up on requests
-        (priced per request before it starts on one, not as part of a proposal's price); a burst of `steps` decode
-        steps without proposals (tally/engine/multi_step.py) counts as that many steps of its mean."""
-        catch_up_s = self.draft.last_catch_up_seconds if self.draft is not None and self._step_proposals else 0.0
+        (priced per request before it starts on one, not as part of a proposal's price) and what proposing took; a
+        burst of `steps` decode steps without proposals (tally/engine/multi_step.py) counts as that many steps of its
+        mean."""
+        catch_up_s = self.draft.last_catch_up_seconds if self.draft is not None and self.step_proposals else 0.0
         for _ in range(steps):
-            self.policy.observe_step(generated_tokens / steps, seconds / steps, batch, self._step_proposals,
-                                     self._step_passes, catch_up_s)
+            self.policy.observe_step(generated_tokens / steps, seconds / steps, batch, self.step_proposals,
+                                     self._step_passes, catch_up_s, self.step_proposing_s / steps)
 
     def _record(self, req: Request, proposed: int, accepted: int) -> None:
         st = self.stats
