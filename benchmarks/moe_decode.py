@@ -1,18 +1,23 @@
 """Decode speed of a mixture of experts from a q8_0 GGUF, for each expert family (`--family`: Qwen3-MoE, Mixtral,
 OLMoE, GPT-OSS with its sinks, biases and clamped SwiGLU; or all): its experts' stored blocks in one native call a
-layer (and the one-call decode step), against the same blocks through the per-expert PyTorch loop, the experts
-dequantized to fp32 (`quantization="none"`), and a dense Llama of the same active size: tokens per second, and at
-batch 1 the weight bytes a token reads (the routed experts' only) per second against the dense model's, i.e. the share
-of the dense model's roofline the experts reach (a ratio, so a busy host's drifting read rate cancels). Each family's
-four cases alternate; a family's line before its rows names the GGUF's types and where its experts run. Random
-weights (hidden 1024, 8 layers, 8 experts of 1408 with 2 routed: the dense model's 2816; SmolLM2's 49,152 tokens),
-written by llama.cpp's own converter (tests/support/families.py); nothing is downloaded. `--tile-rows` first times
-one thread over every expert's gate_up at 1-4 rows (its CPU time, which a busy host's waits leave out): what a pass
-over an expert's weights costs in rows' products, the weight tally/native/experts.h gives each expert's share of a
-parallel region.
+layer (and the one-call decode step), against the same blocks through the per-expert PyTorch loop, with
+`--dequantized` the experts dequantized to fp32 (`quantization="none"`, 3.8x the GGUF's bytes in memory), and a dense
+Llama of the same active size: tokens per second, and at batch 1 the weight bytes a token reads (the routed experts'
+only) per second against the dense model's, i.e. the share of the dense model's roofline the experts reach (a ratio,
+so a busy host's drifting read rate cancels). Each family's cases alternate; a family's line before its rows names the
+GGUF's types and where its experts run. Random weights (8 experts of half the dense model's MLP with 2 routed;
+SmolLM2's 49,152 tokens), written a layer at a time and converted by llama.cpp's own converter
+(tests/support/families.py); nothing is downloaded. The shape is chosen at run time from the last-level cache, which
+it prints: from hidden 1024 (MLP 2816, experts of 1408) and 8 layers, deeper (up to 64 layers), then wider, until the
+dense model's active weights are twice the cache. Both models then stream their weights from memory; a dense model
+the cache holds would read at the cache's rate, which the experts, 4x its MLP's bytes in all, cannot. `--layers` and
+`--hidden` force a shape. `--tile-rows` first times one thread over every expert's gate_up at 1-4 rows (its CPU time,
+which a busy host's waits leave out): what a pass over an expert's weights costs in rows' products, the weight
+tally/native/experts.h gives each expert's share of a parallel region.
 
     python benchmarks/moe_decode.py [--family qwen3_moe,mixtral,olmoe,gpt_oss|all] [--tokens 32] [--threads 2]
-                                    [--repeats 3] [--batches 1,8] [--tile-rows]
+                                    [--repeats 3] [--batches 1,8] [--layers N] [--hidden H] [--dequantized]
+                                    [--tile-rows]
 """
 from __future__ import annotations
 
@@ -88,10 +93,8 @@ def dense_active_bytes(hidden: int, layers: int) -> int:
 
 
 def fair_shape(cache_bytes: int) -> tuple[int, int]:
-    """(hidden, layers): the smallest shape from hidden 1024 and 8 layers, deepened first and then widened, whose dense
-    model's active bytes are at least twice the last-level cache, so that both models stream their weights from
-    memory: a dense model the cache holds reads at the cache's rate, which the experts, 3.4x its bytes in all, do
-    not."""
+    """(hidden, layers): from hidden 1024 and 8 layers, deepened (up to MAX_LAYERS) and then widened, the smallest shape
+    whose dense model's active bytes are at least twice `cache_bytes` (why: this file's docstring)."""
     hidden = 1024
     while True:
         layer_bytes = dense_active_bytes(hidden, 1) - dense_active_bytes(hidden, 0)
@@ -145,7 +148,7 @@ def tile_rows_cost(llm, threads: int, repeats: int) -> None:
             start = time.thread_time()
             for m in projections:  # the kernel itself: a module's call adds an allocation and torch's dispatch
                 load().tally_gemm_q8(x.data_ptr(), m.q.data_ptr(), m.s.data_ptr(), None, y.data_ptr(), rows,
-                                     m.out_features, m.in_features, m.group_size, 0, 0, scale_form(m.s))
+                                     m.out_features, m.in_features, m.group_size, 0, 0, scale_form(m.s), m.symmetric)
             best[rows] = min(best.get(rows, float("inf")), time.thread_time() - start)
     torch.set_num_threads(threads)
     row = (best[4] - best[1]) / 3
