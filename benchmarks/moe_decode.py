@@ -163,7 +163,14 @@ def expert_path(model: torch.nn.Module) -> str:
     native = sum(moe.native() is not None for moe in moes)
     schemes = sorted({getattr(m, "scheme", type(m).__name__) for moe in moes for m in [*moe.gate_up, *moe.down]})
     step = "one-call decode step" if model.native_step is not None else "NO one-call decode step"
-    return f"native call in {native}/{len(moes)} expert layers ({', '.join(schemes)}), {step}"
+    return f"native call in {native}/{len(moes)} expert layers ({', '.join(schemes)}), {step}, {huge_pages(model)}"
+
+
+def huge_pages(model: torch.nn.Module) -> str:
+    """How much of the weights the kernel backs with 2 MB pages (tally/layers/huge_pages.py): fewer, where it found
+    too few free, cost a step TLB misses, which a ratio between two models would take for the experts' cost."""
+    held = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    return f"{model.huge_page_bytes / 2**20:.0f} of {held / 2**20:.0f} MiB on huge pages"
 
 
 def gguf_types(path: Path) -> str:
@@ -263,6 +270,7 @@ def main() -> int:
         engine = dict(dtype="float32", threads=a.threads, max_model_len=256, kv_cache_memory=64 * 2**20,
                       enable_prefix_caching=False)
         dense = LLM(str(gguf("dense", "olmo2", shape(hidden, layers) | DENSE)), **engine)
+        print(f"dense: {huge_pages(dense.engine.model)}")
         print(f"{'family':<10} {'model':<15} {'batch':>5} {'tok/s':>8} {'MB/token':>9} {'GB/s':>6}")
         for family in families:
             fixture, config = experts(family, hidden)
