@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from support.engine_checks import hf_greedy
-from support.families import shared_family_checkpoint, shared_ggufs
+from support.families import make_family_checkpoint, shared_family_checkpoint, shared_ggufs, to_gguf
 from tally import LLM, SamplingParams
 from tally.errors import ModelLoadError
 from tally.models.gguf_header import read_header
@@ -97,6 +97,21 @@ def test_gguf_of_each_family_gives_transformers_greedy_tokens_and_serves_its_blo
     # q8_0 blocks as stored, int8 activations: near ties may part later, the first token may not
     stored = LLM(str(files[f"{family}-q8_0"]), **ENGINE)
     assert _greedy(stored, ids)[0] == expected[0]
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])  # experts saved per expert; fused, with layer types
+def test_checkpoint_written_a_layer_at_a_time_is_whole_and_gives_transformers_greedy_tokens(tmp_path, family):
+    """The large random checkpoints benchmarks/moe_decode.py builds a layer at a time in bf16: every weight
+    transformers expects, each layer drawn anew, and the converter's GGUF of it read as transformers reads it."""
+    hf_dir = make_family_checkpoint(tmp_path / family, family, by_layer=True, num_hidden_layers=3)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32,
+                                                                    output_loading_info=True)
+    assert not any(info.values()), info  # no missing, unexpected or mismatched weight
+    first, last = (dict(model.model.layers[i].named_parameters()) for i in (0, 2))
+    assert all(not torch.equal(first[name], last[name]) for name, p in first.items() if p.dim() > 1)
+    ids = list(range(100, 116))
+    llm = LLM(str(to_gguf(hf_dir, tmp_path / f"{family}.gguf")), quantization="none", dtype="float32", **ENGINE)
+    assert _greedy(llm, ids) == hf_greedy(model, ids, GREEDY.max_tokens)[0]
 
 
 def _renamed_copy(path: Path, out: Path, name: str) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from support.run_shared import built_once, key_name, locked, taken
-from support.tiny_models import CORPUS, save_random_model
+from support.tiny_models import CORPUS, save_random_model, save_random_model_by_layer
 
 CONVERTER = Path(__file__).resolve().parents[2] / "third_party" / "llama.cpp" / "convert_hf_to_gguf.py"
 LORA_CONVERTER = CONVERTER.with_name("convert_lora_to_gguf.py")
@@ -103,10 +103,12 @@ FAMILIES: dict[str, Family] = {
 
 
 def make_family_checkpoint(out_dir: Path, family: str, seed: int = 0, wrapper: str | None = None,
-                           **overrides: Any) -> Path:
+                           by_layer: bool = False, **overrides: Any) -> Path:
     """Write a random fp32 checkpoint of `family` (a key of FAMILIES) to out_dir: config.json, model.safetensors and
     tokenizer files that AutoTokenizer loads. `overrides` replace config keyword arguments whole. With `wrapper` (a
-    multimodal model_type, e.g. "gemma3"), the family's model is the text part of that multimodal model."""
+    multimodal model_type, e.g. "gemma3"), the family's model is the text part of that multimodal model. With
+    `by_layer`, a model too large to hold at once is written a layer at a time, in bf16 (save_random_model_by_layer),
+    and never with a wrapper."""
     import transformers
 
     spec = FAMILIES[family]
@@ -123,7 +125,7 @@ def make_family_checkpoint(out_dir: Path, family: str, seed: int = 0, wrapper: s
     if wrapper is not None:  # the text model inside a multimodal one, with a one-layer vision tower beside it
         config = transformers.AutoConfig.for_model(wrapper, text_config=config.to_dict(), vision_config=_TINY_VISION,
                                                    dtype="float32")
-    save_random_model(out_dir, config, seed, draw_1d=dict(spec.draw_1d))
+    (save_random_model_by_layer if by_layer else save_random_model)(out_dir, config, seed, draw_1d=dict(spec.draw_1d))
     return out_dir
 
 

@@ -127,9 +127,54 @@ def save_random_model(out_dir: Path, config: PreTrainedConfig, seed: int = 0,
     model = auto_model_class(config).from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            means = [mean for part, mean in (draw_1d or {}).items() if part in name]
-            if p.dim() > 1:
-                p.normal_(0.0, 0.15)
-            elif means:
-                p.normal_(means[0], 0.15)
+            _draw(name, p, draw_1d)
     model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def save_random_model_by_layer(out_dir: Path, config: PreTrainedConfig, seed: int = 0,
+                               draw_1d: Mapping[str, float] | None = None, dtype: torch.dtype = torch.bfloat16) -> None:
+    """save_random_model's weights for a causal LM too large to hold at once: a one-layer model is saved (under the
+    names save_pretrained gives, experts included), then each layer is drawn in the image of that layer and written
+    as a shard of its own, so memory holds one layer; the tensors are stored as `dtype`."""
+    import copy
+    import tempfile
+
+    from safetensors.torch import load_file, save_file
+
+    one = copy.deepcopy(config)
+    one.num_hidden_layers = 1
+    if getattr(one, "layer_types", None):  # every layer's weights have layer 0's shapes
+        one.layer_types = one.layer_types[:1]
+    with tempfile.TemporaryDirectory() as tmp:
+        save_random_model(Path(tmp), one, seed, draw_1d)
+        saved = {k: v for f in sorted(Path(tmp).glob("*.safetensors")) for k, v in load_file(f).items()}
+    layer0 = {name: t for name, t in saved.items() if ".layers.0." in name}
+    shards = config.num_hidden_layers + 1
+    weight_map: dict[str, str] = {}
+    total_bytes = 0
+
+    def write(n: int, tensors: dict[str, torch.Tensor]) -> None:
+        nonlocal total_bytes
+        shard = f"model-{n + 1:05d}-of-{shards:05d}.safetensors"
+        save_file(tensors, Path(out_dir) / shard, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(tensors, shard))
+        total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
+
+    write(0, {name: t.to(dtype) for name, t in saved.items() if name not in layer0})
+    with torch.no_grad():
+        for i in range(config.num_hidden_layers):
+            write(i + 1, {name.replace(".layers.0.", f".layers.{i}."): _draw(name, t.clone(), draw_1d).to(dtype)
+                          for name, t in layer0.items()})
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
+    (Path(out_dir) / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config.save_pretrained(out_dir)
+
+
+def _draw(name: str, p: torch.Tensor, draw_1d: Mapping[str, float] | None) -> torch.Tensor:
+    """Redraw the parameter `name` in place as save_random_model does; returns it."""
+    means = [mean for part, mean in (draw_1d or {}).items() if part in name]
+    if p.dim() > 1:
+        p.normal_(0.0, 0.15)
+    elif means:
+        p.normal_(means[0], 0.15)
+    return p
