@@ -65,9 +65,12 @@ def test_newest_request_is_preempted_when_blocks_run_out_and_resumes_later():
     assert b.num_computed_tokens == 0 and s.waiting[0] is b
     s.finish(a, RequestStatus.FINISHED_LENGTH)
     known = b.num_tokens
+    assert b.num_output_tokens > 0
+    # recompute: the prompt in one step, then the generated tokens (the decode rows that first made them)
+    out = _step(s, sample=False)
+    assert [(x.request, x.num_new_tokens) for x in out.scheduled] == [(b, b.num_prompt_tokens)]
     out = _step(s)
-    assert [x.request for x in out.scheduled] == [b]
-    assert out.scheduled[0].num_new_tokens == known  # recompute prompt and generated tokens
+    assert [(x.request, x.num_new_tokens) for x in out.scheduled] == [(b, known - b.num_prompt_tokens)]
 
 
 def test_static_scheduling_waits_for_the_batch_and_admits_nobody_mid_flight():

@@ -101,7 +101,7 @@ class Scheduler:
             if req.spec_token_ids and req.num_tokens_with_spec - req.num_computed_tokens > budget:
                 # Proposals are a bet, not owed work: the ones that do not fit are dropped, never chunked.
                 del req.spec_token_ids[max(0, budget - (req.num_tokens - req.num_computed_tokens)):]
-            uncomputed = req.num_tokens_with_spec - req.num_computed_tokens
+            uncomputed = tokens_to_compute(req, req.num_computed_tokens)
             if chunked is not None and uncomputed > budget:
                 chunked.append(req)
                 continue
@@ -163,7 +163,7 @@ class Scheduler:
             cached = [] if swapped else self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
             forked = 0 if swapped else self._forkable_tokens(req, len(cached))
-            remaining = req.num_tokens - req.num_computed_tokens - num_cached - swapped - forked
+            remaining = tokens_to_compute(req, req.num_computed_tokens + num_cached + swapped + forked)
             n = 0 if whole_only and remaining > budget else self._num_new_tokens(remaining, budget, partial)
             if n == 0:
                 i += 1
@@ -251,6 +251,17 @@ class Scheduler:
         self.kv.free(req)
         if self.swap is not None:
             self.swap.discard(req.request_id)
+
+
+def tokens_to_compute(req: Request, computed: int) -> int:
+    """A request's tokens from `computed` on that it may compute in one step: up to its known tokens and proposals,
+    but never across the end of its prompt. Only a request preempted by recompute has both left: its prompt runs as a
+    prefill, and its generated tokens from the next step on as the decode rows that first made them
+    (tally/engine/inputs.py), so its KV, and what it samples after, keep their bits."""
+    end = req.num_tokens_with_spec
+    if computed < req.num_prompt_tokens:
+        end = min(end, req.num_prompt_tokens)
+    return end - computed
 
 
 def _rank(req: Request) -> tuple[int, float]:
