@@ -106,15 +106,19 @@ MID_DECODE_POOL = dict(num_gpu_blocks_override=24, block_size=4, max_model_len=9
 MID_DECODE_PARAMS = SamplingParams(temperature=0, max_tokens=16, logprobs=0, ignore_eos=True)
 
 
+def _mid_decode_needle() -> list[int]:
+    rng = random.Random(11)
+    return [rng.randrange(3, 300) for _ in range(24)]
+
+
 def _needle_preempted_mid_decode(llm: LLM) -> tuple[tuple[list[int], list[float]], list[int]]:
     """The needle behind two long requests in MID_DECODE_POOL: its tokens and logprobs, and how many tokens it had
     generated at each of its preemptions."""
-    rng = random.Random(11)
-    needle = [rng.randrange(3, 300) for _ in range(24)]
+    rng = random.Random(12)
     engine, long = llm.engine, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     for i in range(2):
         engine.add_request(f"long-{i}", {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(30)]}, long)
-    engine.add_request("needle", {"prompt_token_ids": needle}, MID_DECODE_PARAMS)
+    engine.add_request("needle", {"prompt_token_ids": _mid_decode_needle()}, MID_DECODE_PARAMS)
     made, final = [], {}
     while engine.has_unfinished_requests():
         waited = any(r.request_id == "needle" for r in engine.scheduler.waiting)
@@ -124,15 +128,26 @@ def _needle_preempted_mid_decode(llm: LLM) -> tuple[tuple[list[int], list[float]
     return _chosen(final["needle"].outputs[0]), made
 
 
-def _alone_mid_decode(model: str) -> tuple[list[int], list[float]]:
-    """_needle_preempted_mid_decode's needle alone, at default settings."""
-    llm = LLM(model)
+def _alone_mid_decode(model: str, **settings) -> tuple[list[int], list[float]]:
+    """_needle_preempted_mid_decode's needle alone, at default settings but MID_DECODE_POOL's context length (an int8
+    cache's key scales are measured over it) and `settings`."""
+    llm = LLM(model, max_model_len=MID_DECODE_POOL["max_model_len"], **settings)
     try:
-        rng = random.Random(11)
-        needle = [rng.randrange(3, 300) for _ in range(24)]
-        return _chosen(llm.generate([{"prompt_token_ids": needle}], MID_DECODE_PARAMS, use_tqdm=False)[0].outputs[0])
+        out = llm.generate([{"prompt_token_ids": _mid_decode_needle()}], MID_DECODE_PARAMS, use_tqdm=False)[0]
+        return _chosen(out.outputs[0])
     finally:
         llm.engine.shutdown()
+
+
+def _assert_preempted_mid_decode_keeps_its_bits(model: str, **settings) -> None:
+    alone = _alone_mid_decode(model, kv_cache_dtype=settings.get("kv_cache_dtype", "auto"))
+    llm = LLM(model, **MID_DECODE_POOL, **settings)
+    try:
+        got, made = _needle_preempted_mid_decode(llm)
+    finally:
+        llm.engine.shutdown()
+    assert max(made, default=0) >= 3  # preempted with tokens generated
+    assert got == alone
 
 
 @pytest.fixture(scope="module")
@@ -145,33 +160,27 @@ def dense_fp32(tmp_path_factory) -> Path:
     dict(preemption_mode="recompute", enable_prefix_caching=False),
     dict(preemption_mode="recompute"),
     dict(preemption_mode="recompute", enable_prefix_caching=False, max_num_batched_tokens=8),
+    dict(preemption_mode="recompute", enable_prefix_caching=False, kv_cache_dtype="int8"),
     dict(preemption_mode="swap", swap_space=1),
-], ids=["recompute", "recompute-prefix-hits", "recompute-chunked-8", "swap"])
+], ids=["recompute", "recompute-prefix-hits", "recompute-chunked-8", "recompute-int8-kv", "swap"])
 def test_a_request_preempted_mid_decode_keeps_its_bits_on_an_fp32_checkpoint(dense_fp32: Path,
                                                                              settings: dict) -> None:
     """Recompute runs the generated tokens as the decode rows that first made them, after the prompt's prefill: the
-    same tokens and logprobs as alone, whether the recompute runs whole, in 8-token chunks, or after prefix-cache hits
-    on the request's own blocks; swapped blocks come back as they were."""
-    alone = _alone_mid_decode(str(dense_fp32))
-    llm = LLM(str(dense_fp32), **MID_DECODE_POOL, **settings)
-    try:
-        got, made = _needle_preempted_mid_decode(llm)
-    finally:
-        llm.engine.shutdown()
-    assert made and min(made) >= 3  # preempted with tokens generated
-    assert got == alone
+    same tokens and logprobs as alone, whether the recompute runs whole, in 8-token chunks, after prefix-cache hits
+    on the request's own blocks, or over an int8 cache; swapped blocks come back as they were."""
+    _assert_preempted_mid_decode_keeps_its_bits(str(dense_fp32), **settings)
+
+
+def test_a_request_preempted_mid_decode_keeps_its_bits_under_sliding_windows(tmp_path: Path) -> None:
+    """Gemma 3's windows of 8 keys on some layers: a recomputed decode row sees the window it saw."""
+    _assert_preempted_mid_decode_keeps_its_bits(str(make_family_checkpoint(tmp_path, "gemma3")),
+                                                preemption_mode="recompute", enable_prefix_caching=False)
 
 
 def test_a_request_preempted_mid_decode_keeps_its_bits_on_the_built_in_gguf() -> None:
-    """The built-in model (its GGUF blocks on the native kernels), recomputed after a preemption."""
-    alone = _alone_mid_decode("smollm2-135m")
-    llm = LLM("smollm2-135m", **MID_DECODE_POOL, preemption_mode="recompute", enable_prefix_caching=False)
-    try:
-        got, made = _needle_preempted_mid_decode(llm)
-    finally:
-        llm.engine.shutdown()
-    assert made and min(made) >= 3
-    assert got == alone
+    """The built-in model (its GGUF blocks on the native kernels, the one-call decode step), recomputed."""
+    _assert_preempted_mid_decode_keeps_its_bits("smollm2-135m", preemption_mode="recompute",
+                                                enable_prefix_caching=False)
 
 
 def test_a_needle_on_two_tensor_parallel_ranks_gets_one_process_bits(dense_bf16: Path, default_llm: LLM) -> None:
