@@ -163,13 +163,17 @@ class Scheduler:
             cached = [] if swapped else self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
             forked = 0 if swapped else self._forkable_tokens(req, len(cached))
-            remaining = tokens_to_compute(req, req.num_computed_tokens + num_cached + swapped + forked)
+            start = req.num_computed_tokens + num_cached + swapped + forked
+            remaining = tokens_to_compute(req, start)
             n = 0 if whole_only and remaining > budget else self._num_new_tokens(remaining, budget, partial)
             if n == 0:
                 i += 1
                 continue
+            # A recompute that starts whole takes the room of its generated tokens too, which run next step: room for
+            # its prompt alone would see it preempted again there, its prompt computed for nothing
+            room = req.num_tokens - start if n == remaining else n
             req.num_computed_tokens += swapped + forked  # computed again once copied in, before the step runs
-            if not self.kv.allocate(req, n, cached):
+            if not self.kv.allocate(req, room, cached):
                 req.num_computed_tokens -= swapped + forked
                 break
             if swapped:
