@@ -162,12 +162,16 @@ def dense_fp32(tmp_path_factory) -> Path:
     dict(preemption_mode="recompute", enable_prefix_caching=False, max_num_batched_tokens=8),
     dict(preemption_mode="recompute", enable_prefix_caching=False, kv_cache_dtype="int8"),
     dict(preemption_mode="swap", swap_space=1),
-], ids=["recompute", "recompute-prefix-hits", "recompute-chunked-8", "recompute-int8-kv", "swap"])
+    dict(preemption_mode="recompute", enable_prefix_caching=False, tensor_parallel_size=2),
+    dict(preemption_mode="recompute", enable_prefix_caching=False, pipeline_parallel_size=2),
+], ids=["recompute", "recompute-prefix-hits", "recompute-chunked-8", "recompute-int8-kv", "swap", "recompute-tp2",
+        "recompute-pp2"])
 def test_a_request_preempted_mid_decode_keeps_its_bits_on_an_fp32_checkpoint(dense_fp32: Path,
                                                                              settings: dict) -> None:
     """Recompute runs the generated tokens as the decode rows that first made them, after the prompt's prefill: the
-    same tokens and logprobs as alone, whether the recompute runs whole, in 8-token chunks, after prefix-cache hits
-    on the request's own blocks, or over an int8 cache; swapped blocks come back as they were."""
+    same tokens and logprobs as alone (in one process), whether the recompute runs whole, in 8-token chunks, after
+    prefix-cache hits on the request's own blocks, over an int8 cache, or on two tensor or pipeline ranks (rank 0's
+    layout sent to the others); swapped blocks come back as they were."""
     _assert_preempted_mid_decode_keeps_its_bits(str(dense_fp32), **settings)
 
 
