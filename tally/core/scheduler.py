@@ -4,7 +4,8 @@ requests that fit whole go before chunks of long prompts, so a short prompt neve
 queue is otherwise admitted first-come-first-served (or by priority, then arrival) while the KV pool has room; when it
 runs out, the newest running request (or the lowest in priority) is preempted (proposals are dropped first: nobody is
 preempted for a bet): its blocks go to the swap space where that is measured cheaper than recomputing them
-(tally/core/kv_tiers.py), else it recomputes."""
+(tally/core/kv_tiers.py), else it recomputes: its prompt in one step, its generated tokens from the next
+(tokens_to_compute), so each position runs as it first did."""
 from __future__ import annotations
 
 import bisect
