@@ -87,20 +87,104 @@ def test_seeded_sampling_draws_the_same_tokens_alone_and_in_a_batch(default_llm:
 
 @pytest.mark.parametrize("settings", [
     dict(max_num_batched_tokens=16, enable_chunked_prefill=True),
-    dict(num_gpu_blocks_override=24, block_size=16, preemption_mode="recompute"),
-    dict(num_gpu_blocks_override=24, block_size=16, preemption_mode="swap", swap_space=1),
     dict(speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}),
-], ids=["chunked-prefill-16", "preempt-recompute", "preempt-swap", "ngram-speculation"])
+], ids=["chunked-prefill-16", "ngram-speculation"])
 def test_settings_that_reshape_steps_leave_a_requests_bits_alone(dense_bf16: Path, default_llm: LLM,
                                                                    settings: dict) -> None:
-    """Against the needle alone at default settings: small prompt chunks, a pool that preempts (a prefix-cache hit
-    when the request comes back), speculation on."""
+    """Against the needle alone at default settings: small prompt chunks, speculation on (preemption: below)."""
     needle_alone = _needle_alone(default_llm)
     llm = LLM(str(dense_bf16), **settings)
     try:
         assert _needle_misses(llm, trials=1, alone=needle_alone) == []
     finally:
         llm.engine.shutdown()
+
+
+# A pool of 24 blocks of 4 tokens for a 24-token needle behind two requests of 30 + 60 tokens: the newest running,
+# the needle is preempted when the pool runs out, tokens into its output (and again later).
+MID_DECODE_POOL = dict(num_gpu_blocks_override=24, block_size=4, max_model_len=96)
+MID_DECODE_PARAMS = SamplingParams(temperature=0, max_tokens=16, logprobs=0, ignore_eos=True)
+
+
+def _mid_decode_needle() -> list[int]:
+    rng = random.Random(11)
+    return [rng.randrange(3, 300) for _ in range(24)]
+
+
+def _needle_preempted_mid_decode(llm: LLM) -> tuple[tuple[list[int], list[float]], list[int]]:
+    """The needle behind two long requests in MID_DECODE_POOL: its tokens and logprobs, and how many tokens it had
+    generated at each of its preemptions."""
+    rng = random.Random(12)
+    engine, long = llm.engine, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    for i in range(2):
+        engine.add_request(f"long-{i}", {"prompt_token_ids": [rng.randrange(3, 300) for _ in range(30)]}, long)
+    engine.add_request("needle", {"prompt_token_ids": _mid_decode_needle()}, MID_DECODE_PARAMS)
+    made, final = [], {}
+    while engine.has_unfinished_requests():
+        waited = any(r.request_id == "needle" for r in engine.scheduler.waiting)
+        for out in engine.step():
+            final[out.request_id] = out
+        made += [r.num_output_tokens for r in engine.scheduler.waiting if r.request_id == "needle" and not waited]
+    return _chosen(final["needle"].outputs[0]), made
+
+
+def _alone_mid_decode(model: str, **settings) -> tuple[list[int], list[float]]:
+    """_needle_preempted_mid_decode's needle alone, at default settings but MID_DECODE_POOL's context length (an int8
+    cache's key scales are measured over it) and `settings`."""
+    llm = LLM(model, max_model_len=MID_DECODE_POOL["max_model_len"], **settings)
+    try:
+        out = llm.generate([{"prompt_token_ids": _mid_decode_needle()}], MID_DECODE_PARAMS, use_tqdm=False)[0]
+        return _chosen(out.outputs[0])
+    finally:
+        llm.engine.shutdown()
+
+
+def _assert_preempted_mid_decode_keeps_its_bits(model: str, **settings) -> None:
+    alone = _alone_mid_decode(model, kv_cache_dtype=settings.get("kv_cache_dtype", "auto"))
+    llm = LLM(model, **MID_DECODE_POOL, **settings)
+    try:
+        got, made = _needle_preempted_mid_decode(llm)
+    finally:
+        llm.engine.shutdown()
+    assert max(made, default=0) >= 3  # preempted with tokens generated
+    assert got == alone
+
+
+@pytest.fixture(scope="module")
+def dense_fp32(tmp_path_factory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("fp32"), "llama", hidden_size=128, intermediate_size=256,
+                           num_attention_heads=8, num_key_value_heads=4)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(preemption_mode="recompute", enable_prefix_caching=False),
+    dict(preemption_mode="recompute"),
+    dict(preemption_mode="recompute", enable_prefix_caching=False, max_num_batched_tokens=8),
+    dict(preemption_mode="recompute", enable_prefix_caching=False, kv_cache_dtype="int8"),
+    dict(preemption_mode="swap", swap_space=1),
+    dict(preemption_mode="recompute", enable_prefix_caching=False, tensor_parallel_size=2),
+    dict(preemption_mode="recompute", enable_prefix_caching=False, pipeline_parallel_size=2),
+], ids=["recompute", "recompute-prefix-hits", "recompute-chunked-8", "recompute-int8-kv", "swap", "recompute-tp2",
+        "recompute-pp2"])
+def test_a_request_preempted_mid_decode_keeps_its_bits_on_an_fp32_checkpoint(dense_fp32: Path,
+                                                                             settings: dict) -> None:
+    """Recompute runs the generated tokens as the decode rows that first made them, after the prompt's prefill: the
+    same tokens and logprobs as alone (in one process), whether the recompute runs whole, in 8-token chunks, after
+    prefix-cache hits on the request's own blocks, over an int8 cache, or on two tensor or pipeline ranks (rank 0's
+    layout sent to the others); swapped blocks come back as they were."""
+    _assert_preempted_mid_decode_keeps_its_bits(str(dense_fp32), **settings)
+
+
+def test_a_request_preempted_mid_decode_keeps_its_bits_under_sliding_windows(tmp_path: Path) -> None:
+    """Gemma 3's windows of 8 keys on some layers: a recomputed decode row sees the window it saw."""
+    _assert_preempted_mid_decode_keeps_its_bits(str(make_family_checkpoint(tmp_path, "gemma3")),
+                                                preemption_mode="recompute", enable_prefix_caching=False)
+
+
+def test_a_request_preempted_mid_decode_keeps_its_bits_on_the_built_in_gguf() -> None:
+    """The built-in model (its GGUF blocks on the native kernels, the one-call decode step), recomputed."""
+    _assert_preempted_mid_decode_keeps_its_bits("smollm2-135m", preemption_mode="recompute",
+                                                enable_prefix_caching=False)
 
 
 def test_a_needle_on_two_tensor_parallel_ranks_gets_one_process_bits(dense_bf16: Path, default_llm: LLM) -> None:

@@ -65,9 +65,30 @@ def test_newest_request_is_preempted_when_blocks_run_out_and_resumes_later():
     assert b.num_computed_tokens == 0 and s.waiting[0] is b
     s.finish(a, RequestStatus.FINISHED_LENGTH)
     known = b.num_tokens
+    assert b.num_output_tokens > 0
+    # recompute: the prompt in one step, then the generated tokens (the decode rows that first made them)
+    out = _step(s, sample=False)
+    assert [(x.request, x.num_new_tokens) for x in out.scheduled] == [(b, b.num_prompt_tokens)]
     out = _step(s)
-    assert [x.request for x in out.scheduled] == [b]
-    assert out.scheduled[0].num_new_tokens == known  # recompute prompt and generated tokens
+    assert [(x.request, x.num_new_tokens) for x in out.scheduled] == [(b, known - b.num_prompt_tokens)]
+
+
+def test_a_request_preempted_by_recompute_comes_back_only_when_all_it_had_fits():
+    """Its prompt runs first and its generated tokens a step later, but room for its prompt alone would see it
+    preempted again at that step, its prompt computed for nothing."""
+    s = _sched(num_blocks=3, block_size=4, max_num_batched_tokens=64)
+    a = Request("a", [1, 2, 3, 4], 8, 0.0)
+    b = Request("b", [5, 6, 7], 8, 0.0)
+    s.add(a)
+    s.add(b)
+    _step(s)
+    _step(s)
+    assert _step(s).preempted == [b]  # a holds 2 blocks; b's 3 prompt and 2 generated tokens need 2, 1 is free
+    assert [x.request for x in _step(s).scheduled] == [a]
+    s.finish(a, RequestStatus.FINISHED_LENGTH)
+    out = _step(s, sample=False)
+    assert [(x.request, x.num_new_tokens) for x in out.scheduled] == [(b, 3)]
+    assert s.kv.num_held_blocks("b") == 2  # its generated tokens' block is held already
 
 
 def test_static_scheduling_waits_for_the_batch_and_admits_nobody_mid_flight():

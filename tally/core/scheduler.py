@@ -4,7 +4,8 @@ requests that fit whole go before chunks of long prompts, so a short prompt neve
 queue is otherwise admitted first-come-first-served (or by priority, then arrival) while the KV pool has room; when it
 runs out, the newest running request (or the lowest in priority) is preempted (proposals are dropped first: nobody is
 preempted for a bet): its blocks go to the swap space where that is measured cheaper than recomputing them
-(tally/core/kv_tiers.py), else it recomputes."""
+(tally/core/kv_tiers.py), else it recomputes: its prompt in one step, its generated tokens from the next
+(tokens_to_compute), so each position runs as it first did."""
 from __future__ import annotations
 
 import bisect
@@ -101,7 +102,7 @@ class Scheduler:
             if req.spec_token_ids and req.num_tokens_with_spec - req.num_computed_tokens > budget:
                 # Proposals are a bet, not owed work: the ones that do not fit are dropped, never chunked.
                 del req.spec_token_ids[max(0, budget - (req.num_tokens - req.num_computed_tokens)):]
-            uncomputed = req.num_tokens_with_spec - req.num_computed_tokens
+            uncomputed = tokens_to_compute(req, req.num_computed_tokens)
             if chunked is not None and uncomputed > budget:
                 chunked.append(req)
                 continue
@@ -163,13 +164,17 @@ class Scheduler:
             cached = [] if swapped else self.kv.find_cached_prefix(req)
             num_cached = len(cached) * self.kv.block_size
             forked = 0 if swapped else self._forkable_tokens(req, len(cached))
-            remaining = req.num_tokens - req.num_computed_tokens - num_cached - swapped - forked
+            start = req.num_computed_tokens + num_cached + swapped + forked
+            remaining = tokens_to_compute(req, start)
             n = 0 if whole_only and remaining > budget else self._num_new_tokens(remaining, budget, partial)
             if n == 0:
                 i += 1
                 continue
+            # A recompute that starts whole takes the room of its generated tokens too, which run next step: room for
+            # its prompt alone would see it preempted again there, its prompt computed for nothing
+            room = req.num_tokens - start if n == remaining else n
             req.num_computed_tokens += swapped + forked  # computed again once copied in, before the step runs
-            if not self.kv.allocate(req, n, cached):
+            if not self.kv.allocate(req, room, cached):
                 req.num_computed_tokens -= swapped + forked
                 break
             if swapped:
@@ -251,6 +256,17 @@ class Scheduler:
         self.kv.free(req)
         if self.swap is not None:
             self.swap.discard(req.request_id)
+
+
+def tokens_to_compute(req: Request, computed: int) -> int:
+    """A request's tokens from `computed` on that it may compute in one step: up to its known tokens and proposals,
+    but never across the end of its prompt. Only a request preempted by recompute has both left: its prompt runs as a
+    prefill, and its generated tokens from the next step on as the decode rows that first made them
+    (tally/engine/inputs.py), so its KV, and what it samples after, keep their bits."""
+    end = req.num_tokens_with_spec
+    if computed < req.num_prompt_tokens:
+        end = min(end, req.num_prompt_tokens)
+    return end - computed
 
 
 def _rank(req: Request) -> tuple[int, float]:

@@ -1,10 +1,11 @@
 """SchedulerOutput → the flat tensors of one forward pass (token ids, positions, slot mapping,
 block tables), built with a loop over requests, never over tokens.
 
-Rows are laid out one-token rows (decodes, and a verify's or a short draft span's tokens, one query each) first:
-the attention backends batch the leading `num_decode_tokens` rows into one decode call
-(tally/attention/metadata.py). A prompt's one-token chunk is not a decode: every prompt row runs through the prefill
-attention, so a prompt keeps its bits wherever a chunk or a prefix-cache hit ends."""
+Rows are laid out one-token rows (every position past the prompt: decodes, a verify's tokens, a recomputed request's
+generated tokens; a short draft span's tokens) first, one query each: the attention backends batch the leading
+`num_decode_tokens` rows into one decode call (tally/attention/metadata.py). A prompt's one-token chunk is not a
+decode: every prompt row runs through the prefill attention, so a prompt keeps its bits wherever a chunk or a
+prefix-cache hit ends, and so does an output, whose positions always run as decodes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,12 +34,10 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
     rows = _Rows()
     sample_rows, sample_counts, sample_index = [], [], []
     row_start = [0] * len(out.scheduled)
-    # A verify (a decoding request's last token and its proposals) goes in as decode rows (_Rows.add), and so does
-    # one new token after the prompt
-    verify = [bool(s.request.spec_token_ids) and s.request.num_computed_tokens == s.request.num_tokens - 1
-              for s in out.scheduled]
-    decodes = [verify[row] or (s.num_new_tokens == 1 and s.request.num_computed_tokens >= s.request.num_prompt_tokens)
-               for row, s in enumerate(out.scheduled)]
+    # Positions past the prompt go in as decode rows (_Rows.add): a decode's token, a verify's last token and its
+    # proposals, and the generated tokens of a request preempted by recompute, which the scheduler runs a step after
+    # its prompt (tally/core/scheduler.py:tokens_to_compute), so they get the bits of the decode steps that made them
+    decodes = [s.request.num_computed_tokens >= s.request.num_prompt_tokens for s in out.scheduled]
     decodes_first = sorted(range(len(out.scheduled)), key=lambda row: not decodes[row])
     for row in decodes_first:
         s = out.scheduled[row]
