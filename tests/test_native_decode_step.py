@@ -10,6 +10,7 @@ from tally.layers.dense import ConcatLinear
 from tally.layers.linear import build_linear
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.native import ops
+from tally.quant.gguf_blocks import IQ4_VALUES
 from tally.quant.native_linear import NativeInt4Linear, NativeTableLinear
 
 pytestmark = pytest.mark.skipif(not ops.available(), reason="native kernels unavailable (see tally/native/library.py)")
@@ -212,7 +213,7 @@ def test_a_fused_projection_of_parts_in_different_formats_runs_in_the_one_call_s
 
 def _iq4_nl(weight: torch.Tensor) -> NativeTableLinear:
     """IQ4_NL's form: per group of 32, d times one of its table's 16 int8 values."""
-    table = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+    table = IQ4_VALUES.long()
     groups = weight.view(weight.shape[0], -1, 32)
     d = groups.abs().amax(dim=-1).clamp(min=1e-8) / 127
     q = ((groups / d[:, :, None])[..., None] - table).abs().argmin(dim=-1)

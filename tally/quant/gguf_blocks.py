@@ -34,7 +34,7 @@ import torch
 BLOCK = 32
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q8_0": 34, "Q4_K": 144, "Q6_K": 210, "MXFP4": 17,
                 "Q5_1": 24, "Q5_K": 176, "Q3_K": 110, "Q2_K": 84, "IQ4_NL": 18, "IQ4_XS": 136}
-_IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8)
+IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8)
 _E2M1_DOUBLED = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int8)
 NATIVE_BLOCK_TYPES = frozenset(_BLOCK_BYTES)  # the GGUF block types served as stored; others are dequantized
 _WEIGHTS_PER_BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q5_K": 256, "Q3_K": 256, "Q2_K": 256, "IQ4_XS": 256}
@@ -290,7 +290,7 @@ def _q3_k(blocks: np.ndarray) -> Int4Blocks:
 
 
 def _iq4_nl(blocks: np.ndarray) -> TableBlocks:
-    return TableBlocks(_nibbles(blocks, 2), _fp16(blocks, 0), _IQ4_VALUES)
+    return TableBlocks(_nibbles(blocks, 2), _fp16(blocks, 0), IQ4_VALUES)
 
 
 def _iq4_xs(blocks: np.ndarray) -> TableBlocks:
@@ -301,7 +301,7 @@ def _iq4_xs(blocks: np.ndarray) -> TableBlocks:
     ls = ((low & 15) | ((high & 3).astype(np.uint8) << 4)).astype(np.float32) - 32
     q = _nibbles(blocks[..., 8:].reshape(n, s * 8, 16), 0)  # each group's 16 bytes as a Q4_0 block's nibbles
     scale = torch.from_numpy(ls) * _fp16(blocks, 0)[..., None]  # d * ls: an fp16 times a small integer, exact
-    return TableBlocks(q, scale.reshape(n, -1), _IQ4_VALUES)
+    return TableBlocks(q, scale.reshape(n, -1), IQ4_VALUES)
 
 
 _MORE_TYPES = {"Q5_1": _q5_1, "Q5_K": _q5_k, "Q2_K": _q2_k, "Q3_K": _q3_k, "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs}
