@@ -11,6 +11,7 @@ from tally.errors import ConfigError
 from tally.models.builder import build_model
 from tally.models.loader import load_checkpoint
 from tally.models.prefill import prefill
+from tally.progress import untracked
 from tally.quant.int4 import Int4Linear
 
 pytestmark = pytest.mark.slow  # loads the built-in model (4 builds)
@@ -40,6 +41,21 @@ def test_gguf_blocks_as_stored_give_the_dequantized_models_logits(torch_kernels)
         want = dense.compute_logits(prefill(dense, ids))
         got = direct.compute_logits(prefill(direct, ids))
         assert (got - want).abs().max().item() < 1e-4
+
+
+def test_blocks_served_as_stored_are_never_read_as_floats():
+    # Reading them would hold each dequantized (fp32: ~7x a 4-bit file) while the model is built
+    ckpt = load_checkpoint(None)
+    read: list[str] = []
+    tensors = ckpt.tensor_map(untracked, lambda _: True, lambda name, t: read.append(name) or t)
+    stored = {name: ckpt.gguf_tensor(name).ggml_type.name for name in tensors}
+    cfg = ckpt.config
+    attn = make_backend("reference", num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                        scale=cfg.head_dim ** -0.5, sliding_window=None)
+    build_model(cfg, tensors, dtype=torch.float32, quantization="gguf", attn=attn, max_model_len=256, checkpoint=ckpt)
+    assert not tensors  # every tensor taken
+    assert {stored[name] for name in read} == {"F32"}  # the norms
+    assert {"Q4_1", "Q8_0"} <= set(stored.values())
 
 
 def test_gguf_direct_engine_greedy_tokens_equal_dense(torch_kernels):

@@ -24,6 +24,7 @@ from tally.models.decoder import CausalLM
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.models.packed_checkpoint import linear_from_packed
 from tally.models.pipeline_split import PPStage
+from tally.models.tensor_map import Reader, TensorMap
 from tally.models.tensor_parallel import TPShard
 from tally.quant.gguf_blocks import BLOCK, Blocks, concat_blocks, read_blocks
 
@@ -39,11 +40,12 @@ def model_attention(name: str, cfg: ModelConfig, compute_dtype: torch.dtype = to
                         logit_softcap=cfg.attn_logit_softcap)
 
 
-def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype: torch.dtype,
+def build_model(config: ModelConfig, tensors: TensorMap | dict[str, torch.Tensor], *, dtype: torch.dtype,
                 quantization: str | None, attn: AttentionBackend, max_model_len: int,
                 checkpoint: Checkpoint | None = None, weight_dtype: torch.dtype | None = None,
                 parallel: tuple[TPShard, TPGroup] | None = None, stage: PPStage | None = None) -> CausalLM:
-    """Consumes `tensors` (popped as used, so peak memory stays near one copy of the weights).
+    """Consumes `tensors` (popped as used, so peak memory stays near one copy of the weights; a TensorMap reads
+    each when taken, and a GGUF projection served as its stored blocks is never read as floats).
     `checkpoint` is needed for `quantization="gguf"` (its raw blocks) and for pre-quantized checkpoints.
     `weight_dtype=torch.float16` stores dense projections, the embedding and the head in fp16 (fp32 compute);
     `torch.float32` keeps fp32 projections on the native panels (tally/layers/linear.py build_linear).
@@ -53,12 +55,16 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
     prequantized = checkpoint.quantization if checkpoint is not None else None
     _check_quantization(quantization, checkpoint, prequantized)
     shard, tp = parallel if parallel is not None else (None, None)
+    tensors = tensors if isinstance(tensors, TensorMap) else TensorMap.of(tensors)
 
-    def pop(name: str) -> torch.Tensor:
+    def take(name: str) -> Reader:
         try:
-            return tensors.pop(name)
+            return tensors.take(name)
         except KeyError as exc:
             raise ModelLoadError(f"checkpoint is missing tensor {name!r}") from exc
+
+    def pop(name: str) -> torch.Tensor:
+        return take(name)()
 
     def make_proj(names: list[str], bias: bool) -> nn.Module:
         layer = _make_proj(names, bias)
@@ -76,26 +82,26 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         if prequantized is not None and f"{names[0]}.qweight" in tensors:
             return linear_from_packed(prequantized, [_pop_packed(n, pop, tensors) for n in names], b, dtype)
         if quantization == "gguf":
-            return _gguf_proj(checkpoint, names, [pop(f"{n}.weight") for n in names], biases, dtype, weight_dtype,
+            return _gguf_proj(checkpoint, names, [take(f"{n}.weight") for n in names], biases, dtype, weight_dtype,
                               shard)
         weight = torch.cat([pop(f"{n}.weight") for n in names])
         return build_linear(weight, b, quantization=None if prequantized else quantization, dtype=dtype,
                             weight_dtype=weight_dtype)
 
-    def make_head(weight: torch.Tensor, tied: bool) -> nn.Module:
+    def make_head(weight: Reader, tied: bool) -> nn.Module:
         head = _make_head(weight, tied)
         return head if tp is None else VocabParallelHead(head, tp, shard.widths["vocab"])
 
-    def _make_head(weight: torch.Tensor, tied: bool) -> nn.Module:
+    def _make_head(weight: Reader, tied: bool) -> nn.Module:
         # Quantized models quantize the LM head too, to int8 (llama.cpp's 4-bit files keep it at 6-8 bits): at
         # one token per step SmolLM2's fp32 head alone reads 113 MB, as much as all its int4 layers together.
         name = "model.embed_tokens" if tied else "lm_head"
         if quantization == "gguf" and checkpoint.gguf_tensor(f"{name}.weight") is not None:
             return _gguf_proj(checkpoint, [name], [weight], None, dtype, weight_dtype, shard)
         head_scheme = "int8" if quantization in ("int4", "int8") and not prequantized else None
-        return build_linear(weight, None, quantization=head_scheme, dtype=dtype, weight_dtype=weight_dtype)
+        return build_linear(weight(), None, quantization=head_scheme, dtype=dtype, weight_dtype=weight_dtype)
 
-    def make_embedding(weight: torch.Tensor) -> nn.Module | None:
+    def make_embedding() -> nn.Module | None:
         # A GGUF's quantized table is served from its blocks, as its head would be (a rank: its vocabulary rows), so
         # every rank looks up the very values one process does
         name = "model.embed_tokens.weight"
@@ -118,9 +124,10 @@ def build_model(config: ModelConfig, tensors: dict[str, torch.Tensor], *, dtype:
         whole_heads = WholeHeads(tp, shard.widths["attention"], shard.widths["kv"], shard.kv_starts, cfg.head_dim)
     try:
         model = CausalLM(cfg, tensors, make_proj, make_head, attn, dtype, weight_dtype, tp,
-                         shard.vocab[0] if shard is not None else 0, stage, make_embedding, whole_heads)
+                         shard.vocab if shard is not None else (0, cfg.vocab_size), stage, make_embedding, whole_heads)
     except KeyError as exc:
         raise ModelLoadError(f"checkpoint is missing tensor {exc.args[0]!r}") from exc
+    tensors.finish()
     leftover = [n for n in tensors if "rotary_emb" not in n]
     if leftover:
         raise ModelLoadError(f"checkpoint has tensors this architecture does not use: {leftover[:5]}")
@@ -148,33 +155,35 @@ def _pop_packed(name: str, pop: Callable[[str], torch.Tensor],
     return parts
 
 
-def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[torch.Tensor],
+def _gguf_proj(checkpoint: Checkpoint, names: list[str], dense: list[Reader],
                biases: list[torch.Tensor] | None, dtype: torch.dtype, weight_dtype: torch.dtype | None,
                shard: TPShard | None = None) -> nn.Module:
     """One layer over the GGUF blocks of `names`: rows concatenated when their types (or the kernels they load
     into) match, else one layer per name behind ConcatLinear. Types the quantized layers do not adopt (F16, Q6_K)
-    use the dequantized weight, in fp16 panels when `weight_dtype` says so (half of fp32's bytes per step).
-    `shard`: only this rank's slice of the blocks (`dense` and `biases` are sliced already)."""
+    use the dequantized weight, in fp16 panels when `weight_dtype` says so (half of fp32's bytes per step), read from
+    `dense` only then. `shard`: only this rank's slice of the blocks (`dense` and `biases` are sliced already)."""
     raws = [checkpoint.gguf_tensor(f"{n}.weight") for n in names]
     b = None if biases is None else torch.cat(biases)
+
+    def dense_layer(weights: list[Reader], bias: torch.Tensor | None) -> nn.Module:
+        weight = torch.cat([read() for read in weights])
+        return build_linear(weight, bias, quantization=None, dtype=dtype, weight_dtype=weight_dtype)
+
     if shard is None and len({r.ggml_type for r in raws}) == 1:
-        return (linear_from_gguf(_concat_raw(raws), b, compute_dtype=dtype)
-                or build_linear(torch.cat(dense), b, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
+        return linear_from_gguf(_concat_raw(raws), b, compute_dtype=dtype) or dense_layer(dense, b)
     blocks = [read_blocks(r) for r in raws]
     if shard is not None:
         blocks = [_shard_blocks(blk, shard.rows(f"{n}.weight"), shard.columns(f"{n}.weight"))
                   for blk, n in zip(blocks, names)]
     if all(blk is None for blk in blocks):
-        return build_linear(torch.cat(dense), b, quantization=None, dtype=dtype, weight_dtype=weight_dtype)
+        return dense_layer(dense, b)
     merged = concat_blocks(blocks)  # e.g. Q5_0 and Q8_0 rows: both int8, still one layer
     if merged is not None:
-        return (linear_from_blocks(merged, b, compute_dtype=dtype)
-                or build_linear(torch.cat(dense), b, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
+        return linear_from_blocks(merged, b, compute_dtype=dtype) or dense_layer(dense, b)
     parts = []
-    for i, (blk, w) in enumerate(zip(blocks, dense)):
+    for i, (blk, read) in enumerate(zip(blocks, dense)):
         bi = None if biases is None else biases[i]
-        parts.append(linear_from_blocks(blk, bi, compute_dtype=dtype)
-                     or build_linear(w, bi, quantization=None, dtype=dtype, weight_dtype=weight_dtype))
+        parts.append(linear_from_blocks(blk, bi, compute_dtype=dtype) or dense_layer([read], bi))
     return ConcatLinear(parts)
 
 

@@ -6,6 +6,7 @@ MLP is a mixture of experts. Q, K and V are one fused projection and gate/up ano
 matmuls. In fp32 the native fused paths run every trait tally/models/native_traits.py lists."""
 from __future__ import annotations
 
+from functools import cache
 from typing import Callable
 
 import torch
@@ -25,15 +26,20 @@ from tally.models.experts import MixtureOfExperts
 from tally.models.native_decode_step import NativeDecodeStep
 from tally.models.native_traits import layer_unsupported
 from tally.models.pipeline_split import PPStage
+from tally.models.tensor_map import Reader, TensorMap
 from tally.native import ops as native
 
 # (names of the HF tensors fused, bias?) → one module
 ProjectionFactory = Callable[[list[str], bool], nn.Module]
-# (head weight [V, H], tied to the embedding?) -> the LM head module
-HeadFactory = Callable[[torch.Tensor, bool], nn.Module]
-# embedding [V, H] -> a module whose `embedding_rows` serve the lookup from the checkpoint's stored blocks, or None
-EmbeddingFactory = Callable[[torch.Tensor], nn.Module | None]
+# (the head weight's reader [V, H], tied to the embedding?) -> the LM head module
+HeadFactory = Callable[[Reader, bool], nn.Module]
+# a module whose `embedding_rows` serve the lookup from the checkpoint's stored blocks, or None
+EmbeddingFactory = Callable[[], nn.Module | None]
 Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+def _converted(read: Reader, dtype: torch.dtype) -> Reader:
+    return cache(lambda: read().to(dtype))
 
 
 def gated_activation(cfg: ModelConfig) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -193,26 +199,26 @@ class CausalLM(nn.Module):
     layout, dense) the embedding is a separate tensor.
 
     Under tensor parallelism (`tp`) `cfg` is this rank's slice (tally/models/tensor_parallel.py), the factories
-    make row-parallel and vocabulary-parallel modules, and the embedding holds vocabulary rows [vocab_start, ...).
+    make row-parallel and vocabulary-parallel modules, and the embedding holds vocabulary rows [*vocab).
     Under pipeline parallelism (`stage`) it holds that stage's layers only: the embedding on the first stage, the
     final norm and the head on the last (tally/models/pipeline_split.py)."""
 
-    def __init__(self, cfg: ModelConfig, tensors: dict[str, torch.Tensor], make_proj: ProjectionFactory,
+    def __init__(self, cfg: ModelConfig, tensors: TensorMap, make_proj: ProjectionFactory,
                  make_head: HeadFactory, attn: AttentionBackend, dtype: torch.dtype,
-                 weight_dtype: torch.dtype | None = None, tp: TPGroup | None = None, vocab_start: int = 0,
+                 weight_dtype: torch.dtype | None = None, tp: TPGroup | None = None, vocab: tuple[int, int] = (0, 0),
                  stage: PPStage | None = None, make_embedding: EmbeddingFactory | None = None,
                  whole_heads: WholeHeads | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.dtype = dtype
         self.tp = tp
-        self.vocab_start = vocab_start
+        self.vocab_start, self.vocab_rows = vocab[0], vocab[1] - vocab[0]
         first, last = stage is None or stage.first, stage is None or stage.last
-        head = tensors.pop("lm_head.weight", None) if last else None
+        head = tensors.take("lm_head.weight") if last and "lm_head.weight" in tensors else None
         tied = last and (cfg.tie_word_embeddings or head is None)
-        embed = tensors.pop("model.embed_tokens.weight").to(weight_dtype or dtype) if first or tied else None
-        self.vocab_rows = embed.shape[0] if embed is not None else 0
-        self.embed_tokens = nn.Parameter(embed, requires_grad=False) if first else None
+        # read only where neither the head nor the stored blocks serve the lookup
+        embed = _converted(tensors.take("model.embed_tokens.weight"), weight_dtype or dtype) if first or tied else None
+        self.embed_tokens: nn.Parameter | None = None
         rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling, dtype, rotary_dim)
@@ -232,12 +238,11 @@ class CausalLM(nn.Module):
                      if last else None)
         self.lm_head = make_head(embed if tied else head, tied) if last else None
         self.embed_blocks = None  # the stored blocks serving the lookup, when neither a table nor the head does
-        if first and tied and getattr(self.lm_head, "embedding_rows", None) is not None:
-            self.embed_tokens = None  # the head serves the lookup: one copy of the table
-        elif first and make_embedding is not None:
-            self.embed_blocks = make_embedding(embed)
-            if self.embed_blocks is not None:
-                self.embed_tokens = None
+        head_serves = tied and getattr(self.lm_head, "embedding_rows", None) is not None  # one copy of the table
+        if first and not head_serves:
+            self.embed_blocks = make_embedding() if make_embedding is not None else None
+            if self.embed_blocks is None:
+                self.embed_tokens = nn.Parameter(embed(), requires_grad=False)
         # every layer's decode step in one native call, where the model's formats allow (built after loading)
         self.native_step: NativeDecodeStep | None = None
         self.lora: LoRASlots | None = None  # LoRA adapters' per-row deltas (tally/engine/lora_manager.py installs it)

@@ -128,9 +128,16 @@ class GGUFTensorSource:
 
     def tensors(self, track: Track) -> Iterator[tuple[str, torch.Tensor]]:
         # no "dequantizing" in the words: a quantized layer serves the stored blocks, not this float copy
-        for name in track(list(self._parts), GGUF_LOADING):
-            raw = self.raw(name)
-            yield name, tensor_values(raw.ggml_type, raw.data).reshape(raw.shape)
+        for name in track(self.names(), GGUF_LOADING):
+            yield name, self.read(name)
+
+    def names(self) -> list[str]:
+        return list(self._parts)
+
+    def read(self, name: str) -> torch.Tensor:
+        """One tensor as floats (dequantized from its blocks)."""
+        raw = self.raw(name)
+        return tensor_values(raw.ggml_type, raw.data).reshape(raw.shape)
 
     def raw(self, name: str) -> GGUFRawTensor | None:
         found = self._parts.get(name)

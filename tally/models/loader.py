@@ -3,15 +3,16 @@ the headers (config, tensor names and shapes, file lengths), and streams tensors
 under HF names, whatever the file format."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from tally.models import compressed_tensors
 from tally.models.config import ModelConfig
-from tally.models.gguf_checkpoint import GGUFRawTensor, GGUFTensorSource, open_gguf
+from tally.models.gguf_checkpoint import GGUF_LOADING, GGUFRawTensor, GGUFTensorSource, open_gguf
 from tally.models.hf_checkpoint import HFTensorSource, open_hf
 from tally.models.hf_quantized import HFQuantizedSource, open_hf_quantized, reads
 from tally.models.packed_checkpoint import (
@@ -21,6 +22,7 @@ from tally.models.packed_checkpoint import (
     quantization_block,
 )
 from tally.models.registry import resolve_model
+from tally.models.tensor_map import TensorMap
 from tally.progress import Track, untracked
 
 __all__ = ["Checkpoint", "GGUFRawTensor", "load_checkpoint"]
@@ -44,11 +46,28 @@ class Checkpoint:
         total the headers give (tally/progress.py: on_stderr)."""
         return self._source.tensors(track)
 
+    def tensor_map(self, track: Track, keep: Callable[[str], bool],
+                   cut: Callable[[str, torch.Tensor], torch.Tensor] | None) -> TensorMap:
+        """The tensors `keep` selects, for the model builder, each through `cut` (a rank's slice) as it is read. A
+        GGUF's are read when the builder takes them, so blocks served as stored are never dequantized; other formats
+        stream in file order, read here."""
+        if isinstance(self._source, GGUFTensorSource):
+            names = [n for n in self._source.names() if keep(n)]
+            return TensorMap({n: partial(_read_cut, self._source.read, cut, n) for n in names},
+                             iter(track(names, GGUF_LOADING)))
+        return TensorMap.of({n: t if cut is None else cut(n, t) for n, t in self.tensors(track) if keep(n)})
+
     def gguf_tensor(self, hf_name: str) -> GGUFRawTensor | None:
         """The stored blocks of one tensor (GGUF only; q/k rows un-permuted), else None."""
         if isinstance(self._source, GGUFTensorSource):
             return self._source.raw(hf_name)
         return None
+
+
+def _read_cut(read: Callable[[str], torch.Tensor], cut: Callable[[str, torch.Tensor], torch.Tensor] | None,
+              name: str) -> torch.Tensor:
+    tensor = read(name)
+    return tensor if cut is None else cut(name, tensor)
 
 
 def load_checkpoint(model: str | None) -> Checkpoint:

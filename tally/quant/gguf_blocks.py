@@ -131,8 +131,8 @@ def _nibbles(blocks: np.ndarray, start: int) -> torch.Tensor:
 
 def _q5_0(blocks: np.ndarray) -> torch.Tensor:
     """Q5_0 blocks [N, K/32, 22] -> uint8 [N, K] in 0..31."""
-    qh = np.ascontiguousarray(blocks[..., 2:6]).view("<u4")  # [N, K/32, 1]
-    high = ((qh >> np.arange(BLOCK, dtype=np.uint32)) & 1).astype(np.uint8) << 4  # [N, K/32, 32]
+    # bit j of the little-endian 32-bit qh is weight j's fifth bit: one byte a weight, no wider temporaries
+    high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little") << 4  # [N, K/32, 32]
     low = _nibbles(blocks, 6).numpy().reshape(high.shape)
     return torch.from_numpy((low | high).reshape(blocks.shape[0], -1))
 

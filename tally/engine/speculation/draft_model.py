@@ -66,7 +66,7 @@ def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Toke
         raise ConfigError("draft_model speculation does not support sliding-window attention yet (the draft's KV "
                           "shares the target's blocks); use the ngram method")
     attn = model_attention(config.attention_backend, cfg, dtype)
-    tensors = dict(ckpt.tensors(config.load_progress()))
+    tensors = ckpt.tensor_map(config.load_progress(), lambda _: True, None)
     model = build_model(cfg, tensors, dtype=dtype, quantization=config.served_quantization(ckpt.format == "gguf"),
                         attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype)
     if many_tokens_from is not None:

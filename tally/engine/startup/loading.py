@@ -33,8 +33,8 @@ def build_target(config: EngineConfig, ckpt: Checkpoint, cfg: ModelConfig, path:
     # each layer's context to fp32 first cost a fifth of a bf16 step (docs/benchmarks.md#attention).
     attn = model_attention(config.attention_backend, cfg, dtype)
     progress = config.load_progress(parallel.env.rank if parallel is not None else 0)
-    tensors = {n: shard.shard(n, t) if shard is not None else t for n, t in ckpt.tensors(progress)
-               if stage is None or stage.holds(n)}
+    tensors = ckpt.tensor_map(progress, stage.holds if stage is not None else lambda _: True,
+                              shard.shard if shard is not None else None)
     model = build_model(cfg, tensors, dtype=dtype, quantization=path.candidate.quantization,
                         attn=attn, max_model_len=max_model_len, checkpoint=ckpt, weight_dtype=weight_dtype,
                         parallel=(shard, parallel.tp) if shard is not None else None, stage=stage)
