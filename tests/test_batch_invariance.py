@@ -195,6 +195,27 @@ def test_a_needle_on_two_tensor_parallel_ranks_gets_one_process_bits(dense_bf16:
         llm.engine.shutdown()
 
 
+@pytest.mark.parametrize("model", ["dense-bf16", "smollm2-135m"])
+def test_a_next_turn_holding_the_last_answer_gets_the_bits_of_a_cache_miss(dense_bf16: Path, model: str) -> None:
+    """The answer's KV was made by decode rows; the next turn's prompt computes it as prompt rows (on the built-in
+    model's integer kernels the two differed by 0.1-0.2 in logprobs), so only prompt blocks are reused."""
+    model = str(dense_bf16) if model == "dense-bf16" else model
+    rng = random.Random(5)
+    first = [rng.randrange(3, 300) for _ in range(40)]
+    answer_params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    llm = LLM(model, max_model_len=256)
+    answer = list(llm.generate([{"prompt_token_ids": first}], answer_params, use_tqdm=False)[0].outputs[0].token_ids)
+    next_turn = [{"prompt_token_ids": first + answer + [rng.randrange(3, 300) for _ in range(5)]}]
+    after = llm.generate(next_turn, NEEDLE_PARAMS, use_tqdm=False)[0]
+    assert after.num_cached_tokens >= 32  # the first prompt's blocks were reused
+    miss = LLM(model, max_model_len=256, enable_prefix_caching=False)
+    try:
+        assert _chosen(after.outputs[0]) == _chosen(miss.generate(next_turn, NEEDLE_PARAMS, use_tqdm=False)[0].outputs[0])
+    finally:
+        for engine in (llm, miss):
+            engine.engine.shutdown()
+
+
 @pytest.mark.parametrize("settings", [{"dtype": "bfloat16"}, {"kv_cache_dtype": "int8"}], ids=["bf16", "int8_kv"])
 def test_a_dense_model_in_bf16_or_over_an_int8_cache_gets_its_own_bits_among_many_chunked_or_not(
         dense_bf16: Path, settings: dict) -> None:

@@ -1,8 +1,9 @@
 """Per-request block tables over the block pool, with prefix caching by chained block hashes.
 
 A full block is named by hash(parent block's hash, its token ids, the request's salt), the first block's parent being
-the request's LoRA adapter; a hit reuses the block and skips its prefill. Full blocks are always registered (n>1
-siblings share a prompt even with prefix caching off). Under a sliding window, leading blocks no future query can see
+the request's LoRA adapter; a hit reuses the block and skips its prefill. Blocks full of prompt tokens are always
+registered (n>1 siblings share a prompt even with prefix caching off); blocks holding generated tokens never are
+(cache_computed_blocks says why). Under a sliding window, leading blocks no future query can see
 go back while the request runs; the table keeps their places and counts them. A lookup that misses in the pool goes
 on to the prefix tier below it (tally/core/kv_tiers.py), whose blocks are read into free pool blocks and count as hits;
 every newly registered block is handed to the tier."""
@@ -140,11 +141,13 @@ class KVCacheManager:
         self.stats.hit_tokens += num_cached_tokens
 
     def cache_computed_blocks(self, req: Request) -> None:
-        """Register blocks that became full of computed tokens."""
+        """Register blocks that became full of computed prompt tokens. A generated token's KV comes from a decode
+        row, and a prompt holding it (a conversation's next turn) computes it as a prompt row, whose bits differ on
+        the integer kernels: reusing the decode rows would make the next turn's answer depend on the cache."""
         self._update_hashes(req)
         blocks = self._blocks[req.request_id]
         start = max(self._num_registered.get(req.request_id, 0), self._num_released.get(req.request_id, 0))
-        end = min(req.num_computed_tokens // self.block_size, len(req.block_hashes))
+        end = min(min(req.num_computed_tokens, req.num_prompt_tokens) // self.block_size, len(req.block_hashes))
         bs = self.block_size
         new = [i for i in range(start, end)
                if self.pool.register(blocks[i], req.block_hashes[i], tuple(req.token_ids[i * bs:(i + 1) * bs]))]
