@@ -11,6 +11,7 @@ the reference's tokens whose text starts its output.
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -42,6 +43,16 @@ def reference_greedy(model, prompt_ids: list[int], tokens: int) -> list[int]:
             out.append(token)
             step = torch.tensor([[token]])
     return out
+
+
+def logprob_gaps(model, prompt_ids: list[int], output) -> list[float]:
+    """How far each token Tally chose sits from the reference's log-probability of it, the reference reading
+    Tally's own continuation (so a divergence early does not end the count)."""
+    chosen = list(output.token_ids)
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([prompt_ids + chosen])).logits[0].float(), -1)
+    start = len(prompt_ids) - 1
+    return [abs(lp[t].logprob - float(ref[start + i, t])) for i, (t, lp) in enumerate(zip(chosen, output.logprobs))]
 
 
 def llama_cpp_text(binary: str, model: str, prompt: str, tokens: int, threads: int) -> str:
@@ -80,11 +91,12 @@ def main() -> int:
         **kwargs).eval()
     ids = [tokenizer(prompt).input_ids for prompt in PROMPTS]
     want = [reference_greedy(reference, prompt_ids, a.tokens) for prompt_ids in ids]
-    del reference
     llm = LLM(str(path))
-    params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True)
-    tally = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": i} for i in ids], params,
-                                                          use_tqdm=False)]
+    params = SamplingParams(temperature=0, max_tokens=a.tokens, ignore_eos=True, logprobs=0)
+    outputs = [o.outputs[0] for o in llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)]
+    tally = [o.token_ids for o in outputs]
+    gaps = [gap for i, o in zip(ids, outputs) for gap in logprob_gaps(reference, i, o)]
+    del reference
     peer = [llama_cpp_text(a.llama_cli, a.model, prompt, a.tokens, a.threads) for prompt in PROMPTS]
     tally_depths = [token_depth(list(t), w) for t, w in zip(tally, want)]
     peer_depths = [text_depth(text, w, tokenizer) for text, w in zip(peer, want)]
@@ -97,6 +109,8 @@ def main() -> int:
     n = len(PROMPTS)
     print(f"{'agree in full':<40} {f'{agree[0]}/{n}':>14} {f'{agree[1]}/{n}':>10}")
     print(f"{'median depth':<40} {medians[0]:>14} {medians[1]:>10}")
+    print(f"Tally's chosen tokens: |log-probability - the reference's| mean {statistics.mean(gaps):.4f}, "
+          f"max {max(gaps):.4f} over {len(gaps)} tokens")
     print(f"command: python benchmarks/real_model_agreement.py --model {a.model} --llama-cli {a.llama_cli}")
     return 0
 
