@@ -269,6 +269,22 @@ def test_a_step_that_verifies_any_proposal_is_priced_apart_and_run_only_where_it
     assert policy.speculate_now()
 
 
+def test_a_step_that_verifies_is_weighed_against_the_plain_step_it_replaces_not_against_the_rate_speculating_reached():
+    """One request quoting its prompt: 0.1 s off, 50 ms a step that verifies any and 5 ms a proposal. Once its steps
+    make 4 tokens in 0.17 s (23.5 tokens/s), three proposals worth 0.875 tokens still pay their step (1.875 tokens in
+    0.165 s, 11.4 tokens/s, where a plain step makes 10): priced at the rate reached (the step 1.18 tokens' worth) they
+    did not, and the step after a refused one ran plain."""
+    policy = SpeculationPolicy()
+    _steps(policy, EPOCH_STEPS, 0.1, tokens=1, batch=1)
+    for step in range(EPOCH_STEPS):
+        ks = policy.choose(_geometric([0.5]), np.array([4]))
+        policy.observe_step(1, 0.1 + 0.05 + 0.005 * ks.sum(), 1, int(ks.sum()))
+    _steps(policy, EPOCH_STEPS, 0.17, tokens=4, batch=1, proposals=4)
+    assert policy._epoch.rate > 2 * policy._price.off_rate and policy.speculate_now()
+    assert policy.choose(_geometric([0.5]), np.array([4])).tolist() == [3]  # the fourth's 0.06 < 0.12: the rate now
+    assert policy.choose(_geometric([0.3]), np.array([4])).tolist() == [0]  # 0.42 - 2 x 0.05 < 0.5: off's step wins
+
+
 # A server's 32-stream chat, recorded (one engine step a call): the "on" epoch's steps, as (proposals, seconds); which
 # requests find a match moves the count from step to step, so alternating shapes do not alternate the count
 SERVER_ON_EPOCH = [(6, 0.1019), (6, 0.096), (12, 0.1145), (12, 0.1255), (12, 0.1186), (6, 0.1359), (6, 0.0955),

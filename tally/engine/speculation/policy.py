@@ -10,10 +10,10 @@ measured on this machine at this load; and whether speculating at that price pay
   on (each request's own start price) and what finding and choosing proposals took (paid by every step while
   speculating, verified or not: the check weighs it).
 - Per request: its j-th proposal is worth w_j = f · g^(j-1) tokens (f: its first proposal's acceptance, g: a later
-  one's after a kept predecessor) and pays while w_j ≥ c · rate; a depth j is run while its proposals' worth beyond
-  their price repays d · rate, and a step verifies anything only where its proposals' worth beyond their price
-  repays s · rate; with a draft model a request starts only where its expected gain repays the draft's catch-up
-  over its context.
+  one's after a kept predecessor) and pays while w_j ≥ c · rate (rate: tokens a second now); a depth j is run while
+  its proposals' worth beyond their price repays d · rate; a step verifies anything only where its proposals' worth
+  beyond c, d and s repays them at off's rate (the plain step it replaces); with a draft model a request starts
+  only where its expected gain repays the draft's catch-up over its context.
 - Checked: if following the price falls MARGIN below off's tokens per second, speculation is off at that load for
   RETRY_STEPS steps (doubling per failure); a price holds KEEP_STEPS steps, then is measured again. Off's rate is
   that of the steps since the price that verified nothing, where there are EPOCH_STEPS of them (measured in the
@@ -332,6 +332,11 @@ class SpeculationPolicy:
         """Tokens a second now: what a second of a proposal's time is worth."""
         return self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
 
+    def _off_rate(self, price: Price) -> float:
+        """Tokens a second plain steps make now: those of this mix that verified nothing, else off's when measured."""
+        control = self._epoch.control_rate
+        return control if control is not None else price.off_rate
+
     def proposal_tokens(self) -> float:
         """What a proposal costs now in tokens' worth (0 while measuring, where every one is verified): a request
         whose first proposal is worth less verifies none, so need not look for any."""
@@ -359,4 +364,9 @@ class SpeculationPolicy:
         ks = depths_worth_passing(worth, proposals_worth_verifying(worth, limits, theta), theta, pass_tokens)
         if start_seconds is not None and remaining is not None:
             ks = np.where(start_repaid(worth, ks, theta, start_seconds * rate, remaining), ks, 0)
-        return ks if step_repaid(worth, ks, theta, pass_tokens, price.step_seconds * rate) else np.zeros_like(ks)
+        # whether to verify at all weighs the step against the plain step it replaces, at a plain step's rate: at the
+        # rate speculating reached, the better proposals paid the higher the bar, and every other step ran plain
+        off = self._off_rate(price)
+        repaid = step_repaid(worth, ks, price.proposal_seconds * off, price.pass_seconds * off,
+                             price.step_seconds * off)
+        return ks if repaid else np.zeros_like(ks)
