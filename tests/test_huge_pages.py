@@ -6,11 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from tally.layers.huge_pages import (HUGE_PAGE, MIN_BYTES, huge_page_buffer, mapping_fields,
-                                     move_weights_to_huge_pages, thp_setting)
+from tally.layers.huge_pages import (HUGE_PAGE, MADV_HUGEPAGE, MIN_BYTES, _madvise, collapse_to_huge_pages,
+                                     huge_page_buffer, mapping_fields, move_weights_to_huge_pages, thp_setting)
 
 needs_thp = pytest.mark.skipif(thp_setting() not in ("always", "madvise"),
                                reason="this kernel gives no transparent huge pages on request")
+
+
+def _huge_kb(address: int) -> int:
+    return int(mapping_fields(address)["AnonHugePages"].split()[0])
 
 
 def _vm_flags(address: int) -> list[str]:
@@ -52,6 +56,21 @@ def test_a_buffer_is_aligned_untouched_memory_with_the_advice():
     buf = huge_page_buffer(3 * HUGE_PAGE + 5)
     assert buf.dtype == torch.uint8 and buf.numel() == 3 * HUGE_PAGE + 5
     assert buf.data_ptr() % HUGE_PAGE == 0 and "hg" in _vm_flags(buf.data_ptr() + 3 * HUGE_PAGE)
+
+
+@needs_thp
+def test_a_buffer_faulted_onto_small_pages_collapses_onto_huge_ones_with_its_values():
+    buf = huge_page_buffer(4 * HUGE_PAGE)
+    advise = _madvise()
+    assert advise(buf.data_ptr(), 4 * HUGE_PAGE, 15) == 0  # MADV_NOHUGEPAGE: the faults below take 4 KB pages
+    buf.copy_(torch.arange(buf.numel()).to(torch.uint8))
+    assert mapping_fields(buf.data_ptr())["AnonHugePages"] == "0 kB"
+    assert advise(buf.data_ptr(), 4 * HUGE_PAGE, MADV_HUGEPAGE) == 0
+    before = _huge_kb(buf.data_ptr())  # the advice may merge the range into a neighbouring advised mapping
+    if not collapse_to_huge_pages(buf):
+        pytest.skip("this kernel cannot collapse the range now (before Linux 6.1, or no 2 MB pages to compact into)")
+    assert _huge_kb(buf.data_ptr()) - before == 4 * HUGE_PAGE >> 10
+    assert torch.equal(buf, torch.arange(buf.numel()).to(torch.uint8))
 
 
 def test_memory_torch_did_not_allocate_and_small_tensors_stay():

@@ -19,6 +19,7 @@ from tally.platform import libc_function
 
 HUGE_PAGE = 2 << 20  # x86-64's and most arm64 kernels' PMD size; a smaller page elsewhere only wastes the alignment
 MADV_HUGEPAGE = 14  # the same number on every Linux architecture
+MADV_COLLAPSE = 25  # Linux 6.1 on; the same number on every architecture
 MIN_BYTES = 64 << 10  # norms and biases stay where they are: a few pages, read once a layer
 ALIGN = 64  # each weight starts on a cache line, as the allocator gives it
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -74,6 +75,16 @@ def huge_page_buffer(nbytes: int) -> torch.Tensor | None:
     return arena[lead:lead + nbytes]
 
 
+def collapse_to_huge_pages(buffer: torch.Tensor) -> bool:
+    """Asks the kernel to back huge_page_buffer's `buffer` with huge pages now (MADV_COLLAPSE): a fault that found no
+    free 2 MB page at that moment left 4 KB ones, which the collapse replaces, compacting memory to find the 2 MB
+    pages (a multi-gigabyte arena, an MoE model's, meets such faults). Whether the kernel did it for the whole range;
+    False where it cannot (before Linux 6.1, or no memory to compact into huge pages): the 4 KB pages stay."""
+    advise = _madvise()
+    span = -(-buffer.numel() // HUGE_PAGE) * HUGE_PAGE  # huge_page_buffer's allocation holds the whole last page
+    return advise is not None and advise(buffer.data_ptr(), span, MADV_COLLAPSE) == 0
+
+
 def move_weights_to_huge_pages(module: nn.Module) -> int:
     """Every CPU parameter and buffer of `module` of MIN_BYTES or more into one huge_page_buffer; returns how many of
     the moved bytes the kernel backs with huge pages, as smaps says (0 where there are none to have: nothing moves
@@ -104,5 +115,11 @@ def move_weights_to_huge_pages(module: nn.Module) -> int:
     trim = libc_function("malloc_trim")
     if trim is not None:  # glibc keeps the old copies' freed pages: without this the process holds its weights twice
         trim(0)           # until the engine's first trim (tally/engine/heap_trim.py)
-    huge_kb = mapping_fields(arena.data_ptr()).get("AnonHugePages", "0 kB").split()[0]
-    return min(total, int(huge_kb) * 1024)  # an adjacent advised mapping (a draft model's arena) may share its line
+    if _huge_bytes(arena) < total:
+        collapse_to_huge_pages(arena)
+    return min(total, _huge_bytes(arena))  # an adjacent advised mapping (a draft model's arena) may share its line
+
+
+def _huge_bytes(buffer: torch.Tensor) -> int:
+    """The bytes smaps says are on huge pages in the mapping holding `buffer`."""
+    return int(mapping_fields(buffer.data_ptr()).get("AnonHugePages", "0 kB").split()[0]) * 1024
