@@ -66,7 +66,8 @@ def test_a_buffer_faulted_onto_small_pages_collapses_onto_huge_ones_with_its_val
     # MADV_DONTNEED: memory the allocator hands back may already sit on huge pages, which the advice leaves in place
     assert advise(buf.data_ptr(), 4 * HUGE_PAGE, 4) == 0
     buf.copy_(torch.arange(buf.numel()).to(torch.uint8))
-    assert mapping_fields(buf.data_ptr())["AnonHugePages"] == "0 kB"
+    if mapping_fields(buf.data_ptr())["AnonHugePages"] != "0 kB":
+        pytest.skip("the buffer's mapping already holds huge pages, so there is nothing small to collapse")
     assert advise(buf.data_ptr(), 4 * HUGE_PAGE, MADV_HUGEPAGE) == 0
     before = _huge_kb(buf.data_ptr())  # the advice may merge the range into a neighbouring advised mapping
     if not collapse_to_huge_pages(buf):
