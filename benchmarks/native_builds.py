@@ -1,14 +1,15 @@
 """Every build of the native kernels this CPU runs (tally/native/library.py:builds: avx2, vnni256, avx512,
-avx512_gfni), against each other in one process on the integer projections of a real model's shapes: ms per call,
+avx512_gfni, avx512_amx), against each other in one process on the integer projections of a real model's shapes: ms per call,
 best of several alternating runs, and each build's time over the widest one's. Random weights: the kernels' time
 does not depend on the values.
 
     python benchmarks/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
-                                  [--define PAIR_ROWS=4,5]
+                                  [--define PAIR_ROWS=4,5] [--builds avx512_gfni,avx512_amx]
 
 --copies N: each call goes over N copies of the weights in turn (ms per copy), so that they stream from memory as
 a decode step's layers do, rather than from the last-level cache (a 9728x896 int4 matrix is 4.4 MB).
 --define NAME=V1,V2: the widest build at each value of a kernel constant, the same way (each / the last value).
+--builds A,B: only these builds (each / the last named).
 """
 from __future__ import annotations
 
@@ -87,9 +88,12 @@ def main() -> int:
     p.add_argument("--copies", type=int, default=1, help="copies of each shape's weights, one after another")
     p.add_argument("--define", default=None, help="NAME=V1,V2,..: instead of every build, the widest one with the C "
                    "macro NAME at each value (one the source guards with #ifndef, e.g. PAIR_ROWS=4,5)")
+    p.add_argument("--builds", default=None, help="A,B,..: only these builds, the last the reference")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     builds = library.builds()
+    if a.builds:
+        builds = {name: builds[name] for name in a.builds.split(",")}
     if a.define:
         macro, values = a.define.split("=")
         widest_flags = list(builds.values())[-1]

@@ -419,20 +419,27 @@ static inline __attribute__((always_inline)) void block_dots_pair(
     }
 }
 
-/* int6 for more rows than a pass (int_tiles.h: int_pairs): a pair's values unpacked once a call into bytes,
- * 512 a block (chunk c's lo vector, then its hi; each tile t's 32 bytes, then u's), so each pass of MR512 rows loads
- * them instead of unpacking planes of high bits again, as expand_tile does for one tile. The bytes are those the
- * unexpanded loop forms, meeting the same activations: the same sums and bits. */
+/* A pair's values unpacked once a call into bytes, 512 a block of 32 k: k = 4q..4q + 3 of its 16 outputs in 64 bytes,
+ * q = 0..7 in order (each tile t's 32 bytes, then u's). Nibble formats: chunk c's lo vector, then its hi, the bytes
+ * the unexpanded loop forms meeting the same activations, so int5 / int6 for more rows than a pass (int_tiles.h:
+ * int_pairs) load them instead of unpacking planes of high bits again, as expand_tile does for one tile: the same sums
+ * and bits. int8: the chunks as stored, side by side. Either way a block is an AMX tile of weights as it takes them
+ * (amx_tiles.h). */
 static void expand_pair(const uint8_t *wa, const uint8_t *wb, const uint8_t *ha, const uint8_t *hb, int64_t K, int bits,
                         uint8_t *out) {
     int64_t plane_bytes = bits == 6 ? 64 : 32;
     for (int64_t b = 0; b < K / 32; b++) {
-        __m512i p4 = halves(ha + b * plane_bytes, hb + b * plane_bytes);
-        __m512i p5 = bits > 5 ? halves(ha + b * plane_bytes + 32, hb + b * plane_bytes + 32) : _mm512_setzero_si512();
+        if (bits == 8) {
+            for (int c = 0; c < 8; c++)
+                _mm512_store_si512((void *)(out + b * 512 + c * 64), halves(wa + b * 256 + c * 32, wb + b * 256 + c * 32));
+            continue;
+        }
+        __m512i p4 = bits == 5 || bits == 6 ? halves(ha + b * plane_bytes, hb + b * plane_bytes)
+                   : bits == LUT4 ? table512(ha) : _mm512_setzero_si512();
+        __m512i p5 = bits == 6 ? halves(ha + b * plane_bytes + 32, hb + b * plane_bytes + 32) : _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             __m512i lo, hi;
-            nibble_values512(halves(wa + b * 128 + c * 32, wb + b * 128 + c * 32), p4, p5, c, bits, 0,
-                             &lo, &hi);
+            nibble_values512(halves(wa + b * 128 + c * 32, wb + b * 128 + c * 32), p4, p5, c, bits, 0, &lo, &hi);
             _mm512_store_si512((void *)(out + b * 512 + c * 128), lo);
             _mm512_store_si512((void *)(out + b * 512 + c * 128 + 64), hi);
         }

@@ -345,9 +345,53 @@ static __attribute__((noinline)) void unpacked_pair_rows6(const IntJob *j, int64
     pair_rows(j, t, u, v, v, NULL, NULL, 6, 1);
 }
 
+#ifdef __AMX_INT8__
+#include "amx_tiles.h"  /* amx_on, amx_pair_rows: 16 rows at a time on AMX's tiles */
+
+/* The calling thread's buffer for a pair's expanded values (16 bytes a k), kept for the thread's life: a call's pieces
+ * would otherwise map and fault it afresh */
+static uint8_t *amx_buffer(int64_t K) {
+    static __thread uint8_t *buffer;
+    static __thread int64_t bytes;
+    if (16 * K > bytes) {
+        free(buffer);
+        buffer = aligned_alloc(64, (size_t)(16 * K));
+        bytes = 16 * K;
+    }
+    return buffer;
+}
+
+/* Pairs p0..p1's rows m0..amx_end on AMX; the rows past amx_end (fewer than 16) in pair_rows */
+static inline __attribute__((always_inline)) void amx_pairs(const IntJob *j, int64_t p0, int64_t p1, int bits,
+                                                            int64_t amx_end) {
+    int64_t K = j->K, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2, T = (j->N + TILE - 1) / TILE;
+    uint8_t *v = amx_buffer(K);
+    IntJob rest = *j;
+    rest.m0 = amx_end;
+    amx_configure(span_of(j->group));
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
+        const uint8_t *ha = j->hb && bits > 4 ? j->hb + t * K * (bits - 4) : j->hb;  /* LUT4: the table */
+        const uint8_t *hb = j->hb && bits > 4 ? j->hb + u * K * (bits - 4) : j->hb;
+        expand_pair(j->w + t * tile_bytes, j->w + u * tile_bytes, ha, hb, K, bits, v);
+        amx_pair_rows(j, t, u, v, j->m0, amx_end, bits);
+        if (rest.m0 < rest.m1) pair_rows(&rest, t, u, j->w + t * tile_bytes, j->w + u * tile_bytes, ha, hb, bits, 0);
+    }
+    _tile_release();
+}
+#endif
+
 static inline __attribute__((always_inline)) void int_pairs(const IntJob *j, int64_t p0, int64_t p1, int bits) {
     int64_t K = j->K, tile_bytes = bits == 8 ? TILE * K : TILE * K / 2, T = (j->N + TILE - 1) / TILE;
     int expand = (bits == 5 || bits == 6) && j->m1 - j->m0 > PAIR_EXPAND_ROWS && K <= EXPAND_MAX_K;
+#ifdef __AMX_INT8__
+    /* whole tiles of 16 rows on AMX */
+    int64_t amx_end = j->m0 + (j->m1 - j->m0) / AMX_ROWS * AMX_ROWS;
+    if (amx_on && amx_end > j->m0) {
+        amx_pairs(j, p0, p1, bits, amx_end);
+        return;
+    }
+#endif
     for (int64_t p = p0; p < p1; p++) {
         int64_t t = 2 * p, u = t + 1 < T ? t + 1 : t;
         const uint8_t *wa = j->w + t * tile_bytes, *wb = j->w + u * tile_bytes;
@@ -369,6 +413,10 @@ static void q5_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p
 static void q6_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 6); }
 static void q8_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, 8); }
 static void qlut_pairs(const void *j, int64_t p0, int64_t p1) { int_pairs(j, p0, p1, LUT4); }
+#endif
+
+#ifndef __AMX_INT8__
+int64_t tally_amx_init(void) { return 0; }  /* a build without AMX's tiles: amx_tiles.h's, never granted */
 #endif
 
 /* A format's range functions: over tiles, and (AVX-512) over pairs of tiles */

@@ -27,9 +27,10 @@ SOURCE = Path(__file__).with_name("kernels.c")
 # SOURCE includes them (pyproject.toml's package data ships them): the kernels' own threads, the KV cache's value
 # formats, vector math, the integer projections and their formats' dot products, the fp16 panels, the gated
 # activation, paged decode and prompt attention, the sampler, any projection's dispatch, a mixture of experts' MLP,
-# LoRA adapters' deltas
+# LoRA adapters' deltas; AMX's tiles (int_tiles.h includes them in an AMX build)
 HEADERS = [Path(__file__).with_name(name)
-           for name in ("pool.h", "kv_rows.h", "vec_math.h", "int_tiles.h", "int_dots.h", "gemm_f16.h", "gated.h",
+           for name in ("pool.h", "kv_rows.h", "vec_math.h", "int_tiles.h", "int_dots.h", "amx_tiles.h", "gemm_f16.h",
+                        "gated.h",
                         "decode_attention.h", "prefill_attention.h", "sampling.h", "project.h", "experts.h",
                         "lora_delta.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
@@ -65,10 +66,11 @@ SIGNATURES = {
     "tally_dequant_q4_rows": [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, ctypes.c_int, _P],
     "tally_dequant_q8_rows": [_P, _P, _P, _I, _I, _I, _I, ctypes.c_int, _P],
     "tally_pool_helper_pieces": [],
+    "tally_amx_init": [],
 }
 RESULTS = {name: _I for name in ("tally_argmax_rows", "tally_dequant_q4_rows",
                                   "tally_dequant_q8_rows", "tally_decode_layers", "tally_decode_greedy",
-                                  "tally_pool_helper_pieces")}  # the others return void
+                                  "tally_pool_helper_pieces", "tally_amx_init")}  # the others return void
 
 
 def _unavailable_reason() -> str | None:
@@ -84,8 +86,8 @@ def _unavailable_reason() -> str | None:
 def builds() -> dict[str, list[str]]:
     """Every build of the same source this CPU runs, by name, narrowest first: its flags on top of FLAGS. avx512:
     AVX-512 with VNNI (kernels.c: TALLY_AVX512, 64-byte integer dot products); avx512_gfni: that with GFNI's bit moves
-    for the high bits of int5 / int6 (int_dots.h: high_bits512); vnni256: AVX-VNNI, or AVX-512 VNNI on 32-byte
-    vectors (TALLY_VNNI)."""
+    for the high bits of int5 / int6 (int_dots.h: high_bits512); avx512_amx: that with AMX's int8 tiles for 16 rows
+    at a time (amx_tiles.h); vnni256: AVX-VNNI, or AVX-512 VNNI on 32-byte vectors (TALLY_VNNI)."""
     flags, found = cpu_flags(), {"avx2": []}
     if "avx_vnni" in flags:
         found["vnni256"] = ["-mavxvnni"]
@@ -95,11 +97,25 @@ def builds() -> dict[str, list[str]]:
         found["avx512"] = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"]
         if "gfni" in flags:
             found["avx512_gfni"] = found["avx512"] + ["-mgfni"]
+            if {"amx_tile", "amx_int8"} <= flags and _amx_granted():
+                found["avx512_amx"] = found["avx512_gfni"] + ["-mamx-tile", "-mamx-int8"]
     return found
 
 
+@functools.cache
+def _amx_granted() -> bool:
+    """Whether Linux lends this process AMX's tile registers (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, Linux
+    5.16+): without them the first tile instruction dies with SIGILL. The grant is the process's, so asking here grants
+    the build's tiles too (amx_tiles.h: tally_amx_init asks again, and only a granted build runs them)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl (x86-64), ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA
+    except (OSError, AttributeError):
+        return False
+
+
 def build_wanted() -> str:
-    """The widest build, or the one TALLY_NATIVE_ISA names (avx2, vnni256, avx512, avx512_gfni: for A/B
+    """The widest build, or the one TALLY_NATIVE_ISA names (avx2, vnni256, avx512, avx512_gfni, avx512_amx: for A/B
     measurements)."""
     found = builds()
     wanted = os.environ.get("TALLY_NATIVE_ISA", "")
@@ -142,6 +158,7 @@ def load_build(flags: list[str]) -> ctypes.CDLL:
     for name, argtypes in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, RESULTS.get(name)
+    lib.tally_amx_init()  # an AMX build's tiles on (builds() lists one only where they are granted); else nothing
     return lib
 
 
@@ -150,18 +167,20 @@ def load() -> ctypes.CDLL | None:
     reason = _unavailable_reason()
     if reason is None:
         try:
-            name = build_wanted()
-            try:
-                lib = load_build(builds()[name])
-                lib.isa = name
-            except (OSError, subprocess.CalledProcessError) as e:
-                if name == "avx2":
-                    raise
-                # an older compiler without the wider flags still builds the baseline
-                log.warning("native kernels: the %s build failed (%s); using the AVX2 build", name,
-                            (getattr(e, "stderr", "") or str(e)).strip()[:200])
-                lib = load_build([])
-                lib.isa = "avx2"
+            found = builds()
+            names = list(found)
+            names = names[:names.index(build_wanted()) + 1]
+            while True:  # an older compiler without the wider flags still builds a narrower one
+                name = names.pop()
+                try:
+                    lib = load_build(found[name])
+                    lib.isa = name
+                    break
+                except (OSError, subprocess.CalledProcessError) as e:
+                    if not names:
+                        raise
+                    log.warning("native kernels: the %s build failed (%s); trying %s", name,
+                                (getattr(e, "stderr", "") or str(e)).strip()[:200], names[-1])
         except (OSError, subprocess.CalledProcessError) as e:
             detail = getattr(e, "stderr", "") or str(e)
             reason = f"building {SOURCE.name} failed: {detail.strip()[:500]}"
