@@ -192,7 +192,7 @@ def test_gemm_q8_one_row_of_symmetric_weights_gives_the_general_loops_bits(group
 
 @pytest.mark.parametrize("per_token", [False, True])
 def test_activations_round_to_int8_by_the_scalar_formula_bit_for_bit(per_token: bool) -> None:
-    """The kernels' activation rounding (int_tiles.h: quantize_rows, in vectors) is q = round half to even of
+    """The kernels' activation rounding (int_tiles.h: quantize_segments, in vectors) is q = round half to even of
     x * (127 / amax), dx = amax / 127, per block of 32 or (W8A8) per row: read back through identity weights, each
     output is one activation's q * dx, so every bit shows. Ties (amax 127: x * inv = x), an all-zero block."""
     m, k = 5, 96

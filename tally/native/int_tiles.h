@@ -14,11 +14,10 @@ typedef struct { int8_t *xq; float *dx; } QuantizedRows;
  * vmaxps returns its second operand for a NaN first, as fmaxf ignores one; cvtps rounds to nearest even, as lrintf
  * does in the default mode, and |x * inv| <= 127 rounds inside int8, so the saturating packs never clip. The scalar
  * form calls libm's fmaxf and lrintf per value, a large share of a prefill. span: a multiple of 32. */
-static QuantizedRows quantize_rows(const float *x, int64_t M, int64_t K, int64_t span) {
-    QuantizedRows q = {malloc(M * K), malloc(sizeof(float) * M * (K / 32))};
+static void quantize_segments(const float *x, QuantizedRows q, int64_t s0, int64_t s1, int64_t span) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  /* the packs' dwords back in k order */
-    for (int64_t s = 0; s < M * K / span; s++) {
+    for (int64_t s = s0; s < s1; s++) {
         const float *xs = x + s * span;
         __m256 m = _mm256_setzero_ps();
         for (int64_t i = 0; i < span; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xs + i)), m);
@@ -35,7 +34,6 @@ static QuantizedRows quantize_rows(const float *x, int64_t M, int64_t K, int64_t
             _mm256_storeu_si256((__m256i *)(q.xq + s * span + i), _mm256_permutevar8x32_epi32(bytes, order));
         }
     }
-    return q;
 }
 
 static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 16 */
@@ -49,6 +47,42 @@ static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 
 }
 
 #include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
+
+/* A product's rows made ready for its tiles, split over the pool's threads by rows (a prompt's rows would otherwise
+ * wait on one thread): x to int8 (quantize_segments, a scale per `span`), then per row either (int4, xsum) each
+ * group's sum of its values, or (xoff) each span's sum times `offset`. Each row on its own: the same bits. */
+typedef struct {
+    const float *x;
+    QuantizedRows q;
+    float *xsum;
+    int32_t *xoff;
+    int64_t K, span, group, offset;
+} RowsJob;
+
+static void prepare_rows(const void *ctx, int64_t r0, int64_t r1) {
+    const RowsJob *j = ctx;
+    int64_t K = j->K, group = j->group, span = span_of(group);
+    quantize_segments(j->x, j->q, r0 * K / j->span, r1 * K / j->span, j->span);
+    if (j->xsum) {
+        int64_t G = K / group;
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t g = 0; g < G; g++) {
+                float s = 0;
+                for (int64_t k0 = r * K + g * group; k0 < r * K + (g + 1) * group; k0 += span)
+                    s += j->q.dx[k0 / 32] * (float)sum_i8(j->q.xq + k0, span);
+                j->xsum[r * G + g] = s;
+            }
+    } else if (j->xoff) {
+        for (int64_t s = r0 * (K / span); s < r1 * (K / span); s++)
+            j->xoff[s] = sum_i8(j->q.xq + s * span, span) * (int32_t)j->offset;
+    }
+}
+
+/* Rows of x quantized per `span` (and, for a job's group, their sums: RowsJob), threaded from a few rows on */
+static void run_rows_job(RowsJob *j, int64_t M) {
+    j->q = (QuantizedRows){malloc(M * j->K), malloc(sizeof(float) * M * (j->K / 32))};
+    parallel_for(M, M * j->K * 4, prepare_rows, j);  /* ~4 multiply-adds' time a value */
+}
 
 #ifdef ONE_ROW_BROADCASTS
 /* One row of int8 activations as int8_one_row_dots takes them: per 4 k, the 4 bytes broadcast to 32 and their
@@ -473,24 +507,17 @@ static IntCall q4_call(const float *x, const uint8_t *qs, const uint8_t *qh, con
                        const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
                        int accumulate, int scale_form) {
     int64_t G = K / group, span = span_of(group);
-    QuantizedRows xq = quantize_rows(x, M, K, 32);
-    float *xsum = NULL;
-    int32_t *xoff = NULL;
+    RowsJob rows = {x, {NULL, NULL}, NULL, NULL, K, 32, group, 0};
     if (m) {
-        xsum = malloc(sizeof(float) * M * G);
-        for (int64_t r = 0; r < M; r++)
-            for (int64_t g = 0; g < G; g++) {
-                float s = 0;
-                for (int64_t k0 = r * K + g * group; k0 < r * K + (g + 1) * group; k0 += span) {
-                    s += xq.dx[k0 / 32] * (float)sum_i8(xq.xq + k0, span);
-                }
-                xsum[r * G + g] = s;
-            }
+        rows.xsum = malloc(sizeof(float) * M * G);
     } else if (bits != LUT4 || LUT4_OFFSET) {
-        int32_t offset = bits == LUT4 ? LUT4_OFFSET : 1 << (bits - 1);
-        xoff = malloc(sizeof(int32_t) * M * (K / span));
-        for (int64_t s = 0; s < M * (K / span); s++) xoff[s] = sum_i8(xq.xq + s * span, span) * offset;
+        rows.offset = bits == LUT4 ? LUT4_OFFSET : 1 << (bits - 1);
+        rows.xoff = malloc(sizeof(int32_t) * M * (K / span));
     }
+    run_rows_job(&rows, M);
+    QuantizedRows xq = rows.q;
+    float *xsum = rows.xsum;
+    int32_t *xoff = rows.xoff;
     IntCall c = {{xq.xq, NULL, xq.dx, xsum, xoff, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0,
                   M, accumulate},
                  bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : bits == LUT4 ? INT_KERNELS(lut)
@@ -518,7 +545,9 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
 static IntCall q8_call(const float *x, const int8_t *q, const void *s, const float *bias, float *y, int64_t M,
                        int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form,
                        int symmetric) {
-    QuantizedRows xq = quantize_rows(x, M, K, per_token ? K : 32);
+    RowsJob rows = {x, {NULL, NULL}, NULL, NULL, K, per_token ? K : 32, 0, 0};
+    run_rows_job(&rows, M);
+    QuantizedRows xq = rows.q;
     uint8_t *xu = NULL;
 #ifdef TALLY_AVX512
     xu = offset_bytes(xq.xq, M * K);

@@ -1,4 +1,4 @@
-"""The activation rounding of Tally's integer kernels (tally/native/int_tiles.h: quantize_rows), in PyTorch."""
+"""The activation rounding of Tally's integer kernels (tally/native/int_tiles.h: quantize_segments), in PyTorch."""
 from __future__ import annotations
 
 import torch
