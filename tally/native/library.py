@@ -30,9 +30,8 @@ SOURCE = Path(__file__).with_name("kernels.c")
 # LoRA adapters' deltas; AMX's tiles (int_tiles.h includes them in an AMX build)
 HEADERS = [Path(__file__).with_name(name)
            for name in ("pool.h", "kv_rows.h", "vec_math.h", "int_tiles.h", "int_dots.h", "amx_tiles.h", "gemm_f16.h",
-                        "gated.h",
-                        "decode_attention.h", "prefill_attention.h", "sampling.h", "project.h", "experts.h",
-                        "lora_delta.h")]
+                        "gated.h", "decode_attention.h", "prefill_attention.h", "sampling.h", "project.h",
+                        "experts.h", "lora_delta.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-pthread", "-fPIC", "-shared", "-Wall"]
 
 # The C prototypes' argument and result types, by hand: tests/test_native_mirrors.py holds them to the C text
