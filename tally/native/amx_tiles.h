@@ -26,9 +26,10 @@ typedef struct __attribute__((packed)) {
 } TileConfig;
 
 /* The calling thread's tiles: 0-3 four spans' dots (16 x 16 int32), 4-5 activations (16 rows x span bytes), 6-7
- * weights (span / 4 rows of 16 outputs x 4 bytes). Tiles are not renamed as vector registers are: four spans in
- * flight let one span's multiply run while another's dots are stored and turned float. Constants: GCC drops the
- * stores of a configuration built on the stack before LDTILECFG reads it. */
+ * weights (span / 4 rows of 16 outputs x 4 bytes). Tiles are not renamed as vector registers are: four spans, each on
+ * tiles of its own, let their loads, multiplies and stores pipeline. (The float work after them did not overlap the
+ * tiles' work on a Xeon, and costs as much: docs/benchmarks.md#tried-and-not-kept.) Constants: GCC drops the stores
+ * of a configuration built on the stack before LDTILECFG reads it. */
 static const TileConfig AMX_SPAN32 = {1, 0, {0}, {64, 64, 64, 64, 32, 32, 64, 64}, {16, 16, 16, 16, 16, 16, 8, 8}};
 static const TileConfig AMX_SPAN16 = {1, 0, {0}, {64, 64, 64, 64, 16, 16, 64, 64}, {16, 16, 16, 16, 16, 16, 4, 4}};
 
