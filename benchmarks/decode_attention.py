@@ -5,10 +5,11 @@ peer gets its fp32 keys already gathered (its gather is not timed), so its figur
 runs over an fp32 cache and over each of --kv-dtypes (the same values rounded: fp16 / bf16 caches are read in place
 and widened as they load), with the fp32 cache's time over theirs. --layers N gives each of N layers caches of its
 own, called in turn, so the keys come from memory as in a decode step (one layer's fit in the last-level cache);
-times are then per layer.
+times are then per layer. --build NAME times that build of the kernels (tally/native/library.py:builds, e.g.
+avx2) beside the one this CPU loads, over the fp32 cache and each of --kv-dtypes: its time over the loaded one's.
 
     python benchmarks/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400] [--layers 1]
-                                     [--kv-dtypes float16,bfloat16]
+                                     [--kv-dtypes float16,bfloat16] [--build avx2]
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch 
 import torch
 import torch.nn.functional as F
 
-from tally.native import ops
+from tally.native import library, ops
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 SCALE = HEAD_DIM ** -0.5
@@ -53,6 +54,14 @@ def gathered(k_cache, v_cache, tables, lens):
     return out
 
 
+def attend(lib, q, k_cache, v_cache, tables, lens) -> None:
+    """ops.decode_attention through the build `lib`"""
+    out = torch.empty_like(q)
+    lib.tally_decode_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                               ops.KV_KINDS[k_cache.dtype], tables.data_ptr(), tables.stride(0), lens.data_ptr(),
+                               q.shape[0], HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, 0, SCALE, 0.0, None, out.data_ptr())
+
+
 def best_us(fns, calls: int, rounds: int = 7) -> list[float]:
     best = [float("inf")] * len(fns)
     for f in fns:
@@ -72,15 +81,19 @@ def main() -> None:
     p.add_argument("--contexts", default="128,600,1200,2400")
     p.add_argument("--layers", type=int, default=1, help="layers with caches of their own, called in turn")
     p.add_argument("--kv-dtypes", default="float16,bfloat16", help="16-bit caches timed beside fp32 ('' for none)")
+    p.add_argument("--build", default=None, help="a build of the kernels timed beside the loaded one")
     a = p.parse_args()
+    other = a.build and library.load_build(library.builds()[a.build])
     dtypes = [getattr(torch, name) for name in a.kv_dtypes.split(",") if name]
     torch.set_num_threads(a.threads)
     gen = torch.Generator().manual_seed(0)
     print(f"{a.threads} threads; {a.layers} layer(s), {HEADS} query / {KV_HEADS} KV heads x {HEAD_DIM}; µs per layer")
     names = [str(d).removeprefix("torch.") for d in dtypes]
+    caches = ["fp32", *names] if other else []
     print("| context | rows | native µs | SDPA over gathered keys µs | SDPA / native |"
-          + "".join(f" native {n} µs | fp32 / {n} |" for n in names))
-    print("|---|---|---|---|---|" + "---|---|" * len(names))
+          + "".join(f" native {n} µs | fp32 / {n} |" for n in names)
+          + "".join(f" {a.build} {n} µs | {a.build} / loaded |" for n in caches))
+    print("|---|---|---|---|---|" + "---|---|" * (len(names) + len(caches)))
     for context in (int(c) for c in a.contexts.split(",")):
         for rows, one_sequence, label in ((1, True, "1"), (5, True, "5 of one sequence"), (16, False, "16 sequences")):
             layers = [case(context, rows, one_sequence, gen) for _ in range(a.layers)]
@@ -92,6 +105,8 @@ def main() -> None:
 
             narrow = [[(k.to(d), v.to(d), *rest) for k, v, *rest in layers] for d in dtypes]
             narrow_fns = [lambda layers=cast: native(layers) for cast in narrow]
+            other_fns = [lambda layers=cast: [attend(other, q, *rest) for *rest, q in layers]
+                         for cast in [layers, *narrow]] if other else []
 
             def sdpa():
                 for (*_, q), kv in zip(layers, kvs):
@@ -99,11 +114,14 @@ def main() -> None:
                         F.scaled_dot_product_attention(q[r][None, :, None], k, v, scale=SCALE, enable_gqa=True)
 
             calls = max(3, 6000 // (context * rows * a.layers) + 3)
-            t_native, t_sdpa, *t_narrow = (t / a.layers for t in best_us([native, sdpa, *narrow_fns], calls))
+            times = [t / a.layers for t in best_us([native, sdpa, *narrow_fns, *other_fns], calls)]
+            t_native, t_sdpa, t_narrow, t_other = times[0], times[1], times[2:2 + len(names)], times[2 + len(names):]
             print(f"| {context} | {label} | {t_native:,.1f} | {t_sdpa:,.1f} | {t_sdpa / t_native:.2f}× |"
-                  + "".join(f" {t:,.1f} | {t_native / t:.2f}× |" for t in t_narrow), flush=True)
+                  + "".join(f" {t:,.1f} | {t_native / t:.2f}× |" for t in t_narrow)
+                  + "".join(f" {t:,.1f} | {t / mine:.2f}× |" for t, mine in zip(t_other, [t_native, *t_narrow])),
+                  flush=True)
     print(f"\ncommand: python benchmarks/decode_attention.py --threads {a.threads} --contexts {a.contexts} "
-          f"--layers {a.layers} --kv-dtypes '{a.kv_dtypes}'")
+          f"--layers {a.layers} --kv-dtypes '{a.kv_dtypes}'" + (f" --build {a.build}" if a.build else ""))
 
 
 if __name__ == "__main__":

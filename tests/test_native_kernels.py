@@ -604,6 +604,48 @@ def test_a_forked_child_computes_without_the_parents_threads() -> None:
     assert status is not None and os.waitstatus_to_exitcode(status) == 0
 
 
+def test_every_build_gives_decode_attentions_baseline_bits() -> None:
+    """Decode attention's AVX-512 passes (two keys' lanes a vector, 16 dims a weighted sum's vector, two query vectors
+    a pass) make the 32-byte code's multiply-adds per lane: on whichever CPU runs the tests, each build matches the
+    AVX2 build bit for bit, over every cache format, head dims that end inside a 64-dim pass or a 16-lane vector, an
+    odd number of query heads a kv head, a verify step's rows of one sequence across a chunk's end beside rows of
+    other sequences, windows, soft-capping and sinks."""
+    from tally.native import library
+
+    found = library.builds()
+    baseline = library.load_build(found.pop("avx2"))
+    bs, blocks = 16, 24
+    table = torch.randperm(blocks, generator=gen)
+    tables = torch.stack([table] * 7 + [table.flip(0), table.roll(5)])
+    lens = torch.tensor([250 + i for i in range(7)] + [141, 9])  # 256 ends the second chunk
+
+    def attend(lib, q, kc, vc, scales, window: int, softcap: float, sinks: torch.Tensor | None) -> torch.Tensor:
+        n, hq, d = q.shape
+        out = torch.empty(n, hq, d)
+        args = (tables.data_ptr(), tables.stride(0), lens.data_ptr(), n, hq, kc.shape[2], d, bs, window, 0.125,
+                softcap, None if sinks is None else sinks.data_ptr(), out.data_ptr())
+        if scales is None:
+            lib.tally_decode_attention(q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(), ops.KV_KINDS[kc.dtype],
+                                       *args)
+        else:
+            lib.tally_decode_attention_q8(q.data_ptr(), q.stride(0), kc.data_ptr(), vc.data_ptr(),
+                                          scales[0].data_ptr(), scales[1].data_ptr(), *args)
+        return out
+
+    for hq, hkv, d in ((9, 3, 64), (7, 1, 40), (4, 2, 136)):
+        q = rand(9, hq, d)
+        kc, vc = rand(blocks, bs, hkv, d), rand(blocks, bs, hkv, d)
+        caches = [(kc, vc, None), (kc.half(), vc.half(), None), (kc.bfloat16(), vc.bfloat16(), None),
+                  (torch.randint(-127, 128, kc.shape, dtype=torch.int8, generator=gen),
+                   torch.randint(-127, 128, vc.shape, dtype=torch.int8, generator=gen),
+                   (rand(blocks, bs, hkv).abs() / 64, rand(blocks, bs, hkv).abs() / 64))]
+        for k, v, scales in caches:
+            for shape in ((0, 0.0, None), (100, 0.5, None), (0, 0.0, rand(hq))):
+                want = attend(baseline, q, k, v, scales, *shape)
+                for name, flags in found.items():
+                    assert torch.equal(want, attend(library.load_build(flags), q, k, v, scales, *shape)), name
+
+
 def test_every_build_this_cpu_runs_gives_the_baseline_bits() -> None:
     """The wider builds (AVX-VNNI, AVX-512) are the same source with other flags and form the same integer sums: on
     whichever CPU runs the tests, each build it can run matches the AVX2 build bit for bit, over every integer

@@ -111,6 +111,131 @@ static void weighted_v_of(const float *p, const int64_t *slots, int64_t len, con
     }
 }
 
+#ifdef TALLY_AVX512
+/* The AVX-512 build: the multiply-adds above, per lane in the same order, two query vectors at a time so that 8
+ * chains are in flight as the 32-byte code's 8 accumulators are; so both builds give the same bits. A score vector
+ * holds two keys' 8 lanes (the 8 keys' rows widened and paired once, for every row and query head that reads them),
+ * and a weighted sum's vector 16 of a row's dims. */
+
+/* 16 values of a row from element i as fp32, lanes off in `m` zero (load8's widening, 16 lanes wide) */
+static inline __attribute__((always_inline)) __m512 load16(const void *row, int64_t i, int kind, __mmask16 m) {
+    switch (kind) {
+        case KV_I8:
+            return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)row + i)));
+        case KV_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i));
+        case KV_BF16:
+            return _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i)), 16));
+        default: return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    }
+}
+
+/* 8 keys' rows as fp32, in pairs: kp[(c * 4 + i) * 16 ..] holds dims 8c .. 8c + 7 of key 2i, then of key 2i + 1 */
+static inline __attribute__((always_inline)) void pack_keys8(const void *const *k, int64_t D, int kind, float *kp) {
+    for (int64_t c = 0; c < D / 8; c++)
+        for (int i = 0; i < 4; i++) {
+            __m512d lo = _mm512_castpd256_pd512(_mm256_castps_pd(load8(k[2 * i], 8 * c, kind)));
+            __m256d hi = _mm256_castps_pd(load8(k[2 * i + 1], 8 * c, kind));
+            _mm512_store_ps(kp + (c * 4 + i) * 16, _mm512_castpd_ps(_mm512_insertf64x4(lo, hi, 1)));
+        }
+}
+
+static void pack_keys8_of(const void *const *k, int64_t D, int kind, float *kp) {
+    switch (kind) {
+        case KV_I8: pack_keys8(k, D, KV_I8, kp); break;
+        case KV_F16: pack_keys8(k, D, KV_F16, kp); break;
+        case KV_BF16: pack_keys8(k, D, KV_BF16, kp); break;
+        default: pack_keys8(k, D, KV_F32, kp);
+    }
+}
+
+/* scores8's lane sums of 4 paired accumulators, times ks, into out[0..n) */
+static inline __attribute__((always_inline)) void store_scores(const __m512 *acc, const float *ks, int n, float *out) {
+    __m256 a[8];
+    for (int i = 0; i < 4; i++) {
+        a[2 * i] = _mm512_castps512_ps256(acc[i]);
+        a[2 * i + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1));
+    }
+    __m256 s = _mm256_mul_ps(lane_sums8(a), _mm256_loadu_ps(ks));
+    if (n == 8) {
+        _mm256_storeu_ps(out, s);
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, s);
+        memcpy(out, tmp, sizeof(float) * n);
+    }
+}
+
+/* scores8 of the packed keys for q0 and (q1 not NULL) q1 */
+static void scores8_packed(const float *q0, const float *q1, const float *kp, int64_t D, const float *ks, int n0,
+                           int n1, float *out0, float *out1) {
+    __m512 a0[4], a1[4];
+    for (int i = 0; i < 4; i++) a0[i] = a1[i] = _mm512_setzero_ps();
+    if (q1) {
+        for (int64_t c = 0; c < D / 8; c++) {
+            __m512 x0 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q0 + 8 * c))));
+            __m512 x1 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q1 + 8 * c))));
+            for (int i = 0; i < 4; i++) {
+                __m512 kv = _mm512_load_ps(kp + (c * 4 + i) * 16);
+                a0[i] = _mm512_fmadd_ps(x0, kv, a0[i]);
+                a1[i] = _mm512_fmadd_ps(x1, kv, a1[i]);
+            }
+        }
+        store_scores(a1, ks, n1, out1);
+    } else {
+        for (int64_t c = 0; c < D / 8; c++) {
+            __m512 x0 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q0 + 8 * c))));
+            for (int i = 0; i < 4; i++) a0[i] = _mm512_fmadd_ps(x0, _mm512_load_ps(kp + (c * 4 + i) * 16), a0[i]);
+        }
+    }
+    store_scores(a0, ks, n0, out0);
+}
+
+/* weighted_v for o0 (keys t < len0) and (p1 not NULL) o1 (t < len1) over the same keys, 64 dims at a time */
+static inline __attribute__((always_inline)) void weighted_v2(const float *p0, int64_t len0, float *o0,
+                                                              const float *p1, int64_t len1, float *o1,
+                                                              const int64_t *slots, const void *v, int kind,
+                                                              int64_t D) {
+    int64_t esize = kv_bytes(kind), len = p1 && len1 > len0 ? len1 : len0;
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        __mmask16 lanes[4];
+        for (int c = 0; c < 4; c++) {
+            int64_t left = D - d0 - 16 * c;
+            lanes[c] = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        }
+        __m512 a0[4], a1[4];
+        for (int c = 0; c < 4; c++) a0[c] = a1[c] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < len; t++) {
+            const char *vp = (const char *)v + slots[t] * D * esize;
+            __m512 vv[4];
+            for (int c = 0; c < 4; c++) vv[c] = load16(vp, d0 + 16 * c, kind, lanes[c]);
+            if (t < len0) {
+                __m512 pw = _mm512_set1_ps(p0[t]);
+                for (int c = 0; c < 4; c++) a0[c] = _mm512_fmadd_ps(pw, vv[c], a0[c]);
+            }
+            if (p1 && t < len1) {
+                __m512 pw = _mm512_set1_ps(p1[t]);
+                for (int c = 0; c < 4; c++) a1[c] = _mm512_fmadd_ps(pw, vv[c], a1[c]);
+            }
+        }
+        for (int c = 0; c < 4; c++) {
+            _mm512_mask_storeu_ps(o0 + d0 + 16 * c, lanes[c], a0[c]);
+            if (p1) _mm512_mask_storeu_ps(o1 + d0 + 16 * c, lanes[c], a1[c]);
+        }
+    }
+}
+
+static void weighted_v2_of(const float *p0, int64_t len0, float *o0, const float *p1, int64_t len1, float *o1,
+                           const int64_t *slots, const void *v, int kind, int64_t D) {
+    switch (kind) {
+        case KV_I8: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_I8, D); break;
+        case KV_F16: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_F16, D); break;
+        case KV_BF16: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_BF16, D); break;
+        default: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_F32, D);
+    }
+}
+#endif
+
 /* Rows slots[t0..t1) of a cache (`bytes` a row) prefetched a 64-byte line at a time, into L1 or (to_l1 0) L2 */
 static inline __attribute__((always_inline)) void prefetch_rows(const void *cache, const int64_t *slots, int64_t t0,
                                                                 int64_t t1, int64_t bytes, int to_l1) {
@@ -156,6 +281,9 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
     int64_t slots[ATT_CHUNK];
     float ks[ATT_CHUNK + 8], vs[ATT_CHUNK];
     float *p = malloc(sizeof(float) * ATT_ROWS * G * ATT_CHUNK);  /* scores [row][query head of h][key] */
+#ifdef TALLY_AVX512
+    float *kp = aligned_alloc(64, sizeof(float) * 8 * ((D + 15) / 16 * 16));  /* 8 keys' rows, paired */
+#endif
     for (int64_t i = i0; i < i1; i++) {
         int64_t chunk = i / (Hkv * a->splits), h = i / a->splits % Hkv, share = i % a->splits;
         int64_t j0 = share * G / a->splits, j1 = (share + 1) * G / a->splits;
@@ -186,15 +314,40 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
             prefetch_rows(a->k_cache, slots, t0 + KAHEAD, t0 + KAHEAD + 8 < len ? t0 + KAHEAD + 8 : len, bytes, 1);
             const void *k[8];
             for (int j = 0; j < 8; j++) k[j] = (const char *)a->k_cache + slots[t0 + (j < n ? j : n - 1)] * bytes;
+#ifdef TALLY_AVX512
+            pack_keys8_of(k, D, kind, kp);
+            const float *held = NULL;  /* a query vector waiting for a second to share the pass */
+            float *held_out = NULL;
+            int held_n = 0;
+#endif
             for (int64_t r = 0; r < rows; r++) {
                 int64_t seen = a->ctx[b + r] - c0;  /* row r sees keys c0 .. ctx - 1 */
                 if (t0 >= seen) continue;
                 int nr = seen - t0 < n ? (int)(seen - t0) : n;
                 const float *q = a->q + (b + r) * a->q_stride + h * G * D;
-                for (int64_t j = j0; j < j1; j++)
-                    scores8_of(q + j * D, k, D, kind, ks + t0, nr, p + (r * G + j) * ATT_CHUNK + t0);
+                for (int64_t j = j0; j < j1; j++) {
+                    float *out = p + (r * G + j) * ATT_CHUNK + t0;
+#ifdef TALLY_AVX512
+                    if (!held) {
+                        held = q + j * D, held_out = out, held_n = nr;
+                        continue;
+                    }
+                    scores8_packed(held, q + j * D, kp, D, ks + t0, held_n, nr, held_out, out);
+                    held = NULL;
+#else
+                    scores8_of(q + j * D, k, D, kind, ks + t0, nr, out);
+#endif
+                }
             }
+#ifdef TALLY_AVX512
+            if (held) scores8_packed(held, NULL, kp, D, ks + t0, held_n, 0, held_out, NULL);
+#endif
         }
+#ifdef TALLY_AVX512
+        const float *held_p = NULL;  /* a row's probabilities waiting for a second to share the values' pass */
+        float *held_part = NULL;
+        int64_t held_len = 0;
+#endif
         for (int64_t r = 0; r < rows; r++) {
             int64_t seen = a->ctx[b + r] - c0;
             seen = seen < len ? seen : len;
@@ -209,11 +362,26 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
                 part[D + 1] = exp_scores(pj, seen, part + D);
                 if (int8)
                     for (int64_t t = 0; t < seen; t++) pj[t] *= vs[t];
+#ifdef TALLY_AVX512
+                if (!held_p) {
+                    held_p = pj, held_len = seen, held_part = part;
+                    continue;
+                }
+                weighted_v2_of(held_p, held_len, held_part, pj, seen, part, slots, a->v_cache, kind, D);
+                held_p = NULL;
+#else
                 weighted_v_of(pj, slots, seen, a->v_cache, kind, D, part);
+#endif
             }
         }
+#ifdef TALLY_AVX512
+        if (held_p) weighted_v2_of(held_p, held_len, held_part, NULL, 0, NULL, slots, a->v_cache, kind, D);
+#endif
     }
     free(p);
+#ifdef TALLY_AVX512
+    free(kp);
+#endif
 }
 
 /* Rows b.. that are the next positions of row b's sequence (the same blocks, one more key each), at most ATT_ROWS,
