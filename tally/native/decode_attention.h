@@ -91,26 +91,6 @@ static inline __attribute__((always_inline)) void weighted_v(const float *p, con
     }
 }
 
-/* The two above compiled once per cache format, the format's branch taken once a call */
-static void scores8_of(const float *q, const void *const *k, int64_t D, int kind, const float *ks, int n, float *out) {
-    switch (kind) {
-        case KV_I8: scores8(q, k, D, KV_I8, ks, n, out); break;
-        case KV_F16: scores8(q, k, D, KV_F16, ks, n, out); break;
-        case KV_BF16: scores8(q, k, D, KV_BF16, ks, n, out); break;
-        default: scores8(q, k, D, KV_F32, ks, n, out);
-    }
-}
-
-static void weighted_v_of(const float *p, const int64_t *slots, int64_t len, const void *v, int kind, int64_t D,
-                          float *o) {
-    switch (kind) {
-        case KV_I8: weighted_v(p, slots, len, v, KV_I8, D, o); break;
-        case KV_F16: weighted_v(p, slots, len, v, KV_F16, D, o); break;
-        case KV_BF16: weighted_v(p, slots, len, v, KV_BF16, D, o); break;
-        default: weighted_v(p, slots, len, v, KV_F32, D, o);
-    }
-}
-
 #ifdef TALLY_AVX512
 /* The AVX-512 build: the multiply-adds above, per lane in the same order, two query vectors at a time so that 8
  * chains are in flight as the 32-byte code's 8 accumulators are; so both builds give the same bits. A score vector
@@ -166,9 +146,10 @@ static inline __attribute__((always_inline)) void store_scores(const __m512 *acc
     }
 }
 
-/* scores8 of the packed keys for q0 and (q1 not NULL) q1 */
-static void scores8_packed(const float *q0, const float *q1, const float *kp, int64_t D, const float *ks, int n0,
-                           int n1, float *out0, float *out1) {
+/* scores8 for q0 and (q1 not NULL) q1, of the keys pack_keys8_of put in kp */
+static void scores8_two(const float *q0, const float *q1, const void *const *k, const float *kp, int64_t D, int kind,
+                        const float *ks, int n0, int n1, float *out0, float *out1) {
+    (void)k, (void)kind;
     __m512 a0[4], a1[4];
     for (int i = 0; i < 4; i++) a0[i] = a1[i] = _mm512_setzero_ps();
     if (q1) {
@@ -225,7 +206,7 @@ static inline __attribute__((always_inline)) void weighted_v2(const float *p0, i
     }
 }
 
-static void weighted_v2_of(const float *p0, int64_t len0, float *o0, const float *p1, int64_t len1, float *o1,
+static void weighted_v_two(const float *p0, int64_t len0, float *o0, const float *p1, int64_t len1, float *o1,
                            const int64_t *slots, const void *v, int kind, int64_t D) {
     switch (kind) {
         case KV_I8: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_I8, D); break;
@@ -233,6 +214,44 @@ static void weighted_v2_of(const float *p0, int64_t len0, float *o0, const float
         case KV_BF16: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_BF16, D); break;
         default: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_F32, D);
     }
+}
+#else
+/* The 32-byte build: each query vector alone, over the keys in place; scores8 and weighted_v compiled
+ * once per cache format, the format's branch taken once a call */
+static void scores8_of(const float *q, const void *const *k, int64_t D, int kind, const float *ks, int n, float *out) {
+    switch (kind) {
+        case KV_I8: scores8(q, k, D, KV_I8, ks, n, out); break;
+        case KV_F16: scores8(q, k, D, KV_F16, ks, n, out); break;
+        case KV_BF16: scores8(q, k, D, KV_BF16, ks, n, out); break;
+        default: scores8(q, k, D, KV_F32, ks, n, out);
+    }
+}
+
+static void weighted_v_of(const float *p, const int64_t *slots, int64_t len, const void *v, int kind, int64_t D,
+                          float *o) {
+    switch (kind) {
+        case KV_I8: weighted_v(p, slots, len, v, KV_I8, D, o); break;
+        case KV_F16: weighted_v(p, slots, len, v, KV_F16, D, o); break;
+        case KV_BF16: weighted_v(p, slots, len, v, KV_BF16, D, o); break;
+        default: weighted_v(p, slots, len, v, KV_F32, D, o);
+    }
+}
+
+static void pack_keys8_of(const void *const *k, int64_t D, int kind, float *kp) {
+    (void)k, (void)D, (void)kind, (void)kp;
+}
+
+static void scores8_two(const float *q0, const float *q1, const void *const *k, const float *kp, int64_t D, int kind,
+                        const float *ks, int n0, int n1, float *out0, float *out1) {
+    (void)kp;
+    scores8_of(q0, k, D, kind, ks, n0, out0);
+    if (q1) scores8_of(q1, k, D, kind, ks, n1, out1);
+}
+
+static void weighted_v_two(const float *p0, int64_t len0, float *o0, const float *p1, int64_t len1, float *o1,
+                           const int64_t *slots, const void *v, int kind, int64_t D) {
+    weighted_v_of(p0, slots, len0, v, kind, D, o0);
+    if (p1) weighted_v_of(p1, slots, len1, v, kind, D, o1);
 }
 #endif
 
@@ -281,9 +300,7 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
     int64_t slots[ATT_CHUNK];
     float ks[ATT_CHUNK + 8], vs[ATT_CHUNK];
     float *p = malloc(sizeof(float) * ATT_ROWS * G * ATT_CHUNK);  /* scores [row][query head of h][key] */
-#ifdef TALLY_AVX512
-    float *kp = aligned_alloc(64, sizeof(float) * 8 * ((D + 15) / 16 * 16));  /* 8 keys' rows, paired */
-#endif
+    float *kp = aligned_alloc(64, sizeof(float) * 8 * ((D + 15) / 16 * 16));  /* 8 keys' rows, paired (AVX-512) */
     for (int64_t i = i0; i < i1; i++) {
         int64_t chunk = i / (Hkv * a->splits), h = i / a->splits % Hkv, share = i % a->splits;
         int64_t j0 = share * G / a->splits, j1 = (share + 1) * G / a->splits;
@@ -314,12 +331,10 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
             prefetch_rows(a->k_cache, slots, t0 + KAHEAD, t0 + KAHEAD + 8 < len ? t0 + KAHEAD + 8 : len, bytes, 1);
             const void *k[8];
             for (int j = 0; j < 8; j++) k[j] = (const char *)a->k_cache + slots[t0 + (j < n ? j : n - 1)] * bytes;
-#ifdef TALLY_AVX512
             pack_keys8_of(k, D, kind, kp);
             const float *held = NULL;  /* a query vector waiting for a second to share the pass */
             float *held_out = NULL;
             int held_n = 0;
-#endif
             for (int64_t r = 0; r < rows; r++) {
                 int64_t seen = a->ctx[b + r] - c0;  /* row r sees keys c0 .. ctx - 1 */
                 if (t0 >= seen) continue;
@@ -327,27 +342,19 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
                 const float *q = a->q + (b + r) * a->q_stride + h * G * D;
                 for (int64_t j = j0; j < j1; j++) {
                     float *out = p + (r * G + j) * ATT_CHUNK + t0;
-#ifdef TALLY_AVX512
                     if (!held) {
                         held = q + j * D, held_out = out, held_n = nr;
                         continue;
                     }
-                    scores8_packed(held, q + j * D, kp, D, ks + t0, held_n, nr, held_out, out);
+                    scores8_two(held, q + j * D, k, kp, D, kind, ks + t0, held_n, nr, held_out, out);
                     held = NULL;
-#else
-                    scores8_of(q + j * D, k, D, kind, ks + t0, nr, out);
-#endif
                 }
             }
-#ifdef TALLY_AVX512
-            if (held) scores8_packed(held, NULL, kp, D, ks + t0, held_n, 0, held_out, NULL);
-#endif
+            if (held) scores8_two(held, NULL, k, kp, D, kind, ks + t0, held_n, 0, held_out, NULL);
         }
-#ifdef TALLY_AVX512
         const float *held_p = NULL;  /* a row's probabilities waiting for a second to share the values' pass */
         float *held_part = NULL;
         int64_t held_len = 0;
-#endif
         for (int64_t r = 0; r < rows; r++) {
             int64_t seen = a->ctx[b + r] - c0;
             seen = seen < len ? seen : len;
@@ -362,26 +369,18 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
                 part[D + 1] = exp_scores(pj, seen, part + D);
                 if (int8)
                     for (int64_t t = 0; t < seen; t++) pj[t] *= vs[t];
-#ifdef TALLY_AVX512
                 if (!held_p) {
                     held_p = pj, held_len = seen, held_part = part;
                     continue;
                 }
-                weighted_v2_of(held_p, held_len, held_part, pj, seen, part, slots, a->v_cache, kind, D);
+                weighted_v_two(held_p, held_len, held_part, pj, seen, part, slots, a->v_cache, kind, D);
                 held_p = NULL;
-#else
-                weighted_v_of(pj, slots, seen, a->v_cache, kind, D, part);
-#endif
             }
         }
-#ifdef TALLY_AVX512
-        if (held_p) weighted_v2_of(held_p, held_len, held_part, NULL, 0, NULL, slots, a->v_cache, kind, D);
-#endif
+        if (held_p) weighted_v_two(held_p, held_len, held_part, NULL, 0, NULL, slots, a->v_cache, kind, D);
     }
     free(p);
-#ifdef TALLY_AVX512
     free(kp);
-#endif
 }
 
 /* Rows b.. that are the next positions of row b's sequence (the same blocks, one more key each), at most ATT_ROWS,
