@@ -25,6 +25,19 @@ static inline __m256 lane_sums8(const __m256 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(s0, s1, 0x20), _mm256_permute2f128_ps(s0, s1, 0x31));
 }
 
+/* out[0..n) = (the sum of acc[i]'s lanes) * ks[i], i < 8 */
+static inline __attribute__((always_inline)) void store_scores8(const __m256 *acc, const float *ks, int n,
+                                                                float *out) {
+    __m256 s = _mm256_mul_ps(lane_sums8(acc), _mm256_loadu_ps(ks));
+    if (n == 8) {
+        _mm256_storeu_ps(out, s);
+    } else {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, s);
+        memcpy(out, tmp, sizeof(float) * n);
+    }
+}
+
 /* out[0..n) = (q . k[i]) * ks[i] for 8 keys (those past n repeat a real key: computed, not stored) */
 static inline __attribute__((always_inline)) void scores8(const float *q, const void *const *k, int64_t D, int kind,
                                                           const float *ks, int n, float *out) {
@@ -34,14 +47,7 @@ static inline __attribute__((always_inline)) void scores8(const float *q, const 
         __m256 qd = _mm256_loadu_ps(q + d);
         for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qd, load8(k[i], d, kind), acc[i]);
     }
-    __m256 s = _mm256_mul_ps(lane_sums8(acc), _mm256_loadu_ps(ks));
-    if (n == 8) {
-        _mm256_storeu_ps(out, s);
-    } else {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, s);
-        memcpy(out, tmp, sizeof(float) * n);
-    }
+    store_scores8(acc, ks, n, out);
 }
 
 /* p[0..len) <- exp(p - max), in place; *mx_out the max; returns the sum (a chunk's share of a softmax) */
@@ -129,21 +135,15 @@ static void pack_keys8_of(const void *const *k, int64_t D, int kind, float *kp) 
     }
 }
 
-/* scores8's lane sums of 4 paired accumulators, times ks, into out[0..n) */
-static inline __attribute__((always_inline)) void store_scores(const __m512 *acc, const float *ks, int n, float *out) {
+/* store_scores8 of 4 paired accumulators (two keys' 8 lanes each) */
+static inline __attribute__((always_inline)) void store_paired_scores(const __m512 *acc, const float *ks, int n,
+                                                                      float *out) {
     __m256 a[8];
     for (int i = 0; i < 4; i++) {
         a[2 * i] = _mm512_castps512_ps256(acc[i]);
         a[2 * i + 1] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1));
     }
-    __m256 s = _mm256_mul_ps(lane_sums8(a), _mm256_loadu_ps(ks));
-    if (n == 8) {
-        _mm256_storeu_ps(out, s);
-    } else {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, s);
-        memcpy(out, tmp, sizeof(float) * n);
-    }
+    store_scores8(a, ks, n, out);
 }
 
 /* scores8 for q0 and (q1 not NULL) q1, of the keys pack_keys8_of put in kp */
@@ -162,14 +162,14 @@ static void scores8_two(const float *q0, const float *q1, const void *const *k, 
                 a1[i] = _mm512_fmadd_ps(x1, kv, a1[i]);
             }
         }
-        store_scores(a1, ks, n1, out1);
+        store_paired_scores(a1, ks, n1, out1);
     } else {
         for (int64_t c = 0; c < D / 8; c++) {
             __m512 x0 = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(q0 + 8 * c))));
             for (int i = 0; i < 4; i++) a0[i] = _mm512_fmadd_ps(x0, _mm512_load_ps(kp + (c * 4 + i) * 16), a0[i]);
         }
     }
-    store_scores(a0, ks, n0, out0);
+    store_paired_scores(a0, ks, n0, out0);
 }
 
 /* weighted_v for o0 (keys t < len0) and (p1 not NULL) o1 (t < len1) over the same keys, 64 dims at a time */
