@@ -1,10 +1,11 @@
 /* AMX (Intel's tile multiply, Sapphire Rapids on): the integer formats' pairs of tiles (int_tiles.h: int_pairs) for
  * 16 activation rows at a time. One TDPBSUD (int8: TDPBSSD) forms 16 rows x 16 outputs of a span's integer dots, the
- * sums the AVX-512 loop forms a row at a time with VPDPBUSD; exact integers either way, then the same float operations
- * per row and output in the same order (int_dots.h: int_tile_pair), so the same bits (tests/test_native_kernels.py).
- * A span is a group's part in a block of 32 k: 32, or 16 for Q6_K's groups, so that each span's dots still meet their
- * own scales. Weights: a pair's values expanded once a call (int_dots.h: expand_pair), each block an AMX tile as
- * stored; activations: the int8 rows as quantized, one tile a span with the row stride K.
+ * sums the AVX-512 loop forms a row at a time with VPDPBUSD; exact integers either way, then the same float
+ * operations per row and output in the same order (int_dots.h: int_tile_pair), so the same bits
+ * (tests/test_native_builds_agree.py). A span is a group's part in a block of 32 k: 32, or 16 for Q6_K's groups, so
+ * that each span's dots still meet their own scales. Weights: a pair's values expanded once a call (int_dots.h:
+ * expand_pair), each block an AMX tile as stored; activations: the int8 rows as quantized, one tile a span with the
+ * row stride K.
  * Linux lends a process the tile registers only once it asks (tally_amx_init); library.py builds this where the CPU
  * has the flags and takes the build only where the ask is granted. Included by int_tiles.h. */
 #include <sys/syscall.h>

@@ -1,7 +1,7 @@
 /* The integer weights' tile layout, and the formats' block dot products (int_tiles.h: int_tile) in the widths this
  * build has: AVX2, VNNI on 32-byte vectors; AVX-512 VNNI builds a whole kernel of its own over pairs of tiles
- * (int_tile_pair). Included by int_tiles.h; every build forms the same integer sums (tests/test_native_kernels.py
- * holds them to the AVX2 bits). */
+ * (int_tile_pair). Included by int_tiles.h; every build forms the same integer sums
+ * (tests/test_native_builds_agree.py holds them to the AVX2 bits). */
 
 /* ---- Integer weights in tiles of 8 outputs ------------------------------------------------------------
  * Both integer formats store each 8 outputs' weights interleaved, a few k at a time, so that one 32-byte load
@@ -337,7 +337,7 @@ static inline __attribute__((always_inline)) void int_block_halves512(
  * ports, where the chunk-pair loop above needs a permute per product and a fold per block. The scales of both tiles
  * are one vector, so the float work per block is one convert and two multiplies for 16 outputs, and up to MR512 rows
  * share each unpacked weight vector (docs/benchmarks.md#kernels). The integer sums and the float operations per
- * output are the 256-bit loop's, in the same order: the same bits (tests/test_native_kernels.py). */
+ * output are the 256-bit loop's, in the same order: the same bits (tests/test_native_builds_agree.py). */
 #ifdef TALLY_AVX512
 #define MR512 8  /* rows per pass: 8 float and 8 integer accumulators, within AVX-512's 32 registers */
 
