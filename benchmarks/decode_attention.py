@@ -83,7 +83,10 @@ def main() -> None:
     p.add_argument("--kv-dtypes", default="float16,bfloat16", help="16-bit caches timed beside fp32 ('' for none)")
     p.add_argument("--build", default=None, help="a build of the kernels timed beside the loaded one")
     a = p.parse_args()
-    other = a.build and library.load_build(library.builds()[a.build])
+    found = library.builds()
+    if a.build and a.build not in found:
+        p.error(f"--build {a.build}: this CPU runs the builds {', '.join(found)}")
+    other = a.build and library.load_build(found[a.build])
     dtypes = [getattr(torch, name) for name in a.kv_dtypes.split(",") if name]
     torch.set_num_threads(a.threads)
     gen = torch.Generator().manual_seed(0)
