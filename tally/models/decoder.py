@@ -178,15 +178,27 @@ class DecoderLayer(nn.Module):
         native.rope_store(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, k_cache, v_cache,
                           meta.slot_mapping, *norms, cfg.qk_norm == "projection", cfg.rms_norm_eps, int8)
         o = self.attn.attend(qkv[:, :cfg.q_size].view(t, cfg.num_heads, cfg.head_dim), *kv_cache, meta)
-        a = self.o_proj(o.reshape(t, cfg.q_size))
-        h = self._add(h, self.attn_output_norm(a) if self.attn_output_norm is not None else a)
+        h = self._add_block(h, self.o_proj, o.reshape(t, cfg.q_size), self.attn_output_norm)
         x = self.post_attn_norm(h) if self.post_attn_norm is not None else h
         if self.experts is not None:
             mlp = self.experts(x)
-        else:
-            gate_up = self.gate_up_proj(x)
-            mlp = self.down_proj(native.gated_mul(gate_up, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit))
-        return self._add(h, self.mlp_output_norm(mlp) if self.mlp_output_norm is not None else mlp)
+            return self._add(h, self.mlp_output_norm(mlp) if self.mlp_output_norm is not None else mlp)
+        gate_up = self.gate_up_proj(x)
+        act = native.gated_mul(gate_up, cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
+        return self._add_block(h, self.down_proj, act, self.mlp_output_norm)
+
+    def _add_block(self, h: torch.Tensor, proj: nn.Module, x: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
+        """h + norm(proj(x)), as _add. Where nothing comes between the projection and the add, h itself takes the
+        sum (the layer's input is its own: CausalLM.forward), and a projection with `add_to` adds as its kernel
+        stores, as the one-call decode step's add_block does: the same bits, without a pass over the residual.
+        Hooks that watch the projection's calls (calibration) see a plain call."""
+        if norm is not None or self.cfg.residual_multiplier != 1.0:
+            a = proj(x)
+            return self._add(h, norm(a) if norm is not None else a)
+        add_to = getattr(proj, "add_to", None)
+        if add_to is None or proj._forward_pre_hooks or proj._forward_hooks:
+            return h.add_(proj(x))
+        return add_to(x, h)
 
 
 class CausalLM(nn.Module):
@@ -261,7 +273,8 @@ class CausalLM(nn.Module):
                 hidden: torch.Tensor | None = None) -> torch.Tensor:
         """`hidden`: the previous pipeline stage's output [T, H], which this stage's layers continue from instead of
         the embedding. Returns the normed final hidden state, or on a stage before the last its layers' output."""
-        h = self._embed(input_ids) if hidden is None else hidden
+        # the layers' own: native layers add their blocks into it in place (DecoderLayer._add_block)
+        h = self._embed(input_ids) if hidden is None else hidden.clone()
         if self._native_step_runs(meta, kv_caches):
             h = self.native_step.run(h.contiguous(), positions, meta, lora=self._native_lora())
         else:

@@ -56,19 +56,37 @@ static inline __attribute__((always_inline)) void prefetch_stream(const uint8_t 
 
 
 /* ---- RMSNorm: y = x * rsqrt(mean(x^2) + eps) * w, per row of D (D a multiple of 8) ------------------ */
-void tally_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t D, float eps) {
-    for (int64_t r = 0; r < M; r++) {
+typedef struct {
+    const float *x, *w;
+    float *y;
+    int64_t D;
+    float eps;
+} NormJob;
+
+static void norm_rows(const void *job, int64_t r0, int64_t r1) {
+    const NormJob *j = job;
+    const float *x = j->x, *w = j->w;
+    float *y = j->y;
+    int64_t D = j->D;
+    for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * D;
         __m256 ss = _mm256_setzero_ps();
         for (int64_t i = 0; i < D; i += 8) {
             __m256 v = _mm256_loadu_ps(xr + i);
             ss = _mm256_fmadd_ps(v, v, ss);
         }
-        __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(ss) / (float)D + eps));
+        __m256 inv = _mm256_set1_ps(1.0f / sqrtf(hsum(ss) / (float)D + j->eps));
         for (int64_t i = 0; i < D; i += 8)
             _mm256_storeu_ps(y + r * D + i,
                              _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), inv), _mm256_loadu_ps(w + i)));
     }
+}
+
+/* Rows on the pool's threads where there are enough of them (a prompt's); in place (y == x) too: a row's values
+ * are read before they are written */
+void tally_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t D, float eps) {
+    NormJob job = {x, w, y, D, eps};
+    parallel_for(M, M * D * 4, norm_rows, &job);
 }
 
 /* ---- q/k norms and rotary (rotate-half) on q and k in place, then k and v into the paged cache ------------
@@ -77,38 +95,56 @@ void tally_rms_norm(const float *x, const float *w, float *y, int64_t M, int64_t
  * once (1: OLMo 2). cos, sin [T, R] (NULL: a layer without rotary, SmolLM3's NoPE layers) rotate each head's first R
  * dimensions (R < D: partial rotary, Phi-4-mini). The caches are [slots, Hkv, D] of `kind` (fp32, fp16 or bf16);
  * slots [T] the cache slot of each token. */
-static void qk_prepare(float *qkv, int64_t T, int64_t row, const float *q_norm, const float *k_norm,
-                       int64_t norm_whole, float eps, const float *cos, const float *sin, int64_t R, int64_t Hq,
-                       int64_t Hkv, int64_t D) {
-    int64_t half = R / 2;
-    for (int64_t t = 0; t < T; t++) {
-        float *q = qkv + t * row, *k = q + Hq * D;
-        if (q_norm) {  /* in place: tally_rms_norm reads a row's values before it writes them */
-            tally_rms_norm(q, q_norm, q, norm_whole ? 1 : Hq, norm_whole ? Hq * D : D, eps);
-            tally_rms_norm(k, k_norm, k, norm_whole ? 1 : Hkv, norm_whole ? Hkv * D : D, eps);
-        }
-        if (!cos) continue;
-        const float *c = cos + t * R, *s = sin + t * R;
-        for (int64_t h = 0; h < Hq + Hkv; h++) {
-            float *v = q + h * D;
-            for (int64_t i = 0; i < half; i++) {
-                float a = v[i], b = v[i + half];
-                v[i] = a * c[i] - b * s[i];
-                v[i + half] = b * c[i + half] + a * s[i + half];
-            }
+typedef struct {
+    float *qkv;
+    int64_t row, norm_whole, R, Hq, Hkv, D;
+    const float *q_norm, *k_norm, *cos, *sin;
+    float eps;
+    const int64_t *slots;
+    void *k_cache, *v_cache;  /* fp32, fp16 or bf16 rows of `kind`; int8 values with their scales below */
+    int kind;
+    const float *query_scale, *key_scale;
+    float *k_scales, *v_scales;
+} RopeJob;
+
+/* token t's q/k norms and rotary, in place */
+static void qk_prepare(const RopeJob *j, int64_t t) {
+    int64_t D = j->D, half = j->R / 2;
+    float *q = j->qkv + t * j->row, *k = q + j->Hq * D;
+    if (j->q_norm) {  /* in place: tally_rms_norm reads a row's values before it writes them */
+        tally_rms_norm(q, j->q_norm, q, j->norm_whole ? 1 : j->Hq, j->norm_whole ? j->Hq * D : D, j->eps);
+        tally_rms_norm(k, j->k_norm, k, j->norm_whole ? 1 : j->Hkv, j->norm_whole ? j->Hkv * D : D, j->eps);
+    }
+    if (!j->cos) return;
+    const float *c = j->cos + t * j->R, *s = j->sin + t * j->R;
+    for (int64_t h = 0; h < j->Hq + j->Hkv; h++) {
+        float *v = q + h * D;
+        for (int64_t i = 0; i < half; i++) {
+            float a = v[i], b = v[i + half];
+            v[i] = a * c[i] - b * s[i];
+            v[i + half] = b * c[i + half] + a * s[i + half];
         }
     }
 }
 
+static void rope_store_rows(const void *job, int64_t t0, int64_t t1) {
+    const RopeJob *j = job;
+    int64_t bytes = j->Hkv * j->D * kv_bytes(j->kind);
+    for (int64_t t = t0; t < t1; t++) {
+        qk_prepare(j, t);
+        const float *k = j->qkv + t * j->row + j->Hq * j->D, *v = k + j->Hkv * j->D;
+        store_row((char *)j->k_cache + j->slots[t] * bytes, k, j->Hkv * j->D, j->kind);
+        store_row((char *)j->v_cache + j->slots[t] * bytes, v, j->Hkv * j->D, j->kind);
+    }
+}
+
+/* Tokens on the pool's threads where a prompt brings enough of them; each token's values are its own */
 void tally_rope_store(float *qkv, int64_t T, int64_t row, const float *q_norm, const float *k_norm,
                       int64_t norm_whole, float eps, const float *cos, const float *sin, int64_t R, int64_t Hq,
                       int64_t Hkv, int64_t D, void *k_cache, void *v_cache, const int64_t *slots, int kind) {
-    qk_prepare(qkv, T, row, q_norm, k_norm, norm_whole, eps, cos, sin, R, Hq, Hkv, D);
-    int64_t bytes = Hkv * D * kv_bytes(kind);
-    for (int64_t t = 0; t < T; t++) {
-        store_row((char *)k_cache + slots[t] * bytes, qkv + t * row + Hq * D, Hkv * D, kind);
-        store_row((char *)v_cache + slots[t] * bytes, qkv + t * row + (Hq + Hkv) * D, Hkv * D, kind);
-    }
+    RopeJob job = {qkv, row, norm_whole, R, Hq, Hkv, D, q_norm, k_norm, cos, sin, eps, slots, k_cache, v_cache,
+                   kind, NULL, NULL, NULL, NULL};
+    parallel_for(T, T * row * 4, rope_store_rows, &job);
 }
 
 /* ---- The int8 KV cache (tally/attention/kv_cache.py, whose arithmetic this repeats): values int8 [slots, Hkv, D],
@@ -126,6 +162,21 @@ static void store_q8(const float *x, int8_t *values, float *scales, int64_t slot
     }
 }
 
+static void rope_store_q8_rows(const void *job, int64_t t0, int64_t t1) {
+    const RopeJob *j = job;
+    int64_t Hq = j->Hq, Hkv = j->Hkv, D = j->D;
+    for (int64_t t = t0; t < t1; t++) {
+        qk_prepare(j, t);
+        float *qt = j->qkv + t * j->row, *kt = qt + Hq * D, *vt = kt + Hkv * D;
+        if (j->key_scale) {
+            for (int64_t i = 0; i < Hq * D; i++) qt[i] *= j->query_scale[i];
+            for (int64_t i = 0; i < Hkv * D; i++) kt[i] *= j->key_scale[i];
+        }
+        store_q8(kt, j->k_cache, j->k_scales, j->slots[t], Hkv, D);
+        store_q8(vt, j->v_cache, j->v_scales, j->slots[t], Hkv, D);
+    }
+}
+
 /* tally_rope_store's work into the int8 cache: norms and rotary, then with key smoothing (query_scale [Hq, D],
  * key_scale [Hkv, D], or NULL) q and k scaled, then k and v quantized into their slots (values [slots, Hkv, D],
  * scales [slots, Hkv]) */
@@ -133,16 +184,9 @@ void tally_rope_store_q8(float *qkv, int64_t T, int64_t row, const float *q_norm
                          int64_t norm_whole, float eps, const float *cos, const float *sin, int64_t R, int64_t Hq,
                          int64_t Hkv, int64_t D, const float *query_scale, const float *key_scale, int8_t *k_values,
                          int8_t *v_values, float *k_scales, float *v_scales, const int64_t *slots) {
-    qk_prepare(qkv, T, row, q_norm, k_norm, norm_whole, eps, cos, sin, R, Hq, Hkv, D);
-    for (int64_t t = 0; t < T; t++) {
-        float *qt = qkv + t * row, *kt = qt + Hq * D, *vt = kt + Hkv * D;
-        if (key_scale) {
-            for (int64_t i = 0; i < Hq * D; i++) qt[i] *= query_scale[i];
-            for (int64_t i = 0; i < Hkv * D; i++) kt[i] *= key_scale[i];
-        }
-        store_q8(kt, k_values, k_scales, slots[t], Hkv, D);
-        store_q8(vt, v_values, v_scales, slots[t], Hkv, D);
-    }
+    RopeJob job = {qkv, row, norm_whole, R, Hq, Hkv, D, q_norm, k_norm, cos, sin, eps, slots, k_values, v_values,
+                   KV_I8, query_scale, key_scale, k_scales, v_scales};
+    parallel_for(T, T * row * 4, rope_store_q8_rows, &job);
 }
 
 /* y[0..n) = cap * tanh(x / cap), in place where y == x (Gemma 2's soft-capped scores and logits) */

@@ -91,6 +91,10 @@ class QuantLinear(nn.Module):
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
 
+    def add_to(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """out += self(x), in place (a residual stream [M, out_features]): the bits of out + self(x)."""
+        return out.add_(self(x))
+
     def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """Outputs 0..n-1 (a draft's reduced vocabulary: tally/engine/speculation/config.py, draft_vocab_size).
         Here every output, then the first n; the native layers read only the first n outputs' weights."""

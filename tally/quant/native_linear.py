@@ -46,6 +46,12 @@ def _dequantized_matmul(layer: NativeInt4Linear | NativeInt8Linear, x: torch.Ten
     return y[:, :layer.out_features].float()
 
 
+def _takes_kernel(layer: QuantLinear, x: torch.Tensor) -> bool:
+    """Whether x goes straight to the integer kernel: fp32 rows as the kernel reads them, fewer than the many-token
+    path takes."""
+    return x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and x.shape[0] < layer.many_tokens_from
+
+
 def _rows_of(x: torch.Tensor, in_features: int) -> torch.Tensor:
     """x as the kernels take it: fp32 rows [M, K], contiguous."""
     return x.reshape(-1, in_features).float().contiguous()
@@ -86,9 +92,16 @@ class NativeInt4Linear(QuantLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The common case goes straight to the kernel (bias fused): QuantLinear.forward's reshapes and checks cost
         # more than the kernel's own call on a small layer.
-        if x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous() and x.shape[0] < self.many_tokens_from:
+        if _takes_kernel(self, x):
             return ops.gemm_q4(x, self.qs, self.d, self.m, self.bias, self.group_size, self.out_features, qh=self.qh)
         return super().forward(x)
+
+    def add_to(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The kernel adds its product to `out` as it stores it, as the one-call decode step's residual does."""
+        if _takes_kernel(self, x) and out.is_contiguous():
+            return ops.gemm_q4(x, self.qs, self.d, self.m, self.bias, self.group_size, self.out_features, out,
+                               qh=self.qh)
+        return super().add_to(x, out)
 
     def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """Outputs 0..n-1 from the first ceil(n / 8) tiles only: the kernel given n outputs reads no further."""
@@ -144,11 +157,17 @@ class NativeInt8Linear(QuantLinear):
         self.symmetric = ops.symmetric_q8(q)  # the one-row loop's condition (int_dots.h: int8_one_row_dots)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous()  # as NativeInt4Linear.forward
-                and x.shape[0] < self.many_tokens_from):
+        if _takes_kernel(self, x):  # as NativeInt4Linear.forward
             return ops.gemm_q8(x, self.q, self.s, self.bias, self.group_size, self.out_features,
                                per_token=self.per_token, symmetric=self.symmetric)
         return super().forward(x)
+
+    def add_to(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """As NativeInt4Linear.add_to."""
+        if _takes_kernel(self, x) and out.is_contiguous():
+            return ops.gemm_q8(x, self.q, self.s, self.bias, self.group_size, self.out_features, out,
+                               per_token=self.per_token, symmetric=self.symmetric)
+        return super().add_to(x, out)
 
     def first_outputs(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """As NativeInt4Linear.first_outputs."""
@@ -177,6 +196,7 @@ class NativeW8A8Linear(NativeInt8Linear):
     without VNNI). SmoothQuant: the weight holds W·s; activations are divided by s here unless the 1/s was
     folded into the preceding norm."""
     per_token = True
+    add_to = QuantLinear.add_to  # the kernel's own add would skip the smoothing of x
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                  smooth: torch.Tensor | None = None) -> None:
