@@ -62,6 +62,15 @@ static float exp_scores(float *p, int64_t len, float *mx_out) {
     for (; t < len; t++) mx = p[t] > mx ? p[t] : mx;
     __m256 vmx = _mm256_set1_ps(mx), vs = _mm256_setzero_ps();
     t = 0;
+#ifdef TALLY_AVX512
+    /* 16 at a time, summed 8 lanes at a time as below: the same bits */
+    for (const __m512 wmx = _mm512_set1_ps(mx); t + 16 <= len; t += 16) {
+        __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(p + t), wmx));
+        _mm512_storeu_ps(p + t, e);
+        vs = _mm256_add_ps(_mm256_add_ps(vs, _mm512_castps512_ps256(e)),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+#endif
     for (; t + 8 <= len; t += 8) {
         __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(p + t), vmx));
         _mm256_storeu_ps(p + t, e);
