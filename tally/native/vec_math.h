@@ -1,5 +1,5 @@
-/* Small vector helpers the kernels share: a horizontal sum, e^x on 8 floats (AVX-512: 16) and tanh(x) on 8. Included by kernels.c first,
- * before every kernel that uses them. */
+/* Small vector helpers the kernels share: a horizontal sum, e^x on 8 floats (AVX-512: 16) and tanh(x) on 8.
+ * Included by kernels.c first, before every kernel that uses them. */
 
 static inline float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
