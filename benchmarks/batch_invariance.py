@@ -64,6 +64,21 @@ def export(ref: str, into: Path) -> Path:
     return into
 
 
+def baseline_build(ref: str):
+    """The kernels of the `tally` package at `ref`, the build this CPU loads, compiled and loaded beside this
+    checkout's (a process may hold both)."""
+    from tally.native import library
+
+    here = library.SOURCE, library.HEADERS
+    with tempfile.TemporaryDirectory() as tmp:
+        native = export(ref, Path(tmp)) / "tally/native"
+        library.SOURCE, library.HEADERS = native / "kernels.c", [native / h.name for h in library.HEADERS]
+        try:
+            return library.load_build(library.builds()[library.build_wanted()])
+        finally:
+            library.SOURCE, library.HEADERS = here
+
+
 def measure(source: Path, kwargs: dict) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(source)}
     out = subprocess.run([sys.executable, "-c", WORKLOAD, json.dumps(kwargs)], env=env, check=True,
@@ -75,7 +90,7 @@ SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # SmolLM2-135M: qkv
 ROWS = (1, 2, 3, 8, 66, 512)
 
 
-def kernel_table(baseline: Path, repeats: int) -> None:
+def kernel_table(baseline: str, repeats: int) -> None:
     """gemm_f16 of both versions, ms per layer's projections at each row count, best of `repeats` x 5 alternating."""
     import time
 
@@ -84,12 +99,7 @@ def kernel_table(baseline: Path, repeats: int) -> None:
 
     from tally.native import library, ops
 
-    old = library.SOURCE.parent
-    libs = {"now": library.load()}
-    library.SOURCE, library.HEADERS = (baseline / "tally/native/kernels.c",
-                                       [baseline / "tally/native" / h.name for h in library.HEADERS])
-    libs["before"] = library.load_build(library.builds()[library.build_wanted()])
-    library.SOURCE = old / "kernels.c"
+    libs = {"now": library.load(), "before": baseline_build(baseline)}
     layers = [[ops.pack_f16(torch.randn(n, k)) for n, k in SHAPES] for _ in range(8)]
     best = {(name, rows): float("inf") for name in libs for rows in ROWS}
     for rows in ROWS:
@@ -160,8 +170,7 @@ def main() -> None:
     if args.baseline is None:
         parser.error("--baseline is needed, but with --fp32-kernels / --bf16-kernels")
     if args.kernels:
-        with tempfile.TemporaryDirectory() as tmp:
-            kernel_table(export(args.baseline, Path(tmp)), args.repeats)
+        kernel_table(args.baseline, args.repeats)
         print(f"python benchmarks/batch_invariance.py --baseline {args.baseline} --kernels --repeats {args.repeats}")
         return
     models = {m: MODELS[m] for m in args.models.split(",")}

@@ -6,10 +6,11 @@ runs over an fp32 cache and over each of --kv-dtypes (the same values rounded: f
 and widened as they load), with the fp32 cache's time over theirs. --layers N gives each of N layers caches of its
 own, called in turn, so the keys come from memory as in a decode step (one layer's fit in the last-level cache);
 times are then per layer. --build NAME times that build of the kernels (tally/native/library.py:builds, e.g.
-avx2) beside the one this CPU loads, over the fp32 cache and each of --kv-dtypes: its time over the loaded one's.
+avx2) beside the one this CPU loads, over the fp32 cache and each of --kv-dtypes: its time over the loaded one's;
+--baseline REF the same for the kernels of another version (a git ref, e.g. the commit before a change).
 
     python benchmarks/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400] [--layers 1]
-                                     [--kv-dtypes float16,bfloat16] [--build avx2]
+                                     [--kv-dtypes float16,bfloat16] [--build avx2 | --baseline REF]
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import time
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 import torch.nn.functional as F
+from batch_invariance import baseline_build  # benchmarks/ is on sys.path when a script here runs
 
 from tally.native import library, ops
 
@@ -82,11 +84,16 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=1, help="layers with caches of their own, called in turn")
     p.add_argument("--kv-dtypes", default="float16,bfloat16", help="16-bit caches timed beside fp32 ('' for none)")
     p.add_argument("--build", default=None, help="a build of the kernels timed beside the loaded one")
+    p.add_argument("--baseline", default=None, help="git ref whose kernels (the build this CPU loads) are timed "
+                                                    "beside this checkout's")
     a = p.parse_args()
     found = library.builds()
     if a.build and a.build not in found:
         p.error(f"--build {a.build}: this CPU runs the builds {', '.join(found)}")
-    other = a.build and library.load_build(found[a.build])
+    if a.build and a.baseline:
+        p.error("--build and --baseline each name the kernels timed beside the loaded ones: give one")
+    other = library.load_build(found[a.build]) if a.build else a.baseline and baseline_build(a.baseline)
+    label = a.build or a.baseline
     dtypes = [getattr(torch, name) for name in a.kv_dtypes.split(",") if name]
     torch.set_num_threads(a.threads)
     gen = torch.Generator().manual_seed(0)
@@ -95,7 +102,7 @@ def main() -> None:
     caches = ["fp32", *names] if other else []
     print("| context | rows | native µs | SDPA over gathered keys µs | SDPA / native |"
           + "".join(f" native {n} µs | fp32 / {n} |" for n in names)
-          + "".join(f" {a.build} {n} µs | {a.build} / loaded |" for n in caches))
+          + "".join(f" {label} {n} µs | {label} / loaded |" for n in caches))
     print("|---|---|---|---|---|" + "---|---|" * (len(names) + len(caches)))
     for context in (int(c) for c in a.contexts.split(",")):
         for rows, one_sequence, label in ((1, True, "1"), (5, True, "5 of one sequence"), (16, False, "16 sequences")):
@@ -124,7 +131,8 @@ def main() -> None:
                   + "".join(f" {t:,.1f} | {t / mine:.2f}× |" for t, mine in zip(t_other, [t_native, *t_narrow])),
                   flush=True)
     print(f"\ncommand: python benchmarks/decode_attention.py --threads {a.threads} --contexts {a.contexts} "
-          f"--layers {a.layers} --kv-dtypes '{a.kv_dtypes}'" + (f" --build {a.build}" if a.build else ""))
+          f"--layers {a.layers} --kv-dtypes '{a.kv_dtypes}'" + (f" --build {a.build}" if a.build else "")
+          + (f" --baseline {a.baseline}" if a.baseline else ""))
 
 
 if __name__ == "__main__":
