@@ -9,42 +9,29 @@ static inline float hsum(__m256 v) {
 }
 
 /* e^x, |relative error| < 2e-7 (Cephes' polynomial, as in the usual SIMD math libraries); x is clamped to
- * [-87.3, 88.4], so very negative scores give ~0, never NaN. */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3762626647949f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
+ * [-87.3, 88.4], so very negative scores give ~0, never NaN. One body for 8 lanes (exp256) and 16 (exp512, the
+ * AVX-512 builds): the same operations lane by lane, so the same bits. */
+#define DEFINE_EXP(NAME, V, VI, P, ROUND, INT_AS_FLOAT)                                                      \
+    static inline V NAME(V x) {                                                                           \
+        x = P##_min_ps(P##_max_ps(x, P##_set1_ps(-87.3f)), P##_set1_ps(88.3762626647949f));               \
+        V n = ROUND(P##_mul_ps(x, P##_set1_ps(1.44269504088896341f)));                                    \
+        x = P##_fnmadd_ps(n, P##_set1_ps(0.693359375f), x);                                                \
+        x = P##_fnmadd_ps(n, P##_set1_ps(-2.12194440e-4f), x);                                             \
+        V y = P##_set1_ps(1.9875691500e-4f);                                                               \
+        y = P##_fmadd_ps(y, x, P##_set1_ps(1.3981999507e-3f));                                             \
+        y = P##_fmadd_ps(y, x, P##_set1_ps(8.3334519073e-3f));                                             \
+        y = P##_fmadd_ps(y, x, P##_set1_ps(4.1665795894e-2f));                                             \
+        y = P##_fmadd_ps(y, x, P##_set1_ps(1.6666665459e-1f));                                             \
+        y = P##_fmadd_ps(y, x, P##_set1_ps(5.0000001201e-1f));                                             \
+        y = P##_fmadd_ps(y, P##_mul_ps(x, x), P##_add_ps(x, P##_set1_ps(1.0f)));                          \
+        VI e = P##_slli_epi32(P##_add_epi32(P##_cvtps_epi32(n), P##_set1_epi32(127)), 23);                \
+        return P##_mul_ps(y, INT_AS_FLOAT(e));                                                             \
+    }
+#define ROUND_NEAREST256(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+DEFINE_EXP(exp256, __m256, __m256i, _mm256, ROUND_NEAREST256, _mm256_castsi256_ps)
 #ifdef __AVX512F__
-/* exp256 on 16 lanes: the same operations lane by lane, so the same bits */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3762626647949f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
-}
+#define ROUND_NEAREST512(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+DEFINE_EXP(exp512, __m512, __m512i, _mm512, ROUND_NEAREST512, _mm512_castsi512_ps)
 #endif
 
 /* tanh(x), |error| < 2e-7: Cephes' odd polynomial below 0.625, 1 - 2 / (e^2|x| + 1) above (no cancellation there) */
