@@ -4,7 +4,8 @@
  *
  * FlashAttention's online softmax, shaped for a CPU's registers: an item is (kv head, tile of PA_ROWS query rows);
  * its rows' query heads that share the kv head (rows x group query vectors) pass over the keys PA_KEYS at a time.
- * Per key tile: the tile's keys transposed into [D, PA_KEYS] once, so scores are broadcast-multiply-adds of 4 query
+ * Per key tile: the tile's keys transposed into [D, PA_KEYS] once a call, before the items (prefill_key_tiles: every
+ * row tile reads the same transposed keys), so scores are broadcast-multiply-adds of 4 query
  * vectors against 16 keys in registers (AVX-512: 8 vectors; no sums across lanes); the running max and sum per
  * query vector; then the probabilities times the tile's values into each query vector's output, 3 query vectors x
  * 32 dims in registers (AVX-512: 5 x 64).
@@ -15,8 +16,8 @@
  * a prompt split into chunks anywhere keeps its bits. Soft-capped scores (Gemma 2: cap * tanh(score / cap)) are
  * capped before the masks; attention sinks (GPT-OSS: a logit per query head in the denominator, with no value)
  * join each row's sum at the end.
- * Keys and values are read in place from their blocks (no gather copy); a 16-bit cache's tile is widened to fp32
- * first (16 keys' and values' rows, against the rows x group query vectors that share them).
+ * Values are read in place from their blocks (no gather copy); a 16-bit cache's keys and values are widened to
+ * fp32 in that same pass, once a call.
  * Why not torch's CPU flash attention: at prompt lengths it is a large share of the whole prefill, several times this
  * kernel's time (docs/benchmarks.md#attention; `python benchmarks/prefill_attention.py`). */
 
@@ -32,6 +33,9 @@ typedef struct {
     float scale, softcap;  /* softcap 0: none */
     const float *sinks;    /* [Hq] or NULL */
     float *out;
+    int64_t k_start, key_tiles, k_lo, k_last;  /* the call's key tiles from k_start; real keys k_lo .. k_last */
+    float *kt_all;  /* [Hkv][key_tiles][D][PA_KEYS]: each tile's keys transposed (and widened) once a call */
+    float *v_wide;  /* [Hkv][key_tiles][PA_KEYS][D]: a 16-bit cache's values widened once a call; NULL: fp32 */
 } PrefillJob;
 
 static inline float hmax(__m256 v) {
@@ -195,17 +199,51 @@ static void pa_scores_all(const float *qs, const float *kt, int64_t D, int64_t M
  * alike. */
 static inline int64_t pa_tile_of(int64_t u, int64_t tiles) { return u % 2 == 0 ? u / 2 : tiles - 1 - u / 2; }
 
+/* Key `pos`'s row of kv head h in `cache`, pos clamped to the call's real keys: a tile's keys past the last or before
+ * the first row's window (whose blocks may be released) read a real key's row, which the masks give an exact 0 */
+static inline const char *pa_row(const PrefillJob *a, const void *cache, int64_t h, int64_t pos) {
+    pos = pos < a->k_lo ? a->k_lo : pos > a->k_last ? a->k_last : pos;
+    int64_t slot = a->block_table[pos / a->block_size] * a->block_size + pos % a->block_size;
+    return (const char *)cache + (slot * a->Hkv + h) * a->D * kv_bytes(a->kind);
+}
+
+/* Items (kv head, key tile): the tile's 16 keys transposed into kt_all, widened first from a 16-bit cache (its
+ * values too, into v_wide), once for every row tile that reads them */
+static void prefill_key_tiles(const void *job, int64_t i0, int64_t i1) {
+    const PrefillJob *a = job;
+    int64_t D = a->D;
+    float *wide = a->v_wide ? malloc(sizeof(float) * PA_KEYS * D) : NULL;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t h = i / a->key_tiles, k0 = a->k_start + i % a->key_tiles * PA_KEYS;
+        const float *k[PA_KEYS];
+        for (int t = 0; t < PA_KEYS; t++) {
+            const char *kr = pa_row(a, a->k_cache, h, k0 + t);
+            if (wide) {
+                widen_row(kr, wide + t * D, D, a->kind);
+                widen_row(pa_row(a, a->v_cache, h, k0 + t), a->v_wide + (i * PA_KEYS + t) * D, D, a->kind);
+                k[t] = wide + t * D;
+            } else {
+                k[t] = (const float *)kr;
+            }
+        }
+        float *kt = a->kt_all + i * D * PA_KEYS;
+        for (int64_t d = 0; d < D; d += 8) {
+            transpose8(k, d, kt + d * PA_KEYS, PA_KEYS);
+            transpose8(k + 8, d, kt + d * PA_KEYS + 8, PA_KEYS);
+        }
+    }
+    free(wide);
+}
+
 static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
     const PrefillJob *a = job;
-    int64_t D = a->D, G = a->Hq / a->Hkv, bs = a->block_size;
+    int64_t D = a->D, G = a->Hq / a->Hkv;
     int64_t M_max = PA_ROWS * G + 8;  /* + 8: the per-vector statistics are updated 8 at a time */
     float *qs = malloc(sizeof(float) * M_max * D), *o = malloc(sizeof(float) * M_max * D);
-    float *s = malloc(sizeof(float) * M_max * PA_KEYS), *kt = malloc(sizeof(float) * D * PA_KEYS);
+    float *s = malloc(sizeof(float) * M_max * PA_KEYS);
     float *mx = malloc(sizeof(float) * M_max), *sum = malloc(sizeof(float) * M_max);
     float *alpha = malloc(sizeof(float) * M_max), *shift = malloc(sizeof(float) * M_max);
     float *tmax = malloc(sizeof(float) * M_max);
-    int64_t row_bytes = D * kv_bytes(a->kind);
-    float *wide = a->kind == KV_F32 ? NULL : malloc(sizeof(float) * 2 * PA_KEYS * D);  /* a tile's K, then V rows */
     const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
     const __m256 iota0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), iota1 = _mm256_add_ps(iota0, _mm256_set1_ps(8));
     for (int64_t i = i0; i < i1; i++) {
@@ -224,27 +262,12 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
         int64_t lo = a->window > 0 && first - a->window + 1 > 0 ? first - a->window + 1 : 0;
         for (int64_t k0 = lo / PA_KEYS * PA_KEYS; k0 <= last; k0 += PA_KEYS) {
             int nk = last + 1 - k0 < PA_KEYS ? (int)(last + 1 - k0) : PA_KEYS;
+            int64_t tile_at = h * a->key_tiles + (k0 - a->k_start) / PA_KEYS;
+            const float *kt = a->kt_all + tile_at * D * PA_KEYS;
             const float *v[PA_KEYS];
-            const float *k[PA_KEYS];
-            for (int t = 0; t < PA_KEYS; t++) {
-                /* past the last key: the last one again; before the first row's window (whose blocks may be
-                 * released): its first key; both masked */
-                int64_t pos = k0 + t < lo ? lo : k0 + (t < nk ? t : nk - 1);
-                int64_t slot = a->block_table[pos / bs] * bs + pos % bs;
-                const char *kr = (const char *)a->k_cache + (slot * a->Hkv + h) * row_bytes;
-                const char *vr = (const char *)a->v_cache + (slot * a->Hkv + h) * row_bytes;
-                if (wide) {
-                    widen_row(kr, wide + t * D, D, a->kind);
-                    widen_row(vr, wide + (PA_KEYS + t) * D, D, a->kind);
-                    k[t] = wide + t * D, v[t] = wide + (PA_KEYS + t) * D;
-                } else {
-                    k[t] = (const float *)kr, v[t] = (const float *)vr;
-                }
-            }
-            for (int64_t d = 0; d < D; d += 8) {
-                transpose8(k, d, kt + d * PA_KEYS, PA_KEYS);
-                transpose8(k + 8, d, kt + d * PA_KEYS + 8, PA_KEYS);
-            }
+            for (int t = 0; t < PA_KEYS; t++)
+                v[t] = a->v_wide ? a->v_wide + (tile_at * PA_KEYS + t) * D
+                                 : (const float *)pa_row(a, a->v_cache, h, k0 + t);
             pa_scores_all(qs, kt, D, M, s);
             if (a->softcap > 0) softcap_values(s, s, M * PA_KEYS, a->softcap);
             int64_t m;
@@ -310,13 +333,11 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
     free(qs);
     free(o);
     free(s);
-    free(kt);
     free(mx);
     free(sum);
     free(alpha);
     free(shift);
     free(tmax);
-    free(wide);
 }
 
 /* q [n, Hq, D] (rows q_stride floats apart) at positions first_pos .. first_pos + n - 1 of one sequence whose keys
@@ -328,9 +349,16 @@ static void prefill_attention(const float *q, int64_t q_stride, const void *k_ca
                               int64_t D, int64_t block_size, int64_t window, float scale, float softcap,
                               const float *sinks, float *out) {
     int64_t tiles = (n + PA_ROWS - 1) / PA_ROWS;
+    int64_t k_lo = window > 0 && first_pos - window + 1 > 0 ? first_pos - window + 1 : 0, k_last = first_pos + n - 1;
+    int64_t k_start = k_lo / PA_KEYS * PA_KEYS, key_tiles = (k_last - k_start) / PA_KEYS + 1;
+    float *kt_all = malloc(sizeof(float) * Hkv * key_tiles * D * PA_KEYS);
+    float *v_wide = kind == KV_F32 ? NULL : malloc(sizeof(float) * Hkv * key_tiles * PA_KEYS * D);
     PrefillJob job = {q, k_cache, v_cache, block_table, q_stride, n, first_pos, Hq, Hkv, D, block_size, window,
-                      tiles, kind, scale, softcap, sinks, out};
+                      tiles, kind, scale, softcap, sinks, out, k_start, key_tiles, k_lo, k_last, kt_all, v_wide};
+    parallel_for(Hkv * key_tiles, Hkv * key_tiles * PA_KEYS * D * 8, prefill_key_tiles, &job);
     int64_t keys = first_pos + n / 2 + 1;  /* work: a row sees the cached keys and about half the new ones */
     /* no spinning after it: torch's matmuls come next, on the same cores */
     parallel_for_then(Hkv * tiles, n * keys * Hq * D, prefill_heads, &job, 0);
+    free(kt_all);
+    free(v_wide);
 }
