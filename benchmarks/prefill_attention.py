@@ -1,14 +1,15 @@
 """A prompt's attention: the native causal kernel (tally/native/prefill_attention.h) against the PyTorch paths the
 auto backend takes without it (torch's CPU flash SDPA for a whole prompt, the tiled online softmax or a masked SDPA
 for a chunk after cached tokens; K/V gathered from the paged cache in both), one layer, fp32 cache, and the native
-kernel over an fp16 cache (each tile of 16 keys widened as an item reads it); with --capped, soft-capped and
-sink-weighted prompts (one windowed layer of a Gemma 2 2B and a GPT-OSS 20B shape) through the prefill kernel against
-the native decode kernel a row at a time, the path they took before the prefill kernel computed them; then, with
---whole, the whole prefill of the built-in model (every layer, projections included) with one and the other,
-alternating prompts in one process.
+kernel over an fp16 cache (each tile of 16 keys widened once a call); with --baseline REF instead, the native kernel
+against another version's (a git ref), over fp32 and fp16 caches, and whether their bits agree; with --capped,
+soft-capped and sink-weighted prompts (one windowed layer of a Gemma 2 2B and a GPT-OSS 20B shape) through the prefill
+kernel against the native decode kernel a row at a time, the path they took before the prefill kernel computed
+them; then, with --whole, the whole prefill of the built-in model (every layer, projections included) with one and
+the other, alternating prompts in one process.
 
-    python benchmarks/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--capped 512,2048,4096]
-        [--whole 512,1024]
+    python benchmarks/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--baseline REF]
+        [--capped 512,2048,4096] [--whole 512,1024]
 
 Shapes: SmolLM2-135M (9 query heads, 3 KV heads, 64 dims) and Qwen2.5-0.5B (14 query heads, 2 KV heads, 64 dims).
 Best of 7 alternating rounds per case (a VM's speed drifts between runs; 3 for --capped's long calls).
@@ -23,7 +24,8 @@ from collections.abc import Callable
 
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
-from decode_attention import best_us  # benchmarks/ is on sys.path when a script here runs
+from batch_invariance import baseline_build  # benchmarks/ is on sys.path when a script here runs
+from decode_attention import best_us
 from workload import corpus_token_ids
 
 from tally import LLM, SamplingParams
@@ -90,6 +92,38 @@ def kernels(prompts: list[int]) -> None:
     torch_path(False)
 
 
+def against(ref: str, prompts: list[int]) -> None:
+    """This checkout's prefill kernel against the kernels of another version (`ref`, a git ref), the same calls over
+    fp32 and fp16 caches, alternating; whether both give the same bits."""
+    other = baseline_build(ref)
+    gen = torch.Generator().manual_seed(0)
+    print(f"\n| model shape | tokens | cache | native ms | {ref} ms | {ref} / native | same bits |")
+    print("|---|---|---|---|---|---|---|")
+    for name, (heads, kv_heads, dim) in SHAPES.items():
+        for cached, new, label in [(0, n, f"{n}") for n in prompts] + [(1536, 512, "512 after 1,536 cached")]:
+            for dtype in (torch.float32, torch.float16):
+                blocks = -(-(cached + new) // BLOCK_SIZE)
+                k_cache = torch.randn(blocks, BLOCK_SIZE, kv_heads, dim, generator=gen).to(dtype)
+                v_cache = torch.randn(k_cache.shape, generator=gen).to(dtype)
+                table = torch.randperm(blocks, generator=gen)
+                q, mine, theirs = (torch.randn(new, heads, dim, generator=gen), torch.empty(new, heads, dim),
+                                   torch.empty(new, heads, dim))
+
+                def native() -> None:
+                    ops.prefill_attention(q, k_cache, v_cache, table, cached, None, dim ** -0.5, out=mine)
+
+                def baseline() -> None:
+                    other.tally_prefill_attention(q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                                                  ops.KV_KINDS[dtype], table.data_ptr(), new, cached, heads,
+                                                  kv_heads, dim, BLOCK_SIZE, 0, dim ** -0.5, 0.0, None,
+                                                  theirs.data_ptr())
+
+                t_native, t_base = (t / 1e3 for t in best_us(
+                    [native, baseline], calls=max(2, 200_000 // (new * (cached + new // 2)))))
+                print(f"| {name} | {label} | {str(dtype).removeprefix('torch.')} | {t_native:.2f} | {t_base:.2f} | "
+                      f"{t_base / t_native:.2f}× | {'yes' if torch.equal(mine, theirs) else 'NO'} |", flush=True)
+
+
 def capped(prompts: list[int]) -> None:
     """One layer's whole-prompt attention, soft-capped or with sinks: the prefill kernel against every row through the
     decode kernel (one call, a row per prompt token, each with its own context length)."""
@@ -152,10 +186,14 @@ def main() -> None:
                    "(e.g. 512,2048,4096)")
     p.add_argument("--whole", default="", help="prompt lengths for the whole-prefill A/B (e.g. 512,1024)")
     p.add_argument("--repeats", type=int, default=5, help="--whole: prompts per path and length")
+    p.add_argument("--baseline", default=None, help="git ref whose prefill kernel is timed beside this checkout's "
+                   "at --prompts (instead of the PyTorch paths)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(f"{a.threads} threads; one layer's prefill attention, fp32 cache, block size {BLOCK_SIZE}")
-    if a.prompts:
+    if a.prompts and a.baseline:
+        against(a.baseline, [int(n) for n in a.prompts.split(",")])
+    elif a.prompts:
         kernels([int(n) for n in a.prompts.split(",")])
     if a.capped:
         capped([int(n) for n in a.capped.split(",")])
@@ -163,7 +201,8 @@ def main() -> None:
         whole([int(n) for n in a.whole.split(",")], a.repeats)
     print(f"\ncommand: python benchmarks/prefill_attention.py --threads {a.threads} --prompts '{a.prompts}'"
           + (f" --capped {a.capped}" if a.capped else "")
-          + (f" --whole {a.whole} --repeats {a.repeats}" if a.whole else ""))
+          + (f" --whole {a.whole} --repeats {a.repeats}" if a.whole else "")
+          + (f" --baseline {a.baseline}" if a.baseline else ""))
 
 
 if __name__ == "__main__":
