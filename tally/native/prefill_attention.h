@@ -34,8 +34,9 @@ typedef struct {
     const float *sinks;    /* [Hq] or NULL */
     float *out;
     int64_t k_start, key_tiles, k_lo, k_last;  /* the call's key tiles from k_start; real keys k_lo .. k_last */
-    float *kt_all;  /* [Hkv][key_tiles][D][PA_KEYS]: each tile's keys transposed (and widened) once a call */
-    float *v_wide;  /* [Hkv][key_tiles][PA_KEYS][D]: a 16-bit cache's values widened once a call; NULL: fp32 */
+    int64_t head;   /* the kv head the passes below are on: one at a time, so the buffers hold one head's keys */
+    float *kt_all;  /* [key_tiles][D][PA_KEYS]: each tile's keys transposed (and widened) once a call */
+    float *v_wide;  /* [key_tiles][PA_KEYS][D]: a 16-bit cache's values widened once a call; NULL: fp32 */
 } PrefillJob;
 
 static inline float hmax(__m256 v) {
@@ -207,14 +208,14 @@ static inline const char *pa_row(const PrefillJob *a, const void *cache, int64_t
     return (const char *)cache + (slot * a->Hkv + h) * a->D * kv_bytes(a->kind);
 }
 
-/* Items (kv head, key tile): the tile's 16 keys transposed into kt_all, widened first from a 16-bit cache (its
+/* Items: the head's key tiles, each tile's 16 keys transposed into kt_all, widened first from a 16-bit cache (its
  * values too, into v_wide), once for every row tile that reads them */
 static void prefill_key_tiles(const void *job, int64_t i0, int64_t i1) {
     const PrefillJob *a = job;
     int64_t D = a->D;
     float *wide = a->v_wide ? malloc(sizeof(float) * PA_KEYS * D) : NULL;
     for (int64_t i = i0; i < i1; i++) {
-        int64_t h = i / a->key_tiles, k0 = a->k_start + i % a->key_tiles * PA_KEYS;
+        int64_t h = a->head, k0 = a->k_start + i * PA_KEYS;
         const float *k[PA_KEYS];
         for (int t = 0; t < PA_KEYS; t++) {
             const char *kr = pa_row(a, a->k_cache, h, k0 + t);
@@ -247,7 +248,7 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
     const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
     const __m256 iota0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), iota1 = _mm256_add_ps(iota0, _mm256_set1_ps(8));
     for (int64_t i = i0; i < i1; i++) {
-        int64_t h = i / a->tiles, tile = pa_tile_of(i % a->tiles, a->tiles);
+        int64_t h = a->head, tile = pa_tile_of(i, a->tiles);
         int64_t r0 = tile * PA_ROWS, rows = a->n - r0 < PA_ROWS ? a->n - r0 : PA_ROWS, M = rows * G;
         int64_t first = a->first_pos + r0, last = first + rows - 1;  /* the item's rows' positions */
         /* query vector m = r * G + j: row r0 + r, query head h * G + j */
@@ -262,7 +263,7 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
         int64_t lo = a->window > 0 && first - a->window + 1 > 0 ? first - a->window + 1 : 0;
         for (int64_t k0 = lo / PA_KEYS * PA_KEYS; k0 <= last; k0 += PA_KEYS) {
             int nk = last + 1 - k0 < PA_KEYS ? (int)(last + 1 - k0) : PA_KEYS;
-            int64_t tile_at = h * a->key_tiles + (k0 - a->k_start) / PA_KEYS;
+            int64_t tile_at = (k0 - a->k_start) / PA_KEYS;
             const float *kt = a->kt_all + tile_at * D * PA_KEYS;
             const float *v[PA_KEYS];
             for (int t = 0; t < PA_KEYS; t++)
@@ -351,14 +352,16 @@ static void prefill_attention(const float *q, int64_t q_stride, const void *k_ca
     int64_t tiles = (n + PA_ROWS - 1) / PA_ROWS;
     int64_t k_lo = window > 0 && first_pos - window + 1 > 0 ? first_pos - window + 1 : 0, k_last = first_pos + n - 1;
     int64_t k_start = k_lo / PA_KEYS * PA_KEYS, key_tiles = (k_last - k_start) / PA_KEYS + 1;
-    float *kt_all = malloc(sizeof(float) * Hkv * key_tiles * D * PA_KEYS);
-    float *v_wide = kind == KV_F32 ? NULL : malloc(sizeof(float) * Hkv * key_tiles * PA_KEYS * D);
+    float *kt_all = malloc(sizeof(float) * key_tiles * D * PA_KEYS);
+    float *v_wide = kind == KV_F32 ? NULL : malloc(sizeof(float) * key_tiles * PA_KEYS * D);
     PrefillJob job = {q, k_cache, v_cache, block_table, q_stride, n, first_pos, Hq, Hkv, D, block_size, window,
-                      tiles, kind, scale, softcap, sinks, out, k_start, key_tiles, k_lo, k_last, kt_all, v_wide};
-    parallel_for(Hkv * key_tiles, Hkv * key_tiles * PA_KEYS * D * 8, prefill_key_tiles, &job);
+                      tiles, kind, scale, softcap, sinks, out, k_start, key_tiles, k_lo, k_last, 0, kt_all, v_wide};
     int64_t keys = first_pos + n / 2 + 1;  /* work: a row sees the cached keys and about half the new ones */
-    /* no spinning after it: torch's matmuls come next, on the same cores */
-    parallel_for_then(Hkv * tiles, n * keys * Hq * D, prefill_heads, &job, 0);
+    for (job.head = 0; job.head < Hkv; job.head++) {
+        parallel_for(key_tiles, key_tiles * PA_KEYS * D * 8, prefill_key_tiles, &job);
+        /* no spinning after the last: torch's matmuls come next, on the same cores */
+        parallel_for_then(tiles, n * keys * (Hq / Hkv) * D, prefill_heads, &job, job.head + 1 < Hkv ? SPIN_NS : 0);
+    }
     free(kt_all);
     free(v_wide);
 }
