@@ -4,12 +4,14 @@ best of several alternating runs, and each build's time over the widest one's. R
 does not depend on the values.
 
     python benchmarks/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
-                                  [--define PAIR_ROWS=4,5] [--builds avx512_gfni,avx512_amx]
+                                  [--define PAIR_ROWS=4,5] [--builds avx512_gfni,avx512_amx] [--baseline REF]
 
 --copies N: each call goes over N copies of the weights in turn (ms per copy), so that they stream from memory as
 a decode step's layers do, rather than from the last-level cache (a 9728x896 int4 matrix is 4.4 MB).
 --define NAME=V1,V2: the widest build at each value of a kernel constant, the same way (each / the last value).
 --builds A,B: only these builds (each / the last named).
+--baseline REF: the build this CPU loads, at git ref REF and in this checkout (REF / this checkout): a change to the
+kernels against the version before it. Its results differ where the change changed the arithmetic.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
+from batch_invariance import baseline_build  # benchmarks/ is on sys.path when a script here runs
 
 from tally.native import library, ops
 
@@ -89,6 +92,8 @@ def main() -> int:
     p.add_argument("--define", default=None, help="NAME=V1,V2,..: instead of every build, the widest one with the C "
                    "macro NAME at each value (one the source guards with #ifndef, e.g. PAIR_ROWS=4,5)")
     p.add_argument("--builds", default=None, help="A,B,..: only these builds, the last the reference")
+    p.add_argument("--baseline", default=None, help="git ref: its kernels (the build this CPU loads) against this "
+                   "checkout's")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     builds = library.builds()
@@ -98,8 +103,10 @@ def main() -> int:
         macro, values = a.define.split("=")
         widest_flags = list(builds.values())[-1]
         builds = {f"{macro}={v}": [*widest_flags, f"-D{macro}={v}"] for v in values.split(",")}
+    if a.baseline:
+        builds = {a.baseline: None, "this checkout": builds[library.build_wanted()]}
     names = list(builds)
-    libs = {name: library.load_build(flags) for name, flags in builds.items()}
+    libs = {name: baseline_build(name) if flags is None else library.load_build(flags) for name, flags in builds.items()}
     widest = names[-1]
     print(f"builds: {', '.join(names)}; {a.threads} thread(s); ms per call, best of 7 x 2 alternating; "
           f"each build / {widest}")

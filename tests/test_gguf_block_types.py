@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize
-from support.int8_rounding import int8_blocks
+from support.int8_rounding import rounded_for
 from test_quant_gguf import raw_tensor
 
 from tally.layers.linear import linear_from_gguf
@@ -48,7 +48,7 @@ def test_blocks_are_served_natively_as_llama_cpp_dequantizes_them(ggml_type):
     ids = torch.tensor([0, 39, 7, 8])
     assert torch.equal(layer.embedding_rows(ids), stored[ids])
     for rows in (1, 4, 5, 9, 70):
-        x = int8_blocks(torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)))
+        x = rounded_for(layer, torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)))
         ref = x.double() @ stored.double().T
         assert ((layer(x) - ref).abs().max() / ref.abs().max()).item() < 1e-5, rows
     # rows split in two and stacked again (a fused projection's parts) hold the same values

@@ -11,7 +11,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
-from support.int8_rounding import int8_blocks
+from support.int8_rounding import int8_blocks, rounded_for
 
 from tally.layers.linear import linear_from_blocks, linear_from_gguf
 from tally.models.gguf_header import GGUFHeader, read_header
@@ -55,7 +55,7 @@ def check_exact(layer: torch.nn.Module, raw: SimpleNamespace) -> None:
     if isinstance(layer, (NativeInt4Linear, NativeInt8Linear)):
         # The native layers multiply int8-rounded activations on both paths (tests/test_native_kernels.py checks
         # the rounding); the weights must still be the stored ones exactly.
-        x = int8_blocks(x)
+        x = rounded_for(layer, x)
     ref = x @ w.T
     # A native layer's many-token path multiplies in bf16 (tests/test_path_tuning.py): exact is its own kernel.
     native = isinstance(layer, (NativeInt4Linear, NativeInt8Linear))
@@ -150,15 +150,20 @@ def test_builtin_q4_1_layer_in_bf16_stays_within_half_a_percent(builtin_header):
 
 def assert_held_as_factors(layer: NativeInt4Linear, blocks: Int4Blocks | OffsetBlocks) -> None:
     """Q4_K's and Q6_K's scales and minima are held as the file factors them (an fp16 base per super-block times
-    int8 steps: int_dots.h's third form), a quarter of fp32's bytes, with the bits of their fp32 products."""
+    int8 steps: int_dots.h's third form), a quarter of fp32's bytes, with the bits of their fp32 products; the
+    kernels meet them with activations rounded per super-block of 256 (as llama.cpp's Q8_K)."""
     scale, minimum = blocks.factors if isinstance(blocks.factors, tuple) else (blocks.factors, None)
     assert layer.d.dtype == torch.uint8 and (layer.m is None or layer.m.dtype == torch.uint8)
     as_fp32 = NativeInt4Linear(blocks.q, scale.values(), None if minimum is None else minimum.values(),
                                layer.group_size, None, layer.bits)
     assert as_fp32.d.dtype == torch.float32 and layer.d.numel() < as_fp32.d.numel() * 4 * 0.35
+    every = torch.arange(layer.out_features)
+    w = layer.embedding_rows(every)
+    assert torch.equal(w, as_fp32.embedding_rows(every))
     for rows in (1, 3, 9, 70):
-        x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows))
-        assert torch.equal(layer(x), as_fp32(x))
+        x = int8_blocks(torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows)), 256)
+        ref = x.double() @ w.double().T
+        assert ((layer(x) - ref).abs().max() / ref.abs().max()).item() < 1e-6, rows
 
 
 def test_types_it_does_not_adopt_come_back_as_none():

@@ -1,13 +1,15 @@
 /* The integer weight formats' projections (int4 with minima, GGUF Q5_0 / Q6_K with planes of high bits, int8):
- * activations rounded to int8 per block of 32, tiles of 8 outputs, and tally_gemm_q4 / tally_gemm_q8. Included by
- * kernels.c after pool.h and its small helpers (store_out); includes int_dots.h: the tiles' layout, byte products. */
+ * activations rounded to int8 per block of 32 or more, tiles of 8 outputs, and tally_gemm_q4 / tally_gemm_q8.
+ * Included by kernels.c after pool.h and its small helpers (store_out); includes int_dots.h: the tiles' layout, byte
+ * products. */
 
-/* ---- Activations to int8: x ~ xq * dx, dx per row and block of 32 ---------------------------------------
+/* ---- Activations to int8: x ~ xq * dx, dx per row and block of xblock values ------------------------------
  * The integer kernels below multiply int8 activations by the integer weights with AVX2's byte dot products
  * (32 multiply-adds per instruction), which is what makes them faster than converting every weight to fp32.
- * The scale is per block of `span` values: 32 is llama.cpp's Q8_0 (the weight-only formats' choice), K one
- * scale per token (W8A8's dynamic per-token activations; dx then repeats over the row's blocks). Each row is
- * quantized on its own, so a token's result never depends on its batch. */
+ * The scale is per block of `span` values (a job's xblock, activation_block): 32 is llama.cpp's Q8_0 (the 32-block
+ * formats' choice), 256 its Q8_K (the K-quants'), K one scale per token (W8A8's dynamic per-token activations); dx
+ * holds it once per 32 values either way. Each row is quantized on its own, so a token's result never depends on
+ * its batch. */
 typedef struct { int8_t *xq; float *dx; } QuantizedRows;
 
 /* In vectors, with the scalar loop's bits (a test holds them to it): the max of |x| is exact in any order, and
@@ -49,8 +51,9 @@ static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 
 #include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
 
 /* A product's rows made ready for its tiles, split over the pool's threads by rows (a prompt's rows would otherwise
- * wait on one thread): x to int8 (quantize_segments, a scale per `span`), then per row either (int4, xsum) each
- * group's sum of its values, or (xoff) each span's sum times `offset`. Each row on its own: the same bits. */
+ * wait on one thread): x to int8 (quantize_segments, a scale per `span`), then per row and span (a group's part in a
+ * block of 32) the sum of its int8 values, either as it is (int4, xsum: exact in fp32; its activation scale comes
+ * with the dots', dots_into) or times `offset` (xoff). Each row on its own: the same bits. */
 typedef struct {
     const float *x;
     QuantizedRows q;
@@ -61,20 +64,14 @@ typedef struct {
 
 static void prepare_rows(const void *ctx, int64_t r0, int64_t r1) {
     const RowsJob *j = ctx;
-    int64_t K = j->K, group = j->group, span = span_of(group);
+    int64_t K = j->K, span = span_of(j->group);
     quantize_segments(j->x, j->q, r0 * K / j->span, r1 * K / j->span, j->span);
-    if (j->xsum) {
-        int64_t G = K / group;
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t g = 0; g < G; g++) {
-                float s = 0;
-                for (int64_t k0 = r * K + g * group; k0 < r * K + (g + 1) * group; k0 += span)
-                    s += j->q.dx[k0 / 32] * (float)sum_i8(j->q.xq + k0, span);
-                j->xsum[r * G + g] = s;
-            }
-    } else if (j->xoff) {
-        for (int64_t s = r0 * (K / span); s < r1 * (K / span); s++)
-            j->xoff[s] = sum_i8(j->q.xq + s * span, span) * (int32_t)j->offset;
+    if (j->xsum || j->xoff) {
+        for (int64_t s = r0 * (K / span); s < r1 * (K / span); s++) {
+            int32_t n = sum_i8(j->q.xq + s * span, span);
+            if (j->xsum) j->xsum[s] = (float)n;
+            else j->xoff[s] = n * (int32_t)j->offset;
+        }
     }
 }
 
@@ -111,84 +108,94 @@ static uint8_t *offset_bytes(const int8_t *x, int64_t n) {  /* n: a multiple of 
 #endif
 #define INT_MB 64  /* activation rows per pass over the weights: their int8 copies stay in L2 */
 
-/* acc[i] += row i's integer dot of span s in block b, times the group's scales sg and the row's block scale. xoff
- * (formats without minima, else NULL): row i's offsets, one a span of the rows' int8 values, s this span's: IntJob */
-static inline __attribute__((always_inline)) void dots_into(__m256 *acc, __m256i *dot, __m256 sg, const float *dx,
-                                                            const int32_t *xoff, int64_t spans, int64_t s, int64_t K,
-                                                            int64_t b, int mr) {
-    int64_t blocks = K / 32;
-    if (xoff) {
-        _Pragma("GCC unroll 8")
-        for (int i = 0; i < mr; i++) dot[i] = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(xoff[i * spans + s]));
-    }
+/* acc[i] += a[i] times row i's scale of the activation block holding block b; a[i] = 0 */
+static inline __attribute__((always_inline)) void fold_block(__m256 *acc, __m256 *a, const float *dx, int64_t blocks,
+                                                             int64_t b, int mr) {
     _Pragma("GCC unroll 8")
-    for (int i = 0; i < mr; i++)
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * blocks + b])),
-                                 acc[i]);
+    for (int i = 0; i < mr; i++) {
+        acc[i] = _mm256_fmadd_ps(a[i], _mm256_set1_ps(dx[i * blocks + b]), acc[i]);
+        a[i] = _mm256_setzero_ps();
+    }
 }
 
-/* acc += block b's dot products over chunks c0..c1 (dots_into) */
+/* The float operations of span s (a group's part in block b, `span` values), in this order in every loop of every
+ * build: (int4) a[i] += the group's minima mg times row i's sum of the span's int8 values (xsum); a[i] += row i's
+ * integer dot times the group's scales sg; where the span ends an activation block, acc[i] += a[i] times the row's
+ * scale of that block (fold_block). A K-quant's block of 8 or 16 spans so takes its activation scale once, not
+ * once a span: the multiply per span and row is what bounds AMX's tiles (docs/benchmarks.md#kernels). xoff
+ * (formats without minima, else NULL): row i's offsets, one a span of the rows' int8 values, s this span's: IntJob */
+static inline __attribute__((always_inline)) void dots_into(__m256 *acc, __m256 *a, __m256i *dot, __m256 sg,
+                                                            __m256 mg, const float *xsum, const float *dx,
+                                                            const int32_t *xoff, int64_t span, int64_t s, int64_t K,
+                                                            int64_t b, int64_t xblock, int mr) {
+    if (xsum) {
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) a[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * (K / span) + s]), a[i]);
+    }
+    if (xoff) {
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++) dot[i] = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(xoff[i * (K / span) + s]));
+    }
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) a[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), sg, a[i]);
+    if (block_ends((s + 1) * span, xblock)) fold_block(acc, a, dx, K / 32, b, mr);
+}
+
+/* Block b's dot products over chunks c0..c1 (span s), through dots_into */
 static inline __attribute__((always_inline)) void int_block_into(
-    __m256 *acc, __m256 sg, const int8_t *xq, const uint8_t *xu, const float *dx, const int32_t *xoff, int64_t spans,
-    int64_t s, int64_t K, int64_t b, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1,
-    int mr) {
+    __m256 *acc, __m256 *a, __m256 sg, __m256 mg, const int8_t *xq, const uint8_t *xu, const float *dx,
+    const float *xsum, const int32_t *xoff, int64_t span, int64_t s, int64_t K, int64_t b, int64_t xblock,
+    const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
     int64_t block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : bits == 5 ? 32 : 0;
     __m256i dot[MR];
     int_block_dots(xq + b * 32, xu ? xu + b * XU_BLOCK : NULL, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL,
                    bits, expanded, c0, c1, mr, dot);
-    dots_into(acc, dot, sg, dx, xoff, spans, s, K, b, mr);
+    dots_into(acc, a, dot, sg, mg, xsum, dx, xoff, span, s, K, b, xblock, mr);
 }
 
-/* acc += group g's blocks' dot products times the group's scales sg */
+/* Group g's blocks' dot products times the group's scales sg (and minima mg, with xsum), through dots_into */
 static inline __attribute__((always_inline)) void int_group_into(
-    __m256 *acc, int64_t g, __m256 sg, const int8_t *xq, const uint8_t *xu, const float *dx, const int32_t *xoff,
-    int64_t K, int64_t group, const uint8_t *w, const uint8_t *hb, int bits, int expanded, int mr) {
+    __m256 *acc, __m256 *a, int64_t g, __m256 sg, __m256 mg, const int8_t *xq, const uint8_t *xu, const float *dx,
+    const float *xsum, const int32_t *xoff, int64_t K, int64_t group, int64_t xblock, const uint8_t *w,
+    const uint8_t *hb, int bits, int expanded, int mr) {
     int64_t group_blocks = group / 32;
     if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
         for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
-            int_block_into(acc, sg, xq, xu, dx, xoff, K / 32, b, K, b, w, hb, bits, expanded, 0, 4, mr);
+            int_block_into(acc, a, sg, mg, xq, xu, dx, xsum, xoff, 32, b, K, b, xblock, w, hb, bits, expanded, 0, 4,
+                           mr);
     } else {  /* a group of 16: chunks 0-1 or 2-3 of block g / 2 */
         int c0 = (int)(g & 1) * 2;
-        int_block_into(acc, sg, xq, xu, dx, xoff, K / 16, g, K, g / 2, w, hb, bits, expanded, c0, c0 + 2, mr);
+        int_block_into(acc, a, sg, mg, xq, xu, dx, xsum, xoff, 16, g, K, g / 2, xblock, w, hb, bits, expanded, c0,
+                       c0 + 2, mr);
     }
-}
-
-/* acc += (int4) group g's minima mg times the rows' sums. Called after int_group_into with mg formed there and then:
- * formed before the blocks, it would hold a register through them and slow the many-row int4 / int6 tiles. */
-static inline __attribute__((always_inline)) void int_minima_into(__m256 *acc, int64_t g, int64_t G, __m256 mg,
-                                                                  const float *xsum, int mr) {
-    _Pragma("GCC unroll 8")
-    for (int i = 0; i < mr; i++) acc[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), acc[i]);
 }
 
 #ifdef TALLY_AVX512
 /* Groups of 16, block b's two (2b with sg0, 2b + 1 with sg1) from one pass over the block: int_group_into's sums
  * and float operations, in its order for each row */
 static inline __attribute__((always_inline)) void int_halves_into(
-    __m256 *acc, __m256 sg0, __m256 sg1, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t K, int64_t b,
-    const uint8_t *w, const uint8_t *hb, int bits, int mr) {
+    __m256 *acc, __m256 *a, __m256 sg0, __m256 sg1, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t K,
+    int64_t b, int64_t xblock, const uint8_t *w, const uint8_t *hb, int bits, int mr) {
     __m256i dot0[MR], dot1[MR];
     int_block_halves512(xq + b * 32, K, w + b * 128, hb + b * (bits == 6 ? 64 : 32), bits, mr, dot0, dot1);
-    dots_into(acc, dot0, sg0, dx, xoff, K / 16, 2 * b, K, b, mr);
-    dots_into(acc, dot1, sg1, dx, xoff, K / 16, 2 * b + 1, K, b, mr);
+    dots_into(acc, a, dot0, sg0, sg0, NULL, dx, xoff, 16, 2 * b, K, b, xblock, mr);
+    dots_into(acc, a, dot1, sg1, sg1, NULL, dx, xoff, 16, 2 * b + 1, K, b, xblock, mr);
 }
 #endif
 
 static inline __attribute__((always_inline)) void int_tile(
     const int8_t *xq, const uint8_t *xu, const float *dx, const float *xsum, const int32_t *xoff, int64_t K,
     int64_t group, const uint8_t *w, const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded,
-    int mr, float *y, int64_t N, int64_t t, const float *bias, int accumulate, int runs) {
+    int mr, float *y, int64_t N, int64_t t, const float *bias, int accumulate, int runs, int64_t xblock) {
     int64_t G = K / group;
-    __m256 acc[MR];
+    __m256 acc[MR], a[MR];  /* the row's sum; the activation block's, before its scale (dots_into) */
     _Pragma("GCC unroll 8")
-    for (int i = 0; i < mr; i++) acc[i] = _mm256_setzero_ps();
-#define GROUP_INTO(G_, SG_) int_group_into(acc, G_, SG_, xq, xu, dx, xoff, K, group, w, hb, bits, expanded, mr)
+    for (int i = 0; i < mr; i++) acc[i] = a[i] = _mm256_setzero_ps();
+#define GROUP_INTO(G_, SG_, MG_) \
+    int_group_into(acc, a, G_, SG_, MG_, xq, xu, dx, xsum, xoff, K, group, xblock, w, hb, bits, expanded, mr)
     if (!runs) {  /* forms 0 and 1 */
-        for (int64_t g = 0; g < G; g++) {
-            __m256 sg = plain_values8(scale, g * TILE);
-            GROUP_INTO(g, sg);
-            if (m.v) int_minima_into(acc, g, G, plain_values8(m, g * TILE), xsum, mr);
-        }
+        for (int64_t g = 0; g < G; g++)
+            GROUP_INTO(g, plain_values8(scale, g * TILE), m.v ? plain_values8(m, g * TILE) : _mm256_setzero_ps());
     } else {  /* form P: super-blocks, their bases once a run (GroupRun). A constant `runs` keeps one loop per
                * instance: both loops in one instance, or nested, run slower */
         for (int64_t g0 = 0; g0 < G; g0 += scale.form) {
@@ -196,16 +203,13 @@ static inline __attribute__((always_inline)) void int_tile(
 #ifdef TALLY_AVX512
             if (group == 16 && !m.v && !expanded) {  /* two groups a block: int_halves_into */
                 for (int64_t j = 0; j < scale.form; j += 2)
-                    int_halves_into(acc, run_values8(sr, j), run_values8(sr, j + 1), xq, dx, xoff, K, (g0 + j) / 2, w,
-                                    hb, bits, mr);
+                    int_halves_into(acc, a, run_values8(sr, j), run_values8(sr, j + 1), xq, dx, xoff, K, (g0 + j) / 2,
+                                    xblock, w, hb, bits, mr);
                 continue;
             }
 #endif
-            for (int64_t j = 0; j < scale.form; j++) {
-                __m256 sg = run_values8(sr, j);
-                GROUP_INTO(g0 + j, sg);
-                if (m.v) int_minima_into(acc, g0 + j, G, run_values8(mr_, j), xsum, mr);
-            }
+            for (int64_t j = 0; j < scale.form; j++)
+                GROUP_INTO(g0 + j, run_values8(sr, j), m.v ? run_values8(mr_, j) : _mm256_setzero_ps());
         }
     }
 #undef GROUP_INTO
@@ -217,7 +221,8 @@ typedef struct {
     const int8_t *xq;
     const uint8_t *xu;             /* int8 beside xq (XU_BLOCK bytes a block): AVX-512 (both loops) xq + 128,
                                     * unsigned; AVX2 at one row of symmetric weights one_row_broadcasts; else NULL */
-    const float *dx, *xsum;        /* per row: block scales [K/32]; (int4) per group the sum of its values */
+    const float *dx, *xsum;        /* per row: activation block scales, one a 32 values [K/32]; (int4) per span the
+                                    * sum of its int8 values */
     const int32_t *xoff;           /* per row, without minima (Q4_0, int5, int6, LUT4 with VNNI): per span (a group's
                                     * part in a block), 2^(bits - 1) (LUT4: LUT4_OFFSET) times the sum of its int8
                                     * values, taken off each span's dot */
@@ -226,6 +231,7 @@ typedef struct {
     const float *bias;
     float *y;
     int64_t K, N, group, m0, m1;
+    int64_t xblock;                /* values per activation scale (activation_block): dots_into's fold */
     int accumulate;
 } IntJob;
 
@@ -246,10 +252,10 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
     for (int64_t r = j->m0; r < j->m1; r += MR) {
         int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
 #define INT_TILE_(MR_, GROUP_, RUNS_) int_tile(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), \
-                                              j->xsum ? j->xsum + r * G : NULL, \
+                                              j->xsum ? j->xsum + r * (K / span_of(GROUP_)) : NULL, \
                                               j->xoff ? j->xoff + r * (K / span_of(GROUP_)) : NULL, K, GROUP_, w, hb, \
                                               d, m, bits, expanded, MR_, j->y + r * j->N, j->N, t, j->bias, \
-                                              j->accumulate, RUNS_)
+                                              j->accumulate, RUNS_, j->xblock)
 #define INT_TILE(MR_, GROUP_) \
     do { if (d.form >= 2) INT_TILE_(MR_, GROUP_, 1); else INT_TILE_(MR_, GROUP_, 0); } while (0)
         switch (mr) {
@@ -351,10 +357,10 @@ static inline __attribute__((always_inline)) void pair_rows(const IntJob *j, int
     for (int64_t r = j->m0; r < j->m1; r += MR512) {
         int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
 #define PAIR(MR_) int_tile_pair(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), \
-                                j->xsum ? j->xsum + r * G : NULL, \
+                                j->xsum ? j->xsum + r * (K / span_of(j->group)) : NULL, \
                                 j->xoff ? j->xoff + r * (K / span_of(j->group)) : NULL, K, j->group, wa, wb, ha, hb, \
                                 sa, sb, ma, mb, bits, \
-                                expanded, MR_, j->y + r * j->N, j->N, t, u, j->bias, j->accumulate)
+                                expanded, MR_, j->y + r * j->N, j->N, t, u, j->bias, j->accumulate, j->xblock)
         switch (mr) {
             case 8: PAIR(8); break;
             case 7: PAIR(7); break;
@@ -500,16 +506,22 @@ static void int_call_free(IntCall *c) {
     for (int i = 0; i < 5; i++) free(c->owned[i]);
 }
 
+/* Values per activation scale for a weight of groups of `group` (the RowsJob's span, IntJob.xblock): a K-quant's
+ * super-block (scale_form P: P groups, 256 values, as llama.cpp's Q8_K meets them), else 32 (its Q8_0) */
+static int64_t activation_block(int64_t group, int scale_form) {
+    return scale_form >= 2 ? scale_form * group : 32;
+}
+
 /* bits 4: qs, d, m (qh NULL; m NULL: w = d * (q - 8), GGUF Q4_0); bits 5 or 6: qs, qh, d (m NULL); LUT4: qs, qh the
  * table of 16 int8 values, d (m NULL; groups of 32); group 16 or a multiple of 32. scale_form: d and m's form
  * (int_dots.h: GroupValues) */
 static IntCall q4_call(const float *x, const uint8_t *qs, const uint8_t *qh, const void *d, const void *m,
                        const float *bias, float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits,
                        int accumulate, int scale_form) {
-    int64_t G = K / group, span = span_of(group);
-    RowsJob rows = {x, {NULL, NULL}, NULL, NULL, K, 32, group, 0};
+    int64_t G = K / group, span = span_of(group), xblock = activation_block(group, scale_form);
+    RowsJob rows = {x, {NULL, NULL}, NULL, NULL, K, xblock, group, 0};
     if (m) {
-        rows.xsum = malloc(sizeof(float) * M * G);
+        rows.xsum = malloc(sizeof(float) * M * (K / span));
     } else if (bits != LUT4 || LUT4_OFFSET) {
         rows.offset = bits == LUT4 ? LUT4_OFFSET : 1 << (bits - 1);
         rows.xoff = malloc(sizeof(int32_t) * M * (K / span));
@@ -519,7 +531,7 @@ static IntCall q4_call(const float *x, const uint8_t *qs, const uint8_t *qh, con
     float *xsum = rows.xsum;
     int32_t *xoff = rows.xoff;
     IntCall c = {{xq.xq, NULL, xq.dx, xsum, xoff, qs, qh, {d, scale_form}, {m, scale_form}, bias, y, K, N, group, 0,
-                  M, accumulate},
+                  M, xblock, accumulate},
                  bits == 6 ? INT_KERNELS(6) : bits == 5 ? INT_KERNELS(5) : bits == LUT4 ? INT_KERNELS(lut)
                                                                                     : INT_KERNELS(4),
                  {xq.xq, xq.dx, xsum, xoff, NULL}};
@@ -558,7 +570,7 @@ static IntCall q8_call(const float *x, const int8_t *q, const void *s, const flo
     (void)symmetric;
 #endif
     return (IntCall){{xq.xq, xu, xq.dx, NULL, NULL, (const uint8_t *)q, NULL, {s, scale_form}, {NULL, 0}, bias, y, K,
-                      N, group, 0, M, accumulate},
+                      N, group, 0, M, rows.span, accumulate},
                      INT_KERNELS(8), {xq.xq, xq.dx, xu, NULL, NULL}};
 }
 
