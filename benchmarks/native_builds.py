@@ -106,7 +106,8 @@ def main() -> int:
     if a.baseline:
         builds = {a.baseline: None, "this checkout": builds[library.build_wanted()]}
     names = list(builds)
-    libs = {name: baseline_build(name) if flags is None else library.load_build(flags) for name, flags in builds.items()}
+    libs = {name: baseline_build(name) if flags is None else library.load_build(flags)
+            for name, flags in builds.items()}
     widest = names[-1]
     print(f"builds: {', '.join(names)}; {a.threads} thread(s); ms per call, best of 7 x 2 alternating; "
           f"each build / {widest}")

@@ -61,47 +61,51 @@ static inline __attribute__((always_inline)) void amx_span_dots(const int8_t *xq
 #undef AMX_SPAN
 
 /* Rows r..r + 16 of y, outputs of tiles t and u (u == t: only t's are stored), from v: expand_pair's bytes. The
- * float operations per row, output and span are int_tile_pair's, in its order. each_span: every span ends an
- * activation block (IntJob.xblock == span), so a[i] lives within a span and acc[i] stays in a register; a block of
- * several spans holds a[i] across them instead, and acc[i], touched once a block, in memory. */
+ * float operations per row, output and span are int_tile_pair's, in its order (`blocked` its: int_tiles.h,
+ * dots_into); blocked, a[i] lives across a block's spans, and acc[i], touched once a block, may sit in memory. */
 static inline __attribute__((always_inline)) void amx_pair_tile(const IntJob *j, int64_t t, int64_t u,
                                                                 const uint8_t *v, GroupValues sa, GroupValues sb,
                                                                 GroupValues ma, GroupValues mb, int64_t r, int bits,
-                                                                int each_span) {
-    int64_t K = j->K, group = j->group, blocks = K / 32, span = span_of(group), spans = K / span;
+                                                                int blocked) {
+    int64_t K = j->K, group = j->group, G = K / group, blocks = K / 32, span = span_of(group), spans = K / span;
     int64_t per_group = group / span;
-    const float *dx = j->dx + r * blocks, *xsum = j->xsum ? j->xsum + r * spans : NULL;
+    const float *dx = j->dx + r * blocks, *xsum = j->xsum ? j->xsum + r * G : NULL;
     const int32_t *xoff = j->xoff ? j->xoff + r * spans : NULL;
     int32_t dots[4][AMX_ROWS * 16] __attribute__((aligned(64)));
     __m512 acc[AMX_ROWS], a[AMX_ROWS];
     _Pragma("GCC unroll 16")
     for (int i = 0; i < AMX_ROWS; i++) acc[i] = a[i] = _mm512_setzero_ps();
+#define AMX_MINIMA(INTO) do { \
+        __m512 mg = halves_ps(values8(ma, g * TILE), values8(mb, g * TILE)); \
+        _Pragma("GCC unroll 16") \
+        for (int i = 0; i < AMX_ROWS; i++) INTO[i] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xsum[i * G + g]), INTO[i]); \
+    } while (0)
     for (int64_t s = 0; s < spans;) {
         int n = spans - s >= 4 ? 4 : 1;
         amx_span_dots(j->xq + r * K, v, K, span, s, n, bits, dots);
         for (int q = 0; q < n; q++, s++) {
             int64_t g = s / per_group, b = s * span / 32;
-            if (ma.v) {
-                __m512 mg = halves_ps(values8(ma, g * TILE), values8(mb, g * TILE));
-                _Pragma("GCC unroll 16")
-                for (int i = 0; i < AMX_ROWS; i++) a[i] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xsum[i * spans + s]), a[i]);
-            }
+            if (blocked && ma.v && s % per_group == 0) AMX_MINIMA(a);
             __m512 sg = halves_ps(values8(sa, g * TILE), values8(sb, g * TILE));
             _Pragma("GCC unroll 16")
             for (int i = 0; i < AMX_ROWS; i++) {
                 __m512i dot = _mm512_load_si512((const void *)(dots[q] + 16 * i));
                 if (xoff) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(xoff[i * spans + s]));
-                a[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sg, a[i]);
+                if (blocked) a[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), sg, a[i]);
+                else acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                              _mm512_mul_ps(sg, _mm512_set1_ps(dx[i * blocks + b])), acc[i]);
             }
-            if (each_span || block_ends((s + 1) * span, j->xblock)) {
+            if (blocked && block_ends((s + 1) * span, j->xblock)) {
                 _Pragma("GCC unroll 16")
                 for (int i = 0; i < AMX_ROWS; i++) {
                     acc[i] = _mm512_fmadd_ps(a[i], _mm512_set1_ps(dx[i * blocks + b]), acc[i]);
                     a[i] = _mm512_setzero_ps();
                 }
             }
+            if (!blocked && ma.v && (s + 1) % per_group == 0) AMX_MINIMA(acc);
         }
     }
+#undef AMX_MINIMA
     __m256 lo[AMX_ROWS], hi[AMX_ROWS];
     _Pragma("GCC unroll 16")
     for (int i = 0; i < AMX_ROWS; i++) {
@@ -118,11 +122,11 @@ static __attribute__((noinline)) void amx_pair_rows(const IntJob *j, int64_t t, 
     int64_t G = j->K / j->group;
     GroupValues sa = values_from(j->scale, t * G * TILE), sb = values_from(j->scale, u * G * TILE);
     GroupValues ma = values_from(j->min, t * G * TILE), mb = values_from(j->min, u * G * TILE);
-    int each_span = j->xblock == span_of(j->group);
+    int blocked = j->xblock > 32;
     for (int64_t r = m0; r < m1; r += AMX_ROWS) {
-        if (bits == 8 && each_span) amx_pair_tile(j, t, u, v, sa, sb, ma, mb, r, 8, 1);
+        if (bits == 8 && blocked) amx_pair_tile(j, t, u, v, sa, sb, ma, mb, r, 8, 1);
         else if (bits == 8) amx_pair_tile(j, t, u, v, sa, sb, ma, mb, r, 8, 0);
-        else if (each_span) amx_pair_tile(j, t, u, v, sa, sb, ma, mb, r, 4, 1);
+        else if (blocked) amx_pair_tile(j, t, u, v, sa, sb, ma, mb, r, 4, 1);
         else amx_pair_tile(j, t, u, v, sa, sb, ma, mb, r, 4, 0);
     }
 }

@@ -341,11 +341,12 @@ static inline __attribute__((always_inline)) void int_block_halves512(
  * tile t's 8 outputs and lanes 8-15 tile u's, each half the same chunk (the same k) of its tile, in the layout
  * above. A row's 4 activation bytes then meet 16 outputs as one broadcast, which the CPU serves from its load
  * ports, where the chunk-pair loop above needs a permute per product and a fold per block. The scales of both tiles
- * are one vector, so the float work per span is one convert and one multiply-add for 16 outputs, and up to MR512 rows
+ * are one vector, so the float work per block is one convert and two multiplies for 16 outputs (a K-quant's: one, its
+ * activation scale once a super-block: int_tiles.h, dots_into), and up to MR512 rows
  * share each unpacked weight vector (docs/benchmarks.md#kernels). The integer sums and the float operations per
  * output are the 256-bit loop's, in the same order: the same bits (tests/test_native_builds_agree.py). */
 #ifdef TALLY_AVX512
-#define MR512 8  /* rows per pass: 8 integer and 16 float accumulators (dots_into's acc, a), within 32 registers */
+#define MR512 8  /* rows per pass: 8 float (blocked: 16) and 8 integer accumulators, within AVX-512's 32 registers */
 
 static inline __m512i halves(const void *a, const void *b) {  /* 32 bytes of tile t, then 32 of tile u */
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
@@ -458,21 +459,21 @@ static inline __attribute__((always_inline)) void int_tile_pair(
     const int8_t *xq, const uint8_t *xu, const float *dx, const float *xsum, const int32_t *xoff, int64_t K,
     int64_t group, const uint8_t *wa, const uint8_t *wb, const uint8_t *ha, const uint8_t *hb, GroupValues sa,
     GroupValues sb, GroupValues ma, GroupValues mb, int bits, int expanded, int mr, float *y, int64_t N, int64_t t,
-    int64_t u, const float *bias, int accumulate, int64_t xblock) {
+    int64_t u, const float *bias, int accumulate, int64_t xblock, int blocked) {
     int64_t G = K / group, blocks = K / 32, span = span_of(group), block_bytes = expanded ? 512 : bits == 8 ? 256 : 128;
     int64_t plane_bytes = bits == 6 ? 64 : bits == 5 ? 32 : 0;  /* LUT4: ha, hb the table, the same every block */
-    __m512 acc[MR512], a[MR512];  /* int_tile's acc and a (int_tiles.h: dots_into) */
+    __m512 acc[MR512], a[MR512];  /* int_tile's acc and (blocked) a: int_tiles.h, dots_into */
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = a[i] = _mm512_setzero_ps();
+#define PAIR_MINIMA(INTO) do { \
+        __m512 mg = halves_ps(values8(ma, g * TILE), values8(mb, g * TILE)); \
+        _Pragma("GCC unroll 8") \
+        for (int i = 0; i < mr; i++) INTO[i] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xsum[i * G + g]), INTO[i]); \
+    } while (0)
     for (int64_t g = 0; g < G; g++) {
+        if (blocked && ma.v) PAIR_MINIMA(a);
         __m512 sg = halves_ps(values8(sa, g * TILE), values8(sb, g * TILE));
-        __m512 mg = ma.v ? halves_ps(values8(ma, g * TILE), values8(mb, g * TILE)) : sg;
         for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += span) {
-            if (ma.v) {
-                _Pragma("GCC unroll 8")
-                for (int i = 0; i < mr; i++)
-                    a[i] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xsum[i * (K / span) + k0 / span]), a[i]);
-            }
             int64_t b = k0 / 32;
             int c0 = (int)(k0 % 32) / 8;
             __m512i dot[MR512];
@@ -484,6 +485,13 @@ static inline __attribute__((always_inline)) void int_tile_pair(
                 for (int i = 0; i < mr; i++)
                     dot[i] = _mm512_sub_epi32(dot[i], _mm512_set1_epi32(xoff[i * (K / span) + k0 / span]));
             }
+            if (!blocked) {
+                _Pragma("GCC unroll 8")
+                for (int i = 0; i < mr; i++)
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]),
+                                             _mm512_mul_ps(sg, _mm512_set1_ps(dx[i * blocks + b])), acc[i]);
+                continue;
+            }
             _Pragma("GCC unroll 8")
             for (int i = 0; i < mr; i++) a[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), sg, a[i]);
             if (block_ends(k0 + span, xblock)) {
@@ -494,7 +502,9 @@ static inline __attribute__((always_inline)) void int_tile_pair(
                 }
             }
         }
+        if (!blocked && ma.v) PAIR_MINIMA(acc);
     }
+#undef PAIR_MINIMA
     __m256 lo[MR512], hi[MR512];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) {

@@ -51,9 +51,10 @@ static inline int32_t sum_i8(const int8_t *p, int64_t n) {  /* n: a multiple of 
 #include "int_dots.h"  /* the tile layout (TILE, MR, store_tile), the formats' byte products; AVX-512: int_tile_pair */
 
 /* A product's rows made ready for its tiles, split over the pool's threads by rows (a prompt's rows would otherwise
- * wait on one thread): x to int8 (quantize_segments, a scale per `span`), then per row and span (a group's part in a
- * block of 32) the sum of its int8 values, either as it is (int4, xsum: exact in fp32; its activation scale comes
- * with the dots', dots_into) or times `offset` (xoff). Each row on its own: the same bits. */
+ * wait on one thread): x to int8 (quantize_segments, a scale per `span`), then per row either (int4, xsum) each
+ * group's sum of its values (activation blocks of 32: of its int8 values times their scales; longer blocks: of its
+ * int8 values, exact in fp32, the block's scale coming with the dots': dots_into), or (xoff) each span's sum times
+ * `offset`. Each row on its own: the same bits. */
 typedef struct {
     const float *x;
     QuantizedRows q;
@@ -64,14 +65,22 @@ typedef struct {
 
 static void prepare_rows(const void *ctx, int64_t r0, int64_t r1) {
     const RowsJob *j = ctx;
-    int64_t K = j->K, span = span_of(j->group);
+    int64_t K = j->K, group = j->group, span = span_of(group);
     quantize_segments(j->x, j->q, r0 * K / j->span, r1 * K / j->span, j->span);
-    if (j->xsum || j->xoff) {
-        for (int64_t s = r0 * (K / span); s < r1 * (K / span); s++) {
-            int32_t n = sum_i8(j->q.xq + s * span, span);
-            if (j->xsum) j->xsum[s] = (float)n;
-            else j->xoff[s] = n * (int32_t)j->offset;
-        }
+    if (j->xsum) {
+        int64_t G = K / group;
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t g = 0; g < G; g++) {
+                float s = 0;
+                for (int64_t k0 = r * K + g * group; k0 < r * K + (g + 1) * group; k0 += span) {
+                    float n = (float)sum_i8(j->q.xq + k0, span);
+                    s += j->span > 32 ? n : j->q.dx[k0 / 32] * n;
+                }
+                j->xsum[r * G + g] = s;
+            }
+    } else if (j->xoff) {
+        for (int64_t s = r0 * (K / span); s < r1 * (K / span); s++)
+            j->xoff[s] = sum_i8(j->q.xq + s * span, span) * (int32_t)j->offset;
     }
 }
 
@@ -119,22 +128,27 @@ static inline __attribute__((always_inline)) void fold_block(__m256 *acc, __m256
 }
 
 /* The float operations of span s (a group's part in block b, `span` values), in this order in every loop of every
- * build: (int4) a[i] += the group's minima mg times row i's sum of the span's int8 values (xsum); a[i] += row i's
- * integer dot times the group's scales sg; where the span ends an activation block, acc[i] += a[i] times the row's
- * scale of that block (fold_block). A K-quant's block of 8 or 16 spans so takes its activation scale once, not
- * once a span: the multiply per span and row is what bounds AMX's tiles (docs/benchmarks.md#kernels). xoff
- * (formats without minima, else NULL): row i's offsets, one a span of the rows' int8 values, s this span's: IntJob */
+ * build. Activation blocks of 32 (`blocked` 0): acc[i] += row i's integer dot times the group's scales sg times the
+ * row's block scale. Longer blocks (a K-quant's 256, W8A8's row; `blocked` 1, a constant per instance): a[i] += the
+ * dot times sg, and where the span ends an activation block acc[i] += a[i] times the row's scale of that block
+ * (fold_block): a block of 8 or 16 spans takes its activation scale once, not once a span, whose multiply per span
+ * and row is what bounds AMX's tiles (docs/benchmarks.md#kernels); blocks of 32 keep the one multiply-add a span,
+ * which few rows' tiles run faster. xoff (formats without minima, else NULL): row i's offsets, one a span of the
+ * rows' int8 values, s this span's: IntJob */
 static inline __attribute__((always_inline)) void dots_into(__m256 *acc, __m256 *a, __m256i *dot, __m256 sg,
-                                                            __m256 mg, const float *xsum, const float *dx,
-                                                            const int32_t *xoff, int64_t span, int64_t s, int64_t K,
-                                                            int64_t b, int64_t xblock, int mr) {
-    if (xsum) {
-        _Pragma("GCC unroll 8")
-        for (int i = 0; i < mr; i++) a[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * (K / span) + s]), a[i]);
-    }
+                                                            const float *dx, const int32_t *xoff, int64_t span,
+                                                            int64_t s, int64_t K, int64_t b, int64_t xblock,
+                                                            int blocked, int mr) {
     if (xoff) {
         _Pragma("GCC unroll 8")
         for (int i = 0; i < mr; i++) dot[i] = _mm256_sub_epi32(dot[i], _mm256_set1_epi32(xoff[i * (K / span) + s]));
+    }
+    if (!blocked) {
+        _Pragma("GCC unroll 8")
+        for (int i = 0; i < mr; i++)
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]),
+                                     _mm256_mul_ps(sg, _mm256_set1_ps(dx[i * (K / 32) + b])), acc[i]);
+        return;
     }
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) a[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i]), sg, a[i]);
@@ -143,31 +157,40 @@ static inline __attribute__((always_inline)) void dots_into(__m256 *acc, __m256 
 
 /* Block b's dot products over chunks c0..c1 (span s), through dots_into */
 static inline __attribute__((always_inline)) void int_block_into(
-    __m256 *acc, __m256 *a, __m256 sg, __m256 mg, const int8_t *xq, const uint8_t *xu, const float *dx,
-    const float *xsum, const int32_t *xoff, int64_t span, int64_t s, int64_t K, int64_t b, int64_t xblock,
-    const uint8_t *w, const uint8_t *hb, int bits, int expanded, int c0, int c1, int mr) {
+    __m256 *acc, __m256 *a, __m256 sg, const int8_t *xq, const uint8_t *xu, const float *dx, const int32_t *xoff,
+    int64_t span, int64_t s, int64_t K, int64_t b, int64_t xblock, int blocked, const uint8_t *w, const uint8_t *hb,
+    int bits, int expanded, int c0, int c1, int mr) {
     int64_t block_bytes = bits == 8 || expanded ? 256 : 128, plane_bytes = bits == 6 ? 64 : bits == 5 ? 32 : 0;
     __m256i dot[MR];
     int_block_dots(xq + b * 32, xu ? xu + b * XU_BLOCK : NULL, K, w + b * block_bytes, hb ? hb + b * plane_bytes : NULL,
                    bits, expanded, c0, c1, mr, dot);
-    dots_into(acc, a, dot, sg, mg, xsum, dx, xoff, span, s, K, b, xblock, mr);
+    dots_into(acc, a, dot, sg, dx, xoff, span, s, K, b, xblock, blocked, mr);
 }
 
-/* Group g's blocks' dot products times the group's scales sg (and minima mg, with xsum), through dots_into */
+/* Group g's blocks' dot products times the group's scales sg, through dots_into */
 static inline __attribute__((always_inline)) void int_group_into(
-    __m256 *acc, __m256 *a, int64_t g, __m256 sg, __m256 mg, const int8_t *xq, const uint8_t *xu, const float *dx,
-    const float *xsum, const int32_t *xoff, int64_t K, int64_t group, int64_t xblock, const uint8_t *w,
-    const uint8_t *hb, int bits, int expanded, int mr) {
+    __m256 *acc, __m256 *a, int64_t g, __m256 sg, const int8_t *xq, const uint8_t *xu, const float *dx,
+    const int32_t *xoff, int64_t K, int64_t group, int64_t xblock, int blocked, const uint8_t *w, const uint8_t *hb,
+    int bits, int expanded, int mr) {
     int64_t group_blocks = group / 32;
     if (group_blocks > 0) {  /* whole blocks, every chunk: constant bounds keep the block's index work small */
         for (int64_t b = g * group_blocks; b < (g + 1) * group_blocks; b++)
-            int_block_into(acc, a, sg, mg, xq, xu, dx, xsum, xoff, 32, b, K, b, xblock, w, hb, bits, expanded, 0, 4,
+            int_block_into(acc, a, sg, xq, xu, dx, xoff, 32, b, K, b, xblock, blocked, w, hb, bits, expanded, 0, 4,
                            mr);
     } else {  /* a group of 16: chunks 0-1 or 2-3 of block g / 2 */
         int c0 = (int)(g & 1) * 2;
-        int_block_into(acc, a, sg, mg, xq, xu, dx, xsum, xoff, 16, g, K, g / 2, xblock, w, hb, bits, expanded, c0,
+        int_block_into(acc, a, sg, xq, xu, dx, xoff, 16, g, K, g / 2, xblock, blocked, w, hb, bits, expanded, c0,
                        c0 + 2, mr);
     }
+}
+
+/* (int4) group g's minima mg times the rows' sums (RowsJob: xsum): into acc after the group's dots (activation
+ * blocks of 32), or into a before them (longer blocks, within one of which a group lies). Formed where it is
+ * added: formed before the blocks, it would hold a register through them and slow the many-row int4 / int6 tiles. */
+static inline __attribute__((always_inline)) void int_minima_into(__m256 *into, int64_t g, int64_t G, __m256 mg,
+                                                                  const float *xsum, int mr) {
+    _Pragma("GCC unroll 8")
+    for (int i = 0; i < mr; i++) into[i] = _mm256_fmadd_ps(mg, _mm256_set1_ps(xsum[i * G + g]), into[i]);
 }
 
 #ifdef TALLY_AVX512
@@ -175,41 +198,47 @@ static inline __attribute__((always_inline)) void int_group_into(
  * and float operations, in its order for each row */
 static inline __attribute__((always_inline)) void int_halves_into(
     __m256 *acc, __m256 *a, __m256 sg0, __m256 sg1, const int8_t *xq, const float *dx, const int32_t *xoff, int64_t K,
-    int64_t b, int64_t xblock, const uint8_t *w, const uint8_t *hb, int bits, int mr) {
+    int64_t b, int64_t xblock, int blocked, const uint8_t *w, const uint8_t *hb, int bits, int mr) {
     __m256i dot0[MR], dot1[MR];
     int_block_halves512(xq + b * 32, K, w + b * 128, hb + b * (bits == 6 ? 64 : 32), bits, mr, dot0, dot1);
-    dots_into(acc, a, dot0, sg0, sg0, NULL, dx, xoff, 16, 2 * b, K, b, xblock, mr);
-    dots_into(acc, a, dot1, sg1, sg1, NULL, dx, xoff, 16, 2 * b + 1, K, b, xblock, mr);
+    dots_into(acc, a, dot0, sg0, dx, xoff, 16, 2 * b, K, b, xblock, blocked, mr);
+    dots_into(acc, a, dot1, sg1, dx, xoff, 16, 2 * b + 1, K, b, xblock, blocked, mr);
 }
 #endif
 
 static inline __attribute__((always_inline)) void int_tile(
     const int8_t *xq, const uint8_t *xu, const float *dx, const float *xsum, const int32_t *xoff, int64_t K,
     int64_t group, const uint8_t *w, const uint8_t *hb, GroupValues scale, GroupValues m, int bits, int expanded,
-    int mr, float *y, int64_t N, int64_t t, const float *bias, int accumulate, int runs, int64_t xblock) {
+    int mr, float *y, int64_t N, int64_t t, const float *bias, int accumulate, int runs, int64_t xblock,
+    int blocked) {
     int64_t G = K / group;
-    __m256 acc[MR], a[MR];  /* the row's sum; the activation block's, before its scale (dots_into) */
+    __m256 acc[MR], a[MR];  /* the row's sum; (blocked) the activation block's, before its scale: dots_into */
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = a[i] = _mm256_setzero_ps();
-#define GROUP_INTO(G_, SG_, MG_) \
-    int_group_into(acc, a, G_, SG_, MG_, xq, xu, dx, xsum, xoff, K, group, xblock, w, hb, bits, expanded, mr)
+#define GROUP_INTO(G_, SG_) \
+    int_group_into(acc, a, G_, SG_, xq, xu, dx, xoff, K, group, xblock, blocked, w, hb, bits, expanded, mr)
     if (!runs) {  /* forms 0 and 1 */
-        for (int64_t g = 0; g < G; g++)
-            GROUP_INTO(g, plain_values8(scale, g * TILE), m.v ? plain_values8(m, g * TILE) : _mm256_setzero_ps());
-    } else {  /* form P: super-blocks, their bases once a run (GroupRun). A constant `runs` keeps one loop per
-               * instance: both loops in one instance, or nested, run slower */
+        for (int64_t g = 0; g < G; g++) {
+            if (blocked && m.v) int_minima_into(a, g, G, plain_values8(m, g * TILE), xsum, mr);
+            GROUP_INTO(g, plain_values8(scale, g * TILE));
+            if (!blocked && m.v) int_minima_into(acc, g, G, plain_values8(m, g * TILE), xsum, mr);
+        }
+    } else {  /* form P (a K-quant's: blocked): super-blocks, their bases once a run (GroupRun). A constant `runs`
+               * keeps one loop per instance: both loops in one instance, or nested, run slower */
         for (int64_t g0 = 0; g0 < G; g0 += scale.form) {
             GroupRun sr = run_at(scale, g0), mr_ = run_at(m, g0);
 #ifdef TALLY_AVX512
             if (group == 16 && !m.v && !expanded) {  /* two groups a block: int_halves_into */
                 for (int64_t j = 0; j < scale.form; j += 2)
                     int_halves_into(acc, a, run_values8(sr, j), run_values8(sr, j + 1), xq, dx, xoff, K, (g0 + j) / 2,
-                                    xblock, w, hb, bits, mr);
+                                    xblock, blocked, w, hb, bits, mr);
                 continue;
             }
 #endif
-            for (int64_t j = 0; j < scale.form; j++)
-                GROUP_INTO(g0 + j, run_values8(sr, j), m.v ? run_values8(mr_, j) : _mm256_setzero_ps());
+            for (int64_t j = 0; j < scale.form; j++) {
+                if (m.v) int_minima_into(a, g0 + j, G, run_values8(mr_, j), xsum, mr);
+                GROUP_INTO(g0 + j, run_values8(sr, j));
+            }
         }
     }
 #undef GROUP_INTO
@@ -221,8 +250,8 @@ typedef struct {
     const int8_t *xq;
     const uint8_t *xu;             /* int8 beside xq (XU_BLOCK bytes a block): AVX-512 (both loops) xq + 128,
                                     * unsigned; AVX2 at one row of symmetric weights one_row_broadcasts; else NULL */
-    const float *dx, *xsum;        /* per row: activation block scales, one a 32 values [K/32]; (int4) per span the
-                                    * sum of its int8 values */
+    const float *dx, *xsum;        /* per row: activation block scales, one a 32 values [K/32]; (int4) per group the
+                                    * sum of its values (RowsJob) */
     const int32_t *xoff;           /* per row, without minima (Q4_0, int5, int6, LUT4 with VNNI): per span (a group's
                                     * part in a block), 2^(bits - 1) (LUT4: LUT4_OFFSET) times the sum of its int8
                                     * values, taken off each span's dot */
@@ -251,13 +280,12 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
     GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
     for (int64_t r = j->m0; r < j->m1; r += MR) {
         int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
-#define INT_TILE_(MR_, GROUP_, RUNS_) int_tile(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), \
-                                              j->xsum ? j->xsum + r * (K / span_of(GROUP_)) : NULL, \
-                                              j->xoff ? j->xoff + r * (K / span_of(GROUP_)) : NULL, K, GROUP_, w, hb, \
-                                              d, m, bits, expanded, MR_, j->y + r * j->N, j->N, t, j->bias, \
-                                              j->accumulate, RUNS_, j->xblock)
+#define INT_TILE_(MR_, GROUP_, RUNS_, BLOCKED_) \
+    int_tile(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, \
+             j->xoff ? j->xoff + r * (K / span_of(GROUP_)) : NULL, K, GROUP_, w, hb, d, m, bits, expanded, MR_, \
+             j->y + r * j->N, j->N, t, j->bias, j->accumulate, RUNS_, j->xblock, BLOCKED_)
 #define INT_TILE(MR_, GROUP_) \
-    do { if (d.form >= 2) INT_TILE_(MR_, GROUP_, 1); else INT_TILE_(MR_, GROUP_, 0); } while (0)
+    do { if (d.form >= 2) INT_TILE_(MR_, GROUP_, 1, 1); else INT_TILE_(MR_, GROUP_, 0, j->xblock > 32); } while (0)
         switch (mr) {
             case 4: INT_TILE(4, j->group); break;
             case 3: INT_TILE(3, j->group); break;
@@ -356,11 +384,11 @@ static inline __attribute__((always_inline)) void pair_rows(const IntJob *j, int
     GroupValues ma = values_from(j->min, t * G * TILE), mb = values_from(j->min, u * G * TILE);
     for (int64_t r = j->m0; r < j->m1; r += MR512) {
         int mr = j->m1 - r < MR512 ? (int)(j->m1 - r) : MR512;
-#define PAIR(MR_) int_tile_pair(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), \
-                                j->xsum ? j->xsum + r * (K / span_of(j->group)) : NULL, \
-                                j->xoff ? j->xoff + r * (K / span_of(j->group)) : NULL, K, j->group, wa, wb, ha, hb, \
-                                sa, sb, ma, mb, bits, \
-                                expanded, MR_, j->y + r * j->N, j->N, t, u, j->bias, j->accumulate, j->xblock)
+#define PAIR_(MR_, BLOCKED_) \
+    int_tile_pair(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, \
+                  j->xoff ? j->xoff + r * (K / span_of(j->group)) : NULL, K, j->group, wa, wb, ha, hb, sa, sb, ma, mb, \
+                  bits, expanded, MR_, j->y + r * j->N, j->N, t, u, j->bias, j->accumulate, j->xblock, BLOCKED_)
+#define PAIR(MR_) do { if (j->xblock > 32) PAIR_(MR_, 1); else PAIR_(MR_, 0); } while (0)
         switch (mr) {
             case 8: PAIR(8); break;
             case 7: PAIR(7); break;
@@ -372,6 +400,7 @@ static inline __attribute__((always_inline)) void pair_rows(const IntJob *j, int
             default: PAIR(1); break;
         }
 #undef PAIR
+#undef PAIR_
     }
 }
 
@@ -506,8 +535,9 @@ static void int_call_free(IntCall *c) {
     for (int i = 0; i < 5; i++) free(c->owned[i]);
 }
 
-/* Values per activation scale for a weight of groups of `group` (the RowsJob's span, IntJob.xblock): a K-quant's
- * super-block (scale_form P: P groups, 256 values, as llama.cpp's Q8_K meets them), else 32 (its Q8_0) */
+/* Values per activation scale for a weight of groups of `group` (the RowsJob's span, IntJob.xblock): factored
+ * scales' super-block (scale_form P: P groups, a K-quant's 256 values, as llama.cpp's Q8_K meets them), else 32 (its
+ * Q8_0). int_tile takes factored scales blocked. */
 static int64_t activation_block(int64_t group, int scale_form) {
     return scale_form >= 2 ? scale_form * group : 32;
 }
@@ -521,7 +551,7 @@ static IntCall q4_call(const float *x, const uint8_t *qs, const uint8_t *qh, con
     int64_t G = K / group, span = span_of(group), xblock = activation_block(group, scale_form);
     RowsJob rows = {x, {NULL, NULL}, NULL, NULL, K, xblock, group, 0};
     if (m) {
-        rows.xsum = malloc(sizeof(float) * M * (K / span));
+        rows.xsum = malloc(sizeof(float) * M * G);
     } else if (bits != LUT4 || LUT4_OFFSET) {
         rows.offset = bits == LUT4 ? LUT4_OFFSET : 1 << (bits - 1);
         rows.xoff = malloc(sizeof(int32_t) * M * (K / span));
@@ -557,7 +587,7 @@ void tally_gemm_q4(const float *x, const uint8_t *qs, const uint8_t *qh, const v
 static IntCall q8_call(const float *x, const int8_t *q, const void *s, const float *bias, float *y, int64_t M,
                        int64_t N, int64_t K, int64_t group, int accumulate, int per_token, int scale_form,
                        int symmetric) {
-    RowsJob rows = {x, {NULL, NULL}, NULL, NULL, K, per_token ? K : 32, 0, 0};
+    RowsJob rows = {x, {NULL, NULL}, NULL, NULL, K, per_token ? K : activation_block(group, scale_form), 0, 0};
     run_rows_job(&rows, M);
     QuantizedRows xq = rows.q;
     uint8_t *xu = NULL;
