@@ -75,17 +75,12 @@ static inline __attribute__((always_inline)) void amx_pair_tile(const IntJob *j,
     __m512 acc[AMX_ROWS], a[AMX_ROWS];
     _Pragma("GCC unroll 16")
     for (int i = 0; i < AMX_ROWS; i++) acc[i] = a[i] = _mm512_setzero_ps();
-#define AMX_MINIMA(INTO) do { \
-        __m512 mg = halves_ps(values8(ma, g * TILE), values8(mb, g * TILE)); \
-        _Pragma("GCC unroll 16") \
-        for (int i = 0; i < AMX_ROWS; i++) INTO[i] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xsum[i * G + g]), INTO[i]); \
-    } while (0)
     for (int64_t s = 0; s < spans;) {
         int n = spans - s >= 4 ? 4 : 1;
         amx_span_dots(j->xq + r * K, v, K, span, s, n, bits, dots);
         for (int q = 0; q < n; q++, s++) {
             int64_t g = s / per_group, b = s * span / 32;
-            if (blocked && ma.v && s % per_group == 0) AMX_MINIMA(a);
+            if (blocked && ma.v && s % per_group == 0) minima_pair_into(a, ma, mb, g, G, xsum, AMX_ROWS);
             __m512 sg = halves_ps(values8(sa, g * TILE), values8(sb, g * TILE));
             _Pragma("GCC unroll 16")
             for (int i = 0; i < AMX_ROWS; i++) {
@@ -102,10 +97,9 @@ static inline __attribute__((always_inline)) void amx_pair_tile(const IntJob *j,
                     a[i] = _mm512_setzero_ps();
                 }
             }
-            if (!blocked && ma.v && (s + 1) % per_group == 0) AMX_MINIMA(acc);
+            if (!blocked && ma.v && (s + 1) % per_group == 0) minima_pair_into(acc, ma, mb, g, G, xsum, AMX_ROWS);
         }
     }
-#undef AMX_MINIMA
     __m256 lo[AMX_ROWS], hi[AMX_ROWS];
     _Pragma("GCC unroll 16")
     for (int i = 0; i < AMX_ROWS; i++) {

@@ -453,6 +453,15 @@ static void expand_pair(const uint8_t *wa, const uint8_t *wb, const uint8_t *ha,
     }
 }
 
+/* into[i] += group g's minima of tiles t and u (ma, mb) times row i's sum (int_tiles.h: int_minima_into), rows
+ * 0..rows: the pairs' and AMX's */
+static inline __attribute__((always_inline)) void minima_pair_into(__m512 *into, GroupValues ma, GroupValues mb,
+                                                                   int64_t g, int64_t G, const float *xsum, int rows) {
+    __m512 mg = halves_ps(values8(ma, g * TILE), values8(mb, g * TILE));
+    _Pragma("GCC unroll 16")
+    for (int i = 0; i < rows; i++) into[i] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xsum[i * G + g]), into[i]);
+}
+
 /* Rows 0..mr of y, outputs of tiles t (wa, ha, sa, ma) and u (wb, ...; u == t: only t's are stored), over all
  * of K: int_tile's sums, 16 outputs at a time */
 static inline __attribute__((always_inline)) void int_tile_pair(
@@ -465,13 +474,8 @@ static inline __attribute__((always_inline)) void int_tile_pair(
     __m512 acc[MR512], a[MR512];  /* int_tile's acc and (blocked) a: int_tiles.h, dots_into */
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) acc[i] = a[i] = _mm512_setzero_ps();
-#define PAIR_MINIMA(INTO) do { \
-        __m512 mg = halves_ps(values8(ma, g * TILE), values8(mb, g * TILE)); \
-        _Pragma("GCC unroll 8") \
-        for (int i = 0; i < mr; i++) INTO[i] = _mm512_fmadd_ps(mg, _mm512_set1_ps(xsum[i * G + g]), INTO[i]); \
-    } while (0)
     for (int64_t g = 0; g < G; g++) {
-        if (blocked && ma.v) PAIR_MINIMA(a);
+        if (blocked && ma.v) minima_pair_into(a, ma, mb, g, G, xsum, mr);
         __m512 sg = halves_ps(values8(sa, g * TILE), values8(sb, g * TILE));
         for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += span) {
             int64_t b = k0 / 32;
@@ -502,9 +506,8 @@ static inline __attribute__((always_inline)) void int_tile_pair(
                 }
             }
         }
-        if (!blocked && ma.v) PAIR_MINIMA(acc);
+        if (!blocked && ma.v) minima_pair_into(acc, ma, mb, g, G, xsum, mr);
     }
-#undef PAIR_MINIMA
     __m256 lo[MR512], hi[MR512];
     _Pragma("GCC unroll 8")
     for (int i = 0; i < mr; i++) {
