@@ -129,12 +129,13 @@ static inline __attribute__((always_inline)) void fold_block(__m256 *acc, __m256
 
 /* The float operations of span s (a group's part in block b, `span` values), in this order in every loop of every
  * build. Activation blocks of 32 (`blocked` 0): acc[i] += row i's integer dot times the group's scales sg times the
- * row's block scale. Longer blocks (a K-quant's 256, W8A8's row; `blocked` 1, a constant per instance): a[i] += the
- * dot times sg, and where the span ends an activation block acc[i] += a[i] times the row's scale of that block
- * (fold_block): a block of 8 or 16 spans takes its activation scale once, not once a span, whose multiply per span
- * and row is what bounds AMX's tiles (docs/benchmarks.md#kernels); blocks of 32 keep the one multiply-add a span,
- * which few rows' tiles run faster. xoff (formats without minima, else NULL): row i's offsets, one a span of the
- * rows' int8 values, s this span's: IntJob */
+ * row's block scale. Longer blocks (a K-quant's 256, W8A8's row; `blocked` 1: a constant of the pair and AMX
+ * instances, a runtime flag of int_tile's): a[i] += the dot times sg, and where the span ends an activation block
+ * acc[i] += a[i] times the row's scale of that block (fold_block): a block of 8 or 16 spans takes its activation
+ * scale once, not once a span, whose multiply per span and row is what bounds AMX's tiles
+ * (docs/benchmarks.md#kernels); blocks of 32 keep the one multiply-add a span, which few rows' tiles run faster.
+ * xoff (formats without minima, else NULL): row i's offsets, one a span of the rows' int8 values, s this span's:
+ * IntJob */
 static inline __attribute__((always_inline)) void dots_into(__m256 *acc, __m256 *a, __m256i *dot, __m256 sg,
                                                             const float *dx, const int32_t *xoff, int64_t span,
                                                             int64_t s, int64_t K, int64_t b, int64_t xblock,
