@@ -161,7 +161,7 @@ def assert_held_as_factors(layer: NativeInt4Linear, blocks: Int4Blocks | OffsetB
     w = layer.embedding_rows(every)
     assert torch.equal(w, as_fp32.embedding_rows(every))
     for rows in (1, 3, 9, 70):
-        x = int8_blocks(torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows)), 256)
+        x = rounded_for(layer, torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows)))
         ref = x.double() @ w.double().T
         assert ((layer(x) - ref).abs().max() / ref.abs().max()).item() < 1e-6, rows
 

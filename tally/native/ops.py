@@ -230,7 +230,7 @@ def gemm_q4(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor 
     is None: GGUF's Q5_0 (groups of 32) and Q6_K (16). With `qh` a table int8 [16] (LUT4), W = d * qh[q] and m is
     None (groups of 32): GGUF's IQ4_NL, IQ4_XS and MXFP4 as stored. With `out` given, the product is added to it (a
     residual stream). Activations are rounded to int8 per block of 32; with d and m from pack_tile_factors (a
-    K-quant's) per 256, and with minima in groups wider than 32 per group (int_tiles.h: activation_block)."""
+    K-quant's) per 256 (int_tiles.h: activation_block)."""
     y = _output(x, out_features, out)
     load().tally_gemm_q4(x.data_ptr(), qs.data_ptr(), _ptr(qh), d.data_ptr(), _ptr(m), _ptr(bias), y.data_ptr(),
                          x.shape[0], out_features, x.shape[1], group_size, _bits(qh), out is not None,
