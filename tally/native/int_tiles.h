@@ -274,7 +274,10 @@ typedef struct {
 
 /* One-row passes (a decode step's) of groups of 32 get the group as a constant: int_tile's block loop and index work
  * then fold away (docs/benchmarks.md#kernels). Groups of 16 gain nothing so; instances per row count would multiply
- * the build's compile time. */
+ * the build's compile time. Full passes of MR rows take `blocked` as a constant too (a many-row K-quant's fp32
+ * scales: blocked; the 32-block formats: not): as a runtime flag it held AVX2's a[] in registers that the 32-block
+ * formats' 4-row loop then spilled, 1.17x slower for Q5_0 (docs/benchmarks.md#kernels). int8's loop ran no faster
+ * so and keeps the flag, as do the shorter passes, whose instances would cost compile time for nothing. */
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
                                                                const uint8_t *hb, int expanded) {
     int64_t K = j->K, G = K / j->group;
@@ -286,7 +289,10 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
              j->xoff ? j->xoff + r * (K / span_of(GROUP_)) : NULL, K, GROUP_, w, hb, d, m, bits, expanded, MR_, \
              j->y + r * j->N, j->N, t, j->bias, j->accumulate, RUNS_, j->xblock, BLOCKED_)
 #define INT_TILE(MR_, GROUP_) \
-    do { if (d.form >= 2) INT_TILE_(MR_, GROUP_, 1, 1); else INT_TILE_(MR_, GROUP_, 0, j->xblock > 32); } while (0)
+    do { if (d.form >= 2) INT_TILE_(MR_, GROUP_, 1, 1); \
+         else if ((MR_) < MR || bits == 8) INT_TILE_(MR_, GROUP_, 0, j->xblock > 32); \
+         else if (j->xblock > 32) INT_TILE_(MR_, GROUP_, 0, 1); \
+         else INT_TILE_(MR_, GROUP_, 0, 0); } while (0)
         switch (mr) {
             case 4: INT_TILE(4, j->group); break;
             case 3: INT_TILE(3, j->group); break;
