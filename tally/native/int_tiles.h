@@ -275,9 +275,9 @@ typedef struct {
 /* One-row passes (a decode step's) of groups of 32 get the group as a constant: int_tile's block loop and index work
  * then fold away (docs/benchmarks.md#kernels). Groups of 16 gain nothing so; instances per row count would multiply
  * the build's compile time. Full passes of MR rows take `blocked` as a constant too (a many-row K-quant's fp32
- * scales: blocked; the 32-block formats: not): as a runtime flag it held AVX2's a[] in registers that the 32-block
- * formats' 4-row loop then spilled, 1.17x slower for Q5_0 (docs/benchmarks.md#kernels). int8's loop ran no faster
- * so and keeps the flag, as do the shorter passes, whose instances would cost compile time for nothing. */
+ * scales: blocked; the 32-block formats: not): as a runtime flag it held AVX2's a[] in registers, and the 32-block
+ * formats' 4-row loop spilled its dots (docs/benchmarks.md#kernels). int8's loop ran no faster so and keeps the flag,
+ * as do the shorter passes, whose instances would cost compile time for nothing. */
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
                                                                const uint8_t *hb, int expanded) {
     int64_t K = j->K, G = K / j->group;
