@@ -26,7 +26,7 @@ generate: $(STAMP)
 	$(BIN)/tally generate --prompt "What is the capital of France?" $(ARGS)
 
 # Test files run on TEST_WORKERS pytest-xdist workers, each file on one: most tests wait on servers and
-# subprocesses, so two workers on two cores take 13-19 minutes, by CPU. Tests marked `exclusive` run
+# subprocesses, so two workers on two cores take 13-21 minutes, by CPU. Tests marked `exclusive` run
 # alone (tests/conftest.py). TEST_WORKERS=0: one process. The slowest twenty tests are listed at the end, so a
 # run shows where its time went.
 TEST_WORKERS ?= 2
