@@ -5,6 +5,7 @@ does not depend on the values.
 
     python benchmarks/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
                                   [--define PAIR_ROWS=4,5] [--builds avx512_gfni,avx512_amx] [--baseline REF]
+                                  [--formats int4,int6] [--alternations 2]
 
 --copies N: each call goes over N copies of the weights in turn (ms per copy), so that they stream from memory as
 a decode step's layers do, rather than from the last-level cache (a 9728x896 int4 matrix is 4.4 MB).
@@ -12,10 +13,16 @@ a decode step's layers do, rather than from the last-level cache (a 9728x896 int
 --builds A,B: only these builds (each / the last named).
 --baseline REF: the build this CPU loads, at git ref REF and in this checkout (REF / this checkout): a change to the
 kernels against the version before it. Its results differ where the change changed the arithmetic.
+--alternations N: rounds of every build in turn (default 2). Each ratio is the median over the rounds of that round's
+time over the widest build's, so a host whose speed drifts between minutes (a shared VM's) moves both sides of a ratio
+together, where a ratio of two bests compares one build's lucky minute with the other's; on such a host take 15-25
+rounds with --best-of 1.
+--formats int4,int6: only the formats whose names start so.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -27,7 +34,7 @@ from batch_invariance import baseline_build  # benchmarks/ is on sys.path when a
 from tally.native import library, ops
 
 
-def best_ms(fn: Callable[[], None], calls: int, rounds: int = 7) -> float:
+def best_ms(fn: Callable[[], None], calls: int, rounds: int) -> float:
     fn()
     best = float("inf")
     for _ in range(rounds):
@@ -96,6 +103,9 @@ def main() -> int:
     p.add_argument("--builds", default=None, help="A,B,..: only these builds, the last the reference")
     p.add_argument("--baseline", default=None, help="git ref: its kernels (the build this CPU loads) against this "
                    "checkout's")
+    p.add_argument("--alternations", type=int, default=2, help="rounds of every build in turn; ratios: their median")
+    p.add_argument("--best-of", type=int, default=7, help="timed runs of a build in a round, the best kept")
+    p.add_argument("--formats", default=None, help="fmt,..: only the formats whose names start so (int4,int6)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     builds = library.builds()
@@ -111,21 +121,23 @@ def main() -> int:
     libs = {name: baseline_build(name) if flags is None else library.load_build(flags)
             for name, flags in builds.items()}
     widest = names[-1]
-    print(f"builds: {', '.join(names)}; {a.threads} thread(s); ms per call, best of 7 x 2 alternating; "
-          f"each build / {widest}")
+    print(f"builds: {', '.join(names)}; {a.threads} thread(s); ms per call, best of {a.best_of} x {a.alternations} "
+          f"alternating; each build / {widest}: the median of the rounds' ratios")
     for shape in a.shapes.split(","):
         n, k = map(int, shape.split("x"))
         copies = [formats(n, k) for _ in range(a.copies)]
         for rows in map(int, a.rows.split(",")):
             x, y = torch.randn(rows, k), torch.empty(rows, n)
             for fmt_name in copies[0]:
+                if a.formats and not fmt_name.startswith(tuple(a.formats.split(","))):
+                    continue
                 calls = max(3, int(2e7 // (n * k * a.copies)))
-                times = {name: float("inf") for name in names}
-                for _ in range(2):
-                    for name in names:
-                        run = call_all(libs[name], x, y, n, [c[fmt_name] for c in copies])
-                        times[name] = min(times[name], best_ms(run, calls) / a.copies)
-                cells = "  ".join(f"{name} {times[name]:7.3f}" + (f" ({times[name] / times[widest]:.2f}x)"
+                runs = {name: call_all(libs[name], x, y, n, [c[fmt_name] for c in copies]) for name in names}
+                rounds = [{name: best_ms(runs[name], calls, a.best_of) / a.copies for name in names}
+                          for _ in range(a.alternations)]
+                times = {name: min(r[name] for r in rounds) for name in names}
+                ratio = {name: statistics.median(r[name] / r[widest] for r in rounds) for name in names}
+                cells = "  ".join(f"{name} {times[name]:7.3f}" + (f" ({ratio[name]:.2f}x)"
                                                                   if name != widest else "") for name in names)
                 print(f"{n}x{k} rows {rows:<3} {fmt_name:<17} {cells}", flush=True)
     print("command: python " + " ".join(sys.argv))
