@@ -277,24 +277,33 @@ typedef struct {
  * the build's compile time. Full passes of MR rows take `blocked` as a constant too (a many-row K-quant's fp32
  * scales: blocked; the 32-block formats: not): as a runtime flag it held AVX2's a[] in registers, and the 32-block
  * formats' 4-row loop spilled its dots (docs/benchmarks.md#kernels). int8's loop ran no faster so and keeps the flag,
- * as do the shorter passes, whose instances would cost compile time for nothing. */
+ * as do the shorter passes, whose instances would cost compile time for nothing. k_quant (a constant: Q4_K's int4
+ * tiles, Q6_K's unpacked ones in fp32): full passes over a K-quant's super-blocks get the group and the activation
+ * block (256) as constants too, Q4_K's with either form of scales, Q6_K's with fp32 ones (with factored ones, many
+ * rows' but fewer than FP32_VALUES_ROWS, the constant group ran slower): docs/benchmarks.md#kernels. */
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
-                                                               const uint8_t *hb, int expanded) {
+                                                               const uint8_t *hb, int expanded, int k_quant) {
     int64_t K = j->K, G = K / j->group;
     GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
     for (int64_t r = j->m0; r < j->m1; r += MR) {
         int mr = j->m1 - r < MR ? (int)(j->m1 - r) : MR;
-#define INT_TILE_(MR_, GROUP_, RUNS_, BLOCKED_) \
+#define INT_TILE_(MR_, GROUP_, RUNS_, XBLOCK_, BLOCKED_) \
     int_tile(j->xq + r * K, j->xu ? j->xu + r * K : NULL, j->dx + r * (K / 32), j->xsum ? j->xsum + r * G : NULL, \
              j->xoff ? j->xoff + r * (K / span_of(GROUP_)) : NULL, K, GROUP_, w, hb, d, m, bits, expanded, MR_, \
-             j->y + r * j->N, j->N, t, j->bias, j->accumulate, RUNS_, j->xblock, BLOCKED_)
+             j->y + r * j->N, j->N, t, j->bias, j->accumulate, RUNS_, XBLOCK_, BLOCKED_)
 #define INT_TILE(MR_, GROUP_) \
-    do { if (d.form >= 2) INT_TILE_(MR_, GROUP_, 1, 1); \
-         else if ((MR_) < MR || bits == 8) INT_TILE_(MR_, GROUP_, 0, j->xblock > 32); \
-         else if (j->xblock > 32) INT_TILE_(MR_, GROUP_, 0, 1); \
-         else INT_TILE_(MR_, GROUP_, 0, 0); } while (0)
+    do { if (d.form >= 2) INT_TILE_(MR_, GROUP_, 1, j->xblock, 1); \
+         else if ((MR_) < MR || bits == 8) INT_TILE_(MR_, GROUP_, 0, j->xblock, j->xblock > 32); \
+         else if (j->xblock > 32) INT_TILE_(MR_, GROUP_, 0, j->xblock, 1); \
+         else INT_TILE_(MR_, GROUP_, 0, j->xblock, 0); } while (0)
+        int k_pass = k_quant && j->xblock == 256;  /* a K-quant's super-block: 8 groups of 32 or 16 of 16 */
         switch (mr) {
-            case 4: INT_TILE(4, j->group); break;
+            case 4:
+                if (k_pass && j->group == 32 && d.form >= 2) INT_TILE_(MR, 32, 1, 256, 1);
+                else if (k_pass && j->group == 32) INT_TILE_(MR, 32, 0, 256, 1);
+                else if (k_pass && j->group == 16 && d.form < 2) INT_TILE_(MR, 16, 0, 256, 1);
+                else INT_TILE(4, j->group);
+                break;
             case 3: INT_TILE(3, j->group); break;
             case 2: INT_TILE(2, j->group); break;
             default:
@@ -307,14 +316,18 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
     }
 }
 
-/* The unpacked tiles' passes (int5, int6) in functions of their own, as the pairs' (unpacked_pair_rows5): inlined
- * beside the stored tiles' loop, GCC's code for them shifts with edits elsewhere */
+/* The unpacked tiles' passes (int5, int6; Q6_K's with fp32 scales apart) in functions of their own, as the pairs'
+ * (unpacked_pair_rows5): inlined beside the stored tiles' loop, GCC's code for them shifts with edits elsewhere */
 static __attribute__((noinline)) void unpacked_tile_rows5(const IntJob *j, int64_t t, const uint8_t *v) {
-    tile_rows_of(j, t, 5, v, NULL, 1);
+    tile_rows_of(j, t, 5, v, NULL, 1, 0);
 }
 
 static __attribute__((noinline)) void unpacked_tile_rows6(const IntJob *j, int64_t t, const uint8_t *v) {
-    tile_rows_of(j, t, 6, v, NULL, 1);
+    tile_rows_of(j, t, 6, v, NULL, 1, 0);
+}
+
+static __attribute__((noinline)) void unpacked_k_tile_rows6(const IntJob *j, int64_t t, const uint8_t *v) {
+    tile_rows_of(j, t, 6, v, NULL, 1, 1);
 }
 
 #if !defined(TALLY_AVX512) && !defined(TALLY_VNNI)
@@ -334,7 +347,7 @@ static int narrow_int8_tile(const uint8_t *w, int64_t K) {
 }
 
 static __attribute__((noinline)) void narrow_int8_tile_rows(const IntJob *j, int64_t t, const uint8_t *w) {
-    tile_rows_of(j, t, 8, w, NULL, 1);
+    tile_rows_of(j, t, 8, w, NULL, 1, 0);
 }
 #endif
 
@@ -351,9 +364,10 @@ static inline __attribute__((always_inline)) void tile_rows(const IntJob *j, int
         uint8_t values[TILE * K] __attribute__((aligned(32)));
         expand_tile(w, hb, K, bits, values);
         if (bits == 5) unpacked_tile_rows5(j, t, values);
+        else if (j->xblock == 256 && j->scale.form < 2) unpacked_k_tile_rows6(j, t, values);
         else unpacked_tile_rows6(j, t, values);
     } else {
-        tile_rows_of(j, t, bits, w, hb, 0);
+        tile_rows_of(j, t, bits, w, hb, 0, bits == 4);
     }
 }
 
