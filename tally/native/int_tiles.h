@@ -277,12 +277,12 @@ typedef struct {
  * the build's compile time. Full passes of MR rows take `blocked` as a constant too (a many-row K-quant's fp32
  * scales: blocked; the 32-block formats: not): as a runtime flag it held AVX2's a[] in registers, and the 32-block
  * formats' 4-row loop spilled its dots (docs/benchmarks.md#kernels). int8's loop ran no faster so and keeps the flag,
- * as do the shorter passes, whose instances would cost compile time for nothing. k_quant (a constant: Q4_K's int4
- * tiles, Q6_K's unpacked ones in fp32): full passes over a K-quant's super-blocks get the group and the activation
- * block (256) as constants too, Q4_K's with either form of scales, Q6_K's with fp32 ones (with factored ones, many
- * rows' but fewer than FP32_VALUES_ROWS, the constant group ran slower): docs/benchmarks.md#kernels. */
+ * as do the shorter passes, whose instances would cost compile time for nothing. `fixed` (a constant) 256: full
+ * passes over a K-quant's super-blocks get the group and the activation block as constants too (Q4_K with either form
+ * of scales; Q6_K with fp32 ones: with factored ones, 5-63 rows, its constant group ran slower); 32: so do the 32-block
+ * formats' (Q4_0 / Q4_1, Q5_0), whose groups are their activation blocks (docs/benchmarks.md#kernels). */
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
-                                                               const uint8_t *hb, int expanded, int k_quant) {
+                                                               const uint8_t *hb, int expanded, int fixed) {
     int64_t K = j->K, G = K / j->group;
     GroupValues d = values_from(j->scale, t * G * TILE), m = values_from(j->min, t * G * TILE);
     for (int64_t r = j->m0; r < j->m1; r += MR) {
@@ -296,12 +296,13 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
          else if ((MR_) < MR || bits == 8) INT_TILE_(MR_, GROUP_, 0, j->xblock, j->xblock > 32); \
          else if (j->xblock > 32) INT_TILE_(MR_, GROUP_, 0, j->xblock, 1); \
          else INT_TILE_(MR_, GROUP_, 0, j->xblock, 0); } while (0)
-        int k_pass = k_quant && j->xblock == 256;  /* a K-quant's super-block: 8 groups of 32 or 16 of 16 */
+        int k_pass = fixed == 256 && j->xblock == 256;  /* a K-quant's super-block: 8 groups of 32 or 16 of 16 */
         switch (mr) {
             case 4:
                 if (k_pass && j->group == 32 && d.form >= 2) INT_TILE_(MR, 32, 1, 256, 1);
                 else if (k_pass && j->group == 32) INT_TILE_(MR, 32, 0, 256, 1);
                 else if (k_pass && j->group == 16 && d.form < 2) INT_TILE_(MR, 16, 0, 256, 1);
+                else if (fixed == 32 && j->xblock == 32 && j->group == 32 && d.form < 2) INT_TILE_(MR, 32, 0, 32, 0);
                 else INT_TILE(4, j->group);
                 break;
             case 3: INT_TILE(3, j->group); break;
@@ -316,10 +317,12 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
     }
 }
 
-/* The unpacked tiles' passes (int5, int6; Q6_K's with fp32 scales apart) in functions of their own, as the pairs'
- * (unpacked_pair_rows5): inlined beside the stored tiles' loop, GCC's code for them shifts with edits elsewhere */
+/* The unpacked tiles' passes (int5, int6; Q6_K's with fp32 scales apart) and int4's full passes with constant groups
+ * (K-quants, 32-block formats) in functions of their own, as the pairs' (unpacked_pair_rows5): inlined beside the
+ * stored tiles' loop, or one beside the other, GCC's code for them shifts with edits elsewhere (Q4_K lost ~5% beside
+ * the 32-block instance) */
 static __attribute__((noinline)) void unpacked_tile_rows5(const IntJob *j, int64_t t, const uint8_t *v) {
-    tile_rows_of(j, t, 5, v, NULL, 1, 0);
+    tile_rows_of(j, t, 5, v, NULL, 1, 32);
 }
 
 static __attribute__((noinline)) void unpacked_tile_rows6(const IntJob *j, int64_t t, const uint8_t *v) {
@@ -327,7 +330,15 @@ static __attribute__((noinline)) void unpacked_tile_rows6(const IntJob *j, int64
 }
 
 static __attribute__((noinline)) void unpacked_k_tile_rows6(const IntJob *j, int64_t t, const uint8_t *v) {
-    tile_rows_of(j, t, 6, v, NULL, 1, 1);
+    tile_rows_of(j, t, 6, v, NULL, 1, 256);
+}
+
+static __attribute__((noinline)) void block32_tile_rows4(const IntJob *j, int64_t t, const uint8_t *w) {
+    tile_rows_of(j, t, 4, w, NULL, 0, 32);
+}
+
+static __attribute__((noinline)) void k_tile_rows4(const IntJob *j, int64_t t, const uint8_t *w) {
+    tile_rows_of(j, t, 4, w, NULL, 0, 256);
 }
 
 #if !defined(TALLY_AVX512) && !defined(TALLY_VNNI)
@@ -366,8 +377,12 @@ static inline __attribute__((always_inline)) void tile_rows(const IntJob *j, int
         if (bits == 5) unpacked_tile_rows5(j, t, values);
         else if (j->xblock == 256 && j->scale.form < 2) unpacked_k_tile_rows6(j, t, values);
         else unpacked_tile_rows6(j, t, values);
+    } else if (bits == 4 && j->xblock == 32 && j->m1 - j->m0 >= MR) {
+        block32_tile_rows4(j, t, w);
+    } else if (bits == 4 && j->xblock == 256 && j->m1 - j->m0 >= MR) {
+        k_tile_rows4(j, t, w);
     } else {
-        tile_rows_of(j, t, bits, w, hb, 0, bits == 4);
+        tile_rows_of(j, t, bits, w, hb, 0, 0);
     }
 }
 
