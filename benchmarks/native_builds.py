@@ -5,7 +5,7 @@ does not depend on the values.
 
     python benchmarks/native_builds.py [--threads 1] [--rows 1,4] [--shapes 9728x896,896x4864,151936x896] [--copies 12]
                                   [--define PAIR_ROWS=4,5] [--builds avx512_gfni,avx512_amx] [--baseline REF]
-                                  [--formats int4,int6] [--alternations 2]
+                                  [--formats int4,int6] [--alternations 2] [--best-of 7]
 
 --copies N: each call goes over N copies of the weights in turn (ms per copy), so that they stream from memory as
 a decode step's layers do, rather than from the last-level cache (a 9728x896 int4 matrix is 4.4 MB).
@@ -16,7 +16,7 @@ kernels against the version before it. Its results differ where the change chang
 --alternations N: rounds of every build in turn (default 2). Each ratio is the median over the rounds of that round's
 time over the widest build's, so a host whose speed drifts between minutes (a shared VM's) moves both sides of a ratio
 together, where a ratio of two bests compares one build's lucky minute with the other's; on such a host take 15-25
-rounds with --best-of 1.
+rounds with --best-of 1 (--best-of K: a build's timed runs in a round, the best kept; default 7).
 --formats int4,int6: only the formats whose names start so.
 """
 from __future__ import annotations
