@@ -1,20 +1,22 @@
 """The native paged decode attention against PyTorch's SDPA over the same keys gathered, one layer of SmolLM2-135M's
 shape (9 query heads, 3 KV heads, 64 dims): one row, a speculative verify step's 5 rows of one sequence (each key
-read once for all of them), and 16 rows of 16 sequences, at several contexts. Best of 7 alternating rounds; the SDPA
-peer gets its fp32 keys already gathered (its gather is not timed), so its figure flatters it. The native kernel
-runs over an fp32 cache and over each of --kv-dtypes (the same values rounded: fp16 / bf16 caches are read in place
-and widened as they load), with the fp32 cache's time over theirs. --layers N gives each of N layers caches of its
-own, called in turn, so the keys come from memory as in a decode step (one layer's fit in the last-level cache);
-times are then per layer. --build NAME times that build of the kernels (tally/native/library.py:builds, e.g.
-avx2) beside the one this CPU loads, over the fp32 cache and each of --kv-dtypes: its time over the loaded one's;
---baseline REF the same for the kernels of another version (a git ref, e.g. the commit before a change).
+read once for all of them), and 16 rows of 16 sequences, at several contexts. Times are medians of --rounds
+alternating rounds and each ratio the median of the rounds' own; the SDPA peer gets its fp32 keys already gathered
+(its gather is not timed), so its figure flatters it. The native kernel runs over an fp32 cache and over each of
+--kv-dtypes (the same values rounded: fp16 / bf16 caches are read in place and widened as they load), with the fp32
+cache's time over theirs. --layers N gives each of N layers caches of its own, called in turn, so the keys come from
+memory as in a decode step (one layer's fit in the last-level cache); times are then per layer. --build NAME times
+that build of the kernels (tally/native/library.py:builds, e.g. avx2) beside the one this CPU loads, over the fp32
+cache and each of --kv-dtypes: its time over the loaded one's; --baseline REF the same for the kernels of another
+version (a git ref, e.g. the commit before a change).
 
-    python benchmarks/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400] [--layers 1]
+    python benchmarks/decode_attention.py [--threads 2] [--contexts 128,600,1200,2400] [--layers 1] [--rounds 15]
                                      [--kv-dtypes float16,bfloat16] [--build avx2 | --baseline REF]
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
@@ -64,8 +66,9 @@ def attend(lib, q, k_cache, v_cache, tables, lens) -> None:
                                q.shape[0], HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, 0, SCALE, 0.0, None, out.data_ptr())
 
 
-def best_us(fns, calls: int, rounds: int = 7) -> list[float]:
-    best = [float("inf")] * len(fns)
+def round_us(fns, calls: int, rounds: int) -> list[list[float]]:
+    """Per function, its µs a call in each of `rounds` rounds, the functions alternating within a round."""
+    times = [[] for _ in fns]
     for f in fns:
         f()
     for _ in range(rounds):
@@ -73,8 +76,14 @@ def best_us(fns, calls: int, rounds: int = 7) -> list[float]:
             start = time.perf_counter()
             for _ in range(calls):
                 f()
-            best[i] = min(best[i], (time.perf_counter() - start) / calls)
-    return [b * 1e6 for b in best]
+            times[i].append((time.perf_counter() - start) / calls * 1e6)
+    return times
+
+
+def paired(over: list[float], under: list[float]) -> float:
+    """The median over rounds of one round's over / under: a shared host's speed, which moves between minutes, moves
+    both sides of a round alike (a ratio of two bests would compare one side's lucky minute with the other's)."""
+    return statistics.median(o / u for o, u in zip(over, under))
 
 
 def main() -> None:
@@ -82,6 +91,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--contexts", default="128,600,1200,2400")
     p.add_argument("--layers", type=int, default=1, help="layers with caches of their own, called in turn")
+    p.add_argument("--rounds", type=int, default=15, help="alternating rounds; times and ratios their medians")
     p.add_argument("--kv-dtypes", default="float16,bfloat16", help="16-bit caches timed beside fp32 ('' for none)")
     p.add_argument("--build", default=None, help="a build of the kernels timed beside the loaded one")
     p.add_argument("--baseline", default=None, help="git ref whose kernels (the build this CPU loads) are timed "
@@ -124,14 +134,17 @@ def main() -> None:
                         F.scaled_dot_product_attention(q[r][None, :, None], k, v, scale=SCALE, enable_gqa=True)
 
             calls = max(3, 6000 // (context * rows * a.layers) + 3)
-            times = [t / a.layers for t in best_us([native, sdpa, *narrow_fns, *other_fns], calls)]
-            t_native, t_sdpa, t_narrow, t_other = times[0], times[1], times[2:2 + len(names)], times[2 + len(names):]
-            print(f"| {context} | {label} | {t_native:,.1f} | {t_sdpa:,.1f} | {t_sdpa / t_native:.2f}× |"
-                  + "".join(f" {t:,.1f} | {t_native / t:.2f}× |" for t in t_narrow)
-                  + "".join(f" {t:,.1f} | {t / mine:.2f}× |" for t, mine in zip(t_other, [t_native, *t_narrow])),
+            rounds = [[t / a.layers for t in ts]
+                      for ts in round_us([native, sdpa, *narrow_fns, *other_fns], calls, a.rounds)]
+            r_native, r_sdpa, r_narrow, r_other = (rounds[0], rounds[1], rounds[2:2 + len(names)],
+                                                   rounds[2 + len(names):])
+            t = statistics.median
+            print(f"| {context} | {label} | {t(r_native):,.1f} | {t(r_sdpa):,.1f} | {paired(r_sdpa, r_native):.2f}× |"
+                  + "".join(f" {t(r):,.1f} | {paired(r_native, r):.2f}× |" for r in r_narrow)
+                  + "".join(f" {t(r):,.1f} | {paired(r, mine):.2f}× |" for r, mine in zip(r_other, [r_native, *r_narrow])),
                   flush=True)
     print(f"\ncommand: python benchmarks/decode_attention.py --threads {a.threads} --contexts {a.contexts} "
-          f"--layers {a.layers} --kv-dtypes '{a.kv_dtypes}'" + (f" --build {a.build}" if a.build else "")
+          f"--layers {a.layers} --rounds {a.rounds} --kv-dtypes '{a.kv_dtypes}'" + (f" --build {a.build}" if a.build else "")
           + (f" --baseline {a.baseline}" if a.baseline else ""))
 
 

@@ -42,6 +42,7 @@ static inline __attribute__((always_inline)) void store_scores8(const __m256 *ac
 static inline __attribute__((always_inline)) void scores8(const float *q, const void *const *k, int64_t D, int kind,
                                                           const float *ks, int n, float *out) {
     __m256 acc[8];
+    _Pragma("GCC unroll 8")  /* rolled, GCC zeroed the array with a rep stos, a third of the scores' time */
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t d = 0; d < D; d += 8) {
         __m256 qd = _mm256_loadu_ps(q + d);
@@ -135,13 +136,16 @@ static inline __attribute__((always_inline)) void pack_keys8(const void *const *
         }
 }
 
-static void pack_keys8_of(const void *const *k, int64_t D, int kind, float *kp) {
+/* every query vector reads the paired rows, however few share them: returns kp */
+static const float *pack_keys8_of(const void *const *k, int64_t D, int kind, float *kp, int64_t queries) {
+    (void)queries;
     switch (kind) {
         case KV_I8: pack_keys8(k, D, KV_I8, kp); break;
         case KV_F16: pack_keys8(k, D, KV_F16, kp); break;
         case KV_BF16: pack_keys8(k, D, KV_BF16, kp); break;
         default: pack_keys8(k, D, KV_F32, kp);
     }
+    return kp;
 }
 
 /* store_scores8 of 4 paired accumulators (two keys' 8 lanes each) */
@@ -225,8 +229,12 @@ static void weighted_v_two(const float *p0, int64_t len0, float *o0, const float
     }
 }
 #else
-/* The 32-byte build: each query vector alone, over the keys in place; scores8 and weighted_v compiled
- * once per cache format, the format's branch taken once a call */
+/* The 32-byte build: one query vector's scores at a time (its 8 accumulators and AVX2's 16 registers leave no room
+ * for a second's), over 8 keys' rows widened to fp32 once for every query vector that reads them where there are
+ * ATT_PACK_QUERIES or more (a verify step's rows: widening a 16-bit or int8 row costs what its multiply-adds do; for
+ * fewer, storing the widened rows costs more than it saves); values weighted for two query vectors a pass, each
+ * value widened once for both (docs/benchmarks.md#attention). Compiled once per cache format, the format's branch
+ * taken once a call. */
 static void scores8_of(const float *q, const void *const *k, int64_t D, int kind, const float *ks, int n, float *out) {
     switch (kind) {
         case KV_I8: scores8(q, k, D, KV_I8, ks, n, out); break;
@@ -236,31 +244,94 @@ static void scores8_of(const float *q, const void *const *k, int64_t D, int kind
     }
 }
 
-static void weighted_v_of(const float *p, const int64_t *slots, int64_t len, const void *v, int kind, int64_t D,
-                          float *o) {
-    switch (kind) {
-        case KV_I8: weighted_v(p, slots, len, v, KV_I8, D, o); break;
-        case KV_F16: weighted_v(p, slots, len, v, KV_F16, D, o); break;
-        case KV_BF16: weighted_v(p, slots, len, v, KV_BF16, D, o); break;
-        default: weighted_v(p, slots, len, v, KV_F32, D, o);
-    }
+static inline __attribute__((always_inline)) void widen_keys8(const void *const *k, int64_t D, int kind, float *kp) {
+    for (int i = 0; i < 8; i++)
+        for (int64_t d = 0; d < D; d += 8) _mm256_store_ps(kp + i * D + d, load8(k[i], d, kind));
 }
 
-static void pack_keys8_of(const void *const *k, int64_t D, int kind, float *kp) {
-    (void)k, (void)D, (void)kind, (void)kp;
+#ifndef ATT_PACK_QUERIES
+#define ATT_PACK_QUERIES 8
+#endif
+
+/* 8 keys' rows as fp32, key after key in kp, returning kp (a 16-bit or int8 cache read by `queries` query vectors,
+ * at least ATT_PACK_QUERIES); else NULL: the rows are read in place */
+static const float *pack_keys8_of(const void *const *k, int64_t D, int kind, float *kp, int64_t queries) {
+    if (kind == KV_F32 || queries < ATT_PACK_QUERIES) return NULL;
+    switch (kind) {
+        case KV_I8: widen_keys8(k, D, KV_I8, kp); break;
+        case KV_F16: widen_keys8(k, D, KV_F16, kp); break;
+        default: widen_keys8(k, D, KV_BF16, kp);
+    }
+    return kp;
 }
 
 static void scores8_two(const float *q0, const float *q1, const void *const *k, const float *kp, int64_t D, int kind,
                         const float *ks, int n0, int n1, float *out0, float *out1) {
-    (void)kp;
+    const void *packed[8];
+    if (kp) {
+        for (int i = 0; i < 8; i++) packed[i] = kp + i * D;
+        k = packed, kind = KV_F32;
+    }
     scores8_of(q0, k, D, kind, ks, n0, out0);
     if (q1) scores8_of(q1, k, D, kind, ks, n1, out1);
 }
 
+/* weighted_v for o0 (keys t < len0) and (p1 not NULL) o1 (t < len1), 32 dims at a time: each value widened once for
+ * both; per lane the multiply-adds of weighted_v in its order, so the same bits */
+static inline __attribute__((always_inline)) void weighted_v2(const float *p0, int64_t len0, float *o0,
+                                                              const float *p1, int64_t len1, float *o1,
+                                                              const int64_t *slots, const void *v, int kind,
+                                                              int64_t D) {
+    int64_t esize = kv_bytes(kind), len = len1 > len0 ? len1 : len0, d0 = 0;
+    for (; d0 + 32 <= D; d0 += 32) {
+        __m256 a0[4], a1[4];
+        _Pragma("GCC unroll 4")
+        for (int c = 0; c < 4; c++) a0[c] = a1[c] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < len; t++) {
+            const char *vp = (const char *)v + slots[t] * D * esize;
+            __m256 vv[4];
+            _Pragma("GCC unroll 4")
+            for (int c = 0; c < 4; c++) vv[c] = load8(vp, d0 + 8 * c, kind);
+            if (t < len0) {
+                __m256 pw = _mm256_set1_ps(p0[t]);
+                _Pragma("GCC unroll 4")
+                for (int c = 0; c < 4; c++) a0[c] = _mm256_fmadd_ps(pw, vv[c], a0[c]);
+            }
+            if (t < len1) {
+                __m256 pw = _mm256_set1_ps(p1[t]);
+                _Pragma("GCC unroll 4")
+                for (int c = 0; c < 4; c++) a1[c] = _mm256_fmadd_ps(pw, vv[c], a1[c]);
+            }
+        }
+        for (int c = 0; c < 4; c++) {
+            _mm256_storeu_ps(o0 + d0 + 8 * c, a0[c]);
+            _mm256_storeu_ps(o1 + d0 + 8 * c, a1[c]);
+        }
+    }
+    for (; d0 < D; d0 += 8) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int64_t t = 0; t < len; t++) {
+            __m256 vv = load8((const char *)v + slots[t] * D * esize, d0, kind);
+            if (t < len0) a0 = _mm256_fmadd_ps(_mm256_set1_ps(p0[t]), vv, a0);
+            if (t < len1) a1 = _mm256_fmadd_ps(_mm256_set1_ps(p1[t]), vv, a1);
+        }
+        _mm256_storeu_ps(o0 + d0, a0);
+        _mm256_storeu_ps(o1 + d0, a1);
+    }
+}
+
 static void weighted_v_two(const float *p0, int64_t len0, float *o0, const float *p1, int64_t len1, float *o1,
                            const int64_t *slots, const void *v, int kind, int64_t D) {
-    weighted_v_of(p0, slots, len0, v, kind, D, o0);
-    if (p1) weighted_v_of(p1, slots, len1, v, kind, D, o1);
+    switch (p1 ? kind : -1 - kind) {
+        case KV_I8: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_I8, D); break;
+        case KV_F16: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_F16, D); break;
+        case KV_BF16: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_BF16, D); break;
+        case KV_F32: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_F32, D); break;
+        case -1 - KV_I8: weighted_v(p0, slots, len0, v, KV_I8, D, o0); break;
+        case -1 - KV_F16: weighted_v(p0, slots, len0, v, KV_F16, D, o0); break;
+        case -1 - KV_BF16: weighted_v(p0, slots, len0, v, KV_BF16, D, o0); break;
+        default: weighted_v(p0, slots, len0, v, KV_F32, D, o0);
+    }
 }
 #endif
 
@@ -340,7 +411,7 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
             prefetch_rows(a->k_cache, slots, t0 + KAHEAD, t0 + KAHEAD + 8 < len ? t0 + KAHEAD + 8 : len, bytes, 1);
             const void *k[8];
             for (int j = 0; j < 8; j++) k[j] = (const char *)a->k_cache + slots[t0 + (j < n ? j : n - 1)] * bytes;
-            pack_keys8_of(k, D, kind, kp);
+            const float *packed = pack_keys8_of(k, D, kind, kp, rows * (j1 - j0));
             const float *held = NULL;  /* a query vector waiting for a second to share the pass */
             float *held_out = NULL;
             int held_n = 0;
@@ -355,11 +426,11 @@ static void attention_chunks(const void *job, int64_t i0, int64_t i1) {
                         held = q + j * D, held_out = out, held_n = nr;
                         continue;
                     }
-                    scores8_two(held, q + j * D, k, kp, D, kind, ks + t0, held_n, nr, held_out, out);
+                    scores8_two(held, q + j * D, k, packed, D, kind, ks + t0, held_n, nr, held_out, out);
                     held = NULL;
                 }
             }
-            if (held) scores8_two(held, NULL, k, kp, D, kind, ks + t0, held_n, 0, held_out, NULL);
+            if (held) scores8_two(held, NULL, k, packed, D, kind, ks + t0, held_n, 0, held_out, NULL);
         }
         const float *held_p = NULL;  /* a row's probabilities waiting for a second to share the values' pass */
         float *held_part = NULL;
