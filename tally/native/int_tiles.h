@@ -280,7 +280,8 @@ typedef struct {
  * as do the shorter passes, whose instances would cost compile time for nothing. `fixed` (a constant) 256: full
  * passes over a K-quant's super-blocks get the group and the activation block as constants too (Q4_K with either form
  * of scales; Q6_K with fp32 ones: with factored ones, 5-63 rows, its constant group ran slower); 32: so do the 32-block
- * formats' (Q4_0 / Q4_1, Q5_0), whose groups are their activation blocks (docs/benchmarks.md#kernels). */
+ * formats' (Q4_0 / Q4_1, Q5_0), whose groups are their activation blocks, and Q4_0 / Q4_1's pass of 3 rows after
+ * them (a speculative verify step's 7 rows: docs/benchmarks.md#kernels). */
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
                                                                const uint8_t *hb, int expanded, int fixed) {
     int64_t K = j->K, G = K / j->group;
@@ -305,7 +306,10 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
                 else if (fixed == 32 && j->xblock == 32 && j->group == 32 && d.form < 2) INT_TILE_(MR, 32, 0, 32, 0);
                 else INT_TILE(4, j->group);
                 break;
-            case 3: INT_TILE(3, j->group); break;
+            case 3:
+                if (fixed == 32 && j->xblock == 32 && j->group == 32 && d.form < 2) INT_TILE_(3, 32, 0, 32, 0);
+                else INT_TILE(3, j->group);
+                break;
             case 2: INT_TILE(2, j->group); break;
             default:
                 if (j->group == 32) INT_TILE(1, 32);
