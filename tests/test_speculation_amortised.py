@@ -29,10 +29,14 @@ class CostModel:
     pass_steps: float = 0.0
     step_steps: float = 0.0
     propose_steps: float = 0.0
+    row_s: float = ROW_S  # a verify row's cost (AVX2 without VNNI, a small model: most of a decode step's)
+    slow: float = 1.0  # a shared host: every step this many times slower ...
+    slow_steps: int = 0  # ... for the first slow_steps steps run (the first measurement's)
+    _ran: int = 0
 
     def step_seconds(self, batch: int, proposals: int, passes: int) -> float:
         off_s = WEIGHTS_S + ROW_S * batch
-        return off_s * (1 + self.pass_steps * passes + self.step_steps * (proposals > 0)) + ROW_S * proposals
+        return off_s * (1 + self.pass_steps * passes + self.step_steps * (proposals > 0)) + self.row_s * proposals
 
     def run(self, policy: SpeculationPolicy, batch: int, steps: int) -> tuple[float, float, list[bool]]:
         """(tokens, seconds, whether each step verified proposals) over `steps` steps that follow the policy."""
@@ -48,15 +52,17 @@ class CostModel:
             made = int(expected)
             carry = expected - made
             step_s = self.step_seconds(batch, proposals, int(ks.max())) + proposing_s
-            policy.observe_step(made, step_s, batch, proposals, int(ks.max()) if self.pass_steps else 0,
-                                proposing_seconds=proposing_s)
-            tokens, seconds = tokens + made, seconds + step_s
+            host = self.slow if self._ran < self.slow_steps else 1.0
+            self._ran += 1
+            policy.observe_step(made, host * step_s, batch, proposals, int(ks.max()) if self.pass_steps else 0,
+                                proposing_seconds=host * proposing_s)
+            tokens, seconds = tokens + made, seconds + step_s  # what the steps cost on a host at full speed
             spoke.append(proposals > 0)
         return tokens, seconds, spoke
 
 
-def _vs_off(model: CostModel, batch: int) -> tuple[float, list[bool]]:
-    tokens, seconds, spoke = model.run(SpeculationPolicy(), batch, STEPS)
+def _vs_off(model: CostModel, batch: int, steps: int = STEPS) -> tuple[float, list[bool]]:
+    tokens, seconds, spoke = model.run(SpeculationPolicy(), batch, steps)
     return (tokens / seconds) / (batch / model.step_seconds(batch, 0, 0)), spoke
 
 
@@ -108,3 +114,18 @@ def test_measuring_is_repaid_before_a_load_is_measured_again(model: CostModel, b
         measuring = policy.counters.measuring > before
     assert len(started) >= 3, started  # measured again and again
     assert all(lost <= MEASURE_SHARE * steps for steps, lost in started), started
+
+
+@pytest.mark.parametrize("slow", [0.5, 3.0])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_price_measured_while_the_host_ran_slow_or_fast_keeps_the_gain(batch: int, slow: float):
+    """A shared host's speed moves between minutes: a price measured while every step ran 3x slower (or 2x faster)
+    than later must not make proposals look 3x dearer (cheaper) against the tokens a second the host makes later.
+    With verify rows that cost most of a decode step (AVX2, a small model), where proposals pay by little, the policy
+    keeps over the price's hold what it keeps on a steady host (set against the clock, one stream kept 1.02x of off
+    where a steady host's kept 1.30x)."""
+    steady = CostModel(alpha=0.9, row_s=0.6 * WEIGHTS_S)
+    drifting = CostModel(alpha=0.9, row_s=0.6 * WEIGHTS_S, slow=slow, slow_steps=2 * EPOCH_STEPS)
+    want, _ = _vs_off(steady, batch, KEEP_STEPS)
+    got, _ = _vs_off(drifting, batch, KEEP_STEPS)
+    assert got >= 0.98 * want, (got, want)

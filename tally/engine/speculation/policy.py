@@ -10,9 +10,11 @@ measured on this machine at this load; and whether speculating at that price pay
   on (each request's own start price) and what finding and choosing proposals took (paid by every step while
   speculating, verified or not: the check weighs it).
 - Per request: its j-th proposal is worth w_j = f · g^(j-1) tokens (f: its first proposal's acceptance, g: a later
-  one's after a kept predecessor) and pays while w_j ≥ c · rate (rate: tokens a second now); a depth j is run while
-  its proposals' worth beyond their price repays d · rate; a step verifies anything only where its proposals' worth
-  beyond c, d and s repays them at off's rate (the plain step it replaces); with a draft model a request starts
+  one's after a kept predecessor) and pays while w_j ≥ c · rate (rate: tokens a second now on the price's clock,
+  the steps' tokens over what the price says they cost, so that a shared host's speed, which moves between minutes,
+  cancels); a depth j is run while its proposals' worth beyond their price repays d · rate; a step verifies anything
+  only where its proposals' worth beyond c, d and s repays them at off's rate when priced (the plain step it
+  replaces, on the same clock); with a draft model a request starts
   only where its expected gain repays the draft's catch-up over its context.
 - Checked: if following the price falls MARGIN below off's tokens per second, speculation is off at that load for
   RETRY_STEPS steps (doubling per failure); a price holds KEEP_STEPS steps, then is measured again. Off's rate is
@@ -58,6 +60,7 @@ class Epoch:
     speculated: int = 0  # steps that verified proposals
     catch_up: float = 0.0  # seconds a draft spent catching up, left out of `seconds` and `elapsed`
     proposing: float = 0.0  # seconds spent finding proposals and choosing them, left out of the same
+    predicted: float = 0.0  # what the followed price says the steps cost (its own clock: the host's speed then)
     control_seconds: float = 0.0  # the steps that verified nothing (capped, less proposing): off's steps in this mix
     control_batch: int = 0  # their running requests, summed
     controls: int = 0  # their count
@@ -94,8 +97,9 @@ class Epoch:
         return self.control_batch / self.control_seconds
 
     def add(self, tokens: float, seconds: float, batch: int, proposals: int, passes: int = 0,
-            catch_up: float = 0.0, proposing: float = 0.0) -> None:
+            catch_up: float = 0.0, proposing: float = 0.0, predicted: float = 0.0) -> None:
         priced = max(seconds - catch_up - proposing, 0.0)
+        self.predicted += predicted
         self.seconds.append(priced)
         counted = min(priced, self.cap_seconds)
         if self.steps > EPOCH_STEPS:
@@ -141,6 +145,11 @@ class Price:
         if self.off_step_seconds <= 0:
             return base
         return max(base, math.ceil(self.loss_seconds / (MEASURE_SHARE * self.off_step_seconds)))
+
+    def step_cost(self, proposals: int, passes: int) -> float:
+        """What a step costs at this price, on the host's clock when it was measured."""
+        return (self.off_step_seconds + self.step_seconds * (proposals > 0) + self.proposal_seconds * proposals
+                + self.pass_seconds * passes)
 
     def off_steps(self, seconds: float) -> float:
         """Seconds as steps with speculation off at this load."""
@@ -278,7 +287,8 @@ class SpeculationPolicy:
             if proposals == 0:
                 return  # an off step: it says nothing of what a proposal costs
             counted.measuring += 1
-        epoch.add(generated_tokens, seconds, batch, proposals, passes, catch_up_seconds, proposing_seconds)
+        epoch.add(generated_tokens, seconds, batch, proposals, passes, catch_up_seconds, proposing_seconds,
+                  price.step_cost(proposals, passes) if price is not None else 0.0)
         if price is not None:
             if counted.steps - price.step >= price.holds_steps or not same_load(batch, self._load):
                 self._follow(batch)
@@ -329,13 +339,18 @@ class SpeculationPolicy:
         return self._epoch.speculate
 
     def _rate(self, price: Price) -> float:
-        """Tokens a second now: what a second of a proposal's time is worth."""
-        return self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
+        """Tokens a second now: what a second of a proposal's time is worth. On the price's own clock, the steps'
+        tokens over what the price says they cost: a shared host's speed moves between minutes, and a proposal priced
+        while it ran 3x slower, set against the tokens a second it makes later, would look 3x dearer (and 3x cheaper
+        the other way round) for the whole hold (docs/benchmarks.md#speculative-decoding)."""
+        epoch = self._epoch
+        if epoch.steps < EPOCH_STEPS or epoch.predicted <= 0:
+            return price.off_rate
+        return epoch.tokens / (epoch.predicted + epoch.catch_up + epoch.proposing)
 
     def _off_rate(self, price: Price) -> float:
-        """Tokens a second plain steps make now: those of this mix that verified nothing, else off's when measured."""
-        control = self._epoch.control_rate
-        return control if control is not None else price.off_rate
+        """Tokens a second plain steps make, on the price's clock as _rate: off's when it was measured."""
+        return price.off_rate
 
     def proposal_tokens(self) -> float:
         """What a proposal costs now in tokens' worth (0 while measuring, where every one is verified): a request
