@@ -344,13 +344,14 @@ class SpeculationPolicy:
         while it ran 3x slower, set against the tokens a second it makes later, would look 3x dearer (and 3x cheaper
         the other way round) for the whole hold (docs/benchmarks.md#speculative-decoding)."""
         epoch = self._epoch
-        if epoch.steps < EPOCH_STEPS or epoch.predicted <= 0:
+        if epoch.steps < EPOCH_STEPS or epoch.predicted <= 0 or epoch.elapsed <= 0:
             return price.off_rate
-        return epoch.tokens / (epoch.predicted + epoch.catch_up + epoch.proposing)
+        beside = (epoch.catch_up + epoch.proposing) / epoch.elapsed  # timed on the clock: as a share of the steps
+        return epoch.tokens / (epoch.predicted * (1 + beside))
 
-    def _off_rate(self, price: Price) -> float:
-        """Tokens a second plain steps make, on the price's clock as _rate: off's when it was measured."""
-        return price.off_rate
+    def _clock_rate(self, price: Price) -> float:
+        """Tokens a second now on the clock: what a second timed now is worth (a draft's catch-up, timed per token)."""
+        return self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
 
     def proposal_tokens(self) -> float:
         """What a proposal costs now in tokens' worth (0 while measuring, where every one is verified): a request
@@ -378,10 +379,10 @@ class SpeculationPolicy:
         pass_tokens = price.pass_seconds * rate
         ks = depths_worth_passing(worth, proposals_worth_verifying(worth, limits, theta), theta, pass_tokens)
         if start_seconds is not None and remaining is not None:
-            ks = np.where(start_repaid(worth, ks, theta, start_seconds * rate, remaining), ks, 0)
+            ks = np.where(start_repaid(worth, ks, theta, start_seconds * self._clock_rate(price), remaining), ks, 0)
         # whether to verify at all weighs the step against the plain step it replaces, at a plain step's rate: at the
         # rate speculating reached, the better proposals paid the higher the bar, and every other step ran plain
-        off = self._off_rate(price)
+        off = price.off_rate  # off's when priced: on the price's clock, as _rate
         repaid = step_repaid(worth, ks, price.proposal_seconds * off, price.pass_seconds * off,
                              price.step_seconds * off)
         return ks if repaid else np.zeros_like(ks)
