@@ -322,15 +322,20 @@ static inline __attribute__((always_inline)) void weighted_v2(const float *p0, i
 
 static void weighted_v_two(const float *p0, int64_t len0, float *o0, const float *p1, int64_t len1, float *o1,
                            const int64_t *slots, const void *v, int kind, int64_t D) {
-    switch (p1 ? kind : -1 - kind) {
+    if (!p1) {  /* a query vector alone: weighted_v's 64 dims a pass */
+        switch (kind) {
+            case KV_I8: weighted_v(p0, slots, len0, v, KV_I8, D, o0); break;
+            case KV_F16: weighted_v(p0, slots, len0, v, KV_F16, D, o0); break;
+            case KV_BF16: weighted_v(p0, slots, len0, v, KV_BF16, D, o0); break;
+            default: weighted_v(p0, slots, len0, v, KV_F32, D, o0);
+        }
+        return;
+    }
+    switch (kind) {
         case KV_I8: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_I8, D); break;
         case KV_F16: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_F16, D); break;
         case KV_BF16: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_BF16, D); break;
-        case KV_F32: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_F32, D); break;
-        case -1 - KV_I8: weighted_v(p0, slots, len0, v, KV_I8, D, o0); break;
-        case -1 - KV_F16: weighted_v(p0, slots, len0, v, KV_F16, D, o0); break;
-        case -1 - KV_BF16: weighted_v(p0, slots, len0, v, KV_BF16, D, o0); break;
-        default: weighted_v(p0, slots, len0, v, KV_F32, D, o0);
+        default: weighted_v2(p0, len0, o0, p1, len1, o1, slots, v, KV_F32, D);
     }
 }
 #endif
