@@ -244,11 +244,6 @@ static void scores8_of(const float *q, const void *const *k, int64_t D, int kind
     }
 }
 
-static inline __attribute__((always_inline)) void widen_keys8(const void *const *k, int64_t D, int kind, float *kp) {
-    for (int i = 0; i < 8; i++)
-        for (int64_t d = 0; d < D; d += 8) _mm256_store_ps(kp + i * D + d, load8(k[i], d, kind));
-}
-
 #ifndef ATT_PACK_QUERIES
 #define ATT_PACK_QUERIES 8
 #endif
@@ -257,11 +252,7 @@ static inline __attribute__((always_inline)) void widen_keys8(const void *const 
  * at least ATT_PACK_QUERIES); else NULL: the rows are read in place */
 static const float *pack_keys8_of(const void *const *k, int64_t D, int kind, float *kp, int64_t queries) {
     if (kind == KV_F32 || queries < ATT_PACK_QUERIES) return NULL;
-    switch (kind) {
-        case KV_I8: widen_keys8(k, D, KV_I8, kp); break;
-        case KV_F16: widen_keys8(k, D, KV_F16, kp); break;
-        default: widen_keys8(k, D, KV_BF16, kp);
-    }
+    for (int i = 0; i < 8; i++) widen_row(k[i], kp + i * D, D, kind);
     return kp;
 }
 

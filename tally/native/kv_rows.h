@@ -45,10 +45,12 @@ static void store_row(void *dst, const float *x, int64_t n, int kind) {
         memcpy(dst, x, sizeof(float) * n);
 }
 
-/* out[0..n) = a 16-bit row's values as fp32, n a multiple of 8 */
-static void widen_row(const void *src, float *out, int64_t n, int kind) {
+/* out[0..n) = a 16-bit or int8 row's values as fp32, n a multiple of 8 */
+static inline void widen_row(const void *src, float *out, int64_t n, int kind) {
     if (kind == KV_F16)
         for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, load8(src, i, KV_F16));
+    else if (kind == KV_I8)
+        for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, load8(src, i, KV_I8));
     else
         for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, load8(src, i, KV_BF16));
 }
