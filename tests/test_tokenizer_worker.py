@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, processors
@@ -80,7 +79,9 @@ def test_the_worker_runs_below_the_callers_priority_and_is_replaced_when_killed(
         (pid, niceness), = worker_niceness(os.getpid(), TokenizerWorker.__module__).items()
         assert niceness == min(19, own + TOKENIZER_NICENESS)
         os.kill(pid, signal.SIGKILL)
-        while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":  # dead, not yet reaped
+        # Dead and waitable, not yet reaped. Not /proc's "Z": a process's first thread shows it while the worker's
+        # other thread is still exiting, and until that one has, waitpid does not report the process.
+        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             time.sleep(0.01)
         assert _in_worker(worker, TEXTS[2], True) == expected
         assert list(worker_niceness(os.getpid(), TokenizerWorker.__module__)) != [pid]
