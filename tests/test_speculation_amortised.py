@@ -129,3 +129,18 @@ def test_a_price_measured_while_the_host_ran_slow_or_fast_keeps_the_gain(batch: 
     want, _ = _vs_off(steady, batch, KEEP_STEPS)
     got, _ = _vs_off(drifting, batch, KEEP_STEPS)
     assert got >= 0.98 * want, (got, want)
+
+
+def test_one_stream_is_not_held_to_a_price_measured_at_two():
+    """Verify rows that cost most of a decode step (AVX2, a small model): two streams' proposals do not pay, one
+    stream's do. A server whose second stream finished must measure one stream anew rather than follow the price of
+    two, which would keep it off for the whole hold."""
+    model = CostModel(alpha=0.9, row_s=0.6 * WEIGHTS_S)
+    alone, _ = _vs_off(model, 1, KEEP_STEPS)
+    two, _ = _vs_off(model, 2, KEEP_STEPS)
+    assert alone > 1.15 > 1.0 >= 0.98 * two, (alone, two)  # the premise
+    policy = SpeculationPolicy()
+    model.run(policy, 2, 2 * EPOCH_STEPS + CHECK_STEPS)  # priced at two, and checked
+    tokens, seconds, _ = model.run(policy, 1, KEEP_STEPS)
+    after = (tokens / seconds) / (1 / model.step_seconds(1, 0, 0))
+    assert after >= 0.95 * alone, (after, alone)

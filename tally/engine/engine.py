@@ -304,7 +304,7 @@ class Engine:
                     spec.step_proposals if spec is not None else 0, spec.step_proposing_s if spec is not None else 0.0)
             decode_only = self.stats.record(chunks, generated, seconds, steps)
             if decode_only and self.speculator is not None:
-                self.speculator.observe_step(generated, seconds, len(self.scheduler.running), steps)
+                self.speculator.observe_step(generated, seconds, len(out.scheduled), steps)
         return outputs
 
     def _run(self, out: SchedulerOutput, moved: dict[str, RequestGroup]) -> tuple[int, int]:

@@ -40,7 +40,10 @@ CHECK_STEPS = 24  # steps of following a price before its outcome is compared wi
 KEEP_STEPS = 500  # counted steps a price holds before its load is measured again
 RETRY_STEPS = 48  # counted steps a price that did not pay holds, doubling with each failure in a row at its load
 MARGIN = 1.02  # following the price must not fall this many times below off's tokens per second
-LOAD_RATIO = 2.0  # a batch this many times larger or smaller than a price's is another load
+# A batch this many times larger or smaller than a price's is another load, on the batch itself: one stream is a load
+# apart from two (a verify row that costs most of a decode step pays for one and not for two), and steps checked
+# against the plain ones beside them are of one load.
+LOAD_RATIO = 2.0
 MEASURE_SHARE = 0.01  # the most of a load's time its measuring may have lost against off, once its price expires
 # A step counts at most this many times its epoch's median step: twice the dearest step speculation makes (a draft as
 # dear as the target, a pass per proposal depth beside the target's own), so one past it is the host's own pause,
@@ -53,7 +56,7 @@ class Epoch:
     speculate: bool
     seconds: list[float] = field(default_factory=list)  # per step, less catch-up and proposing (the median prices)
     tokens: float = 0.0
-    batch: int = 0  # running requests, summed over steps
+    batch: int = 0  # requests the steps ran, summed
     proposals: int = 0  # proposals verified, summed over steps
     passes: int = 0  # proposal depths (the most any request verified), summed over steps
     shapes: list[tuple[int, int]] = field(default_factory=list)  # per step: (proposals, passes)
@@ -62,7 +65,7 @@ class Epoch:
     proposing: float = 0.0  # seconds spent finding proposals and choosing them, left out of the same
     predicted: float = 0.0  # what the followed price says the steps cost (its own clock: the host's speed then)
     control_seconds: float = 0.0  # the steps that verified nothing (capped, less proposing): off's steps in this mix
-    control_batch: int = 0  # their running requests, summed
+    control_batch: int = 0  # their requests, summed
     controls: int = 0  # their count
     _tail_elapsed: float = 0.0  # the steps after the first EPOCH_STEPS, each capped when added
 
@@ -151,6 +154,12 @@ class Price:
         return (self.off_step_seconds + self.step_seconds * (proposals > 0) + self.proposal_seconds * proposals
                 + self.pass_seconds * passes)
 
+    def off_rate_at(self, batch: float) -> float:
+        """Off's tokens a second at `batch` requests a step, on this price's clock: within a load a decode step costs
+        about what one at the price's batch did (a step's weights are read once for every request) and makes a token a
+        request. Off's rate at two streams, held to one, priced a proposal at twice its worth in one stream's time."""
+        return self.off_rate * batch / self.batch
+
     def off_steps(self, seconds: float) -> float:
         """Seconds as steps with speculation off at this load."""
         return seconds / self.off_step_seconds if self.off_step_seconds > 0 else 0.0
@@ -162,7 +171,7 @@ class Price:
 
 
 def same_load(batch: float, measured: float) -> bool:
-    return 1 / LOAD_RATIO <= (batch + 1) / (measured + 1) <= LOAD_RATIO
+    return 1 / LOAD_RATIO < batch / measured < LOAD_RATIO
 
 
 def off_rate_of(epoch: Epoch, price: Price) -> float:
@@ -177,9 +186,10 @@ def off_rate_beside(epoch: Epoch, price: Price) -> float:
     """What following the price is checked against: off's tokens a second in the same steps' mix. Where EPOCH_STEPS
     of them verified nothing, those steps measure it (a price measured too cheap excuses its own loss in
     off_rate_of, and a server mixes such steps with those that verify); else the lower of off's rate when the price
-    was measured and off_rate_of (a stream's steps slow as its context grows)."""
+    was measured (at the epoch's batch) and off_rate_of (a stream's steps slow as its context grows)."""
     control = epoch.control_rate
-    return control if control is not None else min(price.off_rate, off_rate_of(epoch, price))
+    return control if control is not None else min(price.off_rate_at(epoch.batch / epoch.steps),
+                                                   off_rate_of(epoch, price))
 
 
 def fit_price(off: Epoch, on: Epoch) -> tuple[float, float, float]:
@@ -271,7 +281,7 @@ class SpeculationPolicy:
     def observe_step(self, generated_tokens: float, seconds: float, batch: int, proposals: int, passes: int = 0,
                      catch_up_seconds: float = 0.0, proposing_seconds: float = 0.0) -> None:
         """Every step without a prompt chunk (a chunk's cost has nothing to do with speculation): the tokens it
-        appended to outputs, how long it took, how many requests were running, how many proposals it verified (and
+        appended to outputs, how long it took, how many requests it ran, how many proposals it verified (and
         to what depth: a draft's passes; 0 with prompt lookup, where nothing runs per depth), of its seconds those a
         draft spent catching up on requests it starts on, and those spent finding and choosing proposals (paid by
         every step while speculating, whether or not it verifies any). A proposal is priced without either
@@ -319,7 +329,7 @@ class SpeculationPolicy:
         # count on, and what did not pay at a lighter load (the last time it was measured) does not pay here.
         live = [p for p in self._prices if self.counters.steps - p.step < p.holds_steps]
         near = [p for p in live if same_load(batch, p.batch)]
-        price = min(near, key=lambda p: abs(math.log((batch + 1) / (p.batch + 1))), default=None)
+        price = min(near, key=lambda p: abs(math.log(batch / p.batch)), default=None)
         if price is None and not any(same_load(batch, p.batch) for p in self._prices):
             price = next((p for p in self._prices if not p.pays and p.batch <= batch), None) or min(
                 (p for p in live if p.pays and p.batch >= batch), key=lambda p: p.batch, default=None)
@@ -345,13 +355,18 @@ class SpeculationPolicy:
         the other way round) for the whole hold (docs/benchmarks.md#speculative-decoding)."""
         epoch = self._epoch
         if epoch.steps < EPOCH_STEPS or epoch.predicted <= 0 or epoch.elapsed <= 0:
-            return price.off_rate
+            return price.off_rate_at(self._batch())
         beside = (epoch.catch_up + epoch.proposing) / epoch.elapsed  # timed on the clock: as a share of the steps
         return epoch.tokens / (epoch.predicted * (1 + beside))
 
     def _clock_rate(self, price: Price) -> float:
         """Tokens a second now on the clock: what a second timed now is worth (a draft's catch-up, timed per token)."""
-        return self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate
+        return self._epoch.rate if self._epoch.steps >= EPOCH_STEPS else price.off_rate_at(self._batch())
+
+    def _batch(self) -> float:
+        """The requests a step runs now: the mean since the price was followed, at first the batch it was for."""
+        epoch = self._epoch
+        return epoch.batch / epoch.steps if epoch.steps else self._load
 
     def proposal_tokens(self) -> float:
         """What a proposal costs now in tokens' worth (0 while measuring, where every one is verified): a request
@@ -382,7 +397,7 @@ class SpeculationPolicy:
             ks = np.where(start_repaid(worth, ks, theta, start_seconds * self._clock_rate(price), remaining), ks, 0)
         # whether to verify at all weighs the step against the plain step it replaces, at a plain step's rate: at the
         # rate speculating reached, the better proposals paid the higher the bar, and every other step ran plain
-        off = price.off_rate  # off's when priced: on the price's clock, as _rate
+        off = price.off_rate_at(self._batch())  # off's when priced: on the price's clock, as _rate
         repaid = step_repaid(worth, ks, price.proposal_seconds * off, price.pass_seconds * off,
                              price.step_seconds * off)
         return ks if repaid else np.zeros_like(ks)
