@@ -280,8 +280,8 @@ typedef struct {
  * as do the shorter passes, whose instances would cost compile time for nothing. `fixed` (a constant) 256: full
  * passes over a K-quant's super-blocks get the group and the activation block as constants too (Q4_K with either form
  * of scales; Q6_K with fp32 ones: with factored ones, 5-63 rows, its constant group ran slower); 32: so do the 32-block
- * formats' (Q4_0 / Q4_1, Q5_0), whose groups are their activation blocks, and Q4_0 / Q4_1's pass of 3 rows after
- * them (a speculative verify step's 7 rows: docs/benchmarks.md#kernels). */
+ * formats' (Q4_0 / Q4_1, Q5_0), whose groups are their activation blocks, and so do their passes of 1-3 rows after
+ * them (a speculative verify step's 5-7 rows: docs/benchmarks.md#kernels). */
 static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, int64_t t, int bits, const uint8_t *w,
                                                                const uint8_t *hb, int expanded, int fixed) {
     int64_t K = j->K, G = K / j->group;
@@ -298,21 +298,26 @@ static inline __attribute__((always_inline)) void tile_rows_of(const IntJob *j, 
          else if (j->xblock > 32) INT_TILE_(MR_, GROUP_, 0, j->xblock, 1); \
          else INT_TILE_(MR_, GROUP_, 0, j->xblock, 0); } while (0)
         int k_pass = fixed == 256 && j->xblock == 256;  /* a K-quant's super-block: 8 groups of 32 or 16 of 16 */
+        int block32 = fixed == 32 && j->xblock == 32 && j->group == 32 && d.form < 2;  /* a 32-block format's */
         switch (mr) {
             case 4:
                 if (k_pass && j->group == 32 && d.form >= 2) INT_TILE_(MR, 32, 1, 256, 1);
                 else if (k_pass && j->group == 32) INT_TILE_(MR, 32, 0, 256, 1);
                 else if (k_pass && j->group == 16 && d.form < 2) INT_TILE_(MR, 16, 0, 256, 1);
-                else if (fixed == 32 && j->xblock == 32 && j->group == 32 && d.form < 2) INT_TILE_(MR, 32, 0, 32, 0);
+                else if (block32) INT_TILE_(MR, 32, 0, 32, 0);
                 else INT_TILE(4, j->group);
                 break;
             case 3:
-                if (fixed == 32 && j->xblock == 32 && j->group == 32 && d.form < 2) INT_TILE_(3, 32, 0, 32, 0);
+                if (block32) INT_TILE_(3, 32, 0, 32, 0);
                 else INT_TILE(3, j->group);
                 break;
-            case 2: INT_TILE(2, j->group); break;
+            case 2:
+                if (block32) INT_TILE_(2, 32, 0, 32, 0);
+                else INT_TILE(2, j->group);
+                break;
             default:
-                if (j->group == 32) INT_TILE(1, 32);
+                if (block32) INT_TILE_(1, 32, 0, 32, 0);
+                else if (j->group == 32) INT_TILE(1, 32);
                 else INT_TILE(1, j->group);
                 break;
         }
