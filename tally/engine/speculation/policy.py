@@ -157,7 +157,7 @@ class Price:
     def off_rate_at(self, batch: float) -> float:
         """Off's tokens a second at `batch` requests a step, on this price's clock: within a load a decode step costs
         about what one at the price's batch did (a step's weights are read once for every request) and makes a token a
-        request. Off's rate at two streams, held to one, priced a proposal at twice its worth in one stream's time."""
+        request (two streams' rate, applied to one, would price a proposal at twice its worth in one stream's time)."""
         return self.off_rate * batch / self.batch
 
     def off_steps(self, seconds: float) -> float:
@@ -397,7 +397,7 @@ class SpeculationPolicy:
             ks = np.where(start_repaid(worth, ks, theta, start_seconds * self._clock_rate(price), remaining), ks, 0)
         # whether to verify at all weighs the step against the plain step it replaces, at a plain step's rate: at the
         # rate speculating reached, the better proposals paid the higher the bar, and every other step ran plain
-        off = price.off_rate_at(self._batch())  # off's when priced: on the price's clock, as _rate
+        off = price.off_rate_at(self._batch())  # off's as priced, at the batch now: on the price's clock, as _rate
         repaid = step_repaid(worth, ks, price.proposal_seconds * off, price.pass_seconds * off,
                              price.step_seconds * off)
         return ks if repaid else np.zeros_like(ks)
