@@ -63,10 +63,9 @@ def main() -> None:
             for arm in order:
                 if not engine.has_unfinished_requests():
                     break
-                engine.speculator = speculators.get(arm)
+                engine.speculator = spec = speculators.get(arm)
                 engine._burst_limit = bursts if arm == "burst" else 1
                 made = req.num_output_tokens
-                spec = speculators.get(arm)
                 accepted = spec.stats.num_accepted_tokens if spec else 0
                 started = time.perf_counter()
                 engine.step()
