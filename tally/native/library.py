@@ -2,14 +2,15 @@
 typed.
 
 The shared object is cached under $XDG_CACHE_HOME/tally (default ~/.cache/tally), named by a hash of the sources and
-flags, so an edit rebuilds and concurrent processes never load a half-written file. `load()` returns None — callers
-keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C come with it on every x86 CPU
-that has it), or when no compiler is found; the reason is logged once. A C file and the system compiler rather than a
-torch C++ extension: it builds in about a second instead of a minute, and needs no Python headers.
+flags, so an edit rebuilds; processes that start together compile it once, and none loads a half-written file.
+`load()` returns None — callers keep their PyTorch paths — when TALLY_NATIVE=0, when the CPU lacks AVX2 (FMA and F16C
+come with it on every x86 CPU that has it), or when no compiler is found; the reason is logged once. A C file and the
+system compiler rather than a torch C++ extension: it needs no Python headers and no torch build toolchain.
 """
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
@@ -135,9 +136,19 @@ def build_digest() -> str | None:
     return None if lib is None else lib.digest
 
 
+def _build_once(target: Path, flags: list[str]) -> None:
+    """Builds `target` unless a process that held the lock before this one did: processes that start together (a
+    server's tensor-parallel ranks, several servers on one machine, a test run's workers) wait for one compile, a
+    minute on two cores, instead of each running its own beside the others."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            _build(target, flags)
+
+
 def _build(target: Path, flags: list[str]) -> None:
     compiler = os.environ.get("CC") or shutil.which("cc") or "gcc"
-    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
         subprocess.run([compiler, *flags, "-o", str(partial), str(SOURCE), "-lm"],
@@ -151,7 +162,7 @@ def load_build(flags: list[str]) -> ctypes.CDLL:
     digest = hashlib.sha256(code + " ".join(FLAGS + flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"tally_kernels_{digest}.so"
     if not target.exists():
-        _build(target, FLAGS + flags)
+        _build_once(target, FLAGS + flags)
     lib = ctypes.CDLL(str(target))
     lib.digest = digest
     for name, argtypes in SIGNATURES.items():
