@@ -704,6 +704,9 @@ static inline __attribute__((always_inline)) void int_block_dots(
 #ifdef ONE_ROW_BROADCASTS
     if (xu) {  /* int8, one row: q8_call made the broadcasts */
         int8_one_row_dots(xu, wb, dot);
+        /* no rows past the first here (q8_call sets xu for one row only), but GCC cannot tell: the rows dots_into
+         * reads are set, which keeps the AVX2 build free of maybe-uninitialized warnings */
+        for (int i = 1; i < mr; i++) dot[i] = _mm256_setzero_si256();
         return;
     }
 #endif
