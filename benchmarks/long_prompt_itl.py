@@ -1,9 +1,11 @@
 """Do running streams keep flowing while a long prompt is prefilled? `tally serve` on the built-in model, N streams
-decoding, then one ~3,500-token prompt arrives; each stream's gaps between chunks are recorded. Two arms, their
-servers up side by side and run in turn (the order swapped each round): no latency target (--max-itl 1e9: the
-prompt's prefill shares each step with the decodes in chunks of up to --max-num-batched-tokens) and the default.
+decoding, then one ~3,500-token prompt arrives; each stream's gaps between chunks are recorded. Arms, their servers
+up side by side and run in turn (the order reversed each round): no latency target (off, --max-itl 1e9: the prompt's
+prefill shares each step with the decodes in chunks of up to --max-num-batched-tokens), the default (--max-itl
+0.3), or any other --max-itl value in seconds.
 
-    python benchmarks/long_prompt_itl.py [--streams 6,16,32] [--prompt-tokens 3500] [--arms off,default] [--rounds 2]
+    python benchmarks/long_prompt_itl.py [--streams 6,16,32] [--prompt-tokens 3500] [--arms off,default,0.6]
+        [--rounds 2]
 
 Prints per arm and stream count: the streams' usual gap (median before the long prompt), the P99 and longest gap
 while it was prefilled, how many streams missed the goal (longest gap < max(4 x usual, 300 ms)), how many gaps
@@ -29,6 +31,11 @@ from tally.traces import DATA_DIR
 SERVER_FLAGS = ["--max-model-len", "4096", "--kv-cache-memory", "1GiB", "--log-level", "warning"]
 ARMS = {"off": ["--max-itl", "1e9"], "default": []}
 GOAL_FLOOR_S, GOAL_TIMES_USUAL = 0.3, 4.0
+
+
+def arm_flags(arm: str) -> list[str]:
+    """An arm's flags: off, default, or a --max-itl value in seconds."""
+    return ARMS[arm] if arm in ARMS else ["--max-itl", arm]
 
 
 @dataclass
@@ -111,7 +118,7 @@ def main() -> None:
     counts = [int(n) for n in a.streams.split(",")]
     results: dict[tuple[str, int], list[dict]] = {}
     with ExitStack() as stack:
-        servers = {arm: stack.enter_context(ServerProcess([*SERVER_FLAGS, *ARMS[arm]])) for arm in arms}
+        servers = {arm: stack.enter_context(ServerProcess([*SERVER_FLAGS, *arm_flags(arm)])) for arm in arms}
         for r in range(a.rounds):
             for n in counts:
                 for arm in (arms if r % 2 == 0 else arms[::-1]):
