@@ -54,7 +54,7 @@ def test_the_one_call_step_adds_each_rows_delta_as_the_layer_path_does(llm, adap
     weights = [load_adapter(n, str(adapters[n]), model.cfg, 16, model.dtype).weights for n in NAMES]
     row_slots = torch.tensor([1, -1, 0, 2, 1, 0])
     spans = [([1 + r], 3 + r, [5 + 7 * r]) for r in range(len(row_slots))]
-    ids, positions, meta, _ = build_span_inputs(spans, bs, as_decodes=1)
+    ids, positions, meta, _ = build_span_inputs(spans, bs, [start for _, start, _ in spans])
     rows = torch.arange(len(row_slots))
 
     def logits(native: bool, slots: torch.Tensor | None) -> torch.Tensor:

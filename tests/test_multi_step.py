@@ -32,12 +32,12 @@ def test_a_burst_equals_its_steps_one_call_at_a_time(tiny_qwen2):
     tables, starts, steps = [[1, 4], [2], [3, 5]], [0, 3, bs - 2], 5
     ids = torch.tensor([5, 9, 17])
     _, positions, meta, _ = build_span_inputs([(t, s, [i]) for t, s, i in zip(tables, starts, ids.tolist())], bs,
-                                              as_decodes=1)
+                                              starts)
     burst = model.greedy_steps(ids, positions, caches, meta, steps, [(), (), ()])
     stepped, current = [], ids
     for s in range(steps):
         spans = [(t, p + s, [i]) for t, p, i in zip(tables, starts, current.tolist())]
-        step_ids, step_positions, step_meta, _ = build_span_inputs(spans, bs, as_decodes=1)
+        step_ids, step_positions, step_meta, _ = build_span_inputs(spans, bs, [p for _, p, _ in spans])
         logits = model.forward_logits(step_ids, step_positions, caches, step_meta, torch.arange(3))
         current = logits.argmax(dim=-1)
         stepped.append(current)

@@ -238,7 +238,7 @@ def test_a_decode_step_ends_in_the_logits_of_any_rows_in_one_call(tiny_model_fac
         model.native_step = NativeDecodeStep.build(model)
     assert model.native_step.scores and model.native_step.embeds == embeds
     spans = [([1], 0, [5]), ([2], 0, [9]), ([3], 0, [17])]  # (block table, first position, token ids)
-    ids, positions, meta, _ = build_span_inputs(spans, llm.engine.kv.block_size, as_decodes=1)
+    ids, positions, meta, _ = build_span_inputs(spans, llm.engine.kv.block_size, [0, 0, 0])  # all decode rows
     assert meta.is_decode_only
     rows = torch.tensor([2, 0, 2])
     fused = model.forward_logits(ids, positions, caches, meta, rows)

@@ -105,7 +105,8 @@ def test_while_speculation_is_off_the_draft_does_not_run_and_then_catches_up_in_
     engine, spec = llm.engine, llm.engine.speculator
     passes = []  # tokens in each of the draft's forward passes
     forward = spec.draft._forward
-    spec.draft._forward = lambda spans: passes.append(sum(len(t) for _, _, t in spans)) or forward(spans)
+    spec.draft._forward = lambda spans, first: (passes.append(sum(len(t) for _, _, t in spans))
+                                                or forward(spans, first))
     for i, p in enumerate(prompts[:4]):
         engine.add_request(str(i), p, GREEDY)
     while not spec.policy.speculate_now():
@@ -118,6 +119,41 @@ def test_while_speculation_is_off_the_draft_does_not_run_and_then_catches_up_in_
     assert [final[str(i)].outputs[0].token_ids for i in range(4)] == alone[:4]
     assert spec.stats.num_accepted_tokens == spec.stats.num_draft_tokens > 0, spec.stats
     assert_no_block_leak(llm)
+
+
+def test_the_drafts_kv_is_the_targets_bit_for_bit(tiny_llama):
+    """The target as its own draft, fp32: every position's K/V the draft writes equals the target's in every layer,
+    bit for bit, because each runs through the kernel the target ran it with: a prompt shorter than a proposal's
+    own pass through the prefill kernel, and outputs the draft catches up on after a spell without speculation
+    through the decode kernel (the two kernels' sums differ in the last bits)."""
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, speculative_config=_draft(tiny_llama, 3))
+    engine, spec = llm.engine, llm.engine.speculator
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    engine.add_request("short", {"prompt_token_ids": list(range(5, 14))}, params)
+    engine.step()  # the prompt
+    engine.step()  # the first proposal: its pass holds the 9 prompt tokens and the first output
+
+    def assert_same_kv(req_id: str) -> None:
+        req = next(r for r in engine.scheduler.running if r.request_id == req_id)
+        positions = torch.arange(spec.draft._states[req].computed)
+        table = torch.tensor(engine.kv.block_table(req_id))
+        slots = table[positions // engine.kv.block_size] * engine.kv.block_size + positions % engine.kv.block_size
+        for (k, v), (dk, dv) in zip(engine.kv_caches, spec.draft.draft.kv_caches):
+            flat = [c.reshape(-1, *c.shape[2:])[slots] for c in (k, v, dk, dv)]
+            assert torch.equal(flat[0], flat[2]) and torch.equal(flat[1], flat[3])
+
+    assert spec.stats.num_drafts == 1
+    assert_same_kv("short")
+    engine.speculator = None  # a spell without speculation: the target decodes 20 tokens the draft has not run
+    for _ in range(20):
+        engine.step()
+    engine.speculator = spec
+    engine.step()  # the draft catches up on them in one pass
+    assert spec.stats.num_drafts == 2
+    assert_same_kv("short")
+    final = engine.run_until_done()
+    assert spec.stats.num_accepted_tokens == spec.stats.num_draft_tokens > 0, spec.stats
+    assert len(final["short"].outputs[0].token_ids) == 60
 
 
 @pytest.mark.parametrize("engine_args", [CHUNKED, PREEMPTED], ids=["chunked", "preempted"])
@@ -134,7 +170,8 @@ def test_a_draft_that_reads_only_the_last_tokens_changes_no_output(tiny_llama, r
     spec = llm.engine.speculator
     passes = []
     forward = spec.draft._forward
-    spec.draft._forward = lambda spans: passes.append(max(len(t) for _, _, t in spans)) or forward(spans)
+    spec.draft._forward = lambda spans, first: (passes.append(max(len(t) for _, _, t in spans))
+                                                or forward(spans, first))
     assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
     assert 0 < max(passes) < window + llm.engine.kv.block_size and spec.stats.num_draft_tokens > 0
     assert (llm.engine.scheduler.num_preemptions > 0) == ("max_model_len" in engine_args)

@@ -61,18 +61,27 @@ def build_step_inputs(out: SchedulerOutput, kv: KVCacheManager) -> StepInputs:
 
 
 def build_span_inputs(spans: list[tuple[list[int], int, list[int]]], block_size: int,
-                      as_decodes: int = 0) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+                      decodes_from: list[int]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
     """A forward pass over (block table, first position, token ids) spans, for a second model that keeps its KV in
     the same blocks (a draft model): token ids, positions, metadata, and the flat row of each span's last token, in
-    the order given. Spans of at most `as_decodes` tokens go in as decode rows (_Rows.add)."""
+    the order given. Span i's positions from decodes_from[i] on (a request's outputs) go in as decode rows, the ones
+    before it (its prompt) as one prefill sequence, as build_step_inputs lays a request's out: a position gets the
+    kernel, and so the bits, the target model gave it. Every row's K/V is written before any row attends, so a
+    span's decode rows see its prompt rows of the same pass."""
     ids: list[int] = []
     rows, last_rows = _Rows(), [0] * len(spans)
-    decodes_first = sorted(range(len(spans)), key=lambda i: len(spans[i][2]) > max(1, as_decodes))
-    for i in decodes_first:
-        table, start, tokens = spans[i]
-        ids.extend(tokens)
-        rows.add(table, start, len(tokens), len(tokens) <= max(1, as_decodes))
-        last_rows[i] = rows.qsl[-1] - 1
+    cuts = [min(max(first - start, 0), len(tokens)) for (_, start, tokens), first in zip(spans, decodes_from)]
+    for i, ((table, start, tokens), cut) in enumerate(zip(spans, cuts)):  # decode rows first
+        if cut < len(tokens):
+            ids.extend(tokens[cut:])
+            rows.add(table, start + cut, len(tokens) - cut, as_decodes=True)
+            last_rows[i] = rows.qsl[-1] - 1
+    for i, ((table, start, tokens), cut) in enumerate(zip(spans, cuts)):
+        if cut:
+            ids.extend(tokens[:cut])
+            rows.add(table, start, cut)
+            if cut == len(tokens):
+                last_rows[i] = rows.qsl[-1] - 1
     input_ids, positions, meta = rows.flat_batch(ids, block_size)
     return input_ids, positions, meta, torch.tensor(last_rows, dtype=torch.int64)
 

@@ -21,7 +21,7 @@ from tally.sample.batch import SamplerInput
 from tally.sample.sampler import Sampler, greedy_tokens
 from tally.sampling_params import SamplingType
 
-SHORT_SPAN = 16  # a catch-up of at most this many tokens runs as decode rows (build_span_inputs)
+SHORT_SPAN = 16  # a first pass over at most this many tokens is the proposal's own, not catch-up
 TIMED_CATCH_UP = 64  # a first pass catching up on at least this many tokens measures catch_up_seconds_per_token
 
 
@@ -81,7 +81,7 @@ class DraftProposer:
             start = min(state.computed, req.num_tokens - 1)  # at least the last token: its logits
             spans.append((table, start - state.offset, req.token_ids[start:]))
         started = time.perf_counter()
-        logits = self._forward(spans)
+        logits = self._forward(spans, [r.num_prompt_tokens - o for (r, _), o in zip(chosen, offsets)])
         seconds, read = time.perf_counter() - started, sum(len(tokens) for _, _, tokens in spans)
         self._timed(read - len(spans), seconds)
         # The tokens of long spans beyond their last are catch-up, the rest the proposal's own first pass
@@ -94,8 +94,9 @@ class DraftProposer:
         for depth in range(max(k for _, k in chosen)):
             if depth:
                 active = [i for i in active if chosen[i][1] > depth]
-                logits = self._forward([(tables[i], chosen[i][0].num_tokens + depth - 1 - offsets[i],
-                                         proposals[i][-1:]) for i in active])
+                last = [(tables[i], chosen[i][0].num_tokens + depth - 1 - offsets[i], proposals[i][-1:])
+                        for i in active]
+                logits = self._forward(last, [start for _, start, _ in last])
             q = self.sampler.distribution(logits, self._sampler_input([chosen[i][0] for i in active],
                                                                       [proposals[i] for i in active]))
             tokens = greedy_tokens(q)  # a greedy row's q is the point mass on its argmax
@@ -173,10 +174,12 @@ class DraftProposer:
             return False
         return self.kv.allocate(req, req.num_tokens + k - req.num_computed_tokens)
 
-    def _forward(self, spans: list[tuple[list[int], int, list[int]]]) -> torch.Tensor:
-        """The draft over the spans; float32 logits at each span's last token. A short span (what the last
-        verification kept, and the token after) runs as decode rows, by the native one-call step where it applies."""
-        ids, positions, meta, last_rows = build_span_inputs(spans, self.kv.block_size, as_decodes=SHORT_SPAN)
+    def _forward(self, spans: list[tuple[list[int], int, list[int]]], decodes_from: list[int]) -> torch.Tensor:
+        """The draft over the spans; float32 logits at each span's last token. Positions from decodes_from[i] on (the
+        request's outputs) run as decode rows, the prompt's as prefill rows, each through the kernel the target ran
+        it with (build_span_inputs), so a model drafting for itself proposes the target's tokens exactly; a pass of
+        decode rows alone takes the native one-call step where it applies."""
+        ids, positions, meta, last_rows = build_span_inputs(spans, self.kv.block_size, decodes_from)
         return run_model_step(self.draft.model, self.draft.kv_caches,
                               ModelStep(ids, positions, meta, last_rows, self.vocab_rows))
 
