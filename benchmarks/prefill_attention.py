@@ -8,11 +8,14 @@ kernel against the native decode kernel a row at a time, the path they took befo
 them; then, with --whole, the whole prefill of the built-in model (every layer, projections included) with one and
 the other, alternating prompts in one process.
 
-    python benchmarks/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--baseline REF]
-        [--capped 512,2048,4096] [--whole 512,1024]
+    python benchmarks/prefill_attention.py [--threads 2] [--prompts 128,512,1024,2048] [--chunks 16@3392,64@3392]
+        [--rounds 7] [--baseline REF] [--capped 512,2048,4096] [--whole 512,1024]
+
+--chunks: N@C, a chunk of N rows after C cached tokens (chunked prefill beside decodes: few rows, many keys).
 
 Shapes: SmolLM2-135M (9 query heads, 3 KV heads, 64 dims) and Qwen2.5-0.5B (14 query heads, 2 KV heads, 64 dims).
-Best of 7 alternating rounds per case (a VM's speed drifts between runs; 3 for --capped's long calls).
+Times are medians of --rounds alternating rounds (3 for --capped's long calls), each ratio the median of the rounds'
+own (a shared host's speed moves between minutes).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from collections.abc import Callable
 import tally  # noqa: F401  first: it sets OpenMP's waiting policy before torch loads libgomp
 import torch
 from batch_invariance import baseline_build  # benchmarks/ is on sys.path when a script here runs
-from decode_attention import best_us
+from decode_attention import paired, round_us
 from workload import corpus_token_ids
 
 from tally import LLM, SamplingParams
@@ -62,14 +65,19 @@ def one_layer(heads: int, kv_heads: int, dim: int, cached: int, new: int, gen: t
     return lambda: backend._prefill(q, k_cache, v_cache, table[0], total, out, meta)
 
 
-def kernels(prompts: list[int]) -> None:
+def cases(prompts: list[int], chunks: list[tuple[int, int]]) -> list[tuple[int, int, str]]:
+    """(cached, new, label): whole prompts, a long chunk after a cached prefix, then the short chunks asked for."""
+    return ([(0, n, f"{n}") for n in prompts] + [(1536, 512, "512 after 1,536 cached")]
+            + [(cached, new, f"{new} after {cached:,} cached") for new, cached in chunks])
+
+
+def kernels(prompts: list[int], chunks: list[tuple[int, int]], rounds: int) -> None:
     gen = torch.Generator().manual_seed(0)
     print("| model shape | tokens | native ms | PyTorch path ms | PyTorch / native | native, fp16 cache ms | "
           "fp32 / fp16 cache |")
     print("|---|---|---|---|---|---|---|")
     for name, (heads, kv_heads, dim) in SHAPES.items():
-        cases = [(0, n, f"{n}") for n in prompts] + [(1536, 512, "512 after 1,536 cached")]
-        for cached, new, label in cases:
+        for cached, new, label in cases(prompts, chunks):
             run = one_layer(heads, kv_heads, dim, cached, new, gen)
             run16 = one_layer(heads, kv_heads, dim, cached, new, gen, torch.float16)
 
@@ -85,14 +93,16 @@ def kernels(prompts: list[int]) -> None:
                 torch_path(False)
                 run16()
 
-            t_native, t_torch, t_16 = (t / 1e3 for t in best_us(
-                [native, pytorch, native16], calls=max(2, 200_000 // (new * (cached + new // 2)))))
-            print(f"| {name} | {label} | {t_native:.2f} | {t_torch:.2f} | {t_torch / t_native:.2f}× | {t_16:.2f} | "
-                  f"{t_native / t_16:.2f}× |", flush=True)
+            r_native, r_torch, r_16 = round_us([native, pytorch, native16],
+                                               max(2, 200_000 // (new * (cached + new // 2))), rounds)
+            t = statistics.median
+            print(f"| {name} | {label} | {t(r_native) / 1e3:.2f} | {t(r_torch) / 1e3:.2f} | "
+                  f"{paired(r_torch, r_native):.2f}× | {t(r_16) / 1e3:.2f} | {paired(r_native, r_16):.2f}× |",
+                  flush=True)
     torch_path(False)
 
 
-def against(ref: str, prompts: list[int]) -> None:
+def against(ref: str, prompts: list[int], chunks: list[tuple[int, int]], rounds: int) -> None:
     """This checkout's prefill kernel against the kernels of another version (`ref`, a git ref), the same calls over
     fp32 and fp16 caches, alternating; whether both give the same bits."""
     other = baseline_build(ref)
@@ -100,7 +110,7 @@ def against(ref: str, prompts: list[int]) -> None:
     print(f"\n| model shape | tokens | cache | native ms | {ref} ms | {ref} / native | same bits |")
     print("|---|---|---|---|---|---|---|")
     for name, (heads, kv_heads, dim) in SHAPES.items():
-        for cached, new, label in [(0, n, f"{n}") for n in prompts] + [(1536, 512, "512 after 1,536 cached")]:
+        for cached, new, label in cases(prompts, chunks):
             for dtype in (torch.float32, torch.float16):
                 blocks = -(-(cached + new) // BLOCK_SIZE)
                 k_cache = torch.randn(blocks, BLOCK_SIZE, kv_heads, dim, generator=gen).to(dtype)
@@ -118,10 +128,12 @@ def against(ref: str, prompts: list[int]) -> None:
                                                   kv_heads, dim, BLOCK_SIZE, 0, dim ** -0.5, 0.0, None,
                                                   theirs.data_ptr())
 
-                t_native, t_base = (t / 1e3 for t in best_us(
-                    [native, baseline], calls=max(2, 200_000 // (new * (cached + new // 2)))))
-                print(f"| {name} | {label} | {str(dtype).removeprefix('torch.')} | {t_native:.2f} | {t_base:.2f} | "
-                      f"{t_base / t_native:.2f}× | {'yes' if torch.equal(mine, theirs) else 'NO'} |", flush=True)
+                r_native, r_base = round_us([native, baseline], max(2, 200_000 // (new * (cached + new // 2))),
+                                            rounds)
+                print(f"| {name} | {label} | {str(dtype).removeprefix('torch.')} | "
+                      f"{statistics.median(r_native) / 1e3:.2f} | {statistics.median(r_base) / 1e3:.2f} | "
+                      f"{paired(r_base, r_native):.2f}× | {'yes' if torch.equal(mine, theirs) else 'NO'} |",
+                      flush=True)
 
 
 def capped(prompts: list[int]) -> None:
@@ -146,8 +158,9 @@ def capped(prompts: list[int]) -> None:
             def rows() -> None:
                 ops.decode_attention(q, k_cache, v_cache, tables, lens, window, dim ** -0.5, cap, sinks, out)
 
-            t_prefill, t_rows = (t / 1e3 for t in best_us([prefill, rows], calls=1, rounds=3))
-            print(f"| {name} | {n} | {t_prefill:.1f} | {t_rows:.1f} | {t_rows / t_prefill:.2f}× |", flush=True)
+            r_prefill, r_rows = round_us([prefill, rows], 1, 3)
+            print(f"| {name} | {n} | {statistics.median(r_prefill) / 1e3:.1f} | {statistics.median(r_rows) / 1e3:.1f} "
+                  f"| {paired(r_rows, r_prefill):.2f}× |", flush=True)
 
 
 def whole(lengths: list[int], repeats: int) -> None:
@@ -182,6 +195,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompts", default="128,512,1024,2048")
+    p.add_argument("--rounds", type=int, default=7, help="alternating rounds; times and ratios their medians")
+    p.add_argument("--chunks", default="16@3392,64@3392", help="N@C: N rows after C cached tokens, comma-separated")
     p.add_argument("--capped", default="", help="prompt lengths for soft-capped and sink-weighted layers "
                    "(e.g. 512,2048,4096)")
     p.add_argument("--whole", default="", help="prompt lengths for the whole-prefill A/B (e.g. 512,1024)")
@@ -190,16 +205,18 @@ def main() -> None:
                    "at --prompts (instead of the PyTorch paths)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
+    chunks = [tuple(int(x) for x in c.split("@")) for c in a.chunks.split(",") if c]
     print(f"{a.threads} threads; one layer's prefill attention, fp32 cache, block size {BLOCK_SIZE}")
     if a.prompts and a.baseline:
-        against(a.baseline, [int(n) for n in a.prompts.split(",")])
+        against(a.baseline, [int(n) for n in a.prompts.split(",")], chunks, a.rounds)
     elif a.prompts:
-        kernels([int(n) for n in a.prompts.split(",")])
+        kernels([int(n) for n in a.prompts.split(",")], chunks, a.rounds)
     if a.capped:
         capped([int(n) for n in a.capped.split(",")])
     if a.whole:
         whole([int(n) for n in a.whole.split(",")], a.repeats)
     print(f"\ncommand: python benchmarks/prefill_attention.py --threads {a.threads} --prompts '{a.prompts}'"
+          f" --chunks '{a.chunks}' --rounds {a.rounds}"
           + (f" --capped {a.capped}" if a.capped else "")
           + (f" --whole {a.whole} --repeats {a.repeats}" if a.whole else "")
           + (f" --baseline {a.baseline}" if a.baseline else ""))

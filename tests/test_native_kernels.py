@@ -493,7 +493,7 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
     panels = ops.pack_f16(rand(n, k))
     kc, vc = rand(64, 16, 4, 64), rand(64, 16, 4, 64)
     tables, lens, q = torch.arange(64).view(2, 32), torch.tensor([500, 300]), rand(2, 8, 64)
-    prompt = rand(300, 8, 64)  # the last 300 tokens of a 500-token sequence
+    prompt = rand(300, 8, 64)  # the last 300 tokens of a 500-token sequence: tiles of 16 rows, a head at a time
     k1, v1, q1 = kc[:, :, :1].contiguous(), vc[:, :, :1].contiguous(), rand(1, 8, 64)  # one chunk: heads split
 
     def run_all() -> list[torch.Tensor]:
@@ -501,7 +501,9 @@ def test_threaded_kernels_give_the_single_thread_bits() -> None:
                 ops.gemm_q8(x, q8, s, None, k, n), ops.gemm_f16(x, panels, n, None),
                 ops.decode_attention(q, kc, vc, tables, lens, None, 0.125),
                 ops.decode_attention(q1, k1, v1, tables[:1], torch.tensor([100]), None, 0.125),
-                ops.prefill_attention(prompt, kc, vc, tables[0], 200, None, 0.125)]
+                ops.prefill_attention(prompt, kc, vc, tables[0], 200, None, 0.125),
+                # a 16-row chunk after 484 tokens: tiles of 16, 8 or 4 rows and 1 to 4 heads a pass by thread count
+                ops.prefill_attention(prompt[:16], kc, vc, tables[0], 484, None, 0.125)]
 
     before = torch.get_num_threads()
     try:

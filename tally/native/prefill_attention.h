@@ -2,8 +2,11 @@
  * cache (kernels.c: tally_prefill_attention). Included by kernels.c after exp256, the kernels' threads (pool.h) and
  * the cache's formats (kv_rows.h).
  *
- * FlashAttention's online softmax, shaped for a CPU's registers: an item is (kv head, tile of PA_ROWS query rows);
- * its rows' query heads that share the kv head (rows x group query vectors) pass over the keys PA_KEYS at a time.
+ * FlashAttention's online softmax, shaped for a CPU's registers: an item is (kv head, tile of up to PA_ROWS query
+ * rows); its rows' query heads that share the kv head (rows x group query vectors) pass over the keys PA_KEYS at a
+ * time. Heads are taken one at a time while a head's tiles keep every thread busy; a short chunk after a long
+ * context (a few tiles, many keys: chunked prefill beside decodes) takes smaller tiles and several heads a pass
+ * instead, or one thread would do a call's work alone.
  * Per key tile: the tile's keys transposed into [D, PA_KEYS] once a call, before the items (prefill_key_tiles: every
  * row tile reads the same transposed keys), so scores are broadcast-multiply-adds of 4 query
  * vectors against 16 keys in registers (AVX-512: 8 vectors; no sums across lanes); the running max and sum per
@@ -21,22 +24,25 @@
  * Why not torch's CPU flash attention: at prompt lengths it is a large share of the whole prefill, several times this
  * kernel's time (docs/benchmarks.md#attention; `python benchmarks/prefill_attention.py`). */
 
-#define PA_ROWS 16  /* query rows an item: with the kv head's group of query heads, the vectors sharing a key tile */
+#define PA_ROWS 16  /* query rows an item at most: with the kv head's group of query heads, the vectors sharing a
+                     * key tile */
+#define PA_MIN_ROWS 4      /* a short chunk's tiles are no smaller: 4 rows x the group's query heads a score pass */
+#define PA_PASS_BYTES (64 << 20)  /* a pass's transposed keys (and widened values) for its heads at most */
 #define PA_KEYS 16  /* keys a tile: two 8-float vectors of scores a query vector */
 
 typedef struct {
     const float *q;
     const void *k_cache, *v_cache;
     const int64_t *block_table;
-    int64_t q_stride, n, first_pos, Hq, Hkv, D, block_size, window, tiles;
+    int64_t q_stride, n, first_pos, Hq, Hkv, D, block_size, window, tiles, tile_rows;
     int kind;  /* KV_F32, KV_F16 or KV_BF16 (kv_rows.h) */
     float scale, softcap;  /* softcap 0: none */
     const float *sinks;    /* [Hq] or NULL */
     float *out;
     int64_t k_start, key_tiles, k_lo, k_last;  /* the call's key tiles from k_start; real keys k_lo .. k_last */
-    int64_t head;   /* the kv head the passes below are on: one at a time, so the buffers hold one head's keys */
-    float *kt_all;  /* [key_tiles][D][PA_KEYS]: each tile's keys transposed (and widened) once a call */
-    float *v_wide;  /* [key_tiles][PA_KEYS][D]: a 16-bit cache's values widened once a call; NULL: fp32 */
+    int64_t head, heads;  /* the kv heads the passes below are on, head .. head + heads - 1 */
+    float *kt_all;  /* [heads][key_tiles][D][PA_KEYS]: each tile's keys transposed (and widened) once a call */
+    float *v_wide;  /* [heads][key_tiles][PA_KEYS][D]: a 16-bit cache's values widened once a call; NULL: fp32 */
 } PrefillJob;
 
 static inline float hmax(__m256 v) {
@@ -208,14 +214,14 @@ static inline const char *pa_row(const PrefillJob *a, const void *cache, int64_t
     return (const char *)cache + (slot * a->Hkv + h) * a->D * kv_bytes(a->kind);
 }
 
-/* Items: the head's key tiles, each tile's 16 keys transposed into kt_all, widened first from a 16-bit cache (its
- * values too, into v_wide), once for every row tile that reads them */
+/* Items: the pass's heads' key tiles (head-major), each tile's 16 keys transposed into kt_all, widened first from a
+ * 16-bit cache (its values too, into v_wide), once for every row tile that reads them */
 static void prefill_key_tiles(const void *job, int64_t i0, int64_t i1) {
     const PrefillJob *a = job;
     int64_t D = a->D;
     float *wide = a->v_wide ? malloc(sizeof(float) * PA_KEYS * D) : NULL;
     for (int64_t i = i0; i < i1; i++) {
-        int64_t h = a->head, k0 = a->k_start + i * PA_KEYS;
+        int64_t h = a->head + i / a->key_tiles, k0 = a->k_start + i % a->key_tiles * PA_KEYS;
         const float *k[PA_KEYS];
         for (int t = 0; t < PA_KEYS; t++) {
             const char *kr = pa_row(a, a->k_cache, h, k0 + t);
@@ -239,7 +245,7 @@ static void prefill_key_tiles(const void *job, int64_t i0, int64_t i1) {
 static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
     const PrefillJob *a = job;
     int64_t D = a->D, G = a->Hq / a->Hkv;
-    int64_t M_max = PA_ROWS * G + 8;  /* + 8: the per-vector statistics are updated 8 at a time */
+    int64_t M_max = a->tile_rows * G + 8;  /* + 8: the per-vector statistics are updated 8 at a time */
     float *qs = malloc(sizeof(float) * M_max * D), *o = malloc(sizeof(float) * M_max * D);
     float *s = malloc(sizeof(float) * M_max * PA_KEYS);
     float *mx = malloc(sizeof(float) * M_max), *sum = malloc(sizeof(float) * M_max);
@@ -247,9 +253,11 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
     float *tmax = malloc(sizeof(float) * M_max);
     const __m256 ninf = _mm256_set1_ps(-INFINITY), zero = _mm256_setzero_ps();
     const __m256 iota0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), iota1 = _mm256_add_ps(iota0, _mm256_set1_ps(8));
-    for (int64_t i = i0; i < i1; i++) {
-        int64_t h = a->head, tile = pa_tile_of(i, a->tiles);
-        int64_t r0 = tile * PA_ROWS, rows = a->n - r0 < PA_ROWS ? a->n - r0 : PA_ROWS, M = rows * G;
+    for (int64_t i = i0; i < i1; i++) {  /* item i: row tile pa_tile_of(i / heads) of the pass's head i % heads */
+        int64_t hp = i % a->heads, h = a->head + hp, tile = pa_tile_of(i / a->heads, a->tiles), R = a->tile_rows;
+        int64_t r0 = tile * R, rows = a->n - r0 < R ? a->n - r0 : R, M = rows * G;
+        const float *kt_head = a->kt_all + hp * a->key_tiles * D * PA_KEYS;
+        const float *v_head = a->v_wide ? a->v_wide + hp * a->key_tiles * PA_KEYS * D : NULL;
         int64_t first = a->first_pos + r0, last = first + rows - 1;  /* the item's rows' positions */
         /* query vector m = r * G + j: row r0 + r, query head h * G + j */
         for (int64_t r = 0; r < rows; r++)
@@ -264,11 +272,10 @@ static void prefill_heads(const void *job, int64_t i0, int64_t i1) {
         for (int64_t k0 = lo / PA_KEYS * PA_KEYS; k0 <= last; k0 += PA_KEYS) {
             int nk = last + 1 - k0 < PA_KEYS ? (int)(last + 1 - k0) : PA_KEYS;
             int64_t tile_at = (k0 - a->k_start) / PA_KEYS;
-            const float *kt = a->kt_all + tile_at * D * PA_KEYS;
+            const float *kt = kt_head + tile_at * D * PA_KEYS;
             const float *v[PA_KEYS];
             for (int t = 0; t < PA_KEYS; t++)
-                v[t] = a->v_wide ? a->v_wide + (tile_at * PA_KEYS + t) * D
-                                 : (const float *)pa_row(a, a->v_cache, h, k0 + t);
+                v[t] = v_head ? v_head + (tile_at * PA_KEYS + t) * D : (const float *)pa_row(a, a->v_cache, h, k0 + t);
             pa_scores_all(qs, kt, D, M, s);
             if (a->softcap > 0) softcap_values(s, s, M * PA_KEYS, a->softcap);
             int64_t m;
@@ -349,18 +356,28 @@ static void prefill_attention(const float *q, int64_t q_stride, const void *k_ca
                               const int64_t *block_table, int64_t n, int64_t first_pos, int64_t Hq, int64_t Hkv,
                               int64_t D, int64_t block_size, int64_t window, float scale, float softcap,
                               const float *sinks, float *out) {
-    int64_t tiles = (n + PA_ROWS - 1) / PA_ROWS;
     int64_t k_lo = window > 0 && first_pos - window + 1 > 0 ? first_pos - window + 1 : 0, k_last = first_pos + n - 1;
     int64_t k_start = k_lo / PA_KEYS * PA_KEYS, key_tiles = (k_last - k_start) / PA_KEYS + 1;
-    float *kt_all = malloc(sizeof(float) * key_tiles * D * PA_KEYS);
-    float *v_wide = kind == KV_F32 ? NULL : malloc(sizeof(float) * key_tiles * PA_KEYS * D);
+    /* Items enough for twice the threads: smaller row tiles, then heads side by side (a row's arithmetic is its own,
+     * so neither changes a bit) */
+    int64_t want = 2 * (int64_t)omp_get_max_threads(), tile_rows = PA_ROWS;
+    while (tile_rows > PA_MIN_ROWS && (n + tile_rows - 1) / tile_rows < want) tile_rows /= 2;
+    int64_t tiles = (n + tile_rows - 1) / tile_rows, head_bytes = key_tiles * PA_KEYS * D * (int64_t)sizeof(float);
+    int64_t heads = tiles >= want ? 1 : (want + tiles - 1) / tiles;
+    heads = heads > Hkv ? Hkv : heads;
+    while (heads > 1 && heads * head_bytes * (kind == KV_F32 ? 1 : 2) > PA_PASS_BYTES) heads--;
+    float *kt_all = malloc(heads * head_bytes);
+    float *v_wide = kind == KV_F32 ? NULL : malloc(heads * head_bytes);
     PrefillJob job = {q, k_cache, v_cache, block_table, q_stride, n, first_pos, Hq, Hkv, D, block_size, window,
-                      tiles, kind, scale, softcap, sinks, out, k_start, key_tiles, k_lo, k_last, 0, kt_all, v_wide};
+                      tiles, tile_rows, kind, scale, softcap, sinks, out, k_start, key_tiles, k_lo, k_last, 0, 0,
+                      kt_all, v_wide};
     int64_t keys = first_pos + n / 2 + 1;  /* work: a row sees the cached keys and about half the new ones */
-    for (job.head = 0; job.head < Hkv; job.head++) {
-        parallel_for(key_tiles, key_tiles * PA_KEYS * D * 8, prefill_key_tiles, &job);
+    for (job.head = 0; job.head < Hkv; job.head += job.heads) {
+        job.heads = Hkv - job.head < heads ? Hkv - job.head : heads;
+        parallel_for(job.heads * key_tiles, job.heads * key_tiles * PA_KEYS * D * 8, prefill_key_tiles, &job);
         /* no spinning after the last: torch's matmuls come next, on the same cores */
-        parallel_for_then(tiles, n * keys * (Hq / Hkv) * D, prefill_heads, &job, job.head + 1 < Hkv ? SPIN_NS : 0);
+        parallel_for_then(job.heads * tiles, job.heads * n * keys * (Hq / Hkv) * D, prefill_heads, &job,
+                          job.head + job.heads < Hkv ? SPIN_NS : 0);
     }
     free(kt_all);
     free(v_wide);
