@@ -1,10 +1,13 @@
 """The benchmarks page cannot drift from the scripts: every `python benchmarks/X.py ...` command in the docs names a
 script that exists and only flags its argument parser defines, docs/benchmarks.md has the agreed `##` sections in
-order and stays short, and every `docs/benchmarks.md#<slug>` pointer in the repository names one of its headings."""
+order and stays short, every `docs/benchmarks.md#<slug>` pointer in the repository names one of its headings, and
+every script imports (a name one script takes from another still exists)."""
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -161,3 +164,22 @@ def test_the_checks_catch_a_made_up_script_flag_and_section():
     assert pointer_problems(pointers, page) == ["no heading has the anchor #no-such-section"]
     assert "--llama-bench-args" in options_of("llama_bench_compare")
     assert "--variants" not in options_of("llama_bench_compare")  # cpu_paths's own parser: not llama_bench_compare's
+
+
+IMPORT_ALL = """
+import importlib, pathlib, sys
+sys.path.insert(0, "benchmarks")
+for path in sorted(pathlib.Path("benchmarks").glob("*.py")):
+    try:
+        importlib.import_module(path.stem)
+    except Exception as e:
+        print(f"benchmarks/{path.name}: {type(e).__name__}: {e}")
+"""
+
+
+def test_every_benchmarks_script_imports():
+    """Scripts run only by hand: one that imports a helper another script has since renamed fails only when someone
+    next runs it. Importing each (their work is under `if __name__ == "__main__"`) in one fresh process catches that."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_ALL], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
