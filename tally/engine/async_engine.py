@@ -12,6 +12,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
+from tally.engine import frozen_heap
 from tally.engine.engine import Engine
 from tally.engine.grammar_pool import GrammarPool
 from tally.engine.heap_trim import HeapTrimmer
@@ -124,6 +125,7 @@ class AsyncEngine:
         self._loop = asyncio.get_running_loop()
         self._publish()
         self.alive = True
+        frozen_heap.freeze()  # the loaded engine and the app: no collector pause walks them while serving
         self._thread = threading.Thread(target=self._run, name="tally-engine", daemon=True)
         self._thread.start()
 
@@ -135,6 +137,7 @@ class AsyncEngine:
         self._grammar_pool.shutdown()
         if self.engine is not None and (self._thread is None or not self._thread.is_alive()):
             self.engine.shutdown()  # a tensor-parallel engine's other ranks
+        frozen_heap.thaw()
 
     @property
     def is_alive(self) -> bool:
@@ -278,7 +281,9 @@ class AsyncEngine:
             try:
                 log.warning("restarting the engine (--restart-on-failure)")
                 config, self.engine = self.engine.config, None  # the old model and KV pool go before the new load
+                frozen_heap.thaw()
                 self.engine = load_engine(config)
+                frozen_heap.freeze()
             except Exception:  # noqa: BLE001
                 log.exception("the engine could not be restarted; the server stays unavailable")
                 return

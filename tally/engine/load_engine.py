@@ -1,16 +1,14 @@
 """The engine a checkpoint needs: an encoder (BERT, XLM-R) gets tally/engine/encoder_engine.py, anything else the
-generation engine (tally/engine/engine.py), which also pools decoder embeddings. Its objects are then frozen out of
-the garbage collector (tally/engine/startup/frozen_heap.py)."""
+generation engine (tally/engine/engine.py), which also pools decoder embeddings."""
 from __future__ import annotations
 
 from tally.engine.config import EngineConfig
 from tally.engine.encoder_engine import EncoderEngine
 from tally.engine.engine import Engine
-from tally.engine.startup.frozen_heap import load_frozen
 from tally.models.encoders.config import read_encoder_config
 from tally.models.registry import resolve_model
 
 
 def load_engine(config: EngineConfig) -> Engine | EncoderEngine:
     encoder = read_encoder_config(resolve_model(config.model).path)
-    return load_frozen(lambda: Engine(config) if encoder is None else EncoderEngine(config, encoder))
+    return Engine(config) if encoder is None else EncoderEngine(config, encoder)

@@ -8,11 +8,11 @@ import logging
 import os
 import sys
 
+from tally.engine import frozen_heap
 from tally.engine.config import EngineConfig
 from tally.engine.model_step import receive_step
 from tally.engine.parallel.distributed import CONFIG_ENV
 from tally.engine.parallel.pipeline import forward_step
-from tally.engine.startup.frozen_heap import load_frozen
 from tally.engine.startup.load import load_model
 
 log = logging.getLogger("tally.engine")
@@ -20,7 +20,8 @@ log = logging.getLogger("tally.engine")
 
 def follow(config: EngineConfig) -> int:
     """The exit status: 0 when rank 0 said stop, 1 when it went away."""
-    m = load_frozen(lambda: load_model(config))  # a rank's collector pause would stall every rank
+    m = load_model(config)
+    frozen_heap.freeze()  # a rank's collector pause would stall every rank
     ctx = m.parallel
     try:
         while (step := receive_step(ctx.control)) is not None:
