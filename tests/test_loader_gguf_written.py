@@ -283,7 +283,7 @@ def test_a_quantized_untied_embedding_is_looked_up_from_its_blocks(tiny_llama, t
     ids = torch.tensor([3, 0, cfg.vocab_size - 1])
     table = expected_from_hf("model.embed_tokens.weight", load_file(tiny_llama / "model.safetensors")[
         "model.embed_tokens.weight"])
-    assert torch.equal(model._embed(ids), table[ids])
+    assert torch.equal(model.embed(ids), table[ids])
 
 
 def test_q5_1_blocks_are_served_as_stored_without_a_warning(tiny_llama, tmp_path, caplog):

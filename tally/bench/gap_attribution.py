@@ -25,10 +25,17 @@ class Step:
     decode_rows: int
     waiting: int
     predicted_s: float | None  # the step cost fit's figure before it ran; None before a fit
+    slice_tokens: int = 0  # a held prompt pass's tokens the step ran some layers of, after its decodes
+    slice_ends: bool = False  # ... and the pass's last layers: its prompt tokens are computed in this step
 
     @property
     def seconds(self) -> float:
         return self.end_s - self.start_s
+
+    @property
+    def prompt_work(self) -> int:
+        """Prompt tokens the step computed whole or ran a slice of."""
+        return self.prompt_tokens or self.slice_tokens
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,10 @@ def read_steps(lines: Iterable[str]) -> list[Step]:
     for line in lines:
         if line.strip():
             d = json.loads(line)
+            sliced = d.get("slice")
             steps.append(Step(d["start_s"], d["start_s"] + d["seconds"], d["prompt_tokens"], d["decode_rows"],
-                              d["waiting"], d["predicted_s"]))
+                              d["waiting"], d["predicted_s"], sliced["tokens"] if sliced else 0,
+                              bool(sliced) and sliced["layers"][1] == sliced["of"]))
     return sorted(steps, key=lambda s: s.end_s)
 
 
@@ -110,9 +119,9 @@ def describe(median_s: float, gaps: list[Gap], steps: list[Step], times: float) 
                          f"{statistics.median(g.delivery_s for g in mine) * 1e3:.0f} ms")
     long = [g.step for g in gaps if g.cause == "long step"]
     if long:
-        mixed = [s for s in long if s.prompt_tokens]
-        lines.append(f"  long steps: {len(mixed)} of {len(long)} carried prompt tokens (median "
-                     f"{statistics.median(s.prompt_tokens for s in mixed) if mixed else 0:.0f}), median decode rows "
+        mixed = [s for s in long if s.prompt_work]
+        lines.append(f"  long steps: {len(mixed)} of {len(long)} carried prompt tokens or a pass's slice (median "
+                     f"{statistics.median(s.prompt_work for s in mixed) if mixed else 0:.0f}), median decode rows "
                      f"{statistics.median(s.decode_rows for s in long):.0f}, prompts waiting "
                      f"{statistics.median(s.waiting for s in long):.0f}" + _predicted(mixed))
     lines += [f"steps: {line}" for line in step_lines(steps)]
@@ -120,10 +129,12 @@ def describe(median_s: float, gaps: list[Gap], steps: list[Step], times: float) 
 
 
 def step_lines(steps: list[Step]) -> list[str]:
-    """Decode-only and mixed steps: how many, and their median and P99 seconds."""
+    """Decode-only steps, those with prompt chunks and those with a slice of a prompt pass: how many, and their
+    median and P99 seconds."""
     out = []
-    for name, mine in (("decode-only", [s for s in steps if not s.prompt_tokens]),
-                       ("with prompt tokens", [s for s in steps if s.prompt_tokens])):
+    for name, mine in (("decode-only", [s for s in steps if not s.prompt_work]),
+                       ("with prompt tokens", [s for s in steps if s.prompt_tokens]),
+                       ("with a prompt pass's slice", [s for s in steps if s.slice_tokens])):
         if mine:
             secs = sorted(s.seconds for s in mine)
             out.append(f"{name} {len(mine)}: median {secs[len(secs) // 2] * 1e3:.0f} ms, P99 "

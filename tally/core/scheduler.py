@@ -59,6 +59,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.num_started = 0  # requests admitted for the first time (preemption recomputes not counted)
+        # requests whose scheduled prompt tokens are still being computed over several steps (a held prompt pass,
+        # tally/engine/prompt_pass.py): not scheduled again until it ends
+        self.held: set[str] = set()
 
     def add(self, req: Request) -> None:
         if self.by_priority:
@@ -97,8 +100,8 @@ class Scheduler:
                           chunked: list[Request] | None) -> tuple[int, int]:
         """Schedule running requests; with `chunked` given, those whose tokens do not fit whole go there."""
         for req in reqs:
-            if req.status is RequestStatus.PREEMPTED or not self._may_run(req):  # preempted earlier this step
-                continue
+            if req.status is RequestStatus.PREEMPTED or req.request_id in self.held or not self._may_run(req):
+                continue  # preempted earlier this step, or its prompt's pass still runs
             if req.spec_token_ids and req.num_tokens_with_spec - req.num_computed_tokens > budget:
                 # Proposals are a bet, not owed work: the ones that do not fit are dropped, never chunked.
                 del req.spec_token_ids[max(0, budget - (req.num_tokens - req.num_computed_tokens)):]

@@ -23,6 +23,7 @@ from tally.engine.kv_tiers.tiers import build_kv_tiers
 from tally.engine.model_step import TPDriver
 from tally.engine.multi_step import burst_steps
 from tally.engine.pooling import PoolingGroup, PoolingSequence, PoolingState, check_params
+from tally.engine.prompt_pass import PromptPass
 from tally.engine.parallel.distributed import ParallelContext
 from tally.engine.runner import ModelRunner, StepResult
 from tally.engine.sequence import Sequence
@@ -101,6 +102,11 @@ class Engine:
         # decode steps a step may run in one call (tally/engine/multi_step.py): where nobody verifies proposals, so
         # that speculation the policy keeps off costs nothing
         self._burst_limit = config.num_scheduler_steps if self.runner.runs_greedy_steps else 1
+        # --max-itl beside decodes: a step's prompt chunks run as a pass of their own, a slice of layers a step
+        # (tally/engine/prompt_pass.py); under tensor or pipeline parallelism every rank would have to follow the
+        # slices, so there chunks stay small instead
+        self._slices_prompts = config.max_itl_s is not None and peers is None
+        self._pass: PromptPass | None = None
         self.groups: dict[str, RequestGroup] = {}
         self._seq_of: dict[str, tuple[Sequence, RequestGroup]] = {}  # scheduler request id → its sequence
         self._aborted: list[RequestGroup] = []
@@ -285,23 +291,28 @@ class Engine:
             self.speculator.propose(self.scheduler.running)
         token_budget = self._token_budget()
         out = self.scheduler.schedule(token_budget)
+        if self._slices_prompts and self._pass is None:
+            self._hold_prompts(out)
         chunks = prompt_chunks(out)
         self.stats.num_steps += 1
         moved: dict[str, RequestGroup] = {g.request_id: g for g in self._aborted}
         self._aborted.clear()
         generated, steps = self._run(out, moved) if out.scheduled else (0, 1)
+        seconds = time.perf_counter() - started_s
+        sliced = self._advance_pass(moved, started_s) if self._pass is not None else None
         outputs = [g.output() for g in moved.values()]
         for g in moved.values():
             if g.finished:
                 g.metrics.finished_time = time.monotonic()
                 self._forget(g)
-        if out.scheduled:
-            seconds = time.perf_counter() - started_s
+        if out.scheduled or sliced is not None:
             if self.step_log is not None:  # the prediction before this step refits it
                 spec = self.speculator
-                self.step_log.write(started_s, seconds, out, chunks, token_budget, self.stats.cost.predict_seconds(
-                    sum(n for n, _ in chunks), mean_context(chunks)), len(self.scheduler.waiting),
-                    spec.step_proposals if spec is not None else 0, spec.step_proposing_s if spec is not None else 0.0)
+                self.step_log.write(started_s, time.perf_counter() - started_s, out, chunks, token_budget,
+                                    self.stats.cost.predict_seconds(sum(n for n, _ in chunks), mean_context(chunks)),
+                                    len(self.scheduler.waiting), spec.step_proposals if spec is not None else 0,
+                                    spec.step_proposing_s if spec is not None else 0.0, sliced)
+        if out.scheduled:
             decode_only = self.stats.record(chunks, generated, seconds, steps)
             if decode_only and self.speculator is not None:
                 self.speculator.observe_step(generated, seconds, len(out.scheduled), steps)
@@ -320,6 +331,11 @@ class Engine:
             result = self.runner.execute(out, self.speculator.draft_probs if self.speculator is not None else None,
                                          pooling=self._num_pooling > 0)
             keep = self._verify(out, result)
+        return self._take_result(out, result, keep, moved), steps
+
+    def _take_result(self, out: SchedulerOutput, result: StepResult, keep: list[int],
+                     moved: dict[str, RequestGroup]) -> int:
+        """The step's forward ran: its tokens are computed; append what it made. Returns the tokens appended."""
         self.scheduler.finish_step(out)
         now = time.monotonic()
         for s in out.scheduled:
@@ -334,7 +350,44 @@ class Engine:
             moved[rid] = group
         for rid, plp in result.prompt_logprobs.items():
             self._seq_of[rid][1].add_prompt_logprobs(plp, self._decode_one)
-        return self._apply_samples(result, keep, now, moved), steps
+        return self._apply_samples(result, keep, now, moved)
+
+    def _hold_prompts(self, out: SchedulerOutput) -> None:
+        """A step that carries prompt chunks beside decodes under --max-itl: the chunks leave it for a pass of their
+        own, which runs a slice of layers after each decode step until it ends (tally/engine/prompt_pass.py)."""
+        prompts = [s for s in out.scheduled
+                   if s.num_new_tokens > 1 and s.request.num_computed_tokens < s.request.num_prompt_tokens]
+        if not prompts or len(prompts) == len(out.scheduled):
+            return  # nobody decodes beside them: nobody waits for a slice
+        self._pass = PromptPass(self.runner, SchedulerOutput(prompts), pooling=self._num_pooling > 0)
+        self.scheduler.held = {s.request.request_id for s in prompts}
+        out.scheduled = [s for s in out.scheduled if s not in prompts]
+
+    def _advance_pass(self, moved: dict[str, RequestGroup], started_s: float) -> dict | None:
+        """The held pass's next slice: as many layers as fit what is left of the step's share of --max-itl (every
+        layer left once nobody decodes); at its last, its requests take what it made. Returns the slice, for the
+        step log."""
+        p = self._pass
+        if not p.intact():  # a request of it finished, was aborted or preempted: its blocks are gone
+            self._end_pass()
+            return None
+        others = [r for r in self.scheduler.running if r.request_id not in self.scheduler.held]
+        left_s = self.config.max_itl_s * PLANNED_SHARE_OF_ITL - (time.perf_counter() - started_s)
+        layers = p.layers_within(left_s) if any(r.num_output_tokens > 0 for r in others) else p.num_layers
+        start = p.next_layer
+        p.advance(layers)
+        sliced = {"tokens": p.tokens, "layers": [start, p.next_layer], "of": p.num_layers}
+        if p.done:
+            self._end_pass()
+            result = p.result()
+            chunks = prompt_chunks(p.out)
+            generated = self._take_result(p.out, result, [1] * len(result.sampled), moved)
+            self.stats.record_pass(chunks, generated, p.seconds, p.spread)
+        return sliced
+
+    def _end_pass(self) -> None:
+        self._pass = None
+        self.scheduler.held = set()
 
     def _verify(self, out: SchedulerOutput, result: StepResult) -> list[int]:
         """Rows of the sampler's output each sampled request keeps: 1, or with speculation, 1 + proposals kept."""
@@ -344,16 +397,24 @@ class Engine:
 
     def _token_budget(self) -> int | None:
         """With --max-itl and streams decoding: the tokens a step may hold to come back within the target,
-        never fewer than the decodes plus one block of prompt (a long prompt still moves)."""
+        never fewer than the decodes plus one block of prompt (a long prompt still moves). Where prompts run as
+        passes of their own (_hold_prompts), a pass is as large as one of its layers beside the decode step allows;
+        while one runs, the step holds the decodes alone."""
         if self.config.max_itl_s is None:
             return None
         running = self.scheduler.running
         decoding = sum(1 + len(r.spec_token_ids) for r in running if r.num_output_tokens > 0)
         if decoding == 0:
             return None  # nobody is waiting for a next token
+        if self._pass is not None:
+            return decoding
         # Where the next chunk starts: the prompt being chunked, else a new one (from its start).
         context = max((r.num_computed_tokens for r in running if r.num_output_tokens == 0), default=0)
-        prompt_tokens = self.stats.cost.prompt_tokens_within(self.config.max_itl_s * PLANNED_SHARE_OF_ITL, context)
+        step_s = self.config.max_itl_s * PLANNED_SHARE_OF_ITL
+        if self._slices_prompts:  # the pass's own cost, a layer of it (run as slow as a slice has) within what
+            # the decode step leaves
+            step_s = (step_s - self.stats.last_decode_step_s) / self.stats.pass_spread * len(self.model.layers)
+        prompt_tokens = self.stats.cost.prompt_tokens_within(step_s, context)
         return decoding + max(prompt_tokens, self.config.block_size)
 
     def _apply_samples(self, result: StepResult, keep: list[int], now: float,

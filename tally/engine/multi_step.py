@@ -22,9 +22,9 @@ OFFLINE_SCHEDULER_STEPS = 8
 def burst_steps(out: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager, limit: int,
                 max_model_len: int) -> int:
     """How many decode steps this step runs, `limit` at most: 1 unless every scheduled request is a plain greedy
-    decode, nobody waits to start (a burst would hold them back) and the pool has room for every request's tokens,
-    which it then holds for them."""
-    if limit <= 1 or not out.scheduled or out.preempted or scheduler.waiting:
+    decode, nobody waits to start or for its prompt's pass (a burst would hold them back) and the pool has room
+    for every request's tokens, which it then holds for them."""
+    if limit <= 1 or not out.scheduled or out.preempted or scheduler.waiting or scheduler.held:
         return 1
     reqs = [s.request for s in out.scheduled]
     if any(s.num_new_tokens != 1 or not decodes_plainly(s.request) for s in out.scheduled):

@@ -11,8 +11,8 @@ import torch
 from tally.attention.kv_cache import KVCache
 from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request
-from tally.core.scheduler import SchedulerOutput
-from tally.engine.inputs import build_step_inputs
+from tally.core.scheduler import ScheduledRequest, SchedulerOutput
+from tally.engine.inputs import StepInputs, build_step_inputs
 from tally.engine.lora_manager import LoRAManager
 from tally.engine.model_step import ModelStep, TPDriver, run_hidden_step, run_model_step
 from tally.engine.parallel.pipeline import PipelinePeers, forward_step
@@ -44,6 +44,17 @@ class StepResult:
     pooled: dict[str, torch.Tensor] = field(default_factory=dict)  # embeddings of pooling requests that finished
 
 
+@dataclass
+class PreparedStep:
+    """A scheduled step's inputs, before its forward runs."""
+
+    out: SchedulerOutput
+    inputs: StepInputs
+    pooled: list[tuple[int, ScheduledRequest]]  # pooling requests' first rows (tally/engine/pooling.py)
+    spans: list[tuple[Request, int, int, int]]  # prompt logprobs' rows (ModelRunner._prompt_logprob_spans)
+    step: ModelStep
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, kv: KVCacheManager, kv_caches: list[tuple[KVCache, KVCache]],
                  peers: TPDriver | None = None, pipeline: PipelinePeers | None = None,
@@ -62,6 +73,16 @@ class ModelRunner:
         """`draft_probs`: request id → [k, V] the draft model's distributions its proposals were drawn from (sampled
         requests speculating with a draft model): their rows are verified by rejection sampling. `pooling`: the
         engine holds pooling requests, which may be in this step (a step without them does no pooling work)."""
+        prepared = self.prepare(out, pooling)
+        with self.adapters(prepared):
+            if prepared.pooled:
+                logits, hidden = self._run(prepared.step, run_hidden_step)
+            else:
+                logits, hidden = self._run(prepared.step), None
+        return self.finish(prepared, logits, hidden, draft_probs)
+
+    def prepare(self, out: SchedulerOutput, pooling: bool = False) -> PreparedStep:
+        """The step's inputs and the rows whose logits (and, with pooling requests, hidden states) it needs."""
         inputs = build_step_inputs(out, self.kv)
         pooled = []
         if pooling:
@@ -72,13 +93,22 @@ class ModelRunner:
         if spans:  # rare: a request asking for prompt logprobs
             rows = torch.cat([torch.arange(start, start + n) for _, _, start, n in spans] + [rows])
         step = ModelStep(inputs.input_ids, inputs.positions, inputs.meta, rows, returns_hidden=bool(pooled))
-        with self.loras.step(out, inputs.row_start, len(inputs.input_ids)) if self.loras else nullcontext():
-            if pooled:
-                logits, hidden = self._run(step, run_hidden_step)
-                embeddings = pool_rows(pooled, hidden)
-            else:
-                logits, embeddings = self._run(step), {}
-        n_prompt = len(rows) - len(inputs.sample_token_index)
+        return PreparedStep(out, inputs, pooled, spans, step)
+
+    def adapters(self, prepared: PreparedStep) -> Any:
+        """The step's per-row LoRA adapters, set up for as long as its forward runs (a pass split into several
+        calls enters it around each)."""
+        if self.loras is None:
+            return nullcontext()
+        return self.loras.step(prepared.out, prepared.inputs.row_start, len(prepared.inputs.input_ids))
+
+    def finish(self, prepared: PreparedStep, logits: torch.Tensor, hidden: torch.Tensor | None,
+               draft_probs: dict[str, torch.Tensor] | None = None) -> StepResult:
+        """The forward's logits of the step's rows (and the final hidden states where it pools): prompt logprobs,
+        embeddings, and the sampled tokens."""
+        out, inputs, spans = prepared.out, prepared.inputs, prepared.spans
+        embeddings = pool_rows(prepared.pooled, hidden) if prepared.pooled else {}
+        n_prompt = len(prepared.step.logit_rows) - len(inputs.sample_token_index)
         prompt_lp = self._prompt_logprobs(spans, logits[:n_prompt])
         if not inputs.sample_rows:
             return StepResult([], [], None, prompt_lp, embeddings)

@@ -274,13 +274,27 @@ class CausalLM(nn.Module):
         """`hidden`: the previous pipeline stage's output [T, H], which this stage's layers continue from instead of
         the embedding. Returns the normed final hidden state, or on a stage before the last its layers' output."""
         # the layers' own: native layers add their blocks into it in place (DecoderLayer._add_block)
-        h = self._embed(input_ids) if hidden is None else hidden.clone()
+        h = self.embed(input_ids) if hidden is None else hidden.clone()
         if self._native_step_runs(meta, kv_caches):
             h = self.native_step.run(h.contiguous(), positions, meta, lora=self._native_lora())
         else:
-            ropes = {id(rotary): rotary.lookup(positions) for rotary in self.rotaries}
-            for layer, kv in zip(self.layers, kv_caches):
-                h = layer(h, ropes, kv, meta)
+            h = self.run_layers(h, self.ropes(positions), kv_caches, meta, 0, len(self.layers))
+        return self.final_norm(h)
+
+    def ropes(self, positions: torch.Tensor) -> dict[int, Rope]:
+        """Each rotary table's cos and sin at `positions`, by id(): what the layers of one pass read."""
+        return {id(rotary): rotary.lookup(positions) for rotary in self.rotaries}
+
+    def run_layers(self, h: torch.Tensor, ropes: dict[int, Rope], kv_caches: list[tuple[KVCache, KVCache]],
+                   meta: AttentionMetadata, start: int, stop: int) -> torch.Tensor:
+        """Layers [start, stop) of a pass over h (forward's own loop): a pass split into several calls computes
+        the same bits as one."""
+        for layer, kv in zip(self.layers[start:stop], kv_caches[start:stop]):
+            h = layer(h, ropes, kv, meta)
+        return h
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """The last layer's output normed (a stage before the last has no norm: its layers' output as it is)."""
         return self.norm(h) if self.norm is not None else h
 
     @torch.inference_mode()
@@ -291,7 +305,7 @@ class CausalLM(nn.Module):
         scoring the whole vocabulary goes from the token ids (or the embeddings) to the logits in one native call."""
         step = self.native_step
         if not vocab_rows and self._native_step_runs(meta, kv_caches) and step.scores:
-            h = None if step.embeds else self._embed(input_ids).contiguous()
+            h = None if step.embeds else self.embed(input_ids).contiguous()
             return step.run(h, positions, meta, logit_rows, input_ids, self._native_lora())
         hidden = self(input_ids, positions, kv_caches, meta)
         if not len(logit_rows):
@@ -335,7 +349,8 @@ class CausalLM(nn.Module):
         native = self.lora.native if self.lora is not None and self.lora.active else None
         return None if native is None else native.address
 
-    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The first layer's input [T, H] for token ids: what forward starts from."""
         if self.tp is not None:  # vocabulary-parallel: each rank looks up its own rows, zeros elsewhere, summed
             ids = ids - self.vocab_start
             outside = (ids < 0) | (ids >= self.vocab_rows)
