@@ -132,9 +132,10 @@ class EngineConfig:
                                          "paths, whose sums depend on the batch")
     attention_backend: str = option("auto", "auto: the reference kernel for plain causal prefills, tiled for "
                                             "masked ones", choices=BACKEND_NAMES)
-    max_itl_s: float | None = option(None, "seconds: while streams decode, a step holds only as many prompt tokens as "
-                                           "fit in this inter-token latency (by the measured step cost), so a "
-                                           "long prompt cannot freeze them (tally serve: 0.3; none: no target)",
+    max_itl_s: float | None = option(None, "seconds: while streams decode, a prompt runs a slice of its layers a "
+                                           "step beside them, as many as fit in this inter-token latency (by the "
+                                           "measured cost), so a long prompt cannot freeze them (tally serve: 0.3; "
+                                           "none: no target)",
                                      aliases=("--max-itl",))
     step_log: str | None = option(None, "file: one JSON line per engine step (its start and seconds, prompt tokens, "
                                         "decode rows, token budget, the step cost fit's prediction, proposals "

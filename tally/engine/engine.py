@@ -48,6 +48,10 @@ log = logging.getLogger("tally.engine")
 # Steps are planned to take this share of --max-itl: steps of the same size vary by a third on a shared 2-core
 # CPU (`python benchmarks/long_prompt_itl.py`), and the target is a bound on the gap, not its mean.
 PLANNED_SHARE_OF_ITL = 0.75
+# A prompt pass (tally/engine/prompt_pass.py) is sized for a layer of it to take this share of what the decode step
+# leaves: prompts that arrive while it runs still join the decode steps (short ones whole), and the slices fill the
+# rest with its layers.
+LAYER_SHARE_OF_SLICE = 0.5
 # A pooling request's sampling parameters: never sampled, but read by the per-step checks (prompt logprobs).
 _NOT_SAMPLED = SamplingParams()
 
@@ -359,7 +363,10 @@ class Engine:
                    if s.num_new_tokens > 1 and s.request.num_computed_tokens < s.request.num_prompt_tokens]
         if not prompts or len(prompts) == len(out.scheduled):
             return  # nobody decodes beside them: nobody waits for a slice
-        self._pass = PromptPass(self.runner, SchedulerOutput(prompts), pooling=self._num_pooling > 0)
+        chunks = prompt_chunks(SchedulerOutput(prompts))
+        predicted = self.stats.cost.predict_seconds(sum(n for n, _ in chunks), mean_context(chunks))
+        self._pass = PromptPass(self.runner, SchedulerOutput(prompts), self._num_pooling > 0,
+                                predicted * self.stats.cost.jitter() / len(self.model.layers) if predicted else None)
         self.scheduler.held = {s.request.request_id for s in prompts}
         out.scheduled = [s for s in out.scheduled if s not in prompts]
 
@@ -382,7 +389,7 @@ class Engine:
             result = p.result()
             chunks = prompt_chunks(p.out)
             generated = self._take_result(p.out, result, [1] * len(result.sampled), moved)
-            self.stats.record_pass(chunks, generated, p.seconds, p.spread)
+            self.stats.record_pass(chunks, generated, p.seconds)
         return sliced
 
     def _end_pass(self) -> None:
@@ -398,22 +405,23 @@ class Engine:
     def _token_budget(self) -> int | None:
         """With --max-itl and streams decoding: the tokens a step may hold to come back within the target,
         never fewer than the decodes plus one block of prompt (a long prompt still moves). Where prompts run as
-        passes of their own (_hold_prompts), a pass is as large as one of its layers beside the decode step allows;
-        while one runs, the step holds the decodes alone."""
+        passes of their own (_hold_prompts), a pass is as large as a layer of it in LAYER_SHARE_OF_SLICE of what the
+        decode step leaves allows; while one runs, the step holds the decodes and the prompt tokens that fit beside
+        them and a layer of the pass."""
         if self.config.max_itl_s is None:
             return None
         running = self.scheduler.running
         decoding = sum(1 + len(r.spec_token_ids) for r in running if r.num_output_tokens > 0)
         if decoding == 0:
             return None  # nobody is waiting for a next token
-        if self._pass is not None:
-            return decoding
+        step_s = self.config.max_itl_s * PLANNED_SHARE_OF_ITL
+        if self._pass is not None:  # prompts that fit beside the decodes and a layer of the pass (short ones whole)
+            room_s = step_s - self.stats.last_decode_step_s - self._pass.slowest_layer_s
+            return decoding + self.stats.cost.prompt_tokens_within(room_s, 0) if room_s > 0 else decoding
         # Where the next chunk starts: the prompt being chunked, else a new one (from its start).
         context = max((r.num_computed_tokens for r in running if r.num_output_tokens == 0), default=0)
-        step_s = self.config.max_itl_s * PLANNED_SHARE_OF_ITL
-        if self._slices_prompts:  # the pass's own cost, a layer of it (run as slow as a slice has) within what
-            # the decode step leaves
-            step_s = (step_s - self.stats.last_decode_step_s) / self.stats.pass_spread * len(self.model.layers)
+        if self._slices_prompts:  # the pass's own cost: a layer of it within a share of what the decode step leaves
+            step_s = (step_s - self.stats.last_decode_step_s) * LAYER_SHARE_OF_SLICE * len(self.model.layers)
         prompt_tokens = self.stats.cost.prompt_tokens_within(step_s, context)
         return decoding + max(prompt_tokens, self.config.block_size)
 

@@ -19,8 +19,9 @@ from tally.engine.runner import ModelRunner, StepResult
 
 
 class PromptPass:
-    def __init__(self, runner: ModelRunner, out: SchedulerOutput, pooling: bool) -> None:
-        """`out`: the prompt entries of a step, whose forward this pass runs."""
+    def __init__(self, runner: ModelRunner, out: SchedulerOutput, pooling: bool, layer_s: float | None) -> None:
+        """`out`: the prompt entries of a step, whose forward this pass runs; `layer_s`: what a layer of it is
+        expected to take until one has run (None: unknown, the first slice runs one layer)."""
         self.runner = runner
         self.out = out
         self.requests: list[Request] = [s.request for s in out.scheduled]
@@ -30,6 +31,7 @@ class PromptPass:
         self.next_layer = 0
         self.seconds = 0.0  # the pass's own time so far, slices and the head
         self._layer_s: list[float] = []  # each slice's seconds a layer
+        self._expected_layer_s = layer_s
         with torch.inference_mode():
             self._h = runner.model.embed(self.prepared.step.input_ids)
             self._ropes = runner.model.ropes(self.prepared.step.positions)
@@ -42,25 +44,23 @@ class PromptPass:
     def done(self) -> bool:
         return self.next_layer == self.num_layers
 
-    def holds(self, request_id: str) -> bool:
-        return any(r.request_id == request_id for r in self.requests)
-
     def intact(self) -> bool:
         """Every request still runs from where the pass began (none finished, aborted or preempted)."""
         return all(r.status is RequestStatus.RUNNING and r.num_computed_tokens == c
                    for r, c in zip(self.requests, self._computed))
 
-    def layers_within(self, seconds: float) -> int:
-        """Layers the next slice may run to take about `seconds`, by the slowest layer so far (at least one)."""
-        if not self._layer_s:
-            return 1
-        return max(1, min(self.num_layers - self.next_layer, int(seconds / max(self._layer_s))))
-
     @property
-    def spread(self) -> float:
-        """The slowest slice's seconds a layer over the pass's mean: the layers do the same work, so this is how much
-        the host's speed moved under the pass."""
-        return max(self._layer_s) / (sum(self._layer_s) / len(self._layer_s)) if self._layer_s else 1.0
+    def slowest_layer_s(self) -> float:
+        """The slowest slice's seconds a layer so far (0 before the first)."""
+        return max(self._layer_s, default=0.0)
+
+    def layers_within(self, seconds: float) -> int:
+        """Layers the next slice may run to take about `seconds`, by the slowest layer so far, or before any by the
+        expected one (at least one)."""
+        layer_s = self.slowest_layer_s or self._expected_layer_s
+        if not layer_s:
+            return 1
+        return max(1, min(self.num_layers - self.next_layer, int(seconds / layer_s)))
 
     def advance(self, layers: int) -> None:
         """Run the next `layers` layers."""

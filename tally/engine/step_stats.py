@@ -2,14 +2,9 @@
 --max-itl planner and the swap space read."""
 from __future__ import annotations
 
-from collections import deque
-
 from tally.core.scheduler import SchedulerOutput
 from tally.engine.snapshot import IterationTokens
 from tally.engine.step_cost import StepCost
-
-PASSES_KEPT = 8
-MAX_SPREAD = 3.0  # a slice stalled by something else entirely (a swap, a pause) does not shrink every later pass
 
 
 def prompt_chunks(out: SchedulerOutput) -> list[tuple[int, int]]:
@@ -34,7 +29,6 @@ class StepStats:
         self.iteration_tokens = IterationTokens()  # tokens per step, for vLLM's iteration_tokens_total
         self.cost = StepCost()
         self.last_decode_step_s = 0.0  # the last decode-only step's seconds (a burst: per decode step)
-        self._pass_spreads: deque[float] = deque(maxlen=PASSES_KEPT)
 
     def record(self, chunks: list[tuple[int, int]], generated: int, seconds: float, decode_steps: int) -> bool:
         """A step that ran `chunks` (prompt_chunks) and generated `generated` tokens in `seconds`, over
@@ -52,18 +46,10 @@ class StepStats:
         self.last_decode_step_s = seconds / decode_steps
         return True
 
-    def record_pass(self, chunks: list[tuple[int, int]], generated: int, seconds: float, spread: float) -> None:
+    def record_pass(self, chunks: list[tuple[int, int]], generated: int, seconds: float) -> None:
         """A prompt pass run in slices beside decode steps (tally/engine/prompt_pass.py) ended: its `chunks` took
-        `seconds` of its own, over all its slices, and made `generated` first tokens; its slowest slice ran `spread`
-        times its mean a layer."""
+        `seconds` of its own, over all its slices, and made `generated` first tokens."""
         prompt_tokens = sum(n for n, _ in chunks)
         self.prompt_tokens += prompt_tokens
         self.generated_tokens += generated
         self.cost.observe(prompt_tokens, mean_context(chunks), seconds)
-        self._pass_spreads.append(min(spread, MAX_SPREAD))
-
-    @property
-    def pass_spread(self) -> float:
-        """How much slower than its pass's mean a slice ran, at most, over the last passes: a pass is sized for a
-        layer of it to fit a step that slow."""
-        return max(self._pass_spreads, default=1.0)
