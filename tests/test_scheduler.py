@@ -118,3 +118,17 @@ def test_a_step_budget_below_the_configured_one_bounds_the_step():
     s.add(Request("a", list(range(40)), 4, 0.0))
     out = s.schedule(token_budget=10)
     assert sum(x.num_new_tokens for x in out.scheduled) == 10
+
+
+def test_held_requests_wait_and_a_step_without_chunks_runs_only_whole_prompts():
+    """The engine's prompt pass: its requests are held out of the scheduler; while it runs, a long prompt waits to
+    be the next pass rather than start chunking, and a short one behind it starts whole."""
+    s = _sched(max_num_batched_tokens=64)
+    s.add(Request("held", list(range(20)), 4, 0.0))
+    s.schedule()  # admitted; its pass would run its 20 prompt tokens
+    s.held = {"held"}
+    s.add(Request("long", list(range(40)), 4, 0.0))
+    s.add(Request("short", [1, 2, 3], 4, 0.0))
+    out = s.schedule(token_budget=10, chunks=False)
+    assert [(x.request.request_id, x.num_new_tokens) for x in out.scheduled] == [("short", 3)]
+    assert [r.request_id for r in s.waiting] == ["long"]

@@ -73,8 +73,9 @@ class Scheduler:
         """Into the waiting queue by (priority, arrival), after the requests it ties with."""
         self.waiting.insert(bisect.bisect_right(self.waiting, _rank(req), key=_rank), req)
 
-    def schedule(self, token_budget: int | None = None) -> SchedulerOutput:
-        """`token_budget` lowers this step's budget below max_num_batched_tokens (the engine's latency target).
+    def schedule(self, token_budget: int | None = None, chunks: bool = True) -> SchedulerOutput:
+        """`token_budget` lowers this step's budget below max_num_batched_tokens (the engine's latency target);
+        without `chunks`, only requests whose tokens fit whole run (the engine's prompt pass is running).
 
         Order within the budget: running requests whose tokens fit whole (decodes, last chunks), then waiting
         requests that fit whole (short prompts never queue behind a long one), then chunks of long prompts
@@ -90,9 +91,10 @@ class Scheduler:
             reserve = min(self.kv.block_size, budget) if chunked else 0
             budget, partial = self._admit(out, budget - reserve, partial, whole_only=True)
             budget += reserve
-        budget, partial = self._schedule_running(chunked, budget, partial, out, None)
-        if admit and not out.preempted:
-            self._admit(out, budget, partial, whole_only=False)
+        if chunks:
+            budget, partial = self._schedule_running(chunked, budget, partial, out, None)
+            if admit and not out.preempted:
+                self._admit(out, budget, partial, whole_only=False)
         self._end_step()
         return out
 

@@ -294,7 +294,8 @@ class Engine:
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running)
         token_budget = self._token_budget()
-        out = self.scheduler.schedule(token_budget)
+        # while a pass runs, prompts join the decode step only whole: a long one waits to be the next pass
+        out = self.scheduler.schedule(token_budget, chunks=self._pass is None)
         if self._slices_prompts and self._pass is None:
             self._hold_prompts(out)
         chunks = prompt_chunks(out)
@@ -406,7 +407,7 @@ class Engine:
         """With --max-itl and streams decoding: the tokens a step may hold to come back within the target,
         never fewer than the decodes plus one block of prompt (a long prompt still moves). Where prompts run as
         passes of their own (_hold_prompts), a pass is as large as a layer of it in LAYER_SHARE_OF_SLICE of what the
-        decode step leaves allows; while one runs, the step holds the decodes and the prompt tokens that fit beside
+        decode step leaves allows; while one runs, the step holds the decodes and the prompts that fit whole beside
         them and a layer of the pass."""
         if self.config.max_itl_s is None:
             return None
@@ -415,7 +416,7 @@ class Engine:
         if decoding == 0:
             return None  # nobody is waiting for a next token
         step_s = self.config.max_itl_s * PLANNED_SHARE_OF_ITL
-        if self._pass is not None:  # prompts that fit beside the decodes and a layer of the pass (short ones whole)
+        if self._pass is not None:  # prompts that fit whole beside the decodes and a layer of the pass
             room_s = step_s - self.stats.last_decode_step_s - self._pass.slowest_layer_s
             return decoding + self.stats.cost.prompt_tokens_within(room_s, 0) if room_s > 0 else decoding
         # Where the next chunk starts: the prompt being chunked, else a new one (from its start).
