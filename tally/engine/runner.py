@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,7 +95,7 @@ class ModelRunner:
         step = ModelStep(inputs.input_ids, inputs.positions, inputs.meta, rows, returns_hidden=bool(pooled))
         return PreparedStep(out, inputs, pooled, spans, step)
 
-    def adapters(self, prepared: PreparedStep) -> Any:
+    def adapters(self, prepared: PreparedStep) -> AbstractContextManager:
         """The step's per-row LoRA adapters, set up for as long as its forward runs (a pass split into several
         calls enters it around each)."""
         if self.loras is None:
