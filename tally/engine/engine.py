@@ -49,8 +49,8 @@ log = logging.getLogger("tally.engine")
 # CPU (`python benchmarks/long_prompt_itl.py`), and the target is a bound on the gap, not its mean.
 PLANNED_SHARE_OF_ITL = 0.75
 # A prompt pass (tally/engine/prompt_pass.py) is sized for a layer of it to take this share of what the decode step
-# leaves: prompts that arrive while it runs still join the decode steps (short ones whole), and the slices fill the
-# rest with its layers.
+# leaves: short prompts that arrive while it runs still join the decode steps whole, and the slices fill the rest
+# with its layers.
 LAYER_SHARE_OF_SLICE = 0.5
 # A pooling request's sampling parameters: never sampled, but read by the per-step checks (prompt logprobs).
 _NOT_SAMPLED = SamplingParams()

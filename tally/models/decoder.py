@@ -7,6 +7,7 @@ matmuls. In fp32 the native fused paths run every trait tally/models/native_trai
 from __future__ import annotations
 
 from functools import cache
+from itertools import islice
 from typing import Callable
 
 import torch
@@ -289,7 +290,7 @@ class CausalLM(nn.Module):
                    meta: AttentionMetadata, start: int, stop: int) -> torch.Tensor:
         """Layers [start, stop) of a pass over h (forward's own loop): a pass split into several calls computes
         the same bits as one."""
-        for layer, kv in zip(self.layers[start:stop], kv_caches[start:stop]):
+        for layer, kv in islice(zip(self.layers, kv_caches), start, stop):  # a ModuleList slice builds a new one
             h = layer(h, ropes, kv, meta)
         return h
 
