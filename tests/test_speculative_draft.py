@@ -1,6 +1,7 @@
 """Speculative decoding with a draft model: greedy outputs identical to plain decoding (batched, chunked, with prefix
 hits and preemption), sampled outputs from the target's own distribution when the draft's differs, the draft's KV in
-the pool's blocks and all of them back after requests finish or are aborted, bad drafts refused at start."""
+a pool of its own sized for its windows (requests share it, the least recently drafted for giving way), every block
+back after requests finish or are aborted, bad drafts refused at start."""
 from __future__ import annotations
 
 import random
@@ -16,6 +17,8 @@ from support.engine_checks import (
     first_two_token_probs,
 )
 from support.tiny_models import make_checkpoint, make_tokenizer
+
+from tally.engine.speculation.draft_kv import DraftBlocks, window_tokens
 
 from tally import LLM, SamplingParams
 from tally.engine.config import EngineConfig
@@ -63,7 +66,7 @@ PREEMPTED = {"max_model_len": 128, "kv_cache_memory": 12}  # 12 blocks for 12 re
 def test_greedy_tokens_are_those_of_plain_decoding(tiny_llama, drafts, reference, engine_args, which):
     prompts, alone = reference
     draft = drafts[which]
-    if engine_args.get("kv_cache_memory"):  # blocks hold the target's and the draft's KV
+    if engine_args.get("kv_cache_memory"):  # n blocks of each: the draft's pool takes its share of the budget
         n = engine_args["kv_cache_memory"]
         engine_args = {**engine_args, "kv_cache_memory": bytes_for_blocks(tiny_llama, n) + bytes_for_blocks(draft, n)}
     llm = LLM(str(tiny_llama), dtype="float32", **{"kv_cache_memory": KV, **engine_args},
@@ -135,11 +138,15 @@ def test_the_drafts_kv_is_the_targets_bit_for_bit(tiny_llama):
 
     def assert_same_kv(req_id: str) -> None:
         req = next(r for r in engine.scheduler.running if r.request_id == req_id)
-        positions = torch.arange(spec.draft._states[req].computed)
-        table = torch.tensor(engine.kv.block_table(req_id))
-        slots = table[positions // engine.kv.block_size] * engine.kv.block_size + positions % engine.kv.block_size
+        state, bs = spec.draft._states[req], engine.kv.block_size
+        assert state.offset == 0  # a short request: the draft reads all of it
+        positions = torch.arange(state.computed)
+        table, draft_table = torch.tensor(engine.kv.block_table(req_id)), torch.tensor(state.blocks)
+        slots = table[positions // bs] * bs + positions % bs
+        draft_slots = draft_table[positions // bs] * bs + positions % bs
         for (k, v), (dk, dv) in zip(engine.kv_caches, spec.draft.draft.kv_caches):
-            flat = [c.reshape(-1, *c.shape[2:])[slots] for c in (k, v, dk, dv)]
+            flat = [c.reshape(-1, *c.shape[2:])[at] for c, at in ((k, slots), (v, slots), (dk, draft_slots),
+                                                                   (dv, draft_slots))]
             assert torch.equal(flat[0], flat[2]) and torch.equal(flat[1], flat[3])
 
     assert spec.stats.num_drafts == 1
@@ -158,22 +165,26 @@ def test_the_drafts_kv_is_the_targets_bit_for_bit(tiny_llama):
 
 @pytest.mark.parametrize("engine_args", [CHUNKED, PREEMPTED], ids=["chunked", "preempted"])
 def test_a_draft_that_reads_only_the_last_tokens_changes_no_output(tiny_llama, reference, engine_args):
-    """draft_context_tokens: a fresh start on a request runs the draft over its last tokens only, with chunked
-    prefill or preemption in play; the outputs are plain decoding's."""
+    """draft_context_tokens: a fresh start on a request runs the draft over its last tokens only, and one whose
+    window grew to the rebase point starts afresh (its table never longer than the window the pool is sized by), with
+    chunked prefill or preemption in play; the outputs are plain decoding's."""
     prompts, alone = reference
     window = 8
-    if engine_args.get("kv_cache_memory"):  # the target is its own draft: blocks hold its KV twice
+    if engine_args.get("kv_cache_memory"):  # the target is its own draft: n blocks of each
         blocks = engine_args["kv_cache_memory"]
         engine_args = {**engine_args, "kv_cache_memory": 2 * bytes_for_blocks(tiny_llama, blocks)}
     llm = LLM(str(tiny_llama), dtype="float32", **{"kv_cache_memory": KV, **engine_args},
               speculative_config=_draft(tiny_llama, 3, draft_context_tokens=window))
-    spec = llm.engine.speculator
-    passes = []
+    spec, bs = llm.engine.speculator, llm.engine.kv.block_size
+    passes, tables = [], []
     forward = spec.draft._forward
-    spec.draft._forward = lambda spans, first: (passes.append(max(len(t) for _, _, t in spans))
-                                                or forward(spans, first))
+    spec.draft._forward = lambda spans, first: (passes.append(max(len(t) for _, _, t in spans)),
+                                                tables.append(max(len(table) for table, _, _ in spans)),
+                                                forward(spans, first))[-1]
     assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
-    assert 0 < max(passes) < window + llm.engine.kv.block_size and spec.stats.num_draft_tokens > 0
+    assert 0 < max(passes) < window + bs and spec.stats.num_draft_tokens > 0
+    longest = window_tokens(window, bs, llm.engine.max_model_len)
+    assert max(tables) * bs <= longest + bs - 1 and max(tables) > -(-(window + bs) // bs)  # grew, then rebased
     assert (llm.engine.scheduler.num_preemptions > 0) == ("max_model_len" in engine_args)
     assert_no_block_leak(llm)
 
@@ -323,10 +334,40 @@ def test_sampled_tokens_follow_the_target_distribution(tiny_llama, drafts, vocab
 
 def test_the_ledger_shows_the_drafts_weights_and_kv(tiny_llama, drafts):
     llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, speculative_config=_draft(drafts["small"]))
-    ledger = llm.engine.ledger
-    assert ledger.draft["weight_bytes"] > 0 and 0 < ledger.draft["kv_bytes_per_token"] < ledger.kv_bytes_per_token
+    ledger, d = llm.engine.ledger, llm.engine.ledger.draft
+    assert d["weight_bytes"] > 0 and 0 < d["kv_bytes_per_token"] < ledger.kv_bytes_per_token
     assert ledger.kv_pool_bytes == ledger.kv_blocks * ledger.block_size * ledger.kv_bytes_per_token
-    assert "draft model" in ledger.format()
+    assert d["kv_pool_bytes"] == d["kv_blocks"] * ledger.block_size * d["kv_bytes_per_token"] > 0
+    assert ledger.kv_pool_bytes + d["kv_pool_bytes"] <= KV
+    assert "its own KV pool" in ledger.format()
+
+
+def test_the_drafts_pool_is_sized_for_its_windows_and_leaves_the_target_the_rest(tiny_llama):
+    """The adaptive policy drafts for one running request in four (all of up to three): a pool for that many windows
+    of draft_context_tokens (grown to the rebase point, and a step's proposals), not a copy of the target's; the
+    target keeps the rest of the budget, where a draft sharing its blocks halved it."""
+    blocks = 400
+    llm = LLM(str(tiny_llama), dtype="float32", max_num_seqs=16, kv_cache_memory=bytes_for_blocks(tiny_llama, blocks),
+              speculative_config=_draft(tiny_llama, 3, adaptive=True, draft_context_tokens=32))
+    bs = llm.engine.kv.block_size
+    window_blocks = -(-window_tokens(32, bs, llm.engine.max_model_len) // bs)
+    assert llm.engine.speculator.draft.pool.num_blocks == 4 * window_blocks  # 16 requests: 4 draft at once
+    assert llm.engine.kv.pool.num_blocks == blocks - 4 * window_blocks > blocks // 2
+
+
+def test_requests_share_a_full_draft_pool_and_keep_their_outputs(tiny_llama, reference):
+    """More requests drafting than the draft's pool holds windows for: one that needs room takes the tables of those
+    drafted for least recently (they start afresh when next drafted for), or goes without proposals. The target as
+    its own draft over whole contexts: every proposal still holds, so no table was read that another overwrote."""
+    prompts, alone = reference
+    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV,
+              speculative_config=_draft(tiny_llama, 3, draft_context_tokens=0))
+    draft = llm.engine.speculator.draft
+    draft.pool = DraftBlocks(12)  # room for two or three of the twelve requests' contexts
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    stats = llm.engine.speculator.stats
+    assert draft.evictions > 0 and stats.num_accepted_tokens == stats.num_draft_tokens > 0, stats
+    assert_no_block_leak(llm)
 
 
 def test_bad_drafts_fail_at_start_with_what_to_fix(tiny_llama, drafts, tmp_path):
@@ -346,7 +387,7 @@ def test_bad_drafts_fail_at_start_with_what_to_fix(tiny_llama, drafts, tmp_path)
     for spec, message in cases:
         with pytest.raises(ConfigError, match=message):
             LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, speculative_config=spec)
-    # a pool that holds one max_model_len request of the target alone, not with the draft beside it
+    # a budget that holds one max_model_len request of the target alone, not with the draft's pool beside it
     with pytest.raises(ConfigError, match="the draft model .* takes"):
         LLM(str(tiny_llama), dtype="float32", max_model_len=256, kv_cache_memory=bytes_for_blocks(tiny_llama, 16),
             speculative_config=_draft(drafts["itself"]))

@@ -1,5 +1,5 @@
 """Whole KV blocks out of the pool and back, for the swap space and the disk prefix tier: a block's K and V in every
-layer (int8 caches: values and scales; a draft model's caches beside the target's) as one row of bytes.
+layer (int8 caches: values and scales) as one row of bytes.
 
 `ExactBlocks` keeps the bytes as the pool holds them. `Int8Blocks` stores a float pool's blocks in int8 with one
 scale per (block, layer, K/V, KV head) (the int8 cache keeps one per token: tally/attention/kv_cache.py): 4x (fp32)

@@ -100,7 +100,7 @@ class Engine:
         self._stop_ranks = weakref.finalize(self, _stop_ranks, peers, m.parallel) if peers is not None else None
         self.grammars = GrammarCompiler(m.tokenizer, m.config.vocab_size, m.stop_token_ids, config.grammar_limits)
         spec = config.speculative
-        draft = None if m.draft is None else DraftProposer(m.draft, self.kv, spec.draft_context_tokens,
+        draft = None if m.draft is None else DraftProposer(m.draft, self.kv.block_size, spec.draft_context_tokens,
                                                            spec.draft_vocab_size)
         self.speculator = Speculator(spec, self.max_model_len, draft) if spec is not None else None
         # decode steps a step may run in one call (tally/engine/multi_step.py): where nobody verifies proposals, so

@@ -23,8 +23,9 @@ class EngineLedger:
     # tensor / pipeline parallel: each rank's own {rank, stage, layers: [first, end), weight_bytes, kv_pool_bytes,
     # comm_buffer_bytes, threads}; the fields above are rank 0's
     ranks: list[dict] = field(default_factory=list)
-    # speculative decoding's draft model: {model_name, weight_bytes, kv_bytes_per_token}; its KV sits in the pool's
-    # blocks beside the target's, so kv_bytes_per_token and kv_pool_bytes above already count it; empty without one
+    # speculative decoding's draft model: {model_name, weight_bytes, kv_bytes_per_token, kv_blocks, kv_pool_bytes,
+    # window_tokens}: its KV in a pool of its own (the fields above are the target's), each request it drafts for
+    # holding at most window_tokens of it; empty without one
     draft: dict = field(default_factory=dict)
     # the KV tiers below the pool (tally/engine/kv_tiers/tiers.py KVTiers.ledger): "swap_space" {capacity_bytes,
     # preemption_mode, dtype, bytes_per_block, out_s_per_block, in_s_per_block} and "disk_prefix_cache" {dir,
@@ -62,8 +63,9 @@ class EngineLedger:
         if self.draft:
             d = self.draft
             lines.append(f"ledger: draft model {d['model_name']}: weights {fmt_gib(d['weight_bytes'])} "
-                         f"({fmt_gb(d['weight_bytes'])}); its KV, {fmt_small_bytes(d['kv_bytes_per_token'])} per "
-                         f"token, shares the pool's blocks (of the {fmt_small_bytes(self.kv_bytes_per_token)} above)")
+                         f"({fmt_gb(d['weight_bytes'])}); its own KV pool {fmt_gib(d['kv_pool_bytes'])} = "
+                         f"{d['kv_blocks']:,} blocks at {fmt_small_bytes(d['kv_bytes_per_token'])} per token, up to "
+                         f"{d['window_tokens']:,} tokens a request it drafts for")
         lines += self._kv_tier_lines()
         if self.lora:
             lora = self.lora

@@ -114,3 +114,8 @@ def assert_no_block_leak(llm) -> None:
     assert not engine.has_unfinished_requests()
     assert pool.num_free_blocks == pool.num_blocks, "KV blocks leaked"
     assert all(b.ref_count == 0 for b in pool.blocks)
+    draft = engine.speculator.draft if engine.speculator is not None else None
+    if draft is not None:  # the draft's own pool: its free blocks and the tables it still holds, each block once
+        held = [b for state in draft._states.values() for b in state.blocks]
+        assert len(set(held)) == len(held) and draft.pool.num_free + len(held) == draft.pool.num_blocks, \
+            "draft KV blocks leaked"

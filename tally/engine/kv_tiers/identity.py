@@ -5,7 +5,7 @@ one's.
 The checkpoints are named by their files' paths, sizes and modification times (hashing gigabytes of weights at each
 start would cost more than the tier saves); the rest by what changes the values: the projections' path (compute
 dtype, quantization, the row count from which prefill steps run in bf16), every pool tensor's dtype and per-block
-shape (KV dtype, block size, heads, layers, a draft model's), int8 key smoothing's measured scales, and the
+shape (KV dtype, block size, heads, layers), int8 key smoothing's measured scales, and the
 versions of Tally and torch."""
 from __future__ import annotations
 

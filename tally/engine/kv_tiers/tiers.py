@@ -1,7 +1,8 @@
 """The KV tiers below the pool, built from the config in one place: the swap space for preemption
 (tally/engine/kv_tiers/swap_space.py) and the disk prefix tier (tally/engine/kv_tiers/disk_prefix_cache.py), with what
 the ledger says of them, and the copy of one pool block over another (an n>1 sibling takes its parent's last prompt
-block so). All move every pool tensor of a block: the target's K and V and, with a draft model, the draft's."""
+block so). All move every pool tensor of a block: the target's K and V (a draft model's KV, in a pool of its own,
+never leaves it: a request back from a tier starts the draft afresh)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -58,8 +59,7 @@ def build_kv_tiers(config: EngineConfig, m: LoadedModel, recompute_seconds: Call
     """`recompute_seconds(tokens)`: the engine's measured price of prefilling that many tokens."""
     if config.world_size > 1:  # each rank's slice of the KV lives in its own process (EngineConfig refuses asking)
         return KVTiers()
-    caches = m.kv_caches + (m.draft.kv_caches if m.draft is not None else [])
-    tensors = block_tensors(caches)
+    tensors = block_tensors(m.kv_caches)
     tiers = KVTiers(copy_block=partial(copy_block, tensors))
     if config.swap_space > 0 and config.preemption_mode != "recompute":
         lossy = config.swap_space_dtype == "int8" and all(t.is_floating_point() for t in tensors)
@@ -69,9 +69,6 @@ def build_kv_tiers(config: EngineConfig, m: LoadedModel, recompute_seconds: Call
         codec = ExactBlocks(tensors)
         checkpoints = [resolve_model(config.model).path]
         scales = key_smoothing_scales(m.model)
-        if m.draft is not None:
-            checkpoints.append(resolve_model(config.speculative.model).path)
-            scales += key_smoothing_scales(m.draft.model)
         settings = {"path": m.ledger.path.get("path"), "many_tokens_from": m.ledger.path.get("many_tokens_from"),
                     "blocks": codec.layout}
         tiers.disk = DiskPrefixCache(config.kv_disk_cache_dir, int(config.kv_disk_cache_size * GiB),

@@ -15,6 +15,11 @@ DRAFT_CONTEXT_TOKENS = 256  # the default bound (docs/benchmarks.md#speculative-
 # ngram's default num_speculative_tokens: the best fixed K quoting at one stream; the policy trims it where proposals
 # are rarely kept or dear (docs/benchmarks.md#speculative-decoding)
 NGRAM_SPECULATIVE_TOKENS = 6
+# With a draft model, at most one running request in DRAFT_SHARE speculates: those the draft is least behind on. A
+# request it is far behind on (new, or back from an off spell) costs a catch-up over its whole context, and on a CPU
+# speculating many streams loses anyway; a price measured on a few requests also holds for a few, where extrapolating
+# it to every one did not (docs/benchmarks.md#speculative-decoding).
+DRAFT_SHARE = 4
 EXAMPLE = '\'{"method": "ngram", "num_speculative_tokens": 4}\''
 
 

@@ -1,8 +1,8 @@
 """The draft model of `{"method": "draft_model"}` speculation, loaded beside the target and checked against it once,
 at start-up: the same vocabulary (its proposals are the target's token ids), a context as long as max_model_len,
-no sliding window (its KV shares the target's block tables, and a window would give blocks back under it), one
-process. Its weights run the projection path measured for the target; its KV cache has the target's dtype and
-lives in the same pool blocks (tally/engine/startup/load.py sizes the pool for both)."""
+no sliding window, one process. Its weights run the projection path measured for the target; its KV cache has the
+target's dtype, in a pool of its own sized for the requests it drafts for (tally/engine/speculation/draft_kv.py,
+tally/engine/startup/sizing.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,9 +27,10 @@ class DraftModel:
     name: str
     config: ModelConfig
     model: CausalLM
-    layout: KVLayout  # its KV per block, which every pool block holds beside the target's
+    layout: KVLayout  # its KV per block of its own pool
     weight_bytes: int
-    kv_caches: list[tuple[KVCache, KVCache]] = field(default_factory=list)  # set once the pool is sized
+    num_blocks: int = 0  # its pool's, set with kv_caches once the budget is divided
+    kv_caches: list[tuple[KVCache, KVCache]] = field(default_factory=list)
 
 
 def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Tokenizer, dtype: torch.dtype,
@@ -63,8 +64,8 @@ def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Toke
                           f"shorter than max_model_len {max_model_len:,}; lower --max-model-len to ≤ "
                           f"{cfg.max_position_embeddings} or choose another draft")
     if cfg.sliding_window is not None or target.sliding_window is not None:
-        raise ConfigError("draft_model speculation does not support sliding-window attention yet (the draft's KV "
-                          "shares the target's blocks); use the ngram method")
+        raise ConfigError("draft_model speculation does not support sliding-window attention yet; use the ngram "
+                          "method")
     attn = model_attention(config.attention_backend, cfg, dtype)
     tensors = ckpt.tensor_map(config.load_progress(), lambda _: True, None)
     model = build_model(cfg, tensors, dtype=dtype, quantization=config.served_quantization(ckpt.format == "gguf"),

@@ -5,17 +5,16 @@ a greedy request), whose rows it keeps for rejection sampling."""
 from __future__ import annotations
 
 import time
-import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from tally.core.kv_manager import KVCacheManager
 from tally.core.request import Request
 from tally.engine.inputs import build_span_inputs
 from tally.engine.model_step import ModelStep, run_model_step
 from tally.engine.runner import reads_outputs
+from tally.engine.speculation.draft_kv import DraftBlocks, rebase_tokens
 from tally.engine.speculation.draft_model import DraftModel
 from tally.sample.batch import SamplerInput
 from tally.sample.sampler import Sampler, greedy_tokens
@@ -32,15 +31,16 @@ class DraftState:
     computed: int = 0  # the request's positions (from 0) up to which this draft wrote the KV of its known tokens
     proposed: int = 0  # how many it proposed last (their KV written for all but the last), not yet verified
     proposed_at: int = 0  # the request's num_tokens then: the first proposal's position
+    blocks: list[int] = field(default_factory=list)  # its table in the draft's pool: position offset on
 
 
 class DraftProposer:
-    """Its KV lives in the target's blocks: the same block table, position for position, in tensors of its own shape
-    (tally/engine/startup/load.py sizes the pool for both). Per request it counts the leading positions holding KV it
-    wrote for that request (DraftState.computed). Proposing writes past them, in the blocks the scheduler would
-    allocate for the verify step anyway (taken here, one step early, only while a block per running request stays
-    free: nobody is preempted for a bet). After verification only the kept proposals' KV counts: a rejected one's is
-    rolled back by not counting it, and written over later.
+    """Its KV lives in a pool of its own (tally/engine/speculation/draft_kv.py): per request a block table from the
+    position it started at, held while the request runs and it drafts for it. Per request it counts the leading
+    positions holding KV it wrote for that request (DraftState.computed). Proposing writes past them; a request whose
+    table cannot grow takes blocks from those drafted for least recently, and goes without proposals this step where
+    even that leaves too few. After verification only the kept proposals' KV counts: a rejected one's is rolled back
+    by not counting it, and written over later.
 
     The draft runs only for requests that propose: while the policy keeps speculation off (for every request, or for
     one whose guesses do not pay) it costs nothing, and the next proposal first runs the draft over every token it
@@ -50,31 +50,44 @@ class DraftProposer:
 
     Starting afresh, the draft reads only the request's last tokens: from `offset`, the block boundary at or before
     draft_context_tokens from its end (tally/engine/speculation/config.py), with that block's table entry as its first
-    and positions counted from there, so position p of the request still lives in p's own slot. A request the draft fell
-    further behind on than that (a spell without proposals) starts afresh too: its catch-up is bounded either way."""
-    def __init__(self, draft: DraftModel, kv: KVCacheManager, context_tokens: int = 0, vocab_rows: int = 0) -> None:
+    and positions counted from there. A request the draft fell further behind on than that (a spell without proposals),
+    or whose window grew to the rebase point (draft_kv.py), starts afresh too: its catch-up and its table are bounded
+    either way."""
+    def __init__(self, draft: DraftModel, block_size: int, context_tokens: int = 0, vocab_rows: int = 0) -> None:
         self.draft = draft
-        self.kv = kv
+        self.block_size = block_size
+        self.pool = DraftBlocks(draft.num_blocks)
+        self.evictions = 0  # tables given up for another request's, the pool being full
         self.context_tokens = context_tokens  # draft_context_tokens; 0: the whole context
         self.vocab_rows = vocab_rows  # draft_vocab_size: only token ids below it are proposed; 0: any
         self.catch_up_seconds_per_token: float | None = None  # measured on long catch-ups, averaged with the last
         self.last_catch_up_seconds = 0.0  # of the last propose: its first pass's share spent catching up
         self.sampler = Sampler()  # its own: the draft's batches are not the target's
-        self._states: weakref.WeakKeyDictionary[Request, DraftState] = weakref.WeakKeyDictionary()
+        self._states: dict[Request, DraftState] = {}  # least recently drafted for first
+
+    def forget(self, running: list[Request]) -> None:
+        """Give back the tables of requests no longer running (finished, aborted, preempted or swapped out: the
+        draft starts afresh on them anyway)."""
+        live = {id(r) for r in running}
+        for req in [r for r in self._states if id(r) not in live]:
+            self.pool.give(self._states.pop(req).blocks)
 
     @torch.inference_mode()
-    def propose(self, reqs: list[Request], ks: list[int],
-                reserve_blocks: int) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
-        """For each request up to its k proposals (none where their blocks cannot be had while `reserve_blocks`
-        stay free): ({request id: proposals}, {request id: [k, V] q rows} of the sampled requests)."""
+    def propose(self, reqs: list[Request], ks: list[int]) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
+        """For each request up to its k proposals (none where the draft's pool has no room for them): ({request id:
+        proposals}, {request id: [k, V] q rows} of the sampled requests)."""
         self.last_catch_up_seconds = 0.0
-        chosen = [(r, k) for r, k in zip(reqs, ks)
-                  if k > 0 and self._in_vocabulary(r) and self._allocate(r, k, reserve_blocks)]
+        chosen: list[tuple[Request, int]] = []
+        states: list[DraftState] = []
+        for req, k in zip(reqs, ks):
+            if k > 0 and self._in_vocabulary(req):
+                state = self._state(req)
+                if self._grow(req, state, k, {id(r) for r, _ in chosen}):
+                    chosen.append((req, k))
+                    states.append(state)
         if not chosen:
             return {}, {}
-        states = [self._state(r) for r, _ in chosen]
-        bs = self.kv.block_size
-        tables = [self.kv.block_table(r.request_id)[state.offset // bs:] for (r, _), state in zip(chosen, states)]
+        tables = [state.blocks for state in states]
         offsets = [state.offset for state in states]
         spans = []
         for (req, _), table, state in zip(chosen, tables, states):
@@ -139,27 +152,52 @@ class DraftProposer:
 
     def _current(self, req: Request) -> DraftState | None:
         """The request's draft state, unless it must start afresh (whatever the target's cache holds): new,
-        preempted, or further behind than a fresh start would read."""
+        preempted, further behind than a fresh start would read, or grown to the rebase point."""
         state = self._states.get(req)
         if state is None or state.preemptions != req.num_preemptions or state.computed < self._fresh_offset(
                 req.num_tokens):
+            return None
+        if self.context_tokens and req.num_tokens - state.offset > rebase_tokens(self.context_tokens,
+                                                                                 self.block_size):
             return None
         return state
 
     def _state(self, req: Request) -> DraftState:
         state = self._current(req)
         if state is None:
+            old = self._states.pop(req, None)
+            if old is not None:
+                self.pool.give(old.blocks)
             fresh = self._fresh_offset(req.num_tokens)
-            state = self._states[req] = DraftState(req.num_preemptions, offset=fresh, computed=fresh)
+            state = DraftState(req.num_preemptions, offset=fresh, computed=fresh)
+        self._states[req] = self._states.pop(req, state)  # the most recently drafted for last
         state.proposed = 0  # proposals not verified (trimmed by the scheduler, or not scheduled) count for nothing
         return state
+
+    def _grow(self, req: Request, state: DraftState, k: int, keep: set[int]) -> bool:
+        """The request's table covers the positions its proposals write (all but the last one's), taking the
+        blocks of requests drafted for least recently (not those in `keep`, nor itself) where the pool is short:
+        whether it could."""
+        bs = self.block_size
+        short = -(-(req.num_tokens + k - 1 - state.offset) // bs) - len(state.blocks)
+        if short <= 0:
+            return True
+        for other in [r for r in self._states if r is not req and id(r) not in keep]:
+            if self.pool.num_free >= short:
+                break
+            self.pool.give(self._states.pop(other).blocks)
+            self.evictions += 1
+        if self.pool.num_free < short:
+            return False
+        state.blocks += self.pool.take(short)
+        return True
 
     def _fresh_offset(self, num_tokens: int) -> int:
         """Where a fresh start on a request of num_tokens tokens begins: a block boundary, context_tokens or a
         little more before its end."""
         if not self.context_tokens:
             return 0
-        return max(0, num_tokens - self.context_tokens) // self.kv.block_size * self.kv.block_size
+        return max(0, num_tokens - self.context_tokens) // self.block_size * self.block_size
 
     def _in_vocabulary(self, req: Request) -> bool:
         """Whether the request may sample a token the draft proposes: not when its allowed_token_ids all lie past a
@@ -167,19 +205,12 @@ class DraftProposer:
         allowed = req.sampling_params.allowed_token_ids
         return not self.vocab_rows or not allowed or min(allowed) < self.vocab_rows
 
-    def _allocate(self, req: Request, k: int, reserve_blocks: int) -> bool:
-        """The blocks for the request's verify step with k proposals (what the scheduler would allocate)."""
-        new_blocks = self.kv.blocks_needed(req.num_tokens + k) - len(self.kv.block_table(req.request_id))
-        if new_blocks > self.kv.pool.num_free_blocks - reserve_blocks:
-            return False
-        return self.kv.allocate(req, req.num_tokens + k - req.num_computed_tokens)
-
     def _forward(self, spans: list[tuple[list[int], int, list[int]]], decodes_from: list[int]) -> torch.Tensor:
         """The draft over the spans; float32 logits at each span's last token. Positions from decodes_from[i] on (the
         request's outputs) run as decode rows, the prompt's as prefill rows, each through the kernel the target ran
         it with (build_span_inputs), so a model drafting for itself proposes the target's tokens exactly; a pass of
         decode rows alone takes the native one-call step where it applies."""
-        ids, positions, meta, last_rows = build_span_inputs(spans, self.kv.block_size, decodes_from)
+        ids, positions, meta, last_rows = build_span_inputs(spans, self.block_size, decodes_from)
         return run_model_step(self.draft.model, self.draft.kv_caches,
                               ModelStep(ids, positions, meta, last_rows, self.vocab_rows))
 

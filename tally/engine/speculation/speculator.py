@@ -15,7 +15,7 @@ import torch
 
 from tally.core.request import Request, RequestStatus
 from tally.core.scheduler import SchedulerOutput
-from tally.engine.speculation.config import SpeculativeConfig
+from tally.engine.speculation.config import DRAFT_SHARE, SpeculativeConfig
 from tally.engine.speculation.draft_proposer import DraftProposer
 from tally.engine.speculation.ngram_proposer import propose_ngram
 from tally.engine.speculation.policy import SpeculationPolicy
@@ -25,11 +25,6 @@ from tally.engine.speculation.stats import SpeculationStats
 # of every request's (a new request starts from what the others measured).
 DECAY = 0.9
 PRIOR = 4.0
-# With a draft model, at most one running request in DRAFT_SHARE speculates: those the draft is least behind on. A
-# request it is far behind on (new, or back from an off spell) costs a catch-up over its whole context, and on a CPU
-# speculating many streams loses anyway; a price measured on a few requests also holds for a few, where extrapolating
-# it to every one did not (docs/benchmarks.md#speculative-decoding).
-DRAFT_SHARE = 4
 
 
 @dataclass
@@ -90,6 +85,8 @@ class Speculator:
             if req.spec_token_ids:
                 req.spec_token_ids = []
         self._count_finished(running)
+        if self.draft is not None:
+            self.draft.forget(running)
         self.draft_probs = {}
         self.step_proposals = self._step_passes = 0
         if cfg.adaptive and not self.policy.speculate_now():
@@ -111,7 +108,7 @@ class Speculator:
         if self.draft is not None:  # the draft's forward passes cost: how many to verify is chosen first
             ks = self._verified(candidates, np.array(limits), np.array(rooms, dtype=np.float64))
             drafting_s = time.perf_counter()
-            proposals, self.draft_probs = self.draft.propose(candidates, ks.tolist(), reserve_blocks=len(running))
+            proposals, self.draft_probs = self.draft.propose(candidates, ks.tolist())
             self._drafting_s = time.perf_counter() - drafting_s
             for req in candidates:
                 req.spec_token_ids = list(proposals.get(req.request_id, ()))  # the scheduler may trim it

@@ -9,6 +9,7 @@ import torch.distributed as dist
 
 from tally.engine.config import EngineConfig
 from tally.engine.parallel.distributed import ParallelContext
+from tally.engine.speculation.draft_kv import window_tokens
 from tally.engine.speculation.draft_model import DraftModel
 from tally.engine.startup.path_tuning import PathChoice
 from tally.ledger.kv import KVLayout
@@ -21,22 +22,24 @@ from tally.models.pipeline_split import PPStage, plan_stages
 def engine_ledger(config: EngineConfig, name: str, full_cfg: ModelConfig, weight_bytes: int, huge_page_bytes: int,
                   layout: KVLayout, num_blocks: int, max_model_len: int, path: PathChoice, draft: DraftModel | None,
                   stage: PPStage | None, parallel: ParallelContext | None) -> EngineLedger:
-    bytes_per_block = layout.bytes_per_block + (draft.layout.bytes_per_block if draft is not None else 0)
     ledger = EngineLedger(
         model_name=name,
         weight_bytes=weight_bytes,
         huge_page_bytes=huge_page_bytes,
         kv_blocks=num_blocks,
         block_size=config.block_size,
-        kv_bytes_per_token=layout.bytes_per_token + (draft.layout.bytes_per_token if draft is not None else 0),
-        kv_pool_bytes=num_blocks * bytes_per_block,
+        kv_bytes_per_token=layout.bytes_per_token,
+        kv_pool_bytes=num_blocks * layout.bytes_per_block,
         kv_dtype=layout.kv_dtype,
         reserve_bytes=0,
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
         path=path.to_dict(),
-        draft={} if draft is None else {"model_name": draft.name, "weight_bytes": draft.weight_bytes,
-                                        "kv_bytes_per_token": draft.layout.bytes_per_token},
+        draft={} if draft is None else {
+            "model_name": draft.name, "weight_bytes": draft.weight_bytes,
+            "kv_bytes_per_token": draft.layout.bytes_per_token, "kv_blocks": draft.num_blocks,
+            "kv_pool_bytes": draft.num_blocks * draft.layout.bytes_per_block,
+            "window_tokens": window_tokens(config.speculative.draft_context_tokens, config.block_size, max_model_len)},
     )
     if parallel is None:
         return ledger

@@ -77,10 +77,10 @@ def _load(config: EngineConfig, ckpt: Checkpoint, shard: TPShard | None, stage: 
     if config.speculative is not None and config.speculative.method == "draft_model":
         draft = load_draft(config, full_cfg, tokenizer, dtype, weight_dtype, max_model_len, kv_dtype_name,
                            path.many_tokens_from)
-    num_blocks = pool_blocks(config, layout, draft, max_model_len, parallel)
+    num_blocks, draft_blocks = pool_blocks(config, layout, draft, max_model_len, parallel)
     kv_caches = allocate_kv(cfg, layout, num_blocks)
-    if draft is not None:  # a block holds its tokens' KV for the target and the draft: one pool, one budget
-        draft.kv_caches = allocate_kv(draft.config, draft.layout, num_blocks)
+    if draft is not None:  # its own pool, for the windows of the requests it drafts for
+        draft.num_blocks, draft.kv_caches = draft_blocks, allocate_kv(draft.config, draft.layout, draft_blocks)
     name = (config.served_model_names or (ckpt.name,))[0]
     declared = checkpoint_pooling(ckpt.path)
     runner = serving_runner(config.runner, config.convert, config.task, declared)

@@ -1,5 +1,5 @@
-"""The KV pool: its dtype, how many blocks the budget holds (with a draft model, one block holds both models' KV),
-and the tensors themselves."""
+"""The KV pool: its dtype, how many blocks the budget holds (with a draft model, the draft's own pool beside the
+target's), and the tensors themselves."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,6 +10,7 @@ import torch
 from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.engine.config import EngineConfig
 from tally.engine.parallel.distributed import ParallelContext
+from tally.engine.speculation.draft_kv import draft_slots, window_tokens
 from tally.engine.speculation.draft_model import DraftModel
 from tally.engine.startup.placing import agreed
 from tally.errors import ConfigError
@@ -42,27 +43,44 @@ def kv_layout(config: EngineConfig, cfg: ModelConfig, kv_dtype_name: str, stage:
 
 
 def pool_blocks(config: EngineConfig, layout: KVLayout, draft: DraftModel | None, max_model_len: int,
-                parallel: ParallelContext | None) -> int:
-    """Blocks the KV budget holds; a ConfigError where that is less than one request of max_model_len."""
-    bytes_per_block = layout.bytes_per_block + (draft.layout.bytes_per_block if draft is not None else 0)
-    request_bytes = layout.blocks_for_tokens(max_model_len) * bytes_per_block  # one max_model_len request
+                parallel: ParallelContext | None) -> tuple[int, int]:
+    """Blocks the KV budget holds: the target's pool's and a draft model's own (0 without one). A ConfigError where
+    the target's holds less than one request of max_model_len, or the draft's less than one request's window."""
+    request_bytes = layout.blocks_for_tokens(max_model_len) * layout.bytes_per_block  # one max_model_len request
+    window_blocks = draft_wanted = 0
+    if draft is not None:  # its windows for the requests it drafts for at once: what its pool can ever use
+        spec = config.speculative
+        window_blocks = draft.layout.blocks_for_tokens(
+            window_tokens(spec.draft_context_tokens, config.block_size, max_model_len))
+        draft_wanted = draft_slots(config.max_num_seqs, spec.adaptive) * window_blocks
     budget = config.kv_cache_memory
     if budget is None:
         # Like vLLM's CPU backend, a bounded default: zero-filling a pool costs ~2 s per GB here, and
         # a pool larger than max_num_seqs full-length requests can never be used.
-        useful = config.max_num_seqs * request_bytes
+        useful = config.max_num_seqs * request_bytes + draft_wanted * (draft.layout.bytes_per_block if draft else 0)
         budget = min(int(available_ram_bytes() * config.kv_cache_memory_fraction), DEFAULT_KV_CAP_BYTES, useful)
+    draft_blocks = 0
+    if draft is not None:  # never more than its share when each block held both models' KV
+        share = max(budget, 0) * draft.layout.bytes_per_block // (layout.bytes_per_block + draft.layout.bytes_per_block)
+        draft_blocks = min(draft_wanted, share // draft.layout.bytes_per_block)
+    draft_bytes = draft_blocks * (draft.layout.bytes_per_block if draft is not None else 0)
     num_blocks = config.num_gpu_blocks_override or agreed(
-        parallel, lambda: max(budget, 0) // bytes_per_block)  # rank 0 holds the most heads
+        parallel, lambda: max(budget - draft_bytes, 0) // layout.bytes_per_block)  # rank 0 holds the most heads
+    if config.num_gpu_blocks_override and draft is not None:
+        draft_blocks = min(draft_wanted, num_blocks)
     if num_blocks * config.block_size < max_model_len:
-        bytes_per_token = layout.bytes_per_token + (draft.layout.bytes_per_token if draft is not None else 0)
-        drafts = (f" (the draft model {draft.name} takes {draft.layout.bytes_per_token:,} of its "
-                  f"{bytes_per_token:,} bytes per token)" if draft is not None else "")
+        drafts = f" (the draft model {draft.name}'s own pool takes {draft_bytes:,} of them)" if draft else ""
         raise ConfigError(
-            f"the KV cache budget ({budget:,} bytes) holds {num_blocks * config.block_size:,} tokens{drafts}, fewer "
+            f"the KV cache budget ({budget:,} bytes{drafts}) holds {num_blocks * config.block_size:,} tokens, fewer "
             f"than one request of max_model_len {max_model_len:,}; raise --kv-cache-memory to ≥ "
-            f"{request_bytes:,} or lower --max-model-len")
-    return num_blocks
+            f"{request_bytes + draft_bytes:,} or lower --max-model-len")
+    if draft is not None and draft_blocks < window_blocks:
+        raise ConfigError(
+            f"the KV cache budget ({budget:,} bytes) leaves the draft model {draft.name} {draft_blocks:,} blocks, "
+            f"fewer than the {window_blocks:,} of one request's draft window (draft_context_tokens "
+            f"{config.speculative.draft_context_tokens}, 0: the whole context); raise --kv-cache-memory or lower "
+            "draft_context_tokens")
+    return num_blocks, draft_blocks
 
 
 def allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int) -> list[tuple[KVCache, KVCache]]:
