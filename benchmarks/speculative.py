@@ -26,10 +26,10 @@ streams most of a run can be prompts' prefill, whose speed moves between arms by
 steps, the share that verified proposals, its measuring steps, and what measuring lost in off steps per 100 steps
 (the mechanism, not the clock). Prefix caching is off, so no arm reuses another's prompts.
 
-Offline (the default), every arm runs on one engine (one copy of the weights; with --draft-model its KV pool holds
-both models' KV in every arm, so the arms have the same pool): each arm is its own Speculator, swapped in for its
-runs, its adaptive policy kept from one run to the next as a server's would be; the engine runs bursts of plain
-decode steps. With --server, each arm is its own `tally serve` on loopback with the arm's --speculative-config, up
+Offline (the default), every arm runs on one engine (one copy of the weights; with --draft-model the draft's own
+pool takes its share of --kv-cache-memory in every arm, so the arms have the same target pool): each arm is its own
+Speculator, swapped in for its runs, its adaptive policy kept from one run to the next as a server's would be; the
+engine runs bursts of plain decode steps. With --server, each arm is its own `tally serve` on loopback with the arm's --speculative-config, up
 for the whole run, one engine step per call as a server runs; the openai client streams completions (chat: chat
 completions, the server applying the template), "same tokens" compares their text, "decode steps" and the policy's
 counts come from each server's /metrics (tally:decode_step_*, tally:spec_decode_policy_*).
