@@ -344,15 +344,18 @@ def test_the_ledger_shows_the_drafts_weights_and_kv(tiny_llama, drafts):
 
 def test_the_drafts_pool_is_sized_for_its_windows_and_leaves_the_target_the_rest(tiny_llama):
     """The adaptive policy drafts for one running request in four (all of up to three): a pool for that many windows
-    of draft_context_tokens (grown to the rebase point, and a step's proposals), not a copy of the target's; the
-    target keeps the rest of the budget, where a draft sharing its blocks halved it."""
-    blocks = 400
-    llm = LLM(str(tiny_llama), dtype="float32", max_num_seqs=16, kv_cache_memory=bytes_for_blocks(tiny_llama, blocks),
-              speculative_config=_draft(tiny_llama, 3, adaptive=True, draft_context_tokens=32))
-    bs = llm.engine.kv.block_size
-    window_blocks = -(-window_tokens(32, bs, llm.engine.max_model_len) // bs)
-    assert llm.engine.speculator.draft.pool.num_blocks == 4 * window_blocks  # 16 requests: 4 draft at once
-    assert llm.engine.kv.pool.num_blocks == blocks - 4 * window_blocks > blocks // 2
+    of draft_context_tokens (grown to the rebase point, and a step's proposals), not a copy of the target's, and at
+    most the share of the budget that holds the draft's KV for one request in four beside the target's; the target
+    keeps the rest, where a draft sharing its blocks halved it."""
+    def pools(blocks: int) -> tuple[int, int]:
+        llm = LLM(str(tiny_llama), dtype="float32", max_num_seqs=16,
+                  kv_cache_memory=bytes_for_blocks(tiny_llama, blocks),
+                  speculative_config=_draft(tiny_llama, 3, adaptive=True, draft_context_tokens=32))
+        return llm.engine.speculator.draft.pool.num_blocks, llm.engine.kv.pool.num_blocks
+
+    window_blocks = -(-window_tokens(32, 16, 256) // 16)  # the tiny model: blocks of 16, a context of 256
+    assert pools(400) == (4 * window_blocks, 400 - 4 * window_blocks)  # 16 requests: 4 draft at once
+    assert pools(40) == (40 // 5, 40 - 40 // 5)  # a fifth: a quarter of the target's KV beside it
 
 
 def test_requests_share_a_full_draft_pool_and_keep_their_outputs(tiny_llama, reference):

@@ -34,6 +34,14 @@ def draft_slots(max_num_seqs: int, adaptive: bool) -> int:
     return max(min(max_num_seqs, DRAFT_SHARE - 1), max_num_seqs // DRAFT_SHARE)
 
 
+def budget_share(target_bytes_per_block: int, draft_bytes_per_block: int, adaptive: bool) -> float:
+    """The most of the KV budget the draft's pool takes: it drafts for one running request in DRAFT_SHARE (every one
+    with "adaptive": false), over no more of its tokens than the target holds, so its KV is at most that share of the
+    target's, in its own bytes per block."""
+    draft = draft_bytes_per_block / (DRAFT_SHARE if adaptive else 1)
+    return draft / (target_bytes_per_block + draft)
+
+
 class DraftBlocks:
     """The free list of the draft's pool (no sharing, no prefix cache: a draft never reads KV another request's
     draft wrote)."""

@@ -10,7 +10,7 @@ import torch
 from tally.attention.kv_cache import Int8KVCache, KVCache
 from tally.engine.config import EngineConfig
 from tally.engine.parallel.distributed import ParallelContext
-from tally.engine.speculation.draft_kv import draft_slots, window_tokens
+from tally.engine.speculation.draft_kv import budget_share, draft_slots, window_tokens
 from tally.engine.speculation.draft_model import DraftModel
 from tally.engine.startup.placing import agreed
 from tally.errors import ConfigError
@@ -60,9 +60,9 @@ def pool_blocks(config: EngineConfig, layout: KVLayout, draft: DraftModel | None
         useful = config.max_num_seqs * request_bytes + draft_wanted * (draft.layout.bytes_per_block if draft else 0)
         budget = min(int(available_ram_bytes() * config.kv_cache_memory_fraction), DEFAULT_KV_CAP_BYTES, useful)
     draft_blocks = 0
-    if draft is not None:  # never more than its share when each block held both models' KV
-        share = max(budget, 0) * draft.layout.bytes_per_block // (layout.bytes_per_block + draft.layout.bytes_per_block)
-        draft_blocks = min(draft_wanted, share // draft.layout.bytes_per_block)
+    if draft is not None:
+        share = budget_share(layout.bytes_per_block, draft.layout.bytes_per_block, config.speculative.adaptive)
+        draft_blocks = min(draft_wanted, int(max(budget, 0) * share) // draft.layout.bytes_per_block)
     draft_bytes = draft_blocks * (draft.layout.bytes_per_block if draft is not None else 0)
     num_blocks = config.num_gpu_blocks_override or agreed(
         parallel, lambda: max(budget - draft_bytes, 0) // layout.bytes_per_block)  # rank 0 holds the most heads
