@@ -187,12 +187,12 @@ def main() -> None:
     engine = llm.engine
     draft = engine.speculator.draft if engine.speculator is not None else None
     speculators = {arm: None if c is None else Speculator(c, engine.max_model_len, DraftProposer(
-        draft.draft, draft.kv, c.draft_context_tokens, c.draft_vocab_size) if c.model else None)
+        draft.draft, draft.block_size, c.draft_context_tokens, c.draft_vocab_size) if c.model else None)
                    for arm, c in configs.items()}
     workloads["chat"] = lambda n, rng: chat_prompts(llm, n, rng)
     if a.step_costs:
         method = {"model": a.draft_model} if draft is not None else {"method": "ngram"}
-        proposer = DraftProposer(draft.draft, draft.kv, windows[0], vocabs[0]) if draft is not None else None
+        proposer = DraftProposer(draft.draft, draft.block_size, windows[0], vocabs[0]) if draft is not None else None
         first = a.workloads.split(",")[0]
         step_costs(engine, workloads[first](a.min_requests, random.Random(1)),
                    SamplingParams(temperature=0.0, max_tokens=a.max_tokens or ANSWER_TOKENS.get(first, 96)), a.k,
