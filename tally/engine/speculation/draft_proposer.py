@@ -79,12 +79,14 @@ class DraftProposer:
         self.last_catch_up_seconds = 0.0
         chosen: list[tuple[Request, int]] = []
         states: list[DraftState] = []
+        keep: set[int] = set()  # id() of the chosen: their tables stay
         for req, k in zip(reqs, ks):
             if k > 0 and self._in_vocabulary(req):
                 state = self._state(req)
-                if self._grow(req, state, k, {id(r) for r, _ in chosen}):
+                if self._grow(req, state, k, keep):
                     chosen.append((req, k))
                     states.append(state)
+                    keep.add(id(req))
         if not chosen:
             return {}, {}
         tables = [state.blocks for state in states]
