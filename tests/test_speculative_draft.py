@@ -5,6 +5,7 @@ back after requests finish or are aborted, bad drafts refused at start."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -391,9 +392,14 @@ def test_bad_drafts_fail_at_start_with_what_to_fix(tiny_llama, drafts, tmp_path)
         with pytest.raises(ConfigError, match=message):
             LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, speculative_config=spec)
     # a budget that holds one max_model_len request of the target alone, not with the draft's pool beside it
-    with pytest.raises(ConfigError, match="the draft model .* takes"):
+    with pytest.raises(ConfigError, match="the draft model .* takes") as refused:
         LLM(str(tiny_llama), dtype="float32", max_model_len=256, kv_cache_memory=bytes_for_blocks(tiny_llama, 16),
             speculative_config=_draft(drafts["itself"]))
+    # the budget the message asks for is enough: the draft's pool grows with the budget, so not request + its pool
+    asked = int(re.search(r"kv-cache-memory to ≥ ([\d,]+)", str(refused.value)).group(1).replace(",", ""))
+    llm = LLM(str(tiny_llama), dtype="float32", max_model_len=256, kv_cache_memory=asked,
+              speculative_config=_draft(drafts["itself"]))
+    assert llm.engine.kv.pool.num_blocks * llm.engine.kv.block_size >= 256
 
 
 def test_the_draft_takes_the_many_token_path_measured_for_the_target(tiny_llama, drafts):

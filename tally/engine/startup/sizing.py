@@ -2,6 +2,7 @@
 target's), and the tensors themselves."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -73,7 +74,7 @@ def pool_blocks(config: EngineConfig, layout: KVLayout, draft: DraftModel | None
         raise ConfigError(
             f"the KV cache budget ({budget:,} bytes{drafts}) holds {num_blocks * config.block_size:,} tokens, fewer "
             f"than one request of max_model_len {max_model_len:,}; raise --kv-cache-memory to ≥ "
-            f"{request_bytes + draft_bytes:,} or lower --max-model-len")
+            f"{_budget_for(request_bytes, draft_wanted, draft, share if draft else 0.0):,} or lower --max-model-len")
     if draft is not None and draft_blocks < window_blocks:
         raise ConfigError(
             f"the KV cache budget ({budget:,} bytes) leaves the draft model {draft.name} {draft_blocks:,} blocks, "
@@ -81,6 +82,16 @@ def pool_blocks(config: EngineConfig, layout: KVLayout, draft: DraftModel | None
             f"{config.speculative.draft_context_tokens}, 0: the whole context); raise --kv-cache-memory or lower "
             "draft_context_tokens")
     return num_blocks, draft_blocks
+
+
+def _budget_for(request_bytes: int, draft_wanted: int, draft: DraftModel | None, share: float) -> int:
+    """The least budget that leaves the target one max_model_len request beside the draft's pool, which takes
+    `share` of the budget up to its `draft_wanted` blocks (a block more, for the pools' whole blocks)."""
+    if draft is None:
+        return request_bytes
+    per_block = draft.layout.bytes_per_block
+    budget = math.ceil(request_bytes / (1 - share)) + per_block
+    return budget if budget * share <= draft_wanted * per_block else request_bytes + (draft_wanted + 1) * per_block
 
 
 def allocate_kv(cfg: ModelConfig, layout: KVLayout, num_blocks: int) -> list[tuple[KVCache, KVCache]]:
