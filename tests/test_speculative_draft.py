@@ -1,7 +1,7 @@
 """Speculative decoding with a draft model: greedy outputs identical to plain decoding (batched, chunked, with prefix
 hits and preemption), sampled outputs from the target's own distribution when the draft's differs, the draft's KV in
 a pool of its own sized for its windows (requests share it, the least recently drafted for giving way), every block
-back after requests finish or are aborted, bad drafts refused at start."""
+back after requests finish or are aborted, sliding-window models as target and draft, bad drafts refused at start."""
 from __future__ import annotations
 
 import random
@@ -17,6 +17,7 @@ from support.engine_checks import (
     bytes_for_blocks,
     first_two_token_probs,
 )
+from support.families import make_family_checkpoint
 from support.tiny_models import make_checkpoint, make_tokenizer
 
 from tally.engine.speculation.draft_kv import DraftBlocks, window_tokens
@@ -44,13 +45,18 @@ def drafts(tiny_llama, tmp_path_factory) -> dict:
             "perturbed": make_perturbed_draft(tiny_llama, root / "perturbed")}
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_llama):
-    llm = LLM(str(tiny_llama), dtype="float32", kv_cache_memory=KV, enable_prefix_caching=False)
+def _plain_decoding(model) -> tuple[list[dict], list[list[int]]]:
+    """12 random prompts of 5-60 tokens, and the model's greedy tokens for each alone"""
+    llm = LLM(str(model), dtype="float32", kv_cache_memory=KV, enable_prefix_caching=False)
     rng = random.Random(0)
     vocab = llm.get_tokenizer().vocab_size
     prompts = [{"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(rng.randint(5, 60))]} for _ in range(12)]
     return prompts, [llm.generate(p, GREEDY, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama):
+    return _plain_decoding(tiny_llama)
 
 
 def _tokens(outs) -> list[list[int]]:
@@ -187,6 +193,39 @@ def test_a_draft_that_reads_only_the_last_tokens_changes_no_output(tiny_llama, r
     longest = window_tokens(window, bs, llm.engine.max_model_len)
     assert max(tables) * bs <= longest + bs - 1 and max(tables) > -(-(window + bs) // bs)  # grew, then rebased
     assert (llm.engine.scheduler.num_preemptions > 0) == ("max_model_len" in engine_args)
+    assert_no_block_leak(llm)
+
+
+@pytest.fixture(scope="module")
+def windowed(tiny_model_factory, tmp_path_factory) -> dict:
+    """Sliding-window models: Mistral's (every layer, 12 tokens), Gemma 3's (five sliding layers of 8 tokens to one
+    global, each kind with its own rope base)"""
+    return {"mistral": tiny_model_factory("mistral"),
+            "gemma3": make_family_checkpoint(tmp_path_factory.mktemp("gemma3"), "gemma3")}
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+@pytest.mark.parametrize("engine_args, context", [(CHUNKED, 0), (PREEMPTED, 0), (BATCHED, 16)],
+                         ids=["chunked", "preempted", "last-tokens"])
+def test_sliding_window_models_draft_for_themselves_and_keep_plain_decodings_outputs(windowed, family, engine_args,
+                                                                                   context):
+    """A sliding-window target gives back the blocks its window left behind as it verifies proposals (only kept
+    tokens count), and a sliding-window draft masks its own table by its own windows: as its own draft over whole
+    contexts every proposal holds; reading only its last tokens, it proposes less well, and the outputs are still
+    plain decoding's."""
+    model = windowed[family]
+    prompts, alone = _plain_decoding(model)
+    if engine_args.get("kv_cache_memory"):  # the target is its own draft: n blocks of each
+        engine_args = {**engine_args, "kv_cache_memory": 2 * bytes_for_blocks(model, engine_args["kv_cache_memory"])}
+    llm = LLM(str(model), dtype="float32", **{"kv_cache_memory": KV, **engine_args},
+              speculative_config=_draft(model, 3, draft_context_tokens=context))
+    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == alone
+    stats = llm.engine.speculator.stats
+    assert stats.num_draft_tokens > 0, stats
+    if not context:
+        assert stats.num_accepted_tokens == stats.num_draft_tokens, stats
+    if "max_model_len" in engine_args and family == "gemma3":  # Mistral's window gives back enough to hold them all
+        assert llm.engine.scheduler.num_preemptions > 0
     assert_no_block_leak(llm)
 
 

@@ -1,8 +1,9 @@
 """The draft model of `{"method": "draft_model"}` speculation, loaded beside the target and checked against it once,
 at start-up: the same vocabulary (its proposals are the target's token ids), a context as long as max_model_len,
-no sliding window, one process. Its weights run the projection path measured for the target; its KV cache has the
-target's dtype, in a pool of its own sized for the requests it drafts for (tally/engine/speculation/draft_kv.py,
-tally/engine/startup/sizing.py)."""
+one process. Its weights run the projection path measured for the target; its KV cache has the target's dtype, in a
+pool of its own sized for the requests it drafts for (tally/engine/speculation/draft_kv.py,
+tally/engine/startup/sizing.py). A sliding-window draft masks its own tables by its windows, as the target does; its
+tables keep the blocks its windows left behind (the pool is sized for whole tables)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -63,9 +64,6 @@ def load_draft(config: EngineConfig, target: ModelConfig, target_tokenizer: Toke
         raise ConfigError(f"draft model {ckpt.name} has a context of {cfg.max_position_embeddings:,} tokens, "
                           f"shorter than max_model_len {max_model_len:,}; lower --max-model-len to ≤ "
                           f"{cfg.max_position_embeddings} or choose another draft")
-    if cfg.sliding_window is not None or target.sliding_window is not None:
-        raise ConfigError("draft_model speculation does not support sliding-window attention yet; use the ngram "
-                          "method")
     attn = model_attention(config.attention_backend, cfg, dtype)
     tensors = ckpt.tensor_map(config.load_progress(), lambda _: True, None)
     model = build_model(cfg, tensors, dtype=dtype, quantization=config.served_quantization(ckpt.format == "gguf"),
