@@ -22,10 +22,13 @@ from tally.native import ops as native
 
 NAMES = sorted(FAMILIES)
 # a mixture-of-experts model with a dense layer among its expert layers; YaRN (rounded correction range, attention
-# factor from `factor`) on Llama's layer, as Qwen2.5's long-context configs have it, on the native paths
+# factor from `factor`) on Llama's layer, as Qwen2.5's long-context configs have it, on the native paths; Ministral
 VARIANTS = {"qwen3_moe_dense_layer": ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[1])),
             "mistral_yarn": ("mistral", dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
-                                                                   original_max_position_embeddings=64)))}
+                                                                   original_max_position_embeddings=64))),
+            # Ministral: Mistral's layer, a sliding layer then a full one (transformers' own MinistralConfig)
+            "ministral": ("mistral", dict(model_type="ministral", architectures=["MinistralForCausalLM"],
+                                          layer_types=["sliding_attention", "full_attention"]))}
 PROMPTS = [[5, 17, 33, 2, 9, 40], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22]]
 GREEDY = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 

@@ -1,4 +1,6 @@
-"""Llama (2, 3.0-3.3 with llama3 rope scaling) and Mistral: the layer every other family varies."""
+"""Llama (2, 3.0-3.3 with llama3 rope scaling) and Mistral: the layer every other family varies. Ministral
+(MinistralForCausalLM) is Mistral's layer with sliding and full layers named per layer (`layer_types`), which
+Mistral's mapping reads."""
 from __future__ import annotations
 
 from typing import Any
@@ -28,4 +30,5 @@ def _llama_gguf(key: gguf_fields.GGUFKey, names: set[str]) -> dict[str, Any]:
 
 
 LLAMA = Family("llama", ("LlamaForCausalLM",), ("llama",), _llama, _llama_gguf, gguf_rope_permuted=True)
-MISTRAL = Family("mistral", ("MistralForCausalLM",), ("mistral",), _mistral, gguf_rope_permuted=True)
+MISTRAL = Family("mistral", ("MistralForCausalLM", "MinistralForCausalLM"), ("mistral",), _mistral,
+                 gguf_rope_permuted=True)
