@@ -223,6 +223,11 @@ static inline __attribute__((always_inline)) void int_tile(
             if (blocked && m.v) int_minima_into(a, g, G, plain_values8(m, g * TILE), xsum, mr);
             GROUP_INTO(g, plain_values8(scale, g * TILE));
             if (!blocked && m.v) int_minima_into(acc, g, G, plain_values8(m, g * TILE), xsum, mr);
+            /* blocked, acc waits in memory between folds (a super-block apart; no instruction here): kept in
+             * registers, it made the many-row AVX2 passes spill a[] and the group's values, whose chains run every
+             * block (docs/benchmarks.md#kernels) */
+            _Pragma("GCC unroll 8")
+            for (int i = 0; i < mr && blocked; i++) __asm__ volatile("" : "+m"(acc[i]));
         }
     } else {  /* form P (a K-quant's: blocked): super-blocks, their bases once a run (GroupRun). A constant `runs`
                * keeps one loop per instance: both loops in one instance, or nested, run slower */
