@@ -198,10 +198,11 @@ def test_a_draft_that_reads_only_the_last_tokens_changes_no_output(tiny_llama, r
 
 @pytest.fixture(scope="module")
 def windowed(tiny_model_factory, tmp_path_factory) -> dict:
-    """Sliding-window models: Mistral's (every layer, 12 tokens), Gemma 3's (five sliding layers of 8 tokens to one
-    global, each kind with its own rope base)"""
-    return {"mistral": tiny_model_factory("mistral"),
-            "gemma3": make_family_checkpoint(tmp_path_factory.mktemp("gemma3"), "gemma3")}
+    """Sliding-window models, each with its plain decoding (_plain_decoding): Mistral's (every layer, 12 tokens),
+    Gemma 3's (five sliding layers of 8 tokens to one global, each kind with its own rope base)"""
+    models = {"mistral": tiny_model_factory("mistral"),
+              "gemma3": make_family_checkpoint(tmp_path_factory.mktemp("gemma3"), "gemma3")}
+    return {family: (model, *_plain_decoding(model)) for family, model in models.items()}
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma3"])
@@ -213,8 +214,7 @@ def test_sliding_window_models_draft_for_themselves_and_keep_plain_decodings_out
     tokens count), and a sliding-window draft masks its own table by its own windows: as its own draft over whole
     contexts every proposal holds; reading only its last tokens, it proposes less well, and the outputs are still
     plain decoding's."""
-    model = windowed[family]
-    prompts, alone = _plain_decoding(model)
+    model, prompts, alone = windowed[family]
     if engine_args.get("kv_cache_memory"):  # the target is its own draft: n blocks of each
         engine_args = {**engine_args, "kv_cache_memory": 2 * bytes_for_blocks(model, engine_args["kv_cache_memory"])}
     llm = LLM(str(model), dtype="float32", **{"kv_cache_memory": KV, **engine_args},
